@@ -1,0 +1,65 @@
+/* loom/alloc.h: memory pools, byte accounting, the allocator hook and failure injection.
+ *
+ * Every byte loom allocates goes through one hook and is counted against a pool: compute
+ * (tensors, activations, gradients), host (pinned-style host staging and CPU offload) and
+ * file (disk-backed offload). Each pool has current and peak byte counts that any thread may
+ * read at any time. Tests swap the hook or make the Nth allocation fail to prove that every
+ * create path cleans up when memory runs out. */
+#ifndef LOOM_ALLOC_H
+#define LOOM_ALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum loom_pool {
+  LOOM_POOL_COMPUTE = 0, /* tensors and work buffers in use by compute */
+  LOOM_POOL_HOST = 1,    /* host-side copies: CPU offload of shards and optimizer state */
+  LOOM_POOL_FILE = 2,    /* disk-backed memory (mapped files) */
+  LOOM_POOL_COUNT = 3
+} loom_pool;
+
+typedef struct loom_pool_stats {
+  size_t current_bytes; /* bytes allocated and not yet freed */
+  size_t peak_bytes;    /* highest current_bytes since start or loom_mem_reset_peak */
+  uint64_t allocs;      /* successful allocations */
+  uint64_t frees;       /* frees */
+  uint64_t failures;    /* allocations that failed (out of memory or injected) */
+} loom_pool_stats;
+
+/* Read one pool's counters. LOOM_EINVAL for a pool out of range or out == NULL. */
+int loom_mem_stats(loom_pool pool, loom_pool_stats *out);
+
+/* Set a pool's peak to its current value (to measure the peak of one phase). */
+void loom_mem_reset_peak(loom_pool pool);
+
+/* The pool's name: "compute", "host", "file"; "?" if out of range. */
+const char *loom_pool_name(loom_pool pool);
+
+/* The hook every allocation goes through. alloc returns `size` bytes aligned to `align` (a
+ * power of two, at most 4096) or NULL; free releases what alloc returned. */
+typedef struct loom_allocator {
+  void *(*alloc)(void *ctx, size_t size, size_t align);
+  void (*free)(void *ctx, void *ptr);
+  void *ctx;
+} loom_allocator;
+
+/* Replace the allocator (NULL restores the default, aligned_alloc/free). Returns LOOM_EBUSY
+ * if any pool still holds bytes, since those must be freed by the allocator that made them;
+ * LOOM_EINVAL if a function pointer is NULL. Not thread-safe with concurrent allocation. */
+int loom_set_allocator(const loom_allocator *a);
+
+/* Failure injection for tests: make the nth allocation from now fail (n = 1: the next one),
+ * once; n = 0 turns injection off. Counts allocations of every thread. */
+void loom_alloc_fail_nth(uint64_t n);
+
+/* Number of allocation attempts since start (tests use it to size failure sweeps). */
+uint64_t loom_alloc_attempts(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

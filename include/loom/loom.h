@@ -1,0 +1,12 @@
+/* loom/loom.h: the whole public API of loom, one include. Each layer's header documents its
+ * own ownership and error rules; DESIGN.md is the map. */
+#ifndef LOOM_LOOM_H
+#define LOOM_LOOM_H
+
+#include "loom/alloc.h"
+#include "loom/cpu.h"
+#include "loom/dtype.h"
+#include "loom/status.h"
+#include "loom/tensor.h"
+
+#endif

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# deps.sh: installs, with apt-get, whatever loom needs that this Debian machine lacks.
+# Idempotent: it checks each package first and says what it installs. Run by `make demo`
+# and `make check` before they build.
+set -eu
+need=(build-essential cmake pkg-config zlib1g-dev libdnnl-dev libopenblas-dev
+      openmpi-bin libopenmpi-dev dataset-fashion-mnist)
+# Optional: PyTorch is the side-by-side baseline of the benchmarks (never a dependency of loom).
+[ "${LOOM_WITH_TORCH:-0}" = 1 ] && need+=(python3-torch)
+missing=()
+for p in "${need[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "deps: everything loom needs is installed"
+  exit 0
+fi
+echo "deps: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

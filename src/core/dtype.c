@@ -1,0 +1,122 @@
+/* dtype.c: the dtype table (names, sizes), the public conversion entry points, which call the
+ * dispatched kernels, and the general any-to-any element conversion. */
+#include "core/kernels/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef struct dtype_info {
+  const char *name;
+  size_t size;
+  bool is_float;
+} dtype_info;
+
+static const dtype_info infos[LOOM_DTYPE_COUNT] = {
+#define INFO(name, str, size, is_float) {str, size, is_float},
+    LOOM_DTYPE_MAP(INFO)
+#undef INFO
+};
+
+bool loom_dtype_valid(loom_dtype dt) { return (unsigned)dt < LOOM_DTYPE_COUNT; }
+size_t loom_dtype_size(loom_dtype dt) { return loom_dtype_valid(dt) ? infos[dt].size : 0; }
+const char *loom_dtype_name(loom_dtype dt) { return loom_dtype_valid(dt) ? infos[dt].name : "?"; }
+bool loom_dtype_is_float(loom_dtype dt) { return loom_dtype_valid(dt) && infos[dt].is_float; }
+
+int loom_dtype_parse(const char *name, loom_dtype *out) {
+  static const struct {
+    const char *alias;
+    loom_dtype dt;
+  } aliases[] = {{"float32", LOOM_F32}, {"float16", LOOM_F16}, {"half", LOOM_F16},
+                 {"bfloat16", LOOM_BF16}, {"int32", LOOM_I32}, {"int64", LOOM_I64}};
+  if (!name || !out) return loom__fail(LOOM_EINVAL, "loom_dtype_parse: NULL argument");
+  for (int d = 0; d < LOOM_DTYPE_COUNT; d++)
+    if (strcmp(name, infos[d].name) == 0) {
+      *out = (loom_dtype)d;
+      return LOOM_OK;
+    }
+  for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+    if (strcmp(name, aliases[i].alias) == 0) {
+      *out = aliases[i].dt;
+      return LOOM_OK;
+    }
+  return loom__fail(LOOM_EINVAL, "unknown dtype '%s' (expected f32, f16, bf16, i32 or i64)", name);
+}
+
+void loom_cvt_f32_to_bf16(const float *src, uint16_t *dst, size_t n) {
+  loom__k()->cvt_f32_to_bf16(src, dst, n);
+}
+void loom_cvt_bf16_to_f32(const uint16_t *src, float *dst, size_t n) {
+  loom__k()->cvt_bf16_to_f32(src, dst, n);
+}
+void loom_cvt_f32_to_f16(const float *src, uint16_t *dst, size_t n) {
+  loom__k()->cvt_f32_to_f16(src, dst, n);
+}
+void loom_cvt_f16_to_f32(const uint16_t *src, float *dst, size_t n) {
+  loom__k()->cvt_f16_to_f32(src, dst, n);
+}
+
+static float bits_to_f32(uint32_t b) {
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
+static uint32_t f32_to_bits(float f) {
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  return b;
+}
+uint16_t loom_f32_to_bf16(float x) { return loom__ref_f32_to_bf16(f32_to_bits(x)); }
+float loom_bf16_to_f32(uint16_t h) { return bits_to_f32(loom__ref_bf16_to_f32(h)); }
+uint16_t loom_f32_to_f16(float x) { return loom__ref_f32_to_f16(f32_to_bits(x)); }
+float loom_f16_to_f32(uint16_t h) { return bits_to_f32(loom__ref_f16_to_f32(h)); }
+
+double loom__load_f64(const void *p, loom_dtype dt, size_t i) {
+  switch (dt) {
+  case LOOM_F32: return ((const float *)p)[i];
+  case LOOM_F16: return loom_f16_to_f32(((const uint16_t *)p)[i]);
+  case LOOM_BF16: return loom_bf16_to_f32(((const uint16_t *)p)[i]);
+  case LOOM_I32: return ((const int32_t *)p)[i];
+  case LOOM_I64: return (double)((const int64_t *)p)[i];
+  default: return 0;
+  }
+}
+
+static int64_t saturate(double v, double lo, double hi) {
+  if (isnan(v)) return 0;
+  if (v <= lo) return (int64_t)lo;
+  if (v >= hi) return (int64_t)hi;
+  return (int64_t)v;
+}
+
+void loom__store_f64(void *p, loom_dtype dt, size_t i, double v) {
+  switch (dt) {
+  case LOOM_F32: ((float *)p)[i] = (float)v; break;
+  case LOOM_F16: ((uint16_t *)p)[i] = loom_f32_to_f16((float)v); break;
+  case LOOM_BF16: ((uint16_t *)p)[i] = loom_f32_to_bf16((float)v); break;
+  case LOOM_I32: ((int32_t *)p)[i] = (int32_t)saturate(v, INT32_MIN, INT32_MAX); break;
+  case LOOM_I64: ((int64_t *)p)[i] = saturate(v, -9223372036854775808.0, 9223372036854774784.0); break;
+  default: break;
+  }
+}
+
+int loom_convert(const void *src, loom_dtype src_dt, void *dst, loom_dtype dst_dt, size_t n) {
+  if (!loom_dtype_valid(src_dt) || !loom_dtype_valid(dst_dt))
+    return loom__fail(LOOM_EDTYPE, "loom_convert: invalid dtype (%d -> %d)", (int)src_dt,
+                      (int)dst_dt);
+  if (n && (!src || !dst)) return loom__fail(LOOM_EINVAL, "loom_convert: NULL buffer");
+  if (src_dt == dst_dt) {
+    if (src != dst) memcpy(dst, src, n * loom_dtype_size(src_dt));
+    return LOOM_OK;
+  }
+  if (src_dt == LOOM_F32 && dst_dt == LOOM_BF16) loom_cvt_f32_to_bf16(src, dst, n);
+  else if (src_dt == LOOM_BF16 && dst_dt == LOOM_F32) loom_cvt_bf16_to_f32(src, dst, n);
+  else if (src_dt == LOOM_F32 && dst_dt == LOOM_F16) loom_cvt_f32_to_f16(src, dst, n);
+  else if (src_dt == LOOM_F16 && dst_dt == LOOM_F32) loom_cvt_f16_to_f32(src, dst, n);
+  else if (src_dt == LOOM_I64 && dst_dt == LOOM_I32)
+    for (size_t i = 0; i < n; i++) ((int32_t *)dst)[i] = (int32_t)((const int64_t *)src)[i];
+  else if (src_dt == LOOM_I32 && dst_dt == LOOM_I64)
+    for (size_t i = 0; i < n; i++) ((int64_t *)dst)[i] = ((const int32_t *)src)[i];
+  else
+    for (size_t i = 0; i < n; i++) loom__store_f64(dst, dst_dt, i, loom__load_f64(src, src_dt, i));
+  return LOOM_OK;
+}

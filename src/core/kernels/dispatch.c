@@ -1,0 +1,96 @@
+/* dispatch.c: picks the core kernel table once from the CPU's features and LOOM_CPU. The only
+ * file (with its SIMD kernels) that knows which instruction sets exist. */
+#include "core/kernels/kernels.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static loom__core_kernels tables[LOOM_CPU_LEVEL_COUNT];
+static bool supported[LOOM_CPU_LEVEL_COUNT];
+static bool has_bf16;
+static _Atomic int active = LOOM_CPU_SCALAR;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+/* Fill the NULL entries of `t` from scalar. */
+static loom__core_kernels merged(const loom__core_kernels *t) {
+  loom__core_kernels m = *t;
+  const loom__core_kernels *s = &loom__core_kernels_scalar;
+  if (!m.cvt_f32_to_bf16) m.cvt_f32_to_bf16 = s->cvt_f32_to_bf16;
+  if (!m.cvt_bf16_to_f32) m.cvt_bf16_to_f32 = s->cvt_bf16_to_f32;
+  if (!m.cvt_f32_to_f16) m.cvt_f32_to_f16 = s->cvt_f32_to_f16;
+  if (!m.cvt_f16_to_f32) m.cvt_f16_to_f32 = s->cvt_f16_to_f32;
+  return m;
+}
+
+static void init(void) {
+  __builtin_cpu_init();
+  supported[LOOM_CPU_SCALAR] = true;
+  supported[LOOM_CPU_AVX2] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                             __builtin_cpu_supports("f16c");
+  supported[LOOM_CPU_AVX512] = supported[LOOM_CPU_AVX2] && __builtin_cpu_supports("avx512f") &&
+                               __builtin_cpu_supports("avx512bw") &&
+                               __builtin_cpu_supports("avx512vl");
+  has_bf16 = supported[LOOM_CPU_AVX512] && __builtin_cpu_supports("avx512bf16");
+  tables[LOOM_CPU_SCALAR] = merged(&loom__core_kernels_scalar);
+  tables[LOOM_CPU_AVX2] = merged(&loom__core_kernels_avx2);
+  tables[LOOM_CPU_AVX512] = merged(&loom__core_kernels_avx512);
+  if (has_bf16) tables[LOOM_CPU_AVX512].cvt_f32_to_bf16 = loom__cvt_f32_to_bf16_avx512bf16;
+
+  int level = LOOM_CPU_SCALAR;
+  for (int l = LOOM_CPU_LEVEL_COUNT - 1; l >= 0; l--)
+    if (supported[l]) {
+      level = l;
+      break;
+    }
+  const char *env = getenv("LOOM_CPU");
+  if (env) { /* a cap: never above what the CPU has */
+    for (int l = 0; l < LOOM_CPU_LEVEL_COUNT; l++)
+      if (strcmp(env, loom_cpu_level_name((loom_cpu_level)l)) == 0 && l < level) level = l;
+  }
+  atomic_store(&active, level);
+}
+
+const loom__core_kernels *loom__k(void) {
+  pthread_once(&once, init);
+  return &tables[atomic_load_explicit(&active, memory_order_relaxed)];
+}
+
+loom_cpu_level loom_cpu_level_active(void) {
+  pthread_once(&once, init);
+  return (loom_cpu_level)atomic_load(&active);
+}
+
+loom_cpu_level loom_cpu_level_best(void) {
+  pthread_once(&once, init);
+  for (int l = LOOM_CPU_LEVEL_COUNT - 1; l > 0; l--)
+    if (supported[l]) return (loom_cpu_level)l;
+  return LOOM_CPU_SCALAR;
+}
+
+bool loom_cpu_supports(loom_cpu_level level) {
+  pthread_once(&once, init);
+  return (unsigned)level < LOOM_CPU_LEVEL_COUNT && supported[level];
+}
+
+bool loom_cpu_has_avx512bf16(void) {
+  pthread_once(&once, init);
+  return has_bf16;
+}
+
+const char *loom_cpu_level_name(loom_cpu_level level) {
+  static const char *names[LOOM_CPU_LEVEL_COUNT] = {"scalar", "avx2", "avx512"};
+  return (unsigned)level < LOOM_CPU_LEVEL_COUNT ? names[level] : "?";
+}
+
+int loom_set_cpu_level(loom_cpu_level level) {
+  pthread_once(&once, init);
+  if ((unsigned)level >= LOOM_CPU_LEVEL_COUNT)
+    return loom__fail(LOOM_EINVAL, "loom_set_cpu_level: level %d out of range", (int)level);
+  if (!supported[level])
+    return loom__fail(LOOM_ENOSYS, "loom_set_cpu_level: this CPU cannot run the %s level",
+                      loom_cpu_level_name(level));
+  atomic_store(&active, (int)level);
+  return LOOM_OK;
+}

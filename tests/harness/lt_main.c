@@ -1,0 +1,70 @@
+/* lt_main.c: runs the registered tests (those whose name contains argv[1], or all), each with
+ * its pass/fail line, and closes with "N passed, N failed, N skipped". Exit status 1 if any
+ * failed. */
+#include "lt.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define LT_MAX 1024
+static struct {
+  const char *name, *file;
+  lt_fn fn;
+} tests[LT_MAX];
+static int ntests, cur_failures, cur_skipped;
+static char skip_reason[256];
+
+void lt_register(const char *name, const char *file, lt_fn fn) {
+  if (ntests < LT_MAX) tests[ntests++] = (typeof(tests[0])){name, file, fn};
+}
+
+void lt_fail_at(const char *file, int line, const char *fmt, ...) {
+  if (cur_failures++ >= 20) return; /* enough to see the pattern */
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "  %s:%d: ", file, line);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+void lt_skip(const char *why) {
+  cur_skipped = 1;
+  snprintf(skip_reason, sizeof skip_reason, "%s", why);
+}
+
+int lt_failures(void) { return cur_failures; }
+
+static int by_name(const void *a, const void *b) {
+  return strcmp(((const typeof(tests[0]) *)a)->name, ((const typeof(tests[0]) *)b)->name);
+}
+
+int main(int argc, char **argv) {
+  const char *filter = argc > 1 ? argv[1] : "";
+  qsort(tests, (size_t)ntests, sizeof tests[0], by_name);
+  int passed = 0, failed = 0, skipped = 0;
+  for (int i = 0; i < ntests; i++) {
+    if (!strstr(tests[i].name, filter)) continue;
+    cur_failures = 0;
+    cur_skipped = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    tests[i].fn();
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    if (cur_failures) {
+      failed++;
+      printf("FAIL %s (%d checks failed)\n", tests[i].name, cur_failures);
+    } else if (cur_skipped) {
+      skipped++;
+      printf("skip %s: %s\n", tests[i].name, skip_reason);
+    } else {
+      passed++;
+      printf("ok   %s (%.0f ms)\n", tests[i].name, ms);
+    }
+    fflush(stdout);
+  }
+  printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+  return failed ? 1 : (passed + skipped ? 0 : 1);
+}
