@@ -1,0 +1,61 @@
+/* gemm.h: the matrix-multiply and convolution kernels of the ops layer (private to loom).
+ * Raw kernels over contiguous row-major buffers, no autograd: the ops in src/ops/ build their
+ * forward and backward from these. Implemented with oneDNN (see README, "GEMM"), with a
+ * scalar reference beside each for the tests. All return a loom status with a message.
+ *
+ * Dtypes: A and B are f32, bf16 or f16 (f16 goes through f32); both the same dtype. C is f32
+ * or the inputs' dtype; accumulation is always f32. */
+#ifndef LOOM_OPS_GEMM_H
+#define LOOM_OPS_GEMM_H
+
+#include "core/core_int.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* C[M,N] = alpha * op(A) op(B) + beta * C, where op(A) is A[M,K] (lda = row stride) or, with
+ * trans_a, A stored as [K,M]; likewise B[K,N] or B stored [N,K] with trans_b. beta is 0 or 1
+ * (accumulate into C). batch > 1: `batch` independent products, A/B/C advanced by
+ * stride_a/stride_b/stride_c elements (stride 0 broadcasts that operand). */
+typedef struct loom__gemm_args {
+  bool trans_a, trans_b;
+  int64_t batch, M, N, K;
+  float alpha, beta;
+  const void *A;
+  int64_t lda, stride_a;
+  const void *B;
+  int64_t ldb, stride_b;
+  void *C;
+  int64_t ldc, stride_c;
+  loom_dtype ab_dtype, c_dtype;
+} loom__gemm_args;
+
+int loom__gemm(const loom__gemm_args *g);
+/* The scalar reference of loom__gemm (tests; f32 accumulation in the same order as written). */
+int loom__gemm_ref(const loom__gemm_args *g);
+
+/* 2-D convolution, NCHW input [N,C,H,W], weight [O,C,KH,KW], optional bias [O], output
+ * [N,O,OH,OW] with OH = (H + 2*pad_h - KH) / stride_h + 1 (likewise OW). */
+typedef struct loom__conv2d_args {
+  int64_t N, C, H, W, O, KH, KW, stride_h, stride_w, pad_h, pad_w;
+  loom_dtype dtype; /* of x, w, b and y (f32 or bf16; f16 goes through f32) */
+} loom__conv2d_args;
+
+int loom__conv2d_fwd(const loom__conv2d_args *a, const void *x, const void *w, const void *b,
+                     void *y);
+/* dx = conv2d backward-data(dy, w); dx is overwritten. */
+int loom__conv2d_bwd_data(const loom__conv2d_args *a, const void *dy, const void *w, void *dx);
+/* dw (and db if not NULL) = backward-weights(x, dy); overwritten (the caller accumulates). */
+int loom__conv2d_bwd_weights(const loom__conv2d_args *a, const void *x, const void *dy, void *dw,
+                             void *db);
+/* Scalar references of the three. */
+int loom__conv2d_fwd_ref(const loom__conv2d_args *a, const void *x, const void *w, const void *b,
+                         void *y);
+int loom__conv2d_bwd_data_ref(const loom__conv2d_args *a, const void *dy, const void *w, void *dx);
+int loom__conv2d_bwd_weights_ref(const loom__conv2d_args *a, const void *x, const void *dy,
+                                 void *dw, void *db);
+
+/* Threads the GEMM library may use on the calling thread (1 per rank when ranks are threads). */
+void loom__gemm_set_threads(int n);
+
+#endif
