@@ -1,5 +1,6 @@
 # Makefile: the README's commands, wrapping CMake. `make demo` and `make check` first run
 # scripts/deps.sh, which installs (apt-get) whatever is missing.
+MAKEFLAGS += --no-print-directory
 JOBS ?= $(shell nproc)
 BUILD ?= build
 CMAKE_FLAGS ?=

@@ -1,7 +1,8 @@
 /* bench_convert.c: GB/s of the four f32 <-> f16/bf16 conversions on 64M elements, 1 thread,
  * beside memcpy of the conversion's source buffer in the same run. GB/s counts bytes read plus
  * bytes written, for both, so the ratio compares memory throughput. Each figure is the median
- * of 9 interleaved runs; buffers are touched first so page faults are not timed. */
+ * of 9 interleaved runs; buffers are touched first so page faults are not timed.
+ * Usage: bench_convert [ELEMENTS]  (or `loom bench convert [ELEMENTS]`). */
 #include <loom/loom.h>
 
 #include <stdio.h>
@@ -38,7 +39,7 @@ static void bf16_f32(const void *s, void *d, size_t n) { loom_cvt_bf16_to_f32(s,
 static void f32_f16(const void *s, void *d, size_t n) { loom_cvt_f32_to_f16(s, d, n); }
 static void f16_f32(const void *s, void *d, size_t n) { loom_cvt_f16_to_f32(s, d, n); }
 
-int main(int argc, char **argv) {
+int bench_convert_main(int argc, char **argv) {
   size_t n = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : ((size_t)64 << 20);
   conv convs[] = {{"f32_to_bf16", 4, 2, f32_bf16},
                   {"bf16_to_f32", 2, 4, bf16_f32},
@@ -84,3 +85,7 @@ int main(int argc, char **argv) {
   free(cpy);
   return 0;
 }
+
+#ifndef LOOM_TOOL
+int main(int argc, char **argv) { return bench_convert_main(argc, argv); }
+#endif

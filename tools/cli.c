@@ -1,0 +1,133 @@
+/* cli.c: table-driven option parsing for the `loom` subcommands, with messages that name the
+ * offending option and a --help generated from the same table. */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const cli_option *find(const cli_option *opts, const char *name, size_t len) {
+  for (const cli_option *o = opts; o->name; o++)
+    if (strlen(o->name) == len && strncmp(o->name, name, len) == 0) return o;
+  return NULL;
+}
+
+static bool in_choices(const char *choices, const char *v) {
+  size_t n = strlen(v);
+  for (const char *p = choices; *p;) {
+    const char *bar = strchr(p, '|');
+    size_t len = bar ? (size_t)(bar - p) : strlen(p);
+    if (len == n && strncmp(p, v, n) == 0) return true;
+    if (!bar) break;
+    p = bar + 1;
+  }
+  return false;
+}
+
+static int set_value(const char *cmd, const cli_option *o, const char *v) {
+  char *end = NULL;
+  errno = 0;
+  switch (o->kind) {
+  case CLI_INT:
+  case CLI_POS_INT: {
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || (o->kind == CLI_POS_INT && x <= 0)) {
+      fprintf(stderr, "%s: --%s: expected %s integer, got '%s'\n", cmd, o->name,
+              o->kind == CLI_POS_INT ? "a positive" : "an", v);
+      return -1;
+    }
+    *(long *)o->value = x;
+    return 0;
+  }
+  case CLI_DOUBLE:
+  case CLI_POS_DOUBLE: {
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || x != x || (o->kind == CLI_POS_DOUBLE && !(x > 0))) {
+      fprintf(stderr, "%s: --%s: expected %s number, got '%s'\n", cmd, o->name,
+              o->kind == CLI_POS_DOUBLE ? "a positive" : "a", v);
+      return -1;
+    }
+    *(double *)o->value = x;
+    return 0;
+  }
+  case CLI_CHOICE:
+    if (!in_choices(o->choices, v)) {
+      fprintf(stderr, "%s: --%s: expected one of %s, got '%s'\n", cmd, o->name, o->choices, v);
+      return -1;
+    }
+    *(const char **)o->value = v;
+    return 0;
+  case CLI_STRING:
+    if (!*v) {
+      fprintf(stderr, "%s: --%s: expected a value, got an empty string\n", cmd, o->name);
+      return -1;
+    }
+    *(const char **)o->value = v;
+    return 0;
+  case CLI_FLAG: break;
+  }
+  return -1;
+}
+
+int cli_parse(const char *cmd, const cli_option *opts, int argc, char **argv,
+              const char **positional, int max_positional, int *npositional) {
+  int npos = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return 1;
+    if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
+      if (npos >= max_positional) {
+        fprintf(stderr, "%s: unexpected argument '%s' (see %s --help)\n", cmd, a, cmd);
+        return -1;
+      }
+      positional[npos++] = a;
+      continue;
+    }
+    const char *name = a + 2, *eq = strchr(name, '=');
+    size_t len = eq ? (size_t)(eq - name) : strlen(name);
+    const cli_option *o = find(opts, name, len);
+    if (!o) {
+      fprintf(stderr, "%s: unknown option --%.*s (see %s --help)\n", cmd, (int)len, name, cmd);
+      return -1;
+    }
+    if (o->kind == CLI_FLAG) {
+      if (eq) {
+        fprintf(stderr, "%s: --%s takes no value\n", cmd, o->name);
+        return -1;
+      }
+      *(bool *)o->value = true;
+      continue;
+    }
+    const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+    if (!v) {
+      fprintf(stderr, "%s: --%s needs a value (%s)\n", cmd, o->name, o->arg ? o->arg : "VALUE");
+      return -1;
+    }
+    if (set_value(cmd, o, v)) return -1;
+  }
+  if (npositional) *npositional = npos;
+  return 0;
+}
+
+void cli_help(FILE *f, const char *cmd, const char *usage, const cli_option *opts) {
+  fprintf(f, "usage: %s %s\n\noptions:\n", cmd, usage);
+  for (const cli_option *o = opts; o->name; o++) {
+    char left[64];
+    const char *arg = o->kind == CLI_FLAG ? "" : (o->kind == CLI_CHOICE ? o->choices : o->arg);
+    snprintf(left, sizeof left, "--%s%s%s", o->name, *arg ? " " : "", arg ? arg : "");
+    fprintf(f, "  %-26s %s", left, o->help);
+    switch (o->kind) {
+    case CLI_INT:
+    case CLI_POS_INT: fprintf(f, " (default %ld)", *(long *)o->value); break;
+    case CLI_DOUBLE:
+    case CLI_POS_DOUBLE: fprintf(f, " (default %g)", *(double *)o->value); break;
+    case CLI_CHOICE:
+    case CLI_STRING:
+      if (*(const char **)o->value) fprintf(f, " (default %s)", *(const char **)o->value);
+      break;
+    case CLI_FLAG: break;
+    }
+    fputc('\n', f);
+  }
+  fprintf(f, "  %-26s %s\n", "--help", "show this help");
+}

@@ -1,0 +1,39 @@
+/* cli.h: the option parser of the `loom` command. A subcommand declares its options as a table
+ * (name, kind, where to store, help); cli_parse fills them from argv and cli_help prints the
+ * table. A bad option gets a message that names it ("loom train: --epochs: expected a positive
+ * integer, got 'x'"), never an exit from inside the parser. */
+#ifndef LOOM_TOOLS_CLI_H
+#define LOOM_TOOLS_CLI_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+typedef enum cli_kind {
+  CLI_FLAG,    /* bool, no value */
+  CLI_INT,     /* long, --x N */
+  CLI_POS_INT, /* long > 0 */
+  CLI_DOUBLE,  /* double */
+  CLI_POS_DOUBLE,
+  CLI_STRING,  /* const char * (points into argv) */
+  CLI_CHOICE,  /* const char *, one of `choices` ("a|b|c") */
+} cli_kind;
+
+typedef struct cli_option {
+  const char *name; /* without the dashes: "epochs" */
+  cli_kind kind;
+  void *value;
+  const char *arg;     /* placeholder in the help: "N", "FILE" */
+  const char *help;
+  const char *choices; /* CLI_CHOICE: "off|bf16|f16" */
+} cli_option;
+
+/* Parse argv[0..argc) (argv[0] is the first option, not the program). Positional arguments
+ * are stored in positional[] (up to max_positional; *npositional set). Returns 0, 1 if --help
+ * was given (help printed to stdout), or -1 after printing an error naming the option to stderr. */
+int cli_parse(const char *cmd, const cli_option *opts, int argc, char **argv,
+              const char **positional, int max_positional, int *npositional);
+
+/* Print "usage" and the options table, with each option's default taken from its value. */
+void cli_help(FILE *f, const char *cmd, const char *usage, const cli_option *opts);
+
+#endif
