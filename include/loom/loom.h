@@ -8,5 +8,6 @@
 #include "loom/dtype.h"
 #include "loom/status.h"
 #include "loom/tensor.h"
+#include "loom/optim.h"
 
 #endif

@@ -1,0 +1,216 @@
+/* loom/optim.h: optimizers over flat f32 buffers, gradient clipping, learning-rate schedules
+ * and f32 master weights for low-precision parameters.
+ *
+ * Parameters and gradients live in flat f32 arenas (llm.c): an optimizer works on a list of
+ * segments, each a (param, grad, n) pair of buffers of the same layout. A module's whole arena
+ * is one segment, a DDP bucket is one, an FSDP shard is just a shorter one; nothing here knows
+ * about modules or ranks.
+ *
+ * Formulas are PyTorch's (torch.optim.SGD, Adam, AdamW of PyTorch 1.13, single-tensor path),
+ * computed in f32 with the hyper-parameters rounded to f32 as PyTorch does, and the per-step
+ * scalars (bias corrections, step size) in double. Every CPU level (loom/cpu.h) gives the same
+ * bits as the scalar reference, so a run is reproducible across machines.
+ *
+ * Ownership: an optimizer keeps (does not copy) the param and grad pointers of its segments;
+ * they must stay valid until loom_optim_free or loom_optim_rebind. It owns its state buffers
+ * (moments, momentum), allocated zeroed in the pool its config names. Segment names are
+ * copied.
+ *
+ * Errors: every fallible call returns a status with a message naming the function and the
+ * fault; config validation names the bad field ("loom_adam_cfg: beta1 = 1 is outside [0, 1)").
+ *
+ * Threads: an optimizer is not thread-safe; one thread steps it. Different optimizers may be
+ * stepped by different threads at once. The pure functions (schedules, clipping helpers on
+ * disjoint buffers) are thread-safe. */
+#ifndef LOOM_OPTIM_H
+#define LOOM_OPTIM_H
+
+#include "loom/alloc.h"
+#include "loom/dtype.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- segments ------------------------------------------------------------------------- */
+
+/* Segment flags. */
+#define LOOM_SEG_NO_DECAY 1u /* no weight decay on this segment (biases, norms) */
+
+/* One flat buffer of parameters and its gradient (same length, same layout). */
+typedef struct loom_param_seg {
+  const char *name;   /* names the segment's state ("<name>.exp_avg"); NULL: its index */
+  float *param;       /* n parameters, updated in place by step */
+  const float *grad;  /* n gradients, read by step (never written) */
+  size_t n;           /* may be 0 */
+  unsigned flags;     /* LOOM_SEG_* */
+} loom_param_seg;
+
+/* ---- configuration -------------------------------------------------------------------- */
+
+/* torch.optim.SGD: d = g (+ wd*p); buf = momentum*buf + (1-dampening)*d (buf = d on the first
+ * step); d = nesterov ? d + momentum*buf : buf; p -= lr*d. */
+typedef struct loom_sgd_cfg {
+  double lr;           /* >= 0; default 0.01 (PyTorch has no default) */
+  double momentum;     /* >= 0; default 0 */
+  double dampening;    /* default 0 */
+  double weight_decay; /* >= 0, L2 added to the gradient; default 0 */
+  bool nesterov;       /* needs momentum > 0 and dampening == 0; default false */
+  bool maximize;       /* ascend instead of descend; default false */
+  loom_pool state_pool; /* where the momentum buffer lives; default LOOM_POOL_COMPUTE */
+} loom_sgd_cfg;
+
+/* torch.optim.Adam / AdamW: m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
+ * p -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps), with bc_i = 1 - b_i^step. Adam adds
+ * weight_decay*p to the gradient (L2); AdamW first multiplies p by 1 - lr*weight_decay. */
+typedef struct loom_adam_cfg {
+  double lr;           /* >= 0; default 1e-3 */
+  double beta1;        /* in [0, 1); default 0.9 */
+  double beta2;        /* in [0, 1); default 0.999 */
+  double eps;          /* > 0; default 1e-8 */
+  double weight_decay; /* >= 0; default 0 (Adam), 0.01 (AdamW) */
+  bool maximize;       /* default false */
+  loom_pool state_pool; /* where exp_avg and exp_avg_sq live; default LOOM_POOL_COMPUTE */
+} loom_adam_cfg;
+
+loom_sgd_cfg loom_sgd_cfg_default(void);
+loom_adam_cfg loom_adam_cfg_default(void);  /* Adam: weight_decay 0 */
+loom_adam_cfg loom_adamw_cfg_default(void); /* AdamW: weight_decay 0.01 */
+/* LOOM_EINVAL with a message naming the first bad field (NaN included), else LOOM_OK. */
+int loom_sgd_cfg_validate(const loom_sgd_cfg *cfg);
+int loom_adam_cfg_validate(const loom_adam_cfg *cfg);
+
+/* ---- optimizers ----------------------------------------------------------------------- */
+
+typedef struct loom_optim loom_optim;
+
+/* Create an optimizer over nseg segments (nseg may be 0; segs may be NULL then). Every
+ * segment with n > 0 needs non-NULL param and grad; names must be unique. State starts at
+ * zero, step count 0. Retains the param/grad pointers (see above). */
+int loom_optim_create_sgd(const loom_param_seg *segs, size_t nseg, const loom_sgd_cfg *cfg,
+                          loom_optim **out);
+int loom_optim_create_adam(const loom_param_seg *segs, size_t nseg, const loom_adam_cfg *cfg,
+                           loom_optim **out);
+int loom_optim_create_adamw(const loom_param_seg *segs, size_t nseg, const loom_adam_cfg *cfg,
+                            loom_optim **out);
+/* NULL ok. */
+void loom_optim_free(loom_optim *o);
+
+/* One update of every segment from its gradient; the step count goes up by one first (so the
+ * first step uses step = 1 in the bias corrections, as PyTorch). */
+int loom_optim_step(loom_optim *o);
+
+/* "sgd", "adam", "adamw". */
+const char *loom_optim_name(const loom_optim *o);
+size_t loom_optim_segments(const loom_optim *o);
+/* Point segment i at other buffers of the same length (an FSDP shard moved, an offloaded
+ * buffer brought back). LOOM_EINVAL for i out of range or NULL buffers. */
+int loom_optim_rebind(loom_optim *o, size_t i, float *param, const float *grad);
+
+/* The learning rate of the next step (schedules set it each step). LOOM_EINVAL if lr < 0 or
+ * not finite. */
+int loom_optim_set_lr(loom_optim *o, double lr);
+double loom_optim_lr(const loom_optim *o);
+
+/* Completed steps (PyTorch's state["step"]). set_step is for restoring a checkpoint; a
+ * negative count is LOOM_EINVAL. */
+int64_t loom_optim_step_count(const loom_optim *o);
+int loom_optim_set_step_count(loom_optim *o, int64_t step);
+
+/* ---- state, for checkpoints ----------------------------------------------------------- */
+
+/* One state buffer: "<segment>.exp_avg", "<segment>.exp_avg_sq" (Adam, AdamW) or
+ * "<segment>.momentum_buffer" (SGD with momentum). `data` is the optimizer's own buffer:
+ * read it to save, write it to restore (with loom_optim_set_step_count). SGD's momentum
+ * buffer is taken as uninitialised while the step count is 0, as PyTorch's is None. */
+typedef struct loom_optim_state {
+  const char *name; /* borrowed, lives as long as the optimizer */
+  float *data;      /* n floats */
+  size_t n;
+} loom_optim_state;
+
+/* Number of state buffers (segments x buffers per segment; 0 for plain SGD). */
+size_t loom_optim_state_count(const loom_optim *o);
+/* State buffer i (0 <= i < count). LOOM_EINVAL if out of range. */
+int loom_optim_state_at(const loom_optim *o, size_t i, loom_optim_state *out);
+/* State buffer by name; LOOM_ENOTFOUND if there is none. */
+int loom_optim_state_find(const loom_optim *o, const char *name, loom_optim_state *out);
+
+/* ---- gradient clipping (torch.nn.utils.clip_grad_norm_, L2) ---------------------------- */
+
+/* Sum of squares of n gradients, accumulated in double in a fixed order (the same bits on
+ * every CPU level). Under FSDP each rank sums its shards, the sums are all-reduced, and the
+ * total norm is sqrt of the sum. */
+double loom_grad_sumsq(const float *g, size_t n);
+/* Multiply n gradients by `coef` (in place). */
+void loom_grad_scale(float *g, size_t n, float coef);
+/* The factor clip_grad_norm_ scales by: min(max_norm / (total_norm + 1e-6), 1), in f32 as
+ * PyTorch computes it (NaN for a NaN norm, 0 for an infinite one). */
+float loom_clip_coef(float total_norm, double max_norm);
+
+/* Clip the gradients of all segments to a global L2 norm of max_norm, as clip_grad_norm_:
+ * total = sqrt(sum of squares) (in double, rounded to f32), every gradient multiplied by
+ * loom_clip_coef(total, max_norm). *total_norm (may be NULL) gets the norm before clipping.
+ * A NaN or infinite norm: with error_if_nonfinite, LOOM_EINVAL ("total norm is nan") and the
+ * gradients are left untouched; without, the gradients are scaled as PyTorch does (by NaN or
+ * 0) and LOOM_OK is returned with the norm. max_norm must be >= 0. The gradients are written
+ * through the segments' grad pointers (cast away const: clipping owns the gradients). */
+int loom_clip_grad_norm(const loom_param_seg *segs, size_t nseg, double max_norm,
+                        bool error_if_nonfinite, float *total_norm);
+
+/* ---- learning-rate schedules ---------------------------------------------------------- */
+
+typedef enum loom_lr_kind {
+  LOOM_LR_CONSTANT = 0, /* lr */
+  LOOM_LR_WARMUP = 1,   /* lr * (t+1)/warmup for t < warmup, then lr */
+  LOOM_LR_COSINE = 2,   /* warmup as above, then min_lr + (lr-min_lr)(1+cos(pi*p))/2 with
+                         * p = (t-warmup)/(total-warmup), and min_lr for t >= total */
+} loom_lr_kind;
+
+/* A schedule is a value: lr(t) depends only on the step index t (0-based: the lr of the
+ * t-th optimizer step), so a resumed run gets the same rates. */
+typedef struct loom_lr_schedule {
+  loom_lr_kind kind;    /* default LOOM_LR_CONSTANT */
+  double lr;            /* peak rate, >= 0; default 1e-3 */
+  double min_lr;        /* cosine floor, in [0, lr]; default 0 */
+  int64_t warmup_steps; /* >= 0; default 0 */
+  int64_t total_steps;  /* cosine: > warmup_steps; default 0 (unused by the others) */
+} loom_lr_schedule;
+
+loom_lr_schedule loom_lr_schedule_default(void);
+/* LOOM_EINVAL with a message naming the bad field. */
+int loom_lr_schedule_validate(const loom_lr_schedule *s);
+/* The rate of step t (t < 0 is taken as 0). s must be valid. */
+double loom_lr_at(const loom_lr_schedule *s, int64_t t);
+
+/* ---- f32 master weights for low-precision parameters ---------------------------------- */
+
+/* Keeps an f32 master copy of a bf16 or f16 parameter buffer and an f32 gradient buffer. The
+ * optimizer steps the masters (loom_master_segment); loom_master_sync writes them back to the
+ * model's buffer rounded to nearest even (the core conversion kernels). Retains the model
+ * buffer pointer; owns the f32 buffers (in `pool`). */
+typedef struct loom_master loom_master;
+
+/* dt is LOOM_BF16 or LOOM_F16 (LOOM_EDTYPE otherwise); the masters start as the exact
+ * widening of `params` (n elements), the gradients at zero. */
+int loom_master_create(loom_dtype dt, void *params, size_t n, loom_pool pool,
+                       loom_master **out);
+void loom_master_free(loom_master *m);
+/* Widen n low-precision gradients (the model's dtype) into the f32 gradient buffer. */
+int loom_master_load_grads(loom_master *m, const void *grads);
+/* Round the masters into the model's buffer. */
+int loom_master_sync(loom_master *m);
+/* A segment over the masters and f32 gradients, for an optimizer (name borrowed). */
+loom_param_seg loom_master_segment(const loom_master *m, const char *name);
+float *loom_master_params(const loom_master *m);
+float *loom_master_grads(const loom_master *m);
+size_t loom_master_numel(const loom_master *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,215 @@
+/* optim.c: the optimizer object common to every kind: segments (copied descriptors, retained
+ * buffers), the zeroed state arenas and their names, learning rate, step count, rebind, state
+ * listing and the step entry point that hands over to sgd.c / adam.c. */
+#include "optim/optim_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+int loom__optim_check(const loom_optim *o, const char *who) {
+  if (!o) return loom__fail(LOOM_EINVAL, "%s: optimizer is NULL", who);
+  if (o->magic != LOOM__OPTIM_MAGIC)
+    return loom__fail(LOOM_EMISUSE, "%s: optimizer %p is freed or not an optimizer", who,
+                      (const void *)o);
+  return LOOM_OK;
+}
+
+void loom_optim_free(loom_optim *o) {
+  if (!o) return;
+  for (size_t i = 0; i < o->nseg; i++) loom__free(o->seg[i].name);
+  if (o->state_name)
+    for (size_t i = 0; i < o->nseg * (size_t)o->nstate; i++) loom__free(o->state_name[i]);
+  for (int k = 0; k < LOOM__MAX_STATE; k++) loom__free(o->arena[k]);
+  loom__free(o->state_name);
+  loom__free(o->seg);
+  o->magic = 0;
+  loom__free(o);
+}
+
+/* Checks the segments: buffers present, lengths summing without overflow, names unique. */
+static int check_segments(const char *who, const loom_param_seg *segs, size_t nseg,
+                          size_t *total) {
+  if (nseg && !segs) return loom__fail(LOOM_EINVAL, "%s: segs is NULL with nseg = %zu", who, nseg);
+  size_t sum = 0;
+  for (size_t i = 0; i < nseg; i++) {
+    const loom_param_seg *s = &segs[i];
+    if (s->n && (!s->param || !s->grad))
+      return loom__fail(LOOM_EINVAL, "%s: segment %zu has n = %zu but a NULL %s buffer", who, i,
+                        s->n, s->param ? "grad" : "param");
+    if (s->name && !s->name[0])
+      return loom__fail(LOOM_EINVAL, "%s: segment %zu has an empty name", who, i);
+    if (__builtin_add_overflow(sum, s->n, &sum) || sum > SIZE_MAX / (2 * sizeof(float)))
+      return loom__fail(LOOM_EOVERFLOW, "%s: segment lengths overflow at segment %zu", who, i);
+    for (size_t j = 0; j < i && s->name; j++)
+      if (segs[j].name && strcmp(segs[j].name, s->name) == 0)
+        return loom__fail(LOOM_EINVAL, "%s: segments %zu and %zu are both named \"%s\"", who, j,
+                          i, s->name);
+  }
+  *total = sum;
+  return LOOM_OK;
+}
+
+static char *format_name(const char *who, const char *a, const char *b) {
+  size_t len = strlen(a) + (b ? strlen(b) + 1 : 0) + 1;
+  char *s = loom__malloc(LOOM_POOL_HOST, len);
+  if (!s) {
+    loom__fail(LOOM_ENOMEM, "%s: out of memory for a state name", who);
+    return NULL;
+  }
+  snprintf(s, len, b ? "%s.%s" : "%s", a, b);
+  return s;
+}
+
+int loom__optim_create(const char *who, loom__optim_kind kind, const loom_param_seg *segs,
+                       size_t nseg, int nstate, const char *const *state_kind, loom_pool pool,
+                       loom_optim **out) {
+  if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
+  *out = NULL;
+  size_t total;
+  int rc = check_segments(who, segs, nseg, &total);
+  if (rc) return rc;
+  loom_optim *o = loom__calloc(LOOM_POOL_HOST, 1, sizeof *o);
+  if (!o) return loom__fail(LOOM_ENOMEM, "%s: out of memory for the optimizer", who);
+  o->magic = LOOM__OPTIM_MAGIC;
+  o->kind = kind;
+  o->total = total;
+  o->nstate = nstate;
+  if (nseg) {
+    o->seg = loom__calloc(LOOM_POOL_HOST, nseg, sizeof *o->seg);
+    LOOM_TRY_ALLOC(o->seg, "the segment table");
+  }
+  size_t off = 0;
+  for (size_t i = 0; i < nseg; i++, o->nseg++) {
+    char idx[32];
+    snprintf(idx, sizeof idx, "%zu", i);
+    o->seg[i].name = format_name(who, segs[i].name ? segs[i].name : idx, NULL);
+    if (!o->seg[i].name) {
+      rc = LOOM_ENOMEM;
+      goto done;
+    }
+    o->seg[i].param = segs[i].param;
+    o->seg[i].grad = segs[i].grad;
+    o->seg[i].n = segs[i].n;
+    o->seg[i].flags = segs[i].flags;
+    o->seg[i].off = off;
+    off += segs[i].n;
+  }
+  if (nstate && nseg) {
+    o->state_name = loom__calloc(LOOM_POOL_HOST, nseg * (size_t)nstate, sizeof(char *));
+    LOOM_TRY_ALLOC(o->state_name, "the state names");
+    for (size_t i = 0; i < nseg; i++)
+      for (int k = 0; k < nstate; k++) {
+        char *s = format_name(who, o->seg[i].name, state_kind[k]);
+        if (!s) {
+          rc = LOOM_ENOMEM;
+          goto done;
+        }
+        o->state_name[i * (size_t)nstate + (size_t)k] = s;
+      }
+  }
+  for (int k = 0; k < nstate; k++) {
+    o->state_kind[k] = state_kind[k];
+    /* at least one float so that an empty optimizer still has valid (unused) arenas */
+    o->arena[k] = loom__calloc(pool, total ? total : 1, sizeof(float));
+    if (!o->arena[k]) {
+      rc = loom__fail(LOOM_ENOMEM, "%s: out of memory for %zu floats of %s (%s pool)", who, total,
+                      state_kind[k], loom_pool_name(pool));
+      goto done;
+    }
+  }
+  *out = o;
+  return LOOM_OK;
+done:
+  loom_optim_free(o);
+  return rc;
+}
+
+int loom_optim_step(loom_optim *o) {
+  int rc = loom__optim_check(o, "loom_optim_step");
+  if (rc) return rc;
+  if (o->step == INT64_MAX)
+    return loom__fail(LOOM_EOVERFLOW, "loom_optim_step: step count overflows");
+  o->step++;
+  rc = o->kind == LOOM__SGD ? loom__sgd_step(o) : loom__adam_step(o);
+  if (rc) o->step--;
+  return rc;
+}
+
+const char *loom_optim_name(const loom_optim *o) {
+  if (!o) return "?";
+  switch (o->kind) {
+  case LOOM__SGD: return "sgd";
+  case LOOM__ADAM: return "adam";
+  case LOOM__ADAMW: return "adamw";
+  }
+  return "?";
+}
+
+size_t loom_optim_segments(const loom_optim *o) { return o ? o->nseg : 0; }
+
+int loom_optim_rebind(loom_optim *o, size_t i, float *param, const float *grad) {
+  int rc = loom__optim_check(o, "loom_optim_rebind");
+  if (rc) return rc;
+  if (i >= o->nseg)
+    return loom__fail(LOOM_EINVAL, "loom_optim_rebind: segment %zu out of range (%zu segments)",
+                      i, o->nseg);
+  if (o->seg[i].n && (!param || !grad))
+    return loom__fail(LOOM_EINVAL, "loom_optim_rebind: segment %zu: NULL %s buffer", i,
+                      param ? "grad" : "param");
+  o->seg[i].param = param;
+  o->seg[i].grad = grad;
+  return LOOM_OK;
+}
+
+int loom_optim_set_lr(loom_optim *o, double lr) {
+  int rc = loom__optim_check(o, "loom_optim_set_lr");
+  if (rc) return rc;
+  if (!(lr >= 0) || !isfinite(lr))
+    return loom__fail(LOOM_EINVAL, "loom_optim_set_lr: lr = %g must be finite and >= 0", lr);
+  o->lr = lr;
+  return LOOM_OK;
+}
+
+double loom_optim_lr(const loom_optim *o) { return o ? o->lr : 0.0; }
+
+int64_t loom_optim_step_count(const loom_optim *o) { return o ? o->step : 0; }
+
+int loom_optim_set_step_count(loom_optim *o, int64_t step) {
+  int rc = loom__optim_check(o, "loom_optim_set_step_count");
+  if (rc) return rc;
+  if (step < 0)
+    return loom__fail(LOOM_EINVAL, "loom_optim_set_step_count: step %lld is negative",
+                      (long long)step);
+  o->step = step;
+  return LOOM_OK;
+}
+
+size_t loom_optim_state_count(const loom_optim *o) {
+  return o ? o->nseg * (size_t)o->nstate : 0;
+}
+
+int loom_optim_state_at(const loom_optim *o, size_t i, loom_optim_state *out) {
+  int rc = loom__optim_check(o, "loom_optim_state_at");
+  if (rc) return rc;
+  if (!out) return loom__fail(LOOM_EINVAL, "loom_optim_state_at: out is NULL");
+  size_t count = loom_optim_state_count(o);
+  if (i >= count)
+    return loom__fail(LOOM_EINVAL, "loom_optim_state_at: index %zu out of range (%zu buffers)",
+                      i, count);
+  const loom__seg *s = &o->seg[i / (size_t)o->nstate];
+  out->name = o->state_name[i];
+  out->data = o->arena[i % (size_t)o->nstate] + s->off;
+  out->n = s->n;
+  return LOOM_OK;
+}
+
+int loom_optim_state_find(const loom_optim *o, const char *name, loom_optim_state *out) {
+  int rc = loom__optim_check(o, "loom_optim_state_find");
+  if (rc) return rc;
+  if (!name || !out) return loom__fail(LOOM_EINVAL, "loom_optim_state_find: NULL argument");
+  for (size_t i = 0; i < loom_optim_state_count(o); i++)
+    if (strcmp(o->state_name[i], name) == 0) return loom_optim_state_at(o, i, out);
+  return loom__fail(LOOM_ENOTFOUND, "loom_optim_state_find: %s has no state \"%s\"",
+                    loom_optim_name(o), name);
+}

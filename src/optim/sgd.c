@@ -1,0 +1,68 @@
+/* sgd.c: SGD with momentum, dampening, Nesterov and weight decay, as torch.optim.SGD (1.13):
+ * its config (default, validate), create, and the step that turns the config into the kernel's
+ * f32 scalars. */
+#include "optim/optim_int.h"
+
+#include <math.h>
+
+loom_sgd_cfg loom_sgd_cfg_default(void) {
+  return (loom_sgd_cfg){.lr = 0.01, .state_pool = LOOM_POOL_COMPUTE};
+}
+
+static int bad(const char *field, double v, const char *rule) {
+  return loom__fail(LOOM_EINVAL, "loom_sgd_cfg: %s = %g %s", field, v, rule);
+}
+
+int loom_sgd_cfg_validate(const loom_sgd_cfg *c) {
+  if (!c) return loom__fail(LOOM_EINVAL, "loom_sgd_cfg: cfg is NULL");
+  if (!(c->lr >= 0) || !isfinite(c->lr)) return bad("lr", c->lr, "must be finite and >= 0");
+  if (!(c->momentum >= 0) || !isfinite(c->momentum))
+    return bad("momentum", c->momentum, "must be finite and >= 0");
+  if (!isfinite(c->dampening)) return bad("dampening", c->dampening, "must be finite");
+  if (!(c->weight_decay >= 0) || !isfinite(c->weight_decay))
+    return bad("weight_decay", c->weight_decay, "must be finite and >= 0");
+  if (c->nesterov && (c->momentum <= 0 || c->dampening != 0))
+    return loom__fail(LOOM_EINVAL,
+                      "loom_sgd_cfg: nesterov needs momentum > 0 and dampening = 0 (have %g, %g)",
+                      c->momentum, c->dampening);
+  if ((unsigned)c->state_pool >= LOOM_POOL_COUNT)
+    return loom__fail(LOOM_EINVAL, "loom_sgd_cfg: state_pool %d out of range", (int)c->state_pool);
+  return LOOM_OK;
+}
+
+int loom_optim_create_sgd(const loom_param_seg *segs, size_t nseg, const loom_sgd_cfg *cfg,
+                          loom_optim **out) {
+  if (out) *out = NULL;
+  int rc = loom_sgd_cfg_validate(cfg);
+  if (rc) return rc;
+  static const char *const kinds[] = {"momentum_buffer"};
+  rc = loom__optim_create("loom_optim_create_sgd", LOOM__SGD, segs, nseg,
+                          cfg->momentum != 0 ? 1 : 0, kinds, cfg->state_pool, out);
+  if (rc) return rc;
+  (*out)->sgd = *cfg;
+  (*out)->lr = cfg->lr;
+  return LOOM_OK;
+}
+
+int loom__sgd_step(loom_optim *o) {
+  const loom_sgd_cfg *c = &o->sgd;
+  loom__sgd_args a = {
+      .wd = (float)c->weight_decay,
+      .momentum = (float)c->momentum,
+      .omd = (float)(1.0 - c->dampening),
+      .neg_lr = (float)-o->lr,
+      .has_momentum = c->momentum != 0,
+      .first = o->step == 1,
+      .nesterov = c->nesterov,
+      .maximize = c->maximize,
+  };
+  const loom__optim_kernels *k = loom__optim_k();
+  for (size_t i = 0; i < o->nseg; i++) {
+    const loom__seg *s = &o->seg[i];
+    if (!s->n) continue;
+    loom__sgd_args sa = a;
+    sa.has_wd = c->weight_decay != 0 && !(s->flags & LOOM_SEG_NO_DECAY);
+    k->sgd(&sa, s->param, s->grad, a.has_momentum ? o->arena[0] + s->off : NULL, s->n);
+  }
+  return LOOM_OK;
+}
