@@ -8,6 +8,8 @@
 #include "loom/dtype.h"
 #include "loom/status.h"
 #include "loom/tensor.h"
+#include "loom/ops.h"
+#include "loom/autograd.h"
 #include "loom/optim.h"
 
 #endif

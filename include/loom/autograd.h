@@ -1,0 +1,133 @@
+/* loom/autograd.h: define-by-run automatic differentiation.
+ *
+ * The tape. An op (loom/ops.h) records a node when grad mode is on for the calling thread and
+ * at least one of its floating inputs requires grad; its output then has a grad_fn and
+ * requires grad itself. Leaf tensors are those the caller marks with
+ * loom_tensor_set_requires_grad. loom_backward(loss, ...) walks the graph that produced
+ * `loss` and accumulates (+=) into each leaf's gradient, loom_tensor_grad(leaf), which has
+ * the leaf's dtype and shape. Gradients flowing between nodes are f32.
+ *
+ * Order. Backward runs nodes in a deterministic order: among the nodes whose gradient is
+ * complete, the one recorded last goes first (the reverse of recording order, restricted to
+ * what is ready). A leaf's gradient is complete when every path from the loss to it has been
+ * run; at that moment its hooks fire, in registration order. So hooks fire in the same order
+ * on every rank that runs the same program (DDP launches bucket all-reduces from them).
+ *
+ * Gradient buffers. loom_tensor_set_grad points a leaf's gradient at a tensor the caller
+ * provides (a view into a DDP bucket or a flat gradient arena); backward then accumulates
+ * into that buffer in place.
+ *
+ * Ownership. A tensor produced by an op retains its node, and a node retains the nodes and
+ * leaves it needs for backward (never the tensors it produced, so there are no cycles).
+ * Freeing the last tensor of a graph frees the graph. Saved values are views of storage, not
+ * references to tensors. loom_tensor_grad returns a borrowed pointer.
+ *
+ * Errors. loom_backward fails with a message and changes nothing when: the loss does not
+ * require grad (LOOM_EINVAL), the loss has more than one element and no grad_output is given
+ * (LOOM_ESHAPE), grad_output's shape or dtype differs from the loss (LOOM_ESHAPE /
+ * LOOM_EDTYPE), or a node on the path was already run by a backward without retain_graph
+ * (LOOM_EMISUSE). A backward function that returns a gradient of the wrong shape stops
+ * backward with LOOM_ESHAPE naming the op. A hook that returns an error stops backward with
+ * that error.
+ *
+ * Threads. Grad mode and the no-grad scope are per thread. Each thread may build and run its
+ * own graphs at the same time as others (ranks as threads): node ids and backward state
+ * are per graph. One graph (and the leaves it reaches) must be used by one thread at a time;
+ * two threads must not run backward into the same leaf at once. */
+#ifndef LOOM_AUTOGRAD_H
+#define LOOM_AUTOGRAD_H
+
+#include "loom/tensor.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- grad mode ---------------------------------------------------------------------- */
+
+/* True if ops on this thread record nodes (the default). */
+bool loom_grad_enabled(void);
+/* Enter a no-grad scope on this thread: ops record nothing until the matching exit. Scopes
+ * nest. loom_no_grad_exit without an enter returns LOOM_EMISUSE. */
+void loom_no_grad_enter(void);
+int loom_no_grad_exit(void);
+
+/* ---- leaves and gradients ----------------------------------------------------------- */
+
+/* Mark a leaf as needing a gradient (or not). LOOM_EDTYPE for a non-floating tensor;
+ * LOOM_EMISUSE when clearing the flag on a tensor an op produced (it is not a leaf). */
+int loom_tensor_set_requires_grad(loom_tensor *t, bool requires_grad);
+/* True if t is a leaf marked requires_grad or the output of a recorded op. */
+bool loom_tensor_requires_grad(const loom_tensor *t);
+/* True unless t was produced by a recorded op. */
+bool loom_tensor_is_leaf(const loom_tensor *t);
+/* The leaf's accumulated gradient (borrowed; NULL before the first backward that reaches it
+ * and after loom_tensor_set_grad(t, NULL)). Same dtype and shape as t, contiguous. */
+loom_tensor *loom_tensor_grad(const loom_tensor *t);
+/* Use `grad` as t's gradient buffer: backward accumulates into it in place. Retains grad.
+ * It must have t's dtype and shape and be contiguous (LOOM_EDTYPE / LOOM_ESHAPE otherwise),
+ * and t must be a leaf (LOOM_EMISUSE). NULL drops the gradient (the next backward allocates
+ * a new zeroed one). */
+int loom_tensor_set_grad(loom_tensor *t, loom_tensor *grad);
+/* Fill t's gradient with zeros, keeping its buffer (no-op if it has none). */
+int loom_tensor_zero_grad(loom_tensor *t);
+/* A tensor sharing t's storage that is not part of any graph (requires_grad false). */
+int loom_tensor_detach(loom_tensor *t, loom_tensor **out);
+/* The name of the op that produced t ("matmul"), or NULL for a leaf. Borrowed, static. */
+const char *loom_tensor_grad_fn_name(const loom_tensor *t);
+
+/* ---- hooks -------------------------------------------------------------------------- */
+
+/* A gradient hook. On a leaf it runs once per backward, when the leaf's gradient is complete
+ * for that backward; `grad` is loom_tensor_grad(leaf). On an op's output it runs when the
+ * gradient with respect to that output is complete, before it flows further; `grad` is that
+ * gradient (f32, contiguous; the hook may modify it). Return LOOM_OK, or an error status (set
+ * a message with it) to stop backward. */
+typedef int (*loom_grad_hook_fn)(loom_tensor *grad, void *ctx);
+
+/* Register a hook on t (which must require grad: LOOM_EMISUSE otherwise). Hooks on one tensor
+ * run in registration order. *id (may be NULL) receives an id for loom_tensor_remove_hook.
+ * The hook stays until removed or until t (a leaf) or t's node (an op output) is freed. */
+int loom_tensor_register_hook(loom_tensor *t, loom_grad_hook_fn fn, void *ctx, int *id);
+/* Remove a hook by the id register gave. LOOM_ENOTFOUND if there is none with that id. */
+int loom_tensor_remove_hook(loom_tensor *t, int id);
+
+/* Run fn(ctx) once, after the backward that is running on this thread has finished every
+ * node and hook (PyTorch's queue_callback; DDP waits for its last bucket from here).
+ * LOOM_EMISUSE if no backward is running on this thread. */
+int loom_backward_queue_callback(int (*fn)(void *ctx), void *ctx);
+
+/* ---- backward ----------------------------------------------------------------------- */
+
+/* Run backward from `loss`. grad_output: the gradient with respect to loss (same dtype and
+ * shape as loss), or NULL for a one-element loss (gradient 1). retain_graph: keep the saved
+ * values so backward can run through this graph again; without it the graph's nodes are
+ * spent. Gradients accumulate into leaves (+=). Grad mode is off while backward runs. */
+int loom_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain_graph);
+
+/* ---- custom functions --------------------------------------------------------------- */
+
+/* The backward of a custom function: given grad_out (f32, contiguous, the output's shape),
+ * set grad_in[i] for each input i that needs a gradient (needs[i] true) to a new f32
+ * contiguous tensor of input i's shape (the engine takes the reference). Entries left NULL
+ * contribute nothing. */
+typedef int (*loom_custom_backward_fn)(void *ctx, loom_tensor *grad_out, int n_in,
+                                       const bool *needs, loom_tensor **grad_in);
+
+/* Record `output` (which the caller computed from `inputs`, typically in a no-grad scope) as
+ * the result of a custom function with backward `bwd`. Does nothing if grad mode is off or
+ * no input requires grad. ctx is owned by the node from a successful call on (also when
+ * nothing is recorded): ctx_free(ctx) runs when the node is freed or spent (may be NULL).
+ * output must be a fresh tensor that is not already part of a graph (LOOM_EMISUSE).
+ * `name` (static storage) names the function in messages. */
+int loom_autograd_record_custom(const char *name, loom_tensor **inputs, int n_in,
+                                loom_tensor *output, loom_custom_backward_fn bwd, void *ctx,
+                                void (*ctx_free)(void *ctx));
+
+#ifdef __cplusplus
+}
+#endif
+#endif

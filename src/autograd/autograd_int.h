@@ -1,0 +1,119 @@
+/* autograd_int.h: the tape's data structures, shared by the ops layer (which records nodes)
+ * and the backward engine. Private to loom.
+ *
+ * A node is one recorded op application with exactly one output. Its edges lead to what
+ * each input's gradient flows into: the node that produced the input, or the input itself
+ * when it is a leaf that requires grad, or nothing. Nodes are reference-counted (atomics):
+ * the output tensor's metadata and downstream nodes hold references. Saved values are plain
+ * tensor views (no autograd metadata), so a node never holds a tensor that holds it. */
+#ifndef LOOM_AUTOGRAD_INT_H
+#define LOOM_AUTOGRAD_INT_H
+
+#include "core/tensor_int.h"
+#include "loom/autograd.h"
+#include "loom/ops.h"
+
+#include <stdatomic.h>
+
+typedef struct loom__node loom__node;
+
+/* Backward of one node: grad_out is f32, contiguous, of the node's output shape. Set gin[i]
+ * (a new f32 contiguous tensor of input i's shape) for each input with
+ * loom__node_needs(n, i); others stay NULL. */
+typedef int (*loom__backward_fn)(loom__node *n, loom_tensor *grad_out, loom_tensor **gin);
+
+typedef struct loom__edge {
+  loom__node *node;  /* retained: the node that produced this input, or NULL */
+  loom_tensor *leaf; /* retained: the input itself, a leaf that requires grad, or NULL */
+  int ndim;          /* the input's shape (what its gradient must be) */
+  int64_t shape[LOOM_MAX_DIMS];
+  loom_dtype dtype; /* the input's dtype */
+} loom__edge;
+
+typedef struct loom__hook {
+  loom_grad_hook_fn fn;
+  void *ctx;
+  int id;
+} loom__hook;
+
+typedef struct loom__hooks {
+  loom__hook *v;
+  int n, cap, next_id;
+} loom__hooks;
+
+#define LOOM__NODE_SAVED 6
+
+struct loom__node {
+  _Atomic int refcount;
+  loom_op_kind kind;
+  const char *name;
+  uint64_t seq; /* recording order: later nodes run first among those ready */
+  loom__backward_fn backward;
+  loom_tensor *saved[LOOM__NODE_SAVED]; /* views without autograd metadata, or NULL */
+  double f[4];                          /* op parameters */
+  int64_t i[8];
+  void *ctx; /* op- or user-owned state, freed by ctx_free */
+  void (*ctx_free)(void *ctx);
+  loom_dtype out_dtype;
+  int out_ndim;
+  int64_t out_shape[LOOM_MAX_DIMS];
+  loom__hooks hooks; /* hooks on the output tensor (run with its gradient) */
+  bool released;     /* spent by a backward without retain_graph */
+  /* per-backward state (one backward at a time per graph) */
+  uint64_t bwd_epoch;
+  int bwd_deps;
+  loom_tensor *bwd_grad;
+  loom__node *bwd_next; /* intrusive list: discovery stack, then all nodes of the graph */
+  loom__node *free_next;
+  int n_in;
+  loom__edge in[];
+};
+
+/* Per-tensor autograd state, in loom_tensor.autograd. */
+typedef struct loom__meta {
+  bool requires_grad;
+  loom__node *grad_fn; /* retained; NULL for a leaf */
+  loom_tensor *grad;   /* leaves: accumulated gradient (tensor's dtype), or NULL */
+  loom__hooks hooks;   /* leaves: run when grad is complete */
+  uint64_t bwd_epoch;
+  int bwd_pending;
+} loom__meta;
+
+/* The tensor's metadata, created on first use (NULL only when out of memory). */
+loom__meta *loom__meta_get(loom_tensor *t);
+
+/* True if grad mode is on and some non-NULL input requires grad. */
+bool loom__ag_needs(loom_tensor *const *in, int n);
+
+/* A node for an op over inputs in[0..n) (NULL entries allowed: no edge), with one edge per
+ * input that requires grad. Refcount 1, owned by the caller until attached. */
+int loom__node_new(loom_op_kind kind, const char *name, loom_tensor *const *in, int n,
+                   loom__backward_fn bwd, loom__node **out);
+/* Save a plain view of t in slot i (NULL t saves nothing). */
+int loom__node_save(loom__node *n, int slot, const loom_tensor *t);
+/* Make node n the grad_fn of out (out takes the caller's reference to n, on success and on
+ * failure alike) and mark out as requiring grad. */
+int loom__node_attach(loom__node *n, loom_tensor *out);
+/* Free the node's saved values and mark it spent (backward without retain_graph). */
+void loom__node_spend(loom__node *n);
+/* Drop a reference; the last one frees the node (iteratively, however long the chain). */
+void loom__node_release(loom__node *n);
+/* True if input i's gradient is wanted. */
+static inline bool loom__node_needs(const loom__node *n, int i) {
+  return n->in[i].node || n->in[i].leaf;
+}
+
+/* Hook lists. */
+int loom__hooks_add(loom__hooks *h, loom_grad_hook_fn fn, void *ctx, int *id);
+int loom__hooks_remove(loom__hooks *h, int id);
+int loom__hooks_run(const loom__hooks *h, loom_tensor *grad);
+void loom__hooks_free(loom__hooks *h);
+
+/* dst (any float dtype, contiguous) += src (f32), n elements, through f32. */
+void loom__accumulate_f32(loom_tensor *dst, const float *src, size_t n);
+
+/* Per-thread state: grad mode depth and whether a backward is running. */
+void loom__grad_mode_push(void);
+void loom__grad_mode_pop(void);
+
+#endif

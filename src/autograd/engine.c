@@ -1,0 +1,327 @@
+/* engine.c: the backward engine. Finds the graph below the loss (iteratively), counts each
+ * node's and leaf's incoming edges, then runs nodes from a max-heap keyed by recording order,
+ * so the order is deterministic; accumulates into leaf gradients and fires their hooks when
+ * complete; runs queued callbacks at the end. */
+#include "autograd/autograd_int.h"
+
+#include <string.h>
+
+/* ---- per-thread backward state -------------------------------------------------------- */
+
+typedef struct callback {
+  int (*fn)(void *);
+  void *ctx;
+} callback;
+
+typedef struct bwd_state {
+  callback *cbs;
+  int n, cap;
+} bwd_state;
+
+static _Thread_local bwd_state *current;
+static _Atomic uint64_t next_epoch = 1;
+
+int loom_backward_queue_callback(int (*fn)(void *ctx), void *ctx) {
+  static const char *who = "loom_backward_queue_callback";
+  if (!current) return loom__fail(LOOM_EMISUSE, "%s: no backward is running on this thread", who);
+  if (!fn) return loom__fail(LOOM_EINVAL, "%s: fn is NULL", who);
+  bwd_state *s = current;
+  if (s->n == s->cap) {
+    int cap = s->cap ? 2 * s->cap : 4;
+    callback *v = loom__malloc(LOOM_POOL_COMPUTE, (size_t)cap * sizeof *v);
+    if (!v) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
+    if (s->n) memcpy(v, s->cbs, (size_t)s->n * sizeof *v);
+    loom__free(s->cbs);
+    s->cbs = v;
+    s->cap = cap;
+  }
+  s->cbs[s->n++] = (callback){fn, ctx};
+  return LOOM_OK;
+}
+
+/* ---- helpers ------------------------------------------------------------------------- */
+
+void loom__accumulate_f32(loom_tensor *dst, const float *src, size_t n) {
+  void *d = loom_tensor_data(dst);
+  if (dst->dtype == LOOM_F32) {
+    float *f = d;
+    for (size_t i = 0; i < n; i++) f[i] += src[i];
+    return;
+  }
+  float buf[512];
+  uint16_t *h = d;
+  for (size_t i = 0; i < n; i += 512) {
+    size_t k = n - i < 512 ? n - i : 512;
+    if (dst->dtype == LOOM_BF16) loom_cvt_bf16_to_f32(h + i, buf, k);
+    else loom_cvt_f16_to_f32(h + i, buf, k);
+    for (size_t j = 0; j < k; j++) buf[j] += src[i + j];
+    if (dst->dtype == LOOM_BF16) loom_cvt_f32_to_bf16(buf, h + i, k);
+    else loom_cvt_f32_to_f16(buf, h + i, k);
+  }
+}
+
+/* Add gradient g (f32, contiguous, retained by the caller's reference which this takes) into
+ * a pending node gradient. */
+static int pend_add(loom__node *n, loom_tensor *g) {
+  if (!n->bwd_grad) {
+    n->bwd_grad = g;
+    return LOOM_OK;
+  }
+  loom_tensor *p = n->bwd_grad;
+  size_t cnt = loom_tensor_numel(p);
+  bool exclusive = atomic_load(&p->refcount) == 1 && atomic_load(&p->storage->refcount) == 1;
+  if (!exclusive) {
+    loom_tensor *c = NULL;
+    int rc = loom_tensor_clone(p, &c);
+    if (rc) {
+      loom_tensor_free(g);
+      return rc;
+    }
+    loom_tensor_free(p);
+    n->bwd_grad = p = c;
+  }
+  loom__accumulate_f32(p, loom_tensor_data(g), cnt);
+  loom_tensor_free(g);
+  return LOOM_OK;
+}
+
+/* Add g (f32) into leaf's gradient, allocating a zeroed one of the leaf's dtype first. */
+static int leaf_add(loom_tensor *leaf, const loom_tensor *g) {
+  loom__meta *m = leaf->autograd;
+  if (!m->grad) {
+    int rc = loom_tensor_zeros(leaf->dtype, leaf->ndim, leaf->shape, &m->grad);
+    if (rc) return rc;
+  }
+  if (g) loom__accumulate_f32(m->grad, loom_tensor_data(g), loom_tensor_numel(g));
+  return LOOM_OK;
+}
+
+static int leaf_done(loom_tensor *leaf) {
+  loom__meta *m = leaf->autograd;
+  int rc = leaf_add(leaf, NULL);
+  return rc ? rc : loom__hooks_run(&m->hooks, m->grad);
+}
+
+static int check_grad(const loom__node *n, int i, const loom_tensor *g) {
+  const loom__edge *e = &n->in[i];
+  if (g->dtype != LOOM_F32 || !loom_tensor_is_contiguous(g))
+    return loom__fail(LOOM_EDTYPE, "backward of %s: gradient %d is not contiguous f32", n->name,
+                      i);
+  if (g->ndim != e->ndim || memcmp(g->shape, e->shape, (size_t)e->ndim * sizeof *e->shape)) {
+    char a[96], b[96];
+    return loom__fail(LOOM_ESHAPE,
+                      "backward of %s: gradient of input %d has shape %s, the input has %s",
+                      n->name, i, loom__shape_str(g->ndim, g->shape, a, sizeof a),
+                      loom__shape_str(e->ndim, e->shape, b, sizeof b));
+  }
+  return LOOM_OK;
+}
+
+/* ---- the max-heap of ready nodes, by seq ---------------------------------------------- */
+
+typedef struct heap {
+  loom__node **v;
+  size_t n;
+} heap;
+
+static void heap_push(heap *h, loom__node *x) {
+  size_t i = h->n++;
+  while (i > 0) {
+    size_t p = (i - 1) / 2;
+    if (h->v[p]->seq >= x->seq) break;
+    h->v[i] = h->v[p];
+    i = p;
+  }
+  h->v[i] = x;
+}
+
+static loom__node *heap_pop(heap *h) {
+  loom__node *top = h->v[0], *x = h->v[--h->n];
+  size_t i = 0;
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= h->n) break;
+    if (c + 1 < h->n && h->v[c + 1]->seq > h->v[c]->seq) c++;
+    if (x->seq >= h->v[c]->seq) break;
+    h->v[i] = h->v[c];
+    i = c;
+  }
+  if (h->n) h->v[i] = x;
+  return top;
+}
+
+/* ---- backward ------------------------------------------------------------------------ */
+
+/* Discover the graph under root: marks nodes with epoch, counts incoming edges, chains every
+ * node through bwd_next (returned in *all) and counts them. Fails without side effects on
+ * user-visible state if a spent node is found. */
+static int discover(loom__node *root, uint64_t epoch, loom__node **all, size_t *count) {
+  loom__node *stack = root, *list = NULL;
+  size_t cnt = 0;
+  root->bwd_epoch = epoch;
+  root->bwd_deps = 0;
+  root->bwd_next = NULL;
+  int rc = LOOM_OK;
+  /* stack uses free_next (unused while a node is alive); the visited list uses bwd_next */
+  root->free_next = NULL;
+  while (stack) {
+    loom__node *n = stack;
+    stack = n->free_next;
+    n->bwd_next = list;
+    list = n;
+    cnt++;
+    if (n->released && rc == LOOM_OK)
+      rc = loom__fail(LOOM_EMISUSE,
+                      "loom_backward: the graph through %s was already spent by a backward "
+                      "without retain_graph",
+                      n->name);
+    for (int i = 0; i < n->n_in; i++) {
+      loom__edge *e = &n->in[i];
+      if (e->node) {
+        loom__node *c = e->node;
+        if (c->bwd_epoch != epoch) {
+          c->bwd_epoch = epoch;
+          c->bwd_deps = 0;
+          c->free_next = stack;
+          stack = c;
+        }
+        c->bwd_deps++;
+      } else if (e->leaf) {
+        loom__meta *m = e->leaf->autograd;
+        if (m->bwd_epoch != epoch) {
+          m->bwd_epoch = epoch;
+          m->bwd_pending = 0;
+        }
+        m->bwd_pending++;
+      }
+    }
+  }
+  *all = list;
+  *count = cnt;
+  return rc;
+}
+
+static int run_node(loom__node *n, heap *h, bool retain) {
+  int rc = LOOM_OK;
+  loom_tensor *gout = n->bwd_grad;
+  n->bwd_grad = NULL;
+  loom_tensor *small[4] = {0}, **gin = small;
+  if (!gout) rc = loom_tensor_zeros(LOOM_F32, n->out_ndim, n->out_shape, &gout);
+  if (rc) return rc;
+  if (n->n_in > 4) {
+    gin = loom__calloc(LOOM_POOL_COMPUTE, (size_t)n->n_in, sizeof *gin);
+    LOOM_TRY_ALLOC(gin, "gradients");
+  }
+  LOOM_TRY(loom__hooks_run(&n->hooks, gout));
+  LOOM_TRY(n->backward(n, gout, gin));
+  for (int i = 0; i < n->n_in; i++) {
+    loom__edge *e = &n->in[i];
+    loom_tensor *g = gin[i];
+    gin[i] = NULL;
+    if (!e->node && !e->leaf) {
+      loom_tensor_free(g);
+      continue;
+    }
+    if (g && (rc = check_grad(n, i, g))) {
+      loom_tensor_free(g);
+      goto done;
+    }
+    if (e->node) {
+      if (g) LOOM_TRY(pend_add(e->node, g));
+      if (--e->node->bwd_deps == 0) heap_push(h, e->node);
+    } else {
+      loom__meta *m = e->leaf->autograd;
+      rc = g ? leaf_add(e->leaf, g) : LOOM_OK;
+      loom_tensor_free(g);
+      if (rc) goto done;
+      if (--m->bwd_pending == 0) LOOM_TRY(leaf_done(e->leaf));
+    }
+  }
+  if (!retain) loom__node_spend(n);
+done:
+  if (gin) {
+    for (int i = 0; i < n->n_in; i++) loom_tensor_free(gin[i]);
+    if (gin != small) loom__free(gin);
+  }
+  loom_tensor_free(gout);
+  return rc;
+}
+
+static int check_loss(loom_tensor *loss, loom_tensor *gout) {
+  static const char *who = "loom_backward";
+  int rc = loom_tensor_check(loss, who);
+  if (rc) return rc;
+  if (!loom_tensor_requires_grad(loss))
+    return loom__fail(LOOM_EINVAL,
+                      "%s: the loss does not require grad (no leaf of its graph requires "
+                      "grad, or it was computed without grad mode)",
+                      who);
+  char a[96], b[96];
+  if (!gout) {
+    if (loom_tensor_numel(loss) != 1)
+      return loom__fail(LOOM_ESHAPE,
+                        "%s: the loss has shape %s (%zu elements); pass grad_output for a "
+                        "loss that is not a single value",
+                        who, loom__shape_str(loss->ndim, loss->shape, a, sizeof a),
+                        loom_tensor_numel(loss));
+    return LOOM_OK;
+  }
+  if ((rc = loom_tensor_check(gout, who))) return rc;
+  if (gout->dtype != loss->dtype)
+    return loom__fail(LOOM_EDTYPE, "%s: grad_output dtype %s differs from the loss's %s", who,
+                      loom_dtype_name(gout->dtype), loom_dtype_name(loss->dtype));
+  if (!loom_tensor_same_shape(gout, loss))
+    return loom__fail(LOOM_ESHAPE, "%s: grad_output shape %s differs from the loss's %s", who,
+                      loom__shape_str(gout->ndim, gout->shape, a, sizeof a),
+                      loom__shape_str(loss->ndim, loss->shape, b, sizeof b));
+  return LOOM_OK;
+}
+
+int loom_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain_graph) {
+  int rc = check_loss(loss, grad_output);
+  if (rc) return rc;
+  if (current)
+    return loom__fail(LOOM_EMISUSE,
+                      "loom_backward: a backward is already running on this thread (called "
+                      "from a hook?)");
+  loom__meta *m = loss->autograd;
+  loom_tensor *g = NULL;
+  loom__node *all = NULL;
+  size_t count = 0;
+  heap h = {0};
+  bwd_state st = {0};
+  if (grad_output) rc = loom_tensor_cast(grad_output, LOOM_F32, &g);
+  else if (!(rc = loom_tensor_empty(LOOM_F32, loss->ndim, loss->shape, &g)))
+    rc = loom_tensor_fill(g, 1.0);
+  if (rc) return rc;
+
+  current = &st;
+  loom__grad_mode_push();
+  if (!m->grad_fn) { /* the loss is itself a leaf */
+    m->bwd_pending = 0;
+    rc = leaf_add(loss, g);
+    if (!rc) rc = leaf_done(loss);
+    goto finish;
+  }
+  uint64_t epoch = atomic_fetch_add_explicit(&next_epoch, 1, memory_order_relaxed);
+  LOOM_TRY(discover(m->grad_fn, epoch, &all, &count));
+  h.v = loom__malloc(LOOM_POOL_COMPUTE, count * sizeof *h.v);
+  LOOM_TRY_ALLOC(h.v, "the ready queue");
+  m->grad_fn->bwd_grad = g;
+  g = NULL;
+  heap_push(&h, m->grad_fn);
+  while (h.n) LOOM_TRY(run_node(heap_pop(&h), &h, retain_graph));
+finish:
+  for (int i = 0; rc == LOOM_OK && i < st.n; i++) rc = st.cbs[i].fn(st.cbs[i].ctx);
+done:
+  for (loom__node *n = all; n; n = n->bwd_next) { /* after an error, drop pending grads */
+    loom_tensor_free(n->bwd_grad);
+    n->bwd_grad = NULL;
+  }
+  loom__grad_mode_pop();
+  current = NULL;
+  loom__free(st.cbs);
+  loom__free(h.v);
+  loom_tensor_free(g);
+  return rc;
+}

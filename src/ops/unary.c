@@ -1,0 +1,88 @@
+/* unary.c: elementwise functions of one tensor and a scalar parameter, forward and backward:
+ * neg, relu, gelu (exact, tanh), tanh, sigmoid, exp, log, sqrt, pow, and the scalar
+ * variants add/sub/mul/div by a scalar. The math lives in unary_kernels.c. */
+#include "ops/ops_int.h"
+#include "ops/unary_int.h"
+
+static int unary_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
+  int rc = LOOM_OK;
+  loom__fbuf fx = {0}, fy = {0};
+  const loom__unary_def *d = loom__unary_def_get((loom__unary)n->i[0]);
+  LOOM_TRY(loom__grad_new(n->in[0].ndim, n->in[0].shape, false, &gin[0]));
+  if (n->saved[0]) LOOM_TRY(loom__f32_in(n->saved[0], &fx));
+  if (n->saved[1]) LOOM_TRY(loom__f32_in(n->saved[1], &fy));
+  loom__unary_kernels()->bwd[n->i[0]](loom__f(gin[0]), loom__f(g), fx.p, fy.p,
+                                        loom_tensor_numel(g), n->f[0]);
+  (void)d;
+done:
+  loom__fbuf_free(&fx);
+  loom__fbuf_free(&fy);
+  return rc;
+}
+
+int loom__unary_op(loom__unary u, loom_tensor *x, double p, loom_tensor **out) {
+  const loom__unary_def *d = loom__unary_def_get(u);
+  const char *name = d->name;
+  int rc = loom__check_out(name, out);
+  if (rc) return rc;
+  if ((rc = loom__check_float(name, x, "x"))) return rc;
+  loom__op c;
+  loom_tensor *y = NULL;
+  loom__fbuf fx = {0}, fy = {0};
+  loom__node *nd = NULL;
+  if ((rc = loom__op_begin(&c, d->kind, &x, 1))) return rc;
+  x = c.in[0];
+  LOOM_TRY(loom__f32_in(x, &fx));
+  LOOM_TRY(loom__f32_out(x->dtype, x->ndim, x->shape, &y, &fy));
+  loom__unary_kernels()->fwd[u](fy.p, fx.p, loom_tensor_numel(x), (float)p);
+  loom__f32_out_commit(y, &fy);
+  LOOM_TRY(loom__op_record(&c, y, unary_backward, &nd));
+  if (nd) {
+    nd->name = name;
+    nd->i[0] = u;
+    nd->f[0] = p;
+    if (d->saves_x) LOOM_TRY(loom__node_save(nd, 0, x));
+    if (d->saves_y) LOOM_TRY(loom__node_save(nd, 1, y));
+  }
+  *out = y;
+  y = NULL;
+done:
+  loom__fbuf_free(&fx);
+  loom__fbuf_free(&fy);
+  loom_tensor_free(y);
+  loom__op_end(&c);
+  return rc;
+}
+
+int loom_neg(loom_tensor *x, loom_tensor **out) { return loom__unary_op(LOOM__U_NEG, x, 0, out); }
+int loom_relu(loom_tensor *x, loom_tensor **out) { return loom__unary_op(LOOM__U_RELU, x, 0, out); }
+int loom_tanh(loom_tensor *x, loom_tensor **out) { return loom__unary_op(LOOM__U_TANH, x, 0, out); }
+int loom_exp(loom_tensor *x, loom_tensor **out) { return loom__unary_op(LOOM__U_EXP, x, 0, out); }
+int loom_log(loom_tensor *x, loom_tensor **out) { return loom__unary_op(LOOM__U_LOG, x, 0, out); }
+int loom_sqrt(loom_tensor *x, loom_tensor **out) { return loom__unary_op(LOOM__U_SQRT, x, 0, out); }
+int loom_sigmoid(loom_tensor *x, loom_tensor **out) {
+  return loom__unary_op(LOOM__U_SIGMOID, x, 0, out);
+}
+int loom_pow(loom_tensor *x, double p, loom_tensor **out) {
+  return loom__unary_op(LOOM__U_POW, x, p, out);
+}
+int loom_gelu(loom_tensor *x, loom_gelu_mode mode, loom_tensor **out) {
+  if (mode != LOOM_GELU_EXACT && mode != LOOM_GELU_TANH) {
+    if (out) *out = NULL;
+    return loom__fail(LOOM_EINVAL, "gelu: mode %d is neither LOOM_GELU_EXACT nor LOOM_GELU_TANH",
+                      (int)mode);
+  }
+  return loom__unary_op(mode == LOOM_GELU_TANH ? LOOM__U_GELU_TANH : LOOM__U_GELU, x, 0, out);
+}
+int loom_add_scalar(loom_tensor *a, double s, loom_tensor **out) {
+  return loom__unary_op(LOOM__U_ADD_SCALAR, a, s, out);
+}
+int loom_sub_scalar(loom_tensor *a, double s, loom_tensor **out) {
+  return loom__unary_op(LOOM__U_ADD_SCALAR, a, -s, out);
+}
+int loom_mul_scalar(loom_tensor *a, double s, loom_tensor **out) {
+  return loom__unary_op(LOOM__U_MUL_SCALAR, a, s, out);
+}
+int loom_div_scalar(loom_tensor *a, double s, loom_tensor **out) {
+  return loom__unary_op(LOOM__U_DIV_SCALAR, a, s, out);
+}

@@ -1,0 +1,136 @@
+/* unary_body.h: the unary kernels' loops, included by unary_kernels.c once per CPU level with
+ * UNARY_SFX set (and the level's target options in force), so each level is the same source
+ * compiled for its instruction set. No include guard on purpose. */
+#define UK_CAT2(a, b) a##_##b
+#define UK_CAT(a, b) UK_CAT2(a, b)
+#define UK(name) UK_CAT(name, UNARY_SFX)
+
+static void UK(f_neg)(float *y, const float *x, size_t n, float p) {
+  for (size_t i = 0; i < n; i++) y[i] = -x[i];
+}
+static void UK(b_neg)(float *gx, const float *g, const float *x, const float *y, size_t n,
+                      double p) {
+  for (size_t i = 0; i < n; i++) gx[i] = -g[i];
+}
+static void UK(f_relu)(float *y, const float *x, size_t n, float p) {
+  for (size_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+static void UK(b_relu)(float *gx, const float *g, const float *x, const float *y, size_t n,
+                       double p) {
+  for (size_t i = 0; i < n; i++) gx[i] = y[i] > 0.0f ? g[i] : 0.0f;
+}
+static void UK(f_gelu)(float *y, const float *x, size_t n, float p) {
+  for (size_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * (float)M_SQRT1_2));
+}
+static void UK(b_gelu)(float *gx, const float *g, const float *x, const float *y, size_t n,
+                       double p) {
+  const float k = 0.3989422804014327f; /* 1/sqrt(2 pi) */
+  for (size_t i = 0; i < n; i++) {
+    float v = x[i];
+    float cdf = 0.5f * (1.0f + erff(v * (float)M_SQRT1_2));
+    gx[i] = g[i] * (cdf + v * k * expf(-0.5f * v * v));
+  }
+}
+static void UK(f_gelu_tanh)(float *y, const float *x, size_t n, float p) {
+  const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+  for (size_t i = 0; i < n; i++) {
+    float v = x[i];
+    y[i] = 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
+  }
+}
+static void UK(b_gelu_tanh)(float *gx, const float *g, const float *x, const float *y, size_t n,
+                            double p) {
+  const float c = 0.7978845608028654f;
+  for (size_t i = 0; i < n; i++) {
+    float v = x[i], t = tanhf(c * (v + 0.044715f * v * v * v));
+    float du = c * (1.0f + 3.0f * 0.044715f * v * v);
+    gx[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  }
+}
+static void UK(f_tanh)(float *y, const float *x, size_t n, float p) {
+  for (size_t i = 0; i < n; i++) y[i] = tanhf(x[i]);
+}
+static void UK(b_tanh)(float *gx, const float *g, const float *x, const float *y, size_t n,
+                       double p) {
+  for (size_t i = 0; i < n; i++) gx[i] = g[i] * (1.0f - y[i] * y[i]);
+}
+static void UK(f_sigmoid)(float *y, const float *x, size_t n, float p) {
+  for (size_t i = 0; i < n; i++) y[i] = 1.0f / (1.0f + expf(-x[i]));
+}
+static void UK(b_sigmoid)(float *gx, const float *g, const float *x, const float *y, size_t n,
+                          double p) {
+  for (size_t i = 0; i < n; i++) gx[i] = g[i] * y[i] * (1.0f - y[i]);
+}
+static void UK(f_exp)(float *y, const float *x, size_t n, float p) {
+  for (size_t i = 0; i < n; i++) y[i] = expf(x[i]);
+}
+static void UK(b_exp)(float *gx, const float *g, const float *x, const float *y, size_t n,
+                      double p) {
+  for (size_t i = 0; i < n; i++) gx[i] = g[i] * y[i];
+}
+static void UK(f_log)(float *y, const float *x, size_t n, float p) {
+  for (size_t i = 0; i < n; i++) y[i] = logf(x[i]);
+}
+static void UK(b_log)(float *gx, const float *g, const float *x, const float *y, size_t n,
+                      double p) {
+  for (size_t i = 0; i < n; i++) gx[i] = g[i] / x[i];
+}
+static void UK(f_sqrt)(float *y, const float *x, size_t n, float p) {
+  for (size_t i = 0; i < n; i++) y[i] = sqrtf(x[i]);
+}
+static void UK(b_sqrt)(float *gx, const float *g, const float *x, const float *y, size_t n,
+                       double p) {
+  for (size_t i = 0; i < n; i++) gx[i] = g[i] * 0.5f / y[i];
+}
+static void UK(f_pow)(float *y, const float *x, size_t n, float p) {
+  if (p == 2.0f) {
+    for (size_t i = 0; i < n; i++) y[i] = x[i] * x[i];
+  } else {
+    for (size_t i = 0; i < n; i++) y[i] = powf(x[i], p);
+  }
+}
+static void UK(b_pow)(float *gx, const float *g, const float *x, const float *y, size_t n,
+                      double p) {
+  float pf = (float)p;
+  if (pf == 2.0f) {
+    for (size_t i = 0; i < n; i++) gx[i] = g[i] * 2.0f * x[i];
+  } else {
+    for (size_t i = 0; i < n; i++) gx[i] = g[i] * pf * powf(x[i], pf - 1.0f);
+  }
+}
+static void UK(f_add_scalar)(float *y, const float *x, size_t n, float p) {
+  for (size_t i = 0; i < n; i++) y[i] = x[i] + p;
+}
+static void UK(b_add_scalar)(float *gx, const float *g, const float *x, const float *y,
+                             size_t n, double p) {
+  for (size_t i = 0; i < n; i++) gx[i] = g[i];
+}
+static void UK(f_mul_scalar)(float *y, const float *x, size_t n, float p) {
+  for (size_t i = 0; i < n; i++) y[i] = x[i] * p;
+}
+static void UK(b_mul_scalar)(float *gx, const float *g, const float *x, const float *y,
+                             size_t n, double p) {
+  float pf = (float)p;
+  for (size_t i = 0; i < n; i++) gx[i] = g[i] * pf;
+}
+static void UK(f_div_scalar)(float *y, const float *x, size_t n, float p) {
+  for (size_t i = 0; i < n; i++) y[i] = x[i] / p;
+}
+static void UK(b_div_scalar)(float *gx, const float *g, const float *x, const float *y,
+                             size_t n, double p) {
+  float pf = (float)p;
+  for (size_t i = 0; i < n; i++) gx[i] = g[i] / pf;
+}
+
+static const loom__unary_kernels_t UK(unary_table) = {
+    .fwd = {UK(f_neg), UK(f_relu), UK(f_gelu), UK(f_gelu_tanh), UK(f_tanh), UK(f_sigmoid),
+            UK(f_exp), UK(f_log), UK(f_sqrt), UK(f_pow), UK(f_add_scalar), UK(f_mul_scalar),
+            UK(f_div_scalar)},
+    .bwd = {UK(b_neg), UK(b_relu), UK(b_gelu), UK(b_gelu_tanh), UK(b_tanh), UK(b_sigmoid),
+            UK(b_exp), UK(b_log), UK(b_sqrt), UK(b_pow), UK(b_add_scalar), UK(b_mul_scalar),
+            UK(b_div_scalar)},
+};
+
+#undef UK
+#undef UK_CAT
+#undef UK_CAT2

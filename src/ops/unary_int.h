@@ -1,0 +1,55 @@
+/* unary_int.h: the elementwise unary functions shared by unary.c (the ops) and
+ * unary_kernels.c (the math, one table per CPU level, each level checked against scalar). */
+#ifndef LOOM_OPS_UNARY_INT_H
+#define LOOM_OPS_UNARY_INT_H
+
+#include "loom/cpu.h"
+#include "loom/ops.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef enum loom__unary {
+  LOOM__U_NEG,
+  LOOM__U_RELU,
+  LOOM__U_GELU,
+  LOOM__U_GELU_TANH,
+  LOOM__U_TANH,
+  LOOM__U_SIGMOID,
+  LOOM__U_EXP,
+  LOOM__U_LOG,
+  LOOM__U_SQRT,
+  LOOM__U_POW,
+  LOOM__U_ADD_SCALAR,
+  LOOM__U_MUL_SCALAR,
+  LOOM__U_DIV_SCALAR,
+  LOOM__U_COUNT
+} loom__unary;
+
+typedef struct loom__unary_def {
+  const char *name;
+  loom_op_kind kind;
+  bool saves_x, saves_y; /* what backward reads */
+} loom__unary_def;
+
+const loom__unary_def *loom__unary_def_get(loom__unary u);
+
+/* y = f(x; p) over n elements; gx = g * f'(x; p) (x or y may be NULL if the def says the
+ * function does not save it). */
+typedef void (*loom__unary_fwd_fn)(float *y, const float *x, size_t n, float p);
+typedef void (*loom__unary_bwd_fn)(float *gx, const float *g, const float *x, const float *y,
+                                   size_t n, double p);
+
+typedef struct loom__unary_kernels_t {
+  loom__unary_fwd_fn fwd[LOOM__U_COUNT];
+  loom__unary_bwd_fn bwd[LOOM__U_COUNT];
+} loom__unary_kernels_t;
+
+/* The table for the active CPU level, and for a given level (tests). */
+const loom__unary_kernels_t *loom__unary_kernels(void);
+const loom__unary_kernels_t *loom__unary_kernels_level(loom_cpu_level level);
+
+/* The unary op u with parameter p (the public functions call this). */
+int loom__unary_op(loom__unary u, loom_tensor *x, double p, loom_tensor **out);
+
+#endif
