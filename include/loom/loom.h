@@ -4,6 +4,7 @@
 #define LOOM_LOOM_H
 
 #include "loom/alloc.h"
+#include "loom/amp.h"
 #include "loom/cpu.h"
 #include "loom/dtype.h"
 #include "loom/status.h"

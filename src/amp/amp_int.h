@@ -1,0 +1,78 @@
+/* amp_int.h: what the amp files share (private to loom): the scaler object and its vtable
+ * (one interface, a static and a dynamic implementation), and the unscale kernel table with
+ * its dispatch levels. */
+#ifndef LOOM_AMP_INT_H
+#define LOOM_AMP_INT_H
+
+#include "core/core_int.h"
+#include "loom/amp.h"
+
+#include <stdint.h>
+
+/* ---- scalers ------------------------------------------------------------------------------ */
+
+#define LOOM__SCALER_MAGIC 0x53434c52u /* "SCLR" */
+#define LOOM__SCALER_DEAD 0xdeadbeefu
+
+/* Where the step is: nothing scaled since the last update, a loss scaled, gradients unscaled. */
+typedef enum loom__scaler_stage {
+  LOOM__STAGE_IDLE = 0,
+  LOOM__STAGE_SCALED = 1,
+  LOOM__STAGE_UNSCALED = 2
+} loom__scaler_stage;
+
+typedef struct loom__scaler_ops {
+  loom_scaler_kind kind;
+  /* The scale after an update with this overflow flag (growth_counter already maintained by
+   * the implementation in s->growth_counter). */
+  float (*next_scale)(loom_scaler *s, bool overflow);
+} loom__scaler_ops;
+
+struct loom_scaler {
+  uint32_t magic;
+  const loom__scaler_ops *ops;
+  loom_dynamic_scaler_cfg cfg; /* static: initial = min = max = the scale */
+  float scale;
+  int64_t growth_counter;
+  int64_t overflows, successes, increases, decreases;
+  float min_reached, max_reached;
+  loom__scaler_stage stage;
+};
+
+/* A new scaler with ops and a validated cfg, in its initial state. */
+int loom__scaler_new(const loom__scaler_ops *ops, const loom_dynamic_scaler_cfg *cfg,
+                     loom_scaler **out);
+/* Validate a scaler handle: LOOM_EINVAL for NULL, LOOM_EMISUSE for a freed one. */
+int loom__scaler_check(const loom_scaler *s, const char *who);
+
+extern const loom__scaler_ops loom__scaler_static_ops;
+extern const loom__scaler_ops loom__scaler_dynamic_ops;
+
+/* ---- unscale kernels ---------------------------------------------------------------------- */
+
+/* One table per dispatch level. unscale_*: x[i] *= inv in f32 (f16/bf16 widened, multiplied,
+ * rounded back to nearest even), in place; returns true iff a stored result is inf or NaN.
+ * nonfinite_*: true iff some x[i] is inf or NaN, stopping early once one is found. */
+typedef struct loom__amp_kernels {
+  bool (*unscale_f32)(float *x, size_t n, float inv);
+  bool (*unscale_f16)(uint16_t *x, size_t n, float inv);
+  bool (*unscale_bf16)(uint16_t *x, size_t n, float inv);
+  bool (*nonfinite_f32)(const float *x, size_t n);
+  bool (*nonfinite_f16)(const uint16_t *x, size_t n);
+  bool (*nonfinite_bf16)(const uint16_t *x, size_t n);
+} loom__amp_kernels;
+
+extern const loom__amp_kernels loom__amp_kernels_scalar;
+extern const loom__amp_kernels loom__amp_kernels_avx2;
+extern const loom__amp_kernels loom__amp_kernels_avx512;
+
+/* The table of the active CPU level (loom_cpu_level_active). */
+const loom__amp_kernels *loom__amp_k(void);
+
+/* The table for a given level (tests compare each level against scalar). */
+const loom__amp_kernels *loom__amp_kernels_for(loom_cpu_level level);
+
+/* Elements the early-exit check scans between tests of its running flag. */
+#define LOOM__AMP_CHECK_BLOCK 1024
+
+#endif
