@@ -12,5 +12,6 @@
 #include "loom/ops.h"
 #include "loom/autograd.h"
 #include "loom/optim.h"
+#include "loom/io.h"
 
 #endif

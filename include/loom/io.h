@@ -1,0 +1,231 @@
+/* loom/io.h: files in and out: safetensors (read, write), IDX (the MNIST family, gzip'd or
+ * not), the Fashion-MNIST dataset with seeded shuffling and batching, and checkpoints.
+ *
+ * Files are untrusted: every size, offset and name is checked before it is used, each fault
+ * gets a status (LOOM_EFORMAT for a malformed file, LOOM_EIO for the operating system's
+ * errors, LOOM_ENOTFOUND for a missing tensor or file) and a message naming the file and the
+ * fault; nothing is read outside the file. Files are written atomically: to a temporary name in
+ * the same folder, fsync, rename, fsync of the folder; on failure no file and no temporary is
+ * left, and an existing file of that name is untouched.
+ *
+ * Ownership: open/read/create calls hand back objects the caller frees (NULL ok); names,
+ * metadata strings and info structs they return are borrowed and live as long as the object.
+ * Tensors they return are new references (loom/tensor.h).
+ *
+ * Threads: an open file or dataset may be read by many threads at once (nothing mutates it);
+ * a loader is used by one thread at a time. */
+#ifndef LOOM_IO_H
+#define LOOM_IO_H
+
+#include "loom/tensor.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- safetensors ---------------------------------------------------------------------- */
+/* The format (huggingface/safetensors): an 8-byte little-endian u64 N, N bytes of UTF-8 JSON
+ * {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
+ *  "__metadata__": {"key": "value"}} (optionally padded with spaces), then the data:
+ * little-endian, row-major, offsets relative to the first byte after the header. loom checks
+ * that the header is at most 100,000,000 bytes, starts with '{', is strict JSON, names are
+ * unique and non-empty, dtypes known, shapes non-negative without overflow, and that the
+ * tensors' byte ranges are numel * dtype size, in order, without gaps or overlaps, and cover
+ * the data exactly. Unknown fields in a tensor entry are rejected. */
+
+#define LOOM_SAFETENSORS_MAX_HEADER 100000000u
+
+/* Open flags. */
+#define LOOM_SAFETENSORS_MMAP 1u /* map the file (counted in LOOM_POOL_FILE) instead of reading
+                                  * it into memory (LOOM_POOL_HOST) */
+
+typedef struct loom_safetensors loom_safetensors;
+
+/* A tensor's entry. dtype_name is the file's ("F32", "U8", ...); `dtype` is the loom dtype
+ * when there is one (has_loom_dtype), which loom_safetensors_get needs. */
+typedef struct loom_safetensors_info {
+  const char *name;
+  const char *dtype_name;
+  bool has_loom_dtype;
+  loom_dtype dtype;
+  int ndim;              /* any rank the file has (loom tensors take up to LOOM_MAX_DIMS) */
+  const int64_t *shape;  /* ndim entries */
+  size_t numel;
+  size_t nbytes;
+  const void *data;      /* the bytes in the file (little-endian), borrowed */
+} loom_safetensors_info;
+
+/* Open and validate a file. LOOM_EIO if it cannot be read, LOOM_EFORMAT (with the fault) if
+ * it is not a valid safetensors file. */
+int loom_safetensors_open(const char *path, unsigned flags, loom_safetensors **out);
+/* The same over a copy of `size` bytes in memory (`label` names it in messages). */
+int loom_safetensors_open_memory(const void *buf, size_t size, const char *label,
+                                 loom_safetensors **out);
+void loom_safetensors_free(loom_safetensors *f);
+
+/* Tensors, in the order of their data in the file. */
+size_t loom_safetensors_count(const loom_safetensors *f);
+/* Entry i (0 <= i < count), or by name (LOOM_ENOTFOUND naming the file and the tensor). */
+int loom_safetensors_info_at(const loom_safetensors *f, size_t i, loom_safetensors_info *out);
+int loom_safetensors_find(const loom_safetensors *f, const char *name,
+                          loom_safetensors_info *out);
+/* A new contiguous tensor (compute pool) holding a copy. LOOM_EDTYPE for a dtype loom does not
+ * have, LOOM_ESHAPE for a rank above LOOM_MAX_DIMS. */
+int loom_safetensors_get(const loom_safetensors *f, const char *name, loom_tensor **out);
+/* A tensor over the file's bytes, no copy: valid only while f is open (it does not keep f
+ * alive). Writing to it changes this process's copy, never the file. LOOM_EFORMAT if the
+ * bytes are not aligned for the dtype (files loom and safetensors write always are). */
+int loom_safetensors_view(const loom_safetensors *f, const char *name, loom_tensor **out);
+/* Copy tensor `name` into a caller buffer after checking it has exactly dtype dt and the
+ * given shape (LOOM_EDTYPE / LOOM_ESHAPE with both sides in the message). */
+int loom_safetensors_read(const loom_safetensors *f, const char *name, loom_dtype dt, int ndim,
+                          const int64_t *shape, void *dst);
+
+/* Metadata ("__metadata__"), in file order. loom_safetensors_meta returns NULL if absent. */
+size_t loom_safetensors_meta_count(const loom_safetensors *f);
+int loom_safetensors_meta_at(const loom_safetensors *f, size_t i, const char **key,
+                             const char **value);
+const char *loom_safetensors_meta(const loom_safetensors *f, const char *key);
+/* A metadata value parsed as a whole decimal integer / a double ("%.17g" round-trips).
+ * LOOM_ENOTFOUND if absent, LOOM_EFORMAT if it is not such a number. */
+int loom_safetensors_meta_i64(const loom_safetensors *f, const char *key, int64_t *out);
+int loom_safetensors_meta_f64(const loom_safetensors *f, const char *key, double *out);
+
+/* One tensor to write: either `tensor` (any strides; written contiguous) or, if tensor is
+ * NULL, a raw contiguous buffer described by dtype, ndim, shape and data. */
+typedef struct loom_safetensors_entry {
+  const char *name;
+  const loom_tensor *tensor;
+  loom_dtype dtype;
+  int ndim;
+  const int64_t *shape;
+  const void *data;
+} loom_safetensors_entry;
+
+typedef struct loom_safetensors_meta_kv {
+  const char *key;
+  const char *value;
+} loom_safetensors_meta_kv;
+
+/* Write a file atomically. Names must be non-empty, valid UTF-8, unique and not
+ * "__metadata__"; metadata keys unique. The layout is the reference implementation's: the
+ * tensors sorted by dtype (widest first) then name, each aligned to its element size, the
+ * header padded with spaces to a multiple of 8. LOOM_EIO (with the OS error) if the file
+ * cannot be written. */
+int loom_safetensors_write(const char *path, const loom_safetensors_entry *tensors, size_t n,
+                           const loom_safetensors_meta_kv *meta, size_t nmeta);
+
+/* ---- checkpoints ---------------------------------------------------------------------- */
+/* A checkpoint is a safetensors file of named buffers (model parameters, optimizer state,
+ * scaler and RNG state, ...) and metadata (step, epoch, scale, ...), plus two metadata keys
+ * loom adds and checks: "loom.format" = "checkpoint/1" and "loom.crc32", the CRC-32 of the
+ * data section (so a flipped or truncated byte is caught on load). */
+
+typedef struct loom_checkpoint_entry {
+  const char *name;
+  loom_dtype dtype;
+  int ndim;
+  int64_t shape[LOOM_MAX_DIMS];
+  void *data; /* save: read from; load: written to */
+} loom_checkpoint_entry;
+
+/* Save entries and metadata atomically (keys starting "loom." are reserved: LOOM_EINVAL). */
+int loom_checkpoint_save(const char *path, const loom_checkpoint_entry *e, size_t n,
+                         const loom_safetensors_meta_kv *meta, size_t nmeta);
+/* Verify the checkpoint (format, CRC) and copy every listed entry into its buffer: each must
+ * exist (LOOM_ENOTFOUND) with the same dtype and shape (LOOM_EDTYPE, LOOM_ESHAPE). Nothing is
+ * written to any buffer unless all of them match. If `file` is not NULL it receives the open
+ * file (for metadata and other tensors), which the caller frees. */
+int loom_checkpoint_load(const char *path, const loom_checkpoint_entry *e, size_t n,
+                         loom_safetensors **file);
+
+/* ---- IDX (MNIST family) --------------------------------------------------------------- */
+/* Magic 0x00 0x00 <type> <ndim>, ndim big-endian u32 dims, then the data big-endian. Types:
+ * 0x08 u8, 0x09 i8, 0x0B i16, 0x0C i32, 0x0D f32, 0x0E f64. A file that starts with the gzip
+ * magic is decompressed (zlib). The data must be exactly prod(dims) elements. */
+
+typedef struct loom_idx loom_idx;
+
+typedef struct loom_idx_info {
+  int type;            /* the type byte */
+  size_t elem_size;    /* 1, 2, 4 or 8 */
+  int ndim;
+  const uint32_t *dims;
+  size_t numel;
+  const void *data;    /* numel elements in host byte order, borrowed */
+} loom_idx_info;
+
+int loom_idx_read(const char *path, loom_idx **out);
+void loom_idx_free(loom_idx *x);
+void loom_idx_get_info(const loom_idx *x, loom_idx_info *out);
+
+/* ---- datasets and loaders ------------------------------------------------------------- */
+
+/* Where Debian's dataset-fashion-mnist package puts the files. */
+#define LOOM_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
+#define LOOM_FASHION_MNIST_MEAN 0.2860f
+#define LOOM_FASHION_MNIST_STD 0.3530f
+
+typedef enum loom_split { LOOM_SPLIT_TRAIN = 0, LOOM_SPLIT_TEST = 1 } loom_split;
+
+/* Images (u8, N x rows x cols) with one u8 label each. */
+typedef struct loom_dataset loom_dataset;
+
+/* An MNIST-family dataset from `dir` (NULL: LOOM_FASHION_MNIST_DIR): the files
+ * train-images-idx3-ubyte / train-labels-idx1-ubyte (t10k-* for the test split), each with
+ * or without .gz. LOOM_ENOTFOUND naming the directory if neither form exists. */
+int loom_mnist_load(const char *dir, loom_split split, loom_dataset **out);
+/* From two IDX files: images (u8, 3 dims) and labels (u8, 1 dim, same count). */
+int loom_dataset_from_idx(const char *images_path, const char *labels_path, loom_dataset **out);
+void loom_dataset_free(loom_dataset *d);
+size_t loom_dataset_size(const loom_dataset *d);
+size_t loom_dataset_rows(const loom_dataset *d);
+size_t loom_dataset_cols(const loom_dataset *d);
+const uint8_t *loom_dataset_images(const loom_dataset *d); /* size * rows * cols */
+const uint8_t *loom_dataset_labels(const loom_dataset *d); /* size */
+
+typedef enum loom_norm {
+  LOOM_NORM_UNIT = 0,     /* x / 255 (torchvision ToTensor) */
+  LOOM_NORM_STANDARD = 1, /* (x / 255 - mean) / std (then Normalize) */
+} loom_norm;
+
+typedef struct loom_loader_cfg {
+  size_t batch;          /* > 0; default 256 */
+  bool shuffle;          /* default true; false: file order */
+  uint64_t seed;         /* default 0 */
+  bool drop_last;        /* drop a last partial batch; default false (kept) */
+  loom_norm norm;        /* default LOOM_NORM_UNIT */
+  float mean, std;       /* for LOOM_NORM_STANDARD; default Fashion-MNIST's; std > 0 */
+  bool flatten;          /* images [B, rows*cols] instead of [B, 1, rows, cols]; default false */
+  loom_dtype label_dtype; /* LOOM_I64 (default, as PyTorch) or LOOM_I32 */
+} loom_loader_cfg;
+
+loom_loader_cfg loom_loader_cfg_default(void);
+int loom_loader_cfg_validate(const loom_loader_cfg *cfg);
+
+/* Batches of a dataset. The order of epoch e is a pure function of (seed, e): the identity
+ * without shuffle, else a Fisher-Yates shuffle (i from N-1 down to 1, swap i with j uniform in
+ * [0, i] by rejection sampling: draw r until r >= 2^64 mod (i+1), j = r mod (i+1)) driven by
+ * SplitMix64 started at seed ^ (e * 0x9E3779B97F4A7C15). So a run resumed at (epoch, batch)
+ * sees the same batches, on any machine. Retains `d` (borrowed: it must outlive the loader). */
+typedef struct loom_loader loom_loader;
+
+int loom_loader_create(const loom_dataset *d, const loom_loader_cfg *cfg, loom_loader **out);
+void loom_loader_free(loom_loader *l);
+/* Batches per epoch (a last partial batch counts unless drop_last). */
+size_t loom_loader_batches(const loom_loader *l);
+/* Batch `index` of epoch `epoch`: new tensors x (f32 [B,1,rows,cols] or [B,rows*cols]) and y
+ * (labels, [B]). LOOM_EINVAL for an index out of range. */
+int loom_loader_batch(loom_loader *l, uint64_t epoch, size_t index, loom_tensor **x,
+                      loom_tensor **y);
+/* The dataset indices of epoch `epoch` in batch order (size entries). */
+int loom_loader_order(loom_loader *l, uint64_t epoch, const uint32_t **order);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,132 @@
+/* file.c: the io layer's file primitives: sizes and exact reads of untrusted files, and the
+ * atomic writer (temporary in the same folder, fsync, rename, fsync of the folder). */
+#include "io/io_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int loom__file_size(const char *who, const char *path, int fd, size_t *size) {
+  struct stat st;
+  if (fstat(fd, &st) != 0)
+    return loom__fail(LOOM_EIO, "%s: cannot stat '%s': %s", who, path, strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return loom__fail(LOOM_EIO, "%s: '%s' is not a regular file", who, path);
+  *size = (size_t)st.st_size;
+  return LOOM_OK;
+}
+
+int loom__file_pread(const char *who, const char *path, int fd, void *buf, size_t n,
+                     size_t offset) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = pread(fd, (char *)buf + done, n - done, (off_t)(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      return loom__fail(LOOM_EIO, "%s: cannot read '%s': %s", who, path, strerror(errno));
+    if (r == 0)
+      return loom__fail(LOOM_EFORMAT, "%s: '%s' is truncated: %zu bytes missing at offset %zu",
+                        who, path, n - done, offset + done);
+    done += (size_t)r;
+  }
+  return LOOM_OK;
+}
+
+void loom__afile_abort(loom__afile *a) {
+  if (a->fd >= 0) close(a->fd);
+  if (a->tmp) unlink(a->tmp);
+  loom__free(a->tmp);
+  loom__free(a->path);
+  a->fd = -1;
+  a->tmp = a->path = NULL;
+}
+
+int loom__afile_open(const char *who, const char *path, loom__afile *a) {
+  a->fd = -1;
+  a->tmp = a->path = NULL;
+  if (!path || !path[0]) return loom__fail(LOOM_EINVAL, "%s: empty path", who);
+  a->path = loom__strdup(LOOM_POOL_HOST, path);
+  size_t len = strlen(path) + sizeof ".tmp.XXXXXX";
+  a->tmp = loom__malloc(LOOM_POOL_HOST, len);
+  if (!a->path || !a->tmp) {
+    loom__free(a->tmp); /* not created yet: nothing to unlink */
+    a->tmp = NULL;
+    loom__afile_abort(a);
+    return loom__fail(LOOM_ENOMEM, "%s: out of memory for the path", who);
+  }
+  snprintf(a->tmp, len, "%s.tmp.XXXXXX", path);
+  a->fd = mkstemp(a->tmp);
+  if (a->fd < 0) {
+    int e = errno;
+    loom__free(a->tmp);
+    a->tmp = NULL;
+    loom__afile_abort(a);
+    return loom__fail(LOOM_EIO, "%s: cannot create a temporary file for '%s': %s", who, path,
+                      strerror(e));
+  }
+  fchmod(a->fd, 0644);
+  return LOOM_OK;
+}
+
+int loom__afile_write(const char *who, loom__afile *a, const void *buf, size_t n) {
+  const char *p = buf;
+  while (n) {
+    ssize_t w = write(a->fd, p, n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0)
+      return loom__fail(LOOM_EIO, "%s: cannot write '%s': %s", who, a->path,
+                        w < 0 ? strerror(errno) : "no progress");
+    p += w;
+    n -= (size_t)w;
+  }
+  return LOOM_OK;
+}
+
+/* fsync the folder holding path, so the rename itself is durable. */
+static int sync_dir(const char *who, const char *path) {
+  const char *slash = strrchr(path, '/');
+  char dir[4096];
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == path) snprintf(dir, sizeof dir, "/");
+  else if ((size_t)(slash - path) >= sizeof dir)
+    return loom__fail(LOOM_EIO, "%s: folder of '%s' is too long a path", who, path);
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  int fd = open(dir, O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return loom__fail(LOOM_EIO, "%s: cannot open folder '%s': %s", who, dir, strerror(errno));
+  int rc = fsync(fd) == 0 || errno == EINVAL ? LOOM_OK
+                                             : loom__fail(LOOM_EIO, "%s: cannot sync folder '%s': %s",
+                                                          who, dir, strerror(errno));
+  close(fd);
+  return rc;
+}
+
+int loom__afile_commit(const char *who, loom__afile *a) {
+  int rc = LOOM_OK;
+  if (fsync(a->fd) != 0) {
+    rc = loom__fail(LOOM_EIO, "%s: cannot sync '%s': %s", who, a->tmp, strerror(errno));
+    goto fail;
+  }
+  int fd = a->fd;
+  a->fd = -1;
+  if (close(fd) != 0) {
+    rc = loom__fail(LOOM_EIO, "%s: cannot close '%s': %s", who, a->tmp, strerror(errno));
+    goto fail;
+  }
+  if (rename(a->tmp, a->path) != 0) {
+    rc = loom__fail(LOOM_EIO, "%s: cannot rename '%s' to '%s': %s", who, a->tmp, a->path,
+                    strerror(errno));
+    goto fail;
+  }
+  loom__free(a->tmp);
+  a->tmp = NULL;
+  rc = sync_dir(who, a->path);
+  loom__afile_abort(a); /* frees the names; the temporary is gone */
+  return rc;
+fail:
+  loom__afile_abort(a);
+  return rc;
+}

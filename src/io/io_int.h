@@ -1,0 +1,98 @@
+/* io_int.h: what the io layer's files share: growable buffers, whole-file reading, the atomic
+ * file writer, the strict JSON pieces safetensors needs, and the safetensors dtype table. */
+#ifndef LOOM_IO_INT_H
+#define LOOM_IO_INT_H
+
+#include "core/core_int.h"
+#include "loom/io.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "loom's io layer writes the host's bytes as little-endian");
+
+/* ---- growable arrays (host pool) ------------------------------------------------------ */
+
+typedef struct loom__vec {
+  void *p;
+  size_t len; /* elements */
+  size_t cap;
+  size_t elem;
+} loom__vec;
+
+/* Append one element (copied). LOOM_ENOMEM with a message naming `who`. */
+int loom__vec_push(loom__vec *v, const void *x, const char *who);
+/* Append n bytes to a byte vector (elem 1). */
+int loom__vec_append(loom__vec *v, const void *x, size_t n, const char *who);
+void loom__vec_free(loom__vec *v);
+
+/* ---- files ---------------------------------------------------------------------------- */
+
+/* The size of an open regular file (LOOM_EIO for a non-regular file, naming `path`). */
+int loom__file_size(const char *who, const char *path, int fd, size_t *size);
+/* Read exactly n bytes at `offset` (LOOM_EFORMAT "truncated" if the file ends first). */
+int loom__file_pread(const char *who, const char *path, int fd, void *buf, size_t n,
+                     size_t offset);
+
+/* The atomic writer: a temporary file next to `path`, renamed over it by commit. */
+typedef struct loom__afile {
+  int fd;
+  char *path;
+  char *tmp;
+} loom__afile;
+
+#define LOOM__AFILE_INIT {.fd = -1, .path = NULL, .tmp = NULL}
+
+int loom__afile_open(const char *who, const char *path, loom__afile *a);
+int loom__afile_write(const char *who, loom__afile *a, const void *buf, size_t n);
+/* fsync, close, rename over path, fsync the folder. On failure the temporary is removed. */
+int loom__afile_commit(const char *who, loom__afile *a);
+/* Close and remove the temporary (after a failure). Safe on LOOM__AFILE_INIT or a finished
+ * afile. */
+void loom__afile_abort(loom__afile *a);
+
+/* ---- strict JSON (the subset safetensors headers use) --------------------------------- */
+
+typedef struct loom__json {
+  const char *who;   /* the calling function, for messages */
+  const char *label; /* the file, for messages */
+  const unsigned char *s;
+  size_t n;
+  size_t pos;
+} loom__json;
+
+/* Fail with LOOM_EFORMAT: "<who>: <label>: header byte <pos>: <what>". */
+int loom__json_fail(const loom__json *j, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void loom__json_ws(loom__json *j);
+/* Skip whitespace and require character c. */
+int loom__json_expect(loom__json *j, char c);
+/* Skip whitespace; true (and consume) if the next character is c. */
+bool loom__json_peek(loom__json *j, char c);
+/* A string, decoded (escapes, \u surrogate pairs) into `out` (appended, NUL-terminated);
+ * rejects control characters, invalid UTF-8 and lone surrogates. *len gets the length. */
+int loom__json_string(loom__json *j, loom__vec *out, size_t *len);
+/* A non-negative integer that fits in 63 bits (no sign, fraction or exponent). */
+int loom__json_uint(loom__json *j, uint64_t *out);
+/* Append s as a JSON string (quoted, escaped) to a byte vector. */
+int loom__json_put_string(loom__vec *out, const char *s, const char *who);
+/* True if s[0..n) is valid UTF-8 (no overlongs, surrogates or code points above U+10FFFF). */
+bool loom__utf8_valid(const unsigned char *s, size_t n);
+
+/* ---- safetensors dtypes --------------------------------------------------------------- */
+
+typedef struct loom__st_dtype {
+  const char *name;  /* "F32" */
+  size_t size;       /* bytes per element */
+  int rank;          /* the reference implementation's order (writer sorts widest first) */
+  int loom;          /* loom_dtype, or -1 */
+} loom__st_dtype;
+
+/* The entry for a name of len bytes, or NULL. */
+const loom__st_dtype *loom__st_dtype_find(const char *name, size_t len);
+/* The entry for a loom dtype. */
+const loom__st_dtype *loom__st_dtype_of(loom_dtype dt);
+
+#endif

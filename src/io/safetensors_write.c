@@ -1,0 +1,190 @@
+/* safetensors_write.c: writes named tensors and metadata as a safetensors file, in the
+ * reference implementation's layout (tensors sorted widest dtype first, then by name; header
+ * padded with spaces to a multiple of 8, so every tensor is aligned), atomically. */
+#include "io/safetensors_int.h"
+#include "core/tensor_int.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+typedef struct item {
+  const char *name;
+  const loom__st_dtype *dt;
+  int ndim;
+  int64_t shape[LOOM_MAX_DIMS];
+  const void *data;
+  size_t nbytes;
+  loom_tensor *contig; /* a contiguous copy we own, if the tensor was strided */
+} item;
+
+static int by_dtype_then_name(const void *a, const void *b) {
+  const item *x = a, *y = b;
+  if (x->dt->rank != y->dt->rank) return y->dt->rank - x->dt->rank;
+  return strcmp(x->name, y->name);
+}
+
+uint32_t loom__crc32(uint32_t crc, const void *p, size_t n) {
+  const unsigned char *s = p;
+  uLong c = crc;
+  while (n) {
+    uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
+    c = crc32(c, s, chunk);
+    s += chunk;
+    n -= chunk;
+  }
+  return (uint32_t)c;
+}
+
+static int check_name(const char *who, const char *what, const char *s, size_t i) {
+  if (!s) return loom__fail(LOOM_EINVAL, "%s: %s %zu is NULL", who, what, i);
+  if (!loom__utf8_valid((const unsigned char *)s, strlen(s)))
+    return loom__fail(LOOM_EINVAL, "%s: %s %zu is not valid UTF-8", who, what, i);
+  return LOOM_OK;
+}
+
+static int prepare(const char *who, const loom_safetensors_entry *e, size_t n, item *it) {
+  for (size_t i = 0; i < n; i++) {
+    int rc = check_name(who, "tensor name", e[i].name, i);
+    if (rc) return rc;
+    if (!e[i].name[0]) return loom__fail(LOOM_EINVAL, "%s: tensor %zu has an empty name", who, i);
+    if (strcmp(e[i].name, "__metadata__") == 0)
+      return loom__fail(LOOM_EINVAL, "%s: \"__metadata__\" is reserved, not a tensor name", who);
+    it[i].name = e[i].name;
+    size_t numel;
+    loom_dtype dt;
+    if (e[i].tensor) {
+      loom_tensor *t = (loom_tensor *)e[i].tensor;
+      if ((rc = loom_tensor_check(t, who))) return rc;
+      if ((rc = loom_tensor_contiguous(t, &it[i].contig))) return rc;
+      dt = loom_tensor_dtype(t);
+      it[i].ndim = loom_tensor_ndim(t);
+      memcpy(it[i].shape, loom_tensor_shape(t), (size_t)it[i].ndim * sizeof(int64_t));
+      it[i].data = loom_tensor_data(it[i].contig);
+      numel = loom_tensor_numel(t);
+    } else {
+      char label[64];
+      snprintf(label, sizeof label, "%s: tensor \"%.32s\"", who, e[i].name);
+      if ((rc = loom__check_shape(label, e[i].dtype, e[i].ndim, e[i].shape, &numel))) return rc;
+      dt = e[i].dtype;
+      it[i].ndim = e[i].ndim;
+      if (e[i].ndim) memcpy(it[i].shape, e[i].shape, (size_t)e[i].ndim * sizeof(int64_t));
+      it[i].data = e[i].data;
+      if (numel && !e[i].data)
+        return loom__fail(LOOM_EINVAL, "%s: tensor \"%s\" has NULL data", who, e[i].name);
+    }
+    it[i].dt = loom__st_dtype_of(dt);
+    it[i].nbytes = numel * loom_dtype_size(dt);
+  }
+  qsort(it, n, sizeof *it, by_dtype_then_name);
+  return LOOM_OK;
+}
+
+static int by_string(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static int unique_names(const char *who, const item *it, size_t n) {
+  const char **names = loom__malloc(LOOM_POOL_HOST, (n ? n : 1) * sizeof *names);
+  if (!names) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
+  for (size_t i = 0; i < n; i++) names[i] = it[i].name;
+  int rc = LOOM_OK;
+  qsort(names, n, sizeof *names, by_string); /* the items are sorted by name per dtype only */
+  for (size_t i = 1; i < n && !rc; i++)
+    if (strcmp(names[i - 1], names[i]) == 0)
+      rc = loom__fail(LOOM_EINVAL, "%s: tensor name \"%s\" given twice", who, names[i]);
+  loom__free(names);
+  return rc;
+}
+
+static int put(loom__vec *h, const char *who, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int put(loom__vec *h, const char *who, const char *fmt, ...) {
+  char buf[64];
+  va_list ap;
+  va_start(ap, fmt);
+  int len = vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  return loom__vec_append(h, buf, (size_t)len, who);
+}
+
+static int header(const char *who, const item *it, size_t n, const loom_safetensors_meta_kv *meta,
+                  size_t nmeta, const char *crc, loom__vec *h) {
+  int rc = put(h, who, "{");
+  if (!rc && (nmeta || crc)) {
+    rc = put(h, who, "\"__metadata__\":{");
+    for (size_t i = 0; i < nmeta && !rc; i++) {
+      if (i) rc = put(h, who, ",");
+      if (!rc) rc = loom__json_put_string(h, meta[i].key, who);
+      if (!rc) rc = put(h, who, ":");
+      if (!rc) rc = loom__json_put_string(h, meta[i].value, who);
+    }
+    if (!rc && crc) rc = put(h, who, "%s\"loom.crc32\":\"%s\"", nmeta ? "," : "", crc);
+    if (!rc) rc = put(h, who, "}");
+  }
+  size_t off = 0;
+  for (size_t i = 0; i < n && !rc; i++) {
+    if (i || nmeta || crc) rc = put(h, who, ",");
+    if (!rc) rc = loom__json_put_string(h, it[i].name, who);
+    if (!rc) rc = put(h, who, ":{\"dtype\":\"%s\",\"shape\":[", it[i].dt->name);
+    for (int d = 0; d < it[i].ndim && !rc; d++)
+      rc = put(h, who, "%s%lld", d ? "," : "", (long long)it[i].shape[d]);
+    if (!rc) rc = put(h, who, "],\"data_offsets\":[%zu,%zu]}", off, off + it[i].nbytes);
+    off += it[i].nbytes;
+  }
+  if (!rc) rc = put(h, who, "}");
+  while (!rc && h->len % 8) rc = put(h, who, " ");
+  return rc;
+}
+
+static int check_meta(const char *who, const loom_safetensors_meta_kv *meta, size_t nmeta) {
+  if (nmeta && !meta) return loom__fail(LOOM_EINVAL, "%s: meta is NULL", who);
+  for (size_t i = 0; i < nmeta; i++) {
+    int rc = check_name(who, "metadata key", meta[i].key, i);
+    if (!rc) rc = check_name(who, "metadata value", meta[i].value, i);
+    if (rc) return rc;
+    for (size_t k = 0; k < i; k++)
+      if (strcmp(meta[k].key, meta[i].key) == 0)
+        return loom__fail(LOOM_EINVAL, "%s: metadata key \"%s\" given twice", who, meta[i].key);
+  }
+  return LOOM_OK;
+}
+
+int loom__st_write(const char *who, const char *path, const loom_safetensors_entry *tensors,
+                   size_t n, const loom_safetensors_meta_kv *meta, size_t nmeta, bool add_crc) {
+  if (!path) return loom__fail(LOOM_EINVAL, "%s: path is NULL", who);
+  if (n && !tensors) return loom__fail(LOOM_EINVAL, "%s: tensors is NULL", who);
+  int rc = check_meta(who, meta, nmeta);
+  if (rc) return rc;
+  loom__vec h = {.elem = 1};
+  loom__afile a = LOOM__AFILE_INIT;
+  item *it = loom__calloc(LOOM_POOL_HOST, n ? n : 1, sizeof *it);
+  LOOM_TRY_ALLOC(it, "the tensor list");
+  LOOM_TRY(prepare(who, tensors, n, it));
+  LOOM_TRY(unique_names(who, it, n));
+  char crc[16];
+  if (add_crc) {
+    uint32_t c = 0;
+    for (size_t i = 0; i < n; i++) c = loom__crc32(c, it[i].data, it[i].nbytes);
+    snprintf(crc, sizeof crc, "%08x", c);
+  }
+  LOOM_TRY(header(who, it, n, meta, nmeta, add_crc ? crc : NULL, &h));
+  uint64_t len = h.len;
+  LOOM_TRY(loom__afile_open(who, path, &a));
+  LOOM_TRY(loom__afile_write(who, &a, &len, 8));
+  LOOM_TRY(loom__afile_write(who, &a, h.p, h.len));
+  for (size_t i = 0; i < n; i++) LOOM_TRY(loom__afile_write(who, &a, it[i].data, it[i].nbytes));
+  rc = loom__afile_commit(who, &a);
+done:
+  loom__afile_abort(&a);
+  for (size_t i = 0; it && i < n; i++) loom_tensor_free(it[i].contig);
+  loom__free(it);
+  loom__vec_free(&h);
+  return rc;
+}
+
+int loom_safetensors_write(const char *path, const loom_safetensors_entry *tensors, size_t n,
+                           const loom_safetensors_meta_kv *meta, size_t nmeta) {
+  return loom__st_write("loom_safetensors_write", path, tensors, n, meta, nmeta, false);
+}
