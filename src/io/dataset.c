@@ -1,0 +1,101 @@
+/* dataset.c: an MNIST-family dataset (u8 images with u8 labels) from a pair of IDX files, and
+ * the Fashion-MNIST layout of Debian's dataset-fashion-mnist package (gzip'd or not). */
+#include "io/io_int.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+struct loom_dataset {
+  loom_idx *images, *labels;
+  size_t n, rows, cols;
+};
+
+void loom_dataset_free(loom_dataset *d) {
+  if (!d) return;
+  loom_idx_free(d->images);
+  loom_idx_free(d->labels);
+  loom__free(d);
+}
+
+int loom_dataset_from_idx(const char *images_path, const char *labels_path, loom_dataset **out) {
+  const char *who = "loom_dataset_from_idx";
+  if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
+  *out = NULL;
+  int rc = LOOM_OK;
+  loom_dataset *d = loom__calloc(LOOM_POOL_HOST, 1, sizeof *d);
+  LOOM_TRY_ALLOC(d, "the dataset");
+  LOOM_TRY(loom_idx_read(images_path, &d->images));
+  LOOM_TRY(loom_idx_read(labels_path, &d->labels));
+  loom_idx_info im, lb;
+  loom_idx_get_info(d->images, &im);
+  loom_idx_get_info(d->labels, &lb);
+  if (im.type != 0x08 || im.ndim != 3) {
+    rc = loom__fail(LOOM_EFORMAT, "%s: '%s' is not u8 images (type 0x%02x, %d dims; want 0x08, 3)",
+                    who, images_path, im.type, im.ndim);
+    goto done;
+  }
+  if (lb.type != 0x08 || lb.ndim != 1) {
+    rc = loom__fail(LOOM_EFORMAT, "%s: '%s' is not u8 labels (type 0x%02x, %d dims; want 0x08, 1)",
+                    who, labels_path, lb.type, lb.ndim);
+    goto done;
+  }
+  if (im.dims[0] != lb.dims[0]) {
+    rc = loom__fail(LOOM_EFORMAT, "%s: '%s' has %u images but '%s' has %u labels", who,
+                    images_path, im.dims[0], labels_path, lb.dims[0]);
+    goto done;
+  }
+  d->n = im.dims[0], d->rows = im.dims[1], d->cols = im.dims[2];
+  *out = d;
+  return LOOM_OK;
+done:
+  loom_dataset_free(d);
+  return rc;
+}
+
+/* dir/name.gz if it exists, else dir/name if it exists; LOOM_ENOTFOUND otherwise. */
+static int locate(const char *who, const char *dir, const char *name, char *path, size_t cap) {
+  snprintf(path, cap, "%s/%s.gz", dir, name);
+  if (access(path, F_OK) == 0) return LOOM_OK;
+  snprintf(path, cap, "%s/%s", dir, name);
+  if (access(path, F_OK) == 0) return LOOM_OK;
+  return loom__fail(LOOM_ENOTFOUND,
+                    "%s: no %s[.gz] in '%s' (install the Debian package dataset-fashion-mnist, or "
+                    "give the folder that holds the files)",
+                    who, name, dir);
+}
+
+int loom_mnist_load(const char *dir, loom_split split, loom_dataset **out) {
+  const char *who = "loom_mnist_load";
+  if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
+  *out = NULL;
+  if (split != LOOM_SPLIT_TRAIN && split != LOOM_SPLIT_TEST)
+    return loom__fail(LOOM_EINVAL, "%s: split %d is neither train nor test", who, (int)split);
+  if (!dir) dir = LOOM_FASHION_MNIST_DIR;
+  const char *prefix = split == LOOM_SPLIT_TRAIN ? "train" : "t10k";
+  char name[64], images[4096], labels[4096];
+  snprintf(name, sizeof name, "%s-images-idx3-ubyte", prefix);
+  int rc = locate(who, dir, name, images, sizeof images);
+  if (rc) return rc;
+  snprintf(name, sizeof name, "%s-labels-idx1-ubyte", prefix);
+  if ((rc = locate(who, dir, name, labels, sizeof labels))) return rc;
+  return loom_dataset_from_idx(images, labels, out);
+}
+
+size_t loom_dataset_size(const loom_dataset *d) { return d ? d->n : 0; }
+size_t loom_dataset_rows(const loom_dataset *d) { return d ? d->rows : 0; }
+size_t loom_dataset_cols(const loom_dataset *d) { return d ? d->cols : 0; }
+
+const uint8_t *loom_dataset_images(const loom_dataset *d) {
+  if (!d) return NULL;
+  loom_idx_info in;
+  loom_idx_get_info(d->images, &in);
+  return in.data;
+}
+
+const uint8_t *loom_dataset_labels(const loom_dataset *d) {
+  if (!d) return NULL;
+  loom_idx_info in;
+  loom_idx_get_info(d->labels, &in);
+  return in.data;
+}
