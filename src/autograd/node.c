@@ -114,7 +114,7 @@ static void custom_free(void *p) {
 
 static int custom_backward(loom__node *n, loom_tensor *gout, loom_tensor **gin) {
   custom_ctx *c = n->ctx;
-  bool needs_small[8], *needs = needs_small;
+  bool needs_small[8] = {0}, *needs = needs_small;
   if (n->n_in > 8) {
     needs = loom__malloc(LOOM_POOL_COMPUTE, (size_t)n->n_in * sizeof *needs);
     if (!needs) return loom__fail(LOOM_ENOMEM, "%s: out of memory in backward", n->name);
