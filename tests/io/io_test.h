@@ -3,6 +3,8 @@
 #ifndef LOOM_IO_TEST_H
 #define LOOM_IO_TEST_H
 
+#include "loom/loom.h"
+
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +68,17 @@ static inline void iot_rmdir(const char *dir) {
     }
   closedir(d);
   rmdir(dir);
+}
+
+/* Bytes held by every loom pool (OOM sweeps check that a failed call frees what it took). */
+static inline size_t iot_pool_bytes(void) {
+  size_t sum = 0;
+  for (int p = 0; p < LOOM_POOL_COUNT; p++) {
+    loom_pool_stats s;
+    loom_mem_stats((loom_pool)p, &s);
+    sum += s.current_bytes;
+  }
+  return sum;
 }
 
 #endif

@@ -328,16 +328,6 @@ LT_TEST(fashion_mnist_real_files) {
   loom_dataset_free(te);
 }
 
-static size_t pool_bytes(void) {
-  size_t sum = 0;
-  for (int p = 0; p < LOOM_POOL_COUNT; p++) {
-    loom_pool_stats s;
-    loom_mem_stats((loom_pool)p, &s);
-    sum += s.current_bytes;
-  }
-  return sum;
-}
-
 LT_TEST(idx_and_loader_oom_sweeps) {
   char dir[64];
   iot_mkdtemp(dir, sizeof dir);
@@ -345,7 +335,7 @@ LT_TEST(idx_and_loader_oom_sweeps) {
   for (int which = 0; which < 2; which++) {
     int failures = 0;
     for (uint64_t n = 1; n < 50; n++) {
-      size_t before = pool_bytes();
+      size_t before = iot_pool_bytes();
       loom_dataset *d = NULL;
       loom_loader *l = NULL;
       loom_tensor *x = NULL, *y = NULL;
@@ -356,7 +346,7 @@ LT_TEST(idx_and_loader_oom_sweeps) {
         loom_alloc_fail_nth(0);
       } else {
         LT_OK(loom_mnist_load(dir, LOOM_SPLIT_TRAIN, &d));
-        before = pool_bytes();
+        before = iot_pool_bytes();
         loom_loader_cfg c = loom_loader_cfg_default();
         loom_alloc_fail_nth(n);
         rc = loom_loader_create(d, &c, &l);
@@ -366,9 +356,9 @@ LT_TEST(idx_and_loader_oom_sweeps) {
         loom_tensor_free(x), loom_tensor_free(y);
         loom_loader_free(l);
       }
-      if (which == 1) LT_EQ(pool_bytes(), before);
+      if (which == 1) LT_EQ(iot_pool_bytes(), before);
       loom_dataset_free(d);
-      if (which == 0) LT_EQ(pool_bytes(), before);
+      if (which == 0) LT_EQ(iot_pool_bytes(), before);
       if (rc == LOOM_OK) break;
       LT_EQ(rc, LOOM_ENOMEM);
       failures++;

@@ -386,16 +386,6 @@ LT_TEST(safetensors_atomic_write_leaves_nothing_on_failure) {
   iot_rmdir(dir);
 }
 
-static size_t pool_bytes(void) {
-  size_t sum = 0;
-  for (int p = 0; p < LOOM_POOL_COUNT; p++) {
-    loom_pool_stats s;
-    loom_mem_stats((loom_pool)p, &s);
-    sum += s.current_bytes;
-  }
-  return sum;
-}
-
 LT_TEST(safetensors_oom_sweeps) {
   char dir[64], path[128];
   iot_mkdtemp(dir, sizeof dir);
@@ -412,7 +402,7 @@ LT_TEST(safetensors_oom_sweeps) {
   for (int which = 0; which < 3; which++) {
     int failures = 0;
     for (uint64_t n = 1; n < 200; n++) {
-      size_t before = pool_bytes();
+      size_t before = iot_pool_bytes();
       loom_alloc_fail_nth(n);
       loom_safetensors *f = NULL;
       int rc = which == 0   ? loom_safetensors_write(path, e, 3, &kv, 1)
@@ -420,7 +410,7 @@ LT_TEST(safetensors_oom_sweeps) {
                             : loom_safetensors_open(path, LOOM_SAFETENSORS_MMAP, &f);
       loom_alloc_fail_nth(0);
       loom_safetensors_free(f);
-      LT_EQ(pool_bytes(), before);
+      LT_EQ(iot_pool_bytes(), before);
       LT_EQ(iot_count(dir), which == 0 && rc ? 0 : 1);
       if (rc == LOOM_OK) break;
       LT_EQ(rc, LOOM_ENOMEM);
