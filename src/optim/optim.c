@@ -66,7 +66,7 @@ int loom__optim_create(const char *who, loom__optim_kind kind, const loom_param_
                        loom_optim **out) {
   if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
   *out = NULL;
-  size_t total;
+  size_t total = 0;
   int rc = check_segments(who, segs, nseg, &total);
   if (rc) return rc;
   loom_optim *o = loom__calloc(LOOM_POOL_HOST, 1, sizeof *o);
