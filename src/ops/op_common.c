@@ -1,11 +1,93 @@
 /* op_common.c: the single dispatch point every op goes through (input checks and the
  * autocast hook), argument checks with messages, f32 staging of inputs and outputs, NumPy
  * broadcasting and the strided iteration the elementwise and reduction ops share. */
+#include "amp/autocast_int.h"
+#include "loom/autocast.h"
 #include "ops/ops_int.h"
 
 #include <string.h>
 
 _Atomic(loom__autocast_fn) loom__autocast_hook = NULL;
+
+_Static_assert((int)LOOM_OPK_COUNT <= (int)LOOM_AMP_OP_COUNT &&
+                   (int)LOOM_OPK_CUSTOM == (int)LOOM_AMP_OP_CUSTOM &&
+                   (int)LOOM_OPK_MATMUL == (int)LOOM_AMP_OP_MATMUL,
+               "loom_op_kind must be the first kinds of loom_amp_op, in the same order");
+
+/* ---- the cast cache ------------------------------------------------------------------------
+ * Casts of f32 leaves that require grad, made by autocast, are kept for the life of the
+ * thread's outermost autocast region (DESIGN "Autocast"): a parameter used by several ops is
+ * cast once, and its cast node gathers all their gradients. An entry retains its source, so
+ * the pointer cannot be reused while cached; the autocast layer's exit hook drops them all. */
+typedef struct cast_entry {
+  loom_tensor *src, *cast;
+  loom_dtype dt;
+  uint64_t gen;
+} cast_entry;
+
+static _Thread_local cast_entry *cache;
+static _Thread_local int cache_n, cache_cap;
+
+static void cache_drop(uint64_t gen) {
+  (void)gen;
+  for (int i = 0; i < cache_n; i++) {
+    loom_tensor_free(cache[i].src);
+    loom_tensor_free(cache[i].cast);
+  }
+  loom__free(cache);
+  cache = NULL;
+  cache_n = cache_cap = 0;
+}
+
+__attribute__((constructor)) static void install_exit_hook(void) {
+  loom__autocast_set_exit_hook(cache_drop);
+}
+
+static bool cacheable(const loom_tensor *t) {
+  return t->dtype == LOOM_F32 && loom_tensor_requires_grad(t) && loom_tensor_is_leaf(t) &&
+         loom_autocast_depth() > 0;
+}
+
+/* A cached cast of t to dt for this region (a new reference), or NULL. */
+static loom_tensor *cache_get(const loom_tensor *t, loom_dtype dt) {
+  uint64_t gen = loom_autocast_generation();
+  for (int i = 0; i < cache_n; i++) {
+    cast_entry *e = &cache[i];
+    if (e->src != t || e->dt != dt || e->gen != gen) continue;
+    const loom__meta *m = e->cast->autograd;
+    if (m && m->grad_fn && m->grad_fn->released) return NULL; /* spent by a backward */
+    return loom_tensor_retain(e->cast);
+  }
+  return NULL;
+}
+
+static void cache_put(loom_tensor *t, loom_dtype dt, loom_tensor *cast) {
+  uint64_t gen = loom_autocast_generation();
+  if (cache_n && cache[0].gen != gen) cache_drop(gen); /* left over from an older region */
+  for (int i = 0; i < cache_n; i++) /* replace a spent entry */
+    if (cache[i].src == t && cache[i].dt == dt) {
+      loom_tensor_free(cache[i].cast);
+      cache[i].cast = loom_tensor_retain(cast);
+      return;
+    }
+  if (cache_n == cache_cap) {
+    int cap = cache_cap ? 2 * cache_cap : 16;
+    cast_entry *v = loom__malloc(LOOM_POOL_COMPUTE, (size_t)cap * sizeof *v);
+    if (!v) return; /* no cache: still correct, only slower */
+    if (cache_n) memcpy(v, cache, (size_t)cache_n * sizeof *v);
+    loom__free(cache);
+    cache = v;
+    cache_cap = cap;
+  }
+  cache[cache_n++] = (cast_entry){loom_tensor_retain(t), loom_tensor_retain(cast), dt, gen};
+}
+
+/* The policy for this op: the installed hook if any, else this thread's autocast state. */
+static bool autocast_want(loom_op_kind kind, const loom_dtype *dts, int n, loom_dtype *want) {
+  loom__autocast_fn hook = atomic_load_explicit(&loom__autocast_hook, memory_order_relaxed);
+  if (hook) return hook(kind, dts, n, want);
+  return loom_autocast_dtype_for((loom_amp_op)kind, dts, n, want);
+}
 
 static const char *const kind_names[] = {
 #define LOOM__OPK_NAME(name, str) str,
@@ -86,12 +168,16 @@ int loom__op_begin(loom__op *c, loom_op_kind kind, loom_tensor *const *in, int n
     }
     if (in[i] && loom_dtype_is_float(in[i]->dtype)) dts[nf++] = in[i]->dtype;
   }
-  loom__autocast_fn hook = atomic_load_explicit(&loom__autocast_hook, memory_order_relaxed);
   loom_dtype want;
-  if (!hook || kind == LOOM_OPK_CAST || nf == 0 || !hook(kind, dts, nf, &want)) goto done;
+  if (kind == LOOM_OPK_CAST || nf == 0 || !autocast_want(kind, dts, nf, &want)) goto done;
   for (int i = 0; i < n; i++) {
     if (!in[i] || !loom_dtype_is_float(in[i]->dtype) || in[i]->dtype == want) continue;
-    LOOM_TRY(loom_cast(in[i], want, &c->cast[i]));
+    bool cache_it = cacheable(in[i]);
+    if (cache_it) c->cast[i] = cache_get(in[i], want);
+    if (!c->cast[i]) {
+      LOOM_TRY(loom_cast(in[i], want, &c->cast[i]));
+      if (cache_it) cache_put(in[i], want, c->cast[i]);
+    }
     c->in[i] = c->cast[i];
   }
 done:

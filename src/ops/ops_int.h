@@ -11,10 +11,12 @@
 
 /* ---- autocast hook -------------------------------------------------------------------- */
 
-/* The autocast policy: given an op's kind and the dtypes of its n floating inputs, return true
- * and set *dt to cast them all to dt, or return false to leave them. Installed by the AMP
- * layer; NULL (the default) means autocast is off. Consulted at every op's dispatch (not for
- * casts themselves, nor inside backward). Relaxed atomic: install it before starting threads. */
+/* Dispatch consults this thread's autocast state (loom_autocast_dtype_for, loom/autocast.h)
+ * for every op but casts: floating inputs are cast (with loom_cast, so on the tape) to the
+ * dtype the policy gives; casts of f32 leaves are cached for the outermost region. Tests may
+ * install this hook to replace the policy: given an op's kind and the dtypes of its n
+ * floating inputs, return true and set *dt, or false to leave them. NULL (the default) uses
+ * autocast. Relaxed atomic: install it before starting threads. */
 typedef bool (*loom__autocast_fn)(loom_op_kind kind, const loom_dtype *in, int n,
                                   loom_dtype *dt);
 extern _Atomic(loom__autocast_fn) loom__autocast_hook;

@@ -37,4 +37,19 @@ float gc_uniform(uint64_t *state, float lo, float hi);
 /* A new f32 tensor of the shape filled with uniform values in [lo, hi] rounded to bf16. */
 loom_tensor *gc_rand(int ndim, const int64_t *shape, float lo, float hi, uint64_t *state);
 
+/* Test-writing shorthands: an op as a gc_fn, an input shape (S) or shape with value range
+ * (SR), and a check with default options. */
+#define G1(name, expr)                                                                       \
+  static int name(loom_tensor **in, loom_tensor **out, void *ctx) {                          \
+    (void)ctx;                                                                                \
+    return expr;                                                                              \
+  }
+#define S(nd, ...) {.ndim = nd, .shape = {__VA_ARGS__}}
+#define SR(nd, l, h, ...) {.ndim = nd, .shape = {__VA_ARGS__}, .lo = l, .hi = h}
+#define CHECK(what, fn, n, ...)                                                              \
+  do {                                                                                        \
+    gc_input ins_[] = {__VA_ARGS__};                                                          \
+    gc_run(what, fn, NULL, n, ins_, NULL);                                                    \
+  } while (0)
+
 #endif

@@ -2,18 +2,6 @@
  * the pooling ops, in f32 and in f16/bf16 against f32 (gradcheck.h). */
 #include "gradcheck.h"
 
-#define G1(name, expr)                                                                       \
-  static int name(loom_tensor **in, loom_tensor **out, void *ctx) {                          \
-    (void)ctx;                                                                                \
-    return expr;                                                                              \
-  }
-#define S(nd, ...) {.ndim = nd, .shape = {__VA_ARGS__}}
-#define CHECK(what, fn, n, ...)                                                              \
-  do {                                                                                        \
-    gc_input ins_[] = {__VA_ARGS__};                                                          \
-    gc_run(what, fn, NULL, n, ins_, NULL);                                                    \
-  } while (0)
-
 G1(op_ln, loom_layer_norm(in[0], 1, in[1], in[2], 1e-5, out))
 G1(op_ln2, loom_layer_norm(in[0], 2, in[1], in[2], 1e-5, out))
 G1(op_ln_plain, loom_layer_norm(in[0], 1, NULL, NULL, 1e-5, out))

@@ -2,22 +2,6 @@
  * and bf16 against the f32 op (tolerances in gradcheck.h), including broadcasting and views. */
 #include "gradcheck.h"
 
-#define G1(name, expr)                                                                       \
-  static int name(loom_tensor **in, loom_tensor **out, void *ctx) {                          \
-    (void)ctx;                                                                                \
-    return expr;                                                                              \
-  }
-
-#define IN(...) {__VA_ARGS__}
-#define S(nd, ...) {.ndim = nd, .shape = {__VA_ARGS__}}
-#define SR(nd, l, h, ...) {.ndim = nd, .shape = {__VA_ARGS__}, .lo = l, .hi = h}
-
-#define CHECK(what, fn, n, ...)                                                              \
-  do {                                                                                        \
-    gc_input ins_[] = {__VA_ARGS__};                                                          \
-    gc_run(what, fn, NULL, n, ins_, NULL);                                                    \
-  } while (0)
-
 G1(op_add, loom_add(in[0], in[1], out))
 G1(op_sub, loom_sub(in[0], in[1], out))
 G1(op_mul, loom_mul(in[0], in[1], out))

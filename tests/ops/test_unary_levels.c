@@ -1,0 +1,67 @@
+/* test_unary_levels.c: every unary kernel (forward and backward) on every CPU level this
+ * machine has, against the scalar reference table, at ragged lengths and misalignments. */
+#include "lt.h"
+#include "ops/unary_int.h"
+
+#include <stdlib.h>
+
+LT_TEST(unary_kernels_every_level_matches_scalar) {
+  const loom__unary_kernels_t *ref = loom__unary_kernels_level(LOOM_CPU_SCALAR);
+  enum { N = 300 };
+  float x[N + 1], g[N + 1], y0[N + 1], y1[N + 1], gx0[N + 1], gx1[N + 1];
+  int levels = 0;
+  for (int lv = LOOM_CPU_AVX2; lv < LOOM_CPU_LEVEL_COUNT; lv++) {
+    if (!loom_cpu_supports((loom_cpu_level)lv)) continue;
+    levels++;
+    const loom__unary_kernels_t *k = loom__unary_kernels_level((loom_cpu_level)lv);
+    for (int u = 0; u < LOOM__U_COUNT; u++) {
+      bool positive = u == LOOM__U_LOG || u == LOOM__U_SQRT || u == LOOM__U_POW;
+      for (int i = 0; i <= N; i++) {
+        x[i] = positive ? 0.1f + (float)((i * 37) % 101) / 25.0f : (float)((i * 37) % 101) / 12.5f - 4.0f;
+        g[i] = (float)((i * 13) % 29) / 7.0f - 2.0f;
+      }
+      for (size_t n = 1; n <= N; n = n < 40 ? n + 1 : n * 2) {
+        size_t off = n % 2; /* misaligned starts too */
+        float p = u == LOOM__U_POW ? 1.7f : 0.75f;
+        ref->fwd[u](y0 + off, x + off, n, p);
+        k->fwd[u](y1 + off, x + off, n, p);
+        ref->bwd[u](gx0 + off, g + off, x + off, y0 + off, n, p);
+        k->bwd[u](gx1 + off, g + off, x + off, y0 + off, n, p);
+        for (size_t i = off; i < n + off; i++) {
+          if (!(fabsf(y0[i] - y1[i]) <= 1e-6f * (1 + fabsf(y0[i]))))
+            lt_fail_at(__FILE__, __LINE__, "%s level %s fwd[%zu]: %g vs scalar %g",
+                       loom__unary_def_get((loom__unary)u)->name,
+                       loom_cpu_level_name((loom_cpu_level)lv), i, y1[i], y0[i]);
+          if (!(fabsf(gx0[i] - gx1[i]) <= 1e-6f * (1 + fabsf(gx0[i]))))
+            lt_fail_at(__FILE__, __LINE__, "%s level %s bwd[%zu]: %g vs scalar %g",
+                       loom__unary_def_get((loom__unary)u)->name,
+                       loom_cpu_level_name((loom_cpu_level)lv), i, gx1[i], gx0[i]);
+        }
+      }
+    }
+  }
+  if (!levels) lt_skip("no SIMD level on this CPU");
+}
+
+LT_TEST(unary_ops_agree_across_levels) {
+  /* the op itself, run with each level active, gives the scalar level's values */
+  int64_t shape[] = {257};
+  loom_tensor *x = NULL, *y[LOOM_CPU_LEVEL_COUNT] = {0};
+  LT_OK(loom_tensor_empty(LOOM_F32, 1, shape, &x));
+  float *xp = loom_tensor_data(x);
+  for (int i = 0; i < 257; i++) xp[i] = (float)(i % 17) / 4.0f - 2.0f;
+  loom_cpu_level keep = loom_cpu_level_active();
+  for (int lv = 0; lv < LOOM_CPU_LEVEL_COUNT; lv++) {
+    if (!loom_cpu_supports((loom_cpu_level)lv)) continue;
+    LT_OK(loom_set_cpu_level((loom_cpu_level)lv));
+    LT_OK(loom_gelu(x, LOOM_GELU_TANH, &y[lv]));
+  }
+  loom_set_cpu_level(keep);
+  for (int lv = 1; lv < LOOM_CPU_LEVEL_COUNT; lv++) {
+    if (!y[lv]) continue;
+    const float *a = loom_tensor_data(y[0]), *b = loom_tensor_data(y[lv]);
+    for (int i = 0; i < 257; i++) LT_NEAR(a[i], b[i], 1e-6 * (1 + fabs(a[i])));
+  }
+  for (int lv = 0; lv < LOOM_CPU_LEVEL_COUNT; lv++) loom_tensor_free(y[lv]);
+  loom_tensor_free(x);
+}
