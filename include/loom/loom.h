@@ -12,6 +12,7 @@
 #include "loom/tensor.h"
 #include "loom/ops.h"
 #include "loom/autograd.h"
+#include "loom/nn.h"
 #include "loom/rng.h"
 #include "loom/optim.h"
 #include "loom/io.h"

@@ -128,7 +128,8 @@ int loom_tensor_zero_grad(loom_tensor *t) {
   int rc = loom_tensor_check(t, "loom_tensor_zero_grad");
   if (rc) return rc;
   loom_tensor *g = loom_tensor_grad(t);
-  return g ? loom_tensor_fill(g, 0.0) : LOOM_OK;
+  if (g) memset(loom_tensor_data(g), 0, loom_tensor_nbytes(g)); /* contiguous, all-zero bits */
+  return LOOM_OK;
 }
 
 int loom_tensor_detach(loom_tensor *t, loom_tensor **out) {

@@ -1,0 +1,118 @@
+/* loom/nn.h: modules with named parameters (Linear, MLP, Conv2d, LayerNorm, Embedding,
+ * Dropout, activations, Sequential).
+ *
+ * Parameters follow PyTorch's names and layouts, so a state dict written by PyTorch loads by
+ * name: Linear.weight is [out, in], Conv2d.weight is [out, in, kh, kw]; names nest with dots
+ * ("0.weight" in a Sequential, "layers.2.bias" in an MLP). Initialisers are PyTorch's
+ * defaults, from a seed: Linear and Conv2d weight and bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+ * (kaiming_uniform with a = sqrt(5)); LayerNorm weight 1, bias 0; Embedding N(0, 1).
+ *
+ * Flat arenas (llm.c). A root module (one not inside another) holds all its parameters in one
+ * flat buffer per dtype, and their gradients in a second buffer with the same offsets: each
+ * parameter is a view at its offset (64-byte aligned), a leaf with requires_grad whose
+ * gradient (loom_tensor_grad) is the matching view of the gradient arena. Backward writes
+ * straight into the gradient arena; an optimizer can run over the whole arena at once.
+ *
+ * Ownership: loom_nn_*_create gives a module the caller frees with loom_module_free (NULL ok).
+ * loom_nn_sequential_create takes ownership of its children (also on failure) and re-packs
+ * their parameters into its own arenas: parameter tensors obtained from a child before that
+ * are no longer the module's. Getters return borrowed pointers valid while the module lives.
+ *
+ * Threads: a module may be used by one thread at a time; separate modules on separate
+ * threads are independent (ranks as threads each build their own replica). */
+#ifndef LOOM_NN_H
+#define LOOM_NN_H
+
+#include "loom/ops.h"
+#include "loom/tensor.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct loom_module loom_module;
+
+typedef enum loom_activation {
+  LOOM_ACT_RELU = 0,
+  LOOM_ACT_GELU = 1,      /* exact */
+  LOOM_ACT_GELU_TANH = 2, /* approximate="tanh" */
+  LOOM_ACT_TANH = 3,
+  LOOM_ACT_SIGMOID = 4
+} loom_activation;
+
+/* ---- modules ---------------------------------------------------------------------------- */
+
+/* Linear: y = x W^T + b; weight [out, in], bias [out] (bias optional). */
+int loom_nn_linear_create(int64_t in, int64_t out, bool bias, loom_dtype dt, uint64_t seed,
+                          loom_module **m);
+/* Conv2d: weight [out_ch, in_ch, k[0], k[1]], bias [out_ch]; stride and padding (h, w). */
+int loom_nn_conv2d_create(int64_t in_ch, int64_t out_ch, const int64_t kernel[2],
+                          const int64_t stride[2], const int64_t padding[2], bool bias,
+                          loom_dtype dt, uint64_t seed, loom_module **m);
+/* LayerNorm over the last normalized_ndim dims of shape normalized_shape. */
+int loom_nn_layer_norm_create(int normalized_ndim, const int64_t *normalized_shape, double eps,
+                              bool affine, loom_dtype dt, loom_module **m);
+/* Embedding: weight [num, dim]; forward takes i32/i64 indices. */
+int loom_nn_embedding_create(int64_t num, int64_t dim, loom_dtype dt, uint64_t seed,
+                             loom_module **m);
+/* Dropout with probability p; forward k uses seed + k, so masks differ between steps and
+ * are the same from run to run. Identity when not training. */
+int loom_nn_dropout_create(double p, uint64_t seed, loom_module **m);
+/* A parameterless activation. */
+int loom_nn_activation_create(loom_activation act, loom_module **m);
+/* Sequential: children run in order, named "0", "1", ... Takes ownership of the n children. */
+int loom_nn_sequential_create(loom_module **children, int n, loom_module **m);
+/* MLP sizes[0] -> sizes[1] -> ... -> sizes[n-1]: Linear layers with `act` between them (none
+ * after the last), held in a Sequential named "layers": "layers.0.weight", "layers.2.weight".
+ * Layer i is seeded with seed + i. */
+int loom_nn_mlp_create(const int64_t *sizes, int n, loom_activation act, loom_dtype dt,
+                       uint64_t seed, loom_module **m);
+
+void loom_module_free(loom_module *m);
+
+/* ---- running ---------------------------------------------------------------------------- */
+
+/* Run the module on x; *out is a new reference. Records on the tape like any op. */
+int loom_module_forward(loom_module *m, loom_tensor *x, loom_tensor **out);
+/* Training mode (the default) or evaluation mode, for this module and its children. */
+void loom_module_set_training(loom_module *m, bool training);
+/* "Linear", "Sequential", ... */
+const char *loom_module_type(const loom_module *m);
+
+/* ---- parameters ------------------------------------------------------------------------- */
+
+typedef struct loom_param {
+  const char *name;   /* full dotted name ("layers.0.weight"), borrowed */
+  loom_tensor *value; /* the parameter (a view into the arena), borrowed */
+  loom_tensor *grad;  /* its gradient (a view into the gradient arena), borrowed */
+  loom_dtype dtype;
+  size_t offset; /* elements from the start of the dtype's arena */
+  size_t numel;
+} loom_param;
+
+/* Number of parameters of the module and its children (in registration order: a module's own
+ * parameters first, then its children's, depth first; the order PyTorch's
+ * named_parameters() gives). */
+size_t loom_module_param_count(const loom_module *m);
+/* Parameter i; LOOM_EINVAL if i is out of range. */
+int loom_module_param(const loom_module *m, size_t i, loom_param *out);
+/* The parameter named `name`; LOOM_ENOTFOUND naming it if there is none. */
+int loom_module_param_by_name(const loom_module *m, const char *name, loom_param *out);
+/* The flat arenas of dtype dt (borrowed, 1-D, of *numel elements including alignment
+ * padding): values and gradients, NULL if the module has no parameters of that dtype.
+ * LOOM_EMISUSE for a module that is a child of another (the root holds the arena). */
+int loom_module_arena(const loom_module *m, loom_dtype dt, loom_tensor **values,
+                      loom_tensor **grads, size_t *numel);
+/* Total number of parameter elements (no padding). */
+size_t loom_module_numel(const loom_module *m);
+/* Zero every gradient (the whole gradient arena). */
+int loom_module_zero_grad(loom_module *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,159 @@
+/* containers.c: Sequential (children "0", "1", ... run in order) and MLP (Linear layers with an
+ * activation between them, in a Sequential named "layers"), and the initialisers. */
+#include "nn/nn_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static int seq_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {
+  loom_tensor *cur = loom_tensor_retain(x);
+  for (int i = 0; i < m->n_children; i++) {
+    loom_tensor *next = NULL;
+    int rc = m->children[i]->forward(m->children[i], cur, &next);
+    loom_tensor_free(cur);
+    if (rc) return rc;
+    cur = next;
+  }
+  *out = cur;
+  return LOOM_OK;
+}
+
+/* Adopt n children under names (NULL: "0", "1", ...); frees them all on failure. */
+static int adopt(loom_module *m, loom_module **children, int n, const char *const *names) {
+  int rc = LOOM_OK;
+  m->children = loom__calloc(LOOM_POOL_COMPUTE, (size_t)n, sizeof *m->children);
+  m->child_names = loom__calloc(LOOM_POOL_COMPUTE, (size_t)n, sizeof *m->child_names);
+  if (!m->children || !m->child_names) {
+    for (int i = 0; i < n; i++) loom_module_free(children[i]);
+    return loom__fail(LOOM_ENOMEM, "Sequential: out of memory for %d children", n);
+  }
+  for (int i = 0; i < n; i++) {
+    char num[24];
+    snprintf(num, sizeof num, "%d", i);
+    m->children[i] = children[i];
+    m->n_children = i + 1;
+    children[i]->parent = m;
+    m->child_names[i] = loom__strdup(LOOM_POOL_COMPUTE, names ? names[i] : num);
+    if (!m->child_names[i] && !rc) rc = loom__fail(LOOM_ENOMEM, "Sequential: out of memory");
+  }
+  for (int i = 0; i < n; i++) { /* the children's own arenas give way to the root's */
+    loom_module *c = children[i];
+    for (int d = 0; d < LOOM_DTYPE_COUNT; d++) {
+      loom_tensor_free(c->arena[d]);
+      loom_tensor_free(c->grad_arena[d]);
+      c->arena[d] = c->grad_arena[d] = NULL;
+      c->arena_numel[d] = 0;
+    }
+    for (size_t k = 0; k < c->n_flat; k++) {
+      loom__free(c->flat[k]->full);
+      c->flat[k]->full = NULL;
+    }
+    loom__free(c->flat);
+    c->flat = NULL;
+    c->n_flat = 0;
+  }
+  return rc;
+}
+
+int loom_nn_sequential_create(loom_module **children, int n, loom_module **out) {
+  static const char *who = "loom_nn_sequential_create";
+  int rc = LOOM_OK;
+  if (out) *out = NULL;
+  bool ok = out && n >= 1 && children;
+  for (int i = 0; ok && i < n; i++) ok = children[i] && !children[i]->parent;
+  if (!ok) {
+    for (int i = 0; children && i < n; i++)
+      if (children[i] && !children[i]->parent) loom_module_free(children[i]);
+    return loom__fail(LOOM_EINVAL,
+                      "%s: needs out and n >= 1 children, each non-NULL and not already in "
+                      "another module",
+                      who);
+  }
+  loom_module *m = NULL;
+  if ((rc = loom__module_new("Sequential", seq_forward, &m))) {
+    for (int i = 0; i < n; i++) loom_module_free(children[i]);
+    return rc;
+  }
+  rc = adopt(m, children, n, NULL);
+  if (!rc) rc = loom__module_pack(m);
+  if (rc) {
+    loom_module_free(m);
+    return rc;
+  }
+  *out = m;
+  return LOOM_OK;
+}
+
+static int mlp_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {
+  return seq_forward(m, x, out);
+}
+
+int loom_nn_mlp_create(const int64_t *sizes, int n, loom_activation act, loom_dtype dt,
+                       uint64_t seed, loom_module **out) {
+  static const char *who = "loom_nn_mlp_create";
+  if (out) *out = NULL;
+  if (!out || !sizes || n < 2)
+    return loom__fail(LOOM_EINVAL, "%s: needs out and at least 2 sizes", who);
+  int nl = 2 * (n - 1) - 1, rc = LOOM_OK, k = 0;
+  loom_module **layers = loom__calloc(LOOM_POOL_COMPUTE, (size_t)nl, sizeof *layers);
+  if (!layers) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
+  loom_module *seq = NULL, *m = NULL;
+  for (int i = 0; i < n - 1; i++) {
+    LOOM_TRY(loom_nn_linear_create(sizes[i], sizes[i + 1], true, dt, seed + (uint64_t)i,
+                                   &layers[k++]));
+    if (i < n - 2) LOOM_TRY(loom_nn_activation_create(act, &layers[k++]));
+  }
+  rc = loom_nn_sequential_create(layers, nl, &seq); /* takes the layers, even on failure */
+  k = 0;
+  if (rc) goto done;
+  LOOM_TRY(loom__module_new("MLP", mlp_forward, &m));
+  const char *names[] = {"layers"};
+  rc = adopt(m, &seq, 1, names);
+  seq = NULL;
+  if (!rc) rc = loom__module_pack(m);
+  if (rc) goto done;
+  *out = m;
+  m = NULL;
+done:
+  for (int i = 0; i < k; i++) loom_module_free(layers[i]);
+  loom__free(layers);
+  loom_module_free(seq);
+  loom_module_free(m);
+  return rc;
+}
+
+/* ---- initialisers ----------------------------------------------------------------------- */
+
+static int init_with(loom_dtype dt, int ndim, const int64_t *shape, loom_tensor **out,
+                     double (*gen)(loom_rng *, double), loom_rng *r, double arg) {
+  loom_tensor *f = NULL;
+  int rc = loom_tensor_empty(LOOM_F32, ndim, shape, &f);
+  if (rc) return rc;
+  float *p = loom_tensor_data(f);
+  for (size_t i = 0; i < loom_tensor_numel(f); i++) p[i] = (float)gen(r, arg);
+  if (dt == LOOM_F32) {
+    *out = f;
+    return LOOM_OK;
+  }
+  rc = loom_tensor_cast(f, dt, out);
+  loom_tensor_free(f);
+  return rc;
+}
+
+static double gen_uniform(loom_rng *r, double bound) {
+  return -bound + 2 * bound * loom_rng_uniform_f64(r);
+}
+static double gen_normal(loom_rng *r, double unused) { return loom_rng_normal(r); }
+static double gen_const(loom_rng *r, double v) { return v; }
+
+int loom__init_uniform(loom_dtype dt, int ndim, const int64_t *shape, double bound, loom_rng *r,
+                       loom_tensor **out) {
+  return init_with(dt, ndim, shape, out, gen_uniform, r, bound);
+}
+int loom__init_normal(loom_dtype dt, int ndim, const int64_t *shape, loom_rng *r,
+                      loom_tensor **out) {
+  return init_with(dt, ndim, shape, out, gen_normal, r, 0);
+}
+int loom__init_fill(loom_dtype dt, int ndim, const int64_t *shape, double v, loom_tensor **out) {
+  return init_with(dt, ndim, shape, out, gen_const, NULL, v);
+}

@@ -1,0 +1,258 @@
+/* module.c: what every module shares: creation, local parameters, the flat per-dtype arenas
+ * (llm.c's malloc_and_point_parameters: one buffer per dtype, each parameter a view at a
+ * 64-byte aligned offset, gradients at the same offsets in a second buffer), dotted names,
+ * parameter lookup, forward, training mode and freeing. */
+#include "nn/nn_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define ALIGN_BYTES 64
+
+int loom__module_new(const char *type, int (*forward)(loom_module *, loom_tensor *, loom_tensor **),
+                     loom_module **out) {
+  *out = NULL;
+  loom_module *m = loom__calloc(LOOM_POOL_COMPUTE, 1, sizeof *m);
+  if (!m) return loom__fail(LOOM_ENOMEM, "%s: out of memory", type);
+  m->type = type;
+  m->forward = forward;
+  m->training = true;
+  *out = m;
+  return LOOM_OK;
+}
+
+int loom__module_add_param(loom_module *m, const char *name, loom_tensor *value) {
+  m->params[m->n_params++] = (loom__param){.name = name, .value = value};
+  return LOOM_OK;
+}
+
+static void free_arenas(loom_module *m) {
+  for (int d = 0; d < LOOM_DTYPE_COUNT; d++) {
+    loom_tensor_free(m->arena[d]);
+    loom_tensor_free(m->grad_arena[d]);
+    m->arena[d] = m->grad_arena[d] = NULL;
+    m->arena_numel[d] = 0;
+  }
+  for (size_t i = 0; i < m->n_flat; i++) {
+    loom__free(m->flat[i]->full);
+    m->flat[i]->full = NULL;
+  }
+  loom__free(m->flat);
+  m->flat = NULL;
+  m->n_flat = 0;
+}
+
+void loom_module_free(loom_module *m) {
+  if (!m) return;
+  free_arenas(m);
+  for (int i = 0; i < m->n_params; i++) {
+    loom_tensor_free(m->params[i].value);
+    loom_tensor_free(m->params[i].grad);
+  }
+  for (int i = 0; i < m->n_children; i++) {
+    loom_module_free(m->children[i]);
+    loom__free(m->child_names[i]);
+  }
+  loom__free(m->children);
+  loom__free(m->child_names);
+  loom__free(m);
+}
+
+/* ---- packing ---------------------------------------------------------------------------- */
+
+/* Walk the tree: own parameters first, then children, depth first (module trees are shallow,
+ * so recursion is fine). With flat == NULL only counts. */
+static int collect(loom_module *m, const char *prefix, loom__param **flat, size_t *n) {
+  for (int i = 0; i < m->n_params; i++) {
+    loom__param *p = &m->params[i];
+    size_t len = strlen(prefix) + strlen(p->name) + 1;
+    if (flat) {
+      p->full = loom__malloc(LOOM_POOL_COMPUTE, len);
+      if (!p->full) return loom__fail(LOOM_ENOMEM, "module: out of memory for names");
+      snprintf(p->full, len, "%s%s", prefix, p->name);
+      flat[*n] = p;
+    }
+    (*n)++;
+  }
+  for (int c = 0; c < m->n_children; c++) {
+    char pre[512];
+    snprintf(pre, sizeof pre, "%s%s.", prefix, m->child_names[c]);
+    int rc = collect(m->children[c], pre, flat, n);
+    if (rc) return rc;
+  }
+  return LOOM_OK;
+}
+
+int loom__module_pack(loom_module *m) {
+  int rc = LOOM_OK;
+  size_t n = 0;
+  free_arenas(m);
+  collect(m, "", NULL, &n);
+  m->flat = loom__calloc(LOOM_POOL_COMPUTE, n ? n : 1, sizeof *m->flat);
+  LOOM_TRY_ALLOC(m->flat, "the parameter list");
+  m->n_flat = 0;
+  LOOM_TRY(collect(m, "", m->flat, &m->n_flat));
+  size_t total[LOOM_DTYPE_COUNT] = {0};
+  for (size_t i = 0; i < n; i++) { /* offsets, each aligned to 64 bytes */
+    loom__param *p = m->flat[i];
+    loom_dtype dt = loom_tensor_dtype(p->value);
+    size_t align = ALIGN_BYTES / loom_dtype_size(dt);
+    total[dt] = (total[dt] + align - 1) / align * align;
+    p->offset = total[dt];
+    total[dt] += loom_tensor_numel(p->value);
+  }
+  for (int d = 0; d < LOOM_DTYPE_COUNT; d++) {
+    if (!total[d]) continue;
+    int64_t len = (int64_t)total[d];
+    LOOM_TRY(loom_tensor_zeros((loom_dtype)d, 1, &len, &m->arena[d]));
+    LOOM_TRY(loom_tensor_zeros((loom_dtype)d, 1, &len, &m->grad_arena[d]));
+    m->arena_numel[d] = total[d];
+  }
+  for (size_t i = 0; i < n; i++) {
+    loom__param *p = m->flat[i];
+    loom_dtype dt = loom_tensor_dtype(p->value);
+    loom_tensor *v = NULL, *g = NULL;
+    const loom_tensor *old = p->value;
+    int64_t strides[LOOM_MAX_DIMS], s = 1;
+    for (int k = old->ndim - 1; k >= 0; k--) strides[k] = s, s *= old->shape[k];
+    LOOM_TRY(loom__tensor_view(m->arena[dt], old->ndim, old->shape, strides, p->offset, &v));
+    rc = loom__tensor_view(m->grad_arena[dt], old->ndim, old->shape, strides, p->offset, &g);
+    if (!rc) rc = loom_tensor_copy(v, old);
+    if (!rc) rc = loom_tensor_set_requires_grad(v, true);
+    if (!rc) rc = loom_tensor_set_grad(v, g);
+    if (rc) {
+      loom_tensor_free(v);
+      loom_tensor_free(g);
+      goto done;
+    }
+    loom_tensor_free(p->value);
+    loom_tensor_free(p->grad);
+    p->value = v;
+    p->grad = g;
+  }
+done:
+  if (rc) free_arenas(m);
+  return rc;
+}
+
+/* ---- running ---------------------------------------------------------------------------- */
+
+int loom_module_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {
+  if (out) *out = NULL;
+  if (!m || !out) return loom__fail(LOOM_EINVAL, "loom_module_forward: module or out is NULL");
+  int rc = loom_tensor_check(x, "loom_module_forward");
+  return rc ? rc : m->forward(m, x, out);
+}
+
+void loom_module_set_training(loom_module *m, bool training) {
+  if (!m) return;
+  m->training = training;
+  for (int i = 0; i < m->n_children; i++) loom_module_set_training(m->children[i], training);
+}
+
+const char *loom_module_type(const loom_module *m) { return m ? m->type : "?"; }
+
+/* ---- parameters ------------------------------------------------------------------------- */
+
+static const loom_module *root_of(const loom_module *m) {
+  while (m->parent) m = m->parent;
+  return m;
+}
+
+static const loom__param *first_param(const loom_module *m) {
+  if (m->n_params) return &m->params[0];
+  for (int i = 0; i < m->n_children; i++) {
+    const loom__param *p = first_param(m->children[i]);
+    if (p) return p;
+  }
+  return NULL;
+}
+
+/* The parameters of m's subtree are a contiguous run of the root's flat list. */
+static void span(const loom_module *m, size_t *first, size_t *count) {
+  const loom_module *r = root_of(m);
+  const loom__param *p0 = first_param(m);
+  size_t n = 0;
+  collect((loom_module *)m, "", NULL, &n);
+  *first = 0;
+  *count = n;
+  for (size_t i = 0; p0 && i < r->n_flat; i++)
+    if (r->flat[i] == p0) *first = i;
+}
+
+size_t loom_module_param_count(const loom_module *m) {
+  if (!m) return 0;
+  size_t first, count;
+  span(m, &first, &count);
+  return count;
+}
+
+static void fill(const loom__param *p, loom_param *out) {
+  *out = (loom_param){.name = p->full, .value = p->value, .grad = p->grad,
+                      .dtype = loom_tensor_dtype(p->value), .offset = p->offset,
+                      .numel = loom_tensor_numel(p->value)};
+}
+
+int loom_module_param(const loom_module *m, size_t i, loom_param *out) {
+  if (!m || !out) return loom__fail(LOOM_EINVAL, "loom_module_param: module or out is NULL");
+  size_t first, count;
+  span(m, &first, &count);
+  if (i >= count)
+    return loom__fail(LOOM_EINVAL, "loom_module_param: index %zu out of range (%zu parameters)",
+                      i, count);
+  fill(root_of(m)->flat[first + i], out);
+  return LOOM_OK;
+}
+
+int loom_module_param_by_name(const loom_module *m, const char *name, loom_param *out) {
+  if (!m || !name || !out)
+    return loom__fail(LOOM_EINVAL, "loom_module_param_by_name: an argument is NULL");
+  if (m->parent)
+    return loom__fail(LOOM_EMISUSE,
+                      "loom_module_param_by_name: the module is inside another; look names up "
+                      "on the root");
+  for (size_t i = 0; i < m->n_flat; i++)
+    if (!strcmp(m->flat[i]->full, name)) {
+      fill(m->flat[i], out);
+      return LOOM_OK;
+    }
+  return loom__fail(LOOM_ENOTFOUND, "loom_module_param_by_name: no parameter named \"%s\"", name);
+}
+
+int loom_module_arena(const loom_module *m, loom_dtype dt, loom_tensor **values,
+                      loom_tensor **grads, size_t *numel) {
+  if (!m) return loom__fail(LOOM_EINVAL, "loom_module_arena: module is NULL");
+  if (!loom_dtype_valid(dt)) return loom__fail(LOOM_EDTYPE, "loom_module_arena: bad dtype %d", dt);
+  if (m->parent)
+    return loom__fail(LOOM_EMISUSE, "loom_module_arena: the module is inside another %s; the "
+                      "root holds the arena", m->parent->type);
+  if (values) *values = m->arena[dt];
+  if (grads) *grads = m->grad_arena[dt];
+  if (numel) *numel = m->arena_numel[dt];
+  return LOOM_OK;
+}
+
+size_t loom_module_numel(const loom_module *m) {
+  size_t n = 0;
+  for (size_t i = 0, c = loom_module_param_count(m); i < c; i++) {
+    loom_param p;
+    if (!loom_module_param(m, i, &p)) n += p.numel;
+  }
+  return n;
+}
+
+int loom_module_zero_grad(loom_module *m) {
+  if (!m) return loom__fail(LOOM_EINVAL, "loom_module_zero_grad: module is NULL");
+  if (!m->parent) {
+    for (int d = 0; d < LOOM_DTYPE_COUNT; d++) /* the arenas are contiguous: all-zero bits */
+      if (m->grad_arena[d]) memset(loom_tensor_data(m->grad_arena[d]), 0, loom_tensor_nbytes(m->grad_arena[d]));
+    return LOOM_OK;
+  }
+  for (size_t i = 0, c = loom_module_param_count(m); i < c; i++) {
+    loom_param p;
+    int rc = loom_module_param(m, i, &p);
+    if (!rc) rc = loom_tensor_fill(p.grad, 0.0);
+    if (rc) return rc;
+  }
+  return LOOM_OK;
+}

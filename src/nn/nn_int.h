@@ -1,0 +1,58 @@
+/* nn_int.h: the module struct shared by the nn files (private to loom). A module has local
+ * parameters (name, value, gradient), named children and a forward function. The root module
+ * owns the flat arenas (one value and one gradient buffer per dtype) that every parameter in
+ * the tree is a view of; packing builds them. */
+#ifndef LOOM_NN_INT_H
+#define LOOM_NN_INT_H
+
+#include "core/tensor_int.h"
+#include "loom/autograd.h"
+#include "loom/nn.h"
+#include "loom/rng.h"
+
+#define LOOM__NN_MAX_PARAMS 4
+
+typedef struct loom__param {
+  const char *name; /* local name, static ("weight") */
+  loom_tensor *value, *grad;
+  char *full; /* dotted name in the root's tree, set by packing */
+  size_t offset;
+} loom__param;
+
+struct loom_module {
+  const char *type;
+  int (*forward)(loom_module *m, loom_tensor *x, loom_tensor **out);
+  loom__param params[LOOM__NN_MAX_PARAMS];
+  int n_params;
+  loom_module **children;
+  char **child_names;
+  int n_children;
+  loom_module *parent;
+  bool training;
+  int64_t cfg[8]; /* per type: sizes, strides, activation, ... */
+  double fcfg[2];
+  uint64_t seed, calls;
+  /* root only */
+  loom_tensor *arena[LOOM_DTYPE_COUNT], *grad_arena[LOOM_DTYPE_COUNT];
+  size_t arena_numel[LOOM_DTYPE_COUNT];
+  loom__param **flat; /* every parameter of the tree, in order */
+  size_t n_flat;
+};
+
+/* A new module of `type` with forward fn (zeroed, training). */
+int loom__module_new(const char *type, int (*forward)(loom_module *, loom_tensor *, loom_tensor **),
+                     loom_module **out);
+/* Add a local parameter with initial values (takes the reference to value). */
+int loom__module_add_param(loom_module *m, const char *name, loom_tensor *value);
+/* Lay out every parameter of the tree rooted at m in fresh arenas (values copied in) and
+ * point the parameters at views of them, with gradients in the gradient arenas. */
+int loom__module_pack(loom_module *m);
+
+/* f32 values uniform in [-bound, bound) or N(0, 1), then stored as dt: a new tensor. */
+int loom__init_uniform(loom_dtype dt, int ndim, const int64_t *shape, double bound, loom_rng *r,
+                       loom_tensor **out);
+int loom__init_normal(loom_dtype dt, int ndim, const int64_t *shape, loom_rng *r,
+                      loom_tensor **out);
+int loom__init_fill(loom_dtype dt, int ndim, const int64_t *shape, double v, loom_tensor **out);
+
+#endif

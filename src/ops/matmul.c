@@ -1,0 +1,241 @@
+/* matmul.c: matmul (2-D and batched) and linear (x W^T + b), forward and backward, through
+ * the GEMM kernel (gemm.h). Operands go to the kernel in their own dtype; outputs and
+ * gradients are computed with f32 accumulation. Backward rounds the incoming f32 gradient to
+ * the operands' dtype once (as PyTorch's gradients have the activation's dtype) so the
+ * kernel's fast low-precision path is used. */
+#include "ops/gemm.h"
+#include "ops/ops_int.h"
+
+#include <string.h>
+
+/* The gradient g (f32) in dtype dt: g itself (a new reference) when dt is f32. */
+static int grad_as(loom_tensor *g, loom_dtype dt, loom_tensor **out) {
+  if (dt == LOOM_F32) {
+    *out = loom_tensor_retain(g);
+    return LOOM_OK;
+  }
+  return loom_tensor_cast(g, dt, out);
+}
+
+/* C[batch][M,N] (+)= op(A) op(B) over contiguous operands; nothing to do for empty sizes. */
+static int gemm(loom_dtype ab, loom_dtype cdt, int64_t batch, int64_t M, int64_t N, int64_t K,
+                const void *A, bool ta, int64_t sa, const void *B, bool tb, int64_t sb, void *C,
+                int64_t sc, float beta) {
+  if (batch == 0 || M == 0 || N == 0 || K == 0) return LOOM_OK;
+  loom__gemm_args g = {.trans_a = ta, .trans_b = tb, .batch = batch, .M = M, .N = N, .K = K,
+                       .alpha = 1.0f, .beta = beta, .A = A, .lda = ta ? M : K, .stride_a = sa,
+                       .B = B, .ldb = tb ? K : N, .stride_b = sb, .C = C, .ldc = N,
+                       .stride_c = sc, .ab_dtype = ab, .c_dtype = cdt};
+  return loom__gemm(&g);
+}
+
+/* ---- matmul --------------------------------------------------------------------------- */
+
+/* Shapes: a [..., M, K], b [..., K, N]; batch counts ba, bb (1 for 2-D). */
+typedef struct mm_dims {
+  int64_t M, N, K, ba, bb, batch;
+} mm_dims;
+
+static void mm_dims_of(int na, const int64_t *sa, int nb, const int64_t *sb, mm_dims *d) {
+  d->M = sa[na - 2];
+  d->K = sa[na - 1];
+  d->N = sb[nb - 1];
+  d->ba = d->bb = 1;
+  for (int i = 0; i < na - 2; i++) d->ba *= sa[i];
+  for (int i = 0; i < nb - 2; i++) d->bb *= sb[i];
+  d->batch = d->ba > d->bb ? d->ba : d->bb;
+}
+
+static int matmul_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
+  int rc = LOOM_OK;
+  const loom_tensor *a = n->saved[0], *b = n->saved[1];
+  loom_dtype dt = a->dtype;
+  loom_tensor *gd = NULL;
+  mm_dims d;
+  mm_dims_of(a->ndim, a->shape, b->ndim, b->shape, &d);
+  LOOM_TRY(grad_as(g, dt, &gd));
+  const void *G = loom_tensor_data(gd), *A = loom_tensor_data(a), *B = loom_tensor_data(b);
+  size_t es = loom_dtype_size(dt);
+  if (loom__node_needs(n, 0)) { /* gA = G B^T */
+    LOOM_TRY(loom__grad_new(n->in[0].ndim, n->in[0].shape, true, &gin[0]));
+    float *gA = loom__f(gin[0]);
+    if (d.ba == d.batch) {
+      LOOM_TRY(gemm(dt, LOOM_F32, d.batch, d.M, d.K, d.N, G, false, d.M * d.N, B, true,
+                    d.bb == 1 ? 0 : d.K * d.N, gA, d.M * d.K, 0.0f));
+    } else { /* a shared by every batch: sum the products */
+      for (int64_t i = 0; i < d.batch; i++)
+        LOOM_TRY(gemm(dt, LOOM_F32, 1, d.M, d.K, d.N, (const char *)G + (size_t)(i * d.M * d.N) * es,
+                      false, 0, (const char *)B + (size_t)(i * d.K * d.N) * es, true, 0, gA, 0,
+                      1.0f));
+    }
+  }
+  if (loom__node_needs(n, 1)) { /* gB = A^T G */
+    LOOM_TRY(loom__grad_new(n->in[1].ndim, n->in[1].shape, true, &gin[1]));
+    float *gB = loom__f(gin[1]);
+    if (d.bb == d.batch) {
+      LOOM_TRY(gemm(dt, LOOM_F32, d.batch, d.K, d.N, d.M, A, true, d.ba == 1 ? 0 : d.M * d.K, G,
+                    false, d.M * d.N, gB, d.K * d.N, 0.0f));
+    } else { /* b shared: one GEMM over the stacked rows of a and G */
+      LOOM_TRY(gemm(dt, LOOM_F32, 1, d.K, d.N, d.batch * d.M, A, true, 0, G, false, 0, gB, 0,
+                    0.0f));
+    }
+  }
+done:
+  loom_tensor_free(gd);
+  return rc;
+}
+
+int loom_matmul(loom_tensor *a, loom_tensor *b, loom_tensor **out) {
+  static const char *name = "matmul";
+  int rc = loom__check_out(name, out);
+  if (rc) return rc;
+  if ((rc = loom__check_float(name, a, "a")) || (rc = loom__check_float(name, b, "b")))
+    return rc;
+  loom__op c;
+  loom_tensor *in[2] = {a, b}, *ca = NULL, *cb = NULL, *y = NULL;
+  loom__node *nd = NULL;
+  char x1[96], x2[96];
+  if ((rc = loom__op_begin(&c, LOOM_OPK_MATMUL, in, 2))) return rc;
+  a = c.in[0];
+  b = c.in[1];
+  LOOM_TRY(loom__check_same_dtype(name, a, b));
+  if (a->ndim < 2 || b->ndim < 2) {
+    rc = loom__fail(LOOM_ESHAPE, "%s: operands must have at least 2 dims, got %s and %s", name,
+                    loom__shape_str(a->ndim, a->shape, x1, sizeof x1),
+                    loom__shape_str(b->ndim, b->shape, x2, sizeof x2));
+    goto done;
+  }
+  bool batch_ok = a->ndim == 2 || b->ndim == 2 ||
+                  (a->ndim == b->ndim &&
+                   !memcmp(a->shape, b->shape, (size_t)(a->ndim - 2) * sizeof *a->shape));
+  if (a->shape[a->ndim - 1] != b->shape[b->ndim - 2] || !batch_ok) {
+    rc = loom__fail(LOOM_ESHAPE, "%s: shapes %s and %s do not match (%s)", name,
+                    loom__shape_str(a->ndim, a->shape, x1, sizeof x1),
+                    loom__shape_str(b->ndim, b->shape, x2, sizeof x2),
+                    batch_ok ? "inner dims differ" : "batch dims differ");
+    goto done;
+  }
+  mm_dims d;
+  mm_dims_of(a->ndim, a->shape, b->ndim, b->shape, &d);
+  const loom_tensor *big = a->ndim >= b->ndim ? a : b;
+  int64_t shape[LOOM_MAX_DIMS];
+  int no = big->ndim;
+  memcpy(shape, big->shape, (size_t)(no - 2) * sizeof *shape);
+  shape[no - 2] = d.M;
+  shape[no - 1] = d.N;
+  LOOM_TRY(loom_tensor_contiguous(a, &ca));
+  LOOM_TRY(loom_tensor_contiguous(b, &cb));
+  LOOM_TRY(loom_tensor_zeros(a->dtype, no, shape, &y));
+  LOOM_TRY(gemm(a->dtype, a->dtype, d.batch, d.M, d.N, d.K, loom_tensor_data(ca), false,
+                d.ba == 1 ? 0 : d.M * d.K, loom_tensor_data(cb), false,
+                d.bb == 1 ? 0 : d.K * d.N, loom_tensor_data(y), d.M * d.N, 0.0f));
+  LOOM_TRY(loom__op_record(&c, y, matmul_backward, &nd));
+  if (nd) {
+    LOOM_TRY(loom__node_save(nd, 0, ca));
+    LOOM_TRY(loom__node_save(nd, 1, cb));
+  }
+  *out = y;
+  y = NULL;
+done:
+  loom_tensor_free(ca);
+  loom_tensor_free(cb);
+  loom_tensor_free(y);
+  loom__op_end(&c);
+  return rc;
+}
+
+/* ---- linear --------------------------------------------------------------------------- */
+
+static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
+  int rc = LOOM_OK;
+  const loom_tensor *x = n->saved[0], *w = n->saved[1];
+  loom_dtype dt = x->dtype;
+  int64_t O = w->shape[0], I = w->shape[1], R = 1;
+  for (int i = 0; i < n->in[0].ndim - 1; i++) R *= n->in[0].shape[i];
+  loom_tensor *gd = NULL;
+  LOOM_TRY(grad_as(g, dt, &gd));
+  if (loom__node_needs(n, 0)) /* gX [R, I] = G [R, O] W [O, I] */
+    LOOM_TRY(loom__grad_new(n->in[0].ndim, n->in[0].shape, true, &gin[0]));
+  if (gin[0])
+    LOOM_TRY(gemm(dt, LOOM_F32, 1, R, I, O, loom_tensor_data(gd), false, 0, loom_tensor_data(w),
+                  false, 0, loom__f(gin[0]), 0, 0.0f));
+  if (loom__node_needs(n, 1)) { /* gW [O, I] = G^T [O, R] X [R, I] */
+    LOOM_TRY(loom__grad_new(2, n->in[1].shape, true, &gin[1]));
+    LOOM_TRY(gemm(dt, LOOM_F32, 1, O, I, R, loom_tensor_data(gd), true, 0, loom_tensor_data(x),
+                  false, 0, loom__f(gin[1]), 0, 0.0f));
+  }
+  if (n->n_in > 2 && loom__node_needs(n, 2)) { /* gb = column sums of G */
+    LOOM_TRY(loom__grad_new(1, n->in[2].shape, true, &gin[2]));
+    float *gb = loom__f(gin[2]);
+    const float *gp = loom__f(g);
+    for (int64_t r = 0; r < R; r++)
+      for (int64_t o = 0; o < O; o++) gb[o] += gp[r * O + o];
+  }
+done:
+  loom_tensor_free(gd);
+  return rc;
+}
+
+int loom_linear(loom_tensor *x, loom_tensor *w, loom_tensor *b, loom_tensor **out) {
+  static const char *name = "linear";
+  int rc = loom__check_out(name, out);
+  if (rc) return rc;
+  if ((rc = loom__check_float(name, x, "x")) || (rc = loom__check_float(name, w, "w")) ||
+      (b && (rc = loom__check_float(name, b, "b"))))
+    return rc;
+  loom__op c;
+  loom_tensor *in[3] = {x, w, b}, *cx = NULL, *cw = NULL, *y = NULL;
+  loom__fbuf fy = {0}, fb = {0};
+  loom__node *nd = NULL;
+  char s1[96], s2[96];
+  if ((rc = loom__op_begin(&c, LOOM_OPK_LINEAR, in, b ? 3 : 2))) return rc;
+  x = c.in[0];
+  w = c.in[1];
+  b = b ? c.in[2] : NULL;
+  LOOM_TRY(loom__check_same_dtype(name, x, w));
+  if (b) LOOM_TRY(loom__check_same_dtype(name, x, b));
+  if (w->ndim != 2 || x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1]) {
+    rc = loom__fail(LOOM_ESHAPE, "%s: x %s and weight %s do not match (weight is [out, in])",
+                    name, loom__shape_str(x->ndim, x->shape, s1, sizeof s1),
+                    loom__shape_str(w->ndim, w->shape, s2, sizeof s2));
+    goto done;
+  }
+  int64_t O = w->shape[0], I = w->shape[1];
+  if (b && (b->ndim != 1 || b->shape[0] != O)) {
+    rc = loom__fail(LOOM_ESHAPE, "%s: bias %s does not match %lld outputs", name,
+                    loom__shape_str(b->ndim, b->shape, s1, sizeof s1), (long long)O);
+    goto done;
+  }
+  int64_t shape[LOOM_MAX_DIMS];
+  memcpy(shape, x->shape, (size_t)x->ndim * sizeof *shape);
+  shape[x->ndim - 1] = O;
+  int64_t R = 1;
+  for (int i = 0; i < x->ndim - 1; i++) R *= x->shape[i];
+  LOOM_TRY(loom_tensor_contiguous(x, &cx));
+  LOOM_TRY(loom_tensor_contiguous(w, &cw));
+  LOOM_TRY(loom__f32_out(x->dtype, x->ndim, shape, &y, &fy));
+  if (b) { /* rows start as the bias, then the GEMM accumulates onto them */
+    LOOM_TRY(loom__f32_in(b, &fb));
+    for (int64_t r = 0; r < R; r++) memcpy(fy.p + r * O, fb.p, (size_t)O * sizeof(float));
+  } else {
+    memset(fy.p, 0, (size_t)(R * O) * sizeof(float));
+  }
+  LOOM_TRY(gemm(x->dtype, LOOM_F32, 1, R, O, I, loom_tensor_data(cx), false, 0,
+                loom_tensor_data(cw), true, 0, fy.p, 0, 1.0f));
+  loom__f32_out_commit(y, &fy);
+  LOOM_TRY(loom__op_record(&c, y, linear_backward, &nd));
+  if (nd) {
+    LOOM_TRY(loom__node_save(nd, 0, cx));
+    LOOM_TRY(loom__node_save(nd, 1, cw));
+  }
+  *out = y;
+  y = NULL;
+done:
+  loom__fbuf_free(&fy);
+  loom__fbuf_free(&fb);
+  loom_tensor_free(cx);
+  loom_tensor_free(cw);
+  loom_tensor_free(y);
+  loom__op_end(&c);
+  return rc;
+}
