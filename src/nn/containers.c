@@ -36,22 +36,7 @@ static int adopt(loom_module *m, loom_module **children, int n, const char *cons
     m->child_names[i] = loom__strdup(LOOM_POOL_COMPUTE, names ? names[i] : num);
     if (!m->child_names[i] && !rc) rc = loom__fail(LOOM_ENOMEM, "Sequential: out of memory");
   }
-  for (int i = 0; i < n; i++) { /* the children's own arenas give way to the root's */
-    loom_module *c = children[i];
-    for (int d = 0; d < LOOM_DTYPE_COUNT; d++) {
-      loom_tensor_free(c->arena[d]);
-      loom_tensor_free(c->grad_arena[d]);
-      c->arena[d] = c->grad_arena[d] = NULL;
-      c->arena_numel[d] = 0;
-    }
-    for (size_t k = 0; k < c->n_flat; k++) {
-      loom__free(c->flat[k]->full);
-      c->flat[k]->full = NULL;
-    }
-    loom__free(c->flat);
-    c->flat = NULL;
-    c->n_flat = 0;
-  }
+  for (int i = 0; i < n; i++) loom__module_drop_arenas(children[i]); /* the root's now */
   return rc;
 }
 

@@ -26,7 +26,7 @@ int loom__module_add_param(loom_module *m, const char *name, loom_tensor *value)
   return LOOM_OK;
 }
 
-static void free_arenas(loom_module *m) {
+void loom__module_drop_arenas(loom_module *m) {
   for (int d = 0; d < LOOM_DTYPE_COUNT; d++) {
     loom_tensor_free(m->arena[d]);
     loom_tensor_free(m->grad_arena[d]);
@@ -44,7 +44,7 @@ static void free_arenas(loom_module *m) {
 
 void loom_module_free(loom_module *m) {
   if (!m) return;
-  free_arenas(m);
+  loom__module_drop_arenas(m);
   for (int i = 0; i < m->n_params; i++) {
     loom_tensor_free(m->params[i].value);
     loom_tensor_free(m->params[i].grad);
@@ -86,7 +86,7 @@ static int collect(loom_module *m, const char *prefix, loom__param **flat, size_
 int loom__module_pack(loom_module *m) {
   int rc = LOOM_OK;
   size_t n = 0;
-  free_arenas(m);
+  loom__module_drop_arenas(m);
   collect(m, "", NULL, &n);
   m->flat = loom__calloc(LOOM_POOL_COMPUTE, n ? n : 1, sizeof *m->flat);
   LOOM_TRY_ALLOC(m->flat, "the parameter list");
@@ -131,7 +131,7 @@ int loom__module_pack(loom_module *m) {
     p->grad = g;
   }
 done:
-  if (rc) free_arenas(m);
+  if (rc) loom__module_drop_arenas(m);
   return rc;
 }
 

@@ -44,6 +44,8 @@ int loom__module_new(const char *type, int (*forward)(loom_module *, loom_tensor
                      loom_module **out);
 /* Add a local parameter with initial values (takes the reference to value). */
 int loom__module_add_param(loom_module *m, const char *name, loom_tensor *value);
+/* Free the arenas and full names a root holds (when it becomes a child, or is freed). */
+void loom__module_drop_arenas(loom_module *m);
 /* Lay out every parameter of the tree rooted at m in fresh arenas (values copied in) and
  * point the parameters at views of them, with gradients in the gradient arenas. */
 int loom__module_pack(loom_module *m);
