@@ -31,7 +31,7 @@ check-asan: deps
 check-tsan: deps
 	@$(MAKE) --no-print-directory build BUILD=build-tsan CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=thread"
 	@cd build-tsan && LOOM_SANITIZED=1 ctest -L "$(TSAN_LABELS)" --output-on-failure -j $(JOBS)
-TSAN_LABELS ?= core|dist|ddp|fsdp
+TSAN_LABELS ?= core|amp|autograd|nn|dist|ddp|fsdp
 
 check-layers:
 	@scripts/check_layers.sh
