@@ -108,6 +108,15 @@ int loom_backward_queue_callback(int (*fn)(void *ctx), void *ctx);
  * spent. Gradients accumulate into leaves (+=). Grad mode is off while backward runs. */
 int loom_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain_graph);
 
+/* Gradients of `output` with respect to inputs[0..n) (torch.autograd.grad), without touching
+ * any leaf's gradient and without running leaf hooks (hooks on op outputs still run).
+ * grad_output and retain_graph are as for loom_backward. grads[k] receives a new tensor of
+ * inputs[k]'s dtype and shape (the caller frees it), or NULL if output does not depend on
+ * inputs[k] (torch's allow_unused). Inputs may be leaves or op outputs; each must require grad
+ * (LOOM_EINVAL). On failure every grads[k] is NULL. */
+int loom_autograd_grad(loom_tensor *output, loom_tensor *grad_output, loom_tensor *const *inputs,
+                       int n, bool retain_graph, loom_tensor **grads);
+
 /* ---- custom functions --------------------------------------------------------------- */
 
 /* The backward of a custom function: given grad_out (f32, contiguous, the output's shape),

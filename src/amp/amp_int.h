@@ -72,6 +72,10 @@ const loom__amp_kernels *loom__amp_k(void);
 /* The table for a given level (tests compare each level against scalar). */
 const loom__amp_kernels *loom__amp_kernels_for(loom_cpu_level level);
 
+/* Checks a gradient list: LOOM_EINVAL for a NULL list with n > 0, each non-NULL entry a live
+ * tensor of dtype f32, f16 or bf16 (LOOM_EDTYPE naming its index). */
+int loom__amp_check_tensors(const char *who, loom_tensor *const *ts, size_t n);
+
 /* Elements the early-exit check scans between tests of its running flag. */
 #define LOOM__AMP_CHECK_BLOCK 1024
 

@@ -75,7 +75,7 @@ int loom_amp_has_nonfinite(const void *data, loom_dtype dt, size_t n, bool *out)
 
 /* ---- tensor lists ---------------------------------------------------------------------------- */
 
-static int check_tensors(const char *who, loom_tensor *const *ts, size_t n) {
+int loom__amp_check_tensors(const char *who, loom_tensor *const *ts, size_t n) {
   if (n && !ts) return loom__fail(LOOM_EINVAL, "%s: tensor list is NULL", who);
   for (size_t i = 0; i < n; i++) {
     if (!ts[i]) continue;
@@ -117,7 +117,7 @@ int loom_amp_unscale_tensors(loom_tensor *const *ts, size_t n, double inv_scale,
   static const char *who = "loom_amp_unscale_tensors";
   float inv = 1.0f;
   int rc;
-  if ((rc = check_tensors(who, ts, n)) || (rc = inv_f32(who, inv_scale, &inv))) return rc;
+  if ((rc = loom__amp_check_tensors(who, ts, n)) || (rc = inv_f32(who, inv_scale, &inv))) return rc;
   bool any = false;
   for (size_t i = 0; i < n; i++)
     if (ts[i]) any |= tensor_pass(ts[i], inv);
@@ -127,7 +127,7 @@ int loom_amp_unscale_tensors(loom_tensor *const *ts, size_t n, double inv_scale,
 
 int loom_amp_has_nonfinite_tensors(loom_tensor *const *ts, size_t n, bool *out) {
   static const char *who = "loom_amp_has_nonfinite_tensors";
-  int rc = check_tensors(who, ts, n);
+  int rc = loom__amp_check_tensors(who, ts, n);
   if (rc) return rc;
   if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
   *out = false;

@@ -16,6 +16,11 @@ typedef struct callback {
 typedef struct bwd_state {
   callback *cbs;
   int n, cap;
+  /* capture mode (loom_autograd_grad): gradients of cap_in[k] go to cap_out[k] (f32), leaves
+   * keep their gradients and their hooks do not run */
+  loom_tensor *const *cap_in;
+  loom_tensor **cap_out;
+  int cap_n;
 } bwd_state;
 
 static _Thread_local bwd_state *current;
@@ -100,6 +105,32 @@ static int leaf_done(loom_tensor *leaf) {
   loom__meta *m = leaf->autograd;
   int rc = leaf_add(leaf, NULL);
   return rc ? rc : loom__hooks_run(&m->hooks, m->grad);
+}
+
+/* Capture mode: add g (f32, the input's shape) into the captured gradient of input k. */
+static int capture_add(bwd_state *s, int k, const loom_tensor *g) {
+  if (!s->cap_out[k]) {
+    int rc = loom_tensor_zeros(LOOM_F32, g->ndim, g->shape, &s->cap_out[k]);
+    if (rc) return rc;
+  }
+  loom__accumulate_f32(s->cap_out[k], loom_tensor_data(g), loom_tensor_numel(g));
+  return LOOM_OK;
+}
+
+static int capture_index(const bwd_state *s, const loom_tensor *t) {
+  for (int k = 0; k < s->cap_n; k++)
+    if (s->cap_in[k] == t) return k;
+  return -1;
+}
+
+/* Capture mode: node n is about to run with gradient g; capture it for inputs it produced. */
+static int capture_node(bwd_state *s, const loom__node *n, const loom_tensor *g) {
+  for (int k = 0; k < s->cap_n; k++) {
+    const loom__meta *m = s->cap_in[k]->autograd;
+    int rc = m && m->grad_fn == n ? capture_add(s, k, g) : LOOM_OK;
+    if (rc) return rc;
+  }
+  return LOOM_OK;
 }
 
 static int check_grad(const loom__node *n, int i, const loom_tensor *g) {
@@ -213,6 +244,7 @@ static int run_node(loom__node *n, heap *h, bool retain) {
     LOOM_TRY_ALLOC(gin, "gradients");
   }
   LOOM_TRY(loom__hooks_run(&n->hooks, gout));
+  if (current->cap_n) LOOM_TRY(capture_node(current, n, gout));
   LOOM_TRY(n->backward(n, gout, gin));
   for (int i = 0; i < n->n_in; i++) {
     loom__edge *e = &n->in[i];
@@ -229,6 +261,11 @@ static int run_node(loom__node *n, heap *h, bool retain) {
     if (e->node) {
       if (g) LOOM_TRY(pend_add(e->node, g));
       if (--e->node->bwd_deps == 0) heap_push(h, e->node);
+    } else if (current->cap_n) {
+      int k = capture_index(current, e->leaf);
+      rc = g && k >= 0 ? capture_add(current, k, g) : LOOM_OK;
+      loom_tensor_free(g);
+      if (rc) goto done;
     } else {
       loom__meta *m = e->leaf->autograd;
       rc = g ? leaf_add(e->leaf, g) : LOOM_OK;
@@ -277,7 +314,9 @@ static int check_loss(loom_tensor *loss, loom_tensor *gout) {
   return LOOM_OK;
 }
 
-int loom_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain_graph) {
+/* Backward from loss with the state st (capture mode when st->cap_n > 0). */
+static int run_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain_graph,
+                        bwd_state *st) {
   int rc = check_loss(loss, grad_output);
   if (rc) return rc;
   if (current)
@@ -289,18 +328,18 @@ int loom_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain_graph
   loom__node *all = NULL;
   size_t count = 0;
   heap h = {0};
-  bwd_state st = {0};
   if (grad_output) rc = loom_tensor_cast(grad_output, LOOM_F32, &g);
   else if (!(rc = loom_tensor_empty(LOOM_F32, loss->ndim, loss->shape, &g)))
     rc = loom_tensor_fill(g, 1.0);
   if (rc) return rc;
 
-  current = &st;
+  current = st;
   loom__grad_mode_push();
   if (!m->grad_fn) { /* the loss is itself a leaf */
+    int k = st->cap_n ? capture_index(st, loss) : -1;
     m->bwd_pending = 0;
-    rc = leaf_add(loss, g);
-    if (!rc) rc = leaf_done(loss);
+    if (st->cap_n) rc = k >= 0 ? capture_add(st, k, g) : LOOM_OK;
+    else if (!(rc = leaf_add(loss, g))) rc = leaf_done(loss);
     goto finish;
   }
   uint64_t epoch = atomic_fetch_add_explicit(&next_epoch, 1, memory_order_relaxed);
@@ -312,7 +351,7 @@ int loom_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain_graph
   heap_push(&h, m->grad_fn);
   while (h.n) LOOM_TRY(run_node(heap_pop(&h), &h, retain_graph));
 finish:
-  for (int i = 0; rc == LOOM_OK && i < st.n; i++) rc = st.cbs[i].fn(st.cbs[i].ctx);
+  for (int i = 0; rc == LOOM_OK && i < st->n; i++) rc = st->cbs[i].fn(st->cbs[i].ctx);
 done:
   for (loom__node *n = all; n; n = n->bwd_next) { /* after an error, drop pending grads */
     loom_tensor_free(n->bwd_grad);
@@ -320,8 +359,43 @@ done:
   }
   loom__grad_mode_pop();
   current = NULL;
-  loom__free(st.cbs);
+  loom__free(st->cbs);
+  st->cbs = NULL;
   loom__free(h.v);
   loom_tensor_free(g);
+  return rc;
+}
+
+int loom_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain_graph) {
+  bwd_state st = {0};
+  return run_backward(loss, grad_output, retain_graph, &st);
+}
+
+int loom_autograd_grad(loom_tensor *output, loom_tensor *grad_output, loom_tensor *const *inputs,
+                       int n, bool retain_graph, loom_tensor **grads) {
+  static const char *who = "loom_autograd_grad";
+  if (!grads) return loom__fail(LOOM_EINVAL, "%s: grads is NULL", who);
+  for (int k = 0; k < n && k >= 0; k++) grads[k] = NULL;
+  if (n < 1 || !inputs) return loom__fail(LOOM_EINVAL, "%s: no inputs (n = %d)", who, n);
+  for (int k = 0; k < n; k++) {
+    int rc = loom_tensor_check(inputs[k], who);
+    if (rc) return rc;
+    if (!loom_tensor_requires_grad(inputs[k]))
+      return loom__fail(LOOM_EINVAL, "%s: input %d does not require grad", who, k);
+  }
+  bwd_state st = {.cap_in = inputs, .cap_out = grads, .cap_n = n};
+  int rc = run_backward(output, grad_output, retain_graph, &st);
+  for (int k = 0; k < n && rc == LOOM_OK; k++) { /* f32 -> each input's dtype */
+    loom_tensor *c = NULL;
+    if (!grads[k] || inputs[k]->dtype == LOOM_F32) continue;
+    if (!(rc = loom_tensor_cast(grads[k], inputs[k]->dtype, &c))) {
+      loom_tensor_free(grads[k]);
+      grads[k] = c;
+    }
+  }
+  for (int k = 0; k < n && rc; k++) {
+    loom_tensor_free(grads[k]);
+    grads[k] = NULL;
+  }
   return rc;
 }
