@@ -1,0 +1,141 @@
+/* dist_int.h: what the dist layer's generic part (pg.c, collectives.c, work.c, reduce.c,
+ * clock.c) shares with its backends (threads/, mpi/): the group object, the collective
+ * descriptor, the backend vtable, reduction kernels and the clock. Private to src/dist/. */
+#ifndef LOOM_DIST_INT_H
+#define LOOM_DIST_INT_H
+
+#include "core/core_int.h"
+#include "loom/dist.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+typedef enum loom__coll_kind {
+  LOOM__ALLREDUCE,
+  LOOM__BROADCAST,
+  LOOM__ALLGATHER,
+  LOOM__REDUCE_SCATTER,
+  LOOM__BARRIER,
+} loom__coll_kind;
+
+/* "all-reduce", "broadcast", "all-gather", "reduce-scatter", "barrier". */
+const char *loom__coll_name(loom__coll_kind k);
+
+/* One collective, as issued. count is per the public call (per-rank block for all-gather and
+ * reduce-scatter). seq numbers the group's collectives from 1, in issue order. */
+typedef struct loom__coll {
+  loom__coll_kind kind;
+  const void *send;
+  void *recv;
+  size_t count;
+  loom_dtype dt;
+  loom_redop op;
+  int root;
+  uint64_t seq;
+} loom__coll;
+
+/* Backend operations. Each runs one collective to completion on the calling thread (the
+ * issuing thread or the group's progress thread; never two at once for one group) and returns
+ * a status with loom__fail's message. Slots marked optional may be NULL. */
+typedef struct loom__pg_ops {
+  const char *name;
+  int (*allreduce)(loom_pg *pg, const loom__coll *c);
+  int (*broadcast)(loom_pg *pg, const loom__coll *c);
+  int (*allgather)(loom_pg *pg, const loom__coll *c);
+  int (*reduce_scatter)(loom_pg *pg, const loom__coll *c);
+  int (*barrier)(loom_pg *pg, const loom__coll *c); /* optional: NULL => 0-element all-reduce */
+  /* optional: the group just failed with (code, msg) (first failure only); tell the peers. */
+  void (*failed)(loom_pg *pg, int code, const char *msg);
+  /* optional: LOOM_OK while no peer is known to have failed, else the error (with message). */
+  int (*health)(loom_pg *pg);
+  /* optional: free backend state (the group is idle). */
+  void (*destroy)(loom_pg *pg);
+} loom__pg_ops;
+
+struct loom_work {
+  loom_pg *pg;
+  loom__coll c;
+  loom_work *next;                 /* in the queue */
+  loom_work *live_prev, *live_next; /* among the group's unconsumed async handles */
+  int status;
+  _Atomic int done;
+  char msg[512];
+};
+
+struct loom_pg {
+  const loom__pg_ops *ops;
+  void *impl; /* backend state */
+  int rank, size;
+  int compute_threads;
+  _Atomic double timeout_s;
+  bool owned; /* by loom_threads_run: loom_pg_free refuses */
+
+  pthread_mutex_t mu;
+  pthread_cond_t cv_work; /* the progress thread waits here for work or stop */
+  pthread_cond_t cv_done; /* waiters wait here for work->done */
+  loom_work *head, *tail; /* queued, not started */
+  bool running;           /* a collective is executing (issuing thread or progress thread) */
+  bool stop, thread_started;
+  pthread_t thread;
+  size_t outstanding; /* async handles not yet consumed */
+  loom_work *live;    /* those handles */
+  uint64_t seq;       /* collectives issued */
+
+  _Atomic int err; /* sticky first failure (LOOM_OK while healthy) */
+  char errmsg[512];
+  _Atomic bool aborted;
+};
+
+/* Initialise the generic part of a group (mutexes, config). LOOM_EBACKEND if pthread init
+ * fails. loom__pg_fini undoes it (the group must be idle). */
+int loom__pg_init(loom_pg *pg, const loom__pg_ops *ops, void *impl, int rank, int size,
+                  const loom_pg_cfg *cfg);
+void loom__pg_fini(loom_pg *pg);
+
+/* Record the group's first failure (code, message) and tell the backend (ops->failed). Later
+ * calls keep the first. Returns code. Thread-safe. */
+int loom__pg_fail(loom_pg *pg, int code, const char *msg);
+
+/* LOOM_OK, or the sticky failure / abort with a message from `who` for this thread. */
+int loom__pg_check(loom_pg *pg, const char *who);
+
+/* Run one collective now on this thread (no queue): the sticky check, the backend call, and
+ * recording of a failure. The message of a failure is in this thread's loom_last_error(). */
+int loom__pg_execute(loom_pg *pg, const loom__coll *c);
+
+/* Issue a collective: validated already; blocking when out == NULL. (work.c) */
+int loom__pg_issue(loom_pg *pg, const loom__coll *c, loom_work **out);
+
+/* Wait until the group has nothing queued or running (used before tearing a rank down).
+ * (work.c) */
+void loom__pg_drain(loom_pg *pg);
+
+/* Free the async handles nobody consumed (teardown of an idle group). (work.c) */
+void loom__pg_free_live(loom_pg *pg);
+
+/* Block until the group's progress thread (if any) has exited. Call after drain. (work.c) */
+void loom__pg_stop_thread(loom_pg *pg);
+
+/* ---- reductions (reduce.c) ---- */
+
+/* dst[i] = op over k < nsrc of srcs[k][i] (folded in order k = 0, 1, ...), i < n. dst may be
+ * one of the srcs (same address) but must not partially overlap any. f16/bf16 accumulate in
+ * f32 and round once; AVG divides by nsrc. */
+void loom__reduce(void *dst, const void *const *srcs, int nsrc, size_t n, loom_dtype dt,
+                  loom_redop op);
+
+/* ---- clock and spinning (clock.c) ---- */
+
+/* Monotonic seconds. */
+double loom__now(void);
+/* A CPU hint inside spin loops. */
+static inline void loom__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+/* Copy n bytes; large copies bypass the cache for the destination. */
+void loom__copy(void *dst, const void *src, size_t n);
+
+#endif

@@ -1,0 +1,63 @@
+/* threads_int.h: the threads backend's shared state (private to src/dist/threads/).
+ *
+ * A world is N ranks in one process. Each rank publishes, per collective, a header (the
+ * loom__coll it issued: kind, count, dtype, op, root and its buffer pointers) and then
+ * advances its `tick`, a counter that every rank moves through the same values during a
+ * matched collective (arrive, one per pipelined chunk, done). Peers read the published
+ * buffers directly once a rank's tick says the data is there; waits on a peer's tick spin
+ * briefly, then sleep on it as a futex, and check for abort, failure, exit and the timeout.
+ * Headers and small-message scratch buffers are double-buffered by the collective's sequence
+ * parity: a rank rewrites parity p only after all ranks arrived at the next collective, i.e.
+ * after they stopped reading it. */
+#ifndef LOOM_DIST_THREADS_INT_H
+#define LOOM_DIST_THREADS_INT_H
+
+#include "dist/dist_int.h"
+
+/* All-reduces of at most this many bytes go through per-rank scratch (one barrier). */
+#define LOOM__THR_SMALL_BYTES ((size_t)32 << 10)
+/* Pipelining unit of the large all-reduce, in bytes. */
+#define LOOM__THR_CHUNK_BYTES ((size_t)128 << 10)
+
+typedef struct loom__thr_world loom__thr_world;
+
+typedef struct loom__thr_rank {
+  _Alignas(64) _Atomic uint32_t tick; /* advanced by this rank; peers wait on it */
+  _Atomic uint32_t sleepers;          /* peers sleeping on tick */
+  _Alignas(64) loom__coll slot[2];    /* published header, by seq parity */
+  unsigned char *scratch[2];          /* LOOM__THR_SMALL_BYTES each, by seq parity */
+  _Atomic int exited; /* the rank's function returned and its queue drained */
+  _Atomic int active; /* inside a collective: may be reading peers' buffers */
+  int status;                         /* the rank function's result */
+  char msg[512];
+  loom__thr_world *world;
+  loom_pg pg;
+} loom__thr_rank;
+
+struct loom__thr_world {
+  int n;
+  loom__thr_rank *ranks;
+  _Atomic int failed_rank; /* first rank whose group failed, -1 while healthy */
+  pthread_mutex_t mu;
+  int fail_code;
+  char fail_msg[512];
+};
+
+extern const loom__pg_ops loom__thr_ops;
+
+/* This rank's state from its group. */
+static inline loom__thr_rank *loom__thr_of(loom_pg *pg) { return pg->impl; }
+
+/* Publish a new tick value (and wake sleeping peers). */
+void loom__thr_advance(loom__thr_rank *me, uint32_t v);
+/* Wait until rank `peer`'s tick reaches `target` (wrap-safe). Fails, with a message naming
+ * collective c and the rank, on abort, a failed or exited peer, or the timeout. */
+int loom__thr_wait(loom__thr_rank *me, int peer, uint32_t target, const loom__coll *c);
+/* Wait for every peer's tick to reach target. */
+int loom__thr_wait_all(loom__thr_rank *me, uint32_t target, const loom__coll *c);
+/* Record rank r's failure in the world (first only) and wake every sleeper. */
+void loom__thr_world_fail(loom__thr_world *w, int r, int code, const char *msg);
+/* Wake whoever sleeps on rank r's tick. */
+void loom__thr_wake(loom__thr_rank *r);
+
+#endif
