@@ -420,6 +420,34 @@ int loom_amp_function_forward_manual(loom_amp_function *f, loom_tensor *const *i
                                      loom_dtype forward_dtype, loom_dtype backward_dtype,
                                      loom_tensor **out);
 
+/* ---- unscaling from the gradient hooks (the fast step) ------------------------------------ */
+
+/* The unscale + inf/NaN check of each parameter's gradient run from its autograd hook, the
+ * moment backward completes that gradient, while it is still in cache: the step's scaler work
+ * overlaps backward and no separate pass over the gradients is left after it.
+ *
+ *   loom_amp_unscale_hooks_create(s, params, n, &h)      (once: registers a hook per param)
+ *   each step:  loom_amp_unscale_hooks_arm(h)            (before the step's last backward)
+ *               forward; loom_backward_amp(loss, s, false)
+ *               loom_amp_unscale_hooks_finish(h, &found) (unscales what no hook reached)
+ *               if (!found) optimizer step;  loom_scaler_update(s, found)
+ *
+ * Arm before the backward of the last micro-batch only (earlier micro-batches accumulate
+ * scaled; the hooks then unscale the complete sums). finish closes the step's unscale exactly
+ * as loom_scaler_unscale would (LOOM_EMISUSE if no loss was scaled or it was unscaled
+ * already) and disarms. Gradients of f32, f16, bf16. Retains the parameter tensors; the scaler
+ * is borrowed and must outlive h. One thread (the one running backward). */
+typedef struct loom_amp_unscale_hooks loom_amp_unscale_hooks;
+
+/* params: leaves that require grad (LOOM_EINVAL otherwise). */
+int loom_amp_unscale_hooks_create(loom_scaler *s, loom_tensor *const *params, size_t n,
+                                  loom_amp_unscale_hooks **out);
+/* Removes the hooks. NULL ok. */
+void loom_amp_unscale_hooks_free(loom_amp_unscale_hooks *h);
+int loom_amp_unscale_hooks_arm(loom_amp_unscale_hooks *h);
+/* *found_inf: some gradient holds inf or NaN after unscaling. */
+int loom_amp_unscale_hooks_finish(loom_amp_unscale_hooks *h, bool *found_inf);
+
 #ifdef __cplusplus
 }
 #endif

@@ -45,6 +45,11 @@ int loom__scaler_new(const loom__scaler_ops *ops, const loom_dynamic_scaler_cfg 
 /* Validate a scaler handle: LOOM_EINVAL for NULL, LOOM_EMISUSE for a freed one. */
 int loom__scaler_check(const loom_scaler *s, const char *who);
 
+/* The step's rule for unscaling (LOOM_EMISUSE if already unscaled or nothing was scaled), and
+ * marking the step unscaled once done (the hooked unscale of amp_hooks.c). */
+int loom__scaler_begin_unscale(loom_scaler *s, const char *who);
+void loom__scaler_mark_unscaled(loom_scaler *s);
+
 extern const loom__scaler_ops loom__scaler_static_ops;
 extern const loom__scaler_ops loom__scaler_dynamic_ops;
 

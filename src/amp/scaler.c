@@ -158,6 +158,10 @@ static int begin_unscale(loom_scaler *s, const char *who) {
   return LOOM_OK;
 }
 
+int loom__scaler_begin_unscale(loom_scaler *s, const char *who) { return begin_unscale(s, who); }
+
+void loom__scaler_mark_unscaled(loom_scaler *s) { s->stage = LOOM__STAGE_UNSCALED; }
+
 int loom_scaler_unscale(loom_scaler *s, loom_tensor *const *grads, size_t n, bool *found_inf) {
   int rc = begin_unscale(s, "loom_scaler_unscale");
   if (rc) return rc;

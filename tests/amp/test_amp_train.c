@@ -202,3 +202,64 @@ LT_TEST(amp_train_bf16_loss_curve_tracks_f32) {
     printf("bf16 vs f32 over %d steps: worst gap %.4f, mean %.4f (loss %.3f -> %.3f)\n", STEPS,
            worst, mean, f32[0], f32[STEPS - 1]);
 }
+
+LT_TEST(amp_unscale_hooks_match_the_separate_pass) {
+  mlp a = {0}, b = {0};
+  mlp_init(&a, 3);
+  mlp_init(&b, 3);
+  loom_scaler *sa = NULL, *sb = NULL;
+  LT_OK(loom_scaler_create_dynamic(NULL, &sa));
+  LT_OK(loom_scaler_create_dynamic(NULL, &sb));
+  loom_amp_unscale_hooks *h = NULL;
+  /* every parameter, and one leaf backward never reaches (finish unscales it) */
+  loom_tensor *unused = NULL;
+  LT_OK(loom_tensor_zeros(LOOM_F32, 1, (int64_t[]){3}, &unused));
+  LT_OK(loom_tensor_set_requires_grad(unused, true));
+  loom_tensor *ps[NPARAM + 1] = {b.p[0], b.p[1], b.p[2], b.p[3], unused};
+  LT_OK(loom_amp_unscale_hooks_create(sb, ps, NPARAM + 1, &h));
+  for (int k = 0; k < 4; k++) {
+    loom_tensor *x = NULL, *y = NULL;
+    batch(k, &x, &y);
+    if (k == 2) LT_OK(loom_tensor_set(x, (int64_t[]){0, 0}, 1e6)); /* overflows f16 */
+    zero_grads(&a);
+    zero_grads(&b);
+    loom_tensor *la = forward(&a, x, y, LOOM_AUTOCAST_F16);
+    LT_OK(loom_backward_amp(la, sa, false));
+    bool fa = false, fb = false;
+    LT_OK(loom_scaler_unscale(sa, a.g, NPARAM, &fa));
+    LT_OK(loom_amp_unscale_hooks_arm(h));
+    loom_tensor *lb = forward(&b, x, y, LOOM_AUTOCAST_F16);
+    LT_OK(loom_backward_amp(lb, sb, false));
+    LT_OK(loom_amp_unscale_hooks_finish(h, &fb));
+    LT_EQ(fa, fb);
+    LT_EQ(fb, k == 2);
+    for (int i = 0; i < NPARAM; i++)
+      LT_TRUE(memcmp(loom_tensor_data(a.g[i]), loom_tensor_data(b.g[i]),
+                     loom_tensor_nbytes(a.g[i])) == 0);
+    if (!fa) LT_OK(loom_optim_step(a.opt));
+    if (!fb) LT_OK(loom_optim_step(b.opt));
+    LT_OK(loom_scaler_update(sa, fa));
+    LT_OK(loom_scaler_update(sb, fb));
+    loom_tensor_free(la);
+    loom_tensor_free(lb);
+    loom_tensor_free(x);
+    loom_tensor_free(y);
+  }
+  LT_NEAR(loom_scaler_get_scale(sb), 32768, 0);
+  LT_ERR(loom_amp_unscale_hooks_finish(h, NULL), LOOM_EMISUSE, "not armed");
+  LT_OK(loom_amp_unscale_hooks_arm(h));
+  LT_ERR(loom_amp_unscale_hooks_finish(h, NULL), LOOM_EMISUSE, "no loss was scaled");
+  loom_amp_unscale_hooks *bad = NULL;
+  loom_tensor *nog = NULL;
+  LT_OK(loom_tensor_zeros(LOOM_F32, 1, (int64_t[]){3}, &nog));
+  LT_ERR(loom_amp_unscale_hooks_create(sb, &nog, 1, &bad), LOOM_EINVAL, "not a leaf that requires");
+  LT_TRUE(bad == NULL);
+  loom_amp_unscale_hooks_free(h);
+  loom_amp_unscale_hooks_free(NULL);
+  loom_tensor_free(nog);
+  loom_tensor_free(unused);
+  loom_scaler_free(sa);
+  loom_scaler_free(sb);
+  mlp_free(&a);
+  mlp_free(&b);
+}

@@ -1,0 +1,104 @@
+/* amp_hooks.c: unscale + inf/NaN check of each gradient from its autograd hook, run as soon as
+ * backward completes the gradient (hot in cache), so the step's scaler work overlaps backward;
+ * finish unscales what no hook reached and closes the scaler's unscale for the step. */
+#include "amp/amp_int.h"
+#include "loom/autograd.h"
+
+typedef struct hook_slot {
+  loom_amp_unscale_hooks *owner;
+  loom_tensor *param; /* retained */
+  int id;
+  bool done; /* unscaled this step */
+} hook_slot;
+
+struct loom_amp_unscale_hooks {
+  loom_scaler *scaler;
+  size_t n;
+  hook_slot *slots;
+  bool armed, found;
+  int error; /* the first failure inside a hook, reported by finish */
+};
+
+static int on_grad(loom_tensor *grad, void *ctx) {
+  hook_slot *sl = ctx;
+  loom_amp_unscale_hooks *h = sl->owner;
+  if (!h->armed || sl->done || h->scaler->stage != LOOM__STAGE_SCALED) return LOOM_OK;
+  bool f = false;
+  int rc = loom_amp_unscale_tensors(&grad, 1, loom_scaler_get_inv_scale(h->scaler), &f);
+  if (rc) return h->error = rc;
+  h->found |= f;
+  sl->done = true;
+  return LOOM_OK;
+}
+
+void loom_amp_unscale_hooks_free(loom_amp_unscale_hooks *h) {
+  if (!h) return;
+  for (size_t i = 0; i < h->n; i++) {
+    if (h->slots[i].id >= 0) loom_tensor_remove_hook(h->slots[i].param, h->slots[i].id);
+    loom_tensor_free(h->slots[i].param);
+  }
+  loom__free(h->slots);
+  loom__free(h);
+}
+
+int loom_amp_unscale_hooks_create(loom_scaler *s, loom_tensor *const *params, size_t n,
+                                  loom_amp_unscale_hooks **out) {
+  static const char *who = "loom_amp_unscale_hooks_create";
+  if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
+  *out = NULL;
+  int rc = loom__scaler_check(s, who);
+  if (rc || (rc = loom__amp_check_tensors(who, params, n))) return rc;
+  for (size_t i = 0; i < n; i++)
+    if (!params[i] || !loom_tensor_is_leaf(params[i]) || !loom_tensor_requires_grad(params[i]))
+      return loom__fail(LOOM_EINVAL, "%s: parameter %zu is not a leaf that requires grad", who, i);
+  loom_amp_unscale_hooks *h = loom__calloc(LOOM_POOL_COMPUTE, 1, sizeof *h);
+  if (!h || (n && !(h->slots = loom__calloc(LOOM_POOL_COMPUTE, n, sizeof *h->slots)))) {
+    loom__free(h);
+    return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
+  }
+  h->scaler = s;
+  for (size_t i = 0; i < n; i++, h->n++) {
+    hook_slot *sl = &h->slots[i];
+    *sl = (hook_slot){h, loom_tensor_retain(params[i]), -1, false};
+    if ((rc = loom_tensor_register_hook(params[i], on_grad, sl, &sl->id))) {
+      sl->id = -1;
+      h->n++;
+      loom_amp_unscale_hooks_free(h);
+      return rc;
+    }
+  }
+  *out = h;
+  return LOOM_OK;
+}
+
+int loom_amp_unscale_hooks_arm(loom_amp_unscale_hooks *h) {
+  if (!h) return loom__fail(LOOM_EINVAL, "loom_amp_unscale_hooks_arm: hooks is NULL");
+  h->armed = true;
+  h->found = false;
+  h->error = LOOM_OK;
+  for (size_t i = 0; i < h->n; i++) h->slots[i].done = false;
+  return LOOM_OK;
+}
+
+int loom_amp_unscale_hooks_finish(loom_amp_unscale_hooks *h, bool *found_inf) {
+  static const char *who = "loom_amp_unscale_hooks_finish";
+  if (!h) return loom__fail(LOOM_EINVAL, "%s: hooks is NULL", who);
+  bool armed = h->armed;
+  h->armed = false;
+  if (!armed) return loom__fail(LOOM_EMISUSE, "%s: not armed (call loom_amp_unscale_hooks_arm "
+                                "before the step's last backward)", who);
+  int rc = h->error ? h->error : loom__scaler_begin_unscale(h->scaler, who);
+  if (rc) return rc;
+  for (size_t i = 0; i < h->n; i++) { /* gradients no hook reached (not used this step) */
+    hook_slot *sl = &h->slots[i];
+    loom_tensor *g = loom_tensor_grad(sl->param);
+    bool f = false;
+    if (sl->done || !g) continue;
+    if ((rc = loom_amp_unscale_tensors(&g, 1, loom_scaler_get_inv_scale(h->scaler), &f)))
+      return rc;
+    h->found |= f;
+  }
+  loom__scaler_mark_unscaled(h->scaler);
+  if (found_inf) *found_inf = h->found;
+  return LOOM_OK;
+}
