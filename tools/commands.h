@@ -5,5 +5,6 @@
 #define LOOM_TOOLS_COMMANDS_H
 
 int cmd_bench(int argc, char **argv);
+int cmd_train(int argc, char **argv);
 
 #endif

@@ -9,6 +9,7 @@ static const struct {
   const char *name, *summary;
   int (*fn)(int, char **);
 } commands[] = {
+    {"train", "train a classifier on Fashion-MNIST (loom train --help)", cmd_train},
     {"bench", "run a benchmark (loom bench --help lists them)", cmd_bench},
 };
 

@@ -181,6 +181,13 @@ int loom_flatten(loom_tensor *x, int start_dim, int end_dim, loom_tensor **out);
 int loom_cat(loom_tensor *const *xs, int n, int dim, loom_tensor **out);
 int loom_stack(loom_tensor *const *xs, int n, int dim, loom_tensor **out);
 
+/* ---- threads ----------------------------------------------------------------------- */
+
+/* Threads the calling thread's matmul / linear / conv2d calls may use (n < 1 counts as 1; a
+ * ceiling applies). Per calling thread: ranks that are threads each set their own. Without a
+ * call, the count is OpenMP's default (OMP_NUM_THREADS, else the machine's cores). */
+void loom_set_num_threads(int n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,112 @@
+/* train_test.c: the helpers of train_test.h. Output is captured by pointing stdout and stderr
+ * at temporary files while cmd_train runs (it prints through those FILE pointers). */
+#include "train_test.h"
+
+#include "commands.h"
+
+#include <dirent.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char *slurp(FILE *f) {
+  fflush(f);
+  long n = ftell(f);
+  char *s = malloc((size_t)(n > 0 ? n : 0) + 1);
+  rewind(f);
+  size_t got = n > 0 ? fread(s, 1, (size_t)n, f) : 0;
+  s[got] = '\0';
+  fclose(f);
+  return s;
+}
+
+tt_run tt_train(const char *fmt, ...) {
+  char line[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  char *argv[128];
+  int argc = 0;
+  for (char *tok = strtok(line, " "); tok && argc < 127; tok = strtok(NULL, " ")) argv[argc++] = tok;
+  argv[argc] = NULL;
+  FILE *out = tmpfile(), *err = tmpfile(), *saved_out = stdout, *saved_err = stderr;
+  stdout = out;
+  stderr = err;
+  tt_run r = {0};
+  r.rc = cmd_train(argc, argv);
+  stdout = saved_out;
+  stderr = saved_err;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+void tt_run_free(tt_run *r) {
+  free(r->out);
+  free(r->err);
+  r->out = r->err = NULL;
+}
+
+static char dirs[32][256];
+static int ndirs;
+
+const char *tt_tempdir(void) {
+  const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+  if (ndirs == 32) return NULL;
+  snprintf(dirs[ndirs], sizeof dirs[ndirs], "%s/loom-train-XXXXXX", base);
+  if (!mkdtemp(dirs[ndirs])) return NULL;
+  return dirs[ndirs++];
+}
+
+static void remove_tree(const char *path) {
+  DIR *d = opendir(path);
+  if (d) {
+    struct dirent *e;
+    while ((e = readdir(d))) {
+      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+      char p[512];
+      snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+      remove_tree(p);
+    }
+    closedir(d);
+    rmdir(path);
+  } else {
+    unlink(path);
+  }
+}
+
+void tt_cleanup(void) {
+  while (ndirs > 0) remove_tree(dirs[--ndirs]);
+}
+
+char *tt_read_file(const char *path, size_t *size) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  rewind(f);
+  char *s = malloc((size_t)n + 1);
+  *size = fread(s, 1, (size_t)n, f);
+  s[*size] = '\0';
+  fclose(f);
+  return s;
+}
+
+int tt_same_file(const char *a, const char *b) {
+  size_t na = 0, nb = 0;
+  char *x = tt_read_file(a, &na), *y = tt_read_file(b, &nb);
+  int same = x && y && na == nb && memcmp(x, y, na) == 0;
+  free(x);
+  free(y);
+  return same;
+}
+
+int tt_write_file(const char *path, const void *data, size_t n) {
+  FILE *f = fopen(path, "wb");
+  if (!f) return -1;
+  size_t w = fwrite(data, 1, n, f);
+  return fclose(f) != 0 || w != n ? -1 : 0;
+}

@@ -1,0 +1,27 @@
+/* train_test.h: running `loom train` in process for the tests: argv from a string, stdout and
+ * stderr captured, scratch folders, whole-file reads. */
+#ifndef LOOM_TESTS_TRAIN_TEST_H
+#define LOOM_TESTS_TRAIN_TEST_H
+
+#include <stddef.h>
+
+typedef struct tt_run {
+  int rc;          /* cmd_train's exit code */
+  char *out, *err; /* what it printed (malloc'd, NUL-terminated) */
+} tt_run;
+
+/* Run `loom train` with the space-separated arguments of fmt (printf-style; no quoting). */
+tt_run tt_train(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void tt_run_free(tt_run *r);
+/* A new empty folder under $TMPDIR (or /tmp); the path lives until tt_cleanup. */
+const char *tt_tempdir(void);
+/* Remove every folder tt_tempdir made (and the files in them). */
+void tt_cleanup(void);
+/* The whole file (malloc'd) and its size; NULL if it cannot be read. */
+char *tt_read_file(const char *path, size_t *size);
+/* Whether two files hold the same bytes (false if either cannot be read). */
+int tt_same_file(const char *a, const char *b);
+/* Write bytes to a file; 0 on success. */
+int tt_write_file(const char *path, const void *data, size_t n);
+
+#endif

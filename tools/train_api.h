@@ -1,0 +1,145 @@
+/* train_api.h: the trainer behind `loom train`, one concept per file: the options (this header,
+ * filled by cmd_train.c), the model (train_model.c), checkpoints (train_ckpt.c), per-step
+ * metrics (train_metrics.c), the error message of a failed run (train_error.c) and the loop
+ * (train_run.c).
+ *
+ * train_run is the core: with pg == NULL it trains in this process alone; with a process
+ * group each rank trains on its shard of every global batch (global batch = ranks x batch),
+ * and rank 0 alone prints, evaluates, writes metrics and checkpoints.
+ *
+ * Errors: every function returns a loom status; on failure train_last_error() gives the
+ * message (the tool's own context, such as "--init FILE", followed by loom's detail). */
+#ifndef LOOM_TOOLS_TRAIN_API_H
+#define LOOM_TOOLS_TRAIN_API_H
+
+#include <loom/loom.h>
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define TRAIN_MAX_HIDDEN 8
+
+typedef struct loom_pg loom_pg; /* loom/dist.h's process group */
+
+typedef struct train_opts {
+  const char *model;                   /* "mlp" or "cnn" */
+  int64_t hidden[TRAIN_MAX_HIDDEN];    /* MLP hidden widths */
+  int nhidden;
+  int64_t channels[2];                 /* CNN conv output channels */
+  int64_t fc;                          /* CNN fully connected width */
+  long epochs, batch, seed;
+  double lr, weight_decay, momentum, loss_scale;
+  long warmup;
+  const char *optim;                   /* "sgd", "adam", "adamw" */
+  const char *schedule;                /* "constant", "warmup", "cosine" */
+  const char *amp;                     /* "off", "bf16", "f16" */
+  const char *scaler;                  /* "dynamic", "static", "off" */
+  const char *init, *metrics, *save, *resume, *data;
+  bool shuffle;
+  long threads;                        /* compute threads per rank; 0: the default */
+  long limit;                          /* 0, or samples per epoch (and test samples) */
+  long max_steps;                      /* 0, or stop after this many steps in all */
+  long eval_batch;
+  FILE *out;                           /* progress and summary (stdout) */
+  bool quiet;                          /* only the summary line */
+  /* data parallelism */
+  long ranks;
+  const char *backend;                 /* "threads" or "mpi" */
+  const char *strategy;                /* "none" or "ddp" */
+} train_opts;
+
+/* Train as the options say. pg == NULL: one process. Returns a loom status; on failure
+ * train_last_error() says why. */
+int train_run(const train_opts *o, loom_pg *pg);
+
+/* ---- errors ---------------------------------------------------------------------------- */
+
+/* Record a failure message for this thread (printf-style) and return code. */
+int train_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Record loom_last_error() behind a prefix ("--init m.safetensors") and return code. */
+int train_fail_loom(int code, const char *prefix);
+/* This thread's last train_fail message ("" if none). */
+const char *train_last_error(void);
+
+/* ---- the model ------------------------------------------------------------------------- */
+
+typedef struct train_model {
+  loom_module *root;
+  bool cnn;
+  loom_module *conv[2], *fc[2]; /* CNN: borrowed children of root, run by train_model_forward */
+  size_t nparams;
+  loom_param *params;           /* nparams entries, PyTorch names */
+} train_model;
+
+/* Build the model the options name (PyTorch's default init from --seed). */
+int train_model_create(const train_opts *o, train_model *m);
+void train_model_free(train_model *m);
+/* Logits [B, 10] of a batch (MLP: x [B, 784]; CNN: x [B, 1, 28, 28]). */
+int train_model_forward(train_model *m, loom_tensor *x, loom_tensor **logits);
+/* Whether the model takes flattened images. */
+bool train_model_flat_input(const train_model *m);
+/* Set every parameter from a safetensors file by name: each must be there with dtype F32 and
+ * the parameter's shape, and the file must hold nothing else (PyTorch's strict loading). */
+int train_model_load(train_model *m, const char *path);
+/* Write the parameters (by name) to a safetensors file, atomically. */
+int train_model_save(const train_model *m, const char *path);
+/* A short description ("mlp 784-1024-1024-10", "cnn 1-32-64/3136-128-10"). */
+void train_model_describe(const train_model *m, const train_opts *o, char *buf, size_t cap);
+
+/* ---- data parallelism ------------------------------------------------------------------ */
+
+/* The data-parallel side of a step (train_par.c). pg NULL: one process, every call a no-op.
+ * Otherwise, with --strategy ddp, the parameters are wrapped by DDP, which points each one's
+ * gradient at a view of its bucket: take gradients from loom_tensor_grad(param) after create,
+ * never from the module's gradient arena. */
+typedef struct train_par train_par;
+int train_par_create(loom_pg *pg, const train_opts *o, train_model *m, train_par **out);
+void train_par_free(train_par *p);
+int train_par_rank(const train_par *p);
+int train_par_size(const train_par *p);
+/* After backward: wait until the gradients are averaged over the ranks. */
+int train_par_finish(train_par *p);
+/* A flag true on any rank (the AMP overflow flag: every rank skips the same steps). */
+int train_par_any(train_par *p, bool local, bool *global);
+/* The data-parallel statistics as JSON members for the metrics ("" for one process). */
+void train_par_json(const train_par *p, char *buf, size_t cap);
+
+/* ---- checkpoints ----------------------------------------------------------------------- */
+
+/* Where a run stands: `step` steps done (epoch = step / steps_per_epoch). */
+typedef struct train_state {
+  int64_t step;
+  int64_t steps_per_epoch;
+} train_state;
+
+/* DIR/checkpoint.safetensors (model, optimizer state, scaler, step, epoch and the options a
+ * resumed run must share) and DIR/model.safetensors (parameters only, for --init and other
+ * tools), each written atomically; DIR is created if missing. */
+int train_ckpt_save(const char *dir, const train_opts *o, const train_model *m,
+                    const loom_optim *opt, const loom_scaler *scaler, const train_state *st);
+/* Restore all of it from DIR/checkpoint.safetensors. Refuses (LOOM_EINVAL, naming the
+ * option) a checkpoint written with a different model, optimizer, AMP, batch, seed, data
+ * order or rank count, since the resumed run could not match an uninterrupted one. */
+int train_ckpt_load(const char *dir, const train_opts *o, train_model *m, loom_optim *opt,
+                    loom_scaler *scaler, train_state *st);
+
+/* ---- metrics --------------------------------------------------------------------------- */
+
+typedef struct train_record {
+  int64_t step, epoch;
+  double loss, lr, scale;
+  bool overflow;
+  double samples_per_s;
+  const char *extra; /* more JSON members ("\"ddp_bytes\": 12, ...") or NULL */
+} train_record;
+
+typedef struct train_metrics train_metrics;
+/* Open FILE.jsonl for writing (append: after a resume, the records continue the file). */
+int train_metrics_open(const char *path, bool append, train_metrics **out);
+/* One JSON object on one line: the record and each memory pool's current and peak bytes. */
+int train_metrics_write(train_metrics *mt, const train_record *r);
+/* Flush and close; the status of the last write (NULL ok). */
+int train_metrics_close(train_metrics *mt);
+
+#endif

@@ -1,0 +1,145 @@
+/* train_model.c: the models of `loom train` with PyTorch's parameter names and initialisation:
+ * the MLP (loom_nn_mlp_create: "layers.0.weight", ...) and a small CNN laid out as PyTorch's
+ *   nn.Sequential(Conv2d(1,C1,3,padding=1), ReLU(), MaxPool2d(2), Conv2d(C1,C2,3,padding=1),
+ *                 ReLU(), MaxPool2d(2), Flatten(), Linear(C2*7*7,F), ReLU(), Linear(F,10))
+ * whose parameters are "0.weight", "3.weight", "7.weight", "9.weight" (and biases). Pooling
+ * and flattening are ops, not modules, so the Sequential holds ReLU placeholders at their
+ * indices (1, 2, 4, 5, 6, 8: parameterless, never run) to keep PyTorch's numbering, and
+ * train_model_forward runs the layers itself. Also loading (--init) and saving parameters. */
+#include "train_api.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define CLASSES 10
+#define SIDE 28
+
+static int make_cnn(const train_opts *o, train_model *m) {
+  const int64_t k3[2] = {3, 3}, s1[2] = {1, 1}, p1[2] = {1, 1};
+  const uint64_t seed = (uint64_t)o->seed;
+  loom_module *ch[10] = {0};
+  int rc = LOOM_OK;
+  rc = loom_nn_conv2d_create(1, o->channels[0], k3, s1, p1, true, LOOM_F32, seed, &ch[0]);
+  if (!rc)
+    rc = loom_nn_conv2d_create(o->channels[0], o->channels[1], k3, s1, p1, true, LOOM_F32,
+                               seed + 1, &ch[3]);
+  if (!rc)
+    rc = loom_nn_linear_create(o->channels[1] * (SIDE / 4) * (SIDE / 4), o->fc, true, LOOM_F32,
+                               seed + 2, &ch[7]);
+  if (!rc) rc = loom_nn_linear_create(o->fc, CLASSES, true, LOOM_F32, seed + 3, &ch[9]);
+  for (int i = 0; i < 10 && !rc; i++)
+    if (!ch[i]) rc = loom_nn_activation_create(LOOM_ACT_RELU, &ch[i]);
+  if (rc) {
+    for (int i = 0; i < 10; i++) loom_module_free(ch[i]);
+    return rc;
+  }
+  m->conv[0] = ch[0], m->conv[1] = ch[3], m->fc[0] = ch[7], m->fc[1] = ch[9];
+  return loom_nn_sequential_create(ch, 10, &m->root); /* takes the children, also on failure */
+}
+
+int train_model_create(const train_opts *o, train_model *m) {
+  memset(m, 0, sizeof *m);
+  int rc;
+  if (strcmp(o->model, "cnn") == 0) {
+    m->cnn = true;
+    rc = make_cnn(o, m);
+  } else {
+    int64_t sizes[TRAIN_MAX_HIDDEN + 2];
+    int n = 0;
+    sizes[n++] = SIDE * SIDE;
+    for (int i = 0; i < o->nhidden; i++) sizes[n++] = o->hidden[i];
+    sizes[n++] = CLASSES;
+    rc = loom_nn_mlp_create(sizes, n, LOOM_ACT_RELU, LOOM_F32, (uint64_t)o->seed, &m->root);
+  }
+  if (rc) return train_fail_loom(rc, "building the model");
+  m->nparams = loom_module_param_count(m->root);
+  m->params = calloc(m->nparams ? m->nparams : 1, sizeof *m->params);
+  if (!m->params) {
+    train_model_free(m);
+    return train_fail(LOOM_ENOMEM, "building the model: out of memory");
+  }
+  for (size_t i = 0; i < m->nparams; i++) loom_module_param(m->root, i, &m->params[i]);
+  return LOOM_OK;
+}
+
+void train_model_free(train_model *m) {
+  loom_module_free(m->root);
+  free(m->params);
+  memset(m, 0, sizeof *m);
+}
+
+bool train_model_flat_input(const train_model *m) { return !m->cnn; }
+
+/* y = maxpool2(relu(conv(x))) */
+static int conv_block(loom_module *conv, loom_tensor *x, loom_tensor **y) {
+  const int64_t k2[2] = {2, 2}, p0[2] = {0, 0};
+  loom_tensor *c = NULL, *r = NULL;
+  int rc = loom_module_forward(conv, x, &c);
+  if (!rc) rc = loom_relu(c, &r);
+  if (!rc) rc = loom_max_pool2d(r, k2, k2, p0, y);
+  loom_tensor_free(c);
+  loom_tensor_free(r);
+  return rc;
+}
+
+int train_model_forward(train_model *m, loom_tensor *x, loom_tensor **logits) {
+  if (!m->cnn) return loom_module_forward(m->root, x, logits);
+  loom_tensor *a = NULL, *b = NULL, *f = NULL, *h = NULL, *r = NULL;
+  int rc = conv_block(m->conv[0], x, &a);
+  if (!rc) rc = conv_block(m->conv[1], a, &b);
+  if (!rc) rc = loom_flatten(b, 1, -1, &f);
+  if (!rc) rc = loom_module_forward(m->fc[0], f, &h);
+  if (!rc) rc = loom_relu(h, &r);
+  if (!rc) rc = loom_module_forward(m->fc[1], r, logits);
+  loom_tensor_free(a);
+  loom_tensor_free(b);
+  loom_tensor_free(f);
+  loom_tensor_free(h);
+  loom_tensor_free(r);
+  return rc;
+}
+
+int train_model_load(train_model *m, const char *path) {
+  loom_safetensors *f = NULL;
+  int rc = loom_safetensors_open(path, 0, &f);
+  if (rc) return train_fail_loom(rc, "--init");
+  for (size_t i = 0; i < m->nparams && !rc; i++) {
+    const loom_param *p = &m->params[i];
+    rc = loom_safetensors_read(f, p->name, LOOM_F32, loom_tensor_ndim(p->value),
+                               loom_tensor_shape(p->value), loom_tensor_data(p->value));
+    if (rc) train_fail_loom(rc, "--init");
+  }
+  for (size_t i = 0; i < loom_safetensors_count(f) && !rc; i++) {
+    loom_safetensors_info info;
+    loom_safetensors_info_at(f, i, &info);
+    loom_param p;
+    if (loom_module_param_by_name(m->root, info.name, &p))
+      rc = train_fail(LOOM_EINVAL, "--init: %s: tensor '%s' is not a parameter of the model",
+                      path, info.name);
+  }
+  loom_safetensors_free(f);
+  return rc;
+}
+
+int train_model_save(const train_model *m, const char *path) {
+  loom_safetensors_entry *e = calloc(m->nparams ? m->nparams : 1, sizeof *e);
+  if (!e) return train_fail(LOOM_ENOMEM, "saving %s: out of memory", path);
+  for (size_t i = 0; i < m->nparams; i++)
+    e[i] = (loom_safetensors_entry){.name = m->params[i].name, .tensor = m->params[i].value};
+  int rc = loom_safetensors_write(path, e, m->nparams, NULL, 0);
+  free(e);
+  return rc ? train_fail_loom(rc, "saving the model") : LOOM_OK;
+}
+
+void train_model_describe(const train_model *m, const train_opts *o, char *buf, size_t cap) {
+  if (m->cnn) {
+    snprintf(buf, cap, "cnn conv 1-%lld-%lld, fc %lld-%lld-%d", (long long)o->channels[0],
+             (long long)o->channels[1], (long long)(o->channels[1] * 49), (long long)o->fc,
+             CLASSES);
+    return;
+  }
+  int n = snprintf(buf, cap, "mlp %d", SIDE * SIDE);
+  for (int i = 0; i < o->nhidden && n > 0 && (size_t)n < cap; i++)
+    n += snprintf(buf + n, cap - (size_t)n, "-%lld", (long long)o->hidden[i]);
+  if (n > 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, "-%d", CLASSES);
+}

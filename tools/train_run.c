@@ -1,0 +1,414 @@
+/* train_run.c: the training loop of `loom train`. A step: batch (epoch, index) from the
+ * random-access loader (this rank's rows of it), forward under autocast, cross-entropy,
+ * backward of the loss times the scale, gradients averaged over ranks, unscale + inf check
+ * (flag combined over ranks), optimizer step unless the step overflowed, scaler update. The
+ * learning rate is a function of the step index and the data of (seed, epoch, index), so a run
+ * resumed from a checkpoint takes exactly the steps an uninterrupted one would. After each
+ * epoch: test accuracy, checkpoint. At the end: a one-line summary. */
+#include "progress.h"
+#include "train_api.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct trainer {
+  const train_opts *o;
+  train_par *par;
+  bool lead; /* rank 0: prints, evaluates, writes */
+  int rank, nranks;
+  loom_dataset *train, *test;
+  loom_loader *loader, *test_loader;
+  train_model model;
+  loom_tensor **grads; /* each parameter's gradient (borrowed) */
+  loom_param_seg *segs;
+  loom_optim *opt;
+  loom_scaler *scaler;
+  loom_autocast_mode amp;
+  loom_lr_schedule sched;
+  train_metrics *metrics;
+  train_state st;
+  int64_t total_steps, stop_step, overflows;
+  size_t test_n;
+  double train_s;  /* seconds inside steps */
+  int64_t samples; /* global samples trained by this run */
+  double accuracy;  /* test accuracy after the last evaluation, % */
+  bool evaluated;
+} trainer;
+
+#define TRY(call, what)                                                                       \
+  do {                                                                                        \
+    rc = (call);                                                                              \
+    if (rc) return train_fail_loom(rc, what);                                                 \
+  } while (0)
+
+/* ---- setup ------------------------------------------------------------------------------ */
+
+static int load_data(trainer *t) {
+  const train_opts *o = t->o;
+  const char *where = o->data ? o->data : LOOM_FASHION_MNIST_DIR;
+  char what[4200];
+  snprintf(what, sizeof what, "loading the data from %s%s", where,
+           o->data ? "" : " (--data DIR names another folder)");
+  int rc;
+  TRY(loom_mnist_load(o->data, LOOM_SPLIT_TRAIN, &t->train), what);
+  TRY(loom_mnist_load(o->data, LOOM_SPLIT_TEST, &t->test), what);
+  loom_loader_cfg c = loom_loader_cfg_default();
+  c.batch = (size_t)(o->batch * t->nranks);
+  c.shuffle = o->shuffle;
+  c.seed = (uint64_t)o->seed;
+  c.drop_last = t->nranks > 1; /* every rank needs a full shard */
+  c.norm = LOOM_NORM_STANDARD;
+  c.flatten = train_model_flat_input(&t->model);
+  TRY(loom_loader_create(t->train, &c, &t->loader), "the training data");
+  c.batch = (size_t)o->eval_batch;
+  c.shuffle = false;
+  c.drop_last = false;
+  TRY(loom_loader_create(t->test, &c, &t->test_loader), "the test data");
+  int64_t spe = (int64_t)loom_loader_batches(t->loader);
+  if (o->limit > 0 && (int64_t)((o->limit + c.batch - 1) / c.batch) < spe) {
+    int64_t g = o->batch * t->nranks;
+    spe = (o->limit + g - 1) / g;
+  }
+  if (spe < 1)
+    return train_fail(LOOM_EINVAL, "--batch %ld x %d ranks is more than the %zu training samples",
+                      o->batch, t->nranks, loom_dataset_size(t->train));
+  t->st.steps_per_epoch = spe;
+  t->test_n = loom_dataset_size(t->test);
+  if (o->limit > 0 && (size_t)o->limit < t->test_n) t->test_n = (size_t)o->limit;
+  return LOOM_OK;
+}
+
+static int make_optimizer(trainer *t) {
+  const train_opts *o = t->o;
+  const train_model *m = &t->model;
+  t->grads = calloc(m->nparams, sizeof *t->grads);
+  t->segs = calloc(m->nparams, sizeof *t->segs);
+  if (!t->grads || !t->segs) return train_fail(LOOM_ENOMEM, "train: out of memory");
+  for (size_t i = 0; i < m->nparams; i++) {
+    loom_tensor *v = m->params[i].value, *g = loom_tensor_grad(v);
+    if (!g) return train_fail(LOOM_EMISUSE, "train: parameter %s has no gradient buffer",
+                              m->params[i].name);
+    t->grads[i] = g;
+    t->segs[i] = (loom_param_seg){m->params[i].name, loom_tensor_data(v), loom_tensor_data(g),
+                                  m->params[i].numel, 0};
+  }
+  int rc;
+  if (strcmp(o->optim, "sgd") == 0) {
+    loom_sgd_cfg c = loom_sgd_cfg_default();
+    c.lr = o->lr, c.momentum = o->momentum, c.weight_decay = o->weight_decay;
+    TRY(loom_optim_create_sgd(t->segs, m->nparams, &c, &t->opt), "--optim sgd");
+  } else {
+    bool w = strcmp(o->optim, "adamw") == 0;
+    loom_adam_cfg c = w ? loom_adamw_cfg_default() : loom_adam_cfg_default();
+    c.lr = o->lr, c.weight_decay = o->weight_decay;
+    TRY((w ? loom_optim_create_adamw : loom_optim_create_adam)(t->segs, m->nparams, &c, &t->opt),
+        w ? "--optim adamw" : "--optim adam");
+  }
+  t->sched = loom_lr_schedule_default();
+  t->sched.lr = o->lr;
+  t->sched.warmup_steps = o->warmup;
+  t->sched.kind = strcmp(o->schedule, "cosine") == 0   ? LOOM_LR_COSINE
+                  : strcmp(o->schedule, "warmup") == 0 ? LOOM_LR_WARMUP
+                                                       : LOOM_LR_CONSTANT;
+  t->sched.total_steps = t->total_steps;
+  if (t->sched.kind == LOOM_LR_COSINE && t->sched.total_steps <= t->sched.warmup_steps)
+    t->sched.total_steps = t->sched.warmup_steps + 1;
+  TRY(loom_lr_schedule_validate(&t->sched), "--schedule");
+  return LOOM_OK;
+}
+
+static int make_scaler(trainer *t) {
+  const train_opts *o = t->o;
+  int rc = LOOM_OK;
+  if (strcmp(o->scaler, "dynamic") == 0) {
+    loom_dynamic_scaler_cfg c;
+    loom_dynamic_scaler_cfg_default(&c);
+    c.initial_scale = (float)o->loss_scale;
+    TRY(loom_scaler_create_dynamic(&c, &t->scaler), "--scaler dynamic");
+  } else if (strcmp(o->scaler, "static") == 0) {
+    TRY(loom_scaler_create_static((float)o->loss_scale, &t->scaler), "--scaler static");
+  }
+  return rc;
+}
+
+/* ---- a step ----------------------------------------------------------------------------- */
+
+/* This rank's rows of the global batch. */
+static int shard(trainer *t, loom_tensor **x, loom_tensor **y) {
+  if (t->nranks == 1) return LOOM_OK;
+  int64_t b = t->o->batch;
+  loom_tensor *xs = NULL, *ys = NULL;
+  int rc = loom_tensor_narrow(*x, 0, t->rank * b, b, &xs);
+  if (!rc) rc = loom_tensor_narrow(*y, 0, t->rank * b, b, &ys);
+  loom_tensor_free(*x);
+  loom_tensor_free(*y);
+  *x = xs, *y = ys;
+  return rc;
+}
+
+/* Forward and loss under autocast. */
+static int forward_loss(trainer *t, loom_tensor *x, loom_tensor *y, loom_tensor **loss) {
+  loom_autocast_token tok;
+  int rc = loom_autocast_enter(t->amp, NULL, &tok);
+  if (rc) return rc;
+  loom_tensor *logits = NULL;
+  rc = train_model_forward(&t->model, x, &logits);
+  if (!rc) rc = loom_cross_entropy(logits, y, LOOM_REDUCTION_MEAN, -100, loss);
+  loom_tensor_free(logits);
+  int rc2 = loom_autocast_exit(&tok);
+  return rc ? rc : rc2;
+}
+
+/* Backward of loss x scale, gradients synchronised and unscaled; *overflow over all ranks. */
+static int backward(trainer *t, loom_tensor *loss, bool *overflow) {
+  int rc;
+  *overflow = false;
+  if (!t->scaler) {
+    TRY(loom_backward(loss, NULL, false), "backward");
+    TRY(train_par_finish(t->par), "gradient all-reduce");
+    return LOOM_OK;
+  }
+  float scale = 1;
+  TRY(loom_scaler_scale_value(t->scaler, &scale), "loss scaling");
+  loom_tensor *scaled = NULL;
+  TRY(loom_mul_scalar(loss, scale, &scaled), "loss scaling");
+  rc = loom_backward(scaled, NULL, false);
+  loom_tensor_free(scaled);
+  if (rc) return train_fail_loom(rc, "backward");
+  TRY(train_par_finish(t->par), "gradient all-reduce");
+  bool found = false;
+  TRY(loom_scaler_unscale(t->scaler, t->grads, t->model.nparams, &found), "unscale");
+  TRY(train_par_any(t->par, found, overflow), "overflow flag");
+  return LOOM_OK;
+}
+
+static int step(trainer *t, double *loss_value, bool *overflow) {
+  int64_t s = t->st.step, spe = t->st.steps_per_epoch;
+  loom_tensor *x = NULL, *y = NULL, *loss = NULL;
+  int rc = loom_loader_batch(t->loader, (uint64_t)(s / spe), (size_t)(s % spe), &x, &y);
+  if (rc) return train_fail_loom(rc, "the training data");
+  rc = shard(t, &x, &y);
+  for (size_t i = 0; i < t->model.nparams && !rc; i++) rc = loom_tensor_zero_grad(t->model.params[i].value);
+  if (!rc) rc = forward_loss(t, x, y, &loss);
+  if (rc) train_fail_loom(rc, "forward");
+  loom_tensor_free(x);
+  loom_tensor_free(y);
+  if (!rc) rc = loom_tensor_item(loss, loss_value);
+  if (!rc) rc = backward(t, loss, overflow);
+  loom_tensor_free(loss);
+  if (rc) return rc;
+  TRY(loom_optim_set_lr(t->opt, loom_lr_at(&t->sched, s)), "learning rate");
+  if (!*overflow) TRY(loom_optim_step(t->opt), "optimizer step");
+  if (t->scaler) TRY(loom_scaler_update(t->scaler, *overflow), "scaler update");
+  t->overflows += *overflow;
+  t->st.step++;
+  return LOOM_OK;
+}
+
+/* ---- evaluation ------------------------------------------------------------------------- */
+
+static int count_correct(loom_tensor *logits, loom_tensor *y, size_t n, size_t *correct) {
+  size_t rows = (size_t)loom_tensor_dim(logits, 0), cls = (size_t)loom_tensor_dim(logits, 1);
+  float *l = malloc(rows * cls * sizeof *l);
+  int64_t *lab = malloc(rows * sizeof *lab);
+  int rc = !l || !lab ? LOOM_ENOMEM : LOOM_OK;
+  if (!rc) rc = loom_tensor_read(logits, LOOM_F32, l, rows * cls * sizeof *l);
+  if (!rc) rc = loom_tensor_read(y, LOOM_I64, lab, rows * sizeof *lab);
+  for (size_t r = 0; r < rows && r < n && !rc; r++) {
+    size_t best = 0;
+    for (size_t c = 1; c < cls; c++)
+      if (l[r * cls + c] > l[r * cls + best]) best = c;
+    *correct += (int64_t)best == lab[r];
+  }
+  free(l);
+  free(lab);
+  return rc;
+}
+
+static int evaluate(trainer *t, double *accuracy) {
+  size_t correct = 0, done = 0, nb = loom_loader_batches(t->test_loader);
+  int rc = LOOM_OK;
+  loom_autocast_token tok = {0};
+  loom_no_grad_enter();
+  loom_module_set_training(t->model.root, false);
+  rc = loom_autocast_enter(t->amp, NULL, &tok);
+  for (size_t b = 0; b < nb && done < t->test_n && !rc; b++) {
+    loom_tensor *x = NULL, *y = NULL, *logits = NULL;
+    rc = loom_loader_batch(t->test_loader, 0, b, &x, &y);
+    if (!rc) rc = train_model_forward(&t->model, x, &logits);
+    if (!rc) rc = count_correct(logits, y, t->test_n - done, &correct);
+    if (!rc) done += (size_t)loom_tensor_dim(x, 0);
+    loom_tensor_free(x);
+    loom_tensor_free(y);
+    loom_tensor_free(logits);
+  }
+  if (rc) train_fail_loom(rc, "evaluation");
+  if (tok.owner) loom_autocast_exit(&tok);
+  loom_module_set_training(t->model.root, true);
+  loom_no_grad_exit();
+  *accuracy = 100.0 * (double)correct / (double)(t->test_n ? t->test_n : 1);
+  return rc;
+}
+
+/* ---- the run ---------------------------------------------------------------------------- */
+
+static void fmt_rate(char *buf, size_t cap, double r) {
+  if (r >= 1e4)
+    snprintf(buf, cap, "%.1fk", r / 1e3);
+  else
+    snprintf(buf, cap, "%.0f", r);
+}
+
+static void fmt_bytes(char *buf, size_t cap, size_t b) {
+  if (b >= (size_t)1 << 30)
+    snprintf(buf, cap, "%.2f GiB", (double)b / (1 << 30));
+  else if (b >= (size_t)1 << 20)
+    snprintf(buf, cap, "%.1f MiB", (double)b / (1 << 20));
+  else
+    snprintf(buf, cap, "%zu B", b);
+}
+
+static int write_record(trainer *t, double loss, bool overflow, double step_s) {
+  char extra[1024];
+  train_par_json(t->par, extra, sizeof extra);
+  train_record r = {t->st.step, (t->st.step - 1) / t->st.steps_per_epoch, loss,
+                    loom_lr_at(&t->sched, t->st.step - 1),
+                    t->scaler ? loom_scaler_get_scale(t->scaler) : 1.0, overflow,
+                    (double)(t->o->batch * t->nranks) / step_s, extra};
+  return train_metrics_write(t->metrics, &r);
+}
+
+/* Steps to the end of the run or of this epoch; *epoch_done when the epoch finished. */
+static int run_epoch(trainer *t, bool *epoch_done) {
+  const train_opts *o = t->o;
+  int64_t spe = t->st.steps_per_epoch, epoch = t->st.step / spe;
+  int64_t end = (epoch + 1) * spe < t->stop_step ? (epoch + 1) * spe : t->stop_step;
+  char label[48], figures[160], rate[32];
+  snprintf(label, sizeof label, "epoch %lld/%ld", (long long)epoch + 1, o->epochs);
+  progress pr;
+  if (t->lead && !o->quiet) progress_begin(&pr, o->out, label, (long)spe);
+  double t0 = progress_now(), loss = 0, loss_sum = 0;
+  int64_t n = 0;
+  int rc = LOOM_OK;
+  while (t->st.step < end && !rc) {
+    double s0 = progress_now();
+    bool overflow = false;
+    rc = step(t, &loss, &overflow);
+    double dt = progress_now() - s0;
+    t->train_s += dt;
+    if (rc) break;
+    n++;
+    loss_sum += loss;
+    t->samples += o->batch * t->nranks;
+    if (t->lead && t->metrics) rc = write_record(t, loss, overflow, dt);
+    if (t->lead && !o->quiet) {
+      fmt_rate(rate, sizeof rate, (double)(n * o->batch * t->nranks) / (progress_now() - t0));
+      snprintf(figures, sizeof figures, "loss %.4f  scale %g  %s samples/s", loss,
+               t->scaler ? loom_scaler_get_scale(t->scaler) : 1.0, rate);
+      progress_update(&pr, (long)(t->st.step - epoch * spe), figures);
+    }
+  }
+  *epoch_done = !rc && t->st.step == (epoch + 1) * spe;
+  if (rc || !t->lead) return rc;
+  double acc = 0;
+  if (*epoch_done || t->st.step == t->stop_step) rc = evaluate(t, &acc);
+  if (!rc && !o->quiet) {
+    fmt_rate(rate, sizeof rate, (double)(n * o->batch * t->nranks) / (progress_now() - t0));
+    snprintf(figures, sizeof figures, "loss %.4f (mean %.4f)  %s samples/s  test accuracy %.2f%%",
+             loss, n ? loss_sum / (double)n : 0.0, rate, acc);
+    progress_end(&pr, figures);
+  }
+  t->accuracy = acc;
+  t->evaluated = true;
+  if (!rc && o->save) rc = train_ckpt_save(o->save, o, &t->model, t->opt, t->scaler, &t->st);
+  return rc;
+}
+
+static void summary(trainer *t, double wall_s) {
+  const train_opts *o = t->o;
+  char desc[96], rate[32], peak[32];
+  loom_pool_stats ps = {0};
+  loom_mem_stats(LOOM_POOL_COMPUTE, &ps);
+  fmt_bytes(peak, sizeof peak, ps.peak_bytes);
+  fmt_rate(rate, sizeof rate, t->train_s > 0 ? (double)t->samples / t->train_s : 0);
+  train_model_describe(&t->model, o, desc, sizeof desc);
+  fprintf(o->out,
+          "loom train: %s, %s, amp %s: test accuracy %.2f%% after %lld steps (%.2f epochs), "
+          "%s samples/s, wall %.1f s, peak memory %s",
+          desc, o->optim, o->amp, t->accuracy, (long long)t->st.step,
+          (double)t->st.step / (double)t->st.steps_per_epoch, rate, wall_s, peak);
+  if (t->scaler) fprintf(o->out, ", %lld overflow steps skipped", (long long)t->overflows);
+  fputc('\n', o->out);
+  fflush(o->out);
+}
+
+static void teardown(trainer *t) {
+  train_metrics_close(t->metrics);
+  loom_scaler_free(t->scaler);
+  loom_optim_free(t->opt);
+  free(t->segs);
+  free(t->grads);
+  train_par_free(t->par);
+  train_model_free(&t->model);
+  loom_loader_free(t->loader);
+  loom_loader_free(t->test_loader);
+  loom_dataset_free(t->train);
+  loom_dataset_free(t->test);
+}
+
+static int setup(trainer *t, loom_pg *pg) {
+  const train_opts *o = t->o;
+  int rc = train_model_create(o, &t->model);
+  if (!rc && o->init) rc = train_model_load(&t->model, o->init);
+  if (!rc) rc = train_par_create(pg, o, &t->model, &t->par);
+  if (rc) return rc;
+  t->rank = train_par_rank(t->par), t->nranks = train_par_size(t->par);
+  t->lead = t->rank == 0;
+  if (!rc) rc = load_data(t);
+  if (rc) return rc;
+  t->total_steps = o->epochs * t->st.steps_per_epoch;
+  t->stop_step = o->max_steps > 0 && o->max_steps < t->total_steps ? o->max_steps : t->total_steps;
+  rc = make_optimizer(t);
+  if (!rc) rc = make_scaler(t);
+  if (!rc && loom_autocast_mode_parse(o->amp, &t->amp))
+    rc = train_fail(LOOM_EINVAL, "--amp: unknown mode '%s'", o->amp);
+  if (!rc && o->resume) rc = train_ckpt_load(o->resume, o, &t->model, t->opt, t->scaler, &t->st);
+  if (!rc && t->lead && o->metrics) rc = train_metrics_open(o->metrics, o->resume != NULL, &t->metrics);
+  return rc;
+}
+
+int train_run(const train_opts *o, loom_pg *pg) {
+  double t0 = progress_now();
+  trainer t;
+  memset(&t, 0, sizeof t);
+  t.o = o;
+  if (o->threads > 0) loom_set_num_threads((int)o->threads);
+  int rc = setup(&t, pg);
+  if (!rc && t.lead && !o->quiet) {
+    char desc[96];
+    train_model_describe(&t.model, o, desc, sizeof desc);
+    fprintf(o->out, "loom train: %s (%zu parameters), %s lr %g, batch %ld x %d rank%s, amp %s%s%s, "
+            "%lld steps per epoch%s\n",
+            desc, loom_module_numel(t.model.root), o->optim, o->lr, o->batch, t.nranks,
+            t.nranks > 1 ? "s" : "", o->amp, t.scaler ? ", scaler " : "", t.scaler ? o->scaler : "",
+            (long long)t.st.steps_per_epoch, o->resume ? ", resumed" : "");
+    if (o->resume)
+      fprintf(o->out, "loom train: resuming at step %lld (epoch %lld, batch %lld)\n",
+              (long long)t.st.step, (long long)(t.st.step / t.st.steps_per_epoch) + 1,
+              (long long)(t.st.step % t.st.steps_per_epoch));
+  }
+  while (!rc && t.st.step < t.stop_step) {
+    bool epoch_done = false;
+    rc = run_epoch(&t, &epoch_done);
+  }
+  if (!rc && t.lead && !t.evaluated) rc = evaluate(&t, &t.accuracy); /* nothing left to run */
+  if (!rc && t.lead) summary(&t, progress_now() - t0);
+  if (t.metrics) {
+    int rc2 = train_metrics_close(t.metrics);
+    t.metrics = NULL;
+    if (!rc) rc = rc2;
+  }
+  teardown(&t);
+  return rc;
+}
