@@ -17,7 +17,9 @@ typedef struct conv_mds {
   dnnl_dims_t strides, pad_l, pad_r;
 } conv_mds;
 
-static int conv_out(int64_t in, int64_t k, int64_t s, int64_t p) { return (int)((in + 2 * p - k) / s + 1); }
+static int conv_out(int64_t in, int64_t k, int64_t s, int64_t p) {
+  return (int)((in + 2 * p - k) / s + 1);
+}
 
 static int make_mds(const loom__prim_key *key, const char *who, conv_mds *d) {
   int rc = LOOM_OK;
@@ -25,14 +27,20 @@ static int make_mds(const loom__prim_key *key, const char *who, conv_mds *d) {
   dnnl_data_type_t dt = v[K_DT] == LOOM_BF16 ? dnnl_bf16 : dnnl_f32;
   int64_t oh = conv_out(v[K_H], v[K_KH], v[K_SH], v[K_PH]);
   int64_t ow = conv_out(v[K_W], v[K_KW], v[K_SW], v[K_PW]);
-  LOOM_TRY(loom__dnnl_check(dnnl_memory_desc_init_by_tag(&d->x, 4, (dnnl_dims_t){v[K_N], v[K_C], v[K_H], v[K_W]},
-                                                         dt, dnnl_nchw), who, "memory descriptor of x"));
-  LOOM_TRY(loom__dnnl_check(dnnl_memory_desc_init_by_tag(&d->w, 4, (dnnl_dims_t){v[K_O], v[K_C], v[K_KH], v[K_KW]},
-                                                         dt, dnnl_oihw), who, "memory descriptor of w"));
-  LOOM_TRY(loom__dnnl_check(dnnl_memory_desc_init_by_tag(&d->b, 1, (dnnl_dims_t){v[K_O]}, dt, dnnl_a), who,
-                            "memory descriptor of b"));
-  LOOM_TRY(loom__dnnl_check(dnnl_memory_desc_init_by_tag(&d->y, 4, (dnnl_dims_t){v[K_N], v[K_O], oh, ow},
-                                                         dt, dnnl_nchw), who, "memory descriptor of y"));
+  LOOM_TRY(
+      loom__dnnl_check(dnnl_memory_desc_init_by_tag(
+                           &d->x, 4, (dnnl_dims_t){v[K_N], v[K_C], v[K_H], v[K_W]}, dt, dnnl_nchw),
+                       who, "memory descriptor of x"));
+  LOOM_TRY(loom__dnnl_check(
+      dnnl_memory_desc_init_by_tag(&d->w, 4, (dnnl_dims_t){v[K_O], v[K_C], v[K_KH], v[K_KW]}, dt,
+                                   dnnl_oihw),
+      who, "memory descriptor of w"));
+  LOOM_TRY(
+      loom__dnnl_check(dnnl_memory_desc_init_by_tag(&d->b, 1, (dnnl_dims_t){v[K_O]}, dt, dnnl_a),
+                       who, "memory descriptor of b"));
+  LOOM_TRY(loom__dnnl_check(
+      dnnl_memory_desc_init_by_tag(&d->y, 4, (dnnl_dims_t){v[K_N], v[K_O], oh, ow}, dt, dnnl_nchw),
+      who, "memory descriptor of y"));
   d->strides[0] = v[K_SH], d->strides[1] = v[K_SW];
   d->pad_l[0] = v[K_PH], d->pad_l[1] = v[K_PW];
   /* right padding that makes oneDNN's output size formula give oh, ow (may be < pad_l) */
@@ -45,10 +53,9 @@ done:
 static int fwd_pd(const conv_mds *d, bool bias, const_dnnl_primitive_attr_t attr, dnnl_engine_t eng,
                   const char *who, dnnl_primitive_desc_t *out) {
   dnnl_convolution_desc_t desc;
-  int rc = loom__dnnl_check(dnnl_convolution_forward_desc_init(&desc, dnnl_forward_training,
-                                                               dnnl_convolution_direct, &d->x, &d->w,
-                                                               bias ? &d->b : NULL, &d->y, d->strides,
-                                                               d->pad_l, d->pad_r),
+  int rc = loom__dnnl_check(dnnl_convolution_forward_desc_init(
+                                &desc, dnnl_forward_training, dnnl_convolution_direct, &d->x, &d->w,
+                                bias ? &d->b : NULL, &d->y, d->strides, d->pad_l, d->pad_r),
                             who, "convolution descriptor");
   if (rc != LOOM_OK) return rc;
   return loom__dnnl_check(dnnl_primitive_desc_create(out, &desc, attr, eng, NULL), who,
@@ -65,14 +72,14 @@ static int build_conv(const loom__prim_key *key, const_dnnl_primitive_attr_t att
   if (key->kind == KEY_FWD) return fwd_pd(&d, key->v[K_BIAS] != 0, attr, eng, who, out);
   LOOM_TRY(fwd_pd(&d, key->v[K_BIAS] != 0, NULL, eng, who, &hint));
   if (key->kind == KEY_BWD_DATA)
-    LOOM_TRY(loom__dnnl_check(dnnl_convolution_backward_data_desc_init(&desc, dnnl_convolution_direct, &d.x,
-                                                                       &d.w, &d.y, d.strides, d.pad_l,
-                                                                       d.pad_r),
-                              who, "convolution backward-data descriptor"));
+    LOOM_TRY(loom__dnnl_check(
+        dnnl_convolution_backward_data_desc_init(&desc, dnnl_convolution_direct, &d.x, &d.w, &d.y,
+                                                 d.strides, d.pad_l, d.pad_r),
+        who, "convolution backward-data descriptor"));
   else
     LOOM_TRY(loom__dnnl_check(dnnl_convolution_backward_weights_desc_init(
-                                  &desc, dnnl_convolution_direct, &d.x, &d.w, key->v[K_BIAS] ? &d.b : NULL,
-                                  &d.y, d.strides, d.pad_l, d.pad_r),
+                                  &desc, dnnl_convolution_direct, &d.x, &d.w,
+                                  key->v[K_BIAS] ? &d.b : NULL, &d.y, d.strides, d.pad_l, d.pad_r),
                               who, "convolution backward-weights descriptor"));
   LOOM_TRY(loom__dnnl_check(dnnl_primitive_desc_create(out, &desc, attr, eng, hint), who,
                             "convolution backward primitive descriptor"));
@@ -82,13 +89,13 @@ done:
 }
 
 /* Runs one convolution kind natively (f32 or bf16); bufs[3] is the bias (or NULL). */
-static int conv_native(int kind, const loom__conv2d_args *a, loom_dtype dt, const char *who,
-                       int n, const loom__dnnl_buf *bufs, bool bias) {
+static int conv_native(int kind, const loom__conv2d_args *a, loom_dtype dt, const char *who, int n,
+                       const loom__dnnl_buf *bufs, bool bias) {
   loom__prim_key key;
   memset(&key, 0, sizeof key);
   key.kind = kind;
   key.nthr = loom__gemm_threads();
-  const int64_t v[] = {a->N,        a->C,        a->H,     a->W,     a->O,  a->KH, a->KW,
+  const int64_t v[] = {a->N,        a->C,        a->H,     a->W,     a->O,        a->KH, a->KW,
                        a->stride_h, a->stride_w, a->pad_h, a->pad_w, (int64_t)dt, bias};
   memcpy(key.v, v, sizeof v);
   loom__prim p;

@@ -8,13 +8,16 @@ typedef struct geom {
 } geom;
 
 static geom geom_of(const loom__conv2d_args *a) {
-  geom g = {a->N, a->C, a->H, a->W, a->O, a->KH, a->KW, a->stride_h, a->stride_w, a->pad_h, a->pad_w, 0, 0};
+  geom g = {a->N,        a->C,        a->H,     a->W,     a->O, a->KH, a->KW,
+            a->stride_h, a->stride_w, a->pad_h, a->pad_w, 0,    0};
   g.OH = (g.H + 2 * g.ph - g.KH) / g.sh + 1;
   g.OW = (g.W + 2 * g.pw - g.KW) / g.sw + 1;
   return g;
 }
 
-static float ld(const void *p, loom_dtype dt, int64_t i) { return (float)loom__load_f64(p, dt, (size_t)i); }
+static float ld(const void *p, loom_dtype dt, int64_t i) {
+  return (float)loom__load_f64(p, dt, (size_t)i);
+}
 
 int loom__conv2d_fwd_ref(const loom__conv2d_args *a, const void *x, const void *w, const void *b,
                          void *y) {
@@ -87,7 +90,8 @@ int loom__conv2d_bwd_weights_ref(const loom__conv2d_args *a, const void *x, cons
     if (!db) continue;
     float acc = 0.0f;
     for (int64_t n = 0; n < g.N; n++)
-      for (int64_t i = 0; i < g.OH * g.OW; i++) acc += ld(dy, a->dtype, (n * g.O + o) * g.OH * g.OW + i);
+      for (int64_t i = 0; i < g.OH * g.OW; i++)
+        acc += ld(dy, a->dtype, (n * g.O + o) * g.OH * g.OW + i);
     loom__store_f64(db, a->dtype, (size_t)o, acc);
   }
   return LOOM_OK;

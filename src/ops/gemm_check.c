@@ -17,16 +17,18 @@ static int operand(const char *who, const char *name, const void *p, int64_t row
                    int64_t ld, int64_t batch, int64_t stride, bool is_output) {
   if (!p) return loom__fail(LOOM_EINVAL, "%s: %s is NULL", who, name);
   if (ld < cols)
-    return loom__fail(LOOM_ESHAPE, "%s: leading dimension %lld of %s is less than its row length %lld",
-                      who, (long long)ld, name, (long long)cols);
+    return loom__fail(LOOM_ESHAPE,
+                      "%s: leading dimension %lld of %s is less than its row length %lld", who,
+                      (long long)ld, name, (long long)cols);
   if (batch == 1) return LOOM_OK;
   int64_t span = (rows - 1) * ld + cols;
   if (stride < 0 || (is_output && stride < span))
     return loom__fail(LOOM_ESHAPE,
                       "%s: batch stride %lld of %s is %s (one %lldx%lld matrix with leading "
                       "dimension %lld spans %lld elements)",
-                      who, (long long)stride, name, stride < 0 ? "negative" : "too small to keep batches apart",
-                      (long long)rows, (long long)cols, (long long)ld, (long long)span);
+                      who, (long long)stride, name,
+                      stride < 0 ? "negative" : "too small to keep batches apart", (long long)rows,
+                      (long long)cols, (long long)ld, (long long)span);
   return LOOM_OK;
 }
 
@@ -41,8 +43,8 @@ int loom__gemm_check(const loom__gemm_args *g, const char *who) {
     return loom__fail(LOOM_EDTYPE, "%s: A and B dtype %s is not supported (f32, bf16 or f16)", who,
                       loom_dtype_name(g->ab_dtype));
   if (g->c_dtype != LOOM_F32 && g->c_dtype != g->ab_dtype)
-    return loom__fail(LOOM_EDTYPE, "%s: C dtype %s is not supported with %s inputs (f32 or %s)", who,
-                      loom_dtype_name(g->c_dtype), loom_dtype_name(g->ab_dtype),
+    return loom__fail(LOOM_EDTYPE, "%s: C dtype %s is not supported with %s inputs (f32 or %s)",
+                      who, loom_dtype_name(g->c_dtype), loom_dtype_name(g->ab_dtype),
                       loom_dtype_name(g->ab_dtype));
   if (g->beta != 0.0f && g->beta != 1.0f)
     return loom__fail(LOOM_EINVAL, "%s: beta must be 0 or 1, got %g", who, (double)g->beta);
@@ -55,9 +57,8 @@ done:
   return rc;
 }
 
-int loom__conv2d_check(const loom__conv2d_args *a, const char *who, const void *p1,
-                       const char *n1, const void *p2, const char *n2, const void *p3,
-                       const char *n3) {
+int loom__conv2d_check(const loom__conv2d_args *a, const char *who, const void *p1, const char *n1,
+                       const void *p2, const char *n2, const void *p3, const char *n3) {
   int rc = LOOM_OK;
   if (!a) return loom__fail(LOOM_EINVAL, "%s: args is NULL", who);
   const void *ps[3] = {p1, p2, p3};
@@ -71,8 +72,9 @@ int loom__conv2d_check(const loom__conv2d_args *a, const char *who, const void *
     return loom__fail(LOOM_EINVAL, "%s: padding must not be negative, got %lld x %lld", who,
                       (long long)a->pad_h, (long long)a->pad_w);
   if (a->H + 2 * a->pad_h < a->KH || a->W + 2 * a->pad_w < a->KW)
-    return loom__fail(LOOM_ESHAPE, "%s: kernel %lld x %lld is larger than the padded input %lld x %lld",
-                      who, (long long)a->KH, (long long)a->KW, (long long)(a->H + 2 * a->pad_h),
+    return loom__fail(LOOM_ESHAPE,
+                      "%s: kernel %lld x %lld is larger than the padded input %lld x %lld", who,
+                      (long long)a->KH, (long long)a->KW, (long long)(a->H + 2 * a->pad_h),
                       (long long)(a->W + 2 * a->pad_w));
   if (!float_dtype(a->dtype))
     return loom__fail(LOOM_EDTYPE, "%s: dtype %s is not supported (f32, bf16 or f16)", who,

@@ -11,8 +11,24 @@
 #include <string.h>
 
 enum { KEY_MATMUL = 1 };
-enum { K_TA, K_TB, K_BATCH, K_M, K_N, K_K, K_LDA, K_LDB, K_LDC, K_SA, K_SB, K_SC, K_ABDT, K_CDT,
-       K_ALPHA, K_BETA };
+enum {
+  K_TA,
+  K_TB,
+  K_BATCH,
+  K_M,
+  K_N,
+  K_K,
+  K_LDA,
+  K_LDB,
+  K_LDC,
+  K_SA,
+  K_SB,
+  K_SC,
+  K_ABDT,
+  K_CDT,
+  K_ALPHA,
+  K_BETA
+};
 
 static dnnl_data_type_t dnnl_dt(loom_dtype dt) {
   return dt == LOOM_BF16 ? dnnl_bf16 : dt == LOOM_F16 ? dnnl_f16 : dnnl_f32;
@@ -21,12 +37,12 @@ static dnnl_data_type_t dnnl_dt(loom_dtype dt) {
 /* The memory descriptor of an operand: rows x cols (logical), stored with row stride ld, or
  * transposed (stored cols x rows with row stride ld); batched: 3-D with batch stride `stride`
  * (0: one matrix broadcast over the batch, batch dimension 1). */
-static dnnl_status_t operand_md(dnnl_memory_desc_t *md, int64_t batch, int64_t rows,
-                                int64_t cols, int64_t ld, bool trans, int64_t stride,
-                                dnnl_data_type_t dt) {
+static dnnl_status_t operand_md(dnnl_memory_desc_t *md, int64_t batch, int64_t rows, int64_t cols,
+                                int64_t ld, bool trans, int64_t stride, dnnl_data_type_t dt) {
   int64_t rs = trans ? 1 : ld, cs = trans ? ld : 1;
-  if (batch == 1) return dnnl_memory_desc_init_by_strides(md, 2, (dnnl_dims_t){rows, cols}, dt,
-                                                          (dnnl_dims_t){rs, cs});
+  if (batch == 1)
+    return dnnl_memory_desc_init_by_strides(md, 2, (dnnl_dims_t){rows, cols}, dt,
+                                            (dnnl_dims_t){rs, cs});
   int64_t b = stride ? batch : 1;
   int64_t bs = stride ? stride : (trans ? cols * ld : rows * ld);
   return dnnl_memory_desc_init_by_strides(md, 3, (dnnl_dims_t){b, rows, cols}, dt,
@@ -49,13 +65,17 @@ static int build_matmul(const loom__prim_key *key, const_dnnl_primitive_attr_t a
   dnnl_primitive_attr_t attr = NULL;
   dnnl_post_ops_t po = NULL;
   dnnl_data_type_t abt = dnnl_dt((loom_dtype)v[K_ABDT]), ct = dnnl_dt((loom_dtype)v[K_CDT]);
-  LOOM_TRY(loom__dnnl_check(operand_md(&a, v[K_BATCH], v[K_M], v[K_K], v[K_LDA], v[K_TA], v[K_SA], abt),
-                            who, "memory descriptor of A"));
-  LOOM_TRY(loom__dnnl_check(operand_md(&b, v[K_BATCH], v[K_K], v[K_N], v[K_LDB], v[K_TB], v[K_SB], abt),
-                            who, "memory descriptor of B"));
-  LOOM_TRY(loom__dnnl_check(operand_md(&c, v[K_BATCH], v[K_M], v[K_N], v[K_LDC], false, v[K_SC], ct),
-                            who, "memory descriptor of C"));
-  LOOM_TRY(loom__dnnl_check(dnnl_matmul_desc_init(&desc, &a, &b, NULL, &c), who, "matmul descriptor"));
+  LOOM_TRY(
+      loom__dnnl_check(operand_md(&a, v[K_BATCH], v[K_M], v[K_K], v[K_LDA], v[K_TA], v[K_SA], abt),
+                       who, "memory descriptor of A"));
+  LOOM_TRY(
+      loom__dnnl_check(operand_md(&b, v[K_BATCH], v[K_K], v[K_N], v[K_LDB], v[K_TB], v[K_SB], abt),
+                       who, "memory descriptor of B"));
+  LOOM_TRY(
+      loom__dnnl_check(operand_md(&c, v[K_BATCH], v[K_M], v[K_N], v[K_LDC], false, v[K_SC], ct),
+                       who, "memory descriptor of C"));
+  LOOM_TRY(
+      loom__dnnl_check(dnnl_matmul_desc_init(&desc, &a, &b, NULL, &c), who, "matmul descriptor"));
   LOOM_TRY(loom__dnnl_check(dnnl_primitive_attr_clone(&attr, attr_in), who, "attribute clone"));
   float alpha = key_float(v[K_ALPHA]), beta = key_float(v[K_BETA]);
   if (alpha != 1.0f)
@@ -98,8 +118,8 @@ static int gemm_native(const loom__gemm_args *g) {
   loom__prim p;
   int rc = loom__prim_get(&key, build_matmul, "loom__gemm", &p);
   if (rc != LOOM_OK) return rc;
-  loom__dnnl_buf bufs[] = {{DNNL_ARG_SRC, (void *)g->A}, {DNNL_ARG_WEIGHTS, (void *)g->B},
-                           {DNNL_ARG_DST, g->C}};
+  loom__dnnl_buf bufs[] = {
+      {DNNL_ARG_SRC, (void *)g->A}, {DNNL_ARG_WEIGHTS, (void *)g->B}, {DNNL_ARG_DST, g->C}};
   rc = loom__prim_run(&p, "loom__gemm", 3, bufs);
   loom__prim_release(&p);
   return rc;

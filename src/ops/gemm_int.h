@@ -21,9 +21,8 @@
  * LOOM_ESHAPE for a leading dimension or batch stride too small for the shape. The message
  * names `who` and the argument. */
 int loom__gemm_check(const loom__gemm_args *g, const char *who);
-int loom__conv2d_check(const loom__conv2d_args *a, const char *who, const void *p1,
-                       const char *n1, const void *p2, const char *n2, const void *p3,
-                       const char *n3);
+int loom__conv2d_check(const loom__conv2d_args *a, const char *who, const void *p1, const char *n1,
+                       const void *p2, const char *n2, const void *p3, const char *n3);
 
 /* LOOM_OK for dnnl_success; otherwise LOOM_EBACKEND (LOOM_ENOMEM for dnnl_out_of_memory) with
  * the message "<who>: oneDNN <what> failed: <dnnl status text>". */
@@ -87,12 +86,12 @@ int loom__prim_cache_set_capacity(int64_t capacity);
 /* loom__malloc from the compute pool; on failure NULL with the message "<who>: out of memory
  * allocating <what> (<bytes> bytes)" set. */
 void *loom__gemm_alloc(size_t bytes, const char *who, const char *what);
-#define LOOM__GEMM_ALLOC(p, bytes, who, what)                                                 \
-  do {                                                                                        \
-    if (!((p) = loom__gemm_alloc((bytes), (who), (what)))) {                                  \
-      rc = LOOM_ENOMEM;                                                                       \
-      goto done;                                                                              \
-    }                                                                                         \
+#define LOOM__GEMM_ALLOC(p, bytes, who, what)                                                      \
+  do {                                                                                             \
+    if (!((p) = loom__gemm_alloc((bytes), (who), (what)))) {                                       \
+      rc = LOOM_ENOMEM;                                                                            \
+      goto done;                                                                                   \
+    }                                                                                              \
   } while (0)
 
 /* The number of threads oneDNN would use on the calling thread (OpenMP's max threads). */

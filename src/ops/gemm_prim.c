@@ -9,11 +9,11 @@
  * threads build the same key at once the second keeps the first's entry and drops its own.
  * Each slot counts the calls running it, and only idle slots are evicted, so a primitive is
  * never destroyed under a running call (if every slot is busy, a new primitive serves its one
- * call and is destroyed after it). Each run creates its own stream and memory objects and allocates its scratchpad
- * (user scratchpad mode) through loom__malloc, so concurrent runs share nothing mutable and
- * no memory stays allocated between calls. */
-#include "ops/gemm_int.h"
+ * call and is destroyed after it). Each run creates its own stream and memory objects and allocates
+ * its scratchpad (user scratchpad mode) through loom__malloc, so concurrent runs share nothing
+ * mutable and no memory stays allocated between calls. */
 #include "ops/gemm.h"
+#include "ops/gemm_int.h"
 
 #include <omp.h>
 #include <pthread.h>
@@ -54,12 +54,12 @@ static dnnl_status_t warm_up(void) {
   if ((st = dnnl_memory_desc_init_by_tag(&md, 2, (dnnl_dims_t){1, 1}, dnnl_f32, dnnl_ab)) ||
       (st = dnnl_matmul_desc_init(&desc, &md, &md, NULL, &md)) ||
       (st = dnnl_primitive_desc_create(&pd, &desc, NULL, engine, NULL)) ||
-      (st = dnnl_primitive_create(&prim, pd)) ||
-      (st = dnnl_memory_create(&mem, &md, engine, &v)) ||
+      (st = dnnl_primitive_create(&prim, pd)) || (st = dnnl_memory_create(&mem, &md, engine, &v)) ||
       (st = dnnl_stream_create(&stream, engine, dnnl_stream_default_flags)))
     goto done;
   dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, mem}, {DNNL_ARG_WEIGHTS, mem}, {DNNL_ARG_DST, mem}};
-  if ((st = dnnl_primitive_execute(prim, stream, 3, args)) == dnnl_success) st = dnnl_stream_wait(stream);
+  if ((st = dnnl_primitive_execute(prim, stream, 3, args)) == dnnl_success)
+    st = dnnl_stream_wait(stream);
 done:
   if (stream) dnnl_stream_destroy(stream);
   if (mem) dnnl_memory_destroy(mem);
@@ -89,7 +89,9 @@ enum { MAX_THREADS = 1 };
 enum { MAX_THREADS = 1 << 16 };
 #endif
 
-void loom__gemm_set_threads(int n) { omp_set_num_threads(n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n); }
+void loom__gemm_set_threads(int n) {
+  omp_set_num_threads(n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n);
+}
 
 int loom__gemm_threads(void) {
   int n = omp_get_max_threads();
@@ -150,8 +152,9 @@ static int build_prim(const loom__prim_key *key, loom__prim_build_fn build, cons
   dnnl_primitive_desc_t pd = NULL;
   LOOM_TRY(loom__dnnl_engine(who, &eng));
   LOOM_TRY(loom__dnnl_check(dnnl_primitive_attr_create(&attr), who, "attribute creation"));
-  LOOM_TRY(loom__dnnl_check(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user),
-                            who, "scratchpad mode"));
+  LOOM_TRY(
+      loom__dnnl_check(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user),
+                       who, "scratchpad mode"));
   LOOM_TRY(build(key, attr, eng, who, &pd));
   const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
   out->scratch_bytes = smd ? dnnl_memory_desc_get_size(smd) : 0;
@@ -195,7 +198,8 @@ int loom__prim_get(const loom__prim_key *key, loom__prim_build_fn build, const c
         break;
       }
     if (i >= 0) { /* else every entry is running: ours stays private to this call */
-      slots[i] = (slot){.hash = h, .key = *key, .prim = out->prim, .scratch_bytes = out->scratch_bytes};
+      slots[i] =
+          (slot){.hash = h, .key = *key, .prim = out->prim, .scratch_bytes = out->scratch_bytes};
       entries++;
     }
   }
@@ -260,7 +264,8 @@ int loom__prim_run(const loom__prim *p, const char *who, int n, const loom__dnnl
   LOOM_TRY(loom__dnnl_engine(who, &eng));
   LOOM_TRY(loom__dnnl_check(dnnl_primitive_get_primitive_desc(p->prim, &pd), who, "query"));
   for (int i = 0; i < n && i < MAX_BUFS; i++) {
-    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, bufs[i].arg);
+    const dnnl_memory_desc_t *md =
+        dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, bufs[i].arg);
     args[nargs].arg = bufs[i].arg;
     args[nargs].memory = NULL;
     nargs++;
@@ -279,7 +284,8 @@ int loom__prim_run(const loom__prim *p, const char *who, int n, const loom__dnnl
   }
   LOOM_TRY(loom__dnnl_check(dnnl_stream_create(&stream, eng, dnnl_stream_default_flags), who,
                             "stream creation"));
-  LOOM_TRY(loom__dnnl_check(dnnl_primitive_execute(p->prim, stream, nargs, args), who, "execution"));
+  LOOM_TRY(
+      loom__dnnl_check(dnnl_primitive_execute(p->prim, stream, nargs, args), who, "execution"));
   LOOM_TRY(loom__dnnl_check(dnnl_stream_wait(stream), who, "stream wait"));
 done:
   if (stream) dnnl_stream_destroy(stream);

@@ -55,13 +55,14 @@ static int compare(const char *what, const loom__conv2d_args *a, const void *got
     double tol = 2.0 * (double)(reduction + 2) * 0x1p-24 * m * (1 + ulp) + ulp * fabs(w) + sub;
     if (fabs(g - w) <= tol) continue;
     if (!bad++)
-      lt_fail_at(__FILE__, __LINE__,
-                 "%s %s N%lld C%lld H%lld W%lld O%lld K%lldx%lld s%lldx%lld p%lldx%lld: element %zu "
-                 "is %.9g, reference %.9g (tol %.3g)",
-                 what, loom_dtype_name(a->dtype), (long long)a->N, (long long)a->C, (long long)a->H,
-                 (long long)a->W, (long long)a->O, (long long)a->KH, (long long)a->KW,
-                 (long long)a->stride_h, (long long)a->stride_w, (long long)a->pad_h,
-                 (long long)a->pad_w, i, g, w, tol);
+      lt_fail_at(
+          __FILE__, __LINE__,
+          "%s %s N%lld C%lld H%lld W%lld O%lld K%lldx%lld s%lldx%lld p%lldx%lld: element %zu "
+          "is %.9g, reference %.9g (tol %.3g)",
+          what, loom_dtype_name(a->dtype), (long long)a->N, (long long)a->C, (long long)a->H,
+          (long long)a->W, (long long)a->O, (long long)a->KH, (long long)a->KW,
+          (long long)a->stride_h, (long long)a->stride_w, (long long)a->pad_h, (long long)a->pad_w,
+          i, g, w, tol);
   }
   return bad;
 }
@@ -71,9 +72,11 @@ static void check_conv(loom__conv2d_args a, bool bias) {
   size_t es = loom_dtype_size(a.dtype);
   void *x = rand_buf(a.dtype, s.x), *w = rand_buf(a.dtype, s.w), *b = rand_buf(a.dtype, s.b);
   void *dy = rand_buf(a.dtype, s.y);
-  void *xa = abs_buf(x, a.dtype, s.x), *wa = abs_buf(w, a.dtype, s.w), *ba = abs_buf(b, a.dtype, s.b);
+  void *xa = abs_buf(x, a.dtype, s.x), *wa = abs_buf(w, a.dtype, s.w),
+       *ba = abs_buf(b, a.dtype, s.b);
   void *dya = abs_buf(dy, a.dtype, s.y);
-  void *got = malloc(s.x * es + s.w * es + s.y * es), *want = malloc(s.x * es + s.w * es + s.y * es);
+  void *got = malloc(s.x * es + s.w * es + s.y * es),
+       *want = malloc(s.x * es + s.w * es + s.y * es);
   void *mag = malloc(s.x * es + s.w * es + s.y * es);
   void *gb = malloc(s.b * es), *wb = malloc(s.b * es), *mb = malloc(s.b * es);
 
@@ -99,9 +102,9 @@ static void check_conv(loom__conv2d_args a, bool bias) {
 
 /* N C H W O KH KW sh sw ph pw */
 static const int64_t shapes[][11] = {
-    {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},  {2, 3, 7, 6, 4, 3, 3, 1, 1, 1, 1},
-    {2, 3, 8, 9, 5, 3, 2, 2, 2, 1, 0},  {1, 4, 5, 5, 2, 5, 5, 1, 1, 2, 2},
-    {2, 2, 6, 6, 3, 1, 1, 2, 2, 0, 0},  /* stride 2 over 6 with 1x1: the last row unused */
+    {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},    {2, 3, 7, 6, 4, 3, 3, 1, 1, 1, 1},
+    {2, 3, 8, 9, 5, 3, 2, 2, 2, 1, 0},    {1, 4, 5, 5, 2, 5, 5, 1, 1, 2, 2},
+    {2, 2, 6, 6, 3, 1, 1, 2, 2, 0, 0}, /* stride 2 over 6 with 1x1: the last row unused */
     {1, 16, 12, 12, 8, 3, 3, 2, 1, 1, 1}, {3, 2, 4, 4, 2, 4, 4, 1, 1, 0, 0},
 };
 
@@ -114,9 +117,15 @@ static void sweep(loom_dtype dt) {
   }
 }
 
-LT_TEST(conv_matches_ref_f32) { sweep(LOOM_F32); }
-LT_TEST(conv_matches_ref_bf16) { sweep(LOOM_BF16); }
-LT_TEST(conv_matches_ref_f16) { sweep(LOOM_F16); }
+LT_TEST(conv_matches_ref_f32) {
+  sweep(LOOM_F32);
+}
+LT_TEST(conv_matches_ref_bf16) {
+  sweep(LOOM_BF16);
+}
+LT_TEST(conv_matches_ref_f16) {
+  sweep(LOOM_F16);
+}
 
 /* x = 1..9 in 3x3, w = [1 0; 0 -1] (+ bias 10), stride 1, no padding: y[i][j] = x[i][j] -
  * x[i+1][j+1] + 10 = 6 everywhere; with padding 1 and stride 2 by hand. */
@@ -130,7 +139,10 @@ LT_TEST(conv_ref_hand_values) {
   /* pad 1, stride 2: output 2x2 at padded positions (0,0),(0,2),(2,0),(2,2) of the 5x5 */
   loom__conv2d_args p = {1, 1, 3, 3, 1, 2, 2, 2, 2, 1, 1, LOOM_F32};
   LT_OK(loom__conv2d_fwd_ref(&p, x, w, NULL, y));
-  LT_EQ(y[0], 0 - 1); LT_EQ(y[1], 0 - 3); LT_EQ(y[2], 0 - 7); LT_EQ(y[3], 5 - 9);
+  LT_EQ(y[0], 0 - 1);
+  LT_EQ(y[1], 0 - 3);
+  LT_EQ(y[2], 0 - 7);
+  LT_EQ(y[3], 5 - 9);
   /* backward of that, dy = 1: dx gathers w over the windows that cover each input */
   float dy[4] = {1, 1, 1, 1}, dx[9], dw[4], db[1];
   LT_OK(loom__conv2d_bwd_data_ref(&p, dy, w, dx));
@@ -138,7 +150,10 @@ LT_TEST(conv_ref_hand_values) {
   for (int i = 0; i < 9; i++) LT_EQ(dx[i], dx_want[i]);
   LT_OK(loom__conv2d_bwd_weights_ref(&p, x, dy, dw, db));
   /* dw[kh][kw] = sum over windows of x at (2i - 1 + kh, 2j - 1 + kw) */
-  LT_EQ(dw[0], 5); LT_EQ(dw[1], 4 + 6); LT_EQ(dw[2], 2 + 8); LT_EQ(dw[3], 1 + 3 + 7 + 9);
+  LT_EQ(dw[0], 5);
+  LT_EQ(dw[1], 4 + 6);
+  LT_EQ(dw[2], 2 + 8);
+  LT_EQ(dw[3], 1 + 3 + 7 + 9);
   LT_EQ(db[0], 4);
 }
 
@@ -146,7 +161,8 @@ LT_TEST(conv_ref_hand_values) {
 LT_TEST(conv_refs_are_adjoint) {
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     const int64_t *v = shapes[i];
-    loom__conv2d_args a = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], LOOM_F32};
+    loom__conv2d_args a = {v[0], v[1], v[2], v[3], v[4],  v[5],
+                           v[6], v[7], v[8], v[9], v[10], LOOM_F32};
     sizes s = sizes_of(&a);
     float *x = rand_buf(LOOM_F32, s.x), *w = rand_buf(LOOM_F32, s.w), *dy = rand_buf(LOOM_F32, s.y);
     float *y = malloc(s.y * 4), *dx = malloc(s.x * 4), *dw = malloc(s.w * 4);
@@ -167,11 +183,13 @@ LT_TEST(conv_bad_arguments) {
   float buf[256] = {0};
   const loom__conv2d_args ok = {1, 1, 4, 4, 1, 3, 3, 1, 1, 1, 1, LOOM_F32};
   loom__conv2d_args a;
-  LT_ERR(loom__conv2d_fwd(NULL, buf, buf, NULL, buf), LOOM_EINVAL, "loom__conv2d_fwd: args is NULL");
+  LT_ERR(loom__conv2d_fwd(NULL, buf, buf, NULL, buf), LOOM_EINVAL,
+         "loom__conv2d_fwd: args is NULL");
   LT_ERR(loom__conv2d_fwd(&ok, NULL, buf, NULL, buf), LOOM_EINVAL, "loom__conv2d_fwd: x is NULL");
   LT_ERR(loom__conv2d_fwd(&ok, buf, NULL, NULL, buf), LOOM_EINVAL, "w is NULL");
   LT_ERR(loom__conv2d_fwd(&ok, buf, buf, NULL, NULL), LOOM_EINVAL, "y is NULL");
-  LT_ERR(loom__conv2d_bwd_data(&ok, NULL, buf, buf), LOOM_EINVAL, "loom__conv2d_bwd_data: dy is NULL");
+  LT_ERR(loom__conv2d_bwd_data(&ok, NULL, buf, buf), LOOM_EINVAL,
+         "loom__conv2d_bwd_data: dy is NULL");
   LT_ERR(loom__conv2d_bwd_data(&ok, buf, buf, NULL), LOOM_EINVAL, "dx is NULL");
   LT_ERR(loom__conv2d_bwd_weights(&ok, buf, buf, NULL, NULL), LOOM_EINVAL,
          "loom__conv2d_bwd_weights: dw is NULL");
@@ -186,7 +204,9 @@ LT_TEST(conv_bad_arguments) {
   a = ok, a.pad_w = -1;
   LT_ERR(loom__conv2d_fwd(&a, buf, buf, NULL, buf), LOOM_EINVAL, "padding must not be negative");
   a = ok, a.KH = 7; /* 4 + 2 * 1 < 7 */
-  LT_ERR(loom__conv2d_fwd(&a, buf, buf, NULL, buf), LOOM_ESHAPE, "kernel 7 x 3 is larger than the padded input 6 x 6");
+  LT_ERR(loom__conv2d_fwd(&a, buf, buf, NULL, buf), LOOM_ESHAPE,
+         "kernel 7 x 3 is larger than the padded input 6 x 6");
   a = ok, a.dtype = LOOM_I64;
-  LT_ERR(loom__conv2d_bwd_weights(&a, buf, buf, buf, NULL), LOOM_EDTYPE, "dtype i64 is not supported");
+  LT_ERR(loom__conv2d_bwd_weights(&a, buf, buf, buf, NULL), LOOM_EDTYPE,
+         "dtype i64 is not supported");
 }

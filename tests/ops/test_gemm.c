@@ -53,9 +53,18 @@ typedef struct shape {
 
 /* Runs one case; returns the number of elements out of tolerance (and reports the first). */
 static int check_case(shape s, loom_dtype ab, loom_dtype cdt) {
-  loom__gemm_args g = {.trans_a = s.ta, .trans_b = s.tb, .batch = s.batch, .M = s.M, .N = s.N,
-                       .K = s.K, .alpha = s.alpha, .beta = s.beta, .ab_dtype = ab, .c_dtype = cdt};
-  int64_t ar = s.ta ? s.K : s.M, ac = s.ta ? s.M : s.K, br = s.tb ? s.N : s.K, bc = s.tb ? s.K : s.N;
+  loom__gemm_args g = {.trans_a = s.ta,
+                       .trans_b = s.tb,
+                       .batch = s.batch,
+                       .M = s.M,
+                       .N = s.N,
+                       .K = s.K,
+                       .alpha = s.alpha,
+                       .beta = s.beta,
+                       .ab_dtype = ab,
+                       .c_dtype = cdt};
+  int64_t ar = s.ta ? s.K : s.M, ac = s.ta ? s.M : s.K, br = s.tb ? s.N : s.K,
+          bc = s.tb ? s.K : s.N;
   g.lda = ac + s.pad, g.ldb = bc + s.pad, g.ldc = s.N + s.pad;
   g.stride_a = s.bcast_a ? 0 : ar * g.lda + 3;
   g.stride_b = s.bcast_b ? 0 : br * g.ldb + 5;
@@ -97,7 +106,7 @@ static int check_case(shape s, loom_dtype ab, loom_dtype cdt) {
   return bad;
 }
 
-static const int64_t dims[][3] = {{1, 1, 1}, {1, 7, 3}, {5, 1, 9}, {17, 33, 65},
+static const int64_t dims[][3] = {{1, 1, 1},    {1, 7, 3},      {5, 1, 9},  {17, 33, 65},
                                   {64, 64, 64}, {129, 31, 257}, {3, 200, 2}};
 #define NDIMS (int)(sizeof dims / sizeof dims[0])
 
@@ -107,26 +116,46 @@ static void sweep(loom_dtype ab, loom_dtype cdt) {
   int i = 0;
   for (int d = 0; d < NDIMS; d++)
     for (int t = 0; t < 4; t++, i++) {
-      shape s = {1, dims[d][0], dims[d][1], dims[d][2], t & 1, (t >> 1) & 1, (i % 3 == 1) ? 3 : 0,
-                 false, false, alphas[i % 3], (float)(i % 2)};
+      shape s = {1,     dims[d][0],    dims[d][1],           dims[d][2],
+                 t & 1, (t >> 1) & 1,  (i % 3 == 1) ? 3 : 0, false,
+                 false, alphas[i % 3], (float)(i % 2)};
       check_case(s, ab, cdt);
     }
 }
 
-LT_TEST(gemm_matches_ref_f32) { sweep(LOOM_F32, LOOM_F32); }
-LT_TEST(gemm_matches_ref_bf16_to_f32) { sweep(LOOM_BF16, LOOM_F32); }
-LT_TEST(gemm_matches_ref_bf16_to_bf16) { sweep(LOOM_BF16, LOOM_BF16); }
-LT_TEST(gemm_matches_ref_f16_to_f32) { sweep(LOOM_F16, LOOM_F32); }
-LT_TEST(gemm_matches_ref_f16_to_f16) { sweep(LOOM_F16, LOOM_F16); }
+LT_TEST(gemm_matches_ref_f32) {
+  sweep(LOOM_F32, LOOM_F32);
+}
+LT_TEST(gemm_matches_ref_bf16_to_f32) {
+  sweep(LOOM_BF16, LOOM_F32);
+}
+LT_TEST(gemm_matches_ref_bf16_to_bf16) {
+  sweep(LOOM_BF16, LOOM_BF16);
+}
+LT_TEST(gemm_matches_ref_f16_to_f32) {
+  sweep(LOOM_F16, LOOM_F32);
+}
+LT_TEST(gemm_matches_ref_f16_to_f16) {
+  sweep(LOOM_F16, LOOM_F16);
+}
 
 LT_TEST(gemm_batched_with_broadcast) {
-  const loom_dtype pairs[][2] = {{LOOM_F32, LOOM_F32}, {LOOM_BF16, LOOM_BF16}, {LOOM_BF16, LOOM_F32},
-                                 {LOOM_F16, LOOM_F16}};
+  const loom_dtype pairs[][2] = {
+      {LOOM_F32, LOOM_F32}, {LOOM_BF16, LOOM_BF16}, {LOOM_BF16, LOOM_F32}, {LOOM_F16, LOOM_F16}};
   for (int p = 0; p < 4; p++)
     for (int bc = 0; bc < 3; bc++) /* none, A broadcast, B broadcast */
       for (int t = 0; t < 4; t++) {
-        shape s = {4, 9, 13, 21, t & 1, (t >> 1) & 1, t == 3 ? 2 : 0, bc == 1, bc == 2,
-                   t == 2 ? 0.25f : 1.0f, (float)(t & 1)};
+        shape s = {4,
+                   9,
+                   13,
+                   21,
+                   t & 1,
+                   (t >> 1) & 1,
+                   t == 3 ? 2 : 0,
+                   bc == 1,
+                   bc == 2,
+                   t == 2 ? 0.25f : 1.0f,
+                   (float)(t & 1)};
         check_case(s, pairs[p][0], pairs[p][1]);
       }
   /* both broadcast: every batch of C gets the same product */
@@ -137,16 +166,37 @@ LT_TEST(gemm_batched_with_broadcast) {
 /* The reference against values worked by hand: A = [1 2; 3 4], B = [5 6; 7 8]. */
 LT_TEST(gemm_ref_hand_values) {
   float A[] = {1, 2, 3, 4}, B[] = {5, 6, 7, 8}, C[4] = {1, 1, 1, 1};
-  loom__gemm_args g = {.batch = 1, .M = 2, .N = 2, .K = 2, .alpha = 1, .beta = 0, .A = A, .lda = 2,
-                       .B = B, .ldb = 2, .C = C, .ldc = 2, .ab_dtype = LOOM_F32, .c_dtype = LOOM_F32};
+  loom__gemm_args g = {.batch = 1,
+                       .M = 2,
+                       .N = 2,
+                       .K = 2,
+                       .alpha = 1,
+                       .beta = 0,
+                       .A = A,
+                       .lda = 2,
+                       .B = B,
+                       .ldb = 2,
+                       .C = C,
+                       .ldc = 2,
+                       .ab_dtype = LOOM_F32,
+                       .c_dtype = LOOM_F32};
   LT_OK(loom__gemm_ref(&g));
-  LT_EQ(C[0], 19); LT_EQ(C[1], 22); LT_EQ(C[2], 43); LT_EQ(C[3], 50);
+  LT_EQ(C[0], 19);
+  LT_EQ(C[1], 22);
+  LT_EQ(C[2], 43);
+  LT_EQ(C[3], 50);
   g.trans_a = true; /* A^T = [1 3; 2 4] */
   LT_OK(loom__gemm_ref(&g));
-  LT_EQ(C[0], 26); LT_EQ(C[1], 30); LT_EQ(C[2], 38); LT_EQ(C[3], 44);
+  LT_EQ(C[0], 26);
+  LT_EQ(C[1], 30);
+  LT_EQ(C[2], 38);
+  LT_EQ(C[3], 44);
   g.trans_a = false, g.trans_b = true, g.alpha = 2, g.beta = 1; /* C += 2 A B^T, B^T = [5 7; 6 8] */
   LT_OK(loom__gemm_ref(&g));
-  LT_EQ(C[0], 26 + 34); LT_EQ(C[1], 30 + 46); LT_EQ(C[2], 38 + 78); LT_EQ(C[3], 44 + 106);
+  LT_EQ(C[0], 26 + 34);
+  LT_EQ(C[1], 30 + 46);
+  LT_EQ(C[2], 38 + 78);
+  LT_EQ(C[3], 44 + 106);
   /* and the kernel gives exactly these small integers too */
   float D[4] = {26, 30, 38, 44};
   g.C = D;
@@ -158,8 +208,20 @@ LT_TEST(gemm_beta_one_accumulates) {
   float A[6], B[12], C[8] = {0}, R[8] = {0};
   for (int i = 0; i < 6; i++) A[i] = (float)(i + 1);
   for (int i = 0; i < 12; i++) B[i] = (float)(i % 5 - 2);
-  loom__gemm_args g = {.batch = 1, .M = 2, .N = 4, .K = 3, .alpha = 1, .beta = 0, .A = A, .lda = 3,
-                       .B = B, .ldb = 4, .C = R, .ldc = 4, .ab_dtype = LOOM_F32, .c_dtype = LOOM_F32};
+  loom__gemm_args g = {.batch = 1,
+                       .M = 2,
+                       .N = 4,
+                       .K = 3,
+                       .alpha = 1,
+                       .beta = 0,
+                       .A = A,
+                       .lda = 3,
+                       .B = B,
+                       .ldb = 4,
+                       .C = R,
+                       .ldc = 4,
+                       .ab_dtype = LOOM_F32,
+                       .c_dtype = LOOM_F32};
   LT_OK(loom__gemm(&g));
   g.C = C, g.beta = 1;
   for (int k = 0; k < 3; k++) LT_OK(loom__gemm(&g));
@@ -201,12 +263,26 @@ static void *worker(void *arg) {
   for (int it = 0; it < 6; it++) {
     int64_t m = 8 + (id + it) % 3; /* shapes shared between threads */
     int64_t n = 40 + 8 * id, k = 33;
-    float *A = malloc(sizeof(float) * (size_t)(m * k)), *B = malloc(sizeof(float) * (size_t)(k * n));
-    float *C = malloc(sizeof(float) * (size_t)(m * n)), *R = malloc(sizeof(float) * (size_t)(m * n));
+    float *A = malloc(sizeof(float) * (size_t)(m * k)),
+          *B = malloc(sizeof(float) * (size_t)(k * n));
+    float *C = malloc(sizeof(float) * (size_t)(m * n)),
+          *R = malloc(sizeof(float) * (size_t)(m * n));
     for (int64_t i = 0; i < m * k; i++) A[i] = (float)((i * 7 + id) % 13) - 6;
     for (int64_t i = 0; i < k * n; i++) B[i] = (float)((i * 5 + it) % 11) - 5;
-    loom__gemm_args g = {.batch = 1, .M = m, .N = n, .K = k, .alpha = 1, .beta = 0, .A = A, .lda = k,
-                         .B = B, .ldb = n, .C = C, .ldc = n, .ab_dtype = LOOM_F32, .c_dtype = LOOM_F32};
+    loom__gemm_args g = {.batch = 1,
+                         .M = m,
+                         .N = n,
+                         .K = k,
+                         .alpha = 1,
+                         .beta = 0,
+                         .A = A,
+                         .lda = k,
+                         .B = B,
+                         .ldb = n,
+                         .C = C,
+                         .ldc = n,
+                         .ab_dtype = LOOM_F32,
+                         .c_dtype = LOOM_F32};
     if (loom__gemm(&g) != LOOM_OK) bad++;
     g.C = R;
     loom__gemm_ref(&g);
@@ -232,8 +308,19 @@ LT_TEST(gemm_concurrent_threads) {
 
 LT_TEST(gemm_bad_arguments) {
   float A[16] = {0}, B[16] = {0}, C[16] = {0};
-  const loom__gemm_args ok = {.batch = 1, .M = 2, .N = 2, .K = 2, .alpha = 1, .beta = 0, .A = A,
-                              .lda = 2, .B = B, .ldb = 2, .C = C, .ldc = 2, .ab_dtype = LOOM_F32,
+  const loom__gemm_args ok = {.batch = 1,
+                              .M = 2,
+                              .N = 2,
+                              .K = 2,
+                              .alpha = 1,
+                              .beta = 0,
+                              .A = A,
+                              .lda = 2,
+                              .B = B,
+                              .ldb = 2,
+                              .C = C,
+                              .ldc = 2,
+                              .ab_dtype = LOOM_F32,
                               .c_dtype = LOOM_F32};
   int (*fns[])(const loom__gemm_args *) = {loom__gemm, loom__gemm_ref};
   const char *names[] = {"loom__gemm:", "loom__gemm_ref:"};
@@ -293,9 +380,23 @@ LT_TEST(gemm_out_of_memory_is_clean) {
   for (uint64_t n = 1; n <= 4; n++) {
     uint16_t *A = rand_buf(LOOM_F16, 2 * 40 * 60), *B = rand_buf(LOOM_F16, 2 * 60 * 50);
     uint16_t *C = rand_buf(LOOM_F16, 2 * 40 * 50);
-    loom__gemm_args g = {.batch = 2, .M = 40, .N = 50, .K = 60, .alpha = 1, .beta = 1, .A = A,
-                         .lda = 60, .stride_a = 2400, .B = B, .ldb = 50, .stride_b = 3000, .C = C,
-                         .ldc = 50, .stride_c = 2000, .ab_dtype = LOOM_F16, .c_dtype = LOOM_F16};
+    loom__gemm_args g = {.batch = 2,
+                         .M = 40,
+                         .N = 50,
+                         .K = 60,
+                         .alpha = 1,
+                         .beta = 1,
+                         .A = A,
+                         .lda = 60,
+                         .stride_a = 2400,
+                         .B = B,
+                         .ldb = 50,
+                         .stride_b = 3000,
+                         .C = C,
+                         .ldc = 50,
+                         .stride_c = 2000,
+                         .ab_dtype = LOOM_F16,
+                         .c_dtype = LOOM_F16};
     loom_pool_stats before, after;
     loom_mem_stats(LOOM_POOL_COMPUTE, &before);
     loom_alloc_fail_nth(n);
