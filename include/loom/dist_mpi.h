@@ -1,0 +1,54 @@
+/* loom/dist_mpi.h: the mpi backend of loom_pg (see loom/dist.h): one group per MPI
+ * communicator, each rank an MPI process (mpirun -n N). Built only when CMake finds MPI
+ * (LOOM_HAVE_MPI is then defined); without it loom_mpi_pg_create returns LOOM_ENOSYS.
+ *
+ * Threading: loom needs MPI_THREAD_MULTIPLE (collectives run on the issuing thread or on the
+ * group's progress thread, and loom_pg_async_error may poll from any thread). If MPI is not
+ * initialised, loom_mpi_pg_create initialises it with MPI_Init_thread(MPI_THREAD_MULTIPLE) and
+ * loom_mpi_finalize() finalises it; if the program initialised MPI itself at a lower level,
+ * create fails with LOOM_EBACKEND naming the level.
+ *
+ * Collectives map to MPI's non-blocking calls (MPI_Iallreduce, MPI_Ibcast, MPI_Iallgather,
+ * MPI_Ireduce_scatter_block, MPI_Ibarrier) on a private duplicate of the communicator, polled
+ * with MPI_Test so every wait has the group's timeout. Before each collective the ranks
+ * exchange a small header (kind, count, dtype, op, root; one MPI_Iallgather of 40 bytes per
+ * rank) so that disagreeing ranks get LOOM_EMISUSE/ESHAPE/EDTYPE naming both calls. A failing
+ * rank (an error, loom_pg_abort) sends its message to every peer on a second private
+ * communicator; peers fail with LOOM_EREMOTE naming it. A peer that dies or stops calling
+ * gives LOOM_ETIMEDOUT (MPI cannot say which rank is missing).
+ *
+ * f16/bf16 reductions keep f32 accumulation by convert-reduce: the buffer is widened to f32
+ * (loom_cvt_*), reduced by MPI in f32 with MPI's own MPI_SUM/MIN/MAX/PROD on MPI_FLOAT, and
+ * rounded once back to 16 bits (AVG divides the f32 sum first). This costs twice the wire
+ * bytes of a 16-bit reduction and keeps MPI's tuned reduction algorithms; a user-defined MPI
+ * op on 16-bit data would round at every combining step instead.
+ *
+ * Limits: counts above INT_MAX elements give LOOM_EOVERFLOW. After a timeout the collective's
+ * MPI request is still active (MPI cannot cancel collectives): the group is broken, its
+ * buffers may still be written by MPI, and the process should end (loom_pg_free then leaks
+ * the private communicators rather than risk a hang). */
+#ifndef LOOM_DIST_MPI_H
+#define LOOM_DIST_MPI_H
+
+#include "loom/dist.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A group over the MPI communicator *(MPI_Comm *)mpi_comm (NULL: MPI_COMM_WORLD); collective
+ * over it (every rank of the communicator must call it). The communicator is duplicated, so
+ * the caller keeps using and freeing its own. cfg NULL means the defaults; cfg.cores is divided
+ * among the ranks on the same machine. Errors: LOOM_EINVAL (out NULL, bad cfg), LOOM_ENOMEM,
+ * LOOM_EBACKEND (an MPI call failed, or the thread level is too low), LOOM_ENOSYS (built
+ * without MPI). On failure *out is NULL. Free with loom_pg_free. */
+int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out);
+
+/* Finalise MPI if loom_mpi_pg_create initialised it (a no-op otherwise). Call after freeing
+ * every group. */
+int loom_mpi_finalize(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,421 @@
+/* pg_mpi.c: the mpi backend of loom_pg (see loom/dist_mpi.h for the contract): a private
+ * duplicate of the communicator for data, another for failure notices, a header exchange
+ * before each collective, MPI non-blocking collectives polled with MPI_Test under the group's
+ * timeout, and f16/bf16 widened to f32 for reductions. The only file that includes mpi.h. */
+#include "dist/dist_int.h"
+#include "loom/dist_mpi.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define TAG_FAIL 77
+#define HDR 5 /* int64 fields of a header */
+
+typedef struct fail_note {
+  int rank, code;
+  char msg[256];
+} fail_note;
+
+typedef struct mpi_pg {
+  loom_pg pg;
+  MPI_Comm comm, ctl;
+  pthread_mutex_t ctl_mu; /* guards the notice receive and sends */
+  MPI_Request notice_req;
+  fail_note notice_in, notice_out;
+  MPI_Request *sends; /* notices sent to peers */
+  int nsends;
+  bool broken;        /* an MPI request was left active: do not free the communicators */
+  int64_t *hdrs;      /* size * HDR, the header exchange */
+  void *tmp;          /* f32 widening / in-place scratch */
+  size_t tmp_bytes;
+} mpi_pg;
+
+static bool loom_initialised_mpi;
+
+static mpi_pg *of(loom_pg *pg) { return (mpi_pg *)pg; }
+
+static int mpi_err(int err, const char *who, const char *call) {
+  char s[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(err, s, &len);
+  return loom__fail(LOOM_EBACKEND, "%s: %s failed: %.*s", who, call, len, s);
+}
+
+static MPI_Datatype mpi_type(loom_dtype dt) {
+  switch (dt) {
+  case LOOM_F32: return MPI_FLOAT;
+  case LOOM_I32: return MPI_INT32_T;
+  case LOOM_I64: return MPI_INT64_T;
+  default: return MPI_UINT16_T; /* f16/bf16 as bits: moved, never reduced */
+  }
+}
+
+static MPI_Op mpi_op(loom_redop op) {
+  switch (op) {
+  case LOOM_MIN: return MPI_MIN;
+  case LOOM_MAX: return MPI_MAX;
+  case LOOM_PROD: return MPI_PROD;
+  default: return MPI_SUM; /* SUM, AVG */
+  }
+}
+
+/* ---- failure notices ---- */
+
+/* Has a peer told us it failed? LOOM_OK if not. Thread-safe. */
+static int check_notice(mpi_pg *m) {
+  int flag = 0;
+  pthread_mutex_lock(&m->ctl_mu);
+  if (m->notice_req != MPI_REQUEST_NULL) MPI_Test(&m->notice_req, &flag, MPI_STATUS_IGNORE);
+  else flag = 1;
+  pthread_mutex_unlock(&m->ctl_mu);
+  if (!flag) return LOOM_OK;
+  return loom__fail(LOOM_EREMOTE, "rank %d: rank %d failed: %s", m->pg.rank, m->notice_in.rank,
+                    m->notice_in.msg);
+}
+
+static int mpi_health(loom_pg *pg) { return check_notice(of(pg)); }
+
+static void mpi_failed(loom_pg *pg, int code, const char *msg) {
+  mpi_pg *m = of(pg);
+  if (code == LOOM_EREMOTE) return; /* the peer that failed told everyone already */
+  pthread_mutex_lock(&m->ctl_mu);
+  m->notice_out.rank = pg->rank;
+  m->notice_out.code = code;
+  snprintf(m->notice_out.msg, sizeof m->notice_out.msg, "%s", msg);
+  m->nsends = 0;
+  for (int r = 0; r < pg->size; r++)
+    if (r != pg->rank)
+      MPI_Isend(&m->notice_out, (int)sizeof m->notice_out, MPI_BYTE, r, TAG_FAIL, m->ctl,
+                &m->sends[m->nsends++]);
+  pthread_mutex_unlock(&m->ctl_mu);
+}
+
+/* ---- waiting ---- */
+
+/* Poll req to completion under the timeout; fail on abort or a peer's notice. On failure the
+ * request stays active and the group is marked broken. */
+static int wait_req(mpi_pg *m, MPI_Request *req, const loom__coll *c) {
+  loom_pg *pg = &m->pg;
+  double t0 = loom__now();
+  for (unsigned i = 0;; i++) {
+    int flag = 0, err = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+    if (err != MPI_SUCCESS) {
+      m->broken = true;
+      return mpi_err(err, loom__coll_name(c->kind), "MPI_Test");
+    }
+    if (flag) return LOOM_OK;
+    if ((i & 1023) != 1023) continue;
+    int rc = LOOM_OK;
+    double timeout = atomic_load(&pg->timeout_s);
+    if (atomic_load(&pg->aborted))
+      rc = loom__fail(LOOM_EABORTED, "rank %d: %s #%llu aborted (loom_pg_abort)", pg->rank,
+                      loom__coll_name(c->kind), (unsigned long long)c->seq);
+    else if ((rc = check_notice(m)) != LOOM_OK)
+      ;
+    else if (loom__now() - t0 > timeout)
+      rc = loom__fail(LOOM_ETIMEDOUT,
+                      "rank %d: %s #%llu timed out after %g s waiting for its peers (a rank "
+                      "stopped issuing collectives or died)",
+                      pg->rank, loom__coll_name(c->kind), (unsigned long long)c->seq, timeout);
+    if (rc) {
+      m->broken = true;
+      return rc;
+    }
+  }
+}
+
+static const char *kind_name(int64_t k) {
+  return k >= 0 && k <= LOOM__BARRIER ? loom__coll_name((loom__coll_kind)k) : "?";
+}
+
+/* Exchange headers and check that every rank issued the same collective. */
+static int check_headers(mpi_pg *m, const loom__coll *c) {
+  loom_pg *pg = &m->pg;
+  bool has_op = c->kind == LOOM__ALLREDUCE || c->kind == LOOM__REDUCE_SCATTER;
+  int64_t mine[HDR] = {c->kind, (int64_t)c->count, c->dt, has_op ? c->op : -1,
+                       c->kind == LOOM__BROADCAST ? c->root : -1};
+  MPI_Request req;
+  int err = MPI_Iallgather(mine, HDR, MPI_INT64_T, m->hdrs, HDR, MPI_INT64_T, m->comm, &req);
+  if (err) return mpi_err(err, loom__coll_name(c->kind), "MPI_Iallgather (header)");
+  int rc = wait_req(m, &req, c);
+  if (rc) return rc;
+  for (int j = 0; j < pg->size; j++) {
+    const int64_t *o = &m->hdrs[j * HDR];
+    int code = o[0] != mine[0] || o[3] != mine[3] || o[4] != mine[4] ? LOOM_EMISUSE
+               : o[1] != mine[1]                                       ? LOOM_ESHAPE
+               : o[2] != mine[2]                                       ? LOOM_EDTYPE
+                                                                       : LOOM_OK;
+    if (code)
+      return loom__fail(code,
+                        "rank %d: collective #%llu mismatch: rank %d called %s(count %lld, %s, "
+                        "op %lld, root %lld), rank %d called %s(count %lld, %s, op %lld, root "
+                        "%lld)",
+                        pg->rank, (unsigned long long)c->seq, pg->rank, kind_name(mine[0]),
+                        (long long)mine[1], loom_dtype_name((loom_dtype)mine[2]),
+                        (long long)mine[3], (long long)mine[4], j, kind_name(o[0]),
+                        (long long)o[1], loom_dtype_name((loom_dtype)o[2]), (long long)o[3],
+                        (long long)o[4]);
+  }
+  return LOOM_OK;
+}
+
+/* Scratch of at least `bytes`, kept for the next collectives. */
+static int scratch(mpi_pg *m, size_t bytes, const loom__coll *c, void **out) {
+  if (m->tmp_bytes < bytes) {
+    loom__free(m->tmp);
+    m->tmp_bytes = 0;
+    m->tmp = loom__malloc(LOOM_POOL_HOST, bytes);
+    if (!m->tmp)
+      return loom__fail(LOOM_ENOMEM, "%s: out of memory for %zu bytes of scratch",
+                        loom__coll_name(c->kind), bytes);
+    m->tmp_bytes = bytes;
+  }
+  *out = m->tmp;
+  return LOOM_OK;
+}
+
+static int start(mpi_pg *m, const loom__coll *c) {
+  if (c->count > INT_MAX / (size_t)m->pg.size)
+    return loom__fail(LOOM_EOVERFLOW, "%s: count %zu exceeds what MPI's int counts hold",
+                      loom__coll_name(c->kind), c->count);
+  return check_headers(m, c);
+}
+
+static bool half(loom_dtype dt) { return dt == LOOM_F16 || dt == LOOM_BF16; }
+
+static void widen(loom_dtype dt, const void *src, float *dst, size_t n) {
+  if (dt == LOOM_F16) loom_cvt_f16_to_f32(src, dst, n);
+  else loom_cvt_bf16_to_f32(src, dst, n);
+}
+
+static void avg_div(void *buf, loom_dtype dt, size_t n, int size) {
+  if (dt == LOOM_I32)
+    for (size_t i = 0; i < n; i++) ((int32_t *)buf)[i] /= size;
+  else if (dt == LOOM_I64)
+    for (size_t i = 0; i < n; i++) ((int64_t *)buf)[i] /= size;
+  else
+    for (size_t i = 0; i < n; i++) ((float *)buf)[i] /= (float)size;
+}
+
+static void narrow(loom_dtype dt, const float *src, void *dst, size_t n) {
+  if (dt == LOOM_F16) loom_cvt_f32_to_f16(src, dst, n);
+  else loom_cvt_f32_to_bf16(src, dst, n);
+}
+
+static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
+  mpi_pg *m = of(pg);
+  int rc = start(m, c);
+  if (rc) return rc;
+  int n = (int)c->count;
+  MPI_Request req;
+  int err;
+  if (half(c->dt)) {
+    float *f;
+    if ((rc = scratch(m, c->count * sizeof(float), c, (void **)&f))) return rc;
+    widen(c->dt, c->send, f, c->count);
+    err = MPI_Iallreduce(MPI_IN_PLACE, f, n, MPI_FLOAT, mpi_op(c->op), m->comm, &req);
+    if (err) return mpi_err(err, "all-reduce", "MPI_Iallreduce");
+    if ((rc = wait_req(m, &req, c))) return rc;
+    if (c->op == LOOM_AVG) avg_div(f, LOOM_F32, c->count, pg->size);
+    narrow(c->dt, f, c->recv, c->count);
+    return LOOM_OK;
+  }
+  const void *s = c->send == c->recv ? MPI_IN_PLACE : c->send;
+  err = MPI_Iallreduce(s, c->recv, n, mpi_type(c->dt), mpi_op(c->op), m->comm, &req);
+  if (err) return mpi_err(err, "all-reduce", "MPI_Iallreduce");
+  if ((rc = wait_req(m, &req, c))) return rc;
+  if (c->op == LOOM_AVG) avg_div(c->recv, c->dt, c->count, pg->size);
+  return LOOM_OK;
+}
+
+static int mpi_reduce_scatter(loom_pg *pg, const loom__coll *c) {
+  mpi_pg *m = of(pg);
+  int rc = start(m, c);
+  if (rc) return rc;
+  size_t n = c->count, total = n * (size_t)pg->size, es = loom_dtype_size(c->dt);
+  MPI_Request req;
+  int err;
+  if (half(c->dt)) { /* widen all blocks, reduce in f32 into the scratch's tail */
+    float *f;
+    if ((rc = scratch(m, (total + n) * sizeof(float), c, (void **)&f))) return rc;
+    widen(c->dt, c->send, f, total);
+    err = MPI_Ireduce_scatter_block(f, f + total, (int)n, MPI_FLOAT, mpi_op(c->op), m->comm,
+                                    &req);
+    if (err) return mpi_err(err, "reduce-scatter", "MPI_Ireduce_scatter_block");
+    if ((rc = wait_req(m, &req, c))) return rc;
+    if (c->op == LOOM_AVG) avg_div(f + total, LOOM_F32, n, pg->size);
+    narrow(c->dt, f + total, c->recv, n);
+    return LOOM_OK;
+  }
+  /* in place (recv inside send): reduce into scratch, then copy */
+  bool inplace = (const char *)c->recv == (const char *)c->send + (size_t)pg->rank * n * es;
+  void *dst = c->recv;
+  if (inplace && n && (rc = scratch(m, n * es, c, &dst))) return rc;
+  err = MPI_Ireduce_scatter_block(c->send, dst, (int)n, mpi_type(c->dt), mpi_op(c->op), m->comm,
+                                  &req);
+  if (err) return mpi_err(err, "reduce-scatter", "MPI_Ireduce_scatter_block");
+  if ((rc = wait_req(m, &req, c))) return rc;
+  if (c->op == LOOM_AVG) avg_div(dst, c->dt, n, pg->size);
+  if (dst != c->recv) loom__copy(c->recv, dst, n * es);
+  return LOOM_OK;
+}
+
+static int mpi_broadcast(loom_pg *pg, const loom__coll *c) {
+  mpi_pg *m = of(pg);
+  int rc = start(m, c);
+  if (rc) return rc;
+  size_t bytes = c->count * loom_dtype_size(c->dt);
+  if (pg->rank == c->root && c->send != c->recv) loom__copy(c->recv, c->send, bytes);
+  MPI_Request req;
+  int err = MPI_Ibcast(c->recv, (int)c->count, mpi_type(c->dt), c->root, m->comm, &req);
+  if (err) return mpi_err(err, "broadcast", "MPI_Ibcast");
+  return wait_req(m, &req, c);
+}
+
+static int mpi_allgather(loom_pg *pg, const loom__coll *c) {
+  mpi_pg *m = of(pg);
+  int rc = start(m, c);
+  if (rc) return rc;
+  size_t bytes = c->count * loom_dtype_size(c->dt);
+  const void *s = c->send == (const char *)c->recv + (size_t)pg->rank * bytes ? MPI_IN_PLACE
+                                                                              : c->send;
+  MPI_Request req;
+  MPI_Datatype t = mpi_type(c->dt);
+  int err = MPI_Iallgather(s, (int)c->count, t, c->recv, (int)c->count, t, m->comm, &req);
+  if (err) return mpi_err(err, "all-gather", "MPI_Iallgather");
+  return wait_req(m, &req, c);
+}
+
+static int mpi_barrier(loom_pg *pg, const loom__coll *c) {
+  mpi_pg *m = of(pg);
+  int rc = start(m, c); /* the header exchange is itself a barrier */
+  return rc;
+}
+
+static void destroy(mpi_pg *m) {
+  if (!m) return;
+  if (m->notice_req != MPI_REQUEST_NULL) {
+    MPI_Cancel(&m->notice_req);
+    MPI_Wait(&m->notice_req, MPI_STATUS_IGNORE);
+  }
+  /* notices we sent: give them a moment to leave, then let them go */
+  for (int i = 0; i < m->nsends; i++) {
+    double t0 = loom__now();
+    int flag = 0;
+    while (!flag && loom__now() - t0 < 1.0) MPI_Test(&m->sends[i], &flag, MPI_STATUS_IGNORE);
+    if (!flag) m->broken = true;
+  }
+  if (!m->broken) {
+    if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
+    if (m->ctl != MPI_COMM_NULL) MPI_Comm_free(&m->ctl);
+  }
+  pthread_mutex_destroy(&m->ctl_mu);
+  loom__free(m->sends);
+  loom__free(m->hdrs);
+  loom__free(m->tmp);
+  loom__pg_fini(&m->pg);
+  loom__free(m);
+}
+
+static void mpi_destroy(loom_pg *pg) { destroy(of(pg)); }
+
+static const loom__pg_ops mpi_ops = {
+    .name = "mpi",
+    .allreduce = mpi_allreduce,
+    .broadcast = mpi_broadcast,
+    .allgather = mpi_allgather,
+    .reduce_scatter = mpi_reduce_scatter,
+    .barrier = mpi_barrier,
+    .failed = mpi_failed,
+    .health = mpi_health,
+    .destroy = mpi_destroy,
+};
+
+static int ensure_mpi(void) {
+  const char *who = "loom_mpi_pg_create";
+  int inited = 0, provided = 0, err;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    err = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+    if (err) return mpi_err(err, who, "MPI_Init_thread");
+    loom_initialised_mpi = true;
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  if (provided < MPI_THREAD_MULTIPLE)
+    return loom__fail(LOOM_EBACKEND,
+                      "%s: MPI provides thread level %d, loom needs MPI_THREAD_MULTIPLE (%d): "
+                      "initialise MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...)",
+                      who, provided, MPI_THREAD_MULTIPLE);
+  return LOOM_OK;
+}
+
+int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out) {
+  const char *who = "loom_mpi_pg_create";
+  if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
+  *out = NULL;
+  loom_pg_cfg def = loom_pg_cfg_default();
+  if (!cfg) cfg = &def;
+  int rc = loom_pg_cfg_validate(cfg);
+  if (rc) return rc;
+  if ((rc = ensure_mpi())) return rc;
+  MPI_Comm user = mpi_comm ? *(MPI_Comm *)mpi_comm : MPI_COMM_WORLD;
+  int rank, size, err;
+  if ((err = MPI_Comm_rank(user, &rank)) || (err = MPI_Comm_size(user, &size)))
+    return mpi_err(err, who, "MPI_Comm_rank/size");
+  mpi_pg *m = loom__calloc(LOOM_POOL_HOST, 1, sizeof *m);
+  if (!m) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
+  m->comm = m->ctl = MPI_COMM_NULL;
+  m->notice_req = MPI_REQUEST_NULL;
+  pthread_mutex_init(&m->ctl_mu, NULL);
+  if ((rc = loom__pg_init(&m->pg, &mpi_ops, m, rank, size, cfg))) {
+    pthread_mutex_destroy(&m->ctl_mu);
+    loom__free(m);
+    return rc;
+  }
+  m->sends = loom__calloc(LOOM_POOL_HOST, (size_t)size, sizeof *m->sends);
+  m->hdrs = loom__calloc(LOOM_POOL_HOST, (size_t)size * HDR, sizeof *m->hdrs);
+  LOOM_TRY_ALLOC(m->sends && m->hdrs ? m : NULL, "the group");
+  if ((err = MPI_Comm_dup(user, &m->comm)) || (err = MPI_Comm_dup(user, &m->ctl))) {
+    rc = mpi_err(err, who, "MPI_Comm_dup");
+    goto done;
+  }
+  MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(m->ctl, MPI_ERRORS_RETURN);
+  /* cores are shared by the ranks on this machine */
+  MPI_Comm local;
+  int lrank = 0, lsize = 1;
+  if (MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local) ==
+      MPI_SUCCESS) {
+    MPI_Comm_rank(local, &lrank);
+    MPI_Comm_size(local, &lsize);
+    MPI_Comm_free(&local);
+  }
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  int cores = cfg->cores ? cfg->cores : (online > 0 ? (int)online : 1);
+  int share = cores / lsize + (lrank < cores % lsize);
+  m->pg.compute_threads = share > 0 ? share : 1;
+  if ((err = MPI_Irecv(&m->notice_in, (int)sizeof m->notice_in, MPI_BYTE, MPI_ANY_SOURCE,
+                       TAG_FAIL, m->ctl, &m->notice_req))) {
+    rc = mpi_err(err, who, "MPI_Irecv");
+    goto done;
+  }
+  *out = &m->pg;
+  return LOOM_OK;
+done:
+  destroy(m);
+  return rc;
+}
+
+int loom_mpi_finalize(void) {
+  if (!loom_initialised_mpi) return LOOM_OK;
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin) MPI_Finalize();
+  loom_initialised_mpi = false;
+  return LOOM_OK;
+}

@@ -1,0 +1,13 @@
+/* mpi_stub.c: loom_mpi_pg_create and loom_mpi_finalize in a build without MPI (the real ones
+ * are in src/dist/mpi/, compiled only when CMake finds MPI). */
+#include "dist/dist_int.h"
+#include "loom/dist_mpi.h"
+
+#ifndef LOOM_HAVE_MPI
+int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out) {
+  if (out) *out = NULL;
+  return loom__fail(LOOM_ENOSYS, "loom_mpi_pg_create: loom was built without MPI");
+}
+
+int loom_mpi_finalize(void) { return LOOM_OK; }
+#endif
