@@ -16,8 +16,10 @@ build:
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
+# The demo: one epoch of the MLP 784-1024-1024-10 on Fashion-MNIST with `loom train` (AdamW,
+# batch 256, bf16 autocast; a few seconds), ending with its test accuracy.
 demo: deps build
-	@$(BUILD)/examples/demo
+	@$(BUILD)/tools/loom train --epochs 1 --amp bf16
 
 check: deps build check-layers
 	@cd $(BUILD) && ctest -LE bench --output-on-failure -j $(JOBS)

@@ -65,11 +65,8 @@ static int load_data(trainer *t) {
   c.shuffle = false;
   c.drop_last = false;
   TRY(loom_loader_create(t->test, &c, &t->test_loader), "the test data");
-  int64_t spe = (int64_t)loom_loader_batches(t->loader);
-  if (o->limit > 0 && (int64_t)((o->limit + c.batch - 1) / c.batch) < spe) {
-    int64_t g = o->batch * t->nranks;
-    spe = (o->limit + g - 1) / g;
-  }
+  int64_t spe = (int64_t)loom_loader_batches(t->loader), g = o->batch * t->nranks;
+  if (o->limit > 0 && (o->limit + g - 1) / g < spe) spe = (o->limit + g - 1) / g;
   if (spe < 1)
     return train_fail(LOOM_EINVAL, "--batch %ld x %d ranks is more than the %zu training samples",
                       o->batch, t->nranks, loom_dataset_size(t->train));
@@ -279,8 +276,8 @@ static int write_record(trainer *t, double loss, bool overflow, double step_s) {
   return train_metrics_write(t->metrics, &r);
 }
 
-/* Steps to the end of the run or of this epoch; *epoch_done when the epoch finished. */
-static int run_epoch(trainer *t, bool *epoch_done) {
+/* Steps to the end of this epoch or of the run, then (rank 0) test accuracy and checkpoint. */
+static int run_epoch(trainer *t) {
   const train_opts *o = t->o;
   int64_t spe = t->st.steps_per_epoch, epoch = t->st.step / spe;
   int64_t end = (epoch + 1) * spe < t->stop_step ? (epoch + 1) * spe : t->stop_step;
@@ -309,10 +306,9 @@ static int run_epoch(trainer *t, bool *epoch_done) {
       progress_update(&pr, (long)(t->st.step - epoch * spe), figures);
     }
   }
-  *epoch_done = !rc && t->st.step == (epoch + 1) * spe;
   if (rc || !t->lead) return rc;
   double acc = 0;
-  if (*epoch_done || t->st.step == t->stop_step) rc = evaluate(t, &acc);
+  rc = evaluate(t, &acc);
   if (!rc && !o->quiet) {
     fmt_rate(rate, sizeof rate, (double)(n * o->batch * t->nranks) / (progress_now() - t0));
     snprintf(figures, sizeof figures, "loss %.4f (mean %.4f)  %s samples/s  test accuracy %.2f%%",
@@ -399,8 +395,7 @@ int train_run(const train_opts *o, loom_pg *pg) {
               (long long)(t.st.step % t.st.steps_per_epoch));
   }
   while (!rc && t.st.step < t.stop_step) {
-    bool epoch_done = false;
-    rc = run_epoch(&t, &epoch_done);
+    rc = run_epoch(&t);
   }
   if (!rc && t.lead && !t.evaluated) rc = evaluate(&t, &t.accuracy); /* nothing left to run */
   if (!rc && t.lead) summary(&t, progress_now() - t0);

@@ -1,6 +1,6 @@
 /* test_train_resume.c: an interrupted run (--max-steps) resumed with --resume ends with the
  * same parameters and optimizer/scaler state, byte for byte, as one uninterrupted run: MLP with
- * AdamW under f16 autocast and dynamic scaling, SGD with momentum under bf16, and the CNN; and a
+ * AdamW under f16 autocast and dynamic scaling, SGD with momentum under bf16 with a static scaler, and the CNN; and a
  * resume with other options is refused naming the option. */
 #include "lt.h"
 #include "train_test.h"
@@ -40,7 +40,7 @@ LT_TEST(train_resume_mlp_adamw_f16_bitwise) {
 }
 
 LT_TEST(train_resume_sgd_bf16_at_epoch_boundary_bitwise) {
-  check_resume("--hidden 40 --epochs 2 --optim sgd --lr 0.05 --amp bf16 --schedule constant", 8);
+  check_resume("--hidden 40 --epochs 2 --optim sgd --lr 0.05 --amp bf16 --scaler static --loss-scale 128 --schedule constant", 8);
 }
 
 LT_TEST(train_resume_cnn_bitwise) {
