@@ -1,6 +1,6 @@
 /* bench_gemm_util.h: what bench_matmul.c and bench_mlp.c share: a monotonic clock, the median
- * of a sample, a check that stops the benchmark on a loom error, random tensors, and running
- * with a given OpenMP thread count (oneDNN's threads). Header-only, static functions. */
+ * of a sample, a check that stops the benchmark on a loom error, random tensors, and the
+ * thread count. Header-only, static functions. */
 #ifndef LOOM_BENCH_GEMM_UTIL_H
 #define LOOM_BENCH_GEMM_UTIL_H
 
@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 static inline double bench_now(void) {
   struct timespec t;
@@ -52,19 +51,11 @@ static inline loom_tensor *bench_rand_tensor(int ndim, const int64_t *shape, loo
   return t;
 }
 
-/* The thread count from argv[1] (default 1). OpenMP reads OMP_NUM_THREADS when it loads, so
- * if it is not already that count the program runs itself again with it set. */
+/* The thread count from argv[1] (default 1), set for this thread's ops. */
 static inline int bench_threads(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 1;
   if (threads < 1) threads = 1;
-  char want[16];
-  snprintf(want, sizeof want, "%d", threads);
-  const char *omp = getenv("OMP_NUM_THREADS");
-  if (!omp || strcmp(omp, want) != 0) {
-    setenv("OMP_NUM_THREADS", want, 1);
-    execv("/proc/self/exe", argv);
-    fprintf(stderr, "%s: could not re-run with OMP_NUM_THREADS=%s; continuing\n", argv[0], want);
-  }
+  loom_set_num_threads(threads);
   return threads;
 }
 

@@ -7,12 +7,10 @@
  * allocate their output on every call (loom_matmul and torch.matmul return a new tensor). Before
  * timing, loom's product is checked against a double-precision dot product at sampled elements.
  *
- * Threads: oneDNN runs on OpenMP, which reads OMP_NUM_THREADS when it loads, so the program
- * runs itself again with OMP_NUM_THREADS set to the thread count asked for (default 1);
- * PyTorch gets torch.set_num_threads with the same count.
+ * Threads: loom_set_num_threads and torch.set_num_threads with the same count (default 1).
  * Usage: bench_matmul [threads]. Prints one line per size and dtype:
- *   matmul <dtype> <M>x<N>x<K> threads <t> runs <r> loom <ms> ms <GFLOP/s> torch <GFLOP/s> ratio
- * <x> ratio = loom GFLOP/s / torch GFLOP/s. */
+ *   matmul <dtype> <M>x<N>x<K> threads <t> runs <r> loom <ms> ms <GFLOP/s> GFLOP/s
+ *   torch <GFLOP/s> GFLOP/s ratio <loom GFLOP/s / torch GFLOP/s> */
 #include "bench_gemm_util.h"
 
 #include <loom/loom.h>

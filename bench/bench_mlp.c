@@ -9,7 +9,7 @@
  * torch.autocast("cpu")) is timed in the same run through /usr/bin/python3 when torch is
  * installed. After 20 warm-up steps (the first steps are slower while the allocator settles),
  * step and GEMMs alone are timed interleaved, median of 31 runs each; threads as bench_matmul
- * (OMP_NUM_THREADS, default 1).
+ * (loom_set_num_threads, default 1).
  * Usage: bench_mlp [threads]. */
 #include "bench_gemm_util.h"
 
