@@ -136,7 +136,7 @@ static const char *kind_name(int64_t k) {
 static int check_headers(mpi_pg *m, const loom__coll *c) {
   loom_pg *pg = &m->pg;
   bool has_op = c->kind == LOOM__ALLREDUCE || c->kind == LOOM__REDUCE_SCATTER;
-  int64_t mine[HDR] = {c->kind, (int64_t)c->count, c->dt, has_op ? c->op : -1,
+  int64_t mine[HDR] = {c->kind, (int64_t)c->count, c->dt, has_op ? (int64_t)c->op : -1,
                        c->kind == LOOM__BROADCAST ? c->root : -1};
   MPI_Request req;
   int err = MPI_Iallgather(mine, HDR, MPI_INT64_T, m->hdrs, HDR, MPI_INT64_T, m->comm, &req);
