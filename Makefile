@@ -32,7 +32,7 @@ check-asan: deps
 # The threaded suites built with ThreadSanitizer.
 check-tsan: deps
 	@$(MAKE) --no-print-directory build BUILD=build-tsan CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=thread"
-	@cd build-tsan && LOOM_SANITIZED=1 ctest -L "$(TSAN_LABELS)" --output-on-failure -j $(JOBS)
+	@cd build-tsan && TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $(TSAN_OPTIONS)" ctest -L "$(TSAN_LABELS)" --output-on-failure -j $(JOBS)
 TSAN_LABELS ?= core|amp|autograd|nn|dist|ddp|fsdp
 
 check-layers:

@@ -1,0 +1,311 @@
+/* ddp.c: the DDP wrapper: checks that every rank has the same parameters, broadcasts rank 0's
+ * values, points each parameter's gradient into its bucket, and launches each bucket's
+ * all-reduce from the gradient hooks as soon as the bucket is complete, in bucket order; the
+ * end of backward waits for the last one. */
+#include "ddp/ddp_int.h"
+#include "core/tensor_int.h"
+#include "loom/autograd.h"
+
+#include <string.h>
+
+typedef struct param_slot {
+  loom_ddp *d;
+  size_t index;
+} param_slot;
+
+struct loom_ddp {
+  loom_pg *pg;
+  size_t n;
+  loom_tensor **params; /* retained */
+  char **names;
+  loom_ddp_cfg cfg;
+  loom_bucket_manager *m;
+  param_slot *slots;
+  int *hook_ids;
+  size_t *pending; /* per bucket: gradients not ready yet in this step */
+  bool *ready;     /* per parameter: gradient complete in this step */
+  size_t next_launch;
+  bool sync, in_step;
+  int step_status;
+  double t_first_launch;
+  uint64_t control_collectives;
+  loom_ddp_stats stats;
+};
+
+void loom_ddp_cfg_default(loom_ddp_cfg *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  loom_bucket_cfg_default(&cfg->buckets);
+  cfg->overlap = true;
+  cfg->broadcast_params = true;
+  cfg->wire_dtype = LOOM_F32;
+}
+
+int loom_ddp_cfg_validate(const loom_ddp_cfg *cfg) {
+  if (!cfg) return loom__fail(LOOM_EINVAL, "ddp cfg: NULL");
+  int rc = loom_bucket_cfg_validate(&cfg->buckets);
+  if (rc) return rc;
+  if (cfg->wire_dtype_set && !loom_dtype_is_float(cfg->wire_dtype))
+    return loom__fail(LOOM_EINVAL, "ddp cfg: wire_dtype must be f32, f16 or bf16 (got %s)",
+                      loom_dtype_name(cfg->wire_dtype));
+  return LOOM_OK;
+}
+
+static const char *param_name(const loom_ddp *d, size_t i, char *buf, size_t cap) {
+  if (d->names && d->names[i]) snprintf(buf, cap, "%zu (%s)", i, d->names[i]);
+  else snprintf(buf, cap, "%zu", i);
+  return buf;
+}
+
+/* FNV-1a over bytes, for parameter signatures. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *c = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+  return h;
+}
+
+/* Every rank must have the same parameters: count, then per parameter dtype, shape and name. */
+static int check_peers(loom_ddp *d) {
+  int rc = LOOM_OK;
+  int64_t count[2] = {(int64_t)d->n, -(int64_t)d->n};
+  if ((rc = loom_pg_allreduce(d->pg, count, count, 2, LOOM_I64, LOOM_MAX, NULL))) return rc;
+  d->control_collectives++;
+  if (count[0] != -count[1])
+    return loom__fail(LOOM_EMISUSE,
+                      "ddp: ranks disagree on the parameter count (this rank %zu, others from "
+                      "%lld to %lld)", d->n, (long long)-count[1], (long long)count[0]);
+  size_t n = d->n;
+  int64_t *v = loom__calloc(LOOM_POOL_HOST, 6 * (n ? n : 1), sizeof *v);
+  if (!v) return loom__fail(LOOM_ENOMEM, "ddp: out of memory checking parameters");
+  for (size_t i = 0; i < n; i++) {
+    loom_tensor *p = d->params[i];
+    uint64_t shape = fnv(14695981039346656037ull, loom_tensor_shape(p),
+                         (size_t)loom_tensor_ndim(p) * sizeof(int64_t));
+    shape = fnv(shape, &(int){loom_tensor_ndim(p)}, sizeof(int));
+    uint64_t name = d->names && d->names[i] ? fnv(14695981039346656037ull, d->names[i], strlen(d->names[i])) : 0;
+    v[i] = loom_tensor_dtype(p);
+    v[n + i] = (int64_t)(shape >> 1);
+    v[2 * n + i] = (int64_t)(name >> 1);
+    for (int k = 0; k < 3; k++) v[3 * n + k * n + i] = -v[k * n + i];
+  }
+  rc = loom_pg_allreduce(d->pg, v, v, 6 * n, LOOM_I64, LOOM_MAX, NULL);
+  if (!rc) d->control_collectives++;
+  char nm[160], sh[160];
+  for (size_t i = 0; !rc && i < n; i++) {
+    if (v[i] != -v[3 * n + i])
+      rc = loom__fail(LOOM_EDTYPE, "ddp: ranks disagree on the dtype of parameter %s (%s here)",
+                      param_name(d, i, nm, sizeof nm), loom_dtype_name(loom_tensor_dtype(d->params[i])));
+    else if (v[n + i] != -v[4 * n + i])
+      rc = loom__fail(LOOM_ESHAPE, "ddp: ranks disagree on the shape of parameter %s (%s here)",
+                      param_name(d, i, nm, sizeof nm),
+                      loom__shape_str(loom_tensor_ndim(d->params[i]), loom_tensor_shape(d->params[i]), sh, sizeof sh));
+    else if (v[2 * n + i] != -v[5 * n + i])
+      rc = loom__fail(LOOM_EMISUSE,
+                      "ddp: ranks disagree on the order of parameters: position %s differs",
+                      param_name(d, i, nm, sizeof nm));
+  }
+  loom__free(v);
+  return rc;
+}
+
+static int broadcast_params(loom_ddp *d) {
+  loom_work **w = loom__calloc(LOOM_POOL_HOST, d->n ? d->n : 1, sizeof *w);
+  if (!w) return loom__fail(LOOM_ENOMEM, "ddp: out of memory broadcasting parameters");
+  int rc = LOOM_OK;
+  for (size_t i = 0; i < d->n && !rc; i++) {
+    loom_tensor *p = d->params[i];
+    void *data = loom_tensor_data(p);
+    rc = loom_pg_broadcast(d->pg, data, data, loom_tensor_numel(p), loom_tensor_dtype(p), 0, &w[i]);
+    if (!rc) d->control_collectives++;
+  }
+  int rc2 = loom_work_wait_all(w, d->n);
+  loom__free(w);
+  return rc ? rc : rc2;
+}
+
+/* Start every complete bucket from next_launch on, in order. */
+static int launch_ready(loom_ddp *d) {
+  size_t nb = loom_bucket_manager_count(d->m);
+  float inv = 1.0f / (float)loom_pg_size(d->pg);
+  while (d->next_launch < nb && d->pending[d->next_launch] == 0) {
+    size_t b = d->next_launch++;
+    if (!d->t_first_launch) d->t_first_launch = loom__ddp_now();
+    if (inv != 1.0f) loom__bucket_scale(d->m, b, inv); /* average: divide before summing */
+    int rc = loom_bucket_reduce_async(d->m, b, LOOM_SUM);
+    if (rc) return rc;
+  }
+  return LOOM_OK;
+}
+
+static void begin_step(loom_ddp *d) {
+  d->in_step = true;
+  d->step_status = LOOM_OK;
+  d->next_launch = 0;
+  d->t_first_launch = 0;
+  const loom__bucket_plan *p = &d->m->plan;
+  for (size_t b = 0; b < p->nbuckets; b++) d->pending[b] = p->count[b];
+  memset(d->ready, 0, d->n * sizeof *d->ready);
+}
+
+static int finish_cb(void *ctx) { return loom_ddp_finish(ctx); }
+
+static int on_grad_ready(loom_tensor *grad, void *ctx) {
+  (void)grad;
+  param_slot *s = ctx;
+  loom_ddp *d = s->d;
+  if (!d->sync) return LOOM_OK;
+  if (!d->in_step) {
+    begin_step(d);
+    int rc = loom_backward_queue_callback(finish_cb, d);
+    if (rc) return rc;
+  }
+  if (d->ready[s->index]) return LOOM_OK;
+  d->ready[s->index] = true;
+  d->pending[d->m->plan.bucket_of[s->index]]--;
+  return d->cfg.overlap ? launch_ready(d) : LOOM_OK;
+}
+
+int loom_ddp_finish(loom_ddp *d) {
+  if (!d) return loom__fail(LOOM_EINVAL, "loom_ddp_finish: ddp is NULL");
+  if (!d->sync || !d->in_step) return d->step_status; /* nothing to wait for */
+  double t_end = loom__ddp_now();
+  size_t nb = loom_bucket_manager_count(d->m);
+  size_t unused = d->n;
+  for (size_t i = 0; i < d->n && unused == d->n; i++)
+    if (!d->ready[i]) unused = i;
+  /* Launch what is left (all of it on the eager path; with an unused parameter, its bucket and
+   * those after it, so that every rank still issues the same collectives). */
+  for (size_t b = d->next_launch; b < nb; b++) d->pending[b] = 0;
+  int rc = launch_ready(d);
+  double t_wait = loom__ddp_now();
+  int rc2 = loom_bucket_manager_wait_all(d->m);
+  double t_done = loom__ddp_now();
+  if (!rc) rc = rc2;
+  d->stats.steps++;
+  d->stats.last_exposed_s = t_done - t_wait;
+  d->stats.exposed_s += d->stats.last_exposed_s;
+  d->stats.first_launch_lead_s = d->t_first_launch ? t_end - d->t_first_launch : 0;
+  d->in_step = false;
+  if (!rc && unused < d->n) {
+    char nm[160];
+    rc = loom__fail(LOOM_EMISUSE,
+                    "ddp: parameter %s got no gradient in this backward; every parameter must "
+                    "take part in the loss on every rank",
+                    param_name(d, unused, nm, sizeof nm));
+  }
+  d->step_status = rc;
+  return rc;
+}
+
+int loom_ddp_set_sync(loom_ddp *d, bool sync) {
+  if (!d) return loom__fail(LOOM_EINVAL, "loom_ddp_set_sync: ddp is NULL");
+  if (d->in_step)
+    return loom__fail(LOOM_EMISUSE, "loom_ddp_set_sync: a synchronised backward is running");
+  d->sync = sync;
+  return LOOM_OK;
+}
+
+int loom_ddp_any(loom_ddp *d, bool local, bool *global) {
+  if (!d || !global) return loom__fail(LOOM_EINVAL, "loom_ddp_any: NULL argument");
+  int32_t flag = local ? 1 : 0;
+  int rc = loom_pg_allreduce(d->pg, &flag, &flag, 1, LOOM_I32, LOOM_MAX, NULL);
+  if (rc) return rc;
+  d->control_collectives++;
+  *global = flag != 0;
+  return LOOM_OK;
+}
+
+int loom_ddp_stats_get(const loom_ddp *d, loom_ddp_stats *out) {
+  if (!d || !out) return loom__fail(LOOM_EINVAL, "loom_ddp_stats_get: NULL argument");
+  *out = d->stats;
+  out->collectives = d->m->collectives + d->control_collectives;
+  out->bytes = d->m->bytes;
+  out->buckets = loom_bucket_manager_count(d->m);
+  out->comm_s = d->m->comm_s;
+  return LOOM_OK;
+}
+
+loom_bucket_manager *loom_ddp_buckets(loom_ddp *d) { return d ? d->m : NULL; }
+
+void loom_ddp_free(loom_ddp *d) {
+  if (!d) return;
+  if (d->m) loom_bucket_manager_wait_all(d->m);
+  for (size_t i = 0; i < d->n; i++) {
+    if (d->params && d->params[i]) {
+      if (d->hook_ids && d->hook_ids[i] >= 0) loom_tensor_remove_hook(d->params[i], d->hook_ids[i]);
+      loom_tensor_free(d->params[i]);
+    }
+    if (d->names) loom__free(d->names[i]);
+  }
+  loom__free(d->params);
+  loom__free(d->names);
+  loom__free(d->slots);
+  loom__free(d->hook_ids);
+  loom__free(d->pending);
+  loom__free(d->ready);
+  loom_bucket_manager_free(d->m);
+  loom__free(d);
+}
+
+int loom_ddp_create(loom_pg *pg, loom_tensor *const *params, const char *const *names, size_t n,
+                    const loom_ddp_cfg *cfg, loom_ddp **out) {
+  static const char *who = "loom_ddp_create";
+  if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
+  *out = NULL;
+  if (!pg) return loom__fail(LOOM_EINVAL, "%s: process group is NULL", who);
+  if (n && !params) return loom__fail(LOOM_EINVAL, "%s: params is NULL", who);
+  loom_ddp_cfg defaults;
+  if (!cfg) {
+    loom_ddp_cfg_default(&defaults);
+    cfg = &defaults;
+  }
+  int rc = loom_ddp_cfg_validate(cfg);
+  if (rc) return rc;
+  for (size_t i = 0; i < n; i++) {
+    if ((rc = loom_tensor_check(params[i], who))) return rc;
+    if (!loom_tensor_is_leaf(params[i]) || !loom_tensor_requires_grad(params[i]))
+      return loom__fail(LOOM_EINVAL, "%s: parameter %zu is not a leaf that requires grad", who, i);
+    if (!loom_tensor_is_contiguous(params[i]))
+      return loom__fail(LOOM_EINVAL, "%s: parameter %zu is not contiguous", who, i);
+  }
+  loom_ddp *d = loom__calloc(LOOM_POOL_HOST, 1, sizeof *d);
+  LOOM_TRY_ALLOC(d, "the ddp object");
+  d->pg = pg;
+  d->n = n;
+  d->cfg = *cfg;
+  d->sync = true;
+  size_t cap = n ? n : 1;
+  d->params = loom__calloc(LOOM_POOL_HOST, cap, sizeof *d->params);
+  d->names = loom__calloc(LOOM_POOL_HOST, cap, sizeof *d->names);
+  d->slots = loom__calloc(LOOM_POOL_HOST, cap, sizeof *d->slots);
+  d->hook_ids = loom__calloc(LOOM_POOL_HOST, cap, sizeof *d->hook_ids);
+  d->ready = loom__calloc(LOOM_POOL_HOST, cap, sizeof *d->ready);
+  LOOM_TRY_ALLOC(d->params && d->names && d->slots && d->hook_ids && d->ready ? d : NULL,
+                 "the parameter tables");
+  for (size_t i = 0; i < n; i++) {
+    d->params[i] = loom_tensor_retain(params[i]);
+    d->hook_ids[i] = -1;
+    if (names && names[i]) {
+      d->names[i] = loom__strdup(LOOM_POOL_HOST, names[i]);
+      LOOM_TRY_ALLOC(d->names[i], "a parameter name");
+    }
+  }
+  LOOM_TRY(check_peers(d));
+  if (cfg->broadcast_params) LOOM_TRY(broadcast_params(d));
+  LOOM_TRY(loom__bucket_manager_create_views(pg, params, n, &cfg->buckets, cfg->wire_dtype_set,
+                                             cfg->wire_dtype, &d->m));
+  d->pending = loom__calloc(LOOM_POOL_HOST, loom_bucket_manager_count(d->m) + 1, sizeof *d->pending);
+  LOOM_TRY_ALLOC(d->pending, "the bucket counters");
+  for (size_t i = 0; i < n; i++) {
+    /* the bucket view starts from the parameter's current gradient, if it has one */
+    loom_tensor *old = loom_tensor_grad(params[i]);
+    if (old) LOOM_TRY(loom_tensor_copy(d->m->grads[i], old));
+    LOOM_TRY(loom_tensor_set_grad(params[i], d->m->grads[i]));
+    d->slots[i] = (param_slot){d, i};
+    LOOM_TRY(loom_tensor_register_hook(params[i], on_grad_ready, &d->slots[i], &d->hook_ids[i]));
+  }
+  *out = d;
+  return LOOM_OK;
+done:
+  loom_ddp_free(d);
+  return rc;
+}

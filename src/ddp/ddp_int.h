@@ -1,0 +1,56 @@
+/* ddp_int.h: what the DDP files share: the bucket plan (which gradient goes in which bucket, at
+ * which offset) and the bucket manager's internals. */
+#ifndef LOOM_DDP_INT_H
+#define LOOM_DDP_INT_H
+
+#include "core/core_int.h"
+#include "loom/ddp.h"
+
+typedef struct loom__bucket_plan {
+  size_t n, nbuckets;
+  size_t *bucket_of; /* [n] bucket of each gradient */
+  size_t *offset;    /* [n] element offset in its bucket */
+  size_t *order;     /* [n] gradient indices grouped by bucket, bucket 0 first */
+  size_t *order_offset; /* [n] offset of order[k] in its bucket */
+  size_t *first;     /* [nbuckets] start of each bucket's run in `order` */
+  size_t *count;     /* [nbuckets] gradients in each bucket */
+  size_t *numel;     /* [nbuckets] elements in each bucket */
+  size_t *bytes;     /* [nbuckets] bytes in each bucket */
+  loom_dtype *dtype; /* [nbuckets] */
+} loom__bucket_plan;
+
+/* Assign n gradients (numel and dtype of each) to buckets under cfg. */
+int loom__bucket_plan_make(const size_t *numel, const loom_dtype *dtype, size_t n,
+                           const loom_bucket_cfg *cfg, loom__bucket_plan *out);
+void loom__bucket_plan_free(loom__bucket_plan *p);
+
+typedef struct loom__bucket {
+  loom_tensor *buffer; /* flat [numel] of the bucket's dtype */
+  void *wire;          /* scratch in the wire dtype (NULL when the wire is the bucket's dtype) */
+  loom_work *work;     /* running reduction, or NULL */
+  double t_launch;     /* when the running reduction started */
+} loom__bucket;
+
+struct loom_bucket_manager {
+  loom_pg *pg;
+  size_t n;
+  loom_tensor **grads; /* [n] retained */
+  loom__bucket_plan plan;
+  loom__bucket *b;     /* [plan.nbuckets] */
+  bool wire_set;
+  loom_dtype wire;
+  uint64_t collectives, bytes;
+  double comm_s;
+};
+
+/* A manager whose gradients are made here, as views into the bucket buffers, with the shapes
+ * and dtypes of params[0..n) (DDP's layout: no prepare or copy-back copies). */
+int loom__bucket_manager_create_views(loom_pg *pg, loom_tensor *const *params, size_t n,
+                                      const loom_bucket_cfg *cfg, bool wire_set, loom_dtype wire,
+                                      loom_bucket_manager **out);
+/* Multiply a bucket's buffer by `factor` (f32 math, rounded back for f16/bf16). */
+void loom__bucket_scale(loom_bucket_manager *m, size_t bucket, float factor);
+/* Monotonic seconds. */
+double loom__ddp_now(void);
+
+#endif

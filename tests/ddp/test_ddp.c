@@ -1,0 +1,224 @@
+/* test_ddp.c: DDP on the threads backend against a single process. N ranks with per-rank batch
+ * B end with the same parameters as one rank with batch N*B (N = 2, 3, 4; overlapped and
+ * eager; bf16 wire), no_sync accumulation equals one large batch, rank 0's parameters are
+ * broadcast, statistics count one collective per bucket, and ranks that disagree on their
+ * parameters get an error, not a hang.
+ *
+ * Tolerance: ranks average the per-rank mean losses' gradients, the single process takes the
+ * mean over all rows; the two differ only by f32 summation order (relative ~1e-7 per step),
+ * so after 4 SGD steps parameters agree to 2e-6 absolute. The bf16 wire rounds each averaged
+ * gradient to 8 bits of mantissa (relative 2^-9), so there the bound is 2e-3. */
+#include "lt.h"
+#include "ddp_model.h"
+#include "loom/ddp.h"
+
+#include <stdlib.h>
+
+enum { STEPS = 4, B = 6, MAXR = 4 };
+static const float LR = 0.1f;
+
+typedef struct run {
+  int nranks;
+  loom_ddp_cfg cfg;
+  bool accumulate; /* two micro-batches per step, the first under no_sync */
+  float *params[MAXR];
+  loom_ddp_stats stats[MAXR];
+} run;
+
+static int rank_fn(loom_pg *pg, void *arg) {
+  run *r = arg;
+  int rank = loom_pg_rank(pg), n = loom_pg_size(pg);
+  model m;
+  int rc = model_init(&m, 1 + (uint64_t)rank); /* different on each rank: rank 0's wins */
+  loom_ddp *d = NULL;
+  if (!rc) rc = loom_ddp_create(pg, m.p, model_names, MODEL_NPARAMS, &r->cfg, &d);
+  for (int s = 0; s < STEPS && !rc; s++) {
+    int micro = r->accumulate ? 2 : 1;
+    for (int k = 0; k < micro && !rc; k++) {
+      rc = loom_ddp_set_sync(d, k == micro - 1);
+      int64_t row0 = ((int64_t)s * micro + k) * n * B + (int64_t)rank * B;
+      if (!rc) rc = model_backward(&m, row0, B, 1.0f);
+    }
+    if (!rc) rc = loom_ddp_finish(d);
+    if (!rc) model_sgd(&m, LR);
+  }
+  if (!rc) {
+    model_flatten(&m, r->params[rank], false);
+    rc = loom_ddp_stats_get(d, &r->stats[rank]);
+  }
+  loom_ddp_free(d);
+  model_free(&m);
+  return rc;
+}
+
+/* The same training in one process, batch n*B, parameters from rank 0's seed. */
+static void reference(int n, bool accumulate, float *out) {
+  model m;
+  LT_OK(model_init(&m, 1));
+  int micro = accumulate ? 2 : 1;
+  for (int s = 0; s < STEPS; s++) {
+    for (int k = 0; k < micro; k++) LT_OK(model_backward(&m, ((int64_t)s * micro + k) * n * B, (int64_t)n * B, 1.0f));
+    model_sgd(&m, LR);
+  }
+  model_flatten(&m, out, false);
+  model_free(&m);
+}
+
+static void check_run(run *r, float tol) {
+  size_t np = model_numel();
+  float *ref = malloc(np * sizeof *ref);
+  for (int k = 0; k < r->nranks; k++) r->params[k] = calloc(np, sizeof(float));
+  int rc = loom_threads_run(r->nranks, NULL, rank_fn, r);
+  LT_OK(rc);
+  reference(r->nranks, r->accumulate, ref);
+  for (int k = 0; k < r->nranks && rc == LOOM_OK; k++) {
+    double worst = 0;
+    for (size_t i = 0; i < np; i++) {
+      double e = fabs(r->params[k][i] - ref[i]);
+      if (e > worst) worst = e;
+      if (k && r->params[k][i] != r->params[0][i]) {
+        lt_fail_at(__FILE__, __LINE__, "ranks 0 and %d differ at %zu", k, i);
+        break;
+      }
+    }
+    if (worst > tol)
+      lt_fail_at(__FILE__, __LINE__, "%d ranks: rank %d is %g from the single process (tol %g)",
+                 r->nranks, k, worst, tol);
+  }
+  for (int k = 0; k < r->nranks; k++) free(r->params[k]);
+  free(ref);
+}
+
+LT_TEST(ddp_matches_single_process_2_3_4_ranks) {
+  for (int n = 2; n <= 4; n++) {
+    run r = {.nranks = n};
+    loom_ddp_cfg_default(&r.cfg);
+    r.cfg.buckets.first_bucket_bytes = 16; /* three buckets even for this small model */
+    r.cfg.buckets.bucket_bytes = 700;
+    check_run(&r, 2e-6f);
+    LT_TRUE(r.stats[0].buckets >= 3);
+    LT_EQ(r.stats[0].steps, STEPS);
+  }
+}
+
+LT_TEST(ddp_eager_path_matches_too) {
+  run r = {.nranks = 3};
+  loom_ddp_cfg_default(&r.cfg);
+  r.cfg.overlap = false;
+  r.cfg.buckets.policy = LOOM_BUCKET_LARGEST_FIRST;
+  r.cfg.buckets.bucket_bytes = 1024;
+  check_run(&r, 2e-6f);
+}
+
+LT_TEST(ddp_no_sync_accumulation_equals_one_large_batch) {
+  run r = {.nranks = 2, .accumulate = true};
+  loom_ddp_cfg_default(&r.cfg);
+  check_run(&r, 2e-6f);
+  /* one bucket: one all-reduce per synchronised step, none for the no_sync micro-batches */
+  LT_EQ(r.stats[0].buckets, 1);
+  LT_EQ(r.stats[0].steps, STEPS);
+}
+
+LT_TEST(ddp_bf16_wire) {
+  run r = {.nranks = 2};
+  loom_ddp_cfg_default(&r.cfg);
+  r.cfg.wire_dtype_set = true;
+  r.cfg.wire_dtype = LOOM_BF16;
+  check_run(&r, 2e-3f);
+  LT_EQ(r.stats[0].bytes, (uint64_t)STEPS * model_numel() * 2); /* half the bytes of f32 */
+}
+
+LT_TEST(ddp_stats_count_one_collective_per_bucket) {
+  run r = {.nranks = 2};
+  loom_ddp_cfg_default(&r.cfg);
+  r.cfg.buckets.first_bucket_bytes = 16;
+  r.cfg.buckets.bucket_bytes = 700;
+  check_run(&r, 2e-6f);
+  uint64_t control = 2 + MODEL_NPARAMS; /* parameter check (2) + broadcasts */
+  LT_EQ(r.stats[0].collectives, control + STEPS * r.stats[0].buckets);
+  LT_EQ(r.stats[0].bytes, (uint64_t)STEPS * model_numel() * 4);
+  LT_TRUE(r.stats[0].buckets < MODEL_NPARAMS + 1);
+}
+
+/* ---- ranks that disagree ---------------------------------------------------------------- */
+
+typedef struct bad {
+  int kind; /* 0 count, 1 shape, 2 dtype, 3 order */
+} bad;
+
+static int bad_rank_fn(loom_pg *pg, void *arg) {
+  bad *b = arg;
+  int rank = loom_pg_rank(pg);
+  loom_tensor *p[3] = {0};
+  const char *names[3] = {"a", "b", "c"};
+  int64_t s1[] = {4}, s2[] = {3, 2};
+  size_t n = (b->kind == 0 && rank == 1) ? 3 : 2;
+  int rc = loom_tensor_zeros(b->kind == 2 && rank == 1 ? LOOM_BF16 : LOOM_F32, 1, s1, &p[0]);
+  if (!rc) rc = loom_tensor_zeros(LOOM_F32, b->kind == 1 && rank == 1 ? 1 : 2, b->kind == 1 && rank == 1 ? s1 : s2, &p[1]);
+  if (!rc) rc = loom_tensor_zeros(LOOM_F32, 1, s1, &p[2]);
+  for (int i = 0; !rc && i < 3; i++) rc = loom_tensor_set_requires_grad(p[i], true);
+  if (b->kind == 3 && rank == 1) {
+    names[0] = "b";
+    names[1] = "a";
+  }
+  loom_ddp *d = NULL;
+  if (!rc) rc = loom_ddp_create(pg, p, names, n, NULL, &d);
+  loom_ddp_free(d);
+  for (int i = 0; i < 3; i++) loom_tensor_free(p[i]);
+  return rc;
+}
+
+LT_TEST(ddp_ranks_that_disagree_get_an_error) {
+  loom_pg_cfg cfg = loom_pg_cfg_default();
+  cfg.timeout_s = 20;
+  bad b = {0};
+  LT_ERR(loom_threads_run(2, &cfg, bad_rank_fn, &b), LOOM_EMISUSE, "parameter count");
+  b.kind = 1;
+  LT_ERR(loom_threads_run(2, &cfg, bad_rank_fn, &b), LOOM_ESHAPE, "shape of parameter 1 (b)");
+  b.kind = 2;
+  LT_ERR(loom_threads_run(2, &cfg, bad_rank_fn, &b), LOOM_EDTYPE, "dtype of parameter 0 (a)");
+  b.kind = 3;
+  LT_ERR(loom_threads_run(2, &cfg, bad_rank_fn, &b), LOOM_EMISUSE, "order of parameters");
+}
+
+/* A parameter that gets no gradient on one rank: an error naming it, and no hang. */
+static int unused_fn(loom_pg *pg, void *arg) {
+  (void)arg;
+  model m;
+  int rc = model_init(&m, 1);
+  loom_ddp *d = NULL;
+  if (!rc) rc = loom_ddp_create(pg, m.p, model_names, MODEL_NPARAMS, NULL, &d);
+  if (!rc && loom_pg_rank(pg) == 1) { /* only a loss of fc1: fc2 gets nothing */
+    loom_tensor *h = NULL, *s = NULL;
+    int64_t xs[2] = {2, MODEL_IN};
+    loom_tensor *x = NULL;
+    rc = loom_tensor_zeros(LOOM_F32, 2, xs, &x);
+    if (!rc) rc = loom_linear(x, m.p[0], m.p[1], &h);
+    if (!rc) rc = loom_sum(h, NULL, 0, false, &s);
+    if (!rc) rc = loom_backward(s, NULL, false);
+    loom_tensor_free(x);
+    loom_tensor_free(h);
+    loom_tensor_free(s);
+  } else if (!rc) {
+    rc = model_backward(&m, 0, 2, 1.0f);
+  }
+  int fin = loom_ddp_finish(d);
+  if (!rc) rc = fin;
+  loom_ddp_free(d);
+  model_free(&m);
+  return rc;
+}
+
+LT_TEST(ddp_unused_parameter_is_an_error_not_a_hang) {
+  loom_pg_cfg cfg = loom_pg_cfg_default();
+  cfg.timeout_s = 20;
+  LT_ERR(loom_threads_run(2, &cfg, unused_fn, NULL), LOOM_EMISUSE, "got no gradient");
+}
+
+LT_TEST(ddp_bad_arguments) {
+  loom_ddp *d = (loom_ddp *)1;
+  LT_ERR(loom_ddp_create(NULL, NULL, NULL, 0, NULL, &d), LOOM_EINVAL, "process group is NULL");
+  LT_TRUE(d == NULL);
+  LT_ERR(loom_ddp_finish(NULL), LOOM_EINVAL, "ddp is NULL");
+  loom_ddp_free(NULL);
+}
