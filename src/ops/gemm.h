@@ -4,7 +4,21 @@
  * scalar reference beside each for the tests. All return a loom status with a message.
  *
  * Dtypes: A and B are f32, bf16 or f16 (f16 goes through f32); both the same dtype. C is f32
- * or the inputs' dtype; accumulation is always f32. */
+ * or the inputs' dtype; accumulation is always f32.
+ *
+ * Errors (kernels and references alike, message naming the function and the argument):
+ * LOOM_EINVAL for a NULL pointer, a size that is not positive or beta not 0/1; LOOM_EDTYPE for
+ * a dtype not listed above; LOOM_ESHAPE for a leading dimension shorter than a row or batches
+ * of C that overlap; LOOM_ENOMEM when a work buffer cannot be allocated; LOOM_EBACKEND with
+ * oneDNN's status text when oneDNN fails. Outputs are unspecified after an error.
+ *
+ * Memory: outputs must not overlap inputs. Work buffers (oneDNN's scratchpad, f32 copies of f16
+ * operands) come from the compute pool and are freed before the call returns.
+ *
+ * Threads: every function may be called from any number of threads at once. oneDNN runs each
+ * call on the calling thread's OpenMP team (loom__gemm_set_threads). Built oneDNN primitives
+ * are cached process-wide by shape, strides, dtypes, alpha, beta and thread count (the first
+ * call of a shape costs 0.1-40 ms, later ones microseconds of overhead). */
 #ifndef LOOM_OPS_GEMM_H
 #define LOOM_OPS_GEMM_H
 
@@ -55,7 +69,9 @@ int loom__conv2d_bwd_data_ref(const loom__conv2d_args *a, const void *dy, const 
 int loom__conv2d_bwd_weights_ref(const loom__conv2d_args *a, const void *x, const void *dy,
                                  void *dw, void *db);
 
-/* Threads the GEMM library may use on the calling thread (1 per rank when ranks are threads). */
+/* Threads the GEMM library may use on the calling thread (1 per rank when ranks are threads;
+ * n < 1 counts as 1). Without a call, OpenMP's default (OMP_NUM_THREADS, else every core).
+ * Under ThreadSanitizer the count is always 1 (OpenMP's runtime is not instrumented). */
 void loom__gemm_set_threads(int n);
 
 #endif

@@ -306,6 +306,18 @@ LT_TEST(gemm_concurrent_threads) {
   LT_OK(loom__prim_cache_set_capacity(info.capacity));
 }
 
+/* With two oneDNN threads (a new cache key) the results still match the reference. */
+LT_TEST(gemm_two_threads) {
+  int before = loom__gemm_threads();
+  loom__gemm_set_threads(2);
+  shape s = {2, 96, 130, 200, false, true, 0, false, false, 1.0f, 1.0f};
+  LT_EQ(check_case(s, LOOM_F32, LOOM_F32), 0);
+  LT_EQ(check_case(s, LOOM_BF16, LOOM_BF16), 0);
+  loom__gemm_set_threads(1);
+  LT_EQ(check_case(s, LOOM_F32, LOOM_F32), 0);
+  loom__gemm_set_threads(before);
+}
+
 LT_TEST(gemm_bad_arguments) {
   float A[16] = {0}, B[16] = {0}, C[16] = {0};
   const loom__gemm_args ok = {.batch = 1,
