@@ -5,6 +5,9 @@
 #include "commands.h"
 #include "train_api.h"
 
+#include <loom/dist.h>
+#include <loom/dist_mpi.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +18,9 @@ static const char usage[] = "[OPTIONS]\n\n"
     "  loom train --epochs 1                          # the MLP 784-1024-1024-10, AdamW, f32\n"
     "  loom train --model cnn --amp bf16 --epochs 10  # the CNN under bf16 autocast\n"
     "  loom train --amp f16 --metrics m.jsonl --save ck    # f16 with dynamic loss scaling\n"
-    "  loom train --resume ck --save ck               # continue an interrupted run exactly";
+    "  loom train --resume ck --save ck               # continue an interrupted run exactly\n"
+    "  loom train --ranks 2 --strategy ddp            # 2 data-parallel ranks (threads)\n"
+    "  mpirun -n 2 loom train --backend mpi --strategy ddp   # 2 ranks as MPI processes";
 
 static const char *sizes_hidden = "1024,1024", *sizes_channels = "32,64";
 
@@ -77,12 +82,77 @@ static int check(train_opts *o, bool no_shuffle) {
             o->loss_scale);
     return -1;
   }
-  if (o->ranks > 1 || strcmp(o->strategy, "none") != 0 || strcmp(o->backend, "threads") != 0) {
-    fprintf(stderr, "loom train: --ranks/--backend/--strategy: data parallelism is not in this "
-                    "build yet\n");
+  bool ddp = strcmp(o->strategy, "ddp") == 0, mpi = strcmp(o->backend, "mpi") == 0;
+  if (!ddp && (o->ranks > 1 || mpi)) {
+    fprintf(stderr, "loom train: --%s: more than one rank needs --strategy ddp\n",
+            mpi ? "backend mpi" : "ranks");
+    return -1;
+  }
+  if (o->ranks > TRAIN_MAX_RANKS) {
+    fprintf(stderr, "loom train: --ranks: expected at most %d, got %ld\n", TRAIN_MAX_RANKS,
+            o->ranks);
+    return -1;
+  }
+  if (mpi && o->ranks > 1) {
+    fprintf(stderr, "loom train: --ranks: with --backend mpi the ranks are the MPI processes "
+                    "(mpirun -n N loom train ...)\n");
     return -1;
   }
   return 0;
+}
+
+/* ---- running on ranks --------------------------------------------------------------------- */
+
+typedef struct rank_run {
+  const train_opts *o;
+  char message[TRAIN_MAX_RANKS][512];
+} rank_run;
+
+static int rank_main(loom_pg *pg, void *arg) {
+  rank_run *r = arg;
+  int rc = train_run(r->o, pg), rank = loom_pg_rank(pg);
+  if (rc && rank < TRAIN_MAX_RANKS)
+    snprintf(r->message[rank], sizeof r->message[rank], "%s", train_last_error());
+  return rc;
+}
+
+/* Train on --ranks threads (each a rank of a threads process group); the lowest failing
+ * rank's message is printed. */
+static int run_threads(const train_opts *o) {
+  rank_run *r = calloc(1, sizeof *r);
+  if (!r) return train_fail(LOOM_ENOMEM, "train: out of memory");
+  r->o = o;
+  int rc = loom_threads_run((int)o->ranks, NULL, rank_main, r);
+  if (rc) {
+    int worst = 0;
+    while (worst < TRAIN_MAX_RANKS - 1 && !r->message[worst][0]) worst++;
+    if (r->message[worst][0]) train_fail(rc, "rank %d: %s", worst, r->message[worst]);
+    else train_fail(rc, "%s", loom_last_error());
+  }
+  free(r);
+  return rc;
+}
+
+/* Train as one rank of MPI_COMM_WORLD (under mpirun). */
+static int run_mpi(const train_opts *o) {
+  loom_pg *pg = NULL;
+  int rc = loom_mpi_pg_create(NULL, NULL, &pg);
+  if (rc) {
+    train_fail_loom(rc, "--backend mpi");
+    loom_mpi_finalize();
+    return rc;
+  }
+  int rank = loom_pg_rank(pg);
+  rc = train_run(o, pg);
+  if (rc) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", train_last_error());
+    train_fail(rc, "rank %d: %s", rank, msg);
+    loom_pg_abort(pg); /* the peers fail at once instead of timing out */
+  }
+  loom_pg_free(pg);
+  loom_mpi_finalize();
+  return rc;
 }
 
 int cmd_train(int argc, char **argv) {
@@ -121,9 +191,9 @@ int cmd_train(int argc, char **argv) {
       {"threads", CLI_INT, &o.threads, "N", "compute threads (per rank); 0: OpenMP's default", NULL},
       {"eval-batch", CLI_POS_INT, &o.eval_batch, "N", "samples per evaluation batch", NULL},
       {"quiet", CLI_FLAG, &o.quiet, NULL, "print only the summary line", NULL},
-      {"ranks", CLI_POS_INT, &o.ranks, "N", "data-parallel ranks", NULL},
-      {"backend", CLI_CHOICE, &o.backend, NULL, "process group backend", "threads|mpi"},
-      {"strategy", CLI_CHOICE, &o.strategy, NULL, "data parallelism", "none|ddp"},
+      {"ranks", CLI_POS_INT, &o.ranks, "N", "data-parallel ranks (threads backend; each gets --batch samples of every step)", NULL},
+      {"backend", CLI_CHOICE, &o.backend, NULL, "process groups: ranks as threads, or MPI processes (mpirun -n N loom train --backend mpi ...)", "threads|mpi"},
+      {"strategy", CLI_CHOICE, &o.strategy, NULL, "data parallelism: none, or DDP (bucketed all-reduce overlapped with backward)", "none|ddp"},
       {0}};
   int rc = cli_parse("loom train", table, argc, argv, NULL, 0, NULL);
   if (rc == 1) {
@@ -131,7 +201,9 @@ int cmd_train(int argc, char **argv) {
     return 0;
   }
   if (rc < 0 || check(&o, no_shuffle)) return 2;
-  rc = train_run(&o, NULL);
+  if (strcmp(o.backend, "mpi") == 0) rc = run_mpi(&o);
+  else if (strcmp(o.strategy, "ddp") == 0) rc = run_threads(&o);
+  else rc = train_run(&o, NULL);
   if (rc) {
     fprintf(stderr, "loom train: %s\n", train_last_error());
     return 1;

@@ -19,6 +19,7 @@
 #include <stdio.h>
 
 #define TRAIN_MAX_HIDDEN 8
+#define TRAIN_MAX_RANKS 64 /* --ranks on the threads backend */
 
 typedef struct loom_pg loom_pg; /* loom/dist.h's process group */
 

@@ -36,7 +36,13 @@ void model_free(model *m) {
 }
 
 int model_backward(model *m, int64_t row0, int64_t rows, float loss_scale) {
+  return model_backward_amp(m, row0, rows, loss_scale, LOOM_AUTOCAST_OFF);
+}
+
+int model_backward_amp(model *m, int64_t row0, int64_t rows, float loss_scale,
+                       loom_autocast_mode mode) {
   int rc;
+  loom_autocast_token tok = {0};
   int64_t xs[2] = {rows, MODEL_IN}, ys[2] = {rows, MODEL_OUT};
   loom_tensor *x = NULL, *y = NULL, *h = NULL, *a = NULL, *o = NULL, *loss = NULL, *scaled = NULL;
   if ((rc = loom_tensor_empty(LOOM_F32, 2, xs, &x)) || (rc = loom_tensor_empty(LOOM_F32, 2, ys, &y)))
@@ -46,9 +52,11 @@ int model_backward(model *m, int64_t row0, int64_t rows, float loss_scale) {
     for (int k = 0; k < MODEL_IN; k++) xd[r * MODEL_IN + k] = hash_unit(7777u + (uint64_t)(row0 + r) * 131u + k);
     for (int k = 0; k < MODEL_OUT; k++) yd[r * MODEL_OUT + k] = hash_unit(9999u + (uint64_t)(row0 + r) * 17u + k);
   }
+  if ((rc = loom_autocast_enter(mode, NULL, &tok))) goto done;
   if ((rc = loom_linear(x, m->p[0], m->p[1], &h)) || (rc = loom_tanh(h, &a)) ||
       (rc = loom_linear(a, m->p[2], m->p[3], &o)) || (rc = loom_mse(o, y, LOOM_REDUCTION_MEAN, &loss)))
     goto done;
+  if ((rc = loom_autocast_exit(&tok))) goto done;
   if (loss_scale != 1.0f) {
     if ((rc = loom_mul_scalar(loss, loss_scale, &scaled))) goto done;
     rc = loom_backward(scaled, NULL, false);
@@ -56,6 +64,7 @@ int model_backward(model *m, int64_t row0, int64_t rows, float loss_scale) {
     rc = loom_backward(loss, NULL, false);
   }
 done:
+  if (tok.owner) loom_autocast_exit(&tok);
   loom_tensor_free(x);
   loom_tensor_free(y);
   loom_tensor_free(h);

@@ -21,6 +21,9 @@ void model_free(model *m);
 /* Forward rows [row0, row0 + rows) of the deterministic data set and backward the mean MSE
  * (scaled by loss_scale; 1 for none). */
 int model_backward(model *m, int64_t row0, int64_t rows, float loss_scale);
+/* The same with the forward under autocast in `mode` (LOOM_AUTOCAST_OFF: none). */
+int model_backward_amp(model *m, int64_t row0, int64_t rows, float loss_scale,
+                       loom_autocast_mode mode);
 /* p -= lr * grad; then zero the gradients. */
 void model_sgd(model *m, float lr);
 /* All parameters (or gradients) as one flat f32 array of model_numel() values. */

@@ -1,0 +1,71 @@
+/* test_ddp_amp.c: AMP under DDP. f16 autocast with a dynamic loss scaler on every rank; one
+ * rank alone sees an overflow (an inf put into its gradients after the all-reduce, as a local
+ * fault would); loom_ddp_any spreads the flag, so every rank skips that same step, halves its
+ * scale the same way, and the replicas stay identical. */
+#include "lt.h"
+#include "ddp_model.h"
+#include "loom/amp.h"
+#include "loom/ddp.h"
+
+#include <stdlib.h>
+
+enum { STEPS = 6, BAD_STEP = 3, B = 8, NR = 3 };
+
+typedef struct amp_run {
+  float scale[NR];
+  int skipped[NR];
+  float *params[NR];
+} amp_run;
+
+static int amp_rank(loom_pg *pg, void *arg) {
+  amp_run *r = arg;
+  int rank = loom_pg_rank(pg), n = loom_pg_size(pg);
+  model m;
+  loom_ddp *d = NULL;
+  loom_scaler *sc = NULL;
+  int rc = model_init(&m, 5);
+  if (!rc) rc = loom_ddp_create(pg, m.p, model_names, MODEL_NPARAMS, NULL, &d);
+  if (!rc) rc = loom_scaler_create_dynamic(NULL, &sc);
+  for (int s = 0; s < STEPS && !rc; s++) {
+    float scale = 0;
+    rc = loom_scaler_scale_value(sc, &scale);
+    if (!rc) rc = model_backward_amp(&m, (int64_t)s * n * B + rank * B, B, scale, LOOM_AUTOCAST_F16);
+    if (!rc) rc = loom_ddp_finish(d);
+    if (!rc && s == BAD_STEP && rank == 1) /* a fault on this rank only */
+      ((float *)loom_tensor_data(loom_tensor_grad(m.p[2])))[7] = INFINITY;
+    loom_tensor *grads[MODEL_NPARAMS];
+    for (int i = 0; i < MODEL_NPARAMS; i++) grads[i] = loom_tensor_grad(m.p[i]);
+    bool local = false, any = false;
+    if (!rc) rc = loom_scaler_unscale(sc, grads, MODEL_NPARAMS, &local);
+    if (!rc) rc = loom_ddp_any(d, local, &any);
+    if (!rc && !any) model_sgd(&m, 0.05f);
+    if (!rc && any) {
+      r->skipped[rank]++;
+      for (int i = 0; i < MODEL_NPARAMS; i++) loom_tensor_zero_grad(m.p[i]);
+    }
+    if (!rc) rc = loom_scaler_update(sc, any);
+  }
+  if (!rc) {
+    r->scale[rank] = loom_scaler_get_scale(sc);
+    model_flatten(&m, r->params[rank], false);
+  }
+  loom_scaler_free(sc);
+  loom_ddp_free(d);
+  model_free(&m);
+  return rc;
+}
+
+LT_TEST(ddp_amp_every_rank_skips_the_same_step) {
+  amp_run r = {{0}, {0}, {0}};
+  size_t np = model_numel();
+  for (int k = 0; k < NR; k++) r.params[k] = calloc(np, sizeof(float));
+  LT_OK(loom_threads_run(NR, NULL, amp_rank, &r));
+  loom_dynamic_scaler_cfg c;
+  loom_dynamic_scaler_cfg_default(&c);
+  for (int k = 0; k < NR; k++) {
+    LT_EQ(r.skipped[k], 1);
+    LT_EQ(r.scale[k], c.initial_scale * c.backoff_factor); /* halved once, no growth yet */
+    LT_TRUE(memcmp(r.params[k], r.params[0], np * sizeof(float)) == 0);
+  }
+  for (int k = 0; k < NR; k++) free(r.params[k]);
+}
