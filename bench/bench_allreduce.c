@@ -3,7 +3,7 @@
  * run, for the mpi backend beside a raw MPI_Allreduce loop over the same sizes (the program
  * launches itself under mpiexec with the same rank count for that part). Each figure is the
  * median of 5 timed loops; buffers are touched first so page faults are not timed.
- * Usage: bench_allreduce [RANKS] [MAX_MB]   (or `loom bench allreduce [RANKS] [MAX_MB]`)
+ * Usage: bench_allreduce [RANKS] [MAX_MB] [all|threads|mpi]   (or `loom bench allreduce ...`)
  * Output: one line per backend and size:
  *   allreduce <backend> ranks=N bytes=B iters=I us=T busbw_GBs=G */
 #include <loom/dist.h>
@@ -14,6 +14,7 @@
 #include <mpi.h>
 #endif
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,18 +175,21 @@ int bench_allreduce_main(int argc, char **argv) {
 #ifdef LOOM_HAVE_MPI
   if (argc > 3 && strcmp(argv[3], CHILD_FLAG) == 0) return mpi_child(max_bytes);
 #endif
+  const char *which = argc > 3 ? argv[3] : "all";
+  bool thr = strcmp(which, "mpi") != 0, mpi = strcmp(which, "threads") != 0;
   thr_arg a = {max_bytes};
-  int rc = loom_threads_run(ranks, NULL, thr_rank, &a);
+  int rc = thr ? loom_threads_run(ranks, NULL, thr_rank, &a) : LOOM_OK;
   if (rc) {
     fprintf(stderr, "bench_allreduce: threads: %s\n", loom_last_error());
     return 1;
   }
 #ifdef LOOM_HAVE_MPI
-  if (ranks > 1 && launch_mpi(ranks, max_mb)) {
+  if (mpi && ranks > 1 && launch_mpi(ranks, max_mb)) {
     fprintf(stderr, "bench_allreduce: the MPI part failed\n");
     return 1;
   }
 #else
+  (void)mpi;
   printf("allreduce: built without MPI, no mpi or raw-mpi figures\n");
 #endif
   return 0;

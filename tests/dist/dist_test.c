@@ -167,11 +167,14 @@ static void case_allgather(loom_pg *pg, loom_dtype dt, bool inplace, size_t n, u
 int dt_all_cases(loom_pg *pg, void *arg) {
   (void)arg;
   unsigned seed = 1;
+  /* sanitizer builds run the largest count with two ops only (every op at every other count) */
+  bool sanitized = getenv("LOOM_SANITIZED") != NULL;
   DT_CHECK(loom_pg_compute_threads(pg) >= 1, "compute threads");
   for (size_t ci = 0; ci < NCOUNTS; ci++)
     for (int dt = 0; dt < LOOM_DTYPE_COUNT; dt++)
       for (int inplace = 0; inplace < 2; inplace++) {
         for (int op = 0; op < LOOM_REDOP_COUNT; op++) {
+          if (sanitized && ci == NCOUNTS - 1 && op != LOOM_SUM && op != LOOM_MAX) continue;
           case_allreduce(pg, (loom_dtype)dt, (loom_redop)op, inplace, counts[ci], seed++);
           case_reduce_scatter(pg, (loom_dtype)dt, (loom_redop)op, inplace, counts[ci], seed++);
         }

@@ -3,7 +3,7 @@
  *   - small all-reduce (<= LOOM__THR_SMALL_BYTES): each rank copies its input to its scratch,
  *     one barrier, each rank folds all scratches in rank order (latency: one barrier, no
  *     second one thanks to the double-buffered scratch);
- *   - large all-reduce: reduce-scatter + all-gather, pipelined in LOOM__THR_CHUNK_BYTES chunks:
+ *   - large all-reduce: reduce-scatter + all-gather, pipelined in chunks (a quarter segment, 64-512 KB):
  *     rank r folds chunk c of its segment from every rank's input into its output, ticks, and
  *     copies chunk c-1 of every peer's segment from the peer's output while it is still in
  *     cache; a final barrier returns the buffers. Each byte crosses memory once per phase,
@@ -137,9 +137,14 @@ static int allreduce_large(loom__thr_rank *me, const loom__coll *c) {
   uint32_t t0;
   int rc = arrive(me, c, &t0);
   if (rc) return rc;
-  size_t ch = LOOM__THR_CHUNK_BYTES / es, s0, maxlen;
+    size_t s0, maxlen;
   segment(c->count, n, 0, &s0, &maxlen);
-  size_t nch = (maxlen + ch - 1) / ch;
+  /* a quarter of a segment, so that even mid sizes pipeline, within the bounds */
+  size_t chb = maxlen * es / 4;
+  chb = chb < LOOM__THR_CHUNK_MIN ? LOOM__THR_CHUNK_MIN
+        : chb > LOOM__THR_CHUNK_MAX ? LOOM__THR_CHUNK_MAX
+                                    : chb;
+  size_t ch = chb / es, nch = (maxlen + ch - 1) / ch;
   const void *srcs[1024];
   for (size_t k = 0; k < nch; k++) {
     size_t off, m;

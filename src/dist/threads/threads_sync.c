@@ -41,10 +41,12 @@ void loom__thr_world_fail(loom__thr_world *w, int r, int code, const char *msg) 
   for (int i = 0; i < w->n; i++) loom__thr_wake(&w->ranks[i]);
 }
 
+
 static bool reached(uint32_t tick, uint32_t target) { return (int32_t)(tick - target) >= 0; }
 
-/* Why can't we go on waiting for `peer`? LOOM_OK if we can. */
-static int why_stop(loom__thr_rank *me, int peer, const loom__coll *c, double t0) {
+/* Why can't we go on waiting for `peer` to reach target? LOOM_OK if we can (or it did). */
+static int why_stop(loom__thr_rank *me, int peer, uint32_t target, const loom__coll *c,
+                    double t0) {
   loom__thr_world *w = me->world;
   const char *name = loom__coll_name(c->kind);
   int r = me->pg.rank;
@@ -60,7 +62,8 @@ static int why_stop(loom__thr_rank *me, int peer, const loom__coll *c, double t0
     return loom__fail(LOOM_EREMOTE, "rank %d: %s #%llu failed because rank %d failed: %s", r,
                       name, (unsigned long long)c->seq, f, msg);
   }
-  if (atomic_load(&w->ranks[peer].exited))
+  /* a peer that exited after its last tick is not a failure: look at the tick after the flag */
+  if (atomic_load(&w->ranks[peer].exited) && !reached(atomic_load(&w->ranks[peer].tick), target))
     return loom__fail(LOOM_EREMOTE,
                       "rank %d: %s #%llu: rank %d returned from its function without joining it",
                       r, name, (unsigned long long)c->seq, peer);
@@ -79,13 +82,13 @@ int loom__thr_wait(loom__thr_rank *me, int peer, uint32_t target, const loom__co
     if (reached(atomic_load_explicit(&p->tick, memory_order_acquire), target)) return LOOM_OK;
     loom__cpu_relax();
     if ((i & 255) == 0) {
-      int rc = why_stop(me, peer, c, t0);
+      int rc = why_stop(me, peer, target, c, t0);
       if (rc) return rc;
       if (loom__now() - t0 > SPIN_S) break;
     }
   }
   for (;;) {
-    int rc = why_stop(me, peer, c, t0);
+    int rc = why_stop(me, peer, target, c, t0);
     if (rc) return rc;
     atomic_fetch_add(&p->sleepers, 1);
     uint32_t v = atomic_load(&p->tick);
