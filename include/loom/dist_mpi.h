@@ -26,7 +26,9 @@
  * Limits: counts above INT_MAX elements give LOOM_EOVERFLOW. After a timeout the collective's
  * MPI request is still active (MPI cannot cancel collectives): the group is broken, its
  * buffers may still be written by MPI, and the process should end (loom_pg_free then leaks
- * the private communicators rather than risk a hang). */
+ * the private communicators rather than risk a hang). The notice communicator of a group is
+ * never freed (a notice still in flight must not reach a later group to which MPI gave the
+ * same communicator id): one communicator per group created. */
 #ifndef LOOM_DIST_MPI_H
 #define LOOM_DIST_MPI_H
 

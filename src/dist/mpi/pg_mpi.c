@@ -10,12 +10,14 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TAG_FAIL 77
 #define HDR 5 /* int64 fields of a header */
 
 typedef struct fail_note {
+  uint64_t gid; /* the group's id: a stale notice to a reused communicator id is dropped */
   int rank, code;
   char msg[256];
 } fail_note;
@@ -29,6 +31,7 @@ typedef struct mpi_pg {
   MPI_Request *sends; /* notices sent to peers */
   int nsends;
   bool broken;        /* an MPI request was left active: do not free the communicators */
+  uint64_t gid;       /* rank 0's pick, broadcast at creation */
   int64_t *hdrs;      /* size * HDR, the header exchange */
   void *tmp;          /* f32 widening / in-place scratch */
   size_t tmp_bytes;
@@ -65,12 +68,26 @@ static MPI_Op mpi_op(loom_redop op) {
 
 /* ---- failure notices ---- */
 
+static int post_notice_recv(mpi_pg *m) {
+  return MPI_Irecv(&m->notice_in, (int)sizeof m->notice_in, MPI_BYTE, MPI_ANY_SOURCE, TAG_FAIL,
+                   m->ctl, &m->notice_req);
+}
+
 /* Has a peer told us it failed? LOOM_OK if not. Thread-safe. */
 static int check_notice(mpi_pg *m) {
   int flag = 0;
   pthread_mutex_lock(&m->ctl_mu);
-  if (m->notice_req != MPI_REQUEST_NULL) MPI_Test(&m->notice_req, &flag, MPI_STATUS_IGNORE);
-  else flag = 1;
+  for (;;) {
+    if (m->notice_req == MPI_REQUEST_NULL) {
+      flag = 1;
+      break;
+    }
+    MPI_Test(&m->notice_req, &flag, MPI_STATUS_IGNORE);
+    if (!flag || m->notice_in.gid == m->gid) break;
+    /* a notice meant for an earlier group whose communicator id MPI reused: drop it */
+    flag = 0;
+    if (post_notice_recv(m) != MPI_SUCCESS) m->notice_req = MPI_REQUEST_NULL;
+  }
   pthread_mutex_unlock(&m->ctl_mu);
   if (!flag) return LOOM_OK;
   return loom__fail(LOOM_EREMOTE, "rank %d: rank %d failed: %s", m->pg.rank, m->notice_in.rank,
@@ -83,6 +100,7 @@ static void mpi_failed(loom_pg *pg, int code, const char *msg) {
   mpi_pg *m = of(pg);
   if (code == LOOM_EREMOTE) return; /* the peer that failed told everyone already */
   pthread_mutex_lock(&m->ctl_mu);
+  m->notice_out.gid = m->gid;
   m->notice_out.rank = pg->rank;
   m->notice_out.code = code;
   snprintf(m->notice_out.msg, sizeof m->notice_out.msg, "%s", msg);
@@ -309,10 +327,9 @@ static void destroy(mpi_pg *m) {
     while (!flag && loom__now() - t0 < 1.0) MPI_Test(&m->sends[i], &flag, MPI_STATUS_IGNORE);
     if (!flag) m->broken = true;
   }
-  if (!m->broken) {
-    if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
-    if (m->ctl != MPI_COMM_NULL) MPI_Comm_free(&m->ctl);
-  }
+  /* the notice communicator is kept (never freed): a notice still in flight must not reach a
+   * later group that MPI gave the same communicator id */
+  if (!m->broken && m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
   pthread_mutex_destroy(&m->ctl_mu);
   loom__free(m->sends);
   loom__free(m->hdrs);
@@ -399,8 +416,18 @@ int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out) {
   int cores = cfg->cores ? cfg->cores : (online > 0 ? (int)online : 1);
   int share = cores / lsize + (lrank < cores % lsize);
   m->pg.compute_threads = share > 0 ? share : 1;
-  if ((err = MPI_Irecv(&m->notice_in, (int)sizeof m->notice_in, MPI_BYTE, MPI_ANY_SOURCE,
-                       TAG_FAIL, m->ctl, &m->notice_req))) {
+  if (rank == 0) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    static _Atomic uint64_t made;
+    m->gid = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^
+             ((uint64_t)getpid() << 40) ^ (atomic_fetch_add(&made, 1) * 0x9e3779b97f4a7c15ULL);
+  }
+  if ((err = MPI_Bcast(&m->gid, 1, MPI_UINT64_T, 0, m->comm))) {
+    rc = mpi_err(err, who, "MPI_Bcast");
+    goto done;
+  }
+  if ((err = post_notice_recv(m))) {
     rc = mpi_err(err, who, "MPI_Irecv");
     goto done;
   }
