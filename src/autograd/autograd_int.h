@@ -59,6 +59,9 @@ struct loom__node {
   int64_t out_shape[LOOM_MAX_DIMS];
   loom__hooks hooks; /* hooks on the output tensor (run with its gradient) */
   bool released;     /* spent by a backward without retain_graph */
+  /* backward hands the output's gradient to input 0 unchanged but for rounding to the output
+   * dtype (a cast): a gradient sink (loom__grad_sink) may look through this node */
+  bool passthrough;
   /* per-backward state (one backward at a time per graph) */
   uint64_t bwd_epoch;
   int bwd_deps;
@@ -77,6 +80,7 @@ typedef struct loom__meta {
   loom__hooks hooks;   /* leaves: run when grad is complete */
   uint64_t bwd_epoch;
   int bwd_pending;
+  bool sink_fresh; /* grad was allocated by a sink in the node running now (error cleanup) */
 } loom__meta;
 
 /* The tensor's metadata, created on first use (NULL only when out of memory). */
@@ -108,6 +112,27 @@ int loom__hooks_add(loom__hooks *h, loom_grad_hook_fn fn, void *ctx, int *id);
 int loom__hooks_remove(loom__hooks *h, int id);
 int loom__hooks_run(const loom__hooks *h, loom_tensor *grad);
 void loom__hooks_free(loom__hooks *h);
+
+/* ---- writing straight into a leaf's gradient -----------------------------------------
+ * Instead of returning a temporary in gin[i], a backward function may write input i's
+ * gradient into its final buffer. When input i's gradient ends, unchanged, in the gradient
+ * of an f32 leaf (the edge is that leaf, or goes through pass-through nodes with no hooks to
+ * it), loom__grad_sink gives that buffer (f32, contiguous, input i's shape) and beta: 0 when
+ * it holds nothing yet (overwrite every element), 1 when it holds earlier gradients (add).
+ * The caller must then write all of it (p = beta * p + its gradient) before it asks for
+ * another sink, and leave gin[i] NULL. Returns false (and the caller returns a temporary as
+ * usual) for another dtype, a hook on the way, in loom_autograd_grad, outside backward, or
+ * when the buffer cannot be allocated. The leaf's hooks still fire once, after its last
+ * contribution (when its last edge has run). Through a pass-through node (a cast) the
+ * gradient skips that node's rounding: an f32 master weight under autocast gets the f32 sum
+ * of its gradients. If the backward function then fails, a buffer the sink allocated is
+ * dropped again, so the leaf has no gradient as before. */
+typedef struct loom__sink {
+  float *p;
+  float beta;
+} loom__sink;
+
+bool loom__grad_sink(loom__node *n, int i, loom__sink *s);
 
 /* dst (any float dtype, contiguous) += src (f32), n elements, through f32. */
 void loom__accumulate_f32(loom_tensor *dst, const float *src, size_t n);

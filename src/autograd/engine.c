@@ -90,15 +90,27 @@ static int pend_add(loom__node *n, loom_tensor *g) {
   return LOOM_OK;
 }
 
-/* Add g (f32) into leaf's gradient, allocating a zeroed one of the leaf's dtype first. */
-static int leaf_add(loom_tensor *leaf, const loom_tensor *g) {
+/* True if g (f32, contiguous) is held by nobody else and owns its whole buffer, so it can be
+ * adopted as a gradient instead of copied. */
+static bool adoptable(const loom_tensor *g) {
+  return atomic_load(&g->refcount) == 1 && atomic_load(&g->storage->refcount) == 1 &&
+         g->storage->owned && g->offset == 0 && !g->autograd;
+}
+
+/* Add g (f32, or NULL: nothing) into leaf's gradient. The first contribution becomes the
+ * gradient (adopted, or converted to the leaf's dtype); with none, a zeroed one is made. */
+static int leaf_add(loom_tensor *leaf, loom_tensor *g) {
   loom__meta *m = leaf->autograd;
-  if (!m->grad) {
-    int rc = loom_tensor_zeros(leaf->dtype, leaf->ndim, leaf->shape, &m->grad);
-    if (rc) return rc;
+  if (m->grad) {
+    if (g) loom__accumulate_f32(m->grad, loom_tensor_data(g), loom_tensor_numel(g));
+    return LOOM_OK;
   }
-  if (g) loom__accumulate_f32(m->grad, loom_tensor_data(g), loom_tensor_numel(g));
-  return LOOM_OK;
+  if (!g) return loom_tensor_zeros(leaf->dtype, leaf->ndim, leaf->shape, &m->grad);
+  if (leaf->dtype == LOOM_F32 && adoptable(g)) {
+    m->grad = loom_tensor_retain(g);
+    return LOOM_OK;
+  }
+  return loom_tensor_cast(g, leaf->dtype, &m->grad);
 }
 
 static int leaf_done(loom_tensor *leaf) {
@@ -146,6 +158,54 @@ static int check_grad(const loom__node *n, int i, const loom_tensor *g) {
                       loom__shape_str(e->ndim, e->shape, b, sizeof b));
   }
   return LOOM_OK;
+}
+
+/* ---- sinks: backward writing straight into a leaf's gradient --------------------------- */
+
+/* The f32 leaf in whose gradient input i of n's gradient ends unchanged, or NULL: the edge is
+ * the leaf, or leads to it through pass-through nodes without hooks. */
+static loom_tensor *sink_leaf(const loom__node *n, int i) {
+  const loom__edge *e = &n->in[i];
+  while (e->node) {
+    const loom__node *c = e->node;
+    if (!c->passthrough || c->hooks.n || c->n_in < 1) return NULL;
+    e = &c->in[0];
+  }
+  return e->leaf && e->leaf->dtype == LOOM_F32 ? e->leaf : NULL;
+}
+
+bool loom__grad_sink(loom__node *n, int i, loom__sink *s) {
+  s->p = NULL;
+  s->beta = 0.0f;
+  if (!current || current->cap_n || i < 0 || i >= n->n_in) return false;
+  loom_tensor *leaf = sink_leaf(n, i);
+  if (!leaf) return false;
+  loom__meta *m = leaf->autograd;
+  if (!m->grad) {
+    if (loom_tensor_empty(LOOM_F32, leaf->ndim, leaf->shape, &m->grad)) return false;
+    m->sink_fresh = true;
+  } else if (m->grad->dtype != LOOM_F32 || !loom_tensor_is_contiguous(m->grad)) {
+    return false;
+  } else {
+    s->beta = 1.0f;
+  }
+  s->p = loom_tensor_data(m->grad);
+  return true;
+}
+
+/* After n's backward: buffers sinks allocated for it are now written (or, if it failed,
+ * dropped, so the leaves are as they were). */
+static void sinks_settle(const loom__node *n, bool failed) {
+  for (int i = 0; i < n->n_in; i++) {
+    loom_tensor *leaf = sink_leaf(n, i);
+    loom__meta *m = leaf ? leaf->autograd : NULL;
+    if (!m || !m->sink_fresh) continue;
+    m->sink_fresh = false;
+    if (failed) {
+      loom_tensor_free(m->grad);
+      m->grad = NULL;
+    }
+  }
 }
 
 /* ---- the max-heap of ready nodes, by seq ---------------------------------------------- */
@@ -237,15 +297,23 @@ static int run_node(loom__node *n, heap *h, bool retain) {
   loom_tensor *gout = n->bwd_grad;
   n->bwd_grad = NULL;
   loom_tensor *small[4] = {0}, **gin = small;
-  if (!gout) rc = loom_tensor_zeros(LOOM_F32, n->out_ndim, n->out_shape, &gout);
+  /* No gradient reached n (its consumers wrote into sinks, or gave none): backward is linear
+   * in the gradient, so its inputs get none either, unless a hook, a capture or a custom
+   * function must see it. */
+  bool skip = !gout && !n->hooks.n && !current->cap_n && n->kind != LOOM_OPK_CUSTOM;
+  if (!gout && !skip) rc = loom_tensor_zeros(LOOM_F32, n->out_ndim, n->out_shape, &gout);
   if (rc) return rc;
   if (n->n_in > 4) {
     gin = loom__calloc(LOOM_POOL_COMPUTE, (size_t)n->n_in, sizeof *gin);
     LOOM_TRY_ALLOC(gin, "gradients");
   }
-  LOOM_TRY(loom__hooks_run(&n->hooks, gout));
-  if (current->cap_n) LOOM_TRY(capture_node(current, n, gout));
-  LOOM_TRY(n->backward(n, gout, gin));
+  if (!skip) {
+    LOOM_TRY(loom__hooks_run(&n->hooks, gout));
+    if (current->cap_n) LOOM_TRY(capture_node(current, n, gout));
+    rc = n->backward(n, gout, gin);
+    sinks_settle(n, rc != LOOM_OK);
+    if (rc) goto done;
+  }
   for (int i = 0; i < n->n_in; i++) {
     loom__edge *e = &n->in[i];
     loom_tensor *g = gin[i];

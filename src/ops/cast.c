@@ -1,6 +1,8 @@
 /* cast.c: the cast op, on the tape: forward converts to the target dtype, backward hands the
  * f32 gradient back (the engine accumulates it into a leaf in the leaf's own dtype), so a
- * parameter's gradient keeps the parameter's dtype under autocast. */
+ * parameter's gradient keeps the parameter's dtype under autocast. A cast node is
+ * pass-through for gradient sinks (autograd_int.h): an op consuming the cast of an f32 leaf
+ * may write its gradient straight into the leaf's f32 buffer, skipping the rounding. */
 #include "ops/ops_int.h"
 
 static int cast_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
@@ -27,6 +29,7 @@ int loom_cast(loom_tensor *x, loom_dtype dt, loom_tensor **out) {
   if ((rc = loom__op_begin(&c, LOOM_OPK_CAST, &x, 1))) return rc;
   LOOM_TRY(loom_tensor_cast(c.in[0], dt, &y));
   LOOM_TRY(loom__op_record(&c, y, cast_backward, &nd));
+  if (nd) nd->passthrough = true; /* sinks may write into x's gradient past the rounding */
   *out = y;
   y = NULL;
 done:

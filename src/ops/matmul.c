@@ -17,11 +17,18 @@ static int grad_as(loom_tensor *g, loom_dtype dt, loom_tensor **out) {
   return loom_tensor_cast(g, dt, out);
 }
 
-/* C[batch][M,N] (+)= op(A) op(B) over contiguous operands; nothing to do for empty sizes. */
+/* C[batch][M,N] (+)= op(A) op(B) over contiguous operands. With K = 0 the product is zero:
+ * C is zeroed when beta is 0 (it may be an uninitialised gradient buffer), else left. */
 static int gemm(loom_dtype ab, loom_dtype cdt, int64_t batch, int64_t M, int64_t N, int64_t K,
                 const void *A, bool ta, int64_t sa, const void *B, bool tb, int64_t sb, void *C,
                 int64_t sc, float beta) {
-  if (batch == 0 || M == 0 || N == 0 || K == 0) return LOOM_OK;
+  if (batch == 0 || M == 0 || N == 0) return LOOM_OK;
+  if (K == 0) {
+    size_t es = loom_dtype_size(cdt);
+    for (int64_t i = 0; beta == 0.0f && i < (sc ? batch : 1); i++)
+      memset((char *)C + (size_t)(i * sc) * es, 0, (size_t)(M * N) * es);
+    return LOOM_OK;
+  }
   loom__gemm_args g = {.trans_a = ta, .trans_b = tb, .batch = batch, .M = M, .N = N, .K = K,
                        .alpha = 1.0f, .beta = beta, .A = A, .lda = ta ? M : K, .stride_a = sa,
                        .B = B, .ldb = tb ? K : N, .stride_b = sb, .C = C, .ldc = N,
@@ -51,33 +58,32 @@ static int matmul_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   const loom_tensor *a = n->saved[0], *b = n->saved[1];
   loom_dtype dt = a->dtype;
   loom_tensor *gd = NULL;
+  float *dst, beta;
   mm_dims d;
   mm_dims_of(a->ndim, a->shape, b->ndim, b->shape, &d);
   LOOM_TRY(grad_as(g, dt, &gd));
   const void *G = loom_tensor_data(gd), *A = loom_tensor_data(a), *B = loom_tensor_data(b);
   size_t es = loom_dtype_size(dt);
   if (loom__node_needs(n, 0)) { /* gA = G B^T */
-    LOOM_TRY(loom__grad_new(n->in[0].ndim, n->in[0].shape, true, &gin[0]));
-    float *gA = loom__f(gin[0]);
+    LOOM_TRY(loom__grad_dst(n, 0, gin, &dst, &beta));
     if (d.ba == d.batch) {
       LOOM_TRY(gemm(dt, LOOM_F32, d.batch, d.M, d.K, d.N, G, false, d.M * d.N, B, true,
-                    d.bb == 1 ? 0 : d.K * d.N, gA, d.M * d.K, 0.0f));
+                    d.bb == 1 ? 0 : d.K * d.N, dst, d.M * d.K, beta));
     } else { /* a shared by every batch: sum the products */
       for (int64_t i = 0; i < d.batch; i++)
         LOOM_TRY(gemm(dt, LOOM_F32, 1, d.M, d.K, d.N, (const char *)G + (size_t)(i * d.M * d.N) * es,
-                      false, 0, (const char *)B + (size_t)(i * d.K * d.N) * es, true, 0, gA, 0,
-                      1.0f));
+                      false, 0, (const char *)B + (size_t)(i * d.K * d.N) * es, true, 0, dst, 0,
+                      i ? 1.0f : beta));
     }
   }
   if (loom__node_needs(n, 1)) { /* gB = A^T G */
-    LOOM_TRY(loom__grad_new(n->in[1].ndim, n->in[1].shape, true, &gin[1]));
-    float *gB = loom__f(gin[1]);
+    LOOM_TRY(loom__grad_dst(n, 1, gin, &dst, &beta));
     if (d.bb == d.batch) {
       LOOM_TRY(gemm(dt, LOOM_F32, d.batch, d.K, d.N, d.M, A, true, d.ba == 1 ? 0 : d.M * d.K, G,
-                    false, d.M * d.N, gB, d.K * d.N, 0.0f));
+                    false, d.M * d.N, dst, d.K * d.N, beta));
     } else { /* b shared: one GEMM over the stacked rows of a and G */
-      LOOM_TRY(gemm(dt, LOOM_F32, 1, d.K, d.N, d.batch * d.M, A, true, 0, G, false, 0, gB, 0,
-                    0.0f));
+      LOOM_TRY(gemm(dt, LOOM_F32, 1, d.K, d.N, d.batch * d.M, A, true, 0, G, false, 0, dst, 0,
+                    beta));
     }
   }
 done:
@@ -146,6 +152,16 @@ done:
 
 /* ---- linear --------------------------------------------------------------------------- */
 
+/* dst[O] (beta 0: =, 1: +=) column sums of g [R, O]: the bias gradient. */
+static void col_sums(const float *restrict g, int64_t R, int64_t O, float *restrict dst,
+                     float beta) {
+  if (beta == 0.0f) memset(dst, 0, (size_t)O * sizeof *dst);
+  for (int64_t r = 0; r < R; r++) {
+    const float *row = g + r * O;
+    for (int64_t o = 0; o < O; o++) dst[o] += row[o];
+  }
+}
+
 static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   int rc = LOOM_OK;
   const loom_tensor *x = n->saved[0], *w = n->saved[1];
@@ -153,23 +169,21 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   int64_t O = w->shape[0], I = w->shape[1], R = 1;
   for (int i = 0; i < n->in[0].ndim - 1; i++) R *= n->in[0].shape[i];
   loom_tensor *gd = NULL;
+  float *dst, beta;
   LOOM_TRY(grad_as(g, dt, &gd));
-  if (loom__node_needs(n, 0)) /* gX [R, I] = G [R, O] W [O, I] */
-    LOOM_TRY(loom__grad_new(n->in[0].ndim, n->in[0].shape, true, &gin[0]));
-  if (gin[0])
+  if (loom__node_needs(n, 0)) { /* gX [R, I] = G [R, O] W [O, I] */
+    LOOM_TRY(loom__grad_dst(n, 0, gin, &dst, &beta));
     LOOM_TRY(gemm(dt, LOOM_F32, 1, R, I, O, loom_tensor_data(gd), false, 0, loom_tensor_data(w),
-                  false, 0, loom__f(gin[0]), 0, 0.0f));
+                  false, 0, dst, 0, beta));
+  }
   if (loom__node_needs(n, 1)) { /* gW [O, I] = G^T [O, R] X [R, I] */
-    LOOM_TRY(loom__grad_new(2, n->in[1].shape, true, &gin[1]));
+    LOOM_TRY(loom__grad_dst(n, 1, gin, &dst, &beta));
     LOOM_TRY(gemm(dt, LOOM_F32, 1, O, I, R, loom_tensor_data(gd), true, 0, loom_tensor_data(x),
-                  false, 0, loom__f(gin[1]), 0, 0.0f));
+                  false, 0, dst, 0, beta));
   }
   if (n->n_in > 2 && loom__node_needs(n, 2)) { /* gb = column sums of G */
-    LOOM_TRY(loom__grad_new(1, n->in[2].shape, true, &gin[2]));
-    float *gb = loom__f(gin[2]);
-    const float *gp = loom__f(g);
-    for (int64_t r = 0; r < R; r++)
-      for (int64_t o = 0; o < O; o++) gb[o] += gp[r * O + o];
+    LOOM_TRY(loom__grad_dst(n, 2, gin, &dst, &beta));
+    col_sums(loom__f(g), R, O, dst, beta);
   }
 done:
   loom_tensor_free(gd);

@@ -68,6 +68,11 @@ void loom__fbuf_free(loom__fbuf *b);
 /* A new f32 contiguous tensor (zeroed if zero) of the given shape: gradients. */
 int loom__grad_new(int ndim, const int64_t *shape, bool zero, loom_tensor **out);
 static inline float *loom__f(loom_tensor *t) { return (float *)loom_tensor_data(t); }
+/* Where input i of node n's gradient goes: straight into a leaf's f32 buffer when autograd
+ * offers a sink (loom__grad_sink), else a new uninitialised f32 temporary put in gin[i]. *p
+ * receives the buffer, *beta 0 (overwrite every element) or 1 (add into it). Ask right
+ * before writing it, and write it before asking for another input's. */
+int loom__grad_dst(loom__node *n, int i, loom_tensor **gin, float **p, float *beta);
 
 /* ---- broadcasting --------------------------------------------------------------------- */
 
