@@ -1,0 +1,208 @@
+/* bench_ddp.c: DDP on the threads backend, 2 ranks, in two parts.
+ *
+ * Overlap (MLP 784-4096-4096-4096-10, batch 64 per rank, f32): the same training step with
+ *   - DDP as loom runs it (reverse-order buckets launched from the gradient hooks),
+ *   - the specification's eager path (largest-first buckets, all reduced after backward),
+ *   - no bucketing (a bucket per parameter, launched from the hooks),
+ * reporting collectives per step, the step time, the communication time, the exposed
+ * communication (waiting after backward's compute ended) and when the first bucket was
+ * launched relative to backward's start and end. Target: exposed(overlapped) <= 50% of the
+ * eager path's communication time, and the overlapped step faster than the eager one.
+ *
+ * Throughput (MLP 784-1024-1024-10, batch 256 per rank, 1 compute thread per rank, SGD): loom
+ * DDP samples/s in f32 and under bf16 autocast, beside PyTorch 1.13 DDP (gloo, 2 processes, 1
+ * thread each; bench/torch_ddp.py) in the same run when /usr/bin/python3 has torch. Target:
+ * loom >= 1.5x PyTorch.
+ *
+ * Each figure is the median over the timed steps (after warm-up). The 2 cores are shared by
+ * both ranks' compute and the collectives' copies, so communication competes with compute.
+ * Usage: bench_ddp [steps]  (or `loom bench ddp [steps]`). */
+#include "bench_gemm_util.h"
+
+#include <loom/ddp.h>
+#include <loom/dist.h>
+
+#define MAXSTEPS 64
+#define WARM 3
+
+typedef struct config {
+  const char *name;
+  const int64_t *sizes;
+  int nsizes, batch, steps;
+  bool bf16;
+  loom_ddp_cfg ddp;
+} config;
+
+typedef struct result {
+  double step_s, bwd_s, exposed_s, comm_s, first_launch_s, lead_s, coll_per_step;
+  size_t buckets;
+} result;
+
+typedef struct job {
+  const config *c;
+  result r;
+} job;
+
+static double median_of(double *v, int n) { return bench_median(v, n); }
+
+static int rank_main(loom_pg *pg, void *arg) {
+  job *j = arg;
+  const config *c = j->c;
+  loom_set_num_threads(loom_pg_compute_threads(pg));
+  loom_module *m = NULL;
+  BENCH_CHECK(loom_nn_mlp_create(c->sizes, c->nsizes, LOOM_ACT_RELU, LOOM_F32, 1, &m));
+  size_t np = loom_module_param_count(m);
+  loom_tensor *params[16];
+  for (size_t i = 0; i < np; i++) {
+    loom_param p;
+    BENCH_CHECK(loom_module_param(m, i, &p));
+    params[i] = p.value;
+  }
+  loom_ddp *d = NULL;
+  BENCH_CHECK(loom_ddp_create(pg, params, NULL, np, &c->ddp, &d));
+  loom_param_seg segs[16];
+  for (size_t i = 0; i < np; i++)
+    segs[i] = (loom_param_seg){NULL, loom_tensor_data(params[i]),
+                               loom_tensor_data(loom_tensor_grad(params[i])),
+                               loom_tensor_numel(params[i]), 0};
+  loom_sgd_cfg sc = loom_sgd_cfg_default();
+  sc.lr = 0.01;
+  loom_optim *opt = NULL;
+  BENCH_CHECK(loom_optim_create_sgd(segs, np, &sc, &opt));
+  srand(1 + (unsigned)loom_pg_rank(pg));
+  int64_t xs[2] = {c->batch, c->sizes[0]};
+  loom_tensor *x = bench_rand_tensor(2, xs, LOOM_F32, 1.0f), *y = NULL;
+  BENCH_CHECK(loom_tensor_empty(LOOM_I64, 1, xs, &y));
+  for (int64_t i = 0; i < c->batch; i++) ((int64_t *)loom_tensor_data(y))[i] = rand() % c->sizes[c->nsizes - 1];
+  double step_t[MAXSTEPS], bwd_t[MAXSTEPS], exp_t[MAXSTEPS], comm_t[MAXSTEPS], first_t[MAXSTEPS],
+      lead_t[MAXSTEPS];
+  loom_ddp_stats before, after;
+  int n = 0;
+  for (int s = 0; s < WARM + c->steps; s++) {
+    BENCH_CHECK(loom_ddp_stats_get(d, &before));
+    double t0 = bench_now();
+    for (size_t i = 0; i < np; i++) BENCH_CHECK(loom_tensor_zero_grad(params[i]));
+    loom_autocast_token tok;
+    BENCH_CHECK(loom_autocast_enter(c->bf16 ? LOOM_AUTOCAST_BF16 : LOOM_AUTOCAST_OFF, NULL, &tok));
+    loom_tensor *logits = NULL, *loss = NULL;
+    BENCH_CHECK(loom_module_forward(m, x, &logits));
+    BENCH_CHECK(loom_cross_entropy(logits, y, LOOM_REDUCTION_MEAN, -100, &loss));
+    BENCH_CHECK(loom_autocast_exit(&tok));
+    double tb = bench_now();
+    BENCH_CHECK(loom_backward(loss, NULL, false)); /* DDP waits for its last bucket inside */
+    double te = bench_now();
+    BENCH_CHECK(loom_ddp_finish(d));
+    BENCH_CHECK(loom_optim_step(opt));
+    double t1 = bench_now();
+    loom_tensor_free(logits);
+    loom_tensor_free(loss);
+    BENCH_CHECK(loom_ddp_stats_get(d, &after));
+    if (s < WARM) continue;
+    step_t[n] = t1 - t0;
+    bwd_t[n] = te - tb;
+    exp_t[n] = after.last_exposed_s;
+    comm_t[n] = after.comm_s - before.comm_s;
+    lead_t[n] = after.first_launch_lead_s;
+    first_t[n] = (te - tb - after.last_exposed_s) - after.first_launch_lead_s;
+    n++;
+  }
+  if (loom_pg_rank(pg) == 0) {
+    loom_ddp_stats st;
+    BENCH_CHECK(loom_ddp_stats_get(d, &st));
+    j->r.step_s = median_of(step_t, n);
+    j->r.bwd_s = median_of(bwd_t, n);
+    j->r.exposed_s = median_of(exp_t, n);
+    j->r.comm_s = median_of(comm_t, n);
+    j->r.first_launch_s = median_of(first_t, n);
+    j->r.lead_s = median_of(lead_t, n);
+    j->r.buckets = st.buckets;
+    /* collectives per step, without the start-up checks and broadcasts */
+    j->r.coll_per_step = (double)(after.collectives - before.collectives);
+  }
+  loom_optim_free(opt);
+  loom_ddp_free(d);
+  loom_tensor_free(x);
+  loom_tensor_free(y);
+  loom_module_free(m);
+  return LOOM_OK;
+}
+
+static result run(const config *c) {
+  job j = {.c = c};
+  BENCH_CHECK(loom_threads_run(2, NULL, rank_main, &j));
+  return j.r;
+}
+
+/* PyTorch DDP samples/s, or 0 if torch is not there. */
+static double torch_ddp(const char *sizes, int batch, const char *dtype) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "/usr/bin/python3 %s/bench/torch_ddp.py %s %d 30 %s 2 2>/dev/null", LOOM_SOURCE_DIR,
+           sizes, batch, dtype);
+  FILE *p = popen(cmd, "r");
+  if (!p) return 0;
+  double v = 0;
+  char line[256];
+  while (fgets(line, sizeof line, p)) sscanf(line, "torch_ddp %*s %*d %lf", &v);
+  pclose(p);
+  return v;
+}
+
+int bench_ddp_main(int argc, char **argv) {
+  int steps = argc > 1 ? atoi(argv[1]) : 10;
+  if (steps < 3 || steps > MAXSTEPS - WARM) steps = 10;
+  static const int64_t big[] = {784, 4096, 4096, 4096, 10}, small[] = {784, 1024, 1024, 10};
+
+  printf("# DDP overlap: MLP 784-4096-4096-4096-10, batch 64 per rank, f32, 2 ranks (threads), "
+         "median of %d steps\n", steps);
+  printf("%-22s %7s %9s %9s %9s %9s %9s %12s\n", "path", "buckets", "coll/step", "step ms",
+         "bwd ms", "comm ms", "exposed", "1st launch");
+  config overlap = {.name = "overlapped (loom)", .sizes = big, .nsizes = 5, .batch = 64,
+                    .steps = steps};
+  loom_ddp_cfg_default(&overlap.ddp);
+  config eager = overlap;
+  eager.name = "eager (spec)";
+  eager.ddp.overlap = false;
+  eager.ddp.buckets.policy = LOOM_BUCKET_LARGEST_FIRST;
+  config unbucketed = overlap;
+  unbucketed.name = "unbucketed (per param)";
+  unbucketed.ddp.buckets.bucket_bytes = 1;
+  unbucketed.ddp.buckets.first_bucket_bytes = 1;
+  const config *cs[] = {&overlap, &eager, &unbucketed};
+  result rs[3];
+  for (int i = 0; i < 3; i++) {
+    rs[i] = run(cs[i]);
+    printf("%-22s %7zu %9.0f %9.1f %9.1f %9.1f %9.1f %5.1f/%5.1fms\n", cs[i]->name, rs[i].buckets,
+           rs[i].coll_per_step, rs[i].step_s * 1e3, rs[i].bwd_s * 1e3, rs[i].comm_s * 1e3,
+           rs[i].exposed_s * 1e3, rs[i].first_launch_s * 1e3,
+           (rs[i].first_launch_s + rs[i].lead_s) * 1e3);
+  }
+  printf("(1st launch: when the first bucket's all-reduce started / when backward's compute "
+         "ended, ms after backward began)\n");
+  double ratio = rs[0].exposed_s / rs[1].exposed_s;
+  printf("exposed communication, overlapped / eager path's communication: %.2f (target <= 0.50: "
+         "%s); step overlapped / eager: %.2f (target < 1: %s)\n",
+         ratio, ratio <= 0.5 ? "met" : "NOT met", rs[0].step_s / rs[1].step_s,
+         rs[0].step_s < rs[1].step_s ? "met" : "NOT met");
+
+  printf("\n# DDP throughput: MLP 784-1024-1024-10, batch 256 per rank, 2 ranks x 1 thread, SGD\n");
+  printf("%-6s %14s %14s %7s\n", "dtype", "loom samples/s", "torch samples/s", "ratio");
+  for (int bf = 0; bf < 2; bf++) {
+    config t = {.name = "throughput", .sizes = small, .nsizes = 4, .batch = 256,
+                .steps = steps * 2, .bf16 = bf == 1};
+    loom_ddp_cfg_default(&t.ddp);
+    result r = run(&t);
+    double loom_sps = 2.0 * 256 / r.step_s;
+    double torch_sps = torch_ddp("784-1024-1024-10", 256, bf ? "bf16" : "f32");
+    if (torch_sps > 0)
+      printf("%-6s %14.0f %14.0f %7.2f  (target >= 1.5: %s)\n", bf ? "bf16" : "f32", loom_sps,
+             torch_sps, loom_sps / torch_sps, loom_sps / torch_sps >= 1.5 ? "met" : "NOT met");
+    else
+      printf("%-6s %14.0f %14s\n", bf ? "bf16" : "f32", loom_sps, "(no torch)");
+  }
+  return 0;
+}
+
+#ifndef LOOM_TOOL
+int main(int argc, char **argv) { return bench_ddp_main(argc, argv); }
+#endif
