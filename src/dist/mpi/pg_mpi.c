@@ -9,6 +9,7 @@
 #include <mpi.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,8 +34,8 @@ typedef struct mpi_pg {
   bool broken;        /* an MPI request was left active: do not free the communicators */
   uint64_t gid;       /* rank 0's pick, broadcast at creation */
   int64_t *hdrs;      /* size * HDR, the header exchange */
-  void *tmp;          /* f32 widening / in-place scratch */
-  size_t tmp_bytes;
+  void *tmp[2];       /* [0] f32 widening / in-place result, [1] ring receive chunks */
+  size_t tmp_bytes[2];
 } mpi_pg;
 
 static bool loom_initialised_mpi;
@@ -181,19 +182,23 @@ static int check_headers(mpi_pg *m, const loom__coll *c) {
   return LOOM_OK;
 }
 
-/* Scratch of at least `bytes`, kept for the next collectives. */
-static int scratch(mpi_pg *m, size_t bytes, const loom__coll *c, void **out) {
-  if (m->tmp_bytes < bytes) {
-    loom__free(m->tmp);
-    m->tmp_bytes = 0;
-    m->tmp = loom__malloc(LOOM_POOL_HOST, bytes);
-    if (!m->tmp)
+/* Scratch buffer i of at least `bytes`, kept for the next collectives. */
+static int scratch_i(mpi_pg *m, int i, size_t bytes, const loom__coll *c, void **out) {
+  if (m->tmp_bytes[i] < bytes) {
+    loom__free(m->tmp[i]);
+    m->tmp_bytes[i] = 0;
+    m->tmp[i] = loom__malloc(LOOM_POOL_HOST, bytes);
+    if (!m->tmp[i])
       return loom__fail(LOOM_ENOMEM, "%s: out of memory for %zu bytes of scratch",
                         loom__coll_name(c->kind), bytes);
-    m->tmp_bytes = bytes;
+    m->tmp_bytes[i] = bytes;
   }
-  *out = m->tmp;
+  *out = m->tmp[i];
   return LOOM_OK;
+}
+
+static int scratch(mpi_pg *m, size_t bytes, const loom__coll *c, void **out) {
+  return scratch_i(m, 0, bytes, c, out);
 }
 
 static int start(mpi_pg *m, const loom__coll *c) {
@@ -224,6 +229,85 @@ static void narrow(loom_dtype dt, const float *src, void *dst, size_t n) {
   else loom_cvt_f32_to_bf16(src, dst, n);
 }
 
+/* ---- ring all-reduce over point-to-point (large buffers) ----
+ * Open MPI's non-blocking MPI_Iallreduce (libnbc) runs well behind its blocking MPI_Allreduce
+ * on large buffers here, so large all-reduces are a ring reduce-scatter + all-gather of
+ * MPI_Isend/MPI_Irecv, each step split into chunks that are all in flight at once and reduced
+ * as they arrive. Every rank ends with the same bits (the all-gather copies the owner's). */
+
+#define RING_MIN_BYTES ((size_t)256 << 10)
+#define RING_CHUNK_BYTES ((size_t)512 << 10)
+#define RING_MAX_CHUNKS 64
+#define TAG_RING 78
+
+static void ring_block(size_t n, int p, int j, size_t *off, size_t *len) {
+  size_t base = n / (size_t)p, rem = n % (size_t)p;
+  *off = (size_t)j * base + ((size_t)j < rem ? (size_t)j : rem);
+  *len = base + ((size_t)j < rem);
+}
+
+/* Send block sb of buf to the right and receive block rb from the left: into buf (gather), or
+ * into scratch and folded into buf (reduce). */
+static int ring_step(mpi_pg *m, char *buf, size_t n, int parts, loom_dtype dt, loom_redop op,
+                     int sb, int rb, bool reduce, char *tmp, const loom__coll *c) {
+  int p = m->pg.size, r = m->pg.rank, right = (r + 1) % p, left = (r + p - 1) % p;
+  size_t es = loom_dtype_size(dt), so, sl, ro, rl;
+  ring_block(n, parts, sb, &so, &sl);
+  ring_block(n, parts, rb, &ro, &rl);
+  size_t big = (sl > rl ? sl : rl) * es;
+  size_t ch = RING_CHUNK_BYTES;
+  if (big > ch * RING_MAX_CHUNKS) ch = (big + RING_MAX_CHUNKS - 1) / RING_MAX_CHUNKS;
+  ch = (ch + es - 1) / es * es;
+  MPI_Request rr[RING_MAX_CHUNKS], sr[RING_MAX_CHUNKS];
+  int nr = 0, ns = 0, err = MPI_SUCCESS;
+  for (size_t o = 0; o < rl * es && !err; o += ch, nr++) {
+    size_t b = rl * es - o < ch ? rl * es - o : ch;
+    char *dst = reduce ? tmp + o : buf + ro * es + o;
+    err = MPI_Irecv(dst, (int)b, MPI_BYTE, left, TAG_RING, m->comm, &rr[nr]);
+  }
+  for (size_t o = 0; o < sl * es && !err; o += ch, ns++) {
+    size_t b = sl * es - o < ch ? sl * es - o : ch;
+    err = MPI_Isend(buf + so * es + o, (int)b, MPI_BYTE, right, TAG_RING, m->comm, &sr[ns]);
+  }
+  if (err) {
+    m->broken = true;
+    return mpi_err(err, "all-reduce", "MPI_Isend/MPI_Irecv");
+  }
+  int rc;
+  for (int i = 0; i < nr; i++) {
+    if ((rc = wait_req(m, &rr[i], c))) return rc;
+    if (!reduce) continue;
+    size_t o = (size_t)i * ch, b = rl * es - o < ch ? rl * es - o : ch;
+    char *d = buf + ro * es + o;
+    const void *srcs[2] = {d, tmp + o};
+    loom__reduce(d, srcs, 2, b / es, dt, op);
+  }
+  for (int i = 0; i < ns; i++)
+    if ((rc = wait_req(m, &sr[i], c))) return rc;
+  return LOOM_OK;
+}
+
+/* In place on buf (n elements of f32, i32 or i64); AVG is the caller's. (Two ranks swapping
+ * whole buffers and folding measured slower than the ring at 1-16 MB.) */
+static int ring_allreduce(mpi_pg *m, void *buf, size_t n, loom_dtype dt, loom_redop op,
+                          const loom__coll *c) {
+  int p = m->pg.size, r = m->pg.rank, rc;
+  if (op == LOOM_AVG) op = LOOM_SUM; /* the caller divides once at the end */
+  size_t off, len;
+  ring_block(n, p, 0, &off, &len);
+  char *tmp;
+  if ((rc = scratch_i(m, 1, len * loom_dtype_size(dt), c, (void **)&tmp))) return rc;
+  for (int s = 0; s < p - 1; s++)
+    if ((rc = ring_step(m, buf, n, p, dt, op, (r - s + p) % p, (r - s - 1 + 2 * p) % p, true,
+                        tmp, c)))
+      return rc;
+  for (int s = 0; s < p - 1; s++)
+    if ((rc = ring_step(m, buf, n, p, dt, op, (r + 1 - s + p) % p, (r - s + p) % p, false, tmp,
+                        c)))
+      return rc;
+  return LOOM_OK;
+}
+
 static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
   mpi_pg *m = of(pg);
   int rc = start(m, c);
@@ -231,15 +315,26 @@ static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
   int n = (int)c->count;
   MPI_Request req;
   int err;
+  bool ring = pg->size > 1 && c->count * 4 >= RING_MIN_BYTES && c->count >= (size_t)pg->size;
   if (half(c->dt)) {
     float *f;
     if ((rc = scratch(m, c->count * sizeof(float), c, (void **)&f))) return rc;
     widen(c->dt, c->send, f, c->count);
-    err = MPI_Iallreduce(MPI_IN_PLACE, f, n, MPI_FLOAT, mpi_op(c->op), m->comm, &req);
-    if (err) return mpi_err(err, "all-reduce", "MPI_Iallreduce");
-    if ((rc = wait_req(m, &req, c))) return rc;
+    if (ring) {
+      if ((rc = ring_allreduce(m, f, c->count, LOOM_F32, c->op, c))) return rc;
+    } else {
+      err = MPI_Iallreduce(MPI_IN_PLACE, f, n, MPI_FLOAT, mpi_op(c->op), m->comm, &req);
+      if (err) return mpi_err(err, "all-reduce", "MPI_Iallreduce");
+      if ((rc = wait_req(m, &req, c))) return rc;
+    }
     if (c->op == LOOM_AVG) avg_div(f, LOOM_F32, c->count, pg->size);
     narrow(c->dt, f, c->recv, c->count);
+    return LOOM_OK;
+  }
+  if (ring) {
+    if (c->send != c->recv) loom__copy(c->recv, c->send, c->count * loom_dtype_size(c->dt));
+    if ((rc = ring_allreduce(m, c->recv, c->count, c->dt, c->op, c))) return rc;
+    if (c->op == LOOM_AVG) avg_div(c->recv, c->dt, c->count, pg->size);
     return LOOM_OK;
   }
   const void *s = c->send == c->recv ? MPI_IN_PLACE : c->send;
@@ -333,7 +428,8 @@ static void destroy(mpi_pg *m) {
   pthread_mutex_destroy(&m->ctl_mu);
   loom__free(m->sends);
   loom__free(m->hdrs);
-  loom__free(m->tmp);
+  loom__free(m->tmp[0]);
+  loom__free(m->tmp[1]);
   loom__pg_fini(&m->pg);
   loom__free(m);
 }
