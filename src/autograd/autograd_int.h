@@ -134,6 +134,11 @@ typedef struct loom__sink {
 
 bool loom__grad_sink(loom__node *n, int i, loom__sink *s);
 
+/* True if gradient g (f32, contiguous) is held by nobody else and owns its whole buffer: a
+ * backward may overwrite it and hand it on as an input's gradient (same shape), and the
+ * engine may adopt it as a leaf's gradient, instead of copying. */
+bool loom__grad_exclusive(const loom_tensor *g);
+
 /* dst (any float dtype, contiguous) += src (f32), n elements, through f32. */
 void loom__accumulate_f32(loom_tensor *dst, const float *src, size_t n);
 

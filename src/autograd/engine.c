@@ -90,9 +90,7 @@ static int pend_add(loom__node *n, loom_tensor *g) {
   return LOOM_OK;
 }
 
-/* True if g (f32, contiguous) is held by nobody else and owns its whole buffer, so it can be
- * adopted as a gradient instead of copied. */
-static bool adoptable(const loom_tensor *g) {
+bool loom__grad_exclusive(const loom_tensor *g) {
   return atomic_load(&g->refcount) == 1 && atomic_load(&g->storage->refcount) == 1 &&
          g->storage->owned && g->offset == 0 && !g->autograd;
 }
@@ -106,7 +104,7 @@ static int leaf_add(loom_tensor *leaf, loom_tensor *g) {
     return LOOM_OK;
   }
   if (!g) return loom_tensor_zeros(leaf->dtype, leaf->ndim, leaf->shape, &m->grad);
-  if (leaf->dtype == LOOM_F32 && adoptable(g)) {
+  if (leaf->dtype == LOOM_F32 && loom__grad_exclusive(g)) {
     m->grad = loom_tensor_retain(g);
     return LOOM_OK;
   }

@@ -152,13 +152,22 @@ done:
 
 /* ---- linear --------------------------------------------------------------------------- */
 
-/* dst[O] (beta 0: =, 1: +=) column sums of g [R, O]: the bias gradient. */
-static void col_sums(const float *restrict g, int64_t R, int64_t O, float *restrict dst,
-                     float beta) {
-  if (beta == 0.0f) memset(dst, 0, (size_t)O * sizeof *dst);
-  for (int64_t r = 0; r < R; r++) {
-    const float *row = g + r * O;
-    for (int64_t o = 0; o < O; o++) dst[o] += row[o];
+/* dst[O] (beta 0: =, 1: +=) column sums of g [R, O]: the bias gradient. Blocks of 64
+ * columns are summed down the rows in registers (vectorized), in row order. */
+__attribute__((optimize("O3"))) static void col_sums(const float *restrict g, int64_t R,
+                                                     int64_t O, float *restrict dst, float beta) {
+  enum { W = 64 };
+  for (int64_t o0 = 0; o0 < O; o0 += W) {
+    float acc[W] = {0};
+    if (O - o0 >= W) {
+      for (int64_t r = 0; r < R; r++)
+        for (int k = 0; k < W; k++) acc[k] += g[r * O + o0 + k];
+    } else {
+      for (int64_t r = 0; r < R; r++)
+        for (int64_t k = 0; k < O - o0; k++) acc[k] += g[r * O + o0 + k];
+    }
+    for (int64_t k = 0; k < W && o0 + k < O; k++)
+      dst[o0 + k] = beta == 0.0f ? acc[k] : dst[o0 + k] + acc[k];
   }
 }
 

@@ -1,14 +1,29 @@
 /* unary.c: elementwise functions of one tensor and a scalar parameter, forward and backward:
  * neg, relu, gelu (exact, tanh), tanh, sigmoid, exp, log, sqrt, pow, and the scalar
- * variants add/sub/mul/div by a scalar. The math lives in unary_kernels.c. */
+ * variants add/sub/mul/div by a scalar. The math lives in unary_kernels.c. relu on f16/bf16
+ * works on the 16-bit values directly (it only selects them); the others go through f32. */
 #include "ops/ops_int.h"
 #include "ops/unary_int.h"
+
+/* +inf's bits in a 16-bit float dtype, or 0 for f32 (relu then goes through f32). */
+static uint16_t inf16(loom_dtype dt) {
+  return dt == LOOM_BF16 ? 0x7f80 : dt == LOOM_F16 ? 0x7c00 : 0;
+}
 
 static int unary_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   int rc = LOOM_OK;
   loom__fbuf fx = {0}, fy = {0};
   const loom__unary_def *d = loom__unary_def_get((loom__unary)n->i[0]);
-  LOOM_TRY(loom__grad_new(n->in[0].ndim, n->in[0].shape, false, &gin[0]));
+  const loom_tensor *y = n->saved[1];
+  uint16_t inf = y ? inf16(y->dtype) : 0;
+  /* elementwise, so g can be overwritten in place when nobody else holds it */
+  if (loom__grad_exclusive(g)) gin[0] = loom_tensor_retain(g);
+  else LOOM_TRY(loom__grad_new(n->in[0].ndim, n->in[0].shape, false, &gin[0]));
+  if (n->i[0] == LOOM__U_RELU && inf && loom_tensor_is_contiguous(y)) {
+    loom__unary_kernels()->relu16_bwd(loom__f(gin[0]), loom__f(g), loom_tensor_data(y),
+                                      loom_tensor_numel(g), inf);
+    goto done;
+  }
   if (n->saved[0]) LOOM_TRY(loom__f32_in(n->saved[0], &fx));
   if (n->saved[1]) LOOM_TRY(loom__f32_in(n->saved[1], &fy));
   loom__unary_kernels()->bwd[n->i[0]](loom__f(gin[0]), loom__f(g), fx.p, fy.p,
@@ -32,10 +47,17 @@ int loom__unary_op(loom__unary u, loom_tensor *x, double p, loom_tensor **out) {
   loom__node *nd = NULL;
   if ((rc = loom__op_begin(&c, d->kind, &x, 1))) return rc;
   x = c.in[0];
-  LOOM_TRY(loom__f32_in(x, &fx));
-  LOOM_TRY(loom__f32_out(x->dtype, x->ndim, x->shape, &y, &fy));
-  loom__unary_kernels()->fwd[u](fy.p, fx.p, loom_tensor_numel(x), (float)p);
-  loom__f32_out_commit(y, &fy);
+  uint16_t inf = inf16(x->dtype);
+  if (u == LOOM__U_RELU && inf && loom_tensor_is_contiguous(x)) { /* exact on the bits */
+    LOOM_TRY(loom_tensor_empty(x->dtype, x->ndim, x->shape, &y));
+    loom__unary_kernels()->relu16(loom_tensor_data(y), loom_tensor_data(x),
+                                  loom_tensor_numel(x), inf);
+  } else {
+    LOOM_TRY(loom__f32_in(x, &fx));
+    LOOM_TRY(loom__f32_out(x->dtype, x->ndim, x->shape, &y, &fy));
+    loom__unary_kernels()->fwd[u](fy.p, fx.p, loom_tensor_numel(x), (float)p);
+    loom__f32_out_commit(y, &fy);
+  }
   LOOM_TRY(loom__op_record(&c, y, unary_backward, &nd));
   if (nd) {
     nd->name = name;

@@ -122,6 +122,16 @@ static void UK(b_div_scalar)(float *gx, const float *g, const float *x, const fl
   for (size_t i = 0; i < n; i++) gx[i] = g[i] / pf;
 }
 
+/* x > 0 on f16/bf16 bits: positive as a signed 16-bit integer (sign clear, not zero) and not
+ * a NaN (above +inf). */
+static void UK(relu16)(uint16_t *y, const uint16_t *x, size_t n, uint16_t inf) {
+  for (size_t i = 0; i < n; i++) y[i] = (int16_t)x[i] > 0 && x[i] <= inf ? x[i] : 0;
+}
+static void UK(relu16_bwd)(float *gx, const float *g, const uint16_t *y, size_t n,
+                           uint16_t inf) {
+  for (size_t i = 0; i < n; i++) gx[i] = (int16_t)y[i] > 0 && y[i] <= inf ? g[i] : 0.0f;
+}
+
 static const loom__unary_kernels_t UK(unary_table) = {
     .fwd = {UK(f_neg), UK(f_relu), UK(f_gelu), UK(f_gelu_tanh), UK(f_tanh), UK(f_sigmoid),
             UK(f_exp), UK(f_log), UK(f_sqrt), UK(f_pow), UK(f_add_scalar), UK(f_mul_scalar),
@@ -129,6 +139,8 @@ static const loom__unary_kernels_t UK(unary_table) = {
     .bwd = {UK(b_neg), UK(b_relu), UK(b_gelu), UK(b_gelu_tanh), UK(b_tanh), UK(b_sigmoid),
             UK(b_exp), UK(b_log), UK(b_sqrt), UK(b_pow), UK(b_add_scalar), UK(b_mul_scalar),
             UK(b_div_scalar)},
+    .relu16 = UK(relu16),
+    .relu16_bwd = UK(relu16_bwd),
 };
 
 #undef UK

@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef enum loom__unary {
   LOOM__U_NEG,
@@ -40,9 +41,18 @@ typedef void (*loom__unary_fwd_fn)(float *y, const float *x, size_t n, float p);
 typedef void (*loom__unary_bwd_fn)(float *gx, const float *g, const float *x, const float *y,
                                    size_t n, double p);
 
+/* relu straight on f16/bf16 bits (exact, so no f32 staging): y = x where x > 0, else +0;
+ * gx (f32) = g where the saved output y > 0, else 0. `inf` is the dtype's +inf bits (0x7c00
+ * f16, 0x7f80 bf16): above it are NaNs, which relu maps to 0 as the f32 kernel does. */
+typedef void (*loom__relu16_fn)(uint16_t *y, const uint16_t *x, size_t n, uint16_t inf);
+typedef void (*loom__relu16_bwd_fn)(float *gx, const float *g, const uint16_t *y, size_t n,
+                                    uint16_t inf);
+
 typedef struct loom__unary_kernels_t {
   loom__unary_fwd_fn fwd[LOOM__U_COUNT];
   loom__unary_bwd_fn bwd[LOOM__U_COUNT];
+  loom__relu16_fn relu16;
+  loom__relu16_bwd_fn relu16_bwd;
 } loom__unary_kernels_t;
 
 /* The table for the active CPU level, and for a given level (tests). */

@@ -65,3 +65,39 @@ LT_TEST(unary_ops_agree_across_levels) {
   for (int lv = 0; lv < LOOM_CPU_LEVEL_COUNT; lv++) loom_tensor_free(y[lv]);
   loom_tensor_free(x);
 }
+
+LT_TEST(unary_relu16_every_level_matches_the_f32_kernel_on_all_bit_patterns) {
+  /* relu on f16/bf16 bits against the f32 kernel through exact conversions, for every one of
+   * the 65536 values (NaNs, -0, subnormals, infinities), forward and backward */
+  enum { N = 65536 };
+  uint16_t *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y), *yr = malloc(N * sizeof *yr);
+  float *xf = malloc(N * sizeof *xf), *yf = malloc(N * sizeof *yf), *g = malloc(N * sizeof *g);
+  float *gx = malloc(N * sizeof *gx), *gr = malloc(N * sizeof *gr);
+  LT_TRUE(x && y && yr && xf && yf && g && gx && gr);
+  const loom__unary_kernels_t *ref = loom__unary_kernels_level(LOOM_CPU_SCALAR);
+  for (int i = 0; i < N; i++) x[i] = (uint16_t)i, g[i] = (float)(i % 7) - 3.0f;
+  for (int bf = 0; bf < 2; bf++) {
+    loom_dtype dt = bf ? LOOM_BF16 : LOOM_F16;
+    uint16_t inf = bf ? 0x7f80 : 0x7c00;
+    LT_OK(loom_convert(x, dt, xf, LOOM_F32, N));
+    ref->fwd[LOOM__U_RELU](yf, xf, N, 0);
+    LT_OK(loom_convert(yf, LOOM_F32, yr, dt, N));
+    ref->bwd[LOOM__U_RELU](gr, g, xf, yf, N, 0);
+    for (int lv = 0; lv < LOOM_CPU_LEVEL_COUNT; lv++) {
+      if (!loom_cpu_supports((loom_cpu_level)lv)) continue;
+      const loom__unary_kernels_t *k = loom__unary_kernels_level((loom_cpu_level)lv);
+      k->relu16(y, x, N, inf);
+      k->relu16_bwd(gx, g, yr, N, inf);
+      int bad = 0;
+      for (int i = 0; i < N && bad < 5; i++) {
+        if (y[i] != yr[i] || gx[i] != gr[i]) {
+          bad++;
+          lt_fail_at(__FILE__, __LINE__, "%s relu16 level %s at 0x%04x: y 0x%04x gx %g, want 0x%04x %g",
+                     loom_dtype_name(dt), loom_cpu_level_name((loom_cpu_level)lv), i, y[i], gx[i],
+                     yr[i], gr[i]);
+        }
+      }
+    }
+  }
+  free(x), free(y), free(yr), free(xf), free(yf), free(g), free(gx), free(gr);
+}
