@@ -7,7 +7,8 @@
  * or the inputs' dtype; accumulation is always f32.
  *
  * Errors (kernels and references alike, message naming the function and the argument):
- * LOOM_EINVAL for a NULL pointer, a size that is not positive or beta not 0/1; LOOM_EDTYPE for
+ * LOOM_EINVAL for a NULL pointer, a size that is not positive, beta not 0/1 or a bias with
+ * alpha not 1; LOOM_EDTYPE for
  * a dtype not listed above; LOOM_ESHAPE for a leading dimension shorter than a row or batches
  * of C that overlap; LOOM_ENOMEM when a work buffer cannot be allocated; LOOM_EBACKEND with
  * oneDNN's status text when oneDNN fails. Outputs are unspecified after an error.
@@ -27,10 +28,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* C[M,N] = alpha * op(A) op(B) + beta * C, where op(A) is A[M,K] (lda = row stride) or, with
- * trans_a, A stored as [K,M]; likewise B[K,N] or B stored [N,K] with trans_b. beta is 0 or 1
- * (accumulate into C). batch > 1: `batch` independent products, A/B/C advanced by
- * stride_a/stride_b/stride_c elements (stride 0 broadcasts that operand). */
+/* C[M,N] = alpha * op(A) op(B) + bias + beta * C, where op(A) is A[M,K] (lda = row stride)
+ * or, with trans_a, A stored as [K,M]; likewise B[K,N] or B stored [N,K] with trans_b. beta is
+ * 0 or 1 (accumulate into C). bias: NULL, or N f32 values added to every row in f32 before C
+ * is rounded to its dtype (alpha must then be 1). batch > 1: `batch` independent products,
+ * A/B/C advanced by stride_a/stride_b/stride_c elements (stride 0 broadcasts that operand). */
 typedef struct loom__gemm_args {
   bool trans_a, trans_b;
   int64_t batch, M, N, K;
@@ -42,6 +44,7 @@ typedef struct loom__gemm_args {
   void *C;
   int64_t ldc, stride_c;
   loom_dtype ab_dtype, c_dtype;
+  const float *bias;
 } loom__gemm_args;
 
 int loom__gemm(const loom__gemm_args *g);

@@ -48,6 +48,8 @@ int loom__gemm_check(const loom__gemm_args *g, const char *who) {
                       loom_dtype_name(g->ab_dtype));
   if (g->beta != 0.0f && g->beta != 1.0f)
     return loom__fail(LOOM_EINVAL, "%s: beta must be 0 or 1, got %g", who, (double)g->beta);
+  if (g->bias && g->alpha != 1.0f)
+    return loom__fail(LOOM_EINVAL, "%s: a bias needs alpha 1, got %g", who, (double)g->alpha);
   LOOM_TRY(operand(who, "A", g->A, g->trans_a ? g->K : g->M, g->trans_a ? g->M : g->K, g->lda,
                    g->batch, g->stride_a, false));
   LOOM_TRY(operand(who, "B", g->B, g->trans_b ? g->N : g->K, g->trans_b ? g->K : g->N, g->ldb,

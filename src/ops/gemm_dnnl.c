@@ -3,7 +3,7 @@
  * f32 and bf16 go straight to oneDNN (bf16 x bf16 with f32 accumulation, C in f32 or bf16;
  * brgemm kernels with AVX512-BF16 on this CPU). Transposes and leading dimensions are memory
  * strides, a batch is a 3-D matmul whose broadcast operand has batch dimension 1, alpha is an
- * output scale and beta = 1 a sum post-op. oneDNN 2.6 has no f16 x f16 matmul on CPUs
+ * output scale, a bias oneDNN's f32 bias (a [1, N] row) and beta = 1 a sum post-op. oneDNN 2.6 has no f16 x f16 matmul on CPUs
  * without AVX512-FP16, so f16 operands are widened to packed f32 copies, multiplied in f32 and
  * (for an f16 C) rounded back. */
 #include "ops/gemm_int.h"
@@ -27,7 +27,8 @@ enum {
   K_ABDT,
   K_CDT,
   K_ALPHA,
-  K_BETA
+  K_BETA,
+  K_BIAS
 };
 
 static dnnl_data_type_t dnnl_dt(loom_dtype dt) {
@@ -74,8 +75,17 @@ static int build_matmul(const loom__prim_key *key, const_dnnl_primitive_attr_t a
   LOOM_TRY(
       loom__dnnl_check(operand_md(&c, v[K_BATCH], v[K_M], v[K_N], v[K_LDC], false, v[K_SC], ct),
                        who, "memory descriptor of C"));
-  LOOM_TRY(
-      loom__dnnl_check(dnnl_matmul_desc_init(&desc, &a, &b, NULL, &c), who, "matmul descriptor"));
+  dnnl_memory_desc_t bias;
+  if (v[K_BIAS]) {
+    bool b3 = v[K_BATCH] > 1;
+    dnnl_dims_t dims = {1, 1, 1};
+    dims[b3 ? 2 : 1] = v[K_N];
+    LOOM_TRY(loom__dnnl_check(dnnl_memory_desc_init_by_tag(&bias, b3 ? 3 : 2, dims, dnnl_f32,
+                                                           b3 ? dnnl_abc : dnnl_ab),
+                              who, "memory descriptor of the bias"));
+  }
+  LOOM_TRY(loom__dnnl_check(dnnl_matmul_desc_init(&desc, &a, &b, v[K_BIAS] ? &bias : NULL, &c),
+                            who, "matmul descriptor"));
   LOOM_TRY(loom__dnnl_check(dnnl_primitive_attr_clone(&attr, attr_in), who, "attribute clone"));
   float alpha = key_float(v[K_ALPHA]), beta = key_float(v[K_BETA]);
   if (alpha != 1.0f)
@@ -115,12 +125,15 @@ static int gemm_native(const loom__gemm_args *g) {
   v[K_SC] = batched ? g->stride_c : 0;
   v[K_ABDT] = g->ab_dtype, v[K_CDT] = g->c_dtype;
   v[K_ALPHA] = float_bits(g->alpha), v[K_BETA] = float_bits(g->beta);
+  v[K_BIAS] = g->bias != NULL;
   loom__prim p;
   int rc = loom__prim_get(&key, build_matmul, "loom__gemm", &p);
   if (rc != LOOM_OK) return rc;
-  loom__dnnl_buf bufs[] = {
-      {DNNL_ARG_SRC, (void *)g->A}, {DNNL_ARG_WEIGHTS, (void *)g->B}, {DNNL_ARG_DST, g->C}};
-  rc = loom__prim_run(&p, "loom__gemm", 3, bufs);
+  loom__dnnl_buf bufs[] = {{DNNL_ARG_SRC, (void *)g->A},
+                           {DNNL_ARG_WEIGHTS, (void *)g->B},
+                           {DNNL_ARG_DST, g->C},
+                           {DNNL_ARG_BIAS, (void *)g->bias}};
+  rc = loom__prim_run(&p, "loom__gemm", g->bias ? 4 : 3, bufs);
   loom__prim_release(&p);
   return rc;
 }

@@ -1,6 +1,6 @@
 /* gemm_ref.c: the scalar reference of loom__gemm, for the tests. Plain loops: each element
- * of C is an f32 sum over k in order of the f32 values of A and B, then alpha * sum + beta * C,
- * rounded once to C's dtype. */
+ * of C is an f32 sum over k in order of the f32 values of A and B, then alpha * sum + bias +
+ * beta * C, rounded once to C's dtype. */
 #include "ops/gemm_int.h"
 
 int loom__gemm_ref(const loom__gemm_args *g) {
@@ -21,6 +21,7 @@ int loom__gemm_ref(const loom__gemm_args *g) {
         }
         size_t ci = c0 + (size_t)(i * g->ldc + j);
         float out = g->alpha * acc;
+        if (g->bias) out += g->bias[j];
         if (g->beta != 0.0f) out += g->beta * (float)loom__load_f64(g->C, g->c_dtype, ci);
         loom__store_f64(g->C, g->c_dtype, ci, out);
       }

@@ -17,23 +17,32 @@ static int grad_as(loom_tensor *g, loom_dtype dt, loom_tensor **out) {
   return loom_tensor_cast(g, dt, out);
 }
 
-/* C[batch][M,N] (+)= op(A) op(B) over contiguous operands. With K = 0 the product is zero:
- * C is zeroed when beta is 0 (it may be an uninitialised gradient buffer), else left. */
-static int gemm(loom_dtype ab, loom_dtype cdt, int64_t batch, int64_t M, int64_t N, int64_t K,
-                const void *A, bool ta, int64_t sa, const void *B, bool tb, int64_t sb, void *C,
-                int64_t sc, float beta) {
+/* C[batch][M,N] (+)= op(A) op(B) (+ bias, f32 [N], on every row) over contiguous operands.
+ * With K = 0 the product is zero: C is zeroed (or set to the bias) when beta is 0 (it may be
+ * an uninitialised gradient buffer), else left. */
+static int gemm_bias(loom_dtype ab, loom_dtype cdt, int64_t batch, int64_t M, int64_t N,
+                     int64_t K, const void *A, bool ta, int64_t sa, const void *B, bool tb,
+                     int64_t sb, void *C, int64_t sc, float beta, const float *bias) {
   if (batch == 0 || M == 0 || N == 0) return LOOM_OK;
   if (K == 0) {
     size_t es = loom_dtype_size(cdt);
     for (int64_t i = 0; beta == 0.0f && i < (sc ? batch : 1); i++)
       memset((char *)C + (size_t)(i * sc) * es, 0, (size_t)(M * N) * es);
+    for (int64_t r = 0; bias && beta == 0.0f && r < batch * M; r++) /* linear: rows = bias */
+      loom_convert(bias, LOOM_F32, (char *)C + (size_t)(r * N) * es, cdt, (size_t)N);
     return LOOM_OK;
   }
   loom__gemm_args g = {.trans_a = ta, .trans_b = tb, .batch = batch, .M = M, .N = N, .K = K,
                        .alpha = 1.0f, .beta = beta, .A = A, .lda = ta ? M : K, .stride_a = sa,
                        .B = B, .ldb = tb ? K : N, .stride_b = sb, .C = C, .ldc = N,
-                       .stride_c = sc, .ab_dtype = ab, .c_dtype = cdt};
+                       .stride_c = sc, .ab_dtype = ab, .c_dtype = cdt, .bias = bias};
   return loom__gemm(&g);
+}
+
+static int gemm(loom_dtype ab, loom_dtype cdt, int64_t batch, int64_t M, int64_t N, int64_t K,
+                const void *A, bool ta, int64_t sa, const void *B, bool tb, int64_t sb, void *C,
+                int64_t sc, float beta) {
+  return gemm_bias(ab, cdt, batch, M, N, K, A, ta, sa, B, tb, sb, C, sc, beta, NULL);
 }
 
 /* ---- matmul --------------------------------------------------------------------------- */
@@ -208,7 +217,7 @@ int loom_linear(loom_tensor *x, loom_tensor *w, loom_tensor *b, loom_tensor **ou
     return rc;
   loom__op c;
   loom_tensor *in[3] = {x, w, b}, *cx = NULL, *cw = NULL, *y = NULL;
-  loom__fbuf fy = {0}, fb = {0};
+  loom__fbuf fb = {0};
   loom__node *nd = NULL;
   char s1[96], s2[96];
   if ((rc = loom__op_begin(&c, LOOM_OPK_LINEAR, in, b ? 3 : 2))) return rc;
@@ -236,16 +245,12 @@ int loom_linear(loom_tensor *x, loom_tensor *w, loom_tensor *b, loom_tensor **ou
   for (int i = 0; i < x->ndim - 1; i++) R *= x->shape[i];
   LOOM_TRY(loom_tensor_contiguous(x, &cx));
   LOOM_TRY(loom_tensor_contiguous(w, &cw));
-  LOOM_TRY(loom__f32_out(x->dtype, x->ndim, shape, &y, &fy));
-  if (b) { /* rows start as the bias, then the GEMM accumulates onto them */
-    LOOM_TRY(loom__f32_in(b, &fb));
-    for (int64_t r = 0; r < R; r++) memcpy(fy.p + r * O, fb.p, (size_t)O * sizeof(float));
-  } else {
-    memset(fy.p, 0, (size_t)(R * O) * sizeof(float));
-  }
-  LOOM_TRY(gemm(x->dtype, LOOM_F32, 1, R, O, I, loom_tensor_data(cx), false, 0,
-                loom_tensor_data(cw), true, 0, fy.p, 0, 1.0f));
-  loom__f32_out_commit(y, &fy);
+  /* straight into y in its dtype: the f32 sum plus the f32 bias, rounded once */
+  LOOM_TRY(loom_tensor_empty(x->dtype, x->ndim, shape, &y));
+  if (b) LOOM_TRY(loom__f32_in(b, &fb));
+  LOOM_TRY(gemm_bias(x->dtype, x->dtype, 1, R, O, I, loom_tensor_data(cx), false, 0,
+                     loom_tensor_data(cw), true, 0, loom_tensor_data(y), 0, 0.0f,
+                     b ? fb.p : NULL));
   LOOM_TRY(loom__op_record(&c, y, linear_backward, &nd));
   if (nd) {
     LOOM_TRY(loom__node_save(nd, 0, cx));
@@ -254,7 +259,6 @@ int loom_linear(loom_tensor *x, loom_tensor *w, loom_tensor *b, loom_tensor **ou
   *out = y;
   y = NULL;
 done:
-  loom__fbuf_free(&fy);
   loom__fbuf_free(&fb);
   loom_tensor_free(cx);
   loom_tensor_free(cw);

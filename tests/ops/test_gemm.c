@@ -49,6 +49,7 @@ typedef struct shape {
   int64_t pad; /* added to every leading dimension */
   bool bcast_a, bcast_b;
   float alpha, beta;
+  bool bias; /* an f32 bias row (alpha must be 1) */
 } shape;
 
 /* Runs one case; returns the number of elements out of tolerance (and reports the first). */
@@ -75,16 +76,21 @@ static int check_case(shape s, loom_dtype ab, loom_dtype cdt) {
   void *R = malloc(nc * loom_dtype_size(cdt)), *C0 = abs_buf(C, cdt, nc);
   memcpy(R, C, nc * loom_dtype_size(cdt));
   void *Aabs = abs_buf(A, ab, na), *Babs = abs_buf(B, ab, nb);
-  float *mag = malloc(nc * sizeof *mag);
+  float *mag = malloc(nc * sizeof *mag), *bias = NULL, *bias_abs = NULL;
   loom_convert(C0, cdt, mag, LOOM_F32, nc);
+  if (s.bias) {
+    bias = rand_buf(LOOM_F32, (size_t)s.N);
+    bias_abs = abs_buf(bias, LOOM_F32, (size_t)s.N);
+  }
 
-  g.A = A, g.B = B, g.C = C;
+  g.A = A, g.B = B, g.C = C, g.bias = bias;
   LT_OK(loom__gemm(&g));
   loom__gemm_args r = g;
   r.C = R;
   LT_OK(loom__gemm_ref(&r));
   loom__gemm_args m = g;
   m.A = Aabs, m.B = Babs, m.C = mag, m.alpha = fabsf(s.alpha), m.c_dtype = LOOM_F32;
+  m.bias = bias_abs;
   LT_OK(loom__gemm_ref(&m));
 
   double ulp = cdt == LOOM_BF16 ? 1.0 / 128 : cdt == LOOM_F16 ? 1.0 / 1024 : 0.0;
@@ -97,12 +103,13 @@ static int check_case(shape s, loom_dtype ab, loom_dtype cdt) {
     if (!bad++)
       lt_fail_at(__FILE__, __LINE__,
                  "%s x %s -> %s, batch %lld M %lld N %lld K %lld ta %d tb %d pad %lld bcast %d%d "
-                 "alpha %g beta %g: element %zu is %.9g, reference %.9g (tol %.3g)",
+                 "alpha %g beta %g bias %d: element %zu is %.9g, reference %.9g (tol %.3g)",
                  loom_dtype_name(ab), loom_dtype_name(ab), loom_dtype_name(cdt), (long long)s.batch,
                  (long long)s.M, (long long)s.N, (long long)s.K, s.ta, s.tb, (long long)s.pad,
-                 s.bcast_a, s.bcast_b, (double)s.alpha, (double)s.beta, i, got, want, tol);
+                 s.bcast_a, s.bcast_b, (double)s.alpha, (double)s.beta, s.bias, i, got, want, tol);
   }
   free(A), free(B), free(C), free(R), free(C0), free(Aabs), free(Babs), free(mag);
+  free(bias), free(bias_abs);
   return bad;
 }
 
@@ -118,7 +125,7 @@ static void sweep(loom_dtype ab, loom_dtype cdt) {
     for (int t = 0; t < 4; t++, i++) {
       shape s = {1,     dims[d][0],    dims[d][1],           dims[d][2],
                  t & 1, (t >> 1) & 1,  (i % 3 == 1) ? 3 : 0, false,
-                 false, alphas[i % 3], (float)(i % 2)};
+                 false, alphas[i % 3], (float)(i % 2), false};
       check_case(s, ab, cdt);
     }
 }
@@ -155,12 +162,32 @@ LT_TEST(gemm_batched_with_broadcast) {
                    bc == 1,
                    bc == 2,
                    t == 2 ? 0.25f : 1.0f,
-                   (float)(t & 1)};
+                   (float)(t & 1), false};
         check_case(s, pairs[p][0], pairs[p][1]);
       }
   /* both broadcast: every batch of C gets the same product */
-  shape s = {3, 5, 6, 7, false, false, 0, true, true, 1.0f, 0.0f};
+  shape s = {3, 5, 6, 7, false, false, 0, true, true, 1.0f, 0.0f, false};
   check_case(s, LOOM_F32, LOOM_F32);
+}
+
+LT_TEST(gemm_with_bias) {
+  /* the f32 bias row added before C's rounding, every dtype pair, 2-D and batched (with a
+   * broadcast operand), beta 0 and 1 */
+  const loom_dtype pairs[][2] = {{LOOM_F32, LOOM_F32},   {LOOM_BF16, LOOM_BF16},
+                                 {LOOM_BF16, LOOM_F32},  {LOOM_F16, LOOM_F16},
+                                 {LOOM_F16, LOOM_F32}};
+  for (int p = 0; p < 5; p++)
+    for (int t = 0; t < 8; t++) {
+      shape s = {t & 4 ? 3 : 1, 17, 33, 65, t & 1, false, 0, false, (t & 4) && (t & 1), 1.0f,
+                 (float)((t >> 1) & 1), true};
+      check_case(s, pairs[p][0], pairs[p][1]);
+    }
+  float A[1] = {1}, B[1] = {1}, C[1], bias[1] = {1};
+  loom__gemm_args g = {.batch = 1, .M = 1, .N = 1, .K = 1, .alpha = 2, .A = A, .lda = 1,
+                       .B = B, .ldb = 1, .C = C, .ldc = 1, .ab_dtype = LOOM_F32,
+                       .c_dtype = LOOM_F32, .bias = bias};
+  LT_ERR(loom__gemm(&g), LOOM_EINVAL, "a bias needs alpha 1");
+  LT_ERR(loom__gemm_ref(&g), LOOM_EINVAL, "a bias needs alpha 1");
 }
 
 /* The reference against values worked by hand: A = [1 2; 3 4], B = [5 6; 7 8]. */
@@ -230,7 +257,7 @@ LT_TEST(gemm_beta_one_accumulates) {
 
 LT_TEST(gemm_cache_hits_and_evicts) {
   loom__prim_cache_info before, after;
-  shape s = {1, 11, 12, 13, false, true, 1, false, false, 1.0f, 0.0f};
+  shape s = {1, 11, 12, 13, false, true, 1, false, false, 1.0f, 0.0f, false};
   check_case(s, LOOM_F32, LOOM_F32);
   loom__prim_cache_stats(&before);
   check_case(s, LOOM_F32, LOOM_F32);
@@ -243,7 +270,7 @@ LT_TEST(gemm_cache_hits_and_evicts) {
   loom__prim_cache_stats(&after);
   LT_TRUE(after.entries <= 2);
   for (int i = 0; i < 4; i++) {
-    shape t = {1, 3 + i, 4, 5, false, false, 0, false, false, 1.0f, 0.0f};
+    shape t = {1, 3 + i, 4, 5, false, false, 0, false, false, 1.0f, 0.0f, false};
     LT_EQ(check_case(t, LOOM_F32, LOOM_F32), 0);
   }
   loom__prim_cache_stats(&after);
@@ -310,7 +337,7 @@ LT_TEST(gemm_concurrent_threads) {
 LT_TEST(gemm_two_threads) {
   int before = loom__gemm_threads();
   loom__gemm_set_threads(2);
-  shape s = {2, 96, 130, 200, false, true, 0, false, false, 1.0f, 1.0f};
+  shape s = {2, 96, 130, 200, false, true, 0, false, false, 1.0f, 1.0f, false};
   LT_EQ(check_case(s, LOOM_F32, LOOM_F32), 0);
   LT_EQ(check_case(s, LOOM_BF16, LOOM_BF16), 0);
   loom__gemm_set_threads(1);
@@ -388,7 +415,7 @@ LT_TEST(gemm_backend_errors_map_to_ebackend) {
 /* Out of memory in the f16 path (its f32 copies) and in the scratchpad: a clean LOOM_ENOMEM,
  * nothing leaked, and the next call works. */
 LT_TEST(gemm_out_of_memory_is_clean) {
-  shape s = {2, 40, 50, 60, false, false, 0, false, false, 1.0f, 1.0f};
+  shape s = {2, 40, 50, 60, false, false, 0, false, false, 1.0f, 1.0f, false};
   for (uint64_t n = 1; n <= 4; n++) {
     uint16_t *A = rand_buf(LOOM_F16, 2 * 40 * 60), *B = rand_buf(LOOM_F16, 2 * 60 * 50);
     uint16_t *C = rand_buf(LOOM_F16, 2 * 40 * 50);
