@@ -125,6 +125,10 @@ void loom__pg_stop_thread(loom_pg *pg);
 void loom__reduce(void *dst, const void *const *srcs, int nsrc, size_t n, loom_dtype dt,
                   loom_redop op);
 
+/* Widen n f16/bf16 elements to f32 (dt says which), and round f32 back to dt. */
+void loom__widen(loom_dtype dt, const void *src, float *dst, size_t n);
+void loom__narrow(loom_dtype dt, const float *src, void *dst, size_t n);
+
 /* ---- clock and spinning (clock.c) ---- */
 
 /* Monotonic seconds. */

@@ -55,12 +55,11 @@ static void avg_f32(float *a, size_t n, int div) {
   for (size_t i = 0; i < n; i++) a[i] /= d;
 }
 
-/* Widen n elements of a 16-bit float buffer to f32, and narrow back. */
-static void widen(loom_dtype dt, const void *src, float *dst, size_t n) {
+void loom__widen(loom_dtype dt, const void *src, float *dst, size_t n) {
   if (dt == LOOM_F16) loom_cvt_f16_to_f32(src, dst, n);
   else loom_cvt_bf16_to_f32(src, dst, n);
 }
-static void narrow(loom_dtype dt, const float *src, void *dst, size_t n) {
+void loom__narrow(loom_dtype dt, const float *src, void *dst, size_t n) {
   if (dt == LOOM_F16) loom_cvt_f32_to_f16(src, dst, n);
   else loom_cvt_f32_to_bf16(src, dst, n);
 }
@@ -75,12 +74,12 @@ void loom__reduce(void *dst, const void *const *srcs, int nsrc, size_t n, loom_d
   size_t acc_es = half ? 4 : es;
   for (size_t off = 0; off < n; off += BLK) {
     size_t m = n - off < BLK ? n - off : BLK;
-    if (half) widen(dt, (const char *)srcs[0] + off * es, (float *)acc, m);
+    if (half) loom__widen(dt, (const char *)srcs[0] + off * es, (float *)acc, m);
     else memcpy(acc, (const char *)srcs[0] + off * es, m * es);
     for (int k = 1; k < nsrc; k++) {
       const void *s = (const char *)srcs[k] + off * es;
       if (half) {
-        widen(dt, s, (float *)tmp, m);
+        loom__widen(dt, s, (float *)tmp, m);
         s = tmp;
       }
       f(acc, s, m);
@@ -92,7 +91,7 @@ void loom__reduce(void *dst, const void *const *srcs, int nsrc, size_t n, loom_d
       else
         for (size_t i = 0; i < m; i++) ((int64_t *)acc)[i] /= nsrc;
     }
-    if (half) narrow(dt, (float *)acc, (char *)dst + off * es, m);
+    if (half) loom__narrow(dt, (float *)acc, (char *)dst + off * es, m);
     else memcpy((char *)dst + off * es, acc, m * acc_es);
   }
 }

@@ -210,11 +210,6 @@ static int start(mpi_pg *m, const loom__coll *c) {
 
 static bool half(loom_dtype dt) { return dt == LOOM_F16 || dt == LOOM_BF16; }
 
-static void widen(loom_dtype dt, const void *src, float *dst, size_t n) {
-  if (dt == LOOM_F16) loom_cvt_f16_to_f32(src, dst, n);
-  else loom_cvt_bf16_to_f32(src, dst, n);
-}
-
 static void avg_div(void *buf, loom_dtype dt, size_t n, int size) {
   if (dt == LOOM_I32)
     for (size_t i = 0; i < n; i++) ((int32_t *)buf)[i] /= size;
@@ -222,11 +217,6 @@ static void avg_div(void *buf, loom_dtype dt, size_t n, int size) {
     for (size_t i = 0; i < n; i++) ((int64_t *)buf)[i] /= size;
   else
     for (size_t i = 0; i < n; i++) ((float *)buf)[i] /= (float)size;
-}
-
-static void narrow(loom_dtype dt, const float *src, void *dst, size_t n) {
-  if (dt == LOOM_F16) loom_cvt_f32_to_f16(src, dst, n);
-  else loom_cvt_f32_to_bf16(src, dst, n);
 }
 
 /* ---- ring all-reduce over point-to-point (large buffers) ----
@@ -319,7 +309,7 @@ static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
   if (half(c->dt)) {
     float *f;
     if ((rc = scratch(m, c->count * sizeof(float), c, (void **)&f))) return rc;
-    widen(c->dt, c->send, f, c->count);
+    loom__widen(c->dt, c->send, f, c->count);
     if (ring) {
       if ((rc = ring_allreduce(m, f, c->count, LOOM_F32, c->op, c))) return rc;
     } else {
@@ -328,7 +318,7 @@ static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
       if ((rc = wait_req(m, &req, c))) return rc;
     }
     if (c->op == LOOM_AVG) avg_div(f, LOOM_F32, c->count, pg->size);
-    narrow(c->dt, f, c->recv, c->count);
+    loom__narrow(c->dt, f, c->recv, c->count);
     return LOOM_OK;
   }
   if (ring) {
@@ -355,13 +345,13 @@ static int mpi_reduce_scatter(loom_pg *pg, const loom__coll *c) {
   if (half(c->dt)) { /* widen all blocks, reduce in f32 into the scratch's tail */
     float *f;
     if ((rc = scratch(m, (total + n) * sizeof(float), c, (void **)&f))) return rc;
-    widen(c->dt, c->send, f, total);
+    loom__widen(c->dt, c->send, f, total);
     err = MPI_Ireduce_scatter_block(f, f + total, (int)n, MPI_FLOAT, mpi_op(c->op), m->comm,
                                     &req);
     if (err) return mpi_err(err, "reduce-scatter", "MPI_Ireduce_scatter_block");
     if ((rc = wait_req(m, &req, c))) return rc;
     if (c->op == LOOM_AVG) avg_div(f + total, LOOM_F32, n, pg->size);
-    narrow(c->dt, f + total, c->recv, n);
+    loom__narrow(c->dt, f + total, c->recv, n);
     return LOOM_OK;
   }
   /* in place (recv inside send): reduce into scratch, then copy */
