@@ -9,7 +9,9 @@
  * torch.autocast("cpu")) is timed in the same run through /usr/bin/python3 when torch is
  * installed. After 20 warm-up steps (the first steps are slower while the allocator settles),
  * step and GEMMs alone are timed interleaved, median of 31 runs each; threads as bench_matmul
- * (loom_set_num_threads, default 1).
+ * (loom_set_num_threads, default 1). Each is timed twice: wall clock, and the process's CPU
+ * time, which on a shared machine does not count the time other processes held the core (the
+ * "cpu" figures; with more than one thread they include OpenMP's spinning workers).
  * Usage: bench_mlp [threads]. */
 #include "bench_gemm_util.h"
 
@@ -23,6 +25,13 @@
 #define WARM 20
 
 static const int64_t dims[4] = {784, 1024, 1024, 10};
+
+/* CPU seconds used by the process (every thread). */
+static double cpu_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
 
 typedef struct mlp {
   loom_tensor *w[3], *b[3], *x, *labels;
@@ -140,24 +149,26 @@ int main(int argc, char **argv) {
   double torch[2];
   torch_seconds(threads, torch);
   for (int bf = 0; bf < 2; bf++) {
-    double loss = 0, t[RUNS], tg[RUNS];
+    double loss = 0, t[RUNS], tg[RUNS], c[RUNS], cg[RUNS];
     gemms g;
     gemms_init(&g, bf ? LOOM_BF16 : LOOM_F32);
     for (int r = 0; r < WARM; r++) loss = step(&m, bf), gemms_run(&g); /* primitives, buffers */
     for (int r = 0; r < RUNS; r++) { /* interleaved, so both see the same machine load */
-      double t0 = bench_now();
+      double t0 = bench_now(), c0 = cpu_now();
       step(&m, bf);
-      double t1 = bench_now();
+      double t1 = bench_now(), c1 = cpu_now();
       gemms_run(&g);
       t[r] = t1 - t0, tg[r] = bench_now() - t1;
+      c[r] = c1 - c0, cg[r] = cpu_now() - c1;
     }
     gemms_free(&g);
     double s = bench_median(t, RUNS), gs = bench_median(tg, RUNS);
+    double cs = bench_median(c, RUNS), cgs = bench_median(cg, RUNS);
     printf(
         "mlp %s 784-1024-1024-10 batch %d threads %d runs %d loss %.4f step %.2f ms gemm %.2f ms "
-        "non-gemm %.1f%%",
+        "non-gemm %.1f%% (cpu: step %.2f ms gemm %.2f ms non-gemm %.1f%%)",
         bf ? "bf16-autocast" : "f32", BATCH, threads, RUNS, loss, s * 1e3, gs * 1e3,
-        100.0 * (1.0 - gs / s));
+        100.0 * (1.0 - gs / s), cs * 1e3, cgs * 1e3, 100.0 * (1.0 - cgs / cs));
     if (torch[bf] > 0)
       printf(" torch step %.2f ms ratio %.2f\n", torch[bf] * 1e3, torch[bf] / s);
     else

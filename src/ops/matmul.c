@@ -189,6 +189,10 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   loom_tensor *gd = NULL;
   float *dst, beta;
   LOOM_TRY(grad_as(g, dt, &gd));
+  if (n->n_in > 2 && loom__node_needs(n, 2)) { /* gb = column sums of G, while G is in cache */
+    LOOM_TRY(loom__grad_dst(n, 2, gin, &dst, &beta));
+    col_sums(loom__f(g), R, O, dst, beta);
+  }
   if (loom__node_needs(n, 0)) { /* gX [R, I] = G [R, O] W [O, I] */
     LOOM_TRY(loom__grad_dst(n, 0, gin, &dst, &beta));
     LOOM_TRY(gemm(dt, LOOM_F32, 1, R, I, O, loom_tensor_data(gd), false, 0, loom_tensor_data(w),
@@ -198,10 +202,6 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
     LOOM_TRY(loom__grad_dst(n, 1, gin, &dst, &beta));
     LOOM_TRY(gemm(dt, LOOM_F32, 1, O, I, R, loom_tensor_data(gd), true, 0, loom_tensor_data(x),
                   false, 0, dst, 0, beta));
-  }
-  if (n->n_in > 2 && loom__node_needs(n, 2)) { /* gb = column sums of G */
-    LOOM_TRY(loom__grad_dst(n, 2, gin, &dst, &beta));
-    col_sums(loom__f(g), R, O, dst, beta);
   }
 done:
   loom_tensor_free(gd);
