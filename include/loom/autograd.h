@@ -15,7 +15,11 @@
  *
  * Gradient buffers. loom_tensor_set_grad points a leaf's gradient at a tensor the caller
  * provides (a view into a DDP bucket or a flat gradient arena); backward then accumulates
- * into that buffer in place.
+ * into that buffer in place. Some ops (linear, matmul) write their contribution to an f32
+ * leaf's gradient straight into its buffer while backward runs (a first contribution to a
+ * leaf without a buffer makes one and overwrites it, instead of zeroing then adding); the
+ * buffer is complete only when the leaf's hooks fire, so read it from a hook or after
+ * backward, not from a hook on another tensor.
  *
  * Ownership. A tensor produced by an op retains its node, and a node retains the nodes and
  * leaves it needs for backward (never the tensors it produced, so there are no cycles).

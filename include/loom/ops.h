@@ -89,7 +89,11 @@ typedef enum loom_reduction {
 /* ---- casts -------------------------------------------------------------------------- */
 
 /* x converted to dtype dt (f32, f16, bf16), on the tape: backward converts the gradient
- * back, so a leaf's gradient keeps the leaf's dtype. A copy even if dt is x's dtype. */
+ * back, so a leaf's gradient keeps the leaf's dtype. A copy even if dt is x's dtype. When x is
+ * an f32 leaf (a master weight under autocast) and no hook is registered on the cast's
+ * output, linear and matmul backward add their gradient for the cast straight into x's f32
+ * gradient buffer, without first rounding it to dt (PyTorch rounds it to dt): the f32
+ * gradient is at least as exact, and no temporary is made. */
 int loom_cast(loom_tensor *x, loom_dtype dt, loom_tensor **out);
 
 /* ---- elementwise (NumPy broadcasting for binary ops) -------------------------------- */
