@@ -103,6 +103,14 @@ void loom_optim_free(loom_optim *o);
 /* One update of every segment from its gradient; the step count goes up by one first (so the
  * first step uses step = 1 in the bias corrections, as PyTorch). */
 int loom_optim_step(loom_optim *o);
+/* The same with every gradient multiplied by grad_scale as the kernels load it, in f32 before
+ * anything else (maximize, weight decay): the deferred unscale of loom/amp.h (grad_scale =
+ * 1/loss scale, possibly times a clip coefficient) without a pass that writes the gradients.
+ * The gradients are only read. The result is bit for bit that of multiplying every gradient by
+ * grad_scale in f32 (as loom_grad_scale and loom_amp_unscale do) and then loom_optim_step, on
+ * every CPU level; loom_optim_step is grad_scale 1. LOOM_EINVAL if grad_scale is NaN,
+ * infinite or negative (0 is allowed: what clipping an infinite norm scales by). */
+int loom_optim_step_scaled(loom_optim *o, float grad_scale);
 
 /* "sgd", "adam", "adamw". */
 const char *loom_optim_name(const loom_optim *o);
@@ -161,6 +169,21 @@ float loom_clip_coef(float total_norm, double max_norm);
  * through the segments' grad pointers (cast away const: clipping owns the gradients). */
 int loom_clip_grad_norm(const loom_param_seg *segs, size_t nseg, double max_norm,
                         bool error_if_nonfinite, float *total_norm);
+
+/* Clipping folded into a deferred unscale: the segments' gradients are still multiplied by a
+ * loss scale (1/inv_scale). Computes the norm of the unscaled gradients, inv_scale x the norm
+ * of the stored ones, into *total_norm (may be NULL), and sets *grad_scale = inv_scale x
+ * loom_clip_coef(norm, max_norm) (in f32) for loom_optim_step_scaled; writes no gradient.
+ *   float gs;  loom_clip_grad_norm_scaled(segs, n, max_norm, inv, false, NULL, &gs);
+ *   loom_optim_step_scaled(o, gs);
+ * equals unscaling by inv, loom_clip_grad_norm, loom_optim_step bit for bit when inv_scale is
+ * a power of two (every scale of loom's scaler presets: products by it are exact) and no
+ * unscaled gradient or norm is subnormal; for other scales they differ by rounding. Errors as
+ * loom_clip_grad_norm, plus LOOM_EINVAL for inv_scale not finite and > 0 or grad_scale NULL;
+ * a nonfinite norm without error_if_nonfinite gives *grad_scale NaN or 0 as PyTorch would. */
+int loom_clip_grad_norm_scaled(const loom_param_seg *segs, size_t nseg, double max_norm,
+                               float inv_scale, bool error_if_nonfinite, float *total_norm,
+                               float *grad_scale);
 
 /* ---- learning-rate schedules ---------------------------------------------------------- */
 

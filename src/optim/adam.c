@@ -58,7 +58,7 @@ int loom_optim_create_adamw(const loom_param_seg *segs, size_t nseg, const loom_
   return create("loom_optim_create_adamw", LOOM__ADAMW, segs, nseg, cfg, out);
 }
 
-int loom__adam_step(loom_optim *o) {
+int loom__adam_step(loom_optim *o, float grad_scale) {
   const loom_adam_cfg *c = &o->adam;
   double step = (double)o->step;
   double bc1 = 1.0 - pow(c->beta1, step);
@@ -74,6 +74,8 @@ int loom__adam_step(loom_optim *o) {
       .eps = (float)c->eps,
       .neg_step = (float)-(o->lr / bc1),
       .maximize = c->maximize,
+      .grad_scale = grad_scale,
+      .scaled = grad_scale != 1.0f,
   };
   const loom__optim_kernels *k = loom__optim_k();
   for (size_t i = 0; i < o->nseg; i++) {

@@ -14,10 +14,12 @@ AVX2 static void adam_avx2(const loom__adam_args *a, float *p, const float *g, f
   const __m256 wd = _mm256_set1_ps(a->wd), decay = _mm256_set1_ps(a->decay);
   const __m256 bc2 = _mm256_set1_ps(a->bc2_sqrt), eps = _mm256_set1_ps(a->eps);
   const __m256 ns = _mm256_set1_ps(a->neg_step), sign = _mm256_set1_ps(-0.0f);
+  const __m256 gs = _mm256_set1_ps(a->grad_scale);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 gi = _mm256_loadu_ps(g + i);
     __m256 pi = _mm256_loadu_ps(p + i);
+    if (a->scaled) gi = _mm256_mul_ps(gi, gs);
     if (a->maximize) gi = _mm256_xor_ps(gi, sign);
     if (a->l2) gi = _mm256_add_ps(gi, _mm256_mul_ps(wd, pi));
     if (a->decoupled) pi = _mm256_mul_ps(pi, decay);
@@ -38,11 +40,12 @@ AVX2 static void sgd_avx2(const loom__sgd_args *a, float *p, const float *g, flo
                           size_t n) {
   const __m256 wd = _mm256_set1_ps(a->wd), mom = _mm256_set1_ps(a->momentum);
   const __m256 omd = _mm256_set1_ps(a->omd), nlr = _mm256_set1_ps(a->neg_lr);
-  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 sign = _mm256_set1_ps(-0.0f), gs = _mm256_set1_ps(a->grad_scale);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 d = _mm256_loadu_ps(g + i);
     __m256 pi = _mm256_loadu_ps(p + i);
+    if (a->scaled) d = _mm256_mul_ps(d, gs);
     if (a->maximize) d = _mm256_xor_ps(d, sign);
     if (a->has_wd) d = _mm256_add_ps(d, _mm256_mul_ps(wd, pi));
     if (a->has_momentum) {

@@ -23,11 +23,12 @@ AVX512 static void adam_avx512(const loom__adam_args *a, float *p, const float *
   const __m512 b2 = _mm512_set1_ps(a->beta2), omb2 = _mm512_set1_ps(a->omb2);
   const __m512 wd = _mm512_set1_ps(a->wd), decay = _mm512_set1_ps(a->decay);
   const __m512 bc2 = _mm512_set1_ps(a->bc2_sqrt), eps = _mm512_set1_ps(a->eps);
-  const __m512 ns = _mm512_set1_ps(a->neg_step);
+  const __m512 ns = _mm512_set1_ps(a->neg_step), gs = _mm512_set1_ps(a->grad_scale);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m512 gi = _mm512_loadu_ps(g + i);
     __m512 pi = _mm512_loadu_ps(p + i);
+    if (a->scaled) gi = mul(gi, gs);
     if (a->maximize) gi = neg(gi);
     if (a->l2) gi = add(gi, mul(wd, pi));
     if (a->decoupled) pi = mul(pi, decay);
@@ -46,10 +47,12 @@ AVX512 static void sgd_avx512(const loom__sgd_args *a, float *p, const float *g,
                               size_t n) {
   const __m512 wd = _mm512_set1_ps(a->wd), mom = _mm512_set1_ps(a->momentum);
   const __m512 omd = _mm512_set1_ps(a->omd), nlr = _mm512_set1_ps(a->neg_lr);
+  const __m512 gs = _mm512_set1_ps(a->grad_scale);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m512 d = _mm512_loadu_ps(g + i);
     __m512 pi = _mm512_loadu_ps(p + i);
+    if (a->scaled) d = mul(d, gs);
     if (a->maximize) d = neg(d);
     if (a->has_wd) d = add(d, mul(wd, pi));
     if (a->has_momentum) {

@@ -8,7 +8,8 @@
 void loom__adam_scalar(const loom__adam_args *a, float *p, const float *g, float *m, float *v,
                        size_t n) {
   for (size_t i = 0; i < n; i++) {
-    float gi = a->maximize ? -g[i] : g[i];
+    float gi = a->scaled ? g[i] * a->grad_scale : g[i];
+    if (a->maximize) gi = -gi;
     float pi = p[i];
     if (a->l2) gi = gi + a->wd * pi;
     if (a->decoupled) pi = pi * a->decay;
@@ -25,7 +26,8 @@ void loom__adam_scalar(const loom__adam_args *a, float *p, const float *g, float
 
 void loom__sgd_scalar(const loom__sgd_args *a, float *p, const float *g, float *buf, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    float d = a->maximize ? -g[i] : g[i];
+    float d = a->scaled ? g[i] * a->grad_scale : g[i];
+    if (a->maximize) d = -d;
     if (a->has_wd) d = d + a->wd * p[i];
     if (a->has_momentum) {
       float b = a->first ? d : buf[i] * a->momentum + a->omd * d;

@@ -125,15 +125,23 @@ done:
   return rc;
 }
 
-int loom_optim_step(loom_optim *o) {
-  int rc = loom__optim_check(o, "loom_optim_step");
+static int step_scaled(loom_optim *o, float grad_scale, const char *who) {
+  int rc = loom__optim_check(o, who);
   if (rc) return rc;
-  if (o->step == INT64_MAX)
-    return loom__fail(LOOM_EOVERFLOW, "loom_optim_step: step count overflows");
+  if (!isfinite(grad_scale) || !(grad_scale >= 0))
+    return loom__fail(LOOM_EINVAL, "%s: grad_scale = %g must be finite and >= 0", who,
+                      (double)grad_scale);
+  if (o->step == INT64_MAX) return loom__fail(LOOM_EOVERFLOW, "%s: step count overflows", who);
   o->step++;
-  rc = o->kind == LOOM__SGD ? loom__sgd_step(o) : loom__adam_step(o);
+  rc = o->kind == LOOM__SGD ? loom__sgd_step(o, grad_scale) : loom__adam_step(o, grad_scale);
   if (rc) o->step--;
   return rc;
+}
+
+int loom_optim_step(loom_optim *o) { return step_scaled(o, 1.0f, "loom_optim_step"); }
+
+int loom_optim_step_scaled(loom_optim *o, float grad_scale) {
+  return step_scaled(o, grad_scale, "loom_optim_step_scaled");
 }
 
 const char *loom_optim_name(const loom_optim *o) {

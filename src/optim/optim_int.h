@@ -8,7 +8,7 @@
 
 /* Adam / AdamW scalars of one step, each rounded to f32 as PyTorch passes them to its
  * kernels. Per element, in this order and without fused multiply-add:
- *   g = maximize ? -g : g;   if (l2) g = g + wd*p;   if (decoupled) p = p*decay;
+ *   if (scaled) g = g*grad_scale;   g = maximize ? -g : g;   if (l2) g = g + wd*p;   if (decoupled) p = p*decay;
  *   m = m*beta1;  m = m + omb1*g;   v = v*beta2;  v = v + (omb2*g)*g;
  *   d = sqrt(v)/bc2_sqrt + eps;   p = p + (neg_step*m)/d */
 typedef struct loom__adam_args {
@@ -19,16 +19,18 @@ typedef struct loom__adam_args {
   float bc2_sqrt;     /* sqrt(1 - beta2^step) */
   float eps;
   float neg_step;     /* -lr / (1 - beta1^step) */
-  bool l2, decoupled, maximize;
+  float grad_scale;   /* the factor of loom_optim_step_scaled (read when `scaled`) */
+  bool l2, decoupled, maximize, scaled;
 } loom__adam_args;
 
 /* SGD scalars of one step. Per element:
- *   d = maximize ? -g : g;   if (wd != 0) d = d + wd*p;
+ *   if (scaled) g = g*grad_scale;   d = maximize ? -g : g;   if (wd != 0) d = d + wd*p;
  *   if (has_momentum) { b = first ? d : b*momentum + omd*d;  d = nesterov ? d + momentum*b : b; }
  *   p = p + neg_lr*d */
 typedef struct loom__sgd_args {
   float wd, momentum, omd, neg_lr; /* omd: 1 - dampening */
-  bool has_wd, has_momentum, first, nesterov, maximize;
+  float grad_scale;                /* the factor of loom_optim_step_scaled (when `scaled`) */
+  bool has_wd, has_momentum, first, nesterov, maximize, scaled;
 } loom__sgd_args;
 
 typedef struct loom__optim_kernels {
@@ -99,8 +101,9 @@ int loom__optim_create(const char *who, loom__optim_kind kind, const loom_param_
 /* LOOM_EINVAL / LOOM_EMISUSE for a NULL or freed optimizer. */
 int loom__optim_check(const loom_optim *o, const char *who);
 
-/* Per-kind step (sgd.c, adam.c), called by loom_optim_step after step++ . */
-int loom__sgd_step(loom_optim *o);
-int loom__adam_step(loom_optim *o);
+/* Per-kind step (sgd.c, adam.c), called by loom_optim_step_scaled after step++; grad_scale
+ * multiplies every gradient as it is loaded (1: not at all). */
+int loom__sgd_step(loom_optim *o, float grad_scale);
+int loom__adam_step(loom_optim *o, float grad_scale);
 
 #endif

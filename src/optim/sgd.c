@@ -44,7 +44,7 @@ int loom_optim_create_sgd(const loom_param_seg *segs, size_t nseg, const loom_sg
   return LOOM_OK;
 }
 
-int loom__sgd_step(loom_optim *o) {
+int loom__sgd_step(loom_optim *o, float grad_scale) {
   const loom_sgd_cfg *c = &o->sgd;
   loom__sgd_args a = {
       .wd = (float)c->weight_decay,
@@ -55,6 +55,8 @@ int loom__sgd_step(loom_optim *o) {
       .first = o->step == 1,
       .nesterov = c->nesterov,
       .maximize = c->maximize,
+      .grad_scale = grad_scale,
+      .scaled = grad_scale != 1.0f,
   };
   const loom__optim_kernels *k = loom__optim_k();
   for (size_t i = 0; i < o->nseg; i++) {

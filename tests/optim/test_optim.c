@@ -78,20 +78,28 @@ LT_TEST(kernels_every_level_bitwise_equal_to_scalar) {
     if (!loom_cpu_supports((loom_cpu_level)level)) continue;
     tested++;
     const loom__optim_kernels *k = loom__optim_k_level((loom_cpu_level)level);
-    for (int flags = 0; flags < 16; flags++)
+    for (int flags = 0; flags < 32; flags++)
       for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
         size_t n = lens[li], off = li % 3; /* misaligned starts too */
         if (n + off > N) n = N - off;
-        loom__adam_args a = {0.9f, 0.1f, 0.999f, 0.001f, 0.05f, 0.999f, 0.3f, 1e-8f, -0.01f,
-                             flags & 1, (flags & 2) != 0, (flags & 4) != 0};
+        /* flag 16: a grad_scale folded into the load (not a power of two: rounds) */
+        float gs = (flags & 16) ? 1.0f / 3.0f : 1.0f;
+        loom__adam_args a = {.beta1 = 0.9f, .omb1 = 0.1f, .beta2 = 0.999f, .omb2 = 0.001f,
+                             .wd = 0.05f, .decay = 0.999f, .bc2_sqrt = 0.3f, .eps = 1e-8f,
+                             .neg_step = -0.01f, .grad_scale = gs, .l2 = flags & 1,
+                             .decoupled = (flags & 2) != 0, .maximize = (flags & 4) != 0,
+                             .scaled = (flags & 16) != 0};
         for (int r = 0; r < 2; r++) {
           memcpy(p[r], p0, sizeof p0), memcpy(m[r], m0, sizeof m0), memcpy(v[r], v0, sizeof v0);
           (r ? k : ref)->adam(&a, p[r] + off, g + off, m[r] + off, v[r] + off, n);
         }
         LT_TRUE(memcmp(p[0], p[1], sizeof p0) == 0 && memcmp(m[0], m[1], sizeof m0) == 0 &&
                 memcmp(v[0], v[1], sizeof v0) == 0);
-        loom__sgd_args s = {0.01f, 0.9f, 0.75f, -0.1f, flags & 1, (flags & 2) != 0,
-                            (flags & 4) != 0, (flags & 8) != 0, (flags & 3) == 3};
+        loom__sgd_args s = {.wd = 0.01f, .momentum = 0.9f, .omd = 0.75f, .neg_lr = -0.1f,
+                            .grad_scale = gs, .has_wd = flags & 1,
+                            .has_momentum = (flags & 2) != 0, .first = (flags & 4) != 0,
+                            .nesterov = (flags & 8) != 0, .maximize = (flags & 3) == 3,
+                            .scaled = (flags & 16) != 0};
         for (int r = 0; r < 2; r++) {
           memcpy(p[r], p0, sizeof p0), memcpy(m[r], m0, sizeof m0);
           (r ? k : ref)->sgd(&s, p[r] + off, g + off, m[r] + off, n);
