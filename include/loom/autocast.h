@@ -47,9 +47,9 @@ extern "C" {
 
 /* ---- op kinds ------------------------------------------------------------------------------ */
 
-/* Every op kind, with its name. The first 37 are loom/ops.h's loom_op_kind in the same order
- * with the same names (so (loom_amp_op)kind is the same kind); the rest are kinds PyTorch's
- * lists name that loom's ops may add (bmm, addmm, ... ). This list is the source of truth. */
+/* Every op kind, with its name: the one list of kinds. loom/ops.h's loom_op_kind is generated
+ * from it (so (loom_amp_op)kind is the same kind); the last ones are kinds PyTorch's lists
+ * name that loom's ops may add (bmm, addmm, ...). */
 #define LOOM_AMP_OP_MAP(XX)                                                                   \
   XX(CAST, "cast")                                                                            \
   XX(ADD, "add")                                                                              \

@@ -9,10 +9,8 @@
 
 _Atomic(loom__autocast_fn) loom__autocast_hook = NULL;
 
-_Static_assert((int)LOOM_OPK_COUNT <= (int)LOOM_AMP_OP_COUNT &&
-                   (int)LOOM_OPK_CUSTOM == (int)LOOM_AMP_OP_CUSTOM &&
-                   (int)LOOM_OPK_MATMUL == (int)LOOM_AMP_OP_MATMUL,
-               "loom_op_kind must be the first kinds of loom_amp_op, in the same order");
+_Static_assert((int)LOOM_OPK_COUNT == (int)LOOM_AMP_OP_COUNT,
+               "loom_op_kind is generated from autocast's list of kinds");
 
 /* ---- the cast cache ------------------------------------------------------------------------
  * Casts of f32 leaves that require grad, made by autocast, are kept for the life of the
@@ -89,15 +87,7 @@ static bool autocast_want(loom_op_kind kind, const loom_dtype *dts, int n, loom_
   return loom_autocast_dtype_for((loom_amp_op)kind, dts, n, want);
 }
 
-static const char *const kind_names[] = {
-#define LOOM__OPK_NAME(name, str) str,
-    LOOM_OP_KIND_MAP(LOOM__OPK_NAME)
-#undef LOOM__OPK_NAME
-};
-
-const char *loom_op_kind_name(loom_op_kind kind) {
-  return (unsigned)kind < LOOM_OPK_COUNT ? kind_names[kind] : "?";
-}
+const char *loom_op_kind_name(loom_op_kind kind) { return loom_amp_op_name((loom_amp_op)kind); }
 
 /* ---- checks --------------------------------------------------------------------------- */
 
