@@ -7,22 +7,14 @@
  * batch 256, forward + backward under bf16 autocast; its bookkeeping is estimated as (ops x
  * decision cost + casts x cast bookkeeping cost), counted from its graph, over its autograd
  * time. Usage: bench_autocast [iterations (default 20000)]. */
+#include "bench_util.h"
+
 #include <loom/loom.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
 
 /* forward + backward of sum(linear(x, w, b)) under `mode`, n times; seconds per iteration */
 static int tiny(loom_autocast_mode mode, loom_dtype dt, int n, double *out) {
@@ -35,7 +27,7 @@ static int tiny(loom_autocast_mode mode, loom_dtype dt, int n, double *out) {
   if (!rc) rc = loom_tensor_set_requires_grad(b, true);
   loom_autocast_token tok;
   if (!rc) rc = loom_autocast_enter(mode, NULL, &tok); /* one region: the cache lives across */
-  double t0 = now();
+  double t0 = bench_now();
   for (int i = 0; i < n && !rc; i++) {
     rc = loom_linear(x, w, b, &y);
     if (!rc) rc = loom_sum(y, NULL, 0, false, &s);
@@ -43,7 +35,7 @@ static int tiny(loom_autocast_mode mode, loom_dtype dt, int n, double *out) {
     loom_tensor_free(y), loom_tensor_free(s);
     y = s = NULL;
   }
-  *out = (now() - t0) / n;
+  *out = (bench_now() - t0) / n;
   if (!rc) rc = loom_autocast_exit(&tok);
   loom_tensor_free(x), loom_tensor_free(w), loom_tensor_free(b);
   return rc;
@@ -66,7 +58,7 @@ static int mlp_autograd(int runs, double *out) {
   for (int r = -1; r < runs && !rc; r++) {
     loom_tensor *h = NULL, *a = NULL, *h2 = NULL, *a2 = NULL, *lg = NULL, *l = NULL;
     loom_autocast_token tok;
-    double t0 = now();
+    double t0 = bench_now();
     rc = loom_autocast_enter(LOOM_AUTOCAST_BF16, NULL, &tok);
     if (!rc) rc = loom_linear(x, p[0], p[1], &h);
     if (!rc) rc = loom_relu(h, &a);
@@ -76,11 +68,11 @@ static int mlp_autograd(int runs, double *out) {
     if (!rc) rc = loom_cross_entropy(lg, y, LOOM_REDUCTION_MEAN, -100, &l);
     if (!rc) rc = loom_autocast_exit(&tok);
     if (!rc) rc = loom_backward(l, NULL, false);
-    if (r >= 0) t[r] = now() - t0;
+    if (r >= 0) t[r] = bench_now() - t0;
     loom_tensor_free(h), loom_tensor_free(a), loom_tensor_free(h2), loom_tensor_free(a2);
     loom_tensor_free(lg), loom_tensor_free(l);
   }
-  qsort(t, (size_t)runs, sizeof *t, cmp);
+  qsort(t, (size_t)runs, sizeof *t, bench_cmp);
   *out = t[runs / 2];
   free(t);
   for (int i = 0; i < 6; i++) loom_tensor_free(p[i]);
@@ -104,7 +96,7 @@ int bench_autocast_main(int argc, char **argv) {
     fprintf(stderr, "bench_autocast: %s\n", loom_last_error());
     return 1;
   }
-  qsort(off, 3, sizeof *off, cmp), qsort(pre, 3, sizeof *pre, cmp), qsort(cast, 3, sizeof *cast, cmp);
+  qsort(off, 3, sizeof *off, bench_cmp), qsort(pre, 3, sizeof *pre, bench_cmp), qsort(cast, 3, sizeof *cast, bench_cmp);
   /* per iteration: 2 ops dispatched (linear, sum); with f32 inputs 3 casts (x, w, b) */
   double decision = (pre[1] - off[1]) / 2, per_cast = (cast[1] - pre[1]) / 3;
   if (decision < 0) decision = 0;

@@ -3,6 +3,8 @@
  * bytes written, for both, so the ratio compares memory throughput. Each figure is the median
  * of 9 interleaved runs; buffers are touched first so page faults are not timed.
  * Usage: bench_convert [ELEMENTS]  (or `loom bench convert [ELEMENTS]`). */
+#include "bench_util.h"
+
 #include <loom/loom.h>
 
 #include <stdio.h>
@@ -11,22 +13,6 @@
 #include <time.h>
 
 #define RUNS 9
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v) {
-  qsort(v, RUNS, sizeof *v, cmp);
-  return v[RUNS / 2];
-}
 
 typedef struct conv {
   const char *name;
@@ -65,15 +51,15 @@ int bench_convert_main(int argc, char **argv) {
     if (convs[c].src_size == 2) loom_cvt_f32_to_bf16(f, (uint16_t *)cpy, n); /* valid halves */
     const unsigned char *in = convs[c].src_size == 2 ? cpy : src;
     for (int r = 0; r < RUNS; r++) {
-      double t0 = now();
+      double t0 = bench_now();
       memcpy(dst, in, sb);
-      double t1 = now();
+      double t1 = bench_now();
       convs[c].fn(in, dst, n);
-      double t2 = now();
+      double t2 = bench_now();
       tm[r] = t1 - t0;
       tc[r] = t2 - t1;
     }
-    double mc = median(tc), mm = median(tm);
+    double mc = bench_median(tc, RUNS), mm = bench_median(tm, RUNS);
     double gc = (double)(sb + db) / mc / 1e9, gm = (double)(2 * sb) / mm / 1e9;
     printf("%-12s %10.2f %10.2f %12.2f %12.2f %7.2f\n", convs[c].name, mc * 1e3, mm * 1e3, gc, gm,
            gc / gm);

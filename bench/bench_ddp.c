@@ -17,7 +17,7 @@
  * Each figure is the median over the timed steps (after warm-up). The 2 cores are shared by
  * both ranks' compute and the collectives' copies, so communication competes with compute.
  * Usage: bench_ddp [steps]  (or `loom bench ddp [steps]`). */
-#include "bench_gemm_util.h"
+#include "bench_util.h"
 
 #include <loom/ddp.h>
 #include <loom/dist.h>
@@ -42,8 +42,6 @@ typedef struct job {
   const config *c;
   result r;
 } job;
-
-static double median_of(double *v, int n) { return bench_median(v, n); }
 
 static int rank_main(loom_pg *pg, void *arg) {
   job *j = arg;
@@ -109,12 +107,12 @@ static int rank_main(loom_pg *pg, void *arg) {
   if (loom_pg_rank(pg) == 0) {
     loom_ddp_stats st;
     BENCH_CHECK(loom_ddp_stats_get(d, &st));
-    j->r.step_s = median_of(step_t, n);
-    j->r.bwd_s = median_of(bwd_t, n);
-    j->r.exposed_s = median_of(exp_t, n);
-    j->r.comm_s = median_of(comm_t, n);
-    j->r.first_launch_s = median_of(first_t, n);
-    j->r.lead_s = median_of(lead_t, n);
+    j->r.step_s = bench_median(step_t, n);
+    j->r.bwd_s = bench_median(bwd_t, n);
+    j->r.exposed_s = bench_median(exp_t, n);
+    j->r.comm_s = bench_median(comm_t, n);
+    j->r.first_launch_s = bench_median(first_t, n);
+    j->r.lead_s = bench_median(lead_t, n);
     j->r.buckets = st.buckets;
     /* collectives per step, without the start-up checks and broadcasts */
     j->r.coll_per_step = (double)(after.collectives - before.collectives);

@@ -11,7 +11,7 @@
  * Usage: bench_matmul [threads]. Prints one line per size and dtype:
  *   matmul <dtype> <M>x<N>x<K> threads <t> runs <r> loom <ms> ms <GFLOP/s> GFLOP/s
  *   torch <GFLOP/s> GFLOP/s ratio <loom GFLOP/s / torch GFLOP/s> */
-#include "bench_gemm_util.h"
+#include "bench_util.h"
 
 #include <loom/loom.h>
 

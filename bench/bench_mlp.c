@@ -13,7 +13,7 @@
  * time, which on a shared machine does not count the time other processes held the core (the
  * "cpu" figures; with more than one thread they include OpenMP's spinning workers).
  * Usage: bench_mlp [threads]. */
-#include "bench_gemm_util.h"
+#include "bench_util.h"
 
 #include <loom/loom.h>
 

@@ -1,8 +1,8 @@
-/* bench_gemm_util.h: what bench_matmul.c and bench_mlp.c share: a monotonic clock, the median
- * of a sample, a check that stops the benchmark on a loom error, random tensors, and the
- * thread count. Header-only, static functions. */
-#ifndef LOOM_BENCH_GEMM_UTIL_H
-#define LOOM_BENCH_GEMM_UTIL_H
+/* bench_util.h: what the benchmarks share: a monotonic clock, the median of a sample, a check
+ * that stops the benchmark on a loom error, random tensors, and the thread count. Header-only,
+ * static functions. */
+#ifndef LOOM_BENCH_UTIL_H
+#define LOOM_BENCH_UTIL_H
 
 #include <loom/loom.h>
 
