@@ -12,11 +12,27 @@
  *     if (!overflow) optimizer step
  *     loom_scaler_update(s, overflow)                                 (ends the step)
  *
+ * The fast step defers the unscale to the optimizer, which multiplies each gradient by 1/scale
+ * as it loads it (loom/optim.h), so no pass writes the gradients:
+ *
+ *     backward
+ *     bool overflow;  loom_scaler_check(s, grads, n, &overflow)      (read-only, early exit)
+ *     float gs;       loom_scaler_grad_scale(s, &gs)                 (1/scale, before update!)
+ *     [clipping: loom_clip_grad_norm_scaled(segs, nseg, max_norm, gs, ..., &gs)]
+ *     if (!overflow) loom_optim_step_scaled(opt, gs)
+ *     loom_scaler_update(s, overflow)
+ *
+ * For f32 gradients it gives the bits of unscale + loom_optim_step (same flag, same products;
+ * with clipping, the same bits for power-of-two scales, which every preset keeps). The checking
+ * hooks (loom_amp_check_hooks_create) run the check from backward instead.
+ *
  * The step is a small state machine: scaling a loss (any number of times: gradient
- * accumulation) opens the step, unscale may run once, update closes it. Unscaling twice in one
+ * accumulation) opens the step, unscale or check may run once, update closes it. Unscaling twice in one
  * step, or after update without a new scaled loss, is refused with LOOM_EMISUSE (the second
  * unscale would divide by the scale again; unscaling after update would divide by the updated
- * scale, which is wrong whenever that update grew or shrank it). The seed spec's usage example
+ * scale, which is wrong whenever that update grew or shrank it). The same holds for check, and
+ * for a check after an unscale or the reverse; loom_scaler_grad_scale is refused (LOOM_EMISUSE)
+ * outside the window between unscale/check and update, where 1/scale is the right factor. The seed spec's usage example
  * unscales after UpdateScale; loom refuses that order for this reason.
  *
  * Update rule (dynamic, exactly the spec's):
@@ -147,6 +163,21 @@ int loom_scaler_unscale_buffers(loom_scaler *s, const loom_amp_buffer *bufs, siz
 int loom_scaler_check_overflow(const loom_scaler *s, loom_tensor *const *grads, size_t n,
                                bool *overflow);
 
+/* The deferred unscale (see the top of this file): close the step's unscale without writing
+ * the gradients; *found_inf (may be NULL) is what loom_scaler_unscale would report for f32
+ * gradients: some gradient holds inf or NaN (early exit at the first), or, for a scale below 1
+ * (1/scale > 1), some product g * (1/scale) overflows in f32. The gradients stay multiplied by
+ * the scale: pass loom_scaler_grad_scale to loom_optim_step_scaled. Same arguments, errors and
+ * step rules as loom_scaler_unscale. f16/bf16 gradients are checked as stored; an optimizer
+ * reads them widened to f32 (loom_master_load_grads), where the deferred product is exact f32,
+ * not the in-place unscale's rounding to f16/bf16. */
+int loom_scaler_check(loom_scaler *s, loom_tensor *const *grads, size_t n, bool *found_inf);
+
+/* The factor the optimizer must still multiply this step's gradients by: 1/scale rounded to
+ * f32 after loom_scaler_check (or the checking hooks), 1 after an in-place unscale. LOOM_EMISUSE
+ * before the step's unscale/check or after update (the scale may have changed). */
+int loom_scaler_grad_scale(const loom_scaler *s, float *out);
+
 /* Close the step with the (all-rank) overflow flag: apply the update rule and count the
  * iteration (UpdateScale). Under DDP/FSDP pass the flag all-reduced with MAX over the ranks,
  * so every rank keeps the same scale. May be called without unscale (a skipped step). */
@@ -235,7 +266,10 @@ int loom_amp_has_nonfinite_tensors(loom_tensor *const *ts, size_t n, bool *out);
  * Gradient accumulation over k micro-batches: loom_backward_amp on each micro-batch's loss
  * (each scaled by the same scale; the gradients add up scaled), then one prepare (one unscale)
  * and one update. Clipping: loom_amp_clip_grad_norm after prepare (the norm of the unscaled
- * gradients; clipping scaled gradients would clip at max_norm * scale).
+ * gradients; clipping scaled gradients would clip at max_norm * scale). With the deferred
+ * unscale (loom_scaler_check), loom_clip_grad_norm_scaled (loom/optim.h) takes the norm of the
+ * scaled gradients times 1/scale and folds the clip coefficient into the optimizer's
+ * grad_scale: the same bits as unscale + clip for power-of-two scales.
  *
  * Ownership: tensors passed in are borrowed unless a call says it retains them; tensors
  * returned through `out` arrays are new references the caller frees. Threads: like ops, each
@@ -442,10 +476,18 @@ typedef struct loom_amp_unscale_hooks loom_amp_unscale_hooks;
 /* params: leaves that require grad (LOOM_EINVAL otherwise). */
 int loom_amp_unscale_hooks_create(loom_scaler *s, loom_tensor *const *params, size_t n,
                                   loom_amp_unscale_hooks **out);
+/* The deferred form: each hook only checks its gradient (loom_scaler_check's rule, skipped
+ * once something was found) and writes nothing; finish closes the step as loom_scaler_check
+ * does, so the optimizer applies loom_scaler_grad_scale (loom_optim_step_scaled). Arm, finish
+ * and free as above:
+ *   arm; forward; loom_backward_amp; finish(h, &found); loom_scaler_grad_scale(s, &gs);
+ *   if (!found) loom_optim_step_scaled(opt, gs);  loom_scaler_update(s, found) */
+int loom_amp_check_hooks_create(loom_scaler *s, loom_tensor *const *params, size_t n,
+                                loom_amp_unscale_hooks **out);
 /* Removes the hooks. NULL ok. */
 void loom_amp_unscale_hooks_free(loom_amp_unscale_hooks *h);
 int loom_amp_unscale_hooks_arm(loom_amp_unscale_hooks *h);
-/* *found_inf: some gradient holds inf or NaN after unscaling. */
+/* *found_inf: some gradient holds inf or NaN after unscaling (checking hooks: would hold). */
 int loom_amp_unscale_hooks_finish(loom_amp_unscale_hooks *h, bool *found_inf);
 
 #ifdef __cplusplus

@@ -1,6 +1,8 @@
 /* amp_hooks.c: unscale + inf/NaN check of each gradient from its autograd hook, run as soon as
  * backward completes the gradient (hot in cache), so the step's scaler work overlaps backward;
- * finish unscales what no hook reached and closes the scaler's unscale for the step. */
+ * finish unscales what no hook reached and closes the scaler's unscale for the step. The
+ * checking form (loom_amp_check_hooks_create) only reads: the unscale is deferred to the
+ * optimizer (loom_scaler_grad_scale, loom_optim_step_scaled). */
 #include "amp/amp_int.h"
 #include "loom/autograd.h"
 
@@ -16,17 +18,32 @@ struct loom_amp_unscale_hooks {
   size_t n;
   hook_slot *slots;
   bool armed, found;
+  bool defer; /* check only; finish closes the step as loom_scaler_check */
   int error; /* the first failure inside a hook, reported by finish */
 };
+
+/* One gradient: unscale + check, or (deferred) the check alone, skipped once something was
+ * found (the step is skipped whatever the other gradients hold). */
+static int pass(loom_amp_unscale_hooks *h, loom_tensor *g) {
+  static const char *who = "loom_amp_check_hooks";
+  double inv = loom_scaler_get_inv_scale(h->scaler);
+  if (!h->defer) {
+    bool f = false;
+    int rc = loom_amp_unscale_tensors(&g, 1, inv, &f);
+    h->found |= f;
+    return rc;
+  }
+  int rc = loom__amp_check_tensors(who, &g, 1);
+  if (!rc && !h->found) h->found = loom__amp_scaled_nonfinite(g, (float)inv);
+  return rc;
+}
 
 static int on_grad(loom_tensor *grad, void *ctx) {
   hook_slot *sl = ctx;
   loom_amp_unscale_hooks *h = sl->owner;
   if (!h->armed || sl->done || h->scaler->stage != LOOM__STAGE_SCALED) return LOOM_OK;
-  bool f = false;
-  int rc = loom_amp_unscale_tensors(&grad, 1, loom_scaler_get_inv_scale(h->scaler), &f);
+  int rc = pass(h, grad);
   if (rc) return h->error = rc;
-  h->found |= f;
   sl->done = true;
   return LOOM_OK;
 }
@@ -41,9 +58,8 @@ void loom_amp_unscale_hooks_free(loom_amp_unscale_hooks *h) {
   loom__free(h);
 }
 
-int loom_amp_unscale_hooks_create(loom_scaler *s, loom_tensor *const *params, size_t n,
-                                  loom_amp_unscale_hooks **out) {
-  static const char *who = "loom_amp_unscale_hooks_create";
+static int create(const char *who, bool defer, loom_scaler *s, loom_tensor *const *params,
+                  size_t n, loom_amp_unscale_hooks **out) {
   if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
   *out = NULL;
   int rc = loom__scaler_check(s, who);
@@ -57,6 +73,7 @@ int loom_amp_unscale_hooks_create(loom_scaler *s, loom_tensor *const *params, si
     return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
   }
   h->scaler = s;
+  h->defer = defer;
   for (size_t i = 0; i < n; i++, h->n++) {
     hook_slot *sl = &h->slots[i];
     *sl = (hook_slot){h, loom_tensor_retain(params[i]), -1, false};
@@ -69,6 +86,16 @@ int loom_amp_unscale_hooks_create(loom_scaler *s, loom_tensor *const *params, si
   }
   *out = h;
   return LOOM_OK;
+}
+
+int loom_amp_unscale_hooks_create(loom_scaler *s, loom_tensor *const *params, size_t n,
+                                  loom_amp_unscale_hooks **out) {
+  return create("loom_amp_unscale_hooks_create", false, s, params, n, out);
+}
+
+int loom_amp_check_hooks_create(loom_scaler *s, loom_tensor *const *params, size_t n,
+                                loom_amp_unscale_hooks **out) {
+  return create("loom_amp_check_hooks_create", true, s, params, n, out);
 }
 
 int loom_amp_unscale_hooks_arm(loom_amp_unscale_hooks *h) {
@@ -92,13 +119,11 @@ int loom_amp_unscale_hooks_finish(loom_amp_unscale_hooks *h, bool *found_inf) {
   for (size_t i = 0; i < h->n; i++) { /* gradients no hook reached (not used this step) */
     hook_slot *sl = &h->slots[i];
     loom_tensor *g = loom_tensor_grad(sl->param);
-    bool f = false;
     if (sl->done || !g) continue;
-    if ((rc = loom_amp_unscale_tensors(&g, 1, loom_scaler_get_inv_scale(h->scaler), &f)))
-      return rc;
-    h->found |= f;
+    if ((rc = pass(h, g))) return rc;
   }
-  loom__scaler_mark_unscaled(h->scaler);
+  if (h->defer) loom__scaler_mark_checked(h->scaler);
+  else loom__scaler_mark_unscaled(h->scaler);
   if (found_inf) *found_inf = h->found;
   return LOOM_OK;
 }

@@ -14,11 +14,13 @@
 #define LOOM__SCALER_MAGIC 0x53434c52u /* "SCLR" */
 #define LOOM__SCALER_DEAD 0xdeadbeefu
 
-/* Where the step is: nothing scaled since the last update, a loss scaled, gradients unscaled. */
+/* Where the step is: nothing scaled since the last update, a loss scaled, gradients unscaled
+ * in place, or gradients checked with their unscale deferred to the optimizer. */
 typedef enum loom__scaler_stage {
   LOOM__STAGE_IDLE = 0,
   LOOM__STAGE_SCALED = 1,
-  LOOM__STAGE_UNSCALED = 2
+  LOOM__STAGE_UNSCALED = 2,
+  LOOM__STAGE_CHECKED = 3
 } loom__scaler_stage;
 
 typedef struct loom__scaler_ops {
@@ -49,6 +51,8 @@ int loom__scaler_check(const loom_scaler *s, const char *who);
  * marking the step unscaled once done (the hooked unscale of amp_hooks.c). */
 int loom__scaler_begin_unscale(loom_scaler *s, const char *who);
 void loom__scaler_mark_unscaled(loom_scaler *s);
+/* The same end for a deferred unscale (loom_scaler_check, the checking hooks). */
+void loom__scaler_mark_checked(loom_scaler *s);
 
 extern const loom__scaler_ops loom__scaler_static_ops;
 extern const loom__scaler_ops loom__scaler_dynamic_ops;
@@ -80,6 +84,12 @@ const loom__amp_kernels *loom__amp_kernels_for(loom_cpu_level level);
 /* Checks a gradient list: LOOM_EINVAL for a NULL list with n > 0, each non-NULL entry a live
  * tensor of dtype f32, f16 or bf16 (LOOM_EDTYPE naming its index). */
 int loom__amp_check_tensors(const char *who, loom_tensor *const *ts, size_t n);
+
+/* Whether unscaling tensor t (f32, f16 or bf16, live) by inv would find inf or NaN, without
+ * writing it: the early-exit check of its stored values, and, when inv > 1 (a scale below 1),
+ * of every product x * inv in f32 (which can overflow). For f32 gradients this is exactly the
+ * flag loom_amp_unscale_tensors would give. */
+bool loom__amp_scaled_nonfinite(const loom_tensor *t, float inv);
 
 /* Elements the early-exit check scans between tests of its running flag. */
 #define LOOM__AMP_CHECK_BLOCK 1024

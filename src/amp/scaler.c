@@ -87,9 +87,10 @@ int64_t loom_scaler_total_overflows(const loom_scaler *s) { return live(s) ? s->
 static int open_step(loom_scaler *s, const char *who) {
   int rc = loom__scaler_check(s, who);
   if (rc) return rc;
-  if (s->stage == LOOM__STAGE_UNSCALED)
-    return loom__fail(LOOM_EMISUSE, "%s: this step's gradients were already unscaled; call "
-                      "loom_scaler_update before scaling the next loss", who);
+  if (s->stage == LOOM__STAGE_UNSCALED || s->stage == LOOM__STAGE_CHECKED)
+    return loom__fail(LOOM_EMISUSE, "%s: this step's gradients were already %s; call "
+                      "loom_scaler_update before scaling the next loss", who,
+                      s->stage == LOOM__STAGE_CHECKED ? "checked" : "unscaled");
   return LOOM_OK;
 }
 
@@ -145,13 +146,15 @@ int loom_scaler_inv_scale_tensor(const loom_scaler *s, loom_tensor **out) {
                        out);
 }
 
-/* Unscale may run once per step, after a loss was scaled. */
+/* Unscale (in place or deferred) may run once per step, after a loss was scaled. */
 static int begin_unscale(loom_scaler *s, const char *who) {
   int rc = loom__scaler_check(s, who);
   if (rc) return rc;
-  if (s->stage == LOOM__STAGE_UNSCALED)
-    return loom__fail(LOOM_EMISUSE, "%s: gradients were already unscaled this step (unscale "
-                      "runs once between loom_scaler_update calls)", who);
+  if (s->stage == LOOM__STAGE_UNSCALED || s->stage == LOOM__STAGE_CHECKED)
+    return loom__fail(LOOM_EMISUSE, "%s: gradients were already %s this step (unscale or "
+                      "check runs once between loom_scaler_update calls)", who,
+                      s->stage == LOOM__STAGE_CHECKED ? "checked for a deferred unscale"
+                                                      : "unscaled");
   if (s->stage == LOOM__STAGE_IDLE)
     return loom__fail(LOOM_EMISUSE, "%s: no loss was scaled since the last loom_scaler_update "
                       "(unscale after the step, or before scaling a loss)", who);
@@ -161,6 +164,8 @@ static int begin_unscale(loom_scaler *s, const char *who) {
 int loom__scaler_begin_unscale(loom_scaler *s, const char *who) { return begin_unscale(s, who); }
 
 void loom__scaler_mark_unscaled(loom_scaler *s) { s->stage = LOOM__STAGE_UNSCALED; }
+
+void loom__scaler_mark_checked(loom_scaler *s) { s->stage = LOOM__STAGE_CHECKED; }
 
 int loom_scaler_unscale(loom_scaler *s, loom_tensor *const *grads, size_t n, bool *found_inf) {
   int rc = begin_unscale(s, "loom_scaler_unscale");
@@ -194,6 +199,34 @@ int loom_scaler_unscale_buffers(loom_scaler *s, const loom_amp_buffer *bufs, siz
   }
   if (found_inf) *found_inf = any;
   s->stage = LOOM__STAGE_UNSCALED;
+  return LOOM_OK;
+}
+
+/* ---- the deferred unscale: check now, the optimizer multiplies ------------------------------ */
+
+int loom_scaler_check(loom_scaler *s, loom_tensor *const *grads, size_t n, bool *found_inf) {
+  static const char *who = "loom_scaler_check";
+  int rc = begin_unscale(s, who);
+  if (rc || (rc = loom__amp_check_tensors(who, grads, n))) return rc;
+  float inv = (float)loom_scaler_get_inv_scale(s);
+  bool any = false;
+  for (size_t i = 0; i < n && !any; i++)
+    if (grads[i]) any = loom__amp_scaled_nonfinite(grads[i], inv);
+  if (found_inf) *found_inf = any;
+  s->stage = LOOM__STAGE_CHECKED;
+  return LOOM_OK;
+}
+
+int loom_scaler_grad_scale(const loom_scaler *s, float *out) {
+  static const char *who = "loom_scaler_grad_scale";
+  int rc = loom__scaler_check(s, who);
+  if (rc) return rc;
+  if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
+  if (s->stage != LOOM__STAGE_UNSCALED && s->stage != LOOM__STAGE_CHECKED)
+    return loom__fail(LOOM_EMISUSE, "%s: this step's gradients were neither unscaled nor "
+                      "checked (call loom_scaler_check or loom_scaler_unscale after backward, "
+                      "and read the factor before loom_scaler_update)", who);
+  *out = s->stage == LOOM__STAGE_CHECKED ? (float)loom_scaler_get_inv_scale(s) : 1.0f;
   return LOOM_OK;
 }
 

@@ -93,13 +93,24 @@ typedef struct strided_ctx {
   size_t elem;
   loom_dtype dt;
   float inv;
+  bool product; /* only test x * inv in f32, write nothing */
   bool found;
 } strided_ctx;
 
 static void strided_one(size_t off, void *p) {
   strided_ctx *c = p;
-  void *x = c->base + off * c->elem;
-  c->found |= run(&loom__amp_kernels_scalar, x, c->dt, 1, c->inv);
+  if (c->product) {
+    c->found |= !isfinite((float)loom__load_f64(c->base, c->dt, off) * c->inv);
+    return;
+  }
+  c->found |= run(&loom__amp_kernels_scalar, c->base + off * c->elem, c->dt, 1, c->inv);
+}
+
+/* t element by element (any strides) with the scalar reference, or the product test. */
+static bool strided_pass(const loom_tensor *t, float inv, bool product) {
+  strided_ctx c = {t->storage->data, loom_dtype_size(t->dtype), t->dtype, inv, product, false};
+  loom__for_each_offset(t->ndim, t->shape, t->strides, t->offset, strided_one, &c);
+  return c.found;
 }
 
 /* One tensor (inv 1: check only): contiguous through the table, strided element by element. */
@@ -107,9 +118,7 @@ static bool tensor_pass(const loom_tensor *t, float inv) {
   size_t n = loom_tensor_numel(t);
   if (!n) return false;
   if (loom_tensor_is_contiguous(t)) return run(loom__amp_k(), loom_tensor_data(t), t->dtype, n, inv);
-  strided_ctx c = {t->storage->data, loom_dtype_size(t->dtype), t->dtype, inv, false};
-  loom__for_each_offset(t->ndim, t->shape, t->strides, t->offset, strided_one, &c);
-  return c.found;
+  return strided_pass(t, inv, false);
 }
 
 int loom_amp_unscale_tensors(loom_tensor *const *ts, size_t n, double inv_scale,
@@ -123,6 +132,11 @@ int loom_amp_unscale_tensors(loom_tensor *const *ts, size_t n, double inv_scale,
     if (ts[i]) any |= tensor_pass(ts[i], inv);
   if (found_inf) *found_inf = any;
   return LOOM_OK;
+}
+
+bool loom__amp_scaled_nonfinite(const loom_tensor *t, float inv) {
+  if (inv <= 1.0f) return tensor_pass(t, 1.0f); /* |x * inv| <= |x|: finite iff x is */
+  return loom_tensor_numel(t) ? strided_pass(t, inv, true) : false;
 }
 
 int loom_amp_has_nonfinite_tensors(loom_tensor *const *ts, size_t n, bool *out) {

@@ -1,7 +1,10 @@
 /* test_amp_train.c: training an MLP (linear-relu-linear, cross entropy, SGD) under autocast:
  * f16 with dynamic loss scaling, where an injected inf gradient and an input that overflows f16
  * each skip exactly their step (parameters bit-identical across it) and halve the scale; and
- * bf16, whose loss curve stays within a stated tolerance of the f32 curve. */
+ * bf16, whose loss curve stays within a stated tolerance of the f32 curve; and the fast steps
+ * (unscale from the gradient hooks, the deferred unscale with loom_scaler_check or the checking
+ * hooks plus loom_optim_step_scaled, with and without clipping) bit-identical to the separate
+ * unscale pass. */
 #include "lt.h"
 
 #include <math.h>
@@ -203,20 +206,40 @@ LT_TEST(amp_train_bf16_loss_curve_tracks_f32) {
            worst, mean, f32[0], f32[STEPS - 1]);
 }
 
-LT_TEST(amp_unscale_hooks_match_the_separate_pass) {
+
+static void segs_of(mlp *m, loom_param_seg seg[NPARAM]) {
+  for (int i = 0; i < NPARAM; i++)
+    seg[i] = (loom_param_seg){NULL, loom_tensor_data(m->p[i]), loom_tensor_data(m->g[i]),
+                              loom_tensor_numel(m->p[i]), 0};
+}
+
+typedef enum { CHECK, CHECK_HOOKS, UNSCALE_HOOKS } way;
+
+/* Hooks and the deferred unscale train bit-identically to the separate pass: model a unscales
+ * in place (clips after unscaling when `clip`) and steps; model b unscales from the gradient
+ * hooks (same gradients), or checks from the hooks (loom_amp_check_hooks_create) or with
+ * loom_scaler_check and folds 1/scale (and the clip coefficient) into loom_optim_step_scaled.
+ * Four f16 steps, one of them overflowing; the hooks also hold a leaf backward never reaches
+ * (finish does it). Returns the hooks of b (for error checks) and frees the rest. */
+static loom_amp_unscale_hooks *deferred_matches_separate(way w, bool clip, loom_scaler **sbp) {
+  bool hooks = w != CHECK;
   mlp a = {0}, b = {0};
-  mlp_init(&a, 3);
-  mlp_init(&b, 3);
+  mlp_init(&a, 5);
+  mlp_init(&b, 5);
   loom_scaler *sa = NULL, *sb = NULL;
   LT_OK(loom_scaler_create_dynamic(NULL, &sa));
   LT_OK(loom_scaler_create_dynamic(NULL, &sb));
   loom_amp_unscale_hooks *h = NULL;
-  /* every parameter, and one leaf backward never reaches (finish unscales it) */
   loom_tensor *unused = NULL;
   LT_OK(loom_tensor_zeros(LOOM_F32, 1, (int64_t[]){3}, &unused));
   LT_OK(loom_tensor_set_requires_grad(unused, true));
   loom_tensor *ps[NPARAM + 1] = {b.p[0], b.p[1], b.p[2], b.p[3], unused};
-  LT_OK(loom_amp_unscale_hooks_create(sb, ps, NPARAM + 1, &h));
+  if (hooks)
+    LT_OK((w == CHECK_HOOKS ? loom_amp_check_hooks_create
+                            : loom_amp_unscale_hooks_create)(sb, ps, NPARAM + 1, &h));
+  loom_param_seg sega[NPARAM], segb[NPARAM];
+  segs_of(&a, sega);
+  segs_of(&b, segb);
   for (int k = 0; k < 4; k++) {
     loom_tensor *x = NULL, *y = NULL;
     batch(k, &x, &y);
@@ -227,25 +250,59 @@ LT_TEST(amp_unscale_hooks_match_the_separate_pass) {
     LT_OK(loom_backward_amp(la, sa, false));
     bool fa = false, fb = false;
     LT_OK(loom_scaler_unscale(sa, a.g, NPARAM, &fa));
-    LT_OK(loom_amp_unscale_hooks_arm(h));
+    if (hooks) LT_OK(loom_amp_unscale_hooks_arm(h));
     loom_tensor *lb = forward(&b, x, y, LOOM_AUTOCAST_F16);
     LT_OK(loom_backward_amp(lb, sb, false));
-    LT_OK(loom_amp_unscale_hooks_finish(h, &fb));
+    if (hooks) LT_OK(loom_amp_unscale_hooks_finish(h, &fb));
+    else LT_OK(loom_scaler_check(sb, b.g, NPARAM, &fb));
     LT_EQ(fa, fb);
     LT_EQ(fb, k == 2);
-    for (int i = 0; i < NPARAM; i++)
+    for (int i = 0; i < NPARAM && w == UNSCALE_HOOKS; i++) /* unscaled in place alike */
       LT_TRUE(memcmp(loom_tensor_data(a.g[i]), loom_tensor_data(b.g[i]),
                      loom_tensor_nbytes(a.g[i])) == 0);
+    float gs = 0, na = 0, nb = 0;
+    LT_OK(loom_scaler_grad_scale(sb, &gs));
+    LT_TRUE(gs == (w == UNSCALE_HOOKS ? 1.0f : (float)(1.0 / (double)loom_scaler_get_scale(sb))));
+    if (clip && !fa) {
+      LT_OK(loom_clip_grad_norm(sega, NPARAM, 0.05, true, &na));
+      LT_OK(loom_clip_grad_norm_scaled(segb, NPARAM, 0.05, gs, true, &nb, &gs));
+      LT_TRUE(na == nb && na > 0.05f); /* it clips */
+    }
     if (!fa) LT_OK(loom_optim_step(a.opt));
-    if (!fb) LT_OK(loom_optim_step(b.opt));
+    if (!fb) LT_OK(loom_optim_step_scaled(b.opt, gs));
     LT_OK(loom_scaler_update(sa, fa));
     LT_OK(loom_scaler_update(sb, fb));
+    for (int i = 0; i < NPARAM; i++)
+      LT_TRUE(memcmp(loom_tensor_data(a.p[i]), loom_tensor_data(b.p[i]),
+                     loom_tensor_nbytes(a.p[i])) == 0);
     loom_tensor_free(la);
     loom_tensor_free(lb);
     loom_tensor_free(x);
     loom_tensor_free(y);
   }
   LT_NEAR(loom_scaler_get_scale(sb), 32768, 0);
+  loom_tensor_free(unused);
+  loom_scaler_free(sa);
+  mlp_free(&a);
+  mlp_free(&b);
+  *sbp = sb;
+  return h;
+}
+
+static void deferred_case(way w, bool clip) {
+  loom_scaler *sb = NULL;
+  loom_amp_unscale_hooks_free(deferred_matches_separate(w, clip, &sb));
+  loom_scaler_free(sb);
+}
+
+LT_TEST(amp_deferred_check_matches_the_separate_pass) { deferred_case(CHECK, false); }
+LT_TEST(amp_check_hooks_match_the_separate_pass) { deferred_case(CHECK_HOOKS, false); }
+LT_TEST(amp_deferred_clip_matches_clip_after_unscale) { deferred_case(CHECK, true); }
+LT_TEST(amp_check_hooks_with_clip_match) { deferred_case(CHECK_HOOKS, true); }
+
+LT_TEST(amp_unscale_hooks_match_the_separate_pass) {
+  loom_scaler *sb = NULL;
+  loom_amp_unscale_hooks *h = deferred_matches_separate(UNSCALE_HOOKS, false, &sb);
   LT_ERR(loom_amp_unscale_hooks_finish(h, NULL), LOOM_EMISUSE, "not armed");
   LT_OK(loom_amp_unscale_hooks_arm(h));
   LT_ERR(loom_amp_unscale_hooks_finish(h, NULL), LOOM_EMISUSE, "no loss was scaled");
@@ -253,13 +310,11 @@ LT_TEST(amp_unscale_hooks_match_the_separate_pass) {
   loom_tensor *nog = NULL;
   LT_OK(loom_tensor_zeros(LOOM_F32, 1, (int64_t[]){3}, &nog));
   LT_ERR(loom_amp_unscale_hooks_create(sb, &nog, 1, &bad), LOOM_EINVAL, "not a leaf that requires");
+  LT_ERR(loom_amp_check_hooks_create(sb, &nog, 1, &bad), LOOM_EINVAL,
+         "loom_amp_check_hooks_create: parameter 0 is not a leaf");
   LT_TRUE(bad == NULL);
   loom_amp_unscale_hooks_free(h);
   loom_amp_unscale_hooks_free(NULL);
   loom_tensor_free(nog);
-  loom_tensor_free(unused);
-  loom_scaler_free(sa);
   loom_scaler_free(sb);
-  mlp_free(&a);
-  mlp_free(&b);
 }

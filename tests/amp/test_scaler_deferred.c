@@ -1,0 +1,114 @@
+/* test_scaler_deferred.c: the deferred unscale of a scaler (loom_scaler_check +
+ * loom_scaler_grad_scale): the step order (check once, the factor only between check/unscale
+ * and update), a read-only check that reports what unscale would (inf, NaN, and products that
+ * overflow for a scale below 1), and its errors. Training with it is in test_amp_train.c. */
+#include "lt.h"
+
+#include <math.h>
+#include <string.h>
+
+static loom_scaler *small_scaler(void) {
+  loom_dynamic_scaler_cfg c = {8, 2, 0.5f, 3, 1, 64, true};
+  loom_scaler *s = NULL;
+  LT_OK(loom_scaler_create_dynamic(&c, &s));
+  return s;
+}
+
+LT_TEST(scaler_check_step_order_is_enforced) {
+  loom_scaler *s = small_scaler();
+  float g[3] = {8, 16, -24}, keep[3];
+  memcpy(keep, g, sizeof g);
+  loom_tensor *t = NULL;
+  LT_OK(loom_tensor_wrap(LOOM_F32, 1, (int64_t[]){3}, g, &t));
+  bool found = true;
+  float gs = 0, loss = 1;
+  LT_ERR(loom_scaler_check(s, &t, 1, &found), LOOM_EMISUSE, "no loss was scaled");
+  LT_ERR(loom_scaler_grad_scale(s, &gs), LOOM_EMISUSE, "neither unscaled nor checked");
+  LT_OK(loom_scaler_scale_value(s, &loss));
+  LT_ERR(loom_scaler_grad_scale(s, &gs), LOOM_EMISUSE, "neither unscaled nor checked");
+  LT_OK(loom_scaler_check(s, &t, 1, &found));
+  LT_TRUE(!found);
+  LT_TRUE(memcmp(g, keep, sizeof g) == 0); /* read only */
+  LT_OK(loom_scaler_grad_scale(s, &gs));
+  LT_TRUE(gs == 0.125f); /* 1/8 */
+  LT_ERR(loom_scaler_check(s, &t, 1, &found), LOOM_EMISUSE, "already checked for a deferred");
+  LT_ERR(loom_scaler_unscale(s, &t, 1, &found), LOOM_EMISUSE, "already checked");
+  LT_ERR(loom_scaler_scale_value(s, &loss), LOOM_EMISUSE, "already checked");
+  LT_TRUE(memcmp(g, keep, sizeof g) == 0);
+  LT_OK(loom_scaler_update(s, found));
+  LT_ERR(loom_scaler_grad_scale(s, &gs), LOOM_EMISUSE, "before loom_scaler_update");
+  LT_ERR(loom_scaler_check(s, &t, 1, &found), LOOM_EMISUSE, "no loss was scaled");
+  /* after an in-place unscale the optimizer has nothing left to apply; check is refused */
+  LT_OK(loom_scaler_scale_value(s, &loss));
+  LT_OK(loom_scaler_unscale(s, &t, 1, &found));
+  LT_OK(loom_scaler_grad_scale(s, &gs));
+  LT_TRUE(gs == 1.0f);
+  LT_ERR(loom_scaler_check(s, &t, 1, &found), LOOM_EMISUSE, "already unscaled");
+  LT_OK(loom_scaler_update(s, found));
+  /* a skipped step: check finds the inf, update backs off */
+  g[1] = INFINITY;
+  LT_OK(loom_scaler_scale_value(s, &loss));
+  LT_OK(loom_scaler_check(s, &t, 1, &found));
+  LT_TRUE(found);
+  LT_OK(loom_scaler_update(s, found));
+  LT_NEAR(loom_scaler_get_scale(s), 4, 0);
+  loom_tensor_free(t);
+  loom_scaler_free(s);
+}
+
+/* The flag equals unscale's on the same gradients: NaN, inf, f16/bf16, NULL entries, strided
+ * views, and a scale below 1 whose products overflow although every stored value is finite
+ * (f16 products that overflow only f16, not f32, are left out: deferred, they stay finite). */
+LT_TEST(scaler_check_flag_equals_unscale_flag) {
+  struct { float scale; float v; loom_dtype dt; } cases[] = {
+      {1024, 1.5f, LOOM_F32},       {1024, NAN, LOOM_F32},      {1024, -INFINITY, LOOM_F32},
+      {1024, 3e38f, LOOM_F32},      {0.5f, 3e38f, LOOM_F32},    {0.5f, 1e38f, LOOM_F32},
+      {0.25f, 1e38f, LOOM_F32},     {0.5f, 30000.f, LOOM_F16},
+      {1024, INFINITY, LOOM_F16},   {0.5f, 3e38f, LOOM_BF16},   {1024, NAN, LOOM_BF16},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    bool flag[2];
+    for (int path = 0; path < 2; path++) {
+      loom_scaler *s = NULL;
+      LT_OK(loom_scaler_create_static(cases[c].scale, &s));
+      loom_tensor *base = NULL, *view = NULL;
+      LT_OK(loom_tensor_zeros(cases[c].dt, 2, (int64_t[]){4, 5}, &base));
+      LT_OK(loom_tensor_set(base, (int64_t[]){3, 1}, cases[c].v));
+      LT_OK(loom_tensor_transpose(base, 0, 1, &view)); /* strided */
+      loom_tensor *list[3] = {NULL, base, view};
+      float loss = 1;
+      LT_OK(loom_scaler_scale_value(s, &loss));
+      if (path) LT_OK(loom_scaler_check(s, list + (c & 1), 2 - (c & 1), &flag[1]));
+      else LT_OK(loom_scaler_unscale(s, list + 1, 1, &flag[0]));
+      loom_tensor_free(view);
+      loom_tensor_free(base);
+      loom_scaler_free(s);
+    }
+    if (flag[0] != flag[1])
+      lt_fail_at(__FILE__, __LINE__, "case %zu (scale %g, value %g, %s): unscale %d, check %d",
+                 c, (double)cases[c].scale, (double)cases[c].v, loom_dtype_name(cases[c].dt),
+                 flag[0], flag[1]);
+  }
+}
+
+LT_TEST(scaler_check_errors) {
+  loom_scaler *s = small_scaler();
+  loom_tensor *i32 = NULL, *f = NULL;
+  LT_OK(loom_tensor_zeros(LOOM_I32, 1, (int64_t[]){2}, &i32));
+  LT_OK(loom_tensor_zeros(LOOM_F32, 1, (int64_t[]){2}, &f));
+  float loss = 1, gs;
+  bool found;
+  LT_OK(loom_scaler_scale_value(s, &loss));
+  loom_tensor *list[2] = {f, i32};
+  LT_ERR(loom_scaler_check(s, list, 2, &found), LOOM_EDTYPE, "loom_scaler_check: tensor 1 has "
+         "dtype i32");
+  LT_ERR(loom_scaler_check(s, NULL, 2, &found), LOOM_EINVAL, "tensor list is NULL");
+  LT_ERR(loom_scaler_check(NULL, list, 1, &found), LOOM_EINVAL, "loom_scaler_check: scaler is "
+         "NULL");
+  LT_ERR(loom_scaler_grad_scale(s, NULL), LOOM_EINVAL, "out is NULL");
+  LT_ERR(loom_scaler_grad_scale(NULL, &gs), LOOM_EINVAL, "scaler is NULL");
+  LT_OK(loom_scaler_check(s, list, 1, NULL)); /* the refused calls did not close the step */
+  loom_tensor_free(i32);
+  loom_tensor_free(f);
+  loom_scaler_free(s);
+}
