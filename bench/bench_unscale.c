@@ -6,7 +6,9 @@
  * torch is installed); then all the scaler work of one training step (scale the loss,
  * unscale + check every gradient, update) for the gradients of an MLP 784-1024-1024-10.
  * Then the real step: an MLP 784-1024-1024-10, batch 256, trained with loom's own ops, with
- * no scaler, with a separate unscale pass and with the unscale run from the gradient hooks.
+ * no scaler, with a separate unscale pass, with the unscale run from the gradient hooks, and
+ * with the unscale deferred to the optimizer (loom_optim_step_scaled) after a read-only check
+ * (loom_scaler_check) or a check from the hooks (loom_amp_check_hooks_create).
  * GB/s counts bytes read plus bytes written (unscale and multiply: 2x the buffer; the check:
  * 1x; memcpy: 2x). Usage: bench_unscale [elements (default 32M)] [step runs (default 15)]. */
 #include <loom/loom.h>
@@ -23,6 +25,19 @@ static double now(void) {
   clock_gettime(CLOCK_MONOTONIC, &t);
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
+
+/* The process's CPU time: robust to a shared machine (time descheduled is not counted). */
+static double cpu_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* Wall clock and thread CPU time together. */
+typedef struct tick { double w, c; } tick;
+static tick tick_now(void) { return (tick){now(), cpu_now()}; }
+static tick tick_since(tick a) { tick b = tick_now(); return (tick){b.w - a.w, b.c - a.c}; }
+static void tick_add(tick *acc, tick d) { acc->w += d.w, acc->c += d.c; }
 
 static int cmp(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -223,79 +238,118 @@ static int mlp_loss(mlp *m, loom_tensor **loss) {
 }
 
 /* Timing hooks around the amp hook of each parameter: time spent unscaling inside backward. */
-static double hook_t0, hook_sum;
-static int hook_begin(loom_tensor *g, void *c) { (void)g, (void)c; hook_t0 = now(); return 0; }
-static int hook_end(loom_tensor *g, void *c) { (void)g, (void)c; hook_sum += now() - hook_t0; return 0; }
+static tick hook_t0, hook_sum;
+static int hook_begin(loom_tensor *g, void *c) { (void)g, (void)c; hook_t0 = tick_now(); return 0; }
+static int hook_end(loom_tensor *g, void *c) {
+  (void)g, (void)c;
+  tick_add(&hook_sum, tick_since(hook_t0));
+  return 0;
+}
 
-/* One step: variant 0 no scaler, 1 separate unscale pass, 2 unscale from the hooks. *scaler_s:
- * the time of the scaler work in the step (1: scale + unscale pass + update; 2: scale + the
- * time inside the amp hooks + finish + update). */
-static int mlp_step(mlp *m, int variant, loom_scaler *s, loom_amp_unscale_hooks *h,
-                    double *step_s, double *scaler_s) {
+/* The step's variants, timed interleaved. */
+enum { V_NONE, V_SEPARATE, V_HOOKS, V_CHECK, V_CHECK_HOOKS, NV };
+static const char *const vname[NV] = {
+    "no scaler",
+    "separate pass: scale, loom_scaler_unscale, update",
+    "unscale + check from the gradient hooks, finish, update",
+    "deferred: scale, loom_scaler_check, update; step_scaled",
+    "deferred, check from the hooks (loom_amp_check_hooks), update; step_scaled"};
+
+/* One step of variant v: t[0] the whole step, t[1] the scaler work inside it (the
+ * unscale/check pass or the time inside the amp hooks, arm, finish, grad_scale, update; the
+ * loss scaling is inside loom_backward_amp, one multiply), t[2] the optimizer step (the
+ * deferred variants multiply by 1/scale there, as they load the gradients). */
+static int mlp_step(mlp *m, int v, loom_scaler *s, loom_amp_unscale_hooks *h[2], tick t[3]) {
   loom_tensor *loss = NULL;
-  double t0 = now(), ts = 0;
+  tick t0 = tick_now(), ts = {0, 0};
   bool found = false;
+  float gs = 1.0f;
   int rc = LOOM_OK;
+  loom_amp_unscale_hooks *hk = v == V_HOOKS ? h[0] : v == V_CHECK_HOOKS ? h[1] : NULL;
   for (int i = 0; i < NP && !rc; i++) rc = loom_tensor_zero_grad(m->p[i]);
   if (!rc) rc = mlp_loss(m, &loss);
   if (rc) return rc;
-  if (variant == 2) {
-    double a = now();
-    rc = loom_amp_unscale_hooks_arm(h);
-    ts += now() - a;
-  }
-  hook_sum = 0;
-  if (!rc) rc = loom_backward_amp(loss, variant ? s : NULL, false);
-  ts += hook_sum;
-  double a = now();
-  if (!rc && variant == 1) rc = loom_scaler_unscale(s, m->g, NP, &found);
-  if (!rc && variant == 2) rc = loom_amp_unscale_hooks_finish(h, &found);
-  if (!rc && variant) rc = loom_scaler_update(s, found);
-  ts += now() - a;
-  if (!rc && !found) rc = loom_optim_step(m->opt);
-  *step_s = now() - t0;
-  *scaler_s = ts;
+  tick a = tick_now();
+  if (hk) rc = loom_amp_unscale_hooks_arm(hk);
+  tick_add(&ts, tick_since(a));
+  hook_sum = (tick){0, 0};
+  if (!rc) rc = loom_backward_amp(loss, v != V_NONE ? s : NULL, false);
+  tick_add(&ts, hook_sum);
+  a = tick_now();
+  if (!rc && v == V_SEPARATE) rc = loom_scaler_unscale(s, m->g, NP, &found);
+  if (!rc && v == V_CHECK) rc = loom_scaler_check(s, m->g, NP, &found);
+  if (!rc && hk) rc = loom_amp_unscale_hooks_finish(hk, &found);
+  if (!rc && v != V_NONE) rc = loom_scaler_grad_scale(s, &gs);
+  if (!rc && v != V_NONE) rc = loom_scaler_update(s, found);
+  tick_add(&ts, tick_since(a));
+  a = tick_now();
+  if (!rc && !found) rc = loom_optim_step_scaled(m->opt, gs);
+  t[2] = tick_since(a);
+  t[0] = tick_since(t0);
+  t[1] = ts;
   loom_tensor_free(loss);
   return rc;
+}
+
+/* Median over the runs of field k (0 wall, 1 CPU) of measure j of variant v. */
+static double med(const tick *t, int runs, int v, int j, int k) {
+  double *x = malloc((size_t)runs * sizeof *x), m;
+  for (int r = 0; r < runs; r++) {
+    const tick *e = &t[((size_t)v * (size_t)runs + (size_t)r) * 3 + (size_t)j];
+    x[r] = k ? e->c : e->w;
+  }
+  m = median(x, runs);
+  free(x);
+  return m;
 }
 
 static int bench_real_step(int runs) {
   mlp m = {0};
   loom_scaler *s = NULL;
-  loom_amp_unscale_hooks *h = NULL;
+  loom_amp_unscale_hooks *h[2] = {NULL, NULL};
   int rc = mlp_make(&m);
   loom_dynamic_scaler_cfg cfg;
   loom_dynamic_scaler_cfg_default(&cfg);
   cfg.initial_scale = 1024; /* these synthetic gradients must not overflow: no skipped steps */
   if (!rc) rc = loom_scaler_create_dynamic(&cfg, &s);
+  /* timing hooks around both amp hook sets (only the armed one does anything) */
   for (int i = 0; i < NP && !rc; i++) rc = loom_tensor_register_hook(m.p[i], hook_begin, NULL, NULL);
-  if (!rc) rc = loom_amp_unscale_hooks_create(s, m.p, NP, &h);
+  if (!rc) rc = loom_amp_unscale_hooks_create(s, m.p, NP, &h[0]);
+  if (!rc) rc = loom_amp_check_hooks_create(s, m.p, NP, &h[1]);
   for (int i = 0; i < NP && !rc; i++) rc = loom_tensor_register_hook(m.p[i], hook_end, NULL, NULL);
-  double *t = calloc((size_t)runs * 5, sizeof *t), *st[3] = {t, t + runs, t + 2 * runs};
-  double *w1 = t + 3 * runs, *w2 = t + 4 * runs;
+  tick *t = calloc((size_t)runs * NV * 3, sizeof *t); /* [(v * runs + r) * 3 + j] */
   for (int r = -2; r < runs && !rc; r++) /* 2 warm-up rounds; variants interleaved */
-    for (int v = 0; v < 3 && !rc; v++) {
-      double step = 0, work = 0;
-      rc = mlp_step(&m, v, s, h, &step, &work);
-      if (r < 0) continue;
-      st[v][r] = step;
-      if (v == 1) w1[r] = work;
-      if (v == 2) w2[r] = work;
+    for (int v = 0; v < NV && !rc; v++) {
+      tick x[3];
+      rc = mlp_step(&m, v, s, h, x);
+      if (r >= 0) memcpy(&t[((size_t)v * (size_t)runs + (size_t)r) * 3], x, sizeof x);
     }
   if (!rc) {
-    double base = median(st[0], runs), sep = median(st[1], runs), hk = median(st[2], runs);
-    double m1 = median(w1, runs), m2 = median(w2, runs);
-    printf("MLP 784-1024-1024-10 f32 step, batch 256, loom ops (oneDNN), 1 thread, median of %d:\n"
-           "  no scaler %.2f ms | separate unscale pass %.2f ms | unscale from hooks %.2f ms\n"
-           "  scaler work timed inside the step: separate pass %.1f us = %.2f%% of the step; "
-           "from hooks %.1f us = %.2f%% (target <= 1%%: %s)\n"
-           "  step-time difference against no scaler: separate %+.2f%%, hooks %+.2f%%\n",
-           runs, base * 1e3, sep * 1e3, hk * 1e3, m1 * 1e6, m1 / base * 100, m2 * 1e6,
-           m2 / base * 100, m2 / base <= 0.01 ? "met" : "NOT met", (sep / base - 1) * 100,
-           (hk / base - 1) * 100);
+    printf("MLP 784-1024-1024-10 f32 step, batch 256, loom ops (oneDNN), 1 thread, %d rounds "
+           "of the %d variants interleaved, medians, wall clock [thread CPU time]; share = "
+           "scaler work / this run's no-scaler step; net = scaler work + (this variant's optimizer "
+           "time - the no-scaler optimizer's): a pass that leaves the gradients in cache speeds "
+           "the optimizer up, the deferred multiply could slow it down:\n", runs, NV);
+    for (int v = 0; v < NV; v++) {
+      double share[2], work[2], net[2];
+      for (int k = 0; k < 2; k++) {
+        work[k] = med(t, runs, v, 1, k);
+        net[k] = work[k] + med(t, runs, v, 2, k) - med(t, runs, V_NONE, 2, k);
+        share[k] = work[k] / med(t, runs, V_NONE, 0, k) * 100;
+      }
+      printf("  %-74s step %7.2f [%7.2f] ms | optimizer %4.0f [%4.0f] us", vname[v],
+             med(t, runs, v, 0, 0) * 1e3, med(t, runs, v, 0, 1) * 1e3,
+             med(t, runs, v, 2, 0) * 1e6, med(t, runs, v, 2, 1) * 1e6);
+      if (v) printf(" | scaler work %5.1f [%5.1f] us = %.2f%% [%.2f%%]%s | net %+5.0f [%+5.0f] us",
+                    work[0] * 1e6, work[1] * 1e6, share[0], share[1],
+                    share[1] <= 1.0 ? " (<= 1%: met)" : " (<= 1%: NOT met)", net[0] * 1e6,
+                    net[1] * 1e6);
+      printf("\n");
+    }
   }
   free(t);
-  loom_amp_unscale_hooks_free(h);
+  loom_amp_unscale_hooks_free(h[0]);
+  loom_amp_unscale_hooks_free(h[1]);
   loom_scaler_free(s);
   mlp_free(&m);
   return rc;
@@ -326,7 +380,8 @@ int bench_unscale_main(int argc, char **argv) {
     return 1;
   }
   torch_baseline(n);
-  if (bench_step() || bench_real_step(argc > 2 ? atoi(argv[2]) : 15)) {
+  int runs = argc > 2 ? atoi(argv[2]) : 15;
+  if (bench_step() || bench_real_step(runs > 0 ? runs : 1)) {
     fprintf(stderr, "bench_unscale: %s\n", loom_last_error());
     return 1;
   }
