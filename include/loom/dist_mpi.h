@@ -9,19 +9,31 @@
  * create fails with LOOM_EBACKEND naming the level.
  *
  * Collectives map to MPI's non-blocking calls (MPI_Iallreduce, MPI_Ibcast, MPI_Iallgather,
- * MPI_Ireduce_scatter_block, MPI_Ibarrier) on a private duplicate of the communicator, polled
- * with MPI_Test so every wait has the group's timeout. Before each collective the ranks
- * exchange a small header (kind, count, dtype, op, root; one MPI_Iallgather of 40 bytes per
- * rank) so that disagreeing ranks get LOOM_EMISUSE/ESHAPE/EDTYPE naming both calls. A failing
- * rank (an error, loom_pg_abort) sends its message to every peer on a second private
- * communicator; peers fail with LOOM_EREMOTE naming it. A peer that dies or stops calling
- * gives LOOM_ETIMEDOUT (MPI cannot say which rank is missing).
+ * MPI_Ireduce_scatter_block) on a private duplicate of the communicator, polled
+ * with MPI_Test so every wait has the group's timeout; loom never blocks inside MPI, so a
+ * stalled or dead peer cannot hang a rank. All-reduces of 256 KB and more are a ring
+ * reduce-scatter + all-gather of MPI_Isend/MPI_Irecv instead: Open MPI's MPI_Iallreduce
+ * (libnbc) ran 1.5-2x behind its blocking MPI_Allreduce on large buffers, while the ring,
+ * with each step's block sent as about 8 chunks of 64-512 KB so that the reduction of one
+ * chunk overlaps the transfer of the next, runs ahead of MPI_Allreduce from 1 MB up over
+ * Open MPI's shared memory without single-copy, but 13-63% behind it with CMA single-copy
+ * (see BENCHMARKS.md: the best chunking depends on the transport). That was chosen over running a blocking MPI_Allreduce on the progress
+ * thread under a watchdog: MPI cannot cancel a collective, so a timeout would leave a thread
+ * stuck in MPI for good. Before each collective the ranks exchange a small header (kind,
+ * count, dtype, op, root: a 40-byte point-to-point message to each peer up to 8 ranks, about
+ * 1 us; one MPI_Iallgather above) so that disagreeing ranks get LOOM_EMISUSE/ESHAPE/EDTYPE
+ * naming both calls (the barrier is that exchange alone). A failing rank (an error,
+ * loom_pg_abort) sends its message to every peer on a second private communicator; peers
+ * fail with LOOM_EREMOTE naming it. A peer that dies or stops calling
+ * gives LOOM_ETIMEDOUT (MPI cannot say which rank is missing). Only standard MPI-3 calls are
+ * used (Open MPI 4.1, MPICH 4.0).
  *
  * f16/bf16 reductions keep f32 accumulation by convert-reduce: the buffer is widened to f32
- * (loom_cvt_*), reduced by MPI in f32 with MPI's own MPI_SUM/MIN/MAX/PROD on MPI_FLOAT, and
- * rounded once back to 16 bits (AVG divides the f32 sum first). This costs twice the wire
- * bytes of a 16-bit reduction and keeps MPI's tuned reduction algorithms; a user-defined MPI
- * op on 16-bit data would round at every combining step instead.
+ * (loom_cvt_*), reduced in f32 (by MPI's own MPI_SUM/MIN/MAX/PROD on MPI_FLOAT, or by loom's
+ * f32 kernels in the ring), and rounded once back to 16 bits (AVG divides the f32 sum
+ * first). This costs twice the wire bytes of a 16-bit reduction and keeps MPI's tuned
+ * reduction algorithms; a user-defined MPI op on 16-bit data would round at every combining
+ * step instead.
  *
  * Limits: counts above INT_MAX elements give LOOM_EOVERFLOW. After a timeout the collective's
  * MPI request is still active (MPI cannot cancel collectives): the group is broken, its
