@@ -7,13 +7,25 @@
 #include "dist/dist_int.h"
 
 #include <stdio.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <string.h>
 
 /* How long a waiter spins on a work's completion before it sleeps. */
 #define WAIT_SPIN_S 50e-6
 
+/* Communication is latency-critical and compute is throughput: when the progress thread shares
+ * the cores with the ranks' compute, it should run as soon as its peer's data is there, as
+ * NCCL's high-priority streams do. Raising a thread's priority needs CAP_SYS_NICE (root has
+ * it); without it the thread keeps the default priority. */
+static void raise_priority(void) {
+  (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), -10);
+}
+
 static void *progress_main(void *arg) {
   loom_pg *pg = arg;
+  raise_priority();
   pthread_mutex_lock(&pg->mu);
   for (;;) {
     while (!pg->stop && (!pg->head || pg->running)) pthread_cond_wait(&pg->cv_work, &pg->mu);
