@@ -356,6 +356,7 @@ static int bench_real_step(int runs) {
 }
 
 int bench_unscale_main(int argc, char **argv) {
+  loom_set_num_threads(1); /* 1 thread, as PyTorch's side and the scaler's own pass */
   size_t n = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : ((size_t)32 << 20);
   float *src = malloc(n * 4);
   void *buf = malloc(n * 4), *copy = malloc(n * 4);
