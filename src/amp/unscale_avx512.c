@@ -6,6 +6,8 @@
  * -mavx512f -mavx512bw -mavx512vl -mf16c. */
 #include "amp/amp_int.h"
 
+#include "core/kernels/bf16_avx512.h"
+
 #include <immintrin.h>
 
 static bool unscale_f32(float *x, size_t n, float inv) {
@@ -43,19 +45,9 @@ static inline __m256i f16_step(const uint16_t *p, __m512 s) {
   return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-/* 16 f32 (as bits) -> 16 bf16, nearest even, NaN kept quiet (the reference's rule). */
-static inline __m256i bf16_round(__m512i x) {
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
-                                          _mm512_set1_epi32(0x7f800000));
-  r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
-  return _mm512_cvtepi32_epi16(r);
-}
-
 static inline __m256i bf16_step(const uint16_t *p, __m512 s) {
   __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
-  return bf16_round(_mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(w), s)));
+  return loom__bf16_round_avx512(_mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(w), s)));
 }
 
 /* 64 half-precision values a step through `step`; `exp` is the format's exponent field. The

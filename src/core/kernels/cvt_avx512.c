@@ -2,6 +2,7 @@
  * step. VCVTNEPS2BF16 flushes subnormal inputs to zero, so lanes holding an f32 subnormal are
  * redone with the integer rounding; everything else it gets exactly right. Large outputs use
  * non-temporal stores. Built with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mf16c. */
+#include "core/kernels/bf16_avx512.h"
 #include "core/kernels/kernels.h"
 
 #include <immintrin.h>
@@ -15,23 +16,13 @@ static size_t head_count(const void *dst, size_t elem, size_t n) {
   return h < n ? h : n;
 }
 
-/* 16 f32 (as bits) -> 16 bf16 with integer round-to-nearest-even; NaN becomes quiet. */
-static inline __m256i bf16_round_int(__m512i x) {
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
-                                          _mm512_set1_epi32(0x7f800000));
-  r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
-  return _mm512_cvtepi32_epi16(r);
-}
-
 static void f32_to_bf16_int(const float *src, uint16_t *dst, size_t n) {
   size_t i = head_count(dst, 2, n);
   loom__core_kernels_scalar.cvt_f32_to_bf16(src, dst, i);
   bool stream = n * 2 >= LOOM__STREAM_BYTES;
   for (; i + 32 <= n; i += 32) {
-    __m256i a = bf16_round_int(_mm512_loadu_si512(src + i));
-    __m256i b = bf16_round_int(_mm512_loadu_si512(src + i + 16));
+    __m256i a = loom__bf16_round_avx512(_mm512_loadu_si512(src + i));
+    __m256i b = loom__bf16_round_avx512(_mm512_loadu_si512(src + i + 16));
     __m512i r = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
     if (stream) _mm512_stream_si512((void *)(dst + i), r);
     else _mm512_store_si512(dst + i, r);
@@ -47,7 +38,7 @@ static inline __m256i bf16_round_hw(__m512 v) {
   __mmask16 zero_exp = _mm512_testn_epi32_mask(x, _mm512_set1_epi32(0x7f800000));
   __mmask16 nonzero = _mm512_test_epi32_mask(x, _mm512_set1_epi32(0x7fffffff));
   __mmask16 sub = zero_exp & nonzero;
-  if (sub) r = _mm256_mask_mov_epi16(r, sub, bf16_round_int(x));
+  if (sub) r = _mm256_mask_mov_epi16(r, sub, loom__bf16_round_avx512(x));
   return r;
 }
 
