@@ -1,0 +1,76 @@
+/* reduce_int.h: the dist layer's combine kernels, one table per CPU level (reduce_scalar.c,
+ * reduce_avx2.c, reduce_avx512.c), chosen by reduce.c from loom_cpu_level_active(). A kernel
+ * folds b into a elementwise (a[i] = a[i] op b[i], i < n); a and b do not overlap. Every level
+ * gives the same bits as the scalar reference: sums, products, minima and maxima are single
+ * IEEE / two's-complement operations per element, and min/max keep the scalar's operand
+ * order (x < y ? x : y), so NaN and signed zeros come out the same. The generic loops are
+ * written once here and compiled per level with that level's ISA flags; f32 SUM, the
+ * all-reduce's hot kernel, is hand-vectorised on the SIMD levels. Tables are immutable. */
+#ifndef LOOM_DIST_REDUCE_INT_H
+#define LOOM_DIST_REDUCE_INT_H
+
+#include "dist/dist_int.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Elements per block of loom__reduce's accumulator (kernels are called with n <= this). */
+#define LOOM__REDUCE_BLK 1024
+
+typedef void (*loom__combine_fn)(void *a, const void *b, size_t n);
+
+/* Indexed [accumulator kind][op]: 0 f32 (also f16/bf16 widened), 1 i32, 2 i64. AVG entries
+ * combine as SUM (the division is loom__reduce's). */
+typedef struct loom__reduce_kernels {
+  loom__combine_fn combine[3][LOOM_REDOP_COUNT];
+} loom__reduce_kernels;
+
+extern const loom__reduce_kernels loom__reduce_kernels_scalar;
+extern const loom__reduce_kernels loom__reduce_kernels_avx2;
+extern const loom__reduce_kernels loom__reduce_kernels_avx512;
+
+/* The table of a level (scalar for anything unknown); tests compare levels with it. */
+const loom__reduce_kernels *loom__reduce_kernels_for(loom_cpu_level level);
+
+/* a[i] = EXPR(x = a[i], y = b[i]): a full block (constant trip count, so the compiler
+ * vectorises it for the file's ISA) and a partial one. */
+#define LOOM__COMBINE(T, NAME, EXPR)                                                           \
+  static inline void NAME##_full(T *restrict a, const T *restrict b) {                         \
+    for (size_t i = 0; i < LOOM__REDUCE_BLK; i++) {                                            \
+      T x = a[i], y = b[i];                                                                    \
+      a[i] = (EXPR);                                                                           \
+    }                                                                                          \
+  }                                                                                            \
+  static inline void NAME##_part(T *restrict a, const T *restrict b, size_t n) {               \
+    for (size_t i = 0; i < n; i++) {                                                           \
+      T x = a[i], y = b[i];                                                                    \
+      a[i] = (EXPR);                                                                           \
+    }                                                                                          \
+  }                                                                                            \
+  static inline void NAME(void *a, const void *b, size_t n) {                                  \
+    if (n == LOOM__REDUCE_BLK) NAME##_full(a, b);                                              \
+    else NAME##_part(a, b, n);                                                                 \
+  }
+
+#define LOOM__COMBINE_ALL(T, U, SFX)                                                           \
+  LOOM__COMBINE(T, sum_##SFX, (T)((U)x + (U)y))                                                \
+  LOOM__COMBINE(T, min_##SFX, x < y ? x : y)                                                   \
+  LOOM__COMBINE(T, max_##SFX, x > y ? x : y)                                                   \
+  LOOM__COMBINE(T, prod_##SFX, (T)((U)x * (U)y))
+
+/* The generic kernels of every dtype and op (static, per including file), and a table of them
+ * with f32 SUM/AVG taken from SUM_F32. */
+#define LOOM__COMBINE_TABLE(NAME, SUM_F32)                                                     \
+  LOOM__COMBINE_ALL(float, float, f32)                                                         \
+  LOOM__COMBINE_ALL(int32_t, uint32_t, i32)                                                    \
+  LOOM__COMBINE_ALL(int64_t, uint64_t, i64)                                                    \
+  const loom__reduce_kernels NAME = {{                                                         \
+      {[LOOM_SUM] = SUM_F32, [LOOM_AVG] = SUM_F32, [LOOM_MIN] = min_f32,                       \
+       [LOOM_MAX] = max_f32, [LOOM_PROD] = prod_f32},                                          \
+      {[LOOM_SUM] = sum_i32, [LOOM_AVG] = sum_i32, [LOOM_MIN] = min_i32,                       \
+       [LOOM_MAX] = max_i32, [LOOM_PROD] = prod_i32},                                          \
+      {[LOOM_SUM] = sum_i64, [LOOM_AVG] = sum_i64, [LOOM_MIN] = min_i64,                       \
+       [LOOM_MAX] = max_i64, [LOOM_PROD] = prod_i64},                                          \
+  }}
+
+#endif

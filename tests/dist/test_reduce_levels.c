@@ -1,0 +1,97 @@
+/* test_reduce_levels.c: the dist combine kernels of every CPU level this machine runs against
+ * the scalar reference, bit for bit, for every dtype and op, over full blocks and ragged
+ * lengths, with NaN, infinities, signed zeros and integer overflow in the data; and
+ * loom__reduce's f32 sum against the elementwise a + b on the active level. */
+#include "dist_test.h"
+#include "dist/reduce_int.h"
+
+#include <math.h>
+#include <string.h>
+
+#define N LOOM__REDUCE_BLK
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return rng_state;
+}
+
+/* kind 0 f32, 1 i32, 2 i64: random values with specials sprinkled in. */
+static void fill(int kind, void *p, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint64_t r = rnd();
+    if (kind == 0) {
+      static const float sp[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-45f, 3.4e38f};
+      float v = (float)((double)(r >> 11) / 9007199254740992.0 * 200.0 - 100.0);
+      ((float *)p)[i] = (r & 15) == 0 ? sp[(r >> 4) % 7] : v;
+    } else if (kind == 1) {
+      ((int32_t *)p)[i] = (r & 7) == 0 ? INT32_MAX : (int32_t)(uint32_t)r;
+    } else {
+      ((int64_t *)p)[i] = (r & 7) == 0 ? INT64_MIN : (int64_t)r;
+    }
+  }
+}
+
+LT_TEST(dist_reduce_levels_match_scalar) {
+  static const size_t lens[] = {N, 0, 1, 7, 15, 16, 17, 31, 33, 63, 64, 65, 100, 1023};
+  static const size_t es[3] = {4, 4, 8};
+  const loom__reduce_kernels *ref = loom__reduce_kernels_for(LOOM_CPU_SCALAR);
+  _Alignas(64) unsigned char a0[N * 8 + 64], b[N * 8 + 64], x[N * 8 + 64], y[N * 8 + 64];
+  int levels = 0;
+  for (int l = LOOM_CPU_AVX2; l < LOOM_CPU_LEVEL_COUNT; l++) {
+    if (!loom_cpu_supports((loom_cpu_level)l)) continue;
+    levels++;
+    const loom__reduce_kernels *k = loom__reduce_kernels_for((loom_cpu_level)l);
+    LT_TRUE(k != ref);
+    for (int kind = 0; kind < 3; kind++)
+      for (int op = 0; op < LOOM_REDOP_COUNT; op++)
+        for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++)
+          for (size_t mis = 0; mis < 2; mis++) { /* aligned, and off by one element */
+            size_t n = lens[t], o = mis * es[kind];
+            if (n + mis > N) n = N - mis;
+            fill(kind, a0, N + 1);
+            fill(kind, b, N + 1);
+            memcpy(x, a0, sizeof a0);
+            memcpy(y, a0, sizeof a0);
+            ref->combine[kind][op](x + o, b + o, n);
+            k->combine[kind][op](y + o, b + o, n);
+            if (memcmp(x, y, sizeof x) != 0) {
+              lt_fail_at(__FILE__, __LINE__, "level %s kind %d op %d n %zu misaligned %zu differs",
+                      loom_cpu_level_name((loom_cpu_level)l), kind, op, n, mis);
+              return;
+            }
+          }
+  }
+  if (!levels) lt_skip("no SIMD level on this CPU");
+}
+
+LT_TEST(dist_reduce_f32_sum_is_elementwise_add) {
+  enum { M = 3 * N + 37 };
+  float *a = malloc(M * sizeof(float)), *b = malloc(M * sizeof(float)),
+        *d = malloc(M * sizeof(float));
+  LT_TRUE(a && b && d);
+  fill(0, a, M);
+  fill(0, b, M);
+  const void *srcs[2] = {a, b};
+  loom__reduce(d, srcs, 2, M, LOOM_F32, LOOM_SUM);
+  size_t bad = 0;
+  for (size_t i = 0; i < M; i++) {
+    float e = a[i] + b[i];
+    if (memcmp(&e, &d[i], 4) != 0 && !(isnan(e) && isnan(d[i]))) bad++;
+  }
+  LT_EQ(bad, 0);
+  /* in place: dst is the first source */
+  memcpy(d, a, M * sizeof(float));
+  srcs[0] = d;
+  loom__reduce(d, srcs, 2, M, LOOM_F32, LOOM_SUM);
+  for (size_t i = 0; i < M; i++) {
+    float e = a[i] + b[i];
+    if (memcmp(&e, &d[i], 4) != 0 && !(isnan(e) && isnan(d[i]))) bad++;
+  }
+  LT_EQ(bad, 0);
+  free(a);
+  free(b);
+  free(d);
+}
