@@ -1,8 +1,10 @@
 /* pg_mpi.c: the mpi backend of loom_pg (see loom/dist_mpi.h for the contract): a private
  * duplicate of the communicator for data, another for failure notices, a header exchange
  * before each collective, MPI non-blocking collectives polled with MPI_Test under the group's
- * timeout, and f16/bf16 widened to f32 for reductions. The only file that includes mpi.h. */
+ * timeout, and f16/bf16 widened to f32 for reductions. With mpi_copy.c, the only files that
+ * include mpi.h. */
 #include "dist/dist_int.h"
+#include "dist/mpi/mpi_int.h"
 #include "loom/dist_mpi.h"
 
 #include <limits.h>
@@ -43,6 +45,7 @@ typedef struct mpi_pg {
   MPI_Request *hreq;  /* 2 * size, its point-to-point requests */
   void *tmp[2];       /* [0] f32 widening / in-place result, [1] ring receive chunks */
   size_t tmp_bytes[2];
+  bool single_copy;   /* every rank's MPI copies large messages once: whole-block ring steps */
 } mpi_pg;
 
 static bool loom_initialised_mpi;
@@ -263,6 +266,10 @@ static void avg_div(void *buf, loom_dtype dt, size_t n, int size) {
 #define RING_CHUNK_MIN ((size_t)64 << 10)
 #define RING_CHUNK_MAX ((size_t)512 << 10)
 #define RING_MAX_CHUNKS 64
+/* With a single-copy transport (Open MPI's CMA: the receiver copies straight out of the
+ * sender's buffer) each message costs a rendezvous, and chunking loses more than overlap wins:
+ * a step's block goes whole, up to this size a message. */
+#define RING_SINGLE_MAX ((size_t)1 << 30)
 #define TAG_RING 78
 
 static void ring_block(size_t n, int p, int j, size_t *off, size_t *len) {
@@ -282,6 +289,7 @@ static int ring_step(mpi_pg *m, char *buf, size_t n, int parts, loom_dtype dt, l
   size_t big = (sl > rl ? sl : rl) * es;
   size_t ch = big / RING_CHUNKS;
   ch = ch < RING_CHUNK_MIN ? RING_CHUNK_MIN : ch > RING_CHUNK_MAX ? RING_CHUNK_MAX : ch;
+  if (m->single_copy) ch = big < RING_SINGLE_MAX ? (big ? big : 1) : RING_SINGLE_MAX;
   if (big > ch * RING_MAX_CHUNKS) ch = (big + RING_MAX_CHUNKS - 1) / RING_MAX_CHUNKS;
   ch = (ch + es - 1) / es * es;
   MPI_Request rr[RING_MAX_CHUNKS], sr[RING_MAX_CHUNKS];
@@ -551,6 +559,13 @@ int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out) {
     rc = mpi_err(err, who, "MPI_Bcast");
     goto done;
   }
+  /* every rank must cut ring messages alike: single-copy sizing only if all ranks have it */
+  int sc = loom__mpi_single_copy(), all_sc = 0;
+  if ((err = MPI_Allreduce(&sc, &all_sc, 1, MPI_INT, MPI_MIN, m->comm))) {
+    rc = mpi_err(err, who, "MPI_Allreduce");
+    goto done;
+  }
+  m->single_copy = all_sc != 0;
   if ((err = post_notice_recv(m))) {
     rc = mpi_err(err, who, "MPI_Irecv");
     goto done;
