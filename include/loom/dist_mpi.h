@@ -14,10 +14,14 @@
  * stalled or dead peer cannot hang a rank. All-reduces of 256 KB and more are a ring
  * reduce-scatter + all-gather of MPI_Isend/MPI_Irecv instead: Open MPI's MPI_Iallreduce
  * (libnbc) ran 1.5-2x behind its blocking MPI_Allreduce on large buffers, while the ring,
- * with each step's block sent as about 8 chunks of 64-512 KB so that the reduction of one
- * chunk overlaps the transfer of the next, runs ahead of MPI_Allreduce from 1 MB up over
- * Open MPI's shared memory without single-copy, but 13-63% behind it with CMA single-copy
- * (see BENCHMARKS.md: the best chunking depends on the transport). That was chosen over running a blocking MPI_Allreduce on the progress
+ * runs ahead of MPI_Allreduce from 1 MB up over Open MPI's shared memory without
+ * single-copy, where each step's block goes as about 8 chunks of 64-512 KB so that the
+ * reduction of one chunk overlaps the transfer of the next. With a single-copy transport
+ * (Open MPI's default CMA; read at group creation through the MPI_T control variable
+ * btl_vader_single_copy_mechanism, else OMPI_MCA_btl_vader_single_copy_mechanism, assumed
+ * on when unknown; LOOM_MPI_SINGLE_COPY=0|1 overrides; all ranks must have it) each step's
+ * block goes as one message, and the ring is about 10-35% behind MPI_Allreduce at 1-16 MB
+ * (see BENCHMARKS.md). That was chosen over running a blocking MPI_Allreduce on the progress
  * thread under a watchdog: MPI cannot cancel a collective, so a timeout would leave a thread
  * stuck in MPI for good. Before each collective the ranks exchange a small header (kind,
  * count, dtype, op, root: a 40-byte point-to-point message to each peer up to 8 ranks, about
