@@ -54,6 +54,7 @@ int loom__bucket_plan_make(const size_t *numel, const loom_dtype *dtype, size_t 
   if ((rc = loom_bucket_cfg_validate(cfg))) return rc;
   by_size *seq = NULL;
   size_t *open = NULL; /* per dtype: the open bucket index + 1, 0 if none */
+  size_t *fill = NULL; /* per bucket: gradients placed in `order` so far (nbuckets <= n) */
   out->n = n;
   size_t cap = n ? n : 1;
   out->bucket_of = loom__calloc(LOOM_POOL_HOST, cap, sizeof(size_t));
@@ -67,8 +68,9 @@ int loom__bucket_plan_make(const size_t *numel, const loom_dtype *dtype, size_t 
   out->dtype = loom__calloc(LOOM_POOL_HOST, cap, sizeof(loom_dtype));
   seq = loom__calloc(LOOM_POOL_HOST, cap, sizeof *seq);
   open = loom__calloc(LOOM_POOL_HOST, LOOM_DTYPE_COUNT, sizeof *open);
+  fill = loom__calloc(LOOM_POOL_HOST, cap, sizeof *fill);
   if (!out->bucket_of || !out->offset || !out->order || !out->order_offset || !out->first || !out->count ||
-      !out->numel || !out->bytes || !out->dtype || !seq || !open) {
+      !out->numel || !out->bytes || !out->dtype || !seq || !open || !fill) {
     rc = loom__fail(LOOM_ENOMEM, "bucket plan: out of memory for %zu gradients", n);
     goto done;
   }
@@ -112,23 +114,15 @@ int loom__bucket_plan_make(const size_t *numel, const loom_dtype *dtype, size_t 
   out->nbuckets = nb;
   /* order: gradients grouped by bucket, in the order they were placed */
   for (size_t b = 1; b < nb; b++) out->first[b] = out->first[b - 1] + out->count[b - 1];
-  size_t *fill = open; /* reuse as a cursor per bucket (needs nb entries: re-allocate) */
-  loom__free(open);
-  open = NULL;
-  fill = loom__calloc(LOOM_POOL_HOST, nb ? nb : 1, sizeof *fill);
-  if (!fill) {
-    rc = loom__fail(LOOM_ENOMEM, "bucket plan: out of memory");
-    goto done;
-  }
   for (size_t i = 0; i < n; i++) {
     size_t g = seq[i].index, b = out->bucket_of[g];
     out->order_offset[out->first[b] + fill[b]] = out->offset[g];
     out->order[out->first[b] + fill[b]++] = g;
   }
-  loom__free(fill);
 done:
   loom__free(seq);
   loom__free(open);
+  loom__free(fill);
   if (rc) loom__bucket_plan_free(out);
   return rc;
 }

@@ -166,7 +166,8 @@ static int on_grad_ready(loom_tensor *grad, void *ctx) {
 
 int loom_ddp_finish(loom_ddp *d) {
   if (!d) return loom__fail(LOOM_EINVAL, "loom_ddp_finish: ddp is NULL");
-  if (!d->sync || !d->in_step) return d->step_status; /* nothing to wait for */
+  if (!d->sync) return LOOM_OK; /* no_sync: gradients stay local, nothing was reduced */
+  if (!d->in_step) return d->step_status; /* finished already (backward's queued callback) */
   double t_end = loom__ddp_now();
   size_t nb = loom_bucket_manager_count(d->m);
   size_t unused = d->n;

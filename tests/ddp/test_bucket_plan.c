@@ -115,3 +115,38 @@ LT_TEST(bucket_cfg_validation) {
   dcfg.wire_dtype = LOOM_I32;
   LT_ERR(loom_ddp_cfg_validate(&dcfg), LOOM_EINVAL, "wire_dtype");
 }
+
+static size_t host_bytes(void) {
+  loom_pool_stats s;
+  loom_mem_stats(LOOM_POOL_HOST, &s);
+  return s.current_bytes;
+}
+
+LT_TEST(plan_bad_dtype_and_out_of_memory) {
+  loom_bucket_cfg cfg;
+  loom_bucket_cfg_default(&cfg);
+  size_t numel[] = {10, 20, 30};
+  loom_dtype bad[] = {LOOM_F32, (loom_dtype)77, LOOM_F32};
+  loom__bucket_plan p;
+  LT_ERR(loom__bucket_plan_make(numel, bad, 3, &cfg, &p), LOOM_EDTYPE, "gradient 1 has an invalid dtype");
+  LT_EQ(p.nbuckets, 0);
+  /* each allocation of the plan failing in turn: LOOM_ENOMEM and nothing left allocated */
+  loom_dtype ok[] = {LOOM_F32, LOOM_BF16, LOOM_F32};
+  size_t before = host_bytes();
+  int failures = 0;
+  for (uint64_t k = 1; k < 40; k++) {
+    loom_alloc_fail_nth(k);
+    int rc = loom__bucket_plan_make(numel, ok, 3, &cfg, &p);
+    loom_alloc_fail_nth(0);
+    if (rc == LOOM_OK) {
+      LT_EQ(p.nbuckets, 2);
+      loom__bucket_plan_free(&p);
+      break;
+    }
+    failures++;
+    LT_EQ(rc, LOOM_ENOMEM);
+    LT_EQ(host_bytes(), before);
+  }
+  LT_TRUE(failures >= 10); /* every one of the plan's allocations was made to fail once */
+  LT_EQ(host_bytes(), before);
+}
