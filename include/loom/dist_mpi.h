@@ -11,26 +11,30 @@
  * Collectives map to MPI's non-blocking calls (MPI_Iallreduce, MPI_Ibcast, MPI_Iallgather,
  * MPI_Ireduce_scatter_block) on a private duplicate of the communicator, polled
  * with MPI_Test so every wait has the group's timeout; loom never blocks inside MPI, so a
- * stalled or dead peer cannot hang a rank. All-reduces of 256 KB and more are a ring
- * reduce-scatter + all-gather of MPI_Isend/MPI_Irecv instead: Open MPI's MPI_Iallreduce
- * (libnbc) ran 1.5-2x behind its blocking MPI_Allreduce on large buffers, while the ring,
- * runs ahead of MPI_Allreduce from 1 MB up over Open MPI's shared memory without
- * single-copy, where each step's block goes as about 8 chunks of 64-512 KB so that the
- * reduction of one chunk overlaps the transfer of the next. With a single-copy transport
- * (Open MPI's default CMA; read at group creation through the MPI_T control variable
- * btl_vader_single_copy_mechanism, else OMPI_MCA_btl_vader_single_copy_mechanism, assumed
- * on when unknown; LOOM_MPI_SINGLE_COPY=0|1 overrides; all ranks must have it) each step's
- * block goes as one message, and the ring is about 10-35% behind MPI_Allreduce at 1-16 MB
- * (see BENCHMARKS.md). That was chosen over running a blocking MPI_Allreduce on the progress
- * thread under a watchdog: MPI cannot cancel a collective, so a timeout would leave a thread
- * stuck in MPI for good. Before each collective the ranks exchange a small header (kind,
- * count, dtype, op, root: a 40-byte point-to-point message to each peer up to 8 ranks, about
- * 1 us; one MPI_Iallgather above) so that disagreeing ranks get LOOM_EMISUSE/ESHAPE/EDTYPE
- * naming both calls (the barrier is that exchange alone). A failing rank (an error,
- * loom_pg_abort) sends its message to every peer on a second private communicator; peers
- * fail with LOOM_EREMOTE naming it. A peer that dies or stops calling
- * gives LOOM_ETIMEDOUT (MPI cannot say which rank is missing). Only standard MPI-3 calls are
- * used (Open MPI 4.1, MPICH 4.0).
+ * stalled or dead peer cannot hang a rank, with one exception below. All-reduces of 256 KB
+ * and more take one of two paths, chosen at group creation by the transport:
+ *  - Without a single-copy transport (Open MPI's shared memory through bounce buffers): a ring
+ *    reduce-scatter + all-gather of MPI_Isend/MPI_Irecv, each step's block cut into about 8
+ *    chunks of 64-512 KB so that the reduction of one chunk overlaps the transfer of the next.
+ *    It runs ahead of MPI_Allreduce from 1 MB up (Open MPI's MPI_Iallreduce, libnbc, ran
+ *    1.5-2x behind its blocking MPI_Allreduce on large buffers).
+ *  - With a single-copy transport (Open MPI's default CMA; read at group creation through the
+ *    MPI_T control variable btl_vader_single_copy_mechanism, else
+ *    OMPI_MCA_btl_vader_single_copy_mechanism, assumed on when unknown; LOOM_MPI_SINGLE_COPY=0|1
+ *    overrides; all ranks must have it): MPI's own blocking MPI_Allreduce, run on the group's
+ *    thread. The ring ran 13-35% behind it at 1-16 MB there; this path is within 3% (see
+ *    BENCHMARKS.md). The exception: this call blocks inside MPI. It is entered only after the
+ *    header exchange (below) has shown every rank inside the same collective, so a rank that
+ *    stops calling collectives still gives LOOM_ETIMEDOUT; a peer process that dies inside the
+ *    call is handled by the MPI launcher (Open MPI's mpirun and MPICH's hydra end the job), not
+ *    by loom's timeout. LOOM_MPI_SINGLE_COPY=0 keeps every wait under the timeout.
+ * Before each collective the ranks exchange a small header (kind, count, dtype, op, root: a
+ * 40-byte point-to-point message to each peer up to 8 ranks, about 1 us; one MPI_Iallgather
+ * above) so that disagreeing ranks get LOOM_EMISUSE/ESHAPE/EDTYPE naming both calls (the
+ * barrier is that exchange alone). A failing rank (an error, loom_pg_abort) sends its message
+ * to every peer on a second private communicator; peers fail with LOOM_EREMOTE naming it. A
+ * peer that dies or stops calling gives LOOM_ETIMEDOUT (MPI cannot say which rank is missing).
+ * Only standard MPI-3 calls are used (Open MPI 4.1, MPICH 4.0).
  *
  * f16/bf16 reductions keep f32 accumulation by convert-reduce: the buffer is widened to f32
  * (loom_cvt_*), reduced in f32 (by MPI's own MPI_SUM/MIN/MAX/PROD on MPI_FLOAT, or by loom's

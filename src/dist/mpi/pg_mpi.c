@@ -45,7 +45,7 @@ typedef struct mpi_pg {
   MPI_Request *hreq;  /* 2 * size, its point-to-point requests */
   void *tmp[2];       /* [0] f32 widening / in-place result, [1] ring receive chunks */
   size_t tmp_bytes[2];
-  bool single_copy;   /* every rank's MPI copies large messages once: whole-block ring steps */
+  bool single_copy;   /* every rank's MPI copies large messages once: MPI_Allreduce, not the ring */
 } mpi_pg;
 
 static bool loom_initialised_mpi;
@@ -266,10 +266,6 @@ static void avg_div(void *buf, loom_dtype dt, size_t n, int size) {
 #define RING_CHUNK_MIN ((size_t)64 << 10)
 #define RING_CHUNK_MAX ((size_t)512 << 10)
 #define RING_MAX_CHUNKS 64
-/* With a single-copy transport (Open MPI's CMA: the receiver copies straight out of the
- * sender's buffer) each message costs a rendezvous, and chunking loses more than overlap wins:
- * a step's block goes whole, up to this size a message. */
-#define RING_SINGLE_MAX ((size_t)1 << 30)
 #define TAG_RING 78
 
 static void ring_block(size_t n, int p, int j, size_t *off, size_t *len) {
@@ -289,7 +285,6 @@ static int ring_step(mpi_pg *m, char *buf, size_t n, int parts, loom_dtype dt, l
   size_t big = (sl > rl ? sl : rl) * es;
   size_t ch = big / RING_CHUNKS;
   ch = ch < RING_CHUNK_MIN ? RING_CHUNK_MIN : ch > RING_CHUNK_MAX ? RING_CHUNK_MAX : ch;
-  if (m->single_copy) ch = big < RING_SINGLE_MAX ? (big ? big : 1) : RING_SINGLE_MAX;
   if (big > ch * RING_MAX_CHUNKS) ch = (big + RING_MAX_CHUNKS - 1) / RING_MAX_CHUNKS;
   ch = (ch + es - 1) / es * es;
   MPI_Request rr[RING_MAX_CHUNKS], sr[RING_MAX_CHUNKS];
@@ -342,6 +337,29 @@ static int ring_allreduce(mpi_pg *m, void *buf, size_t n, loom_dtype dt, loom_re
   return LOOM_OK;
 }
 
+/* Large all-reduce under a single-copy transport (Open MPI's CMA: the receiver copies straight
+ * out of the sender's buffer): MPI's own blocking MPI_Allreduce, in place on buf. Measured, 2
+ * ranks, CMA on: the ring (whole blocks, or chunked) ran 13-35% behind MPI_Allreduce at 1-16
+ * MB, this path 0.97-1.03x (BENCHMARKS.md). It blocks inside MPI, but only after the header
+ * exchange has shown every rank inside this same collective; see loom/dist_mpi.h. */
+static int blocking_allreduce(mpi_pg *m, void *buf, size_t n, loom_dtype dt, loom_redop op) {
+  int err = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(dt),
+                          mpi_op(op == LOOM_AVG ? LOOM_SUM : op), m->comm);
+  if (err) {
+    m->broken = true;
+    return mpi_err(err, "all-reduce", "MPI_Allreduce");
+  }
+  return LOOM_OK;
+}
+
+/* The large-buffer algorithm: MPI's blocking call with a single-copy transport, else the ring
+ * (in place on buf; AVG is the caller's). */
+static int large_allreduce(mpi_pg *m, void *buf, size_t n, loom_dtype dt, loom_redop op,
+                           const loom__coll *c) {
+  return m->single_copy ? blocking_allreduce(m, buf, n, dt, op)
+                        : ring_allreduce(m, buf, n, dt, op, c);
+}
+
 static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
   mpi_pg *m = of(pg);
   int rc = start(m, c);
@@ -349,13 +367,13 @@ static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
   int n = (int)c->count;
   MPI_Request req;
   int err;
-  bool ring = pg->size > 1 && c->count * 4 >= RING_MIN_BYTES && c->count >= (size_t)pg->size;
+  bool large = pg->size > 1 && c->count * 4 >= RING_MIN_BYTES && c->count >= (size_t)pg->size;
   if (half(c->dt)) {
     float *f;
     if ((rc = scratch(m, c->count * sizeof(float), c, (void **)&f))) return rc;
     loom__widen(c->dt, c->send, f, c->count);
-    if (ring) {
-      if ((rc = ring_allreduce(m, f, c->count, LOOM_F32, c->op, c))) return rc;
+    if (large) {
+      if ((rc = large_allreduce(m, f, c->count, LOOM_F32, c->op, c))) return rc;
     } else {
       err = MPI_Iallreduce(MPI_IN_PLACE, f, n, MPI_FLOAT, mpi_op(c->op), m->comm, &req);
       if (err) return mpi_err(err, "all-reduce", "MPI_Iallreduce");
@@ -365,9 +383,9 @@ static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
     loom__narrow(c->dt, f, c->recv, c->count);
     return LOOM_OK;
   }
-  if (ring) {
+  if (large) {
     if (c->send != c->recv) loom__copy(c->recv, c->send, c->count * loom_dtype_size(c->dt));
-    if ((rc = ring_allreduce(m, c->recv, c->count, c->dt, c->op, c))) return rc;
+    if ((rc = large_allreduce(m, c->recv, c->count, c->dt, c->op, c))) return rc;
     if (c->op == LOOM_AVG) avg_div(c->recv, c->dt, c->count, pg->size);
     return LOOM_OK;
   }
@@ -559,7 +577,7 @@ int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out) {
     rc = mpi_err(err, who, "MPI_Bcast");
     goto done;
   }
-  /* every rank must cut ring messages alike: single-copy sizing only if all ranks have it */
+  /* every rank must pick the same large all-reduce: MPI's only if all ranks have single copy */
   int sc = loom__mpi_single_copy(), all_sc = 0;
   if ((err = MPI_Allreduce(&sc, &all_sc, 1, MPI_INT, MPI_MIN, m->comm))) {
     rc = mpi_err(err, who, "MPI_Allreduce");
