@@ -8,7 +8,9 @@
  * Then the real step: an MLP 784-1024-1024-10, batch 256, trained with loom's own ops, with
  * no scaler, with a separate unscale pass, with the unscale run from the gradient hooks, and
  * with the unscale deferred to the optimizer (loom_optim_step_scaled) after a read-only check
- * (loom_scaler_check) or a check from the hooks (loom_amp_check_hooks_create).
+ * (loom_scaler_check) or a check from the hooks (loom_amp_check_hooks_create), the last with
+ * gradient bounds off (every gradient read) and on (backward bounds each weight gradient from
+ * linear's inputs, loom_tensor_grad_bound: its reads count as scaler work).
  * GB/s counts bytes read plus bytes written (unscale and multiply: 2x the buffer; the check:
  * 1x; memcpy: 2x). Usage: bench_unscale [elements (default 32M)] [step runs (default 15)]. */
 #include <loom/loom.h>
@@ -247,25 +249,31 @@ static int hook_end(loom_tensor *g, void *c) {
 }
 
 /* The step's variants, timed interleaved. */
-enum { V_NONE, V_SEPARATE, V_HOOKS, V_CHECK, V_CHECK_HOOKS, NV };
+enum { V_NONE, V_SEPARATE, V_HOOKS, V_CHECK, V_CHECK_HOOKS_READ, V_CHECK_HOOKS, NV };
 static const char *const vname[NV] = {
     "no scaler",
     "separate pass: scale, loom_scaler_unscale, update",
     "unscale + check from the gradient hooks, finish, update",
     "deferred: scale, loom_scaler_check, update; step_scaled",
+    "deferred, check from the hooks reading every gradient (bounds off), step_scaled",
     "deferred, check from the hooks (loom_amp_check_hooks), update; step_scaled"};
 
 /* One step of variant v: t[0] the whole step, t[1] the scaler work inside it (the
  * unscale/check pass or the time inside the amp hooks, arm, finish, grad_scale, update; the
  * loss scaling is inside loom_backward_amp, one multiply), t[2] the optimizer step (the
- * deferred variants multiply by 1/scale there, as they load the gradients). */
-static int mlp_step(mlp *m, int v, loom_scaler *s, loom_amp_unscale_hooks *h[2], tick t[3]) {
+ * deferred variants multiply by 1/scale there, as they load the gradients), t[3] backward
+ * without the time inside the amp hooks. Only the last variant tracks gradient bounds (its
+ * backward reads linear's inputs to bound each weight gradient: that cost is t[3]'s excess
+ * over the no-scaler backward of the same round). */
+static int mlp_step(mlp *m, int v, loom_scaler *s, loom_amp_unscale_hooks *h[2], tick t[4]) {
   loom_tensor *loss = NULL;
   tick t0 = tick_now(), ts = {0, 0};
   bool found = false;
   float gs = 1.0f;
   int rc = LOOM_OK;
-  loom_amp_unscale_hooks *hk = v == V_HOOKS ? h[0] : v == V_CHECK_HOOKS ? h[1] : NULL;
+  loom_amp_unscale_hooks *hk = v == V_HOOKS                                  ? h[0]
+                               : v == V_CHECK_HOOKS || v == V_CHECK_HOOKS_READ ? h[1]
+                                                                             : NULL;
   for (int i = 0; i < NP && !rc; i++) rc = loom_tensor_zero_grad(m->p[i]);
   if (!rc) rc = mlp_loss(m, &loss);
   if (rc) return rc;
@@ -273,7 +281,13 @@ static int mlp_step(mlp *m, int v, loom_scaler *s, loom_amp_unscale_hooks *h[2],
   if (hk) rc = loom_amp_unscale_hooks_arm(hk);
   tick_add(&ts, tick_since(a));
   hook_sum = (tick){0, 0};
+  for (int i = 0; i < NP && !rc && v == V_CHECK_HOOKS; i++)
+    rc = loom_tensor_track_grad_bound(m->p[i], true);
+  a = tick_now();
   if (!rc) rc = loom_backward_amp(loss, v != V_NONE ? s : NULL, false);
+  t[3] = tick_since(a);
+  for (int i = 0; i < NP && v == V_CHECK_HOOKS; i++) loom_tensor_track_grad_bound(m->p[i], false);
+  t[3].w -= hook_sum.w, t[3].c -= hook_sum.c;
   tick_add(&ts, hook_sum);
   a = tick_now();
   if (!rc && v == V_SEPARATE) rc = loom_scaler_unscale(s, m->g, NP, &found);
@@ -291,16 +305,26 @@ static int mlp_step(mlp *m, int v, loom_scaler *s, loom_amp_unscale_hooks *h[2],
   return rc;
 }
 
-/* Median over the runs of field k (0 wall, 1 CPU) of measure j of variant v. */
-static double med(const tick *t, int runs, int v, int j, int k) {
+#define NT 4 /* measures per step */
+static const tick *at(const tick *t, int runs, int v, int r, int j) {
+  return &t[((size_t)v * (size_t)runs + (size_t)r) * NT + (size_t)j];
+}
+
+/* Median over the runs of field k (0 wall, 1 CPU) of measure j of variant v; with base >= 0,
+ * of its difference from variant base's in the same round. */
+static double med_vs(const tick *t, int runs, int v, int j, int k, int base) {
   double *x = malloc((size_t)runs * sizeof *x), m;
   for (int r = 0; r < runs; r++) {
-    const tick *e = &t[((size_t)v * (size_t)runs + (size_t)r) * 3 + (size_t)j];
+    const tick *e = at(t, runs, v, r, j);
     x[r] = k ? e->c : e->w;
+    if (base >= 0) x[r] -= k ? at(t, runs, base, r, j)->c : at(t, runs, base, r, j)->w;
   }
   m = median(x, runs);
   free(x);
   return m;
+}
+static double med(const tick *t, int runs, int v, int j, int k) {
+  return med_vs(t, runs, v, j, k, -1);
 }
 
 static int bench_real_step(int runs) {
@@ -316,13 +340,15 @@ static int bench_real_step(int runs) {
   for (int i = 0; i < NP && !rc; i++) rc = loom_tensor_register_hook(m.p[i], hook_begin, NULL, NULL);
   if (!rc) rc = loom_amp_unscale_hooks_create(s, m.p, NP, &h[0]);
   if (!rc) rc = loom_amp_check_hooks_create(s, m.p, NP, &h[1]);
+  /* the check hooks turned bound tracking on; mlp_step turns it on for their variant only */
+  for (int i = 0; i < NP && !rc; i++) rc = loom_tensor_track_grad_bound(m.p[i], false);
   for (int i = 0; i < NP && !rc; i++) rc = loom_tensor_register_hook(m.p[i], hook_end, NULL, NULL);
-  tick *t = calloc((size_t)runs * NV * 3, sizeof *t); /* [(v * runs + r) * 3 + j] */
+  tick *t = calloc((size_t)runs * NV * NT, sizeof *t); /* at(t, runs, v, r, j) */
   for (int r = -2; r < runs && !rc; r++) /* 2 warm-up rounds; variants interleaved */
     for (int v = 0; v < NV && !rc; v++) {
-      tick x[3];
+      tick x[NT];
       rc = mlp_step(&m, v, s, h, x);
-      if (r >= 0) memcpy(&t[((size_t)v * (size_t)runs + (size_t)r) * 3], x, sizeof x);
+      if (r >= 0) memcpy((tick *)at(t, runs, v, r, 0), x, sizeof x);
     }
   if (!rc) {
     printf("MLP 784-1024-1024-10 f32 step, batch 256, loom ops (oneDNN), 1 thread, %d rounds "
@@ -332,8 +358,10 @@ static int bench_real_step(int runs) {
            "the optimizer up, the deferred multiply could slow it down:\n", runs, NV);
     for (int v = 0; v < NV; v++) {
       double share[2], work[2], net[2];
+      double extra[2] = {0, 0}; /* backward's bound reads, as its excess over no scaler's */
       for (int k = 0; k < 2; k++) {
-        work[k] = med(t, runs, v, 1, k);
+        if (v == V_CHECK_HOOKS) extra[k] = med_vs(t, runs, v, 3, k, V_NONE);
+        work[k] = med(t, runs, v, 1, k) + extra[k];
         net[k] = work[k] + med(t, runs, v, 2, k) - med(t, runs, V_NONE, 2, k);
         share[k] = work[k] / med(t, runs, V_NONE, 0, k) * 100;
       }
@@ -344,6 +372,9 @@ static int bench_real_step(int runs) {
                     work[0] * 1e6, work[1] * 1e6, share[0], share[1],
                     share[1] <= 1.0 ? " (<= 1%: met)" : " (<= 1%: NOT met)", net[0] * 1e6,
                     net[1] * 1e6);
+      if (v == V_CHECK_HOOKS)
+        printf(" | of it, backward's bound reads %+5.1f [%+5.1f] us", extra[0] * 1e6,
+               extra[1] * 1e6);
       printf("\n");
     }
   }

@@ -78,6 +78,32 @@ loom_tensor *loom_tensor_grad(const loom_tensor *t);
 int loom_tensor_set_grad(loom_tensor *t, loom_tensor *grad);
 /* Fill t's gradient with zeros, keeping its buffer (no-op if it has none). */
 int loom_tensor_zero_grad(loom_tensor *t);
+
+/* Gradient bounds: what backward knows of a leaf's gradient without reading it, so that a
+ * check of every element (the AMP loss scaler's inf/NaN test, loom/amp.h) can be skipped.
+ * loom_tensor_zero_grad and a newly made gradient start the bound at 0. While the leaf's bound
+ * is tracked, an op that writes the gradient in place and can bound what it adds raises it:
+ * linear adds at most rows * max|x| * max|grad_out| to each weight gradient element and
+ * rows * max|grad_out| to each bias element (the maxima read from its inputs, which are far
+ * smaller than the weight gradient, while they are in cache), or marks the gradient
+ * non-finite when those inputs held inf/NaN (inf * y and inf + y are never finite, so the
+ * gradient then holds one). Any other write autograd makes (another op, a temporary added in,
+ * loom_tensor_set_grad) makes the bound unknown, as does a bound past half of FLT_MAX.
+ * Writes through the gradient's data pointer are not seen: after one, call
+ * loom_tensor_zero_grad or treat the bound as unknown. */
+typedef enum loom_grad_bound_kind {
+  LOOM_GRAD_BOUND_UNKNOWN = 0, /* read the gradient to know */
+  LOOM_GRAD_BOUND_FINITE,      /* every element is finite, |element| <= *bound */
+  LOOM_GRAD_BOUND_NONFINITE,   /* some element is inf or NaN */
+} loom_grad_bound_kind;
+
+/* Ask ops to bound t's gradient (on) or stop (off); calls nest (a count), so independent users
+ * can each turn it on and off. t must be a leaf (LOOM_EMISUSE). Tracking costs each linear
+ * backward that writes t's gradient a read of its input and output gradient. */
+int loom_tensor_track_grad_bound(loom_tensor *t, bool on);
+/* The bound of leaf t's gradient: *kind, and for FINITE *bound (may be NULL). UNKNOWN when t
+ * has no gradient. */
+int loom_tensor_grad_bound(const loom_tensor *t, loom_grad_bound_kind *kind, double *bound);
 /* A tensor sharing t's storage that is not part of any graph (requires_grad false). */
 int loom_tensor_detach(loom_tensor *t, loom_tensor **out);
 /* The name of the op that produced t ("matmul"), or NULL for a leaf. Borrowed, static. */

@@ -2,7 +2,11 @@
  * backward completes the gradient (hot in cache), so the step's scaler work overlaps backward;
  * finish unscales what no hook reached and closes the scaler's unscale for the step. The
  * checking form (loom_amp_check_hooks_create) only reads: the unscale is deferred to the
- * optimizer (loom_scaler_grad_scale, loom_optim_step_scaled). */
+ * optimizer (loom_scaler_grad_scale, loom_optim_step_scaled). It tracks each parameter's
+ * gradient bound (loom_tensor_grad_bound) and reads a gradient only when backward could not
+ * bound it. */
+#include <float.h>
+
 #include "amp/amp_int.h"
 #include "loom/autograd.h"
 
@@ -10,7 +14,8 @@ typedef struct hook_slot {
   loom_amp_unscale_hooks *owner;
   loom_tensor *param; /* retained */
   int id;
-  bool done; /* unscaled this step */
+  bool done;    /* unscaled this step */
+  bool tracked; /* its gradient bound is tracked (the checking form) */
 } hook_slot;
 
 struct loom_amp_unscale_hooks {
@@ -24,7 +29,7 @@ struct loom_amp_unscale_hooks {
 
 /* One gradient: unscale + check, or (deferred) the check alone, skipped once something was
  * found (the step is skipped whatever the other gradients hold). */
-static int pass(loom_amp_unscale_hooks *h, loom_tensor *g) {
+static int pass(loom_amp_unscale_hooks *h, const hook_slot *sl, loom_tensor *g) {
   static const char *who = "loom_amp_check_hooks";
   double inv = loom_scaler_get_inv_scale(h->scaler);
   if (!h->defer) {
@@ -34,15 +39,23 @@ static int pass(loom_amp_unscale_hooks *h, loom_tensor *g) {
     return rc;
   }
   int rc = loom__amp_check_tensors(who, &g, 1);
-  if (!rc && !h->found) h->found = loom__amp_scaled_nonfinite(g, (float)inv);
-  return rc;
+  if (rc || h->found) return rc;
+  /* what backward knows: every |x| <= bound, so |x * inv| <= bound * inv (half of FLT_MAX
+   * leaves room for the multiply's rounding); or a non-finite value is there */
+  loom_grad_bound_kind kind = LOOM_GRAD_BOUND_UNKNOWN;
+  double bound = 0;
+  if (sl->tracked && (rc = loom_tensor_grad_bound(sl->param, &kind, &bound))) return rc;
+  if (kind == LOOM_GRAD_BOUND_NONFINITE) h->found = true;
+  else if (kind != LOOM_GRAD_BOUND_FINITE || !(bound * inv <= FLT_MAX / 2))
+    h->found = loom__amp_scaled_nonfinite(g, (float)inv);
+  return LOOM_OK;
 }
 
 static int on_grad(loom_tensor *grad, void *ctx) {
   hook_slot *sl = ctx;
   loom_amp_unscale_hooks *h = sl->owner;
   if (!h->armed || sl->done || h->scaler->stage != LOOM__STAGE_SCALED) return LOOM_OK;
-  int rc = pass(h, grad);
+  int rc = pass(h, sl, grad);
   if (rc) return h->error = rc;
   sl->done = true;
   return LOOM_OK;
@@ -52,6 +65,7 @@ void loom_amp_unscale_hooks_free(loom_amp_unscale_hooks *h) {
   if (!h) return;
   for (size_t i = 0; i < h->n; i++) {
     if (h->slots[i].id >= 0) loom_tensor_remove_hook(h->slots[i].param, h->slots[i].id);
+    if (h->slots[i].tracked) loom_tensor_track_grad_bound(h->slots[i].param, false);
     loom_tensor_free(h->slots[i].param);
   }
   loom__free(h->slots);
@@ -76,12 +90,20 @@ static int create(const char *who, bool defer, loom_scaler *s, loom_tensor *cons
   h->defer = defer;
   for (size_t i = 0; i < n; i++, h->n++) {
     hook_slot *sl = &h->slots[i];
-    *sl = (hook_slot){h, loom_tensor_retain(params[i]), -1, false};
+    *sl = (hook_slot){h, loom_tensor_retain(params[i]), -1, false, false};
     if ((rc = loom_tensor_register_hook(params[i], on_grad, sl, &sl->id))) {
       sl->id = -1;
       h->n++;
       loom_amp_unscale_hooks_free(h);
       return rc;
+    }
+    if (defer) {
+      if ((rc = loom_tensor_track_grad_bound(params[i], true))) {
+        h->n++;
+        loom_amp_unscale_hooks_free(h);
+        return rc;
+      }
+      sl->tracked = true;
     }
   }
   *out = h;
@@ -120,7 +142,7 @@ int loom_amp_unscale_hooks_finish(loom_amp_unscale_hooks *h, bool *found_inf) {
     hook_slot *sl = &h->slots[i];
     loom_tensor *g = loom_tensor_grad(sl->param);
     if (sl->done || !g) continue;
-    if ((rc = pass(h, g))) return rc;
+    if ((rc = pass(h, sl, g))) return rc;
   }
   if (h->defer) loom__scaler_mark_checked(h->scaler);
   else loom__scaler_mark_unscaled(h->scaler);

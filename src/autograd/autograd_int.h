@@ -81,7 +81,15 @@ typedef struct loom__meta {
   uint64_t bwd_epoch;
   int bwd_pending;
   bool sink_fresh; /* grad was allocated by a sink in the node running now (error cleanup) */
+  /* leaves: what is known of grad's content without reading it (loom_tensor_grad_bound) */
+  int bound_track;               /* loom_tensor_track_grad_bound count */
+  loom_grad_bound_kind bound_kind;
+  double bound;                  /* FINITE: every |element| <= bound */
 } loom__meta;
+
+/* The leaf's gradient bound becomes unknown / zero (a write autograd cannot bound; zeroing). */
+void loom__bound_forget(loom__meta *m);
+void loom__bound_zero(loom__meta *m);
 
 /* The tensor's metadata, created on first use (NULL only when out of memory). */
 loom__meta *loom__meta_get(loom_tensor *t);
@@ -126,13 +134,23 @@ void loom__hooks_free(loom__hooks *h);
  * contribution (when its last edge has run). Through a pass-through node (a cast) the
  * gradient skips that node's rounding: an f32 master weight under autocast gets the f32 sum
  * of its gradients. If the backward function then fails, a buffer the sink allocated is
- * dropped again, so the leaf has no gradient as before. */
+ * dropped again, so the leaf has no gradient as before.
+ *
+ * Bounds: handing out a sink makes the leaf's gradient bound unknown. If s.bound_wanted (the
+ * leaf's bound is tracked), the op may then call loom__sink_bound with a bound on what it
+ * added: the largest |value| of its contribution (INFINITY: its inputs held inf/NaN, so the
+ * buffer now holds a non-finite value), and the bound is restored from the one before. */
 typedef struct loom__sink {
   float *p;
   float beta;
+  bool bound_wanted;
+  loom_tensor *leaf;              /* internal: the leaf written */
+  loom_grad_bound_kind prev_kind; /* internal: the bound before this write (beta 0: zero) */
+  double prev;
 } loom__sink;
 
 bool loom__grad_sink(loom__node *n, int i, loom__sink *s);
+void loom__sink_bound(const loom__sink *s, double added);
 
 /* True if gradient g (f32, contiguous) is held by nobody else and owns its whole buffer: a
  * backward may overwrite it and hand it on as an input's gradient (same shape), and the

@@ -4,6 +4,7 @@
  * complete; runs queued callbacks at the end. */
 #include "autograd/autograd_int.h"
 
+#include <math.h>
 #include <string.h>
 
 /* ---- per-thread backward state -------------------------------------------------------- */
@@ -100,10 +101,17 @@ bool loom__grad_exclusive(const loom_tensor *g) {
 static int leaf_add(loom_tensor *leaf, loom_tensor *g) {
   loom__meta *m = leaf->autograd;
   if (m->grad) {
-    if (g) loom__accumulate_f32(m->grad, loom_tensor_data(g), loom_tensor_numel(g));
+    if (g) {
+      loom__accumulate_f32(m->grad, loom_tensor_data(g), loom_tensor_numel(g));
+      loom__bound_forget(m);
+    }
     return LOOM_OK;
   }
-  if (!g) return loom_tensor_zeros(leaf->dtype, leaf->ndim, leaf->shape, &m->grad);
+  if (!g) {
+    loom__bound_zero(m);
+    return loom_tensor_zeros(leaf->dtype, leaf->ndim, leaf->shape, &m->grad);
+  }
+  loom__bound_forget(m);
   if (leaf->dtype == LOOM_F32 && loom__grad_exclusive(g)) {
     m->grad = loom_tensor_retain(g);
     return LOOM_OK;
@@ -173,8 +181,7 @@ static loom_tensor *sink_leaf(const loom__node *n, int i) {
 }
 
 bool loom__grad_sink(loom__node *n, int i, loom__sink *s) {
-  s->p = NULL;
-  s->beta = 0.0f;
+  *s = (loom__sink){NULL, 0.0f, false, NULL, LOOM_GRAD_BOUND_UNKNOWN, 0.0};
   if (!current || current->cap_n || i < 0 || i >= n->n_in) return false;
   loom_tensor *leaf = sink_leaf(n, i);
   if (!leaf) return false;
@@ -188,7 +195,29 @@ bool loom__grad_sink(loom__node *n, int i, loom__sink *s) {
     s->beta = 1.0f;
   }
   s->p = loom_tensor_data(m->grad);
+  s->leaf = leaf;
+  s->bound_wanted = m->bound_track > 0;
+  s->prev_kind = s->beta == 0.0f ? LOOM_GRAD_BOUND_FINITE : m->bound_kind;
+  s->prev = s->beta == 0.0f ? 0.0 : m->bound;
+  loom__bound_forget(m);
   return true;
+}
+
+/* Largest bound that still certifies finite elements, with room for the rounding of the sums
+ * that produced them (a few ulps at most). */
+#define BOUND_MAX (3.0e38 / 2)
+
+void loom__sink_bound(const loom__sink *s, double added) {
+  loom__meta *m = s->leaf ? s->leaf->autograd : NULL;
+  if (!m) return;
+  if (added == INFINITY || s->prev_kind == LOOM_GRAD_BOUND_NONFINITE) {
+    /* the write put a non-finite value in, or one was there: inf + x, inf - inf, NaN + x */
+    m->bound_kind = LOOM_GRAD_BOUND_NONFINITE;
+    m->bound = INFINITY;
+  } else if (s->prev_kind == LOOM_GRAD_BOUND_FINITE && added >= 0 && s->prev + added <= BOUND_MAX) {
+    m->bound_kind = LOOM_GRAD_BOUND_FINITE;
+    m->bound = s->prev + added;
+  } /* else unknown, as the sink left it */
 }
 
 /* After n's backward: buffers sinks allocated for it are now written (or, if it failed,

@@ -121,6 +121,7 @@ int loom_tensor_set_grad(loom_tensor *t, loom_tensor *grad) {
   loom_tensor_retain(grad);
   loom_tensor_free(m->grad);
   m->grad = grad;
+  loom__bound_forget(m);
   return LOOM_OK;
 }
 
@@ -128,7 +129,47 @@ int loom_tensor_zero_grad(loom_tensor *t) {
   int rc = loom_tensor_check(t, "loom_tensor_zero_grad");
   if (rc) return rc;
   loom_tensor *g = loom_tensor_grad(t);
-  if (g) memset(loom_tensor_data(g), 0, loom_tensor_nbytes(g)); /* contiguous, all-zero bits */
+  if (g) {
+    memset(loom_tensor_data(g), 0, loom_tensor_nbytes(g)); /* contiguous, all-zero bits */
+    loom__bound_zero(t->autograd);
+  }
+  return LOOM_OK;
+}
+
+/* ---- gradient bounds ---- */
+
+void loom__bound_forget(loom__meta *m) {
+  m->bound_kind = LOOM_GRAD_BOUND_UNKNOWN;
+  m->bound = 0;
+}
+
+void loom__bound_zero(loom__meta *m) {
+  m->bound_kind = LOOM_GRAD_BOUND_FINITE;
+  m->bound = 0;
+}
+
+int loom_tensor_track_grad_bound(loom_tensor *t, bool on) {
+  static const char *who = "loom_tensor_track_grad_bound";
+  int rc = loom_tensor_check(t, who);
+  if (rc) return rc;
+  if (!loom_tensor_is_leaf(t))
+    return loom__fail(LOOM_EMISUSE, "%s: the tensor is the output of %s, not a leaf", who,
+                      loom_tensor_grad_fn_name(t));
+  loom__meta *m = loom__meta_get(t);
+  if (!m) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
+  if (on) m->bound_track++;
+  else if (m->bound_track > 0) m->bound_track--;
+  return LOOM_OK;
+}
+
+int loom_tensor_grad_bound(const loom_tensor *t, loom_grad_bound_kind *kind, double *bound) {
+  static const char *who = "loom_tensor_grad_bound";
+  int rc = loom_tensor_check(t, who);
+  if (rc) return rc;
+  if (!kind) return loom__fail(LOOM_EINVAL, "%s: kind is NULL", who);
+  const loom__meta *m = meta_of(t);
+  *kind = m && m->grad ? m->bound_kind : LOOM_GRAD_BOUND_UNKNOWN;
+  if (bound) *bound = *kind == LOOM_GRAD_BOUND_FINITE ? m->bound : 0;
   return LOOM_OK;
 }
 

@@ -6,6 +6,7 @@
 #include "ops/gemm.h"
 #include "ops/ops_int.h"
 
+#include <math.h>
 #include <string.h>
 
 /* The gradient g (f32) in dtype dt: g itself (a new reference) when dt is f32. */
@@ -188,10 +189,16 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   for (int i = 0; i < n->in[0].ndim - 1; i++) R *= n->in[0].shape[i];
   loom_tensor *gd = NULL;
   float *dst, beta;
+  loom__sink sk;
+  double gmax = -1; /* max |G| in f32, once a tracked bias or weight gradient wants it */
   LOOM_TRY(grad_as(g, dt, &gd));
   if (n->n_in > 2 && loom__node_needs(n, 2)) { /* gb = column sums of G, while G is in cache */
-    LOOM_TRY(loom__grad_dst(n, 2, gin, &dst, &beta));
+    LOOM_TRY(loom__grad_dst_sink(n, 2, gin, &dst, &beta, &sk));
     col_sums(loom__f(g), R, O, dst, beta);
+    if (sk.bound_wanted) { /* each sum adds at most R * max|G| */
+      gmax = loom__absmax(loom__f(g), LOOM_F32, (size_t)(R * O));
+      loom__sink_bound(&sk, gmax == INFINITY ? INFINITY : (double)R * gmax);
+    }
   }
   if (loom__node_needs(n, 0)) { /* gX [R, I] = G [R, O] W [O, I] */
     LOOM_TRY(loom__grad_dst(n, 0, gin, &dst, &beta));
@@ -199,9 +206,16 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
                   false, 0, dst, 0, beta));
   }
   if (loom__node_needs(n, 1)) { /* gW [O, I] = G^T [O, R] X [R, I] */
-    LOOM_TRY(loom__grad_dst(n, 1, gin, &dst, &beta));
+    LOOM_TRY(loom__grad_dst_sink(n, 1, gin, &dst, &beta, &sk));
     LOOM_TRY(gemm(dt, LOOM_F32, 1, O, I, R, loom_tensor_data(gd), true, 0, loom_tensor_data(x),
                   false, 0, dst, 0, beta));
+    if (sk.bound_wanted) { /* each element adds at most R * max|X| * max|G| (as the GEMM saw
+                              them, in dt); an inf/NaN in either makes a column or row non-finite */
+      double gm = dt == LOOM_F32 && gmax >= 0 ? gmax
+                                              : loom__absmax(loom_tensor_data(gd), dt, (size_t)(R * O));
+      double xm = loom__absmax(loom_tensor_data(x), dt, (size_t)(R * I));
+      loom__sink_bound(&sk, gm == INFINITY || xm == INFINITY ? INFINITY : (double)R * xm * gm);
+    }
   }
 done:
   loom_tensor_free(gd);

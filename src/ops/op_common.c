@@ -252,18 +252,23 @@ int loom__grad_new(int ndim, const int64_t *shape, bool zero, loom_tensor **out)
               : loom_tensor_empty(LOOM_F32, ndim, shape, out);
 }
 
-int loom__grad_dst(loom__node *n, int i, loom_tensor **gin, float **p, float *beta) {
-  loom__sink s;
+int loom__grad_dst_sink(loom__node *n, int i, loom_tensor **gin, float **p, float *beta,
+                        loom__sink *s) {
   *p = NULL;
   *beta = 0.0f;
-  if (loom__grad_sink(n, i, &s)) {
-    *p = s.p;
-    *beta = s.beta;
+  if (loom__grad_sink(n, i, s)) {
+    *p = s->p;
+    *beta = s->beta;
     return LOOM_OK;
   }
   int rc = loom__grad_new(n->in[i].ndim, n->in[i].shape, false, &gin[i]);
   if (!rc) *p = loom__f(gin[i]);
   return rc;
+}
+
+int loom__grad_dst(loom__node *n, int i, loom_tensor **gin, float **p, float *beta) {
+  loom__sink s;
+  return loom__grad_dst_sink(n, i, gin, p, beta, &s);
 }
 
 /* ---- broadcasting --------------------------------------------------------------------- */

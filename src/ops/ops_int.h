@@ -73,6 +73,10 @@ static inline float *loom__f(loom_tensor *t) { return (float *)loom_tensor_data(
  * receives the buffer, *beta 0 (overwrite every element) or 1 (add into it). Ask right
  * before writing it, and write it before asking for another input's. */
 int loom__grad_dst(loom__node *n, int i, loom_tensor **gin, float **p, float *beta);
+/* The same, also giving the sink (s->bound_wanted false when there is none) so that the op can
+ * bound what it wrote (loom__sink_bound). */
+int loom__grad_dst_sink(loom__node *n, int i, loom_tensor **gin, float **p, float *beta,
+                        loom__sink *s);
 
 /* ---- broadcasting --------------------------------------------------------------------- */
 
@@ -102,5 +106,12 @@ void loom__reduce_to(const float *g, int nout, const int64_t *sout, float *dst, 
 /* If c's inputs need grad, record a node with backward bwd on out and return it in *node
  * (else *node = NULL). The caller then saves what backward needs with loom__node_save. */
 int loom__op_record(loom__op *c, loom_tensor *out, loom__backward_fn bwd, loom__node **node);
+
+/* ---- magnitudes (absmax.c) ---------------------------------------------------------- */
+
+/* max |p[i]| over n elements of dt (f32, f16, bf16), or INFINITY if one is inf or NaN; 0 for
+ * n 0. _level runs the given CPU level's loop (tests compare levels with scalar). */
+double loom__absmax(const void *p, loom_dtype dt, size_t n);
+double loom__absmax_level(const void *p, loom_dtype dt, size_t n, loom_cpu_level level);
 
 #endif

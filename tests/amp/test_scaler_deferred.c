@@ -112,3 +112,55 @@ LT_TEST(scaler_check_errors) {
   loom_tensor_free(f);
   loom_scaler_free(s);
 }
+
+/* The check hooks over a linear layer: what the gradient bounds let them skip gives the same
+ * flag as loom_scaler_check reading every gradient (finite; an inf input; finite inputs whose
+ * weight gradient overflows, which no bound covers; a static scale below 1 whose unscaled
+ * gradients would overflow although every stored value is finite). */
+static bool hooks_flag(loom_scaler *s, float x00, float c00, bool *ref) {
+  enum { R = 4, I = 5, O = 3 };
+  float xv[R * I], wv[O * I], cv[R * O];
+  for (int i = 0; i < R * I; i++) xv[i] = (float)((i * 7) % 11 - 5) / 4.0f;
+  for (int i = 0; i < O * I; i++) wv[i] = (float)((i * 5) % 9 - 4) / 8.0f;
+  for (int i = 0; i < R * O; i++) cv[i] = (float)((i * 3) % 7 - 3) / 2.0f;
+  for (int r = 0; r < R; r++) xv[r * I] = x00, cv[r * O] = c00;
+  loom_tensor *x = NULL, *w = NULL, *c = NULL, *y = NULL, *p = NULL, *l = NULL;
+  LT_OK(loom_tensor_from_data(LOOM_F32, 2, (int64_t[]){R, I}, xv, &x));
+  LT_OK(loom_tensor_from_data(LOOM_F32, 2, (int64_t[]){O, I}, wv, &w));
+  LT_OK(loom_tensor_from_data(LOOM_F32, 2, (int64_t[]){R, O}, cv, &c));
+  LT_OK(loom_tensor_set_requires_grad(w, true));
+  loom_amp_unscale_hooks *h = NULL;
+  LT_OK(loom_amp_check_hooks_create(s, &w, 1, &h));
+  LT_OK(loom_amp_unscale_hooks_arm(h));
+  LT_OK(loom_linear(x, w, NULL, &y));
+  LT_OK(loom_mul(y, c, &p));
+  LT_OK(loom_sum(p, NULL, 0, false, &l));
+  LT_OK(loom_backward_amp(l, s, false));
+  bool found = false;
+  LT_OK(loom_amp_unscale_hooks_finish(h, &found));
+  LT_OK(loom_scaler_update(s, found));
+  /* the reference: the same gradient through loom_scaler_check */
+  loom_tensor *g = loom_tensor_grad(w);
+  float loss = 1;
+  LT_OK(loom_scaler_scale_value(s, &loss));
+  LT_OK(loom_scaler_check(s, &g, 1, ref));
+  LT_OK(loom_scaler_update(s, *ref));
+  loom_amp_unscale_hooks_free(h);
+  loom_tensor_free(x), loom_tensor_free(w), loom_tensor_free(c);
+  loom_tensor_free(y), loom_tensor_free(p), loom_tensor_free(l);
+  return found;
+}
+
+LT_TEST(scaler_check_hooks_with_gradient_bounds_match_a_full_check) {
+  loom_scaler *s = NULL;
+  LT_OK(loom_scaler_create_static(1024, &s));
+  bool ref = true;
+  LT_TRUE(!hooks_flag(s, 1.0f, 1.0f, &ref) && !ref);        /* bounded: nothing read */
+  LT_TRUE(hooks_flag(s, INFINITY, 1.0f, &ref) && ref);      /* known non-finite */
+  LT_TRUE(hooks_flag(s, 1e18f, 1e18f, &ref) && ref);        /* 4 * 1e36 * 1024 overflows */
+  loom_scaler_free(s);
+  LT_OK(loom_scaler_create_static(1.0f / 1024, &s));        /* inv 1024 */
+  LT_TRUE(hooks_flag(s, 1e19f, 2.56e19f, &ref) && ref); /* stored 1e36, x 1024 overflows */
+  LT_TRUE(!hooks_flag(s, 1.0f, 1.0f, &ref) && !ref);
+  loom_scaler_free(s);
+}
