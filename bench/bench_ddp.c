@@ -1,8 +1,13 @@
 /* bench_ddp.c: DDP on the threads backend, 2 ranks, in two parts.
  *
  * Overlap (MLP 784-4096-4096-4096-10, batch 64 per rank, f32): the same training step with
- *   - DDP as loom runs it (reverse-order buckets launched from the gradient hooks),
- *   - the specification's eager path (largest-first buckets, all reduced after backward),
+ *   - DDP as loom runs it (reverse-order buckets launched from the gradient hooks, gradients
+ *     views into the bucket buffers),
+ *   - the specification's eager path as it is written (its Option 1 and usage example): a
+ *     bucket manager over the parameters' own gradients, largest-first buckets; after
+ *     backward, prepare (copy in) and reduce every bucket, wait for all, copy back all,
+ *   - the same eager order on loom's views (loom_ddp with overlap off, largest-first buckets):
+ *     no copies, so against the overlapped path it isolates what overlap alone gains,
  *   - no bucketing (a bucket per parameter, launched from the hooks),
  * reporting collectives per step, the step time, the communication time, the exposed
  * communication (waiting after backward's compute ended) and when the first bucket was
@@ -30,6 +35,7 @@ typedef struct config {
   const int64_t *sizes;
   int nsizes, batch, steps;
   bool bf16;
+  bool spec_eager; /* the specification's bucket manager path instead of loom_ddp */
   loom_ddp_cfg ddp;
 } config;
 
@@ -57,7 +63,18 @@ static int rank_main(loom_pg *pg, void *arg) {
     params[i] = p.value;
   }
   loom_ddp *d = NULL;
-  BENCH_CHECK(loom_ddp_create(pg, params, NULL, np, &c->ddp, &d));
+  loom_bucket_manager *bm = NULL;
+  loom_tensor *grads[16] = {0};
+  if (c->spec_eager) { /* the parameters' own gradient buffers, and a manager over them */
+    for (size_t i = 0; i < np; i++) {
+      BENCH_CHECK(loom_tensor_zeros(LOOM_F32, loom_tensor_ndim(params[i]),
+                                    loom_tensor_shape(params[i]), &grads[i]));
+      BENCH_CHECK(loom_tensor_set_grad(params[i], grads[i]));
+    }
+    BENCH_CHECK(loom_bucket_manager_create(pg, grads, np, &c->ddp.buckets, &bm));
+  } else {
+    BENCH_CHECK(loom_ddp_create(pg, params, NULL, np, &c->ddp, &d));
+  }
   loom_param_seg segs[16];
   for (size_t i = 0; i < np; i++)
     segs[i] = (loom_param_seg){NULL, loom_tensor_data(params[i]),
@@ -74,10 +91,10 @@ static int rank_main(loom_pg *pg, void *arg) {
   for (int64_t i = 0; i < c->batch; i++) ((int64_t *)loom_tensor_data(y))[i] = rand() % c->sizes[c->nsizes - 1];
   double step_t[MAXSTEPS], bwd_t[MAXSTEPS], exp_t[MAXSTEPS], comm_t[MAXSTEPS], first_t[MAXSTEPS],
       lead_t[MAXSTEPS];
-  loom_ddp_stats before, after;
+  loom_ddp_stats before = {0}, after = {0};
   int n = 0;
   for (int s = 0; s < WARM + c->steps; s++) {
-    BENCH_CHECK(loom_ddp_stats_get(d, &before));
+    if (d) BENCH_CHECK(loom_ddp_stats_get(d, &before));
     double t0 = bench_now();
     for (size_t i = 0; i < np; i++) BENCH_CHECK(loom_tensor_zero_grad(params[i]));
     loom_autocast_token tok;
@@ -89,12 +106,26 @@ static int rank_main(loom_pg *pg, void *arg) {
     double tb = bench_now();
     BENCH_CHECK(loom_backward(loss, NULL, false)); /* DDP waits for its last bucket inside */
     double te = bench_now();
-    BENCH_CHECK(loom_ddp_finish(d));
+    if (d) {
+      BENCH_CHECK(loom_ddp_finish(d));
+    } else { /* the specification's usage example, averaging as DDP does */
+      BENCH_CHECK(loom_bucket_manager_reduce_all(bm, LOOM_AVG));
+      BENCH_CHECK(loom_bucket_manager_wait_all(bm));
+      BENCH_CHECK(loom_bucket_manager_copy_back_all(bm));
+    }
+    double tc = bench_now();
     BENCH_CHECK(loom_optim_step(opt));
     double t1 = bench_now();
     loom_tensor_free(logits);
     loom_tensor_free(loss);
-    BENCH_CHECK(loom_ddp_stats_get(d, &after));
+    if (d) {
+      BENCH_CHECK(loom_ddp_stats_get(d, &after));
+    } else { /* all of it is exposed: nothing runs before backward ends */
+      after.last_exposed_s = after.comm_s = tc - te;
+      after.first_launch_lead_s = 0;
+      after.collectives = loom_bucket_manager_count(bm);
+      after.buckets = loom_bucket_manager_count(bm);
+    }
     if (s < WARM) continue;
     step_t[n] = t1 - t0;
     bwd_t[n] = te - tb;
@@ -105,8 +136,8 @@ static int rank_main(loom_pg *pg, void *arg) {
     n++;
   }
   if (loom_pg_rank(pg) == 0) {
-    loom_ddp_stats st;
-    BENCH_CHECK(loom_ddp_stats_get(d, &st));
+    loom_ddp_stats st = after;
+    if (d) BENCH_CHECK(loom_ddp_stats_get(d, &st));
     j->r.step_s = bench_median(step_t, n);
     j->r.bwd_s = bench_median(bwd_t, n);
     j->r.exposed_s = bench_median(exp_t, n);
@@ -119,6 +150,8 @@ static int rank_main(loom_pg *pg, void *arg) {
   }
   loom_optim_free(opt);
   loom_ddp_free(d);
+  loom_bucket_manager_free(bm);
+  for (size_t i = 0; i < np; i++) loom_tensor_free(grads[i]);
   loom_tensor_free(x);
   loom_tensor_free(y);
   loom_module_free(m);
@@ -159,16 +192,20 @@ int bench_ddp_main(int argc, char **argv) {
                     .steps = steps};
   loom_ddp_cfg_default(&overlap.ddp);
   config eager = overlap;
-  eager.name = "eager (spec)";
+  eager.name = "eager (spec, copies)";
+  eager.spec_eager = true;
   eager.ddp.overlap = false;
   eager.ddp.buckets.policy = LOOM_BUCKET_LARGEST_FIRST;
+  config eager_views = eager;
+  eager_views.name = "eager (loom views)";
+  eager_views.spec_eager = false;
   config unbucketed = overlap;
   unbucketed.name = "unbucketed (per param)";
   unbucketed.ddp.buckets.bucket_bytes = 1;
   unbucketed.ddp.buckets.first_bucket_bytes = 1;
-  const config *cs[] = {&overlap, &eager, &unbucketed};
-  result rs[3];
-  for (int i = 0; i < 3; i++) {
+  const config *cs[] = {&overlap, &eager, &eager_views, &unbucketed};
+  result rs[4];
+  for (int i = 0; i < 4; i++) {
     rs[i] = run(cs[i]);
     printf("%-22s %7zu %9.0f %9.1f %9.1f %9.1f %9.1f %5.1f/%5.1fms\n", cs[i]->name, rs[i].buckets,
            rs[i].coll_per_step, rs[i].step_s * 1e3, rs[i].bwd_s * 1e3, rs[i].comm_s * 1e3,
@@ -182,6 +219,8 @@ int bench_ddp_main(int argc, char **argv) {
          "%s); step overlapped / eager: %.2f (target < 1: %s)\n",
          ratio, ratio <= 0.5 ? "met" : "NOT met", rs[0].step_s / rs[1].step_s,
          rs[0].step_s < rs[1].step_s ? "met" : "NOT met");
+  printf("overlap alone (overlapped / eager on the same views): exposed %.2f, step %.2f\n",
+         rs[0].exposed_s / rs[2].exposed_s, rs[0].step_s / rs[2].step_s);
 
   printf("\n# DDP throughput: MLP 784-1024-1024-10, batch 256 per rank, 2 ranks x 1 thread, SGD\n");
   printf("%-6s %14s %14s %7s\n", "dtype", "loom samples/s", "torch samples/s", "ratio");

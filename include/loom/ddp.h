@@ -127,7 +127,8 @@ typedef struct loom_ddp_stats {
   uint64_t bytes;           /* bytes all-reduced (payload, per rank) */
   size_t buckets;           /* number of buckets */
   double comm_s;            /* time from each bucket's launch to its completion, summed */
-  double exposed_s;         /* time spent waiting for buckets after backward ended */
+  double exposed_s;         /* time from the end of backward's compute to the last bucket
+                               reduced (launching what is left, and waiting), summed */
   double last_exposed_s;    /* the same, for the last step */
   double first_launch_lead_s; /* last step: how long before backward ended the first bucket was
                                  launched (> 0 means communication started during backward) */
