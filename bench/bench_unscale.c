@@ -261,10 +261,10 @@ static const char *const vname[NV] = {
 /* One step of variant v: t[0] the whole step, t[1] the scaler work inside it (the
  * unscale/check pass or the time inside the amp hooks, arm, finish, grad_scale, update; the
  * loss scaling is inside loom_backward_amp, one multiply), t[2] the optimizer step (the
- * deferred variants multiply by 1/scale there, as they load the gradients), t[3] backward
- * without the time inside the amp hooks. Only the last variant tracks gradient bounds (its
- * backward reads linear's inputs to bound each weight gradient: that cost is t[3]'s excess
- * over the no-scaler backward of the same round). */
+ * deferred variants multiply by 1/scale there, as they load the gradients), t[3] the time
+ * backward spent reading linear's inputs to bound the weight gradients (loom_grad_bound_cost;
+ * only the last variant tracks bounds). */
+static double bound_spent_before;
 static int mlp_step(mlp *m, int v, loom_scaler *s, loom_amp_unscale_hooks *h[2], tick t[4]) {
   loom_tensor *loss = NULL;
   tick t0 = tick_now(), ts = {0, 0};
@@ -288,6 +288,10 @@ static int mlp_step(mlp *m, int v, loom_scaler *s, loom_amp_unscale_hooks *h[2],
   t[3] = tick_since(a);
   for (int i = 0; i < NP && v == V_CHECK_HOOKS; i++) loom_tensor_track_grad_bound(m->p[i], false);
   t[3].w -= hook_sum.w, t[3].c -= hook_sum.c;
+  double spent;
+  loom_grad_bound_cost(&spent, NULL);
+  t[3].w = t[3].c = spent - bound_spent_before; /* the bound reads inside this backward */
+  bound_spent_before = spent;
   tick_add(&ts, hook_sum);
   a = tick_now();
   if (!rc && v == V_SEPARATE) rc = loom_scaler_unscale(s, m->g, NP, &found);
@@ -310,21 +314,13 @@ static const tick *at(const tick *t, int runs, int v, int r, int j) {
   return &t[((size_t)v * (size_t)runs + (size_t)r) * NT + (size_t)j];
 }
 
-/* Median over the runs of field k (0 wall, 1 CPU) of measure j of variant v; with base >= 0,
- * of its difference from variant base's in the same round. */
-static double med_vs(const tick *t, int runs, int v, int j, int k, int base) {
+/* Median over the runs of field k (0 wall, 1 CPU) of measure j of variant v. */
+static double med(const tick *t, int runs, int v, int j, int k) {
   double *x = malloc((size_t)runs * sizeof *x), m;
-  for (int r = 0; r < runs; r++) {
-    const tick *e = at(t, runs, v, r, j);
-    x[r] = k ? e->c : e->w;
-    if (base >= 0) x[r] -= k ? at(t, runs, base, r, j)->c : at(t, runs, base, r, j)->w;
-  }
+  for (int r = 0; r < runs; r++) x[r] = k ? at(t, runs, v, r, j)->c : at(t, runs, v, r, j)->w;
   m = median(x, runs);
   free(x);
   return m;
-}
-static double med(const tick *t, int runs, int v, int j, int k) {
-  return med_vs(t, runs, v, j, k, -1);
 }
 
 static int bench_real_step(int runs) {
@@ -358,9 +354,9 @@ static int bench_real_step(int runs) {
            "the optimizer up, the deferred multiply could slow it down:\n", runs, NV);
     for (int v = 0; v < NV; v++) {
       double share[2], work[2], net[2];
-      double extra[2] = {0, 0}; /* backward's bound reads, as its excess over no scaler's */
+      double extra[2] = {0, 0}; /* backward's bound reads (wall time, in both columns) */
       for (int k = 0; k < 2; k++) {
-        if (v == V_CHECK_HOOKS) extra[k] = med_vs(t, runs, v, 3, k, V_NONE);
+        if (v == V_CHECK_HOOKS) extra[k] = med(t, runs, v, 3, k);
         work[k] = med(t, runs, v, 1, k) + extra[k];
         net[k] = work[k] + med(t, runs, v, 2, k) - med(t, runs, V_NONE, 2, k);
         share[k] = work[k] / med(t, runs, V_NONE, 0, k) * 100;

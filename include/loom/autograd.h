@@ -104,6 +104,9 @@ int loom_tensor_track_grad_bound(loom_tensor *t, bool on);
 /* The bound of leaf t's gradient: *kind, and for FINITE *bound (may be NULL). UNKNOWN when t
  * has no gradient. */
 int loom_tensor_grad_bound(const loom_tensor *t, loom_grad_bound_kind *kind, double *bound);
+/* What tracking has cost this thread so far: the wall time its ops spent reading their inputs
+ * to bound gradients, and how many bounds they made (for benchmarks). Either may be NULL. */
+void loom_grad_bound_cost(double *seconds, uint64_t *count);
 /* A tensor sharing t's storage that is not part of any graph (requires_grad false). */
 int loom_tensor_detach(loom_tensor *t, loom_tensor **out);
 /* The name of the op that produced t ("matmul"), or NULL for a leaf. Borrowed, static. */

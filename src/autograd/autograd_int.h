@@ -151,6 +151,10 @@ typedef struct loom__sink {
 
 bool loom__grad_sink(loom__node *n, int i, loom__sink *s);
 void loom__sink_bound(const loom__sink *s, double added);
+/* A monotonic clock (seconds) for ops to time their bound reads, and where they add them up
+ * (loom_grad_bound_cost). */
+double loom__bound_clock(void);
+void loom__bound_spent(double seconds);
 
 /* True if gradient g (f32, contiguous) is held by nobody else and owns its whole buffer: a
  * backward may overwrite it and hand it on as an input's gradient (same shape), and the

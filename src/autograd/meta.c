@@ -4,6 +4,7 @@
 #include "autograd/autograd_int.h"
 
 #include <string.h>
+#include <time.h>
 
 static _Thread_local int no_grad_depth;
 
@@ -146,6 +147,25 @@ void loom__bound_forget(loom__meta *m) {
 void loom__bound_zero(loom__meta *m) {
   m->bound_kind = LOOM_GRAD_BOUND_FINITE;
   m->bound = 0;
+}
+
+static _Thread_local double bound_seconds;
+static _Thread_local uint64_t bound_count;
+
+double loom__bound_clock(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+void loom__bound_spent(double seconds) {
+  bound_seconds += seconds;
+  bound_count++;
+}
+
+void loom_grad_bound_cost(double *seconds, uint64_t *count) {
+  if (seconds) *seconds = bound_seconds;
+  if (count) *count = bound_count;
 }
 
 int loom_tensor_track_grad_bound(loom_tensor *t, bool on) {

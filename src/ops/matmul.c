@@ -196,8 +196,10 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
     LOOM_TRY(loom__grad_dst_sink(n, 2, gin, &dst, &beta, &sk));
     col_sums(loom__f(g), R, O, dst, beta);
     if (sk.bound_wanted) { /* each sum adds at most R * max|G| */
+      double t0 = loom__bound_clock();
       gmax = loom__absmax(loom__f(g), LOOM_F32, (size_t)(R * O));
       loom__sink_bound(&sk, gmax == INFINITY ? INFINITY : (double)R * gmax);
+      loom__bound_spent(loom__bound_clock() - t0);
     }
   }
   if (loom__node_needs(n, 0)) { /* gX [R, I] = G [R, O] W [O, I] */
@@ -211,10 +213,12 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
                   false, 0, dst, 0, beta));
     if (sk.bound_wanted) { /* each element adds at most R * max|X| * max|G| (as the GEMM saw
                               them, in dt); an inf/NaN in either makes a column or row non-finite */
+      double t0 = loom__bound_clock();
       double gm = dt == LOOM_F32 && gmax >= 0 ? gmax
                                               : loom__absmax(loom_tensor_data(gd), dt, (size_t)(R * O));
       double xm = loom__absmax(loom_tensor_data(x), dt, (size_t)(R * I));
       loom__sink_bound(&sk, gm == INFINITY || xm == INFINITY ? INFINITY : (double)R * xm * gm);
+      loom__bound_spent(loom__bound_clock() - t0);
     }
   }
 done:
