@@ -4,7 +4,8 @@
  * launches itself under mpiexec with the same rank count for that part). Each figure is the
  * median of 5 timed loops; buffers are touched first so page faults are not timed.
  * Usage: bench_allreduce [RANKS] [MAX_MB] [all|threads|mpi]   (or `loom bench allreduce ...`)
- * The MPI part runs over Open MPI's shared memory without single-copy (the setting the tests
+ * The MPI part runs under the launcher of the MPI it was built with (Open MPI or MPICH; see
+ * launch_mpi). Under Open MPI it uses shared memory without single-copy (the setting the tests
  * use); BENCH_MPI_CMA=1 in the environment leaves Open MPI's default single-copy (CMA) on.
  * Output: one line per backend and size:
  *   allreduce <backend> ranks=N bytes=B iters=I us=T busbw_GBs=G */
@@ -25,6 +26,11 @@
 
 #define TRIALS 5
 #define CHILD_FLAG "--mpi-child"
+#ifndef LOOM_MPIEXEC /* set by cmake/loom_mpiexec.cmake */
+#define LOOM_MPIEXEC "mpiexec"
+#define LOOM_MPIEXEC_NP "-n"
+#define LOOM_MPIEXEC_FLAGS ""
+#endif
 
 static double now(void) {
   struct timespec t;
@@ -144,28 +150,36 @@ static int mpi_child(size_t max_bytes) {
   return rc ? 1 : 0;
 }
 
-/* Run this program again under mpiexec for the MPI part. */
+/* Run this program again under mpiexec for the MPI part: the launcher CMake found for the MPI
+ * this program was built with (cmake/loom_mpiexec.cmake: Open MPI's or MPICH's), with its
+ * flags. Open MPI runs over shared memory, single-copy (CMA) off unless BENCH_MPI_CMA=1 and
+ * unbound; MPICH's hydra binds nothing by default, and its UCX picks the transport (CMA here). */
 static int launch_mpi(int ranks, int max_mb) {
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) return 1;
   self[n] = 0;
   char cmd[8192];
-  const char *root = getuid() == 0 ? "--allow-run-as-root" : "";
 #ifdef LOOM_TOOL
   const char *sub = "bench allreduce ";
 #else
   const char *sub = "";
 #endif
+#if LOOM_MPIEXEC_OPENMPI
   const char *cma = getenv("BENCH_MPI_CMA");
   bool single = cma && strcmp(cma, "1") == 0;
   printf("allreduce: mpi transport: shared memory, single-copy %s\n",
          single ? "default (CMA)" : "none");
-  snprintf(cmd, sizeof cmd,
-           "OMPI_MCA_btl=self,vader %s "
-           "mpiexec -n %d %s --oversubscribe --bind-to none '%s' %s%d %d %s",
-           single ? "" : "OMPI_MCA_btl_vader_single_copy_mechanism=none", ranks, root, self, sub,
-           ranks, max_mb, CHILD_FLAG);
+  const char *env = single ? "OMPI_MCA_btl=self,vader"
+                           : "OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none",
+             *extra = "--bind-to none";
+#else
+  printf("allreduce: mpi transport: the MPI's default (%s)\n", LOOM_MPIEXEC);
+  const char *env = "", *extra = "";
+#endif
+  snprintf(cmd, sizeof cmd, "%s '%s' %s %d %s %s '%s' %s%d %d %s", env, LOOM_MPIEXEC,
+           LOOM_MPIEXEC_NP, ranks, LOOM_MPIEXEC_FLAGS, extra, self, sub, ranks, max_mb,
+           CHILD_FLAG);
   fflush(stdout);
   return system(cmd) == 0 ? 0 : 1;
 }

@@ -20,10 +20,11 @@
  *    1.5-2x behind its blocking MPI_Allreduce on large buffers).
  *  - With a single-copy transport (Open MPI's default CMA; read at group creation through the
  *    MPI_T control variable btl_vader_single_copy_mechanism, else
- *    OMPI_MCA_btl_vader_single_copy_mechanism, assumed on when unknown; LOOM_MPI_SINGLE_COPY=0|1
- *    overrides; all ranks must have it): MPI's own blocking MPI_Allreduce, run on the group's
- *    thread. The ring ran 13-35% behind it at 1-16 MB there; this path is within 3% (see
- *    BENCHMARKS.md). The exception: this call blocks inside MPI. It is entered only after the
+ *    OMPI_MCA_btl_vader_single_copy_mechanism, assumed on when unknown and under MPICH, whose
+ *    UCX uses CMA; LOOM_MPI_SINGLE_COPY=0|1 overrides; all ranks must have it): MPI's own
+ *    blocking MPI_Allreduce, run on the group's thread. The ring ran 13-35% behind it at
+ *    1-16 MB there (10-28% at 1 MB under MPICH); this path is within 3% (see BENCHMARKS.md).
+ *    The exception: this call blocks inside MPI. It is entered only after the
  *    header exchange (below) has shown every rank inside the same collective, so a rank that
  *    stops calling collectives still gives LOOM_ETIMEDOUT; a peer process that dies inside the
  *    call is handled by the MPI launcher (Open MPI's mpirun and MPICH's hydra end the job), not
@@ -34,7 +35,9 @@
  * barrier is that exchange alone). A failing rank (an error, loom_pg_abort) sends its message
  * to every peer on a second private communicator; peers fail with LOOM_EREMOTE naming it. A
  * peer that dies or stops calling gives LOOM_ETIMEDOUT (MPI cannot say which rank is missing).
- * Only standard MPI-3 calls are used (Open MPI 4.1, MPICH 4.0).
+ * Only standard MPI-3 calls are used; tested with Open MPI 4.1 and MPICH 4.0 (README.md). MPI_T
+ * is read under Open MPI only (MPICH 4.0's MPI_T_finalize frees control variables it still
+ * uses).
  *
  * f16/bf16 reductions keep f32 accumulation by convert-reduce: the buffer is widened to f32
  * (loom_cvt_*), reduced in f32 (by MPI's own MPI_SUM/MIN/MAX/PROD on MPI_FLOAT, or by loom's

@@ -1,6 +1,9 @@
 /* mpi_copy.c: detects whether MPI's shared-memory transport copies large messages once
  * (Open MPI's vader/sm single_copy_mechanism: CMA, XPMEM, KNEM) or through its bounce buffers
- * ("none"); the ring all-reduce picks its message sizes by it (see pg_mpi.c). */
+ * ("none"); large all-reduces pick MPI_Allreduce or loom's ring by it (see pg_mpi.c). Under
+ * MPICH (4.0, ch4:ucx) it is assumed on: UCX moves intra-node messages with CMA, and
+ * MPI_Allreduce ran within 2-8% of raw at 1-64 MB there while the ring ran 10-28% behind at
+ * 1 MB (BENCHMARKS.md, "mpi backend on MPICH 4.0"). */
 #include "dist/mpi/mpi_int.h"
 
 #include <mpi.h>
@@ -13,7 +16,11 @@ static int of_name(const char *s) {
   return strcmp(s, "none") == 0 || strcmp(s, "0") == 0 ? 0 : 1;
 }
 
-/* The MPI_T control variable, by name and enumeration item; -1 if absent or unreadable. */
+#ifdef OPEN_MPI
+/* The MPI_T control variable, by name and enumeration item; -1 if absent or unreadable.
+ * Open MPI only: under MPICH (4.0 .. 5.0) MPI_T_finalize frees the control variables MPI
+ * itself still uses (the next MPI_T_init_thread's MPI_T_cvar_get_num, or a later intra-node
+ * collective, then crashes), and MPICH has no such variable to read anyway. */
 static int from_mpit(void) {
   int provided, num = 0, found = -1;
   if (MPI_T_init_thread(MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) return -1;
@@ -51,10 +58,13 @@ static int from_mpit(void) {
   MPI_T_finalize();
   return found;
 }
+#endif
 
 bool loom__mpi_single_copy(void) {
   int r = of_name(getenv("LOOM_MPI_SINGLE_COPY"));
+#ifdef OPEN_MPI
   if (r < 0) r = from_mpit();
   if (r < 0) r = of_name(getenv("OMPI_MCA_btl_vader_single_copy_mechanism"));
+#endif
   return r != 0;
 }
