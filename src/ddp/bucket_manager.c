@@ -198,6 +198,11 @@ int loom_bucket_prepare(loom_bucket_manager *m, size_t bucket) {
   return LOOM_OK;
 }
 
+bool loom__bucket_wire_narrows(const loom_bucket_manager *m, size_t bucket) {
+  return m->b[bucket].wire &&
+         loom_dtype_size(m->wire) < loom_dtype_size(m->plan.dtype[bucket]);
+}
+
 void loom__bucket_scale(loom_bucket_manager *m, size_t bucket, float factor) {
   loom_tensor *buf = m->b[bucket].buffer;
   size_t n = m->plan.numel[bucket];

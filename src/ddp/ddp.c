@@ -129,8 +129,17 @@ static int launch_ready(loom_ddp *d) {
   while (d->next_launch < nb && d->pending[d->next_launch] == 0) {
     size_t b = d->next_launch++;
     if (!d->t_first_launch) d->t_first_launch = loom__ddp_now();
-    if (inv != 1.0f) loom__bucket_scale(d->m, b, inv); /* average: divide before summing */
-    int rc = loom_bucket_reduce_async(d->m, b, LOOM_SUM);
+    /* Average. The anchors divide before summing so that f16 sums cannot overflow; loom's
+     * groups sum f16/bf16 in f32 and divide that sum before rounding it once (LOOM_AVG, in the
+     * reduction's cache-resident block: no pass of its own), which cannot overflow either.
+     * Only a narrower wire dtype (an f32 bucket sent as f16/bf16) needs the division first, so
+     * that the cast to the wire keeps the anchors' range. */
+    loom_redop op = LOOM_AVG;
+    if (inv != 1.0f && loom__bucket_wire_narrows(d->m, b)) {
+      loom__bucket_scale(d->m, b, inv);
+      op = LOOM_SUM;
+    }
+    int rc = loom_bucket_reduce_async(d->m, b, op);
     if (rc) return rc;
   }
   return LOOM_OK;
