@@ -10,8 +10,11 @@
  * Order. Backward runs nodes in a deterministic order: among the nodes whose gradient is
  * complete, the one recorded last goes first (the reverse of recording order, restricted to
  * what is ready). A leaf's gradient is complete when every path from the loss to it has been
- * run; at that moment its hooks fire, in registration order. So hooks fire in the same order
- * on every rank that runs the same program (DDP launches bucket all-reduces from them).
+ * run; at that moment its hooks fire, in registration order. An op that writes a leaf's
+ * gradient in place (below) completes it as soon as that write is done: linear fires its
+ * weight's and bias' hooks before it computes its input's gradient. So hooks fire in the same
+ * order on every rank that runs the same program (DDP launches bucket all-reduces from them),
+ * and as early as the gradient is ready.
  *
  * Gradient buffers. loom_tensor_set_grad points a leaf's gradient at a tensor the caller
  * provides (a view into a DDP bucket or a flat gradient arena); backward then accumulates

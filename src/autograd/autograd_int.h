@@ -28,6 +28,7 @@ typedef struct loom__edge {
   int ndim;          /* the input's shape (what its gradient must be) */
   int64_t shape[LOOM_MAX_DIMS];
   loom_dtype dtype; /* the input's dtype */
+  bool bwd_finished; /* this backward: the op finished the leaf's gradient (loom__sink_finish) */
 } loom__edge;
 
 typedef struct loom__hook {
@@ -151,6 +152,12 @@ typedef struct loom__sink {
 
 bool loom__grad_sink(loom__node *n, int i, loom__sink *s);
 void loom__sink_bound(const loom__sink *s, double added);
+/* The op has written input i's whole gradient into sink s and will not touch it again: when
+ * the edge is the leaf itself and this was the leaf's last pending contribution, its gradient
+ * is complete now, and its hooks run now, before the op goes on (so that DDP can launch the
+ * gradient's bucket while the op computes its other inputs' gradients). No-op when s was not
+ * granted, through pass-through nodes, or in capture mode. A hook's error is returned. */
+int loom__sink_finish(loom__node *n, int i, const loom__sink *s);
 /* A monotonic clock (seconds) for ops to time their bound reads, and where they add them up
  * (loom_grad_bound_cost). */
 double loom__bound_clock(void);

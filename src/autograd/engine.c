@@ -203,6 +203,15 @@ bool loom__grad_sink(loom__node *n, int i, loom__sink *s) {
   return true;
 }
 
+int loom__sink_finish(loom__node *n, int i, const loom__sink *s) {
+  if (!current || current->cap_n || !s->p || i < 0 || i >= n->n_in) return LOOM_OK;
+  loom__edge *e = &n->in[i];
+  if (e->node || e->leaf != s->leaf || e->bwd_finished) return LOOM_OK;
+  e->bwd_finished = true;
+  loom__meta *m = e->leaf->autograd;
+  return --m->bwd_pending == 0 ? leaf_done(e->leaf) : LOOM_OK;
+}
+
 /* Largest bound that still certifies finite elements, with room for the rounding of the sums
  * that produced them (a few ulps at most). */
 #define BOUND_MAX (3.0e38 / 2)
@@ -334,6 +343,7 @@ static int run_node(loom__node *n, heap *h, bool retain) {
     gin = loom__calloc(LOOM_POOL_COMPUTE, (size_t)n->n_in, sizeof *gin);
     LOOM_TRY_ALLOC(gin, "gradients");
   }
+  for (int i = 0; i < n->n_in; i++) n->in[i].bwd_finished = false;
   if (!skip) {
     LOOM_TRY(loom__hooks_run(&n->hooks, gout));
     if (current->cap_n) LOOM_TRY(capture_node(current, n, gout));
@@ -361,6 +371,8 @@ static int run_node(loom__node *n, heap *h, bool retain) {
       rc = g && k >= 0 ? capture_add(current, k, g) : LOOM_OK;
       loom_tensor_free(g);
       if (rc) goto done;
+    } else if (e->bwd_finished) { /* the op completed it already (loom__sink_finish) */
+      loom_tensor_free(g);
     } else {
       loom__meta *m = e->leaf->autograd;
       rc = g ? leaf_add(e->leaf, g) : LOOM_OK;

@@ -189,37 +189,41 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   for (int i = 0; i < n->in[0].ndim - 1; i++) R *= n->in[0].shape[i];
   loom_tensor *gd = NULL;
   float *dst, beta;
-  loom__sink sk;
   double gmax = -1; /* max |G| in f32, once a tracked bias or weight gradient wants it */
   LOOM_TRY(grad_as(g, dt, &gd));
+  /* the parameters' gradients first, each finished as soon as it is written (its hooks run
+   * then: DDP launches its bucket while gX is still being computed) */
+  loom__sink sb = {0}, sw = {0};
   if (n->n_in > 2 && loom__node_needs(n, 2)) { /* gb = column sums of G, while G is in cache */
-    LOOM_TRY(loom__grad_dst_sink(n, 2, gin, &dst, &beta, &sk));
+    LOOM_TRY(loom__grad_dst_sink(n, 2, gin, &dst, &beta, &sb));
     col_sums(loom__f(g), R, O, dst, beta);
-    if (sk.bound_wanted) { /* each sum adds at most R * max|G| */
+    if (sb.bound_wanted) { /* each sum adds at most R * max|G| */
       double t0 = loom__bound_clock();
       gmax = loom__absmax(loom__f(g), LOOM_F32, (size_t)(R * O));
-      loom__sink_bound(&sk, gmax == INFINITY ? INFINITY : (double)R * gmax);
+      loom__sink_bound(&sb, gmax == INFINITY ? INFINITY : (double)R * gmax);
       loom__bound_spent(loom__bound_clock() - t0);
     }
   }
-  if (loom__node_needs(n, 0)) { /* gX [R, I] = G [R, O] W [O, I] */
-    LOOM_TRY(loom__grad_dst(n, 0, gin, &dst, &beta));
-    LOOM_TRY(gemm(dt, LOOM_F32, 1, R, I, O, loom_tensor_data(gd), false, 0, loom_tensor_data(w),
-                  false, 0, dst, 0, beta));
-  }
   if (loom__node_needs(n, 1)) { /* gW [O, I] = G^T [O, R] X [R, I] */
-    LOOM_TRY(loom__grad_dst_sink(n, 1, gin, &dst, &beta, &sk));
+    LOOM_TRY(loom__grad_dst_sink(n, 1, gin, &dst, &beta, &sw));
     LOOM_TRY(gemm(dt, LOOM_F32, 1, O, I, R, loom_tensor_data(gd), true, 0, loom_tensor_data(x),
                   false, 0, dst, 0, beta));
-    if (sk.bound_wanted) { /* each element adds at most R * max|X| * max|G| (as the GEMM saw
+    if (sw.bound_wanted) { /* each element adds at most R * max|X| * max|G| (as the GEMM saw
                               them, in dt); an inf/NaN in either makes a column or row non-finite */
       double t0 = loom__bound_clock();
       double gm = dt == LOOM_F32 && gmax >= 0 ? gmax
                                               : loom__absmax(loom_tensor_data(gd), dt, (size_t)(R * O));
       double xm = loom__absmax(loom_tensor_data(x), dt, (size_t)(R * I));
-      loom__sink_bound(&sk, gm == INFINITY || xm == INFINITY ? INFINITY : (double)R * xm * gm);
+      loom__sink_bound(&sw, gm == INFINITY || xm == INFINITY ? INFINITY : (double)R * xm * gm);
       loom__bound_spent(loom__bound_clock() - t0);
     }
+  }
+  LOOM_TRY(loom__sink_finish(n, 2, &sb));
+  LOOM_TRY(loom__sink_finish(n, 1, &sw));
+  if (loom__node_needs(n, 0)) { /* gX [R, I] = G [R, O] W [O, I] */
+    LOOM_TRY(loom__grad_dst(n, 0, gin, &dst, &beta));
+    LOOM_TRY(gemm(dt, LOOM_F32, 1, R, I, O, loom_tensor_data(gd), false, 0, loom_tensor_data(w),
+                  false, 0, dst, 0, beta));
   }
 done:
   loom_tensor_free(gd);

@@ -247,3 +247,59 @@ LT_TEST(sinks_failed_backward_leaves_no_half_written_gradient) {
   loom_tensor_free(x);
   loom_tensor_free(c);
 }
+
+/* Hooks that log which leaf fired, in order. */
+typedef struct order_log {
+  int n;
+  char who[8];
+} order_log;
+typedef struct order_hook {
+  order_log *log;
+  char name;
+} order_hook;
+static int log_order(loom_tensor *grad, void *ctx) {
+  (void)grad;
+  order_hook *h = ctx;
+  if (h->log->n < 8) h->log->who[h->log->n++] = h->name;
+  return LOOM_OK;
+}
+
+/* linear finishes the weight and bias gradients it writes before it computes its input's: their
+ * hooks fire first (with complete gradients), then the input's; used twice, a weight fires
+ * once, after its last use. */
+LT_TEST(sinks_linear_finishes_parameter_gradients_before_the_input_gradient) {
+  two_uses f;
+  two_uses_init(&f);
+  LT_OK(loom_tensor_set_requires_grad(f.x, true));
+  order_log log = {0};
+  order_hook hx = {&log, 'x'}, hw = {&log, 'w'}, hb = {&log, 'b'};
+  LT_OK(loom_tensor_register_hook(f.x, log_order, &hx, NULL));
+  LT_OK(loom_tensor_register_hook(f.w, log_order, &hw, NULL));
+  LT_OK(loom_tensor_register_hook(f.b, log_order, &hb, NULL));
+  loom_tensor *l = loss_of(f.xs, 1, f.w, f.b, f.c);
+  LT_OK(loom_backward(l, NULL, false));
+  LT_EQ(log.n, 3);
+  LT_TRUE(memcmp(log.who, "bwx", 3) == 0);
+  const float *xp[1] = {xv};
+  expect(xp, 1, f.gw, f.gb);
+  check_grad(f.w, f.gw, O * I, 1, 1e-5);
+  check_grad(f.b, f.gb, O, 1, 1e-5);
+  loom_tensor_free(l);
+  /* two uses: w and b fire once each, when their last use has written them; x once */
+  log.n = 0;
+  LT_OK(loom_tensor_zero_grad(f.w));
+  LT_OK(loom_tensor_zero_grad(f.b));
+  l = loss_of(f.xs, 2, f.w, f.b, f.c);
+  LT_OK(loom_backward(l, NULL, false));
+  LT_EQ(log.n, 3);
+  int nw = 0, nb = 0;
+  for (int i = 0; i < log.n; i++) nw += log.who[i] == 'w', nb += log.who[i] == 'b';
+  LT_EQ(nw, 1);
+  LT_EQ(nb, 1);
+  const float *xp2[2] = {xv, x2v};
+  expect(xp2, 2, f.gw, f.gb);
+  check_grad(f.w, f.gw, O * I, 1, 1e-5);
+  loom_tensor_free(l);
+  loom_tensor *ts[] = {f.x, f.x2, f.w, f.b, f.c};
+  for (int i = 0; i < 5; i++) loom_tensor_free(ts[i]);
+}
