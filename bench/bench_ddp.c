@@ -17,7 +17,7 @@
  * Throughput (MLP 784-1024-1024-10, batch 256 per rank, 1 compute thread per rank, SGD): loom
  * DDP samples/s in f32 and under bf16 autocast, beside PyTorch 1.13 DDP (gloo, 2 processes, 1
  * thread each; bench/torch_ddp.py) in the same run when /usr/bin/python3 has torch, the two
- * alternating for 3 rounds (the machine's state drifts between runs); the ratio is the median
+ * alternating for 5 rounds (the machine's state drifts between runs); the ratio is the median
  * of the rounds' ratios. Target: loom >= 1.5x PyTorch.
  *
  * Each figure is the median over the timed steps (after warm-up). The 2 cores are shared by
@@ -30,7 +30,7 @@
 
 #define MAXSTEPS 64
 #define WARM 3
-#define ROUNDS 3 /* throughput: loom and PyTorch alternate */
+#define ROUNDS 5 /* throughput: loom and PyTorch alternate */
 
 typedef struct config {
   const char *name;
