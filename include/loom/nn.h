@@ -109,7 +109,8 @@ int loom_module_arena(const loom_module *m, loom_dtype dt, loom_tensor **values,
                       loom_tensor **grads, size_t *numel);
 /* Total number of parameter elements (no padding). */
 size_t loom_module_numel(const loom_module *m);
-/* Zero every gradient (the whole gradient arena). */
+/* Zero every parameter's gradient as loom_tensor_zero_grad does (its gradient bound too) and
+ * its region of the gradient arena (the whole arena: the padding is never written). */
 int loom_module_zero_grad(loom_module *m);
 
 #ifdef __cplusplus

@@ -241,17 +241,18 @@ size_t loom_module_numel(const loom_module *m) {
   return n;
 }
 
+/* Each parameter's gradient through loom_tensor_zero_grad, so that autograd knows it is zero
+ * (its gradient bound, loom_tensor_grad_bound: a bound that said non-finite must not outlive
+ * the zeroing), and its arena view too when the gradient was pointed elsewhere (DDP's bucket
+ * views). The arena's padding is never written: it stays zero. */
 int loom_module_zero_grad(loom_module *m) {
   if (!m) return loom__fail(LOOM_EINVAL, "loom_module_zero_grad: module is NULL");
-  if (!m->parent) {
-    for (int d = 0; d < LOOM_DTYPE_COUNT; d++) /* the arenas are contiguous: all-zero bits */
-      if (m->grad_arena[d]) memset(loom_tensor_data(m->grad_arena[d]), 0, loom_tensor_nbytes(m->grad_arena[d]));
-    return LOOM_OK;
-  }
   for (size_t i = 0, c = loom_module_param_count(m); i < c; i++) {
     loom_param p;
     int rc = loom_module_param(m, i, &p);
-    if (!rc) rc = loom_tensor_fill(p.grad, 0.0);
+    loom_tensor *g = rc ? NULL : loom_tensor_grad(p.value);
+    if (!rc) rc = loom_tensor_zero_grad(p.value);
+    if (!rc && p.grad && g != p.grad) rc = loom_tensor_fill(p.grad, 0.0);
     if (rc) return rc;
   }
   return LOOM_OK;

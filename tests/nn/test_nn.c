@@ -251,3 +251,51 @@ LT_TEST(nn_tiny_mlp_sgd_loss_falls) {
   LT_TRUE(f32 < 0.3);
   LT_TRUE(bf16 < 0.4);
 }
+
+/* loom_module_zero_grad zeroes the gradients as loom_tensor_zero_grad does, gradient bounds
+ * included (loom/autograd.h): a bound that said "non-finite" before must not survive the
+ * zeroing (a scaler's check hooks would skip every later step), on the root and on a child. */
+static loom_grad_bound_kind nn_bound_kind(loom_tensor *t, double *bound) {
+  loom_grad_bound_kind k = LOOM_GRAD_BOUND_UNKNOWN;
+  LT_OK(loom_tensor_grad_bound(t, &k, bound));
+  return k;
+}
+
+static void nn_linear_step(loom_module *m, float x0) {
+  loom_tensor *x = NULL, *y = NULL, *l = NULL;
+  LT_OK(loom_tensor_empty(LOOM_F32, 2, (int64_t[]){2, 4}, &x));
+  float *xp = loom_tensor_data(x);
+  for (int i = 0; i < 8; i++) xp[i] = (float)(i % 3) - 1.0f;
+  xp[0] = x0;
+  LT_OK(loom_module_forward(m, x, &y));
+  LT_OK(loom_sum(y, NULL, 0, false, &l));
+  LT_OK(loom_backward(l, NULL, false));
+  loom_tensor_free(x), loom_tensor_free(y), loom_tensor_free(l);
+}
+
+LT_TEST(nn_zero_grad_resets_gradient_bounds) {
+  loom_module *lin[2] = {0}, *seq = NULL;
+  LT_OK(loom_nn_linear_create(4, 4, true, LOOM_F32, 1, &lin[0]));
+  LT_OK(loom_nn_linear_create(4, 3, true, LOOM_F32, 2, &lin[1]));
+  LT_OK(loom_nn_sequential_create(lin, 2, &seq));
+  loom_param w[2];
+  LT_OK(loom_module_param_by_name(seq, "0.weight", &w[0]));
+  LT_OK(loom_module_param_by_name(seq, "1.weight", &w[1]));
+  for (int i = 0; i < 2; i++) LT_OK(loom_tensor_track_grad_bound(w[i].value, true));
+  for (int root = 1; root >= 0; root--) {
+    nn_linear_step(seq, INFINITY); /* x holds inf: the first weight's gradient does too */
+    LT_EQ(nn_bound_kind(w[0].value, NULL), LOOM_GRAD_BOUND_NONFINITE);
+    LT_OK(loom_module_zero_grad(root ? seq : lin[0]));
+    const float *g = loom_tensor_data(loom_tensor_grad(w[0].value));
+    for (int i = 0; i < 16; i++) LT_EQ(g[i], 0);
+    double b = -1;
+    LT_EQ(nn_bound_kind(w[0].value, &b), LOOM_GRAD_BOUND_FINITE);
+    LT_TRUE(b == 0);
+    nn_linear_step(seq, 1.0f); /* finite: bounded again, and the bound holds */
+    LT_EQ(nn_bound_kind(w[0].value, &b), LOOM_GRAD_BOUND_FINITE);
+    g = loom_tensor_data(loom_tensor_grad(w[0].value));
+    for (int i = 0; i < 16; i++) LT_TRUE(fabsf(g[i]) <= b);
+    LT_OK(loom_module_zero_grad(seq));
+  }
+  loom_module_free(seq);
+}
