@@ -362,15 +362,18 @@ static int large_allreduce(mpi_pg *m, void *buf, size_t n, loom_dtype dt, loom_r
 
 static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
   mpi_pg *m = of(pg);
-  int rc = start(m, c);
-  if (rc) return rc;
+  int rc = LOOM_OK;
+  /* f16/bf16: the f32 scratch before the header exchange, so that a rank that cannot get it
+   * fails before its peers can be inside MPI_Allreduce, where nothing would wake them */
+  float *f = NULL;
+  if (half(c->dt) && c->count <= INT_MAX / (size_t)pg->size)
+    rc = scratch(m, c->count * sizeof(float), c, (void **)&f);
+  if (rc || (rc = start(m, c))) return rc;
   int n = (int)c->count;
   MPI_Request req;
   int err;
   bool large = pg->size > 1 && c->count * 4 >= RING_MIN_BYTES && c->count >= (size_t)pg->size;
   if (half(c->dt)) {
-    float *f;
-    if ((rc = scratch(m, c->count * sizeof(float), c, (void **)&f))) return rc;
     loom__widen(c->dt, c->send, f, c->count);
     if (large) {
       if ((rc = large_allreduce(m, f, c->count, LOOM_F32, c->op, c))) return rc;

@@ -110,6 +110,29 @@ static void test_timeout(void) {
   (void)pg; /* broken: not freed */
 }
 
+/* A rank that runs out of memory for a large f16 all-reduce's f32 scratch (the group's first
+ * allocation, so loom_alloc_fail_nth(1) hits it) must fail before its peers can be inside a
+ * blocking MPI_Allreduce (the single-copy path): they get the failure or a timeout, no hang. */
+static void test_oom(void) {
+  loom_pg *pg = make_pg(2);
+  enum { N = 200003 }; /* 400 KB of f16: the large path */
+  uint16_t *x = calloc(N, sizeof *x);
+  double t0 = dt_now();
+  if (rank_ == 1) {
+    loom_alloc_fail_nth(1);
+    CHECK_RC(loom_pg_allreduce(pg, x, x, N, LOOM_F16, LOOM_SUM, NULL), LOOM_ENOMEM);
+    loom_alloc_fail_nth(0);
+  } else {
+    int rc = loom_pg_allreduce(pg, x, x, N, LOOM_F16, LOOM_SUM, NULL);
+    DT_CHECK(rc == LOOM_ETIMEDOUT || rc == LOOM_EREMOTE, "peer out of memory gave %s",
+             loom_status_name(rc));
+    DT_CHECK(dt_now() - t0 < 30, "took %g s", dt_now() - t0);
+  }
+  free(x);
+  MPI_Barrier(MPI_COMM_WORLD);
+  (void)pg; /* broken: not freed */
+}
+
 static void test_bad_args(void) {
   loom_pg *pg = NULL;
   CHECK_RC(loom_mpi_pg_create(NULL, NULL, NULL), LOOM_EINVAL);
@@ -129,7 +152,8 @@ int main(int argc, char **argv) {
     void (*fn)(void);
   } tests[] = {{"bad_args", test_bad_args},   {"collectives", test_collectives},
                {"async", test_async},         {"mismatch", test_mismatch},
-               {"abort", test_abort},         {"timeout", test_timeout}};
+               {"abort", test_abort},         {"timeout", test_timeout},
+               {"oom", test_oom}};
   int total = 0;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
     atomic_store(&dt_failures, 0);
