@@ -482,9 +482,10 @@ int loom_amp_unscale_hooks_create(loom_scaler *s, loom_tensor *const *params, si
  * each parameter's gradient bound (loom_tensor_track_grad_bound, loom/autograd.h; off again at
  * free) and reads a gradient only when backward could not bound it: a linear weight or bias
  * gradient written since loom_tensor_zero_grad is known finite (|x * 1/scale| <= bound / scale)
- * or known to hold inf/NaN without a read; anything else is read as loom_scaler_check would.
- * So do not write into a gradient's memory between zero_grad and finish other than through
- * loom's backward (that write would not be seen). Arm, finish and free as above:
+ * and not read; anything else (unknown, or said to hold inf/NaN) is read as loom_scaler_check
+ * would. So do not write values into a gradient's memory between zero_grad and finish other
+ * than through loom's backward (such a write would not be seen). Arm, finish and free as
+ * above:
  *   arm; forward; loom_backward_amp; finish(h, &found); loom_scaler_grad_scale(s, &gs);
  *   if (!found) loom_optim_step_scaled(opt, gs);  loom_scaler_update(s, found) */
 int loom_amp_check_hooks_create(loom_scaler *s, loom_tensor *const *params, size_t n,

@@ -96,7 +96,9 @@ int loom_tensor_zero_grad(loom_tensor *t);
  * loom_tensor_zero_grad or treat the bound as unknown. */
 typedef enum loom_grad_bound_kind {
   LOOM_GRAD_BOUND_UNKNOWN = 0, /* read the gradient to know */
-  LOOM_GRAD_BOUND_FINITE,      /* every element is finite, |element| <= *bound */
+  LOOM_GRAD_BOUND_FINITE,      /* every element is finite, |element| <= *bound (a bound on the
+                                  exact sums: a computed element may pass it by their rounding,
+                                  a relative rows * 2^-24) */
   LOOM_GRAD_BOUND_NONFINITE,   /* some element is inf or NaN */
 } loom_grad_bound_kind;
 

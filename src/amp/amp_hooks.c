@@ -41,12 +41,13 @@ static int pass(loom_amp_unscale_hooks *h, const hook_slot *sl, loom_tensor *g) 
   int rc = loom__amp_check_tensors(who, &g, 1);
   if (rc || h->found) return rc;
   /* what backward knows: every |x| <= bound, so |x * inv| <= bound * inv (half of FLT_MAX
-   * leaves room for the multiply's rounding); or a non-finite value is there */
+   * leaves room for the multiply's rounding): nothing to read. A non-finite claim is read
+   * anyway (overflow steps are rare, and a gradient zeroed behind autograd's back, through its
+   * data pointer, must not skip every later step). */
   loom_grad_bound_kind kind = LOOM_GRAD_BOUND_UNKNOWN;
   double bound = 0;
   if (sl->tracked && (rc = loom_tensor_grad_bound(sl->param, &kind, &bound))) return rc;
-  if (kind == LOOM_GRAD_BOUND_NONFINITE) h->found = true;
-  else if (kind != LOOM_GRAD_BOUND_FINITE || !(bound * inv <= FLT_MAX / 2))
+  if (kind != LOOM_GRAD_BOUND_FINITE || !(bound * inv <= FLT_MAX / 2))
     h->found = loom__amp_scaled_nonfinite(g, (float)inv);
   return LOOM_OK;
 }

@@ -199,8 +199,10 @@ int loom_bucket_prepare(loom_bucket_manager *m, size_t bucket) {
 }
 
 bool loom__bucket_wire_narrows(const loom_bucket_manager *m, size_t bucket) {
-  return m->b[bucket].wire &&
-         loom_dtype_size(m->wire) < loom_dtype_size(m->plan.dtype[bucket]);
+  loom_dtype own = m->plan.dtype[bucket];
+  /* fewer bytes, or f16's smaller range (a bf16 bucket sent as f16) */
+  return m->b[bucket].wire && (loom_dtype_size(m->wire) < loom_dtype_size(own) ||
+                               (m->wire == LOOM_F16 && own != LOOM_F16));
 }
 
 void loom__bucket_scale(loom_bucket_manager *m, size_t bucket, float factor) {

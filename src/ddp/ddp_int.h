@@ -48,7 +48,8 @@ struct loom_bucket_manager {
 int loom__bucket_manager_create_views(loom_pg *pg, loom_tensor *const *params, size_t n,
                                       const loom_bucket_cfg *cfg, bool wire_set, loom_dtype wire,
                                       loom_bucket_manager **out);
-/* True if bucket b goes on the wire in a narrower dtype than its own (f32 sent as f16/bf16). */
+/* True if bucket b goes on the wire in a narrower dtype than its own (f32 sent as f16/bf16, or
+ * bf16 sent as f16: same bytes, smaller range). */
 bool loom__bucket_wire_narrows(const loom_bucket_manager *m, size_t bucket);
 /* Multiply a bucket's buffer by `factor` (f32 math, rounded back for f16/bf16). */
 void loom__bucket_scale(loom_bucket_manager *m, size_t bucket, float factor);

@@ -164,3 +164,40 @@ LT_TEST(scaler_check_hooks_with_gradient_bounds_match_a_full_check) {
   LT_TRUE(!hooks_flag(s, 1.0f, 1.0f, &ref) && !ref);
   loom_scaler_free(s);
 }
+
+/* A gradient zeroed through its data pointer (not loom_tensor_zero_grad) after an overflow step
+ * keeps its "non-finite" bound; the check hooks read such a gradient instead of trusting it,
+ * so the next, finite step is not skipped. */
+LT_TEST(scaler_check_hooks_read_a_gradient_said_to_be_non_finite) {
+  enum { R = 2, I = 3, O = 2 };
+  float xv[R * I] = {1, 2, 3, 4, 5, 6}, wv[O * I] = {1, 0, -1, 0.5f, 0.5f, 0.5f};
+  loom_tensor *x = NULL, *w = NULL;
+  LT_OK(loom_tensor_from_data(LOOM_F32, 2, (int64_t[]){R, I}, xv, &x));
+  LT_OK(loom_tensor_from_data(LOOM_F32, 2, (int64_t[]){O, I}, wv, &w));
+  LT_OK(loom_tensor_set_requires_grad(w, true));
+  loom_scaler *s = NULL;
+  LT_OK(loom_scaler_create_static(8, &s));
+  loom_amp_unscale_hooks *h = NULL;
+  LT_OK(loom_amp_check_hooks_create(s, &w, 1, &h));
+  for (int step = 0; step < 2; step++) {
+    LT_OK(loom_tensor_set(x, (int64_t[]){1, 1}, step == 0 ? INFINITY : 5.0));
+    loom_tensor *g = loom_tensor_grad(w);
+    if (g) memset(loom_tensor_data(g), 0, loom_tensor_nbytes(g)); /* behind autograd's back */
+    LT_OK(loom_amp_unscale_hooks_arm(h));
+    loom_tensor *y = NULL, *l = NULL;
+    LT_OK(loom_linear(x, w, NULL, &y));
+    LT_OK(loom_sum(y, NULL, 0, false, &l));
+    LT_OK(loom_backward_amp(l, s, false));
+    bool found = !step;
+    LT_OK(loom_amp_unscale_hooks_finish(h, &found));
+    LT_EQ(found, step == 0);
+    LT_OK(loom_scaler_update(s, found));
+    loom_tensor_free(y), loom_tensor_free(l);
+  }
+  loom_grad_bound_kind k;
+  LT_OK(loom_tensor_grad_bound(w, &k, NULL));
+  LT_EQ(k, LOOM_GRAD_BOUND_NONFINITE); /* what autograd still believes */
+  loom_amp_unscale_hooks_free(h);
+  loom_scaler_free(s);
+  loom_tensor_free(x), loom_tensor_free(w);
+}

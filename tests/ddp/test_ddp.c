@@ -239,3 +239,60 @@ LT_TEST(ddp_bad_arguments) {
   LT_ERR(loom_ddp_finish(NULL), LOOM_EINVAL, "ddp is NULL");
   loom_ddp_free(NULL);
 }
+
+/* ---- an f16 wire keeps the anchors' divide-first range ------------------------------------ */
+
+/* Rank 0's gradients are 70000 (past f16's 65504), rank 1's -60000: the average, 5000, fits in
+ * f16 only if each rank divides before casting to the wire. An f32 and a bf16 parameter, both
+ * sent as f16. out[rank * 2 + k]: parameter k's first gradient element after averaging. */
+static int wire_range_fn(loom_pg *pg, void *arg) {
+  float *out = arg;
+  int rank = loom_pg_rank(pg);
+  int64_t shape[1] = {4};
+  loom_tensor *p[2] = {0}, *c[2] = {0};
+  loom_dtype dts[2] = {LOOM_F32, LOOM_BF16};
+  int rc = LOOM_OK;
+  for (int k = 0; k < 2 && !rc; k++) {
+    rc = loom_tensor_zeros(dts[k], 1, shape, &p[k]);
+    if (!rc) rc = loom_tensor_set_requires_grad(p[k], true);
+    if (!rc) rc = loom_tensor_zeros(dts[k], 1, shape, &c[k]);
+    if (!rc) rc = loom_tensor_fill(c[k], rank == 0 ? 70000.0 : -60000.0);
+  }
+  loom_ddp_cfg cfg;
+  loom_ddp_cfg_default(&cfg);
+  cfg.wire_dtype_set = true;
+  cfg.wire_dtype = LOOM_F16;
+  loom_ddp *d = NULL;
+  if (!rc) rc = loom_ddp_create(pg, p, NULL, 2, &cfg, &d);
+  loom_tensor *m[2] = {0}, *s[2] = {0}, *f = NULL, *loss = NULL;
+  for (int k = 0; k < 2 && !rc; k++) {
+    rc = loom_mul(p[k], c[k], &m[k]);
+    if (!rc) rc = loom_sum(m[k], NULL, 0, false, &s[k]);
+  }
+  if (!rc) rc = loom_cast(s[1], LOOM_F32, &f);
+  if (!rc) rc = loom_add(s[0], f, &loss);
+  if (!rc) rc = loom_backward(loss, NULL, false);
+  for (int k = 0; k < 2 && !rc; k++) {
+    double v = 0;
+    rc = loom_tensor_get(loom_tensor_grad(p[k]), (int64_t[]){0}, &v);
+    out[rank * 2 + k] = (float)v;
+  }
+  loom_ddp_free(d);
+  for (int k = 0; k < 2; k++) {
+    loom_tensor_free(p[k]), loom_tensor_free(c[k]), loom_tensor_free(m[k]);
+    loom_tensor_free(s[k]);
+  }
+  loom_tensor_free(f);
+  loom_tensor_free(loss);
+  return rc;
+}
+
+LT_TEST(ddp_f16_wire_divides_before_the_cast) {
+  float out[4] = {0};
+  LT_OK(loom_threads_run(2, NULL, wire_range_fn, out));
+  /* f32: (70000 - 60000) / 2; bf16 holds 70144 and -59904: 5120 (each within f16 rounding) */
+  for (int rank = 0; rank < 2; rank++) {
+    LT_NEAR(out[rank * 2], 5000.0f, 5000.0f * 2e-3f);
+    LT_NEAR(out[rank * 2 + 1], 5120.0f, 5120.0f * 2e-3f);
+  }
+}
