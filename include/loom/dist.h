@@ -80,9 +80,15 @@ typedef struct loom_pg_cfg {
   /* CPU cores the ranks on one machine share for compute (loom_pg_compute_threads divides them
    * among the ranks there). 0 (default): the online CPUs. Must be >= 0. */
   int cores;
+  /* threads backend: pin each rank's thread (and the threads it starts: its group's progress
+   * thread, its compute threads) to its own share of the CPUs this process may run on, so
+   * that ranks do not migrate between cores and evict each other's caches. Done only when
+   * cores is 0 and there are at least as many such CPUs as ranks. Default true. (Under MPI,
+   * binding processes is the launcher's job.) */
+  bool pin;
 } loom_pg_cfg;
 
-/* The defaults: timeout 300 s, cores = 0 (all online CPUs). */
+/* The defaults: timeout 300 s, cores = 0 (all online CPUs), pin true. */
 loom_pg_cfg loom_pg_cfg_default(void);
 /* LOOM_EINVAL with a message naming the field for a bad value; cfg == NULL is EINVAL. */
 int loom_pg_cfg_validate(const loom_pg_cfg *cfg);

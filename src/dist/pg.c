@@ -23,7 +23,9 @@ const char *loom__coll_name(loom__coll_kind k) {
   return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 
-loom_pg_cfg loom_pg_cfg_default(void) { return (loom_pg_cfg){.timeout_s = 300.0, .cores = 0}; }
+loom_pg_cfg loom_pg_cfg_default(void) {
+  return (loom_pg_cfg){.timeout_s = 300.0, .cores = 0, .pin = true};
+}
 
 int loom_pg_cfg_validate(const loom_pg_cfg *cfg) {
   if (!cfg) return loom__fail(LOOM_EINVAL, "loom_pg_cfg_validate: cfg is NULL");

@@ -38,6 +38,7 @@ typedef struct loom__thr_rank {
 
 struct loom__thr_world {
   int n;
+  bool pin; /* pin each rank thread to its share of the CPUs (loom_pg_cfg.pin) */
   loom__thr_rank *ranks;
   _Atomic int failed_rank; /* first rank whose group failed, -1 while healthy */
   pthread_mutex_t mu;
