@@ -484,8 +484,10 @@ int loom_amp_unscale_hooks_create(loom_scaler *s, loom_tensor *const *params, si
  * gradient written since loom_tensor_zero_grad is known finite (|x * 1/scale| <= bound / scale)
  * and not read; anything else (unknown, or said to hold inf/NaN) is read as loom_scaler_check
  * would. So do not write values into a gradient's memory between zero_grad and finish other
- * than through loom's backward (such a write would not be seen). Arm, finish and free as
- * above:
+ * than through loom's backward (such a write would not be seen). Not with loom_ddp: DDP's own
+ * hooks start a bucket's all-reduce the moment its gradients are complete, and a check from
+ * the hooks would read while it writes; under DDP call loom_scaler_check after
+ * loom_ddp_finish and combine the flag with loom_ddp_any. Arm, finish and free as above:
  *   arm; forward; loom_backward_amp; finish(h, &found); loom_scaler_grad_scale(s, &gs);
  *   if (!found) loom_optim_step_scaled(opt, gs);  loom_scaler_update(s, found) */
 int loom_amp_check_hooks_create(loom_scaler *s, loom_tensor *const *params, size_t n,
