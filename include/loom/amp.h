@@ -470,7 +470,8 @@ int loom_amp_function_forward_manual(loom_amp_function *f, loom_tensor *const *i
  * scaled; the hooks then unscale the complete sums). finish closes the step's unscale exactly
  * as loom_scaler_unscale would (LOOM_EMISUSE if no loss was scaled or it was unscaled
  * already) and disarms. Gradients of f32, f16, bf16. Retains the parameter tensors; the scaler
- * is borrowed and must outlive h. One thread (the one running backward). */
+ * is borrowed and must outlive h. One thread (the one running backward). Not with loom_ddp
+ * (see the checking form below). */
 typedef struct loom_amp_unscale_hooks loom_amp_unscale_hooks;
 
 /* params: leaves that require grad (LOOM_EINVAL otherwise). */
