@@ -470,8 +470,8 @@ int loom_amp_function_forward_manual(loom_amp_function *f, loom_tensor *const *i
  * scaled; the hooks then unscale the complete sums). finish closes the step's unscale exactly
  * as loom_scaler_unscale would (LOOM_EMISUSE if no loss was scaled or it was unscaled
  * already) and disarms. Gradients of f32, f16, bf16. Retains the parameter tensors; the scaler
- * is borrowed and must outlive h. One thread (the one running backward). Not with loom_ddp
- * (see the checking form below). */
+ * is borrowed and must outlive h. One thread (the one running backward). Not with loom_ddp:
+ * it writes the gradients that DDP is about to reduce (use the checking form below). */
 typedef struct loom_amp_unscale_hooks loom_amp_unscale_hooks;
 
 /* params: leaves that require grad (LOOM_EINVAL otherwise). */
@@ -485,10 +485,11 @@ int loom_amp_unscale_hooks_create(loom_scaler *s, loom_tensor *const *params, si
  * gradient written since loom_tensor_zero_grad is known finite (|x * 1/scale| <= bound / scale)
  * and not read; anything else (unknown, or said to hold inf/NaN) is read as loom_scaler_check
  * would. So do not write values into a gradient's memory between zero_grad and finish other
- * than through loom's backward (such a write would not be seen). Not with loom_ddp: DDP's own
- * hooks start a bucket's all-reduce the moment its gradients are complete, and a check from
- * the hooks would read while it writes; under DDP call loom_scaler_check after
- * loom_ddp_finish and combine the flag with loom_ddp_any. Arm, finish and free as above:
+ * than through loom's backward (such a write would not be seen). With loom_ddp, create the
+ * hooks before loom_ddp_create: hooks run in registration order, so they check each rank's
+ * local gradients before DDP's hook starts the bucket's all-reduce (created after it, they
+ * would read while the all-reduce writes); combine the flag with loom_ddp_any (all ranks then
+ * skip the same steps: tests/ddp/test_ddp_amp.c). Arm, finish and free as above:
  *   arm; forward; loom_backward_amp; finish(h, &found); loom_scaler_grad_scale(s, &gs);
  *   if (!found) loom_optim_step_scaled(opt, gs);  loom_scaler_update(s, found) */
 int loom_amp_check_hooks_create(loom_scaler *s, loom_tensor *const *params, size_t n,

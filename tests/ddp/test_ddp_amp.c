@@ -8,6 +8,7 @@
 #include "loom/ddp.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 enum { STEPS = 6, BAD_STEP = 3, B = 8, NR = 3 };
 
@@ -27,7 +28,7 @@ static int amp_rank(loom_pg *pg, void *arg) {
   if (!rc) rc = loom_ddp_create(pg, m.p, model_names, MODEL_NPARAMS, NULL, &d);
   if (!rc) rc = loom_scaler_create_dynamic(NULL, &sc);
   for (int s = 0; s < STEPS && !rc; s++) {
-    float scale = 0;
+    float scale = 1; /* scale_value multiplies it: the loss scale itself */
     rc = loom_scaler_scale_value(sc, &scale);
     if (!rc) rc = model_backward_amp(&m, (int64_t)s * n * B + rank * B, B, scale, LOOM_AUTOCAST_F16);
     if (!rc) rc = loom_ddp_finish(d);
@@ -55,6 +56,20 @@ static int amp_rank(loom_pg *pg, void *arg) {
   return rc;
 }
 
+/* The parameters moved from their initial values (the steps that were not skipped trained). */
+static void check_trained(const float *params) {
+  size_t np = model_numel();
+  model m0;
+  LT_OK(model_init(&m0, 5));
+  float *p0 = calloc(np, sizeof(float));
+  model_flatten(&m0, p0, false);
+  size_t moved = 0;
+  for (size_t i = 0; i < np; i++) moved += p0[i] != params[i];
+  LT_TRUE(moved > np / 2);
+  free(p0);
+  model_free(&m0);
+}
+
 LT_TEST(ddp_amp_every_rank_skips_the_same_step) {
   amp_run r = {{0}, {0}, {0}};
   size_t np = model_numel();
@@ -67,5 +82,70 @@ LT_TEST(ddp_amp_every_rank_skips_the_same_step) {
     LT_EQ(r.scale[k], c.initial_scale * c.backoff_factor); /* halved once, no growth yet */
     LT_TRUE(memcmp(r.params[k], r.params[0], np * sizeof(float)) == 0);
   }
+  check_trained(r.params[0]);
+  for (int k = 0; k < NR; k++) free(r.params[k]);
+}
+
+/* The same with the fast check: the scaler's check hooks, created before loom_ddp_create so
+ * that they run before DDP's hook launches each bucket, check each rank's local gradients (from
+ * their bounds, reading nothing, or reading before the all-reduce starts); loom_ddp_any
+ * combines the flags and the optimizer folds 1/scale in. Rank 1's loss overflows f16 at
+ * BAD_STEP (a local fault before the all-reduce): every rank skips that step. */
+static int amp_rank_hooks(loom_pg *pg, void *arg) {
+  amp_run *r = arg;
+  int rank = loom_pg_rank(pg), n = loom_pg_size(pg);
+  model m;
+  loom_ddp *d = NULL;
+  loom_scaler *sc = NULL;
+  loom_amp_unscale_hooks *h = NULL;
+  int rc = model_init(&m, 5);
+  if (!rc) rc = loom_scaler_create_dynamic(NULL, &sc);
+  if (!rc) rc = loom_amp_check_hooks_create(sc, m.p, MODEL_NPARAMS, &h);
+  if (!rc) rc = loom_ddp_create(pg, m.p, model_names, MODEL_NPARAMS, NULL, &d);
+  for (int i = 0; i < MODEL_NPARAMS && !rc; i++) rc = loom_tensor_zero_grad(m.p[i]);
+  for (int s = 0; s < STEPS && !rc; s++) {
+    float scale = 1, gs = 0; /* scale_value multiplies it: the loss scale itself */
+    rc = loom_scaler_scale_value(sc, &scale);
+    if (!rc) rc = loom_amp_unscale_hooks_arm(h);
+    float fault = s == BAD_STEP && rank == 1 ? 1e30f : 1.0f;
+    if (!rc)
+      rc = model_backward_amp(&m, (int64_t)s * n * B + rank * B, B, scale * fault,
+                              LOOM_AUTOCAST_F16);
+    if (!rc) rc = loom_ddp_finish(d);
+    bool local = false, any = false;
+    if (!rc) rc = loom_amp_unscale_hooks_finish(h, &local);
+    if (!rc) rc = loom_ddp_any(d, local, &any);
+    if (!rc) rc = loom_scaler_grad_scale(sc, &gs);
+    if (!rc && !any) model_sgd(&m, 0.05f * gs); /* the deferred unscale, folded into lr */
+    if (!rc && any) {
+      r->skipped[rank]++;
+      for (int i = 0; i < MODEL_NPARAMS; i++) loom_tensor_zero_grad(m.p[i]);
+    }
+    if (!rc) rc = loom_scaler_update(sc, any);
+  }
+  if (!rc) {
+    r->scale[rank] = loom_scaler_get_scale(sc);
+    model_flatten(&m, r->params[rank], false);
+  }
+  loom_ddp_free(d);
+  loom_amp_unscale_hooks_free(h);
+  loom_scaler_free(sc);
+  model_free(&m);
+  return rc;
+}
+
+LT_TEST(ddp_amp_check_hooks_before_ddp_skip_the_same_step) {
+  amp_run r = {{0}, {0}, {0}};
+  size_t np = model_numel();
+  for (int k = 0; k < NR; k++) r.params[k] = calloc(np, sizeof(float));
+  LT_OK(loom_threads_run(NR, NULL, amp_rank_hooks, &r));
+  loom_dynamic_scaler_cfg c;
+  loom_dynamic_scaler_cfg_default(&c);
+  for (int k = 0; k < NR; k++) {
+    LT_EQ(r.skipped[k], 1);
+    LT_EQ(r.scale[k], c.initial_scale * c.backoff_factor);
+    LT_TRUE(memcmp(r.params[k], r.params[0], np * sizeof(float)) == 0);
+  }
+  check_trained(r.params[0]);
   for (int k = 0; k < NR; k++) free(r.params[k]);
 }
