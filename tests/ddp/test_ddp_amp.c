@@ -1,7 +1,7 @@
 /* test_ddp_amp.c: AMP under DDP. f16 autocast with a dynamic loss scaler on every rank; one
- * rank alone sees an overflow (an inf put into its gradients after the all-reduce, as a local
- * fault would); loom_ddp_any spreads the flag, so every rank skips that same step, halves its
- * scale the same way, and the replicas stay identical. */
+ * rank alone sees an overflow; loom_ddp_any spreads the flag, so every rank skips that same
+ * step, halves its scale the same way, and the replicas stay identical: with the unscale after
+ * the all-reduce, and with the scaler's check hooks checking before it. */
 #include "lt.h"
 #include "ddp_model.h"
 #include "loom/amp.h"
@@ -13,85 +13,19 @@
 enum { STEPS = 6, BAD_STEP = 3, B = 8, NR = 3 };
 
 typedef struct amp_run {
+  bool hooks; /* the fast check: the scaler's check hooks (see the second test) */
   float scale[NR];
   int skipped[NR];
   float *params[NR];
 } amp_run;
 
+/* Six steps on one rank. The plain way: unscale after loom_ddp_finish, rank 1's gradients get an
+ * inf after the all-reduce at BAD_STEP. With hooks: the check hooks, created before
+ * loom_ddp_create so that they run before DDP's hook launches each bucket, check each rank's
+ * local gradients (from their bounds, reading nothing, or reading before the all-reduce
+ * starts); the optimizer folds 1/scale in; rank 1's loss overflows f16 at BAD_STEP (a local
+ * fault before the all-reduce). Either way loom_ddp_any spreads the flag. */
 static int amp_rank(loom_pg *pg, void *arg) {
-  amp_run *r = arg;
-  int rank = loom_pg_rank(pg), n = loom_pg_size(pg);
-  model m;
-  loom_ddp *d = NULL;
-  loom_scaler *sc = NULL;
-  int rc = model_init(&m, 5);
-  if (!rc) rc = loom_ddp_create(pg, m.p, model_names, MODEL_NPARAMS, NULL, &d);
-  if (!rc) rc = loom_scaler_create_dynamic(NULL, &sc);
-  for (int s = 0; s < STEPS && !rc; s++) {
-    float scale = 1; /* scale_value multiplies it: the loss scale itself */
-    rc = loom_scaler_scale_value(sc, &scale);
-    if (!rc) rc = model_backward_amp(&m, (int64_t)s * n * B + rank * B, B, scale, LOOM_AUTOCAST_F16);
-    if (!rc) rc = loom_ddp_finish(d);
-    if (!rc && s == BAD_STEP && rank == 1) /* a fault on this rank only */
-      ((float *)loom_tensor_data(loom_tensor_grad(m.p[2])))[7] = INFINITY;
-    loom_tensor *grads[MODEL_NPARAMS];
-    for (int i = 0; i < MODEL_NPARAMS; i++) grads[i] = loom_tensor_grad(m.p[i]);
-    bool local = false, any = false;
-    if (!rc) rc = loom_scaler_unscale(sc, grads, MODEL_NPARAMS, &local);
-    if (!rc) rc = loom_ddp_any(d, local, &any);
-    if (!rc && !any) model_sgd(&m, 0.05f);
-    if (!rc && any) {
-      r->skipped[rank]++;
-      for (int i = 0; i < MODEL_NPARAMS; i++) loom_tensor_zero_grad(m.p[i]);
-    }
-    if (!rc) rc = loom_scaler_update(sc, any);
-  }
-  if (!rc) {
-    r->scale[rank] = loom_scaler_get_scale(sc);
-    model_flatten(&m, r->params[rank], false);
-  }
-  loom_scaler_free(sc);
-  loom_ddp_free(d);
-  model_free(&m);
-  return rc;
-}
-
-/* The parameters moved from their initial values (the steps that were not skipped trained). */
-static void check_trained(const float *params) {
-  size_t np = model_numel();
-  model m0;
-  LT_OK(model_init(&m0, 5));
-  float *p0 = calloc(np, sizeof(float));
-  model_flatten(&m0, p0, false);
-  size_t moved = 0;
-  for (size_t i = 0; i < np; i++) moved += p0[i] != params[i];
-  LT_TRUE(moved > np / 2);
-  free(p0);
-  model_free(&m0);
-}
-
-LT_TEST(ddp_amp_every_rank_skips_the_same_step) {
-  amp_run r = {{0}, {0}, {0}};
-  size_t np = model_numel();
-  for (int k = 0; k < NR; k++) r.params[k] = calloc(np, sizeof(float));
-  LT_OK(loom_threads_run(NR, NULL, amp_rank, &r));
-  loom_dynamic_scaler_cfg c;
-  loom_dynamic_scaler_cfg_default(&c);
-  for (int k = 0; k < NR; k++) {
-    LT_EQ(r.skipped[k], 1);
-    LT_EQ(r.scale[k], c.initial_scale * c.backoff_factor); /* halved once, no growth yet */
-    LT_TRUE(memcmp(r.params[k], r.params[0], np * sizeof(float)) == 0);
-  }
-  check_trained(r.params[0]);
-  for (int k = 0; k < NR; k++) free(r.params[k]);
-}
-
-/* The same with the fast check: the scaler's check hooks, created before loom_ddp_create so
- * that they run before DDP's hook launches each bucket, check each rank's local gradients (from
- * their bounds, reading nothing, or reading before the all-reduce starts); loom_ddp_any
- * combines the flags and the optimizer folds 1/scale in. Rank 1's loss overflows f16 at
- * BAD_STEP (a local fault before the all-reduce): every rank skips that step. */
-static int amp_rank_hooks(loom_pg *pg, void *arg) {
   amp_run *r = arg;
   int rank = loom_pg_rank(pg), n = loom_pg_size(pg);
   model m;
@@ -100,23 +34,27 @@ static int amp_rank_hooks(loom_pg *pg, void *arg) {
   loom_amp_unscale_hooks *h = NULL;
   int rc = model_init(&m, 5);
   if (!rc) rc = loom_scaler_create_dynamic(NULL, &sc);
-  if (!rc) rc = loom_amp_check_hooks_create(sc, m.p, MODEL_NPARAMS, &h);
+  if (!rc && r->hooks) rc = loom_amp_check_hooks_create(sc, m.p, MODEL_NPARAMS, &h);
   if (!rc) rc = loom_ddp_create(pg, m.p, model_names, MODEL_NPARAMS, NULL, &d);
   for (int i = 0; i < MODEL_NPARAMS && !rc; i++) rc = loom_tensor_zero_grad(m.p[i]);
   for (int s = 0; s < STEPS && !rc; s++) {
-    float scale = 1, gs = 0; /* scale_value multiplies it: the loss scale itself */
+    bool fault = s == BAD_STEP && rank == 1; /* on this rank only */
+    float scale = 1, gs = 1; /* scale_value multiplies its argument: the loss scale itself */
     rc = loom_scaler_scale_value(sc, &scale);
-    if (!rc) rc = loom_amp_unscale_hooks_arm(h);
-    float fault = s == BAD_STEP && rank == 1 ? 1e30f : 1.0f;
+    if (!rc && h) rc = loom_amp_unscale_hooks_arm(h);
     if (!rc)
-      rc = model_backward_amp(&m, (int64_t)s * n * B + rank * B, B, scale * fault,
-                              LOOM_AUTOCAST_F16);
+      rc = model_backward_amp(&m, (int64_t)s * n * B + rank * B, B,
+                              scale * (h && fault ? 1e30f : 1.0f), LOOM_AUTOCAST_F16);
     if (!rc) rc = loom_ddp_finish(d);
+    if (!rc && !h && fault) ((float *)loom_tensor_data(loom_tensor_grad(m.p[2])))[7] = INFINITY;
+    loom_tensor *grads[MODEL_NPARAMS];
+    for (int i = 0; i < MODEL_NPARAMS; i++) grads[i] = loom_tensor_grad(m.p[i]);
     bool local = false, any = false;
-    if (!rc) rc = loom_amp_unscale_hooks_finish(h, &local);
+    if (!rc) rc = h ? loom_amp_unscale_hooks_finish(h, &local)
+                    : loom_scaler_unscale(sc, grads, MODEL_NPARAMS, &local);
     if (!rc) rc = loom_ddp_any(d, local, &any);
-    if (!rc) rc = loom_scaler_grad_scale(sc, &gs);
-    if (!rc && !any) model_sgd(&m, 0.05f * gs); /* the deferred unscale, folded into lr */
+    if (!rc && h) rc = loom_scaler_grad_scale(sc, &gs);
+    if (!rc && !any) model_sgd(&m, 0.05f * gs); /* with hooks, the deferred unscale */
     if (!rc && any) {
       r->skipped[rank]++;
       for (int i = 0; i < MODEL_NPARAMS; i++) loom_tensor_zero_grad(m.p[i]);
@@ -134,18 +72,31 @@ static int amp_rank_hooks(loom_pg *pg, void *arg) {
   return rc;
 }
 
-LT_TEST(ddp_amp_check_hooks_before_ddp_skip_the_same_step) {
-  amp_run r = {{0}, {0}, {0}};
+/* Every rank skipped the one bad step, halved its scale once and holds the same parameters,
+ * which moved from their initial values (the other steps trained). */
+static void run_and_check(bool hooks) {
+  amp_run r = {.hooks = hooks};
   size_t np = model_numel();
   for (int k = 0; k < NR; k++) r.params[k] = calloc(np, sizeof(float));
-  LT_OK(loom_threads_run(NR, NULL, amp_rank_hooks, &r));
+  LT_OK(loom_threads_run(NR, NULL, amp_rank, &r));
   loom_dynamic_scaler_cfg c;
   loom_dynamic_scaler_cfg_default(&c);
   for (int k = 0; k < NR; k++) {
     LT_EQ(r.skipped[k], 1);
-    LT_EQ(r.scale[k], c.initial_scale * c.backoff_factor);
+    LT_EQ(r.scale[k], c.initial_scale * c.backoff_factor); /* halved once, no growth yet */
     LT_TRUE(memcmp(r.params[k], r.params[0], np * sizeof(float)) == 0);
   }
-  check_trained(r.params[0]);
+  model m0;
+  LT_OK(model_init(&m0, 5));
+  float *p0 = calloc(np, sizeof(float));
+  model_flatten(&m0, p0, false);
+  size_t moved = 0;
+  for (size_t i = 0; i < np; i++) moved += p0[i] != r.params[0][i];
+  LT_TRUE(moved > np / 2);
+  free(p0);
+  model_free(&m0);
   for (int k = 0; k < NR; k++) free(r.params[k]);
 }
+
+LT_TEST(ddp_amp_every_rank_skips_the_same_step) { run_and_check(false); }
+LT_TEST(ddp_amp_check_hooks_before_ddp_skip_the_same_step) { run_and_check(true); }
