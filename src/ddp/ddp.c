@@ -132,8 +132,8 @@ static int launch_ready(loom_ddp *d) {
     /* Average. The anchors divide before summing so that f16 sums cannot overflow; loom's
      * groups sum f16/bf16 in f32 and divide that sum before rounding it once (LOOM_AVG, in the
      * reduction's cache-resident block: no pass of its own), which cannot overflow either.
-     * Only a narrower wire dtype (an f32 bucket sent as f16/bf16) needs the division first, so
-     * that the cast to the wire keeps the anchors' range. */
+     * Only a wire dtype with less range (f32 sent as f16/bf16, bf16 sent as f16) needs the
+     * division first, so that the cast to the wire keeps the anchors' range. */
     loom_redop op = LOOM_AVG;
     if (inv != 1.0f && loom__bucket_wire_narrows(d->m, b)) {
       loom__bucket_scale(d->m, b, inv);

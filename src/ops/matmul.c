@@ -181,6 +181,14 @@ __attribute__((optimize("O3"))) static void col_sums(const float *restrict g, in
   }
 }
 
+/* Tell sink s what its write added at most, r * a * b for the maxima a and b of the inputs
+ * (INFINITY when one of them held inf/NaN), and account the reads of those maxima, begun at
+ * t0, as the cost of tracking (loom_grad_bound_cost). */
+static void bound_written(const loom__sink *s, double t0, double r, double a, double b) {
+  loom__sink_bound(s, a == INFINITY || b == INFINITY ? INFINITY : r * a * b);
+  loom__bound_spent(loom__bound_clock() - t0);
+}
+
 static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   int rc = LOOM_OK;
   const loom_tensor *x = n->saved[0], *w = n->saved[1];
@@ -200,8 +208,7 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
     if (sb.bound_wanted) { /* each sum adds at most R * max|G| */
       double t0 = loom__bound_clock();
       gmax = loom__absmax(loom__f(g), LOOM_F32, (size_t)(R * O));
-      loom__sink_bound(&sb, gmax == INFINITY ? INFINITY : (double)R * gmax);
-      loom__bound_spent(loom__bound_clock() - t0);
+      bound_written(&sb, t0, (double)R, gmax, 1.0);
     }
   }
   if (loom__node_needs(n, 1)) { /* gW [O, I] = G^T [O, R] X [R, I] */
@@ -214,8 +221,7 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
       double gm = dt == LOOM_F32 && gmax >= 0 ? gmax
                                               : loom__absmax(loom_tensor_data(gd), dt, (size_t)(R * O));
       double xm = loom__absmax(loom_tensor_data(x), dt, (size_t)(R * I));
-      loom__sink_bound(&sw, gm == INFINITY || xm == INFINITY ? INFINITY : (double)R * xm * gm);
-      loom__bound_spent(loom__bound_clock() - t0);
+      bound_written(&sw, t0, (double)R, xm, gm);
     }
   }
   LOOM_TRY(loom__sink_finish(n, 2, &sb));
