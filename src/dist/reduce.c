@@ -17,11 +17,6 @@ const loom__reduce_kernels *loom__reduce_kernels_for(loom_cpu_level level) {
   }
 }
 
-static void avg_f32(float *a, size_t n, int div) {
-  float d = (float)div;
-  for (size_t i = 0; i < n; i++) a[i] /= d;
-}
-
 void loom__widen(loom_dtype dt, const void *src, float *dst, size_t n) {
   if (dt == LOOM_F16) loom_cvt_f16_to_f32(src, dst, n);
   else loom_cvt_bf16_to_f32(src, dst, n);
@@ -36,7 +31,8 @@ void loom__reduce(void *dst, const void *const *srcs, int nsrc, size_t n, loom_d
   size_t es = loom_dtype_size(dt);
   bool half = dt == LOOM_F16 || dt == LOOM_BF16;
   int kind = dt == LOOM_I32 ? 1 : dt == LOOM_I64 ? 2 : 0;
-  loom__combine_fn f = loom__reduce_kernels_for(loom_cpu_level_active())->combine[kind][op];
+  const loom__reduce_kernels *kt = loom__reduce_kernels_for(loom_cpu_level_active());
+  loom__combine_fn f = kt->combine[kind][op];
   _Alignas(64) unsigned char acc[BLK * 8], tmp[BLK * 4];
   size_t acc_es = half ? 4 : es;
   for (size_t off = 0; off < n; off += BLK) {
@@ -52,7 +48,7 @@ void loom__reduce(void *dst, const void *const *srcs, int nsrc, size_t n, loom_d
       f(acc, s, m);
     }
     if (op == LOOM_AVG) {
-      if (kind == 0) avg_f32((float *)acc, m, nsrc);
+      if (kind == 0) kt->div_f32((float *)acc, m, (float)nsrc);
       else if (kind == 1)
         for (size_t i = 0; i < m; i++) ((int32_t *)acc)[i] /= nsrc;
       else

@@ -18,11 +18,14 @@
 #define LOOM__REDUCE_BLK 1024
 
 typedef void (*loom__combine_fn)(void *a, const void *b, size_t n);
+/* a[i] = a[i] / d (IEEE division, as the scalar's), i < n: LOOM_AVG's last step in f32. */
+typedef void (*loom__div_fn)(float *a, size_t n, float d);
 
-/* Indexed [accumulator kind][op]: 0 f32 (also f16/bf16 widened), 1 i32, 2 i64. AVG entries
- * combine as SUM (the division is loom__reduce's). */
+/* combine is indexed [accumulator kind][op]: 0 f32 (also f16/bf16 widened), 1 i32, 2 i64.
+ * AVG entries combine as SUM; loom__reduce then divides (div_f32 for f32). */
 typedef struct loom__reduce_kernels {
   loom__combine_fn combine[3][LOOM_REDOP_COUNT];
+  loom__div_fn div_f32;
 } loom__reduce_kernels;
 
 extern const loom__reduce_kernels loom__reduce_kernels_scalar;
@@ -52,6 +55,20 @@ const loom__reduce_kernels *loom__reduce_kernels_for(loom_cpu_level level);
     else NAME##_part(a, b, n);                                                                 \
   }
 
+/* a[i] /= d: a full block (vectorised for the file's ISA, still one IEEE division per
+ * element) and a partial one. */
+#define LOOM__DIV_F32                                                                          \
+  static inline void div_f32_full(float *restrict a, float d) {                                \
+    for (size_t i = 0; i < LOOM__REDUCE_BLK; i++) a[i] /= d;                                   \
+  }                                                                                            \
+  static inline void div_f32(float *a, size_t n, float d) {                                    \
+    if (n == LOOM__REDUCE_BLK) {                                                               \
+      div_f32_full(a, d);                                                                      \
+      return;                                                                                  \
+    }                                                                                          \
+    for (size_t i = 0; i < n; i++) a[i] /= d;                                                  \
+  }
+
 #define LOOM__COMBINE_ALL(T, U, SFX)                                                           \
   LOOM__COMBINE(T, sum_##SFX, (T)((U)x + (U)y))                                                \
   LOOM__COMBINE(T, min_##SFX, x < y ? x : y)                                                   \
@@ -64,6 +81,7 @@ const loom__reduce_kernels *loom__reduce_kernels_for(loom_cpu_level level);
   LOOM__COMBINE_ALL(float, float, f32)                                                         \
   LOOM__COMBINE_ALL(int32_t, uint32_t, i32)                                                    \
   LOOM__COMBINE_ALL(int64_t, uint64_t, i64)                                                    \
+  LOOM__DIV_F32                                                                                \
   const loom__reduce_kernels NAME = {{                                                         \
       {[LOOM_SUM] = SUM_F32, [LOOM_AVG] = SUM_F32, [LOOM_MIN] = min_f32,                       \
        [LOOM_MAX] = max_f32, [LOOM_PROD] = prod_f32},                                          \
@@ -71,6 +89,6 @@ const loom__reduce_kernels *loom__reduce_kernels_for(loom_cpu_level level);
        [LOOM_MAX] = max_i32, [LOOM_PROD] = prod_i32},                                          \
       {[LOOM_SUM] = sum_i64, [LOOM_AVG] = sum_i64, [LOOM_MIN] = min_i64,                       \
        [LOOM_MAX] = max_i64, [LOOM_PROD] = prod_i64},                                          \
-  }}
+  }, div_f32}
 
 #endif

@@ -1,7 +1,8 @@
 /* test_reduce_levels.c: the dist combine kernels of every CPU level this machine runs against
  * the scalar reference, bit for bit, for every dtype and op, over full blocks and ragged
- * lengths, with NaN, infinities, signed zeros and integer overflow in the data; and
- * loom__reduce's f32 sum against the elementwise a + b on the active level. */
+ * lengths, with NaN, infinities, signed zeros and integer overflow in the data (the f32
+ * division of LOOM_AVG too); and loom__reduce's f32 sum and average against the elementwise
+ * a + b and (a + b + c) / 3 on the active level. */
 #include "dist_test.h"
 #include "dist/reduce_int.h"
 
@@ -67,6 +68,33 @@ LT_TEST(dist_reduce_levels_match_scalar) {
   if (!levels) lt_skip("no SIMD level on this CPU");
 }
 
+LT_TEST(dist_reduce_levels_divide_as_scalar) {
+  static const size_t lens[] = {N, 0, 1, 15, 16, 17, 100, 1023};
+  static const float divs[] = {2.0f, 3.0f, 7.0f, 1.0f};
+  const loom__reduce_kernels *ref = loom__reduce_kernels_for(LOOM_CPU_SCALAR);
+  _Alignas(64) float a0[N + 16], x[N + 16], y[N + 16];
+  int levels = 0;
+  for (int l = LOOM_CPU_AVX2; l < LOOM_CPU_LEVEL_COUNT; l++) {
+    if (!loom_cpu_supports((loom_cpu_level)l)) continue;
+    levels++;
+    const loom__reduce_kernels *k = loom__reduce_kernels_for((loom_cpu_level)l);
+    for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++)
+      for (size_t d = 0; d < sizeof divs / sizeof divs[0]; d++) {
+        fill(0, a0, N + 16);
+        memcpy(x, a0, sizeof a0);
+        memcpy(y, a0, sizeof a0);
+        ref->div_f32(x + 1, lens[t], divs[d]);
+        k->div_f32(y + 1, lens[t], divs[d]);
+        if (memcmp(x, y, sizeof x) != 0) {
+          lt_fail_at(__FILE__, __LINE__, "level %s n %zu divisor %g differs",
+                     loom_cpu_level_name((loom_cpu_level)l), lens[t], (double)divs[d]);
+          return;
+        }
+      }
+  }
+  if (!levels) lt_skip("no SIMD level on this CPU");
+}
+
 LT_TEST(dist_reduce_f32_sum_is_elementwise_add) {
   enum { M = 3 * N + 37 };
   float *a = malloc(M * sizeof(float)), *b = malloc(M * sizeof(float)),
@@ -91,7 +119,19 @@ LT_TEST(dist_reduce_f32_sum_is_elementwise_add) {
     if (memcmp(&e, &d[i], 4) != 0 && !(isnan(e) && isnan(d[i]))) bad++;
   }
   LT_EQ(bad, 0);
+  /* average of three: one f32 sum in source order, then one division */
+  float *c = malloc(M * sizeof(float));
+  LT_TRUE(c != NULL);
+  fill(0, c, M);
+  const void *three[3] = {a, b, c};
+  loom__reduce(d, three, 3, M, LOOM_F32, LOOM_AVG);
+  for (size_t i = 0; i < M; i++) {
+    float e = (a[i] + b[i] + c[i]) / 3.0f;
+    if (memcmp(&e, &d[i], 4) != 0 && !(isnan(e) && isnan(d[i]))) bad++;
+  }
+  LT_EQ(bad, 0);
   free(a);
   free(b);
+  free(c);
   free(d);
 }
