@@ -124,6 +124,11 @@ void loom__pg_stop_thread(loom_pg *pg);
  * f32 and round once; AVG divides by nsrc. */
 void loom__reduce(void *dst, const void *const *srcs, int nsrc, size_t n, loom_dtype dt,
                   loom_redop op);
+/* The same result written to every dsts[j], j < ndst, block by block (each block of the
+ * sources is read once, while every destination's block is written). A destination may be one
+ * of the srcs; none may partially overlap a source or another destination. */
+void loom__reduce_to_all(void *const *dsts, int ndst, const void *const *srcs, int nsrc,
+                         size_t n, loom_dtype dt, loom_redop op);
 
 /* Widen n f16/bf16 elements to f32 (dt says which), and round f32 back to dt. */
 void loom__widen(loom_dtype dt, const void *src, float *dst, size_t n);

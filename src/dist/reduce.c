@@ -28,13 +28,17 @@ void loom__narrow(loom_dtype dt, const float *src, void *dst, size_t n) {
 
 void loom__reduce(void *dst, const void *const *srcs, int nsrc, size_t n, loom_dtype dt,
                   loom_redop op) {
+  loom__reduce_to_all(&dst, 1, srcs, nsrc, n, dt, op);
+}
+
+void loom__reduce_to_all(void *const *dsts, int ndst, const void *const *srcs, int nsrc,
+                         size_t n, loom_dtype dt, loom_redop op) {
   size_t es = loom_dtype_size(dt);
   bool half = dt == LOOM_F16 || dt == LOOM_BF16;
   int kind = dt == LOOM_I32 ? 1 : dt == LOOM_I64 ? 2 : 0;
   const loom__reduce_kernels *kt = loom__reduce_kernels_for(loom_cpu_level_active());
   loom__combine_fn f = kt->combine[kind][op];
   _Alignas(64) unsigned char acc[BLK * 8], tmp[BLK * 4];
-  size_t acc_es = half ? 4 : es;
   for (size_t off = 0; off < n; off += BLK) {
     size_t m = n - off < BLK ? n - off : BLK;
     if (half) loom__widen(dt, (const char *)srcs[0] + off * es, (float *)acc, m);
@@ -54,7 +58,11 @@ void loom__reduce(void *dst, const void *const *srcs, int nsrc, size_t n, loom_d
       else
         for (size_t i = 0; i < m; i++) ((int64_t *)acc)[i] /= nsrc;
     }
-    if (half) loom__narrow(dt, (float *)acc, (char *)dst + off * es, m);
-    else memcpy((char *)dst + off * es, acc, m * acc_es);
+    const void *out = acc;
+    if (half) { /* round once, copy the rounded block to every destination */
+      loom__narrow(dt, (float *)acc, tmp, m);
+      out = tmp;
+    }
+    for (int j = 0; j < ndst; j++) memcpy((char *)dsts[j] + off * es, out, m * es);
   }
 }

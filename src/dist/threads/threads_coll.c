@@ -3,11 +3,12 @@
  *   - small all-reduce (<= LOOM__THR_SMALL_BYTES): each rank copies its input to its scratch,
  *     one barrier, each rank folds all scratches in rank order (latency: one barrier, no
  *     second one thanks to the double-buffered scratch);
- *   - large all-reduce: reduce-scatter + all-gather, pipelined in chunks (a quarter segment, 64-512 KB):
- *     rank r folds chunk c of its segment from every rank's input into its output, ticks, and
- *     copies chunk c-1 of every peer's segment from the peer's output while it is still in
- *     cache; a final barrier returns the buffers. Each byte crosses memory once per phase,
- *     which is the bandwidth-optimal ring schedule without the ring's n-1 hops;
+ *   - large all-reduce: rank r folds segment r (1/n of the elements) from every rank's input
+ *     and writes the result straight into every rank's output; a done barrier returns the
+ *     buffers. Each element is read once from each input and written once to each output, as
+ *     reduce-scatter + all-gather move it, without the gather's second pass over the reduced
+ *     data or any hand-off between the phases (1.2-2x the chunked reduce-scatter + all-gather
+ *     it replaced at 1-64 MB, BENCHMARKS.md);
  *   - broadcast, all-gather, reduce-scatter: one barrier, direct copy / fold, a done barrier.
  * Every collective first publishes its header and checks it against every peer's, so ranks
  * that disagree get an error before any data moves. */
@@ -103,33 +104,10 @@ static void segment(size_t count, int n, int j, size_t *start, size_t *len) {
   *len = base + ((size_t)j < rem);
 }
 
-/* Chunk k of segment j: [*off, *off + *m) (m may be 0). */
-static void chunk(size_t count, int n, int j, size_t ch, size_t k, size_t *off, size_t *m) {
-  size_t s, len;
-  segment(count, n, j, &s, &len);
-  size_t a = k * ch < len ? k * ch : len, b = (k + 1) * ch < len ? (k + 1) * ch : len;
-  *off = s + a;
-  *m = b - a;
-}
-
-/* Copy chunk k of peer j's segment from its output into ours. */
-static int gather_chunk(loom__thr_rank *me, const loom__coll *c, uint32_t t0, size_t ch,
-                        size_t k) {
-  loom__thr_world *w = me->world;
-  int n = w->n, r = me->pg.rank;
-  size_t es = loom_dtype_size(c->dt);
-  for (int d = 1; d < n; d++) {
-    int j = (r + d) % n;
-    int rc = loom__thr_wait(me, j, t0 + 2 + (uint32_t)k, c);
-    if (rc) return rc;
-    size_t off, m;
-    chunk(c->count, n, j, ch, k, &off, &m);
-    loom__copy((char *)c->recv + off * es, (const char *)peer(me, j, c)->recv + off * es,
-               m * es);
-  }
-  return LOOM_OK;
-}
-
+/* Rank r folds segment r of every rank's input and writes the result into segment r of every
+ * rank's output, block by block from an L1 accumulator: each byte is read once and written
+ * once per rank, with no chunk hand-offs between ranks; one done barrier returns the buffers.
+ * Only rank r touches segment r of any buffer, so in-place buffers are safe. */
 static int allreduce_large(loom__thr_rank *me, const loom__coll *c) {
   loom__thr_world *w = me->world;
   int n = w->n, r = me->pg.rank;
@@ -137,25 +115,16 @@ static int allreduce_large(loom__thr_rank *me, const loom__coll *c) {
   uint32_t t0;
   int rc = arrive(me, c, &t0);
   if (rc) return rc;
-    size_t s0, maxlen;
-  segment(c->count, n, 0, &s0, &maxlen);
-  /* a quarter of a segment, so that even mid sizes pipeline, within the bounds */
-  size_t chb = maxlen * es / 4;
-  chb = chb < LOOM__THR_CHUNK_MIN ? LOOM__THR_CHUNK_MIN
-        : chb > LOOM__THR_CHUNK_MAX ? LOOM__THR_CHUNK_MAX
-                                    : chb;
-  size_t ch = chb / es, nch = (maxlen + ch - 1) / ch;
+  size_t off, m;
+  segment(c->count, n, r, &off, &m);
   const void *srcs[1024];
-  for (size_t k = 0; k < nch; k++) {
-    size_t off, m;
-    chunk(c->count, n, r, ch, k, &off, &m);
-    for (int j = 0; j < n; j++) srcs[j] = (const char *)peer(me, j, c)->send + off * es;
-    if (m) loom__reduce((char *)c->recv + off * es, srcs, n, m, c->dt, c->op);
-    loom__thr_advance(me, t0 + 2 + (uint32_t)k);
-    if (k && (rc = gather_chunk(me, c, t0, ch, k - 1))) return rc;
+  void *dsts[1024];
+  for (int j = 0; j < n; j++) {
+    srcs[j] = (const char *)peer(me, j, c)->send + off * es;
+    dsts[j] = (char *)peer(me, j, c)->recv + off * es;
   }
-  if (nch && (rc = gather_chunk(me, c, t0, ch, nch - 1))) return rc;
-  return done_barrier(me, c, t0 + 2 + (uint32_t)nch);
+  if (m) loom__reduce_to_all(dsts, n, srcs, n, m, c->dt, c->op);
+  return done_barrier(me, c, t0 + 2);
 }
 
 static int do_allreduce(loom_pg *pg, const loom__coll *c) {

@@ -3,8 +3,8 @@
  * A world is N ranks in one process. Each rank publishes, per collective, a header (the
  * loom__coll it issued: kind, count, dtype, op, root and its buffer pointers) and then
  * advances its `tick`, a counter that every rank moves through the same values during a
- * matched collective (arrive, one per pipelined chunk, done). Peers read the published
- * buffers directly once a rank's tick says the data is there; waits on a peer's tick spin
+ * matched collective (arrive, done). Peers read (and a large all-reduce writes) the published
+ * buffers directly once a rank's tick says they are ready; waits on a peer's tick spin
  * briefly, then sleep on it as a futex, and check for abort, failure, exit and the timeout.
  * Headers and small-message scratch buffers are double-buffered by the collective's sequence
  * parity: a rank rewrites parity p only after all ranks arrived at the next collective, i.e.
@@ -16,10 +16,6 @@
 
 /* All-reduces of at most this many bytes go through per-rank scratch (one barrier). */
 #define LOOM__THR_SMALL_BYTES ((size_t)32 << 10)
-/* Bounds of the large all-reduce's pipelining unit, in bytes (measured best at 64 MB: 512 KB,
- * about half of a core's L2, against 2.2-7.6 GB/s at 128 KB and 5-6.5 GB/s at 2 MB). */
-#define LOOM__THR_CHUNK_MIN ((size_t)64 << 10)
-#define LOOM__THR_CHUNK_MAX ((size_t)512 << 10)
 
 typedef struct loom__thr_world loom__thr_world;
 
