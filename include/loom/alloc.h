@@ -52,6 +52,17 @@ typedef struct loom_allocator {
  * LOOM_EINVAL if a function pointer is NULL. Not thread-safe with concurrent allocation. */
 int loom_set_allocator(const loom_allocator *a);
 
+/* The default allocator's cache of large blocks. A block of 256 KiB or more that loom frees
+ * is kept (up to the limit, 256 MiB by default; 0 in address-sanitizer builds) and given to
+ * the next allocation of the same size, instead of going back to the C library, which would
+ * return its pages to the kernel and fault them in again on the next training step. Cached
+ * bytes are not counted in any pool's current_bytes. A custom allocator (loom_set_allocator)
+ * bypasses the cache. All four are thread-safe. */
+void loom_mem_set_cache_limit(size_t bytes); /* 0 turns it off; shrinks to the new limit */
+size_t loom_mem_cache_limit(void);
+size_t loom_mem_cached_bytes(void);          /* bytes held in the cache now */
+void loom_mem_release_cache(void);           /* give every cached block back to the C library */
+
 /* Failure injection for tests: make the nth allocation from now fail (n = 1: the next one),
  * once; n = 0 turns injection off. Counts allocations of every thread. */
 void loom_alloc_fail_nth(uint64_t n);

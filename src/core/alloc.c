@@ -1,7 +1,9 @@
 /* alloc.c: the single allocation path of loom, with per-pool byte accounting and failure
  * injection. A 64-byte header before each block records its size and pool, so loom__free
- * needs only the pointer and the counters stay exact. */
+ * needs only the pointer and the counters stay exact. The default allocator keeps large
+ * freed blocks for reuse (alloc_cache.c); the counters count blocks in use, not cached ones. */
 #include "core/core_int.h"
+#include "core/alloc_cache.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -70,6 +72,7 @@ int loom_set_allocator(const loom_allocator *a) {
   }
   if (!a->alloc || !a->free)
     return loom__fail(LOOM_EINVAL, "loom_set_allocator: alloc and free must both be set");
+  loom_mem_release_cache(); /* only the default allocator uses it */
   hook = *a;
   return LOOM_OK;
 }
@@ -112,7 +115,14 @@ void *loom__malloc(loom_pool pool, size_t size) {
     atomic_fetch_add(&pools[pool].failures, 1);
     return NULL;
   }
-  unsigned char *raw = hook.alloc(hook.ctx, size + HEADER, HEADER);
+  unsigned char *raw;
+  if (hook.alloc == default_alloc) {
+    size_t bytes = loom__cache_round(size + HEADER);
+    raw = loom__cache_take(bytes);
+    if (!raw) raw = default_alloc(NULL, bytes, HEADER);
+  } else {
+    raw = hook.alloc(hook.ctx, size + HEADER, HEADER);
+  }
   if (!raw) {
     atomic_fetch_add(&pools[pool].failures, 1);
     return NULL;
@@ -139,6 +149,8 @@ void loom__free(void *p) {
   if (h->magic != BLOCK_MAGIC) return; /* not ours, or freed twice: leave it alone */
   h->magic = 0;
   loom__mem_account((loom_pool)h->pool, -(ptrdiff_t)h->size);
+  if (hook.free == default_free && loom__cache_put(raw, loom__cache_round(h->size + HEADER)))
+    return;
   hook.free(hook.ctx, raw);
 }
 

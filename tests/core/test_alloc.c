@@ -1,8 +1,10 @@
-/* test_alloc.c: pool accounting, the allocator hook and failure injection (every tensor
- * create path swept through out-of-memory at each of its allocations, with no leak). */
+/* test_alloc.c: pool accounting, the allocator hook, failure injection (every tensor
+ * create path swept through out-of-memory at each of its allocations, with no leak) and the
+ * default allocator's large-block cache (reuse, limit, bypass, threads). */
 #include "lt.h"
 #include "core/core_int.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 
 static size_t current(loom_pool p) {
@@ -129,4 +131,108 @@ LT_TEST(every_create_path_survives_out_of_memory) {
   LT_TRUE(oom_sweep(mk_copy) >= 2);
   LT_TRUE(oom_sweep(mk_views) >= 5);
   LT_TRUE(oom_sweep(mk_cast) >= 4);
+}
+
+/* ---- the default allocator's cache of large blocks ---- */
+
+#define BIG ((size_t)1 << 20)
+
+LT_TEST(cache_reuses_a_freed_large_block_and_counts_it_apart) {
+  size_t old_limit = loom_mem_cache_limit();
+  loom_mem_set_cache_limit((size_t)64 << 20);
+  loom_mem_release_cache();
+  size_t base = current(LOOM_POOL_COMPUTE);
+  unsigned char *a = loom__malloc(LOOM_POOL_COMPUTE, BIG);
+  LT_TRUE(a != NULL && ((uintptr_t)a & 63) == 0);
+  a[0] = a[BIG - 1] = 7;
+  loom__free(a);
+  LT_EQ(current(LOOM_POOL_COMPUTE), base); /* cached bytes are not in use */
+  LT_TRUE(loom_mem_cached_bytes() >= BIG);
+  /* a size in the same 4 KiB class takes the same block; the cache is empty again */
+  unsigned char *b = loom__malloc(LOOM_POOL_COMPUTE, BIG + 100);
+  LT_TRUE(b == a);
+  LT_EQ(loom_mem_cached_bytes(), 0);
+  LT_EQ(current(LOOM_POOL_COMPUTE), base + BIG + 100);
+  /* a different size does not */
+  unsigned char *c = loom__malloc(LOOM_POOL_COMPUTE, 2 * BIG);
+  LT_TRUE(c != NULL && c != a);
+  loom__free(b);
+  loom__free(c);
+  LT_TRUE(loom_mem_cached_bytes() >= 3 * BIG);
+  /* small blocks are never cached */
+  size_t cached = loom_mem_cached_bytes();
+  loom__free(loom__malloc(LOOM_POOL_HOST, 1000));
+  LT_EQ(loom_mem_cached_bytes(), cached);
+  loom_mem_release_cache();
+  LT_EQ(loom_mem_cached_bytes(), 0);
+  loom_mem_set_cache_limit(old_limit);
+}
+
+LT_TEST(cache_respects_its_limit) {
+  size_t old_limit = loom_mem_cache_limit();
+  loom_mem_release_cache();
+  loom_mem_set_cache_limit(BIG + BIG / 2); /* room for one 1 MiB block, not two */
+  void *a = loom__malloc(LOOM_POOL_COMPUTE, BIG), *b = loom__malloc(LOOM_POOL_COMPUTE, BIG);
+  LT_TRUE(a && b);
+  loom__free(a);
+  loom__free(b);
+  LT_TRUE(loom_mem_cached_bytes() > BIG && loom_mem_cached_bytes() <= BIG + BIG / 2);
+  loom_mem_set_cache_limit(BIG / 2); /* lowering the limit frees what no longer fits */
+  LT_EQ(loom_mem_cached_bytes(), 0);
+  loom_mem_set_cache_limit(0); /* off */
+  loom__free(loom__malloc(LOOM_POOL_COMPUTE, BIG));
+  LT_EQ(loom_mem_cached_bytes(), 0);
+  LT_EQ(loom_mem_cache_limit(), 0);
+  loom_mem_set_cache_limit(old_limit);
+}
+
+LT_TEST(cache_does_not_hide_injected_failures_or_custom_allocators) {
+  size_t old_limit = loom_mem_cache_limit();
+  loom_mem_set_cache_limit((size_t)64 << 20);
+  loom__free(loom__malloc(LOOM_POOL_COMPUTE, BIG)); /* a cached block of this size exists */
+  LT_TRUE(loom_mem_cached_bytes() >= BIG);
+  loom_alloc_fail_nth(1);
+  LT_TRUE(loom__malloc(LOOM_POOL_COMPUTE, BIG) == NULL);
+  /* a custom allocator sees every large allocation and free; installing it drops the cache */
+  loom_allocator a = {counting_alloc, counting_free, NULL};
+  LT_OK(loom_set_allocator(&a));
+  LT_EQ(loom_mem_cached_bytes(), 0);
+  hook_allocs = hook_frees = 0;
+  for (int i = 0; i < 3; i++) loom__free(loom__malloc(LOOM_POOL_COMPUTE, BIG));
+  LT_EQ(hook_allocs, 3);
+  LT_EQ(hook_frees, 3);
+  LT_EQ(loom_mem_cached_bytes(), 0);
+  LT_OK(loom_set_allocator(NULL));
+  loom_mem_set_cache_limit(old_limit);
+}
+
+static void *churn(void *arg) {
+  size_t salt = (size_t)(uintptr_t)arg;
+  for (int i = 0; i < 200; i++) {
+    size_t n = BIG / 4 + ((size_t)(i + salt) % 3) * 8192;
+    unsigned char *p = loom__malloc(LOOM_POOL_COMPUTE, n);
+    if (!p) return (void *)1;
+    for (size_t k = 0; k < n; k += 4096) p[k] = (unsigned char)salt; /* owned: nobody else writes */
+    for (size_t k = 0; k < n; k += 4096)
+      if (p[k] != (unsigned char)salt) return (void *)1;
+    loom__free(p);
+  }
+  return NULL;
+}
+
+LT_TEST(cache_is_shared_safely_by_threads) {
+  size_t old_limit = loom_mem_cache_limit();
+  loom_mem_set_cache_limit((size_t)8 << 20);
+  size_t base = current(LOOM_POOL_COMPUTE);
+  pthread_t th[4];
+  for (int i = 0; i < 4; i++) LT_EQ(pthread_create(&th[i], NULL, churn, (void *)(uintptr_t)(i + 1)), 0);
+  for (int i = 0; i < 4; i++) {
+    void *r = NULL;
+    pthread_join(th[i], &r);
+    LT_TRUE(r == NULL);
+  }
+  LT_EQ(current(LOOM_POOL_COMPUTE), base);
+  LT_TRUE(loom_mem_cached_bytes() <= ((size_t)8 << 20));
+  loom_mem_release_cache();
+  loom_mem_set_cache_limit(old_limit);
 }

@@ -1,0 +1,24 @@
+/* alloc_cache.h: the default allocator's cache of large blocks (alloc_cache.c), used only by
+ * alloc.c, and only while the default allocator is installed. Blocks are raw blocks of the
+ * default allocator (aligned_alloc), identified by their rounded byte size. */
+#ifndef LOOM_CORE_ALLOC_CACHE_H
+#define LOOM_CORE_ALLOC_CACHE_H
+
+#include "loom/alloc.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Smallest block the cache keeps. */
+#define LOOM__CACHE_MIN_BYTES ((size_t)256 << 10)
+
+/* The size a raw block of `bytes` is allocated with (cacheable sizes round up to 4 KiB, so
+ * that nearby sizes share blocks); other sizes unchanged. */
+size_t loom__cache_round(size_t bytes);
+/* A cached raw block of exactly `bytes` (a rounded size), taken out of the cache; NULL if none. */
+void *loom__cache_take(size_t bytes);
+/* Keep a raw block of `bytes` (a rounded size) for reuse; false if it does not fit (the caller
+ * frees it). */
+bool loom__cache_put(void *raw, size_t bytes);
+
+#endif
