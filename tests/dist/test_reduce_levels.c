@@ -70,7 +70,7 @@ LT_TEST(dist_reduce_levels_match_scalar) {
 
 LT_TEST(dist_reduce_levels_divide_as_scalar) {
   static const size_t lens[] = {N, 0, 1, 15, 16, 17, 100, 1023};
-  static const float divs[] = {2.0f, 3.0f, 7.0f, 1.0f};
+  static const float divs[] = {2.0f, 3.0f, 7.0f, 1.0f, 4.0f, 1024.0f, 0.5f};
   const loom__reduce_kernels *ref = loom__reduce_kernels_for(LOOM_CPU_SCALAR);
   _Alignas(64) float a0[N + 16], x[N + 16], y[N + 16];
   int levels = 0;
@@ -127,6 +127,19 @@ LT_TEST(dist_reduce_f32_sum_is_elementwise_add) {
   loom__reduce(d, three, 3, M, LOOM_F32, LOOM_AVG);
   for (size_t i = 0; i < M; i++) {
     float e = (a[i] + b[i] + c[i]) / 3.0f;
+    if (memcmp(&e, &d[i], 4) != 0 && !(isnan(e) && isnan(d[i]))) bad++;
+  }
+  LT_EQ(bad, 0);
+  /* a power-of-two divisor (multiplied by its reciprocal inside) still gives the quotient's
+   * bits, subnormal results included */
+  for (size_t i = 0; i < M; i += 7) {
+    a[i] = (i & 8) ? 1e-38f * (float)(i % 5) : -3e-39f;
+    b[i] = c[i] = 1.5e-39f;
+  }
+  const void *four[4] = {a, b, c, a};
+  loom__reduce(d, four, 4, M, LOOM_F32, LOOM_AVG);
+  for (size_t i = 0; i < M; i++) {
+    float e = (a[i] + b[i] + c[i] + a[i]) / 4.0f;
     if (memcmp(&e, &d[i], 4) != 0 && !(isnan(e) && isnan(d[i]))) bad++;
   }
   LT_EQ(bad, 0);
