@@ -38,6 +38,10 @@ void loom__reduce_to_all(void *const *dsts, int ndst, const void *const *srcs, i
   int kind = dt == LOOM_I32 ? 1 : dt == LOOM_I64 ? 2 : 0;
   const loom__reduce_kernels *kt = loom__reduce_kernels_for(loom_cpu_level_active());
   loom__combine_fn f = kt->combine[kind][op];
+  if (kt->sum2_f32 && dt == LOOM_F32 && nsrc == 2 && (op == LOOM_SUM || op == LOOM_AVG)) {
+    kt->sum2_f32((float *const *)dsts, ndst, srcs[0], srcs[1], n, op == LOOM_AVG ? 0.5f : 1.0f);
+    return;
+  }
   _Alignas(64) unsigned char acc[BLK * 8], tmp[BLK * 4];
   for (size_t off = 0; off < n; off += BLK) {
     size_t m = n - off < BLK ? n - off : BLK;

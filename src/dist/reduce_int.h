@@ -23,11 +23,19 @@ typedef void (*loom__combine_fn)(void *a, const void *b, size_t n);
 /* a[i] = a[i] / d (IEEE division, as the scalar's), i < n: LOOM_AVG's last step in f32. */
 typedef void (*loom__div_fn)(float *a, size_t n, float d);
 
+/* dsts[j][i] = (a[i] + b[i]) * s for j < ndst, i < n: the two-source f32 sum (s = 1) and
+ * average (s = 0.5, exact), read once and written straight to every destination. A
+ * destination may be a or b (same address). NULL on levels without one (reduce.c then goes
+ * through its accumulator); gives the accumulator path's bits. */
+typedef void (*loom__sum2_fn)(float *const *dsts, int ndst, const float *a, const float *b,
+                              size_t n, float s);
+
 /* combine is indexed [accumulator kind][op]: 0 f32 (also f16/bf16 widened), 1 i32, 2 i64.
  * AVG entries combine as SUM; loom__reduce then divides (div_f32 for f32). */
 typedef struct loom__reduce_kernels {
   loom__combine_fn combine[3][LOOM_REDOP_COUNT];
   loom__div_fn div_f32;
+  loom__sum2_fn sum2_f32;
 } loom__reduce_kernels;
 
 extern const loom__reduce_kernels loom__reduce_kernels_scalar;
@@ -86,7 +94,8 @@ const loom__reduce_kernels *loom__reduce_kernels_for(loom_cpu_level level);
 
 /* The generic kernels of every dtype and op (static, per including file), and a table of them
  * with f32 SUM/AVG taken from SUM_F32. */
-#define LOOM__COMBINE_TABLE(NAME, SUM_F32)                                                     \
+#define LOOM__COMBINE_TABLE(NAME, SUM_F32) LOOM__COMBINE_TABLE2(NAME, SUM_F32, NULL)
+#define LOOM__COMBINE_TABLE2(NAME, SUM_F32, SUM2_F32)                                                     \
   LOOM__COMBINE_ALL(float, float, f32)                                                         \
   LOOM__COMBINE_ALL(int32_t, uint32_t, i32)                                                    \
   LOOM__COMBINE_ALL(int64_t, uint64_t, i64)                                                    \
@@ -98,6 +107,6 @@ const loom__reduce_kernels *loom__reduce_kernels_for(loom_cpu_level level);
        [LOOM_MAX] = max_i32, [LOOM_PROD] = prod_i32},                                          \
       {[LOOM_SUM] = sum_i64, [LOOM_AVG] = sum_i64, [LOOM_MIN] = min_i64,                       \
        [LOOM_MAX] = max_i64, [LOOM_PROD] = prod_i64},                                          \
-  }, div_f32}
+  }, div_f32, SUM2_F32}
 
 #endif

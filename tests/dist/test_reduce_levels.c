@@ -68,6 +68,42 @@ LT_TEST(dist_reduce_levels_match_scalar) {
   if (!levels) lt_skip("no SIMD level on this CPU");
 }
 
+/* The two-source f32 sum and average, written to two destinations (one of them in place), as
+ * the threads backend's large all-reduce calls it: every destination gets a + b, or (a + b) / 2,
+ * element for element, on the active level (the fused kernel where it has one) and on scalar. */
+LT_TEST(dist_reduce_to_all_two_sources_two_destinations) {
+  enum { M = 3 * N + 45 };
+  float *a = malloc(M * sizeof(float)), *b = malloc(M * sizeof(float)),
+        *x = malloc(M * sizeof(float)), *y = malloc(M * sizeof(float));
+  LT_TRUE(a && b && x && y);
+  for (int pass = 0; pass < 2; pass++) {
+    loom_cpu_level was = loom_cpu_level_active();
+    if (pass == 1) LT_OK(loom_set_cpu_level(LOOM_CPU_SCALAR));
+    for (int avg = 0; avg < 2; avg++) {
+      fill(0, a, M);
+      fill(0, b, M);
+      memcpy(x, a, M * sizeof(float)); /* x is the first source, in place */
+      const void *srcs[2] = {x, b};
+      void *dsts[2] = {x, y};
+      loom__reduce_to_all(dsts, 2, srcs, 2, M, LOOM_F32, avg ? LOOM_AVG : LOOM_SUM);
+      size_t bad = 0;
+      for (size_t i = 0; i < M; i++) {
+        float e = avg ? (a[i] + b[i]) / 2.0f : a[i] + b[i];
+        for (int d = 0; d < 2; d++) {
+          float got = d ? y[i] : x[i];
+          if (memcmp(&e, &got, 4) != 0 && !(isnan(e) && isnan(got))) bad++;
+        }
+      }
+      LT_EQ(bad, 0);
+    }
+    LT_OK(loom_set_cpu_level(was));
+  }
+  free(a);
+  free(b);
+  free(x);
+  free(y);
+}
+
 LT_TEST(dist_reduce_levels_divide_as_scalar) {
   static const size_t lens[] = {N, 0, 1, 15, 16, 17, 100, 1023};
   static const float divs[] = {2.0f, 3.0f, 7.0f, 1.0f, 4.0f, 1024.0f, 0.5f};
