@@ -18,7 +18,8 @@
  * DDP samples/s in f32 and under bf16 autocast, beside PyTorch 1.13 DDP (gloo, 2 processes, 1
  * thread each; bench/torch_ddp.py) in the same run when /usr/bin/python3 has torch, the two
  * alternating for 5 rounds (the machine's state drifts between runs); the ratio is the median
- * of the rounds' ratios. Target: loom >= 1.5x PyTorch.
+ * of the rounds' ratios. Target: loom >= 1.5x PyTorch. Each round also runs loom's step with
+ * DDP's sync off (same buffers, no communication): the difference is what DDP costs a step.
  *
  * Each figure is the median over the timed steps (after warm-up). The 2 cores are shared by
  * both ranks' compute and the collectives' copies, so communication competes with compute.
@@ -38,6 +39,7 @@ typedef struct config {
   int nsizes, batch, steps;
   bool bf16;
   bool spec_eager; /* the specification's bucket manager path instead of loom_ddp */
+  bool no_sync;    /* loom_ddp with sync off: the same step and buffers, no communication */
   loom_ddp_cfg ddp;
 } config;
 
@@ -76,6 +78,7 @@ static int rank_main(loom_pg *pg, void *arg) {
     BENCH_CHECK(loom_bucket_manager_create(pg, grads, np, &c->ddp.buckets, &bm));
   } else {
     BENCH_CHECK(loom_ddp_create(pg, params, NULL, np, &c->ddp, &d));
+    if (c->no_sync) BENCH_CHECK(loom_ddp_set_sync(d, false));
   }
   loom_param_seg segs[16];
   for (size_t i = 0; i < np; i++)
@@ -98,7 +101,8 @@ static int rank_main(loom_pg *pg, void *arg) {
   for (int s = 0; s < WARM + c->steps; s++) {
     if (d) BENCH_CHECK(loom_ddp_stats_get(d, &before));
     double t0 = bench_now();
-    for (size_t i = 0; i < np; i++) BENCH_CHECK(loom_tensor_zero_grad(params[i]));
+    /* as PyTorch's zero_grad(set_to_none=True) in torch_ddp.py: the next backward overwrites */
+    for (size_t i = 0; i < np; i++) BENCH_CHECK(loom_tensor_zero_grad_lazy(params[i]));
     loom_autocast_token tok;
     BENCH_CHECK(loom_autocast_enter(c->bf16 ? LOOM_AUTOCAST_BF16 : LOOM_AUTOCAST_OFF, NULL, &tok));
     loom_tensor *logits = NULL, *loss = NULL;
@@ -230,13 +234,17 @@ int bench_ddp_main(int argc, char **argv) {
   printf("%-6s %14s %14s %7s  %s\n", "dtype", "loom samples/s", "torch samples/s", "ratio",
          "(rounds)");
   for (int bf = 0; bf < 2; bf++) {
-    double ls[ROUNDS], ts[ROUNDS], rr[ROUNDS];
+    double ls[ROUNDS], ts[ROUNDS], rr[ROUNDS], cost[ROUNDS];
     int have = 0;
     for (int k = 0; k < ROUNDS; k++) {
       config t = {.name = "throughput", .sizes = small, .nsizes = 4, .batch = 256,
                   .steps = steps * 2, .bf16 = bf == 1};
       loom_ddp_cfg_default(&t.ddp);
-      ls[k] = 2.0 * 256 / run(&t).step_s;
+      double step = run(&t).step_s;
+      config local = t;
+      local.no_sync = true;
+      cost[k] = step - run(&local).step_s;
+      ls[k] = 2.0 * 256 / step;
       ts[k] = torch_ddp("784-1024-1024-10", 256, bf ? "bf16" : "f32");
       if (ts[k] > 0) rr[have++] = ls[k] / ts[k];
     }
@@ -251,6 +259,8 @@ int bench_ddp_main(int argc, char **argv) {
     } else {
       printf("%-6s %14.0f %14s\n", bf ? "bf16" : "f32", lm, "(no torch)");
     }
+    printf("       DDP's cost per step (step - the same step with sync off): median %.2f ms of a "
+           "%.2f ms step\n", bench_median(cost, ROUNDS) * 1e3, 2.0 * 256 / lm * 1e3);
   }
   return 0;
 }

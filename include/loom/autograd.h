@@ -81,6 +81,14 @@ loom_tensor *loom_tensor_grad(const loom_tensor *t);
 int loom_tensor_set_grad(loom_tensor *t, loom_tensor *grad);
 /* Fill t's gradient with zeros, keeping its buffer (no-op if it has none). */
 int loom_tensor_zero_grad(loom_tensor *t);
+/* Zero t's gradient without writing it (what PyTorch's zero_grad(set_to_none=True) saves, with
+ * the buffer kept, so DDP's bucket views and arenas stay in place): the next backward that
+ * reaches t overwrites the buffer instead of adding to it (a GEMM with beta = 0, a copy), and
+ * loom_tensor_grad(t) writes the zeros first if nothing did. Until one of them runs, the
+ * buffer's memory still holds the old values: code that reads it through a raw pointer taken
+ * earlier (an optimizer segment) must do so after a backward that reached t, or call
+ * loom_tensor_grad(t) first. No-op if t has no gradient buffer. */
+int loom_tensor_zero_grad_lazy(loom_tensor *t);
 
 /* Gradient bounds: what backward knows of a leaf's gradient without reading it, so that a
  * check of every element (the AMP loss scaler's inf/NaN test, loom/amp.h) can be skipped.

@@ -82,6 +82,10 @@ typedef struct loom__meta {
   uint64_t bwd_epoch;
   int bwd_pending;
   bool sink_fresh; /* grad was allocated by a sink in the node running now (error cleanup) */
+  /* leaves: grad's buffer is logically zero but not written (loom_tensor_zero_grad_lazy); the
+   * first write overwrites it, and anything that reads it zeroes it first (loom__grad_settle) */
+  bool grad_lazy_zero;
+  bool sink_was_lazy; /* a sink in the node running now overwrote a lazy-zero buffer */
   /* leaves: what is known of grad's content without reading it (loom_tensor_grad_bound) */
   int bound_track;               /* loom_tensor_track_grad_bound count */
   loom_grad_bound_kind bound_kind;
@@ -91,6 +95,8 @@ typedef struct loom__meta {
 /* The leaf's gradient bound becomes unknown / zero (a write autograd cannot bound; zeroing). */
 void loom__bound_forget(loom__meta *m);
 void loom__bound_zero(loom__meta *m);
+/* Write the zeros of a leaf's gradient buffer (m->grad set) and end its lazy zero. */
+void loom__grad_settle_zero(loom__meta *m);
 
 /* The tensor's metadata, created on first use (NULL only when out of memory). */
 loom__meta *loom__meta_get(loom_tensor *t);

@@ -100,6 +100,17 @@ bool loom__grad_exclusive(const loom_tensor *g) {
  * gradient (adopted, or converted to the leaf's dtype); with none, a zeroed one is made. */
 static int leaf_add(loom_tensor *leaf, loom_tensor *g) {
   loom__meta *m = leaf->autograd;
+  if (m->grad && m->grad_lazy_zero) { /* logically zero: the first contribution is copied */
+    m->grad_lazy_zero = false;
+    if (!g) {
+      loom__grad_settle_zero(m);
+      return LOOM_OK;
+    }
+    loom__bound_forget(m);
+    int rc = loom_tensor_copy(m->grad, g); /* converts to the leaf's dtype */
+    if (rc) m->grad_lazy_zero = true;     /* untouched on failure: still logically zero */
+    return rc;
+  }
   if (m->grad) {
     if (g) {
       loom__accumulate_f32(m->grad, loom_tensor_data(g), loom_tensor_numel(g));
@@ -191,6 +202,9 @@ bool loom__grad_sink(loom__node *n, int i, loom__sink *s) {
     m->sink_fresh = true;
   } else if (m->grad->dtype != LOOM_F32 || !loom_tensor_is_contiguous(m->grad)) {
     return false;
+  } else if (m->grad_lazy_zero) { /* logically zero: overwrite */
+    m->grad_lazy_zero = false;
+    m->sink_was_lazy = true;
   } else {
     s->beta = 1.0f;
   }
@@ -229,13 +243,21 @@ void loom__sink_bound(const loom__sink *s, double added) {
   } /* else unknown, as the sink left it */
 }
 
-/* After n's backward: buffers sinks allocated for it are now written (or, if it failed,
- * dropped, so the leaves are as they were). */
+/* After n's backward: buffers sinks allocated or overwrote for it are now written (or, if it
+ * failed, dropped or logically zero again, so the leaves are as they were). */
 static void sinks_settle(const loom__node *n, bool failed) {
   for (int i = 0; i < n->n_in; i++) {
     loom_tensor *leaf = sink_leaf(n, i);
     loom__meta *m = leaf ? leaf->autograd : NULL;
-    if (!m || !m->sink_fresh) continue;
+    if (!m) continue;
+    if (m->sink_was_lazy) {
+      m->sink_was_lazy = false;
+      if (failed) {
+        m->grad_lazy_zero = true;
+        loom__bound_zero(m);
+      }
+    }
+    if (!m->sink_fresh) continue;
     m->sink_fresh = false;
     if (failed) {
       loom_tensor_free(m->grad);

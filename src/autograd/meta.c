@@ -86,8 +86,16 @@ bool loom_tensor_is_leaf(const loom_tensor *t) {
   return !m || !m->grad_fn;
 }
 
+void loom__grad_settle_zero(loom__meta *m) {
+  m->grad_lazy_zero = false;
+  memset(loom_tensor_data(m->grad), 0, loom_tensor_nbytes(m->grad)); /* contiguous */
+  loom__bound_zero(m);
+}
+
 loom_tensor *loom_tensor_grad(const loom_tensor *t) {
-  const loom__meta *m = meta_of(t);
+  /* reading a lazily zeroed gradient writes its zeros first (the metadata is not const) */
+  loom__meta *m = (loom__meta *)meta_of(t);
+  if (m && m->grad && m->grad_lazy_zero) loom__grad_settle_zero(m);
   return m ? m->grad : NULL;
 }
 
@@ -122,6 +130,7 @@ int loom_tensor_set_grad(loom_tensor *t, loom_tensor *grad) {
   loom_tensor_retain(grad);
   loom_tensor_free(m->grad);
   m->grad = grad;
+  m->grad_lazy_zero = false;
   loom__bound_forget(m);
   return LOOM_OK;
 }
@@ -129,10 +138,18 @@ int loom_tensor_set_grad(loom_tensor *t, loom_tensor *grad) {
 int loom_tensor_zero_grad(loom_tensor *t) {
   int rc = loom_tensor_check(t, "loom_tensor_zero_grad");
   if (rc) return rc;
-  loom_tensor *g = loom_tensor_grad(t);
-  if (g) {
-    memset(loom_tensor_data(g), 0, loom_tensor_nbytes(g)); /* contiguous, all-zero bits */
-    loom__bound_zero(t->autograd);
+  loom__meta *m = t->autograd;
+  if (m && m->grad) loom__grad_settle_zero(m); /* contiguous, all-zero bits */
+  return LOOM_OK;
+}
+
+int loom_tensor_zero_grad_lazy(loom_tensor *t) {
+  int rc = loom_tensor_check(t, "loom_tensor_zero_grad_lazy");
+  if (rc) return rc;
+  loom__meta *m = t->autograd;
+  if (m && m->grad) {
+    m->grad_lazy_zero = true;
+    loom__bound_zero(m);
   }
   return LOOM_OK;
 }

@@ -5,16 +5,23 @@
  * LOOM__CACHE_MIN_BYTES that the default allocator frees are kept, up to a byte limit, and
  * the next allocation of the same rounded size takes one. The cache holds whole blocks and is
  * exact-size: a hit is a block that was allocated for this size. One mutex guards it (large
- * allocations only, each followed by at least 256 KiB of work). Address sanitizer builds start
- * with the cache off, so a use after free is still caught. */
+ * allocations only, each followed by at least 256 KiB of work). The limit starts at
+ * LOOM_ALLOC_CACHE_MB from the environment if set, else 256 MiB; address sanitizer builds
+ * start with the cache off, so a use after free is still caught. */
 #include "core/alloc_cache.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #define SLOTS 64
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define LOOM__ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(LOOM__ASAN)
 #define DEFAULT_LIMIT ((size_t)0)
 #else
 #define DEFAULT_LIMIT ((size_t)256 << 20)
@@ -26,9 +33,17 @@ typedef struct slot {
 } slot;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
 static slot slots[SLOTS];
 static int used;
 static size_t cached, limit = DEFAULT_LIMIT;
+
+static void init_limit(void) {
+  const char *e = getenv("LOOM_ALLOC_CACHE_MB");
+  char *end = NULL;
+  unsigned long long mb = e ? strtoull(e, &end, 10) : 0;
+  if (e && end != e && *end == '\0' && mb <= (SIZE_MAX >> 20)) limit = (size_t)mb << 20;
+}
 
 size_t loom__cache_round(size_t bytes) {
   if (bytes < LOOM__CACHE_MIN_BYTES || bytes > SIZE_MAX - 4095) return bytes;
@@ -37,6 +52,7 @@ size_t loom__cache_round(size_t bytes) {
 
 void *loom__cache_take(size_t bytes) {
   if (bytes < LOOM__CACHE_MIN_BYTES) return NULL;
+  pthread_once(&once, init_limit);
   void *raw = NULL;
   pthread_mutex_lock(&mu);
   for (int i = used - 1; i >= 0; i--)
@@ -52,6 +68,7 @@ void *loom__cache_take(size_t bytes) {
 
 bool loom__cache_put(void *raw, size_t bytes) {
   if (bytes < LOOM__CACHE_MIN_BYTES) return false;
+  pthread_once(&once, init_limit);
   bool kept = false;
   pthread_mutex_lock(&mu);
   if (used < SLOTS && bytes <= limit && cached <= limit - bytes) {
@@ -73,6 +90,7 @@ static void shrink(size_t keep) {
 }
 
 void loom_mem_set_cache_limit(size_t bytes) {
+  pthread_once(&once, init_limit);
   pthread_mutex_lock(&mu);
   limit = bytes;
   shrink(bytes);
@@ -80,6 +98,7 @@ void loom_mem_set_cache_limit(size_t bytes) {
 }
 
 size_t loom_mem_cache_limit(void) {
+  pthread_once(&once, init_limit);
   pthread_mutex_lock(&mu);
   size_t v = limit;
   pthread_mutex_unlock(&mu);
@@ -87,6 +106,7 @@ size_t loom_mem_cache_limit(void) {
 }
 
 size_t loom_mem_cached_bytes(void) {
+  pthread_once(&once, init_limit);
   pthread_mutex_lock(&mu);
   size_t v = cached;
   pthread_mutex_unlock(&mu);
@@ -94,6 +114,7 @@ size_t loom_mem_cached_bytes(void) {
 }
 
 void loom_mem_release_cache(void) {
+  pthread_once(&once, init_limit);
   pthread_mutex_lock(&mu);
   shrink(0);
   pthread_mutex_unlock(&mu);

@@ -5,7 +5,9 @@
  * one (as DDP buckets are), through the cached autocast cast of an f32 master weight and past
  * an explicit cast; a leaf's hook fires once, with the complete gradient; a hook on a cast's
  * output still sees its gradient; a backward that fails part-way leaves no half-written
- * gradient. */
+ * gradient; zero_grad_lazy: the next write overwrites the kept buffer (sinks, an op without one,
+ * autocast), a read of an unwritten one writes its zeros, and a failed backward leaves it zero
+ * or complete. */
 #include "lt.h"
 #include "loom/autocast.h"
 
@@ -302,4 +304,136 @@ LT_TEST(sinks_linear_finishes_parameter_gradients_before_the_input_gradient) {
   loom_tensor_free(l);
   loom_tensor *ts[] = {f.x, f.x2, f.w, f.b, f.c};
   for (int i = 0; i < 5; i++) loom_tensor_free(ts[i]);
+}
+
+/* A raw look at a gradient buffer, bypassing loom_tensor_grad (which would write a lazy zero). */
+static const float *raw(const loom_tensor *g) { return loom_tensor_data(g); }
+
+/* zero_grad_lazy: the next backward overwrites the kept buffer, through linear's sinks (weight
+ * used twice: the first write overwrites, the second adds), through an op without a sink (mul's
+ * temporary is copied in), and through autocast's cast of the master weight; a hook sees the
+ * complete gradient; the buffers stay the same objects. */
+LT_TEST(lazy_zero_next_backward_overwrites_the_kept_buffer) {
+  two_uses f;
+  two_uses_init(&f);
+  loom_tensor *w = f.w, *b = f.b, *c = f.c, **xs = f.xs;
+  const int64_t sshape[] = {O};
+  loom_tensor *s = mk(1, sshape, (float[]){2, -3}, true); /* reached only through mul */
+  seen sw = {0};
+  LT_OK(loom_tensor_register_hook(w, keep, &sw, NULL));
+  const loom_tensor *kw = NULL, *kb = NULL, *ks = NULL; /* the buffers (no read: it would zero) */
+  for (int round = 0; round < 3; round++) {
+    loom_autocast_token tok;
+    LT_OK(loom_autocast_enter(round == 2 ? LOOM_AUTOCAST_BF16 : LOOM_AUTOCAST_OFF, NULL, &tok));
+    loom_tensor *l = loss_of(xs, 2, w, b, c), *bs = NULL, *ls = NULL, *l2 = NULL;
+    LT_OK(loom_autocast_exit(&tok));
+    LT_OK(loom_mul(b, s, &bs)); /* + sum(b * s): s's gradient is b, b's gains s */
+    LT_OK(loom_sum(bs, NULL, 0, false, &ls));
+    LT_OK(loom_add(l, ls, &l2));
+    LT_OK(loom_backward(l2, NULL, false));
+    if (round > 0) { /* the same buffers as before */
+      LT_TRUE(loom_tensor_grad(w) == kw && loom_tensor_grad(b) == kb && loom_tensor_grad(s) == ks);
+    }
+    float gb[O] = {f.gb[0] + 2, f.gb[1] - 3};
+    LT_EQ(sw.calls, round + 1);
+    for (int i = 0; i < O * I; i++) LT_NEAR(sw.v[i], f.gw[i], 1e-5);
+    check_grad(w, f.gw, O * I, 1, 1e-5);
+    check_grad(b, gb, O, 1, 1e-5);
+    check_grad(s, bv, O, 1, 1e-5);
+    /* lazily zeroed: nothing written, the old values still in memory */
+    kw = loom_tensor_grad(w);
+    kb = loom_tensor_grad(b);
+    ks = loom_tensor_grad(s);
+    LT_OK(loom_tensor_zero_grad_lazy(w));
+    LT_OK(loom_tensor_zero_grad_lazy(b));
+    LT_OK(loom_tensor_zero_grad_lazy(s));
+    LT_NEAR(raw(kw)[0], f.gw[0], 1e-5);
+    loom_tensor *ts[] = {l, bs, ls, l2};
+    for (int i = 0; i < 4; i++) loom_tensor_free(ts[i]);
+  }
+  loom_tensor *ts[] = {f.x, f.x2, w, b, c, s};
+  for (int i = 0; i < 6; i++) loom_tensor_free(ts[i]);
+}
+
+/* A leaf that the next backward does not reach reads as zeros, in its same buffer; one it
+ * reaches with no gradient flowing (a node skipped) too; zero_grad_lazy on a leaf without a
+ * buffer does nothing; loom_tensor_zero_grad and set_grad end a pending lazy zero. */
+LT_TEST(lazy_zero_reads_as_zero_when_backward_does_not_write) {
+  loom_tensor *x = mk(2, (int64_t[]){R, I}, xv, false), *c = mk(2, (int64_t[]){R, O}, cv, false);
+  loom_tensor *w = mk(2, (int64_t[]){O, I}, wv, true), *b = mk(1, (int64_t[]){O}, bv, true);
+  LT_OK(loom_tensor_zero_grad_lazy(w)); /* no buffer yet: nothing to do */
+  LT_TRUE(loom_tensor_grad(w) == NULL);
+  loom_tensor *l = loss_of(&x, 1, w, b, c);
+  LT_OK(loom_backward(l, NULL, false));
+  loom_tensor_free(l);
+  const loom_tensor *gw = loom_tensor_grad(w), *gb = loom_tensor_grad(b);
+  LT_TRUE(gw && gb && raw(gw)[0] != 0.0f && raw(gb)[0] != 0.0f);
+  LT_OK(loom_tensor_zero_grad_lazy(w));
+  LT_OK(loom_tensor_zero_grad_lazy(b));
+  LT_TRUE(raw(gw)[0] != 0.0f); /* not written yet */
+  /* a backward that reaches b only */
+  loom_tensor *bs = NULL;
+  LT_OK(loom_sum(b, NULL, 0, false, &bs));
+  LT_OK(loom_backward(bs, NULL, false));
+  loom_tensor_free(bs);
+  const float ones[O * I] = {1, 1, 1, 1, 1, 1, 1, 1}, zeros[O * I] = {0};
+  check_grad(b, ones, O, 1, 0); /* overwritten, not added to the old values */
+  LT_TRUE(loom_tensor_grad(w) == gw);
+  check_grad(w, zeros, O * I, 1, 0); /* read: the zeros are written now */
+  loom_grad_bound_kind kind;
+  double bound = -1;
+  LT_OK(loom_tensor_grad_bound(w, &kind, &bound));
+  LT_EQ(kind, LOOM_GRAD_BOUND_FINITE);
+  LT_NEAR(bound, 0, 0);
+  /* explicit zeroing and set_grad end the lazy state */
+  LT_OK(loom_tensor_zero_grad_lazy(b));
+  LT_OK(loom_tensor_zero_grad(b));
+  check_grad(b, zeros, O, 1, 0);
+  LT_OK(loom_tensor_zero_grad_lazy(b));
+  loom_tensor *mine = mk(1, (int64_t[]){O}, (float[]){5, 6}, false);
+  LT_OK(loom_tensor_set_grad(b, mine));
+  check_grad(b, (float[]){5, 6}, O, 1, 0); /* the caller's values, not zeros */
+  LT_ERR(loom_tensor_zero_grad_lazy(NULL), LOOM_EINVAL, "");
+  loom_tensor *ts[] = {x, c, w, b, mine};
+  for (int i = 0; i < 5; i++) loom_tensor_free(ts[i]);
+}
+
+/* A backward that fails part-way after lazy zeroing leaves each gradient either complete or
+ * still (logically) zero, never half overwritten. */
+LT_TEST(lazy_zero_failed_backward_leaves_zero_or_complete) {
+  loom_tensor *x = mk(2, (int64_t[]){R, I}, xv, false), *c = mk(2, (int64_t[]){R, O}, cv, false);
+  const float *xp[1] = {xv};
+  float gw[O * I], gb[O];
+  expect(xp, 1, gw, gb);
+  const float zeros[O * I] = {0};
+  int failures = 0;
+  for (uint64_t nth = 1; nth < 40; nth++) {
+    loom_tensor *w = mk(2, (int64_t[]){O, I}, wv, true), *b = mk(1, (int64_t[]){O}, bv, true);
+    loom_tensor *l0 = loss_of(&x, 1, w, b, c);
+    LT_OK(loom_backward(l0, NULL, false)); /* buffers with non-zero values */
+    loom_tensor_free(l0);
+    LT_OK(loom_tensor_zero_grad_lazy(w));
+    LT_OK(loom_tensor_zero_grad_lazy(b));
+    loom_tensor *l = loss_of(&x, 1, w, b, c);
+    LT_TRUE(l != NULL);
+    loom_alloc_fail_nth(nth);
+    int rc = loom_backward(l, NULL, false);
+    loom_alloc_fail_nth(0);
+    if (rc) {
+      failures++;
+      LT_EQ(rc, LOOM_ENOMEM);
+    }
+    const float *pw = loom_tensor_data(loom_tensor_grad(w)), *pb = loom_tensor_data(loom_tensor_grad(b));
+    LT_TRUE(memcmp(pw, gw, sizeof gw) == 0 || memcmp(pw, zeros, sizeof gw) == 0);
+    LT_TRUE(memcmp(pb, gb, sizeof gb) == 0 || memcmp(pb, zeros, sizeof gb) == 0);
+    if (!rc) {
+      check_grad(w, gw, O * I, 1, 1e-5);
+      check_grad(b, gb, O, 1, 1e-5);
+    }
+    loom_tensor *ts[] = {w, b, l};
+    for (int i = 0; i < 3; i++) loom_tensor_free(ts[i]);
+  }
+  LT_TRUE(failures > 0);
+  loom_tensor_free(x);
+  loom_tensor_free(c);
 }
