@@ -72,7 +72,9 @@ bool loom_tensor_requires_grad(const loom_tensor *t);
 /* True unless t was produced by a recorded op. */
 bool loom_tensor_is_leaf(const loom_tensor *t);
 /* The leaf's accumulated gradient (borrowed; NULL before the first backward that reaches it
- * and after loom_tensor_set_grad(t, NULL)). Same dtype and shape as t, contiguous. */
+ * and after loom_tensor_set_grad(t, NULL)). Same dtype and shape as t, contiguous. If the
+ * gradient was zeroed lazily and nothing wrote it since, this writes its zeros first, so two
+ * threads must not call it on the same leaf at once. */
 loom_tensor *loom_tensor_grad(const loom_tensor *t);
 /* Use `grad` as t's gradient buffer: backward accumulates into it in place. Retains grad.
  * It must have t's dtype and shape and be contiguous (LOOM_EDTYPE / LOOM_ESHAPE otherwise),
@@ -85,9 +87,11 @@ int loom_tensor_zero_grad(loom_tensor *t);
  * the buffer kept, so DDP's bucket views and arenas stay in place): the next backward that
  * reaches t overwrites the buffer instead of adding to it (a GEMM with beta = 0, a copy), and
  * loom_tensor_grad(t) writes the zeros first if nothing did. Until one of them runs, the
- * buffer's memory still holds the old values: code that reads it through a raw pointer taken
- * earlier (an optimizer segment) must do so after a backward that reached t, or call
- * loom_tensor_grad(t) first. No-op if t has no gradient buffer. */
+ * buffer's memory still holds the old values: code that reads it through a pointer or tensor
+ * taken earlier (an optimizer segment, a gradient list given to the AMP scaler) must do so
+ * after a backward that reached t, or call loom_tensor_grad(t) first. A backward that fails
+ * leaves each such gradient complete (its hooks ran) or zero. DDP sends the gradient of a
+ * parameter backward did not reach as zeros. No-op if t has no gradient buffer. */
 int loom_tensor_zero_grad_lazy(loom_tensor *t);
 
 /* Gradient bounds: what backward knows of a leaf's gradient without reading it, so that a

@@ -85,7 +85,9 @@ typedef struct loom__meta {
   /* leaves: grad's buffer is logically zero but not written (loom_tensor_zero_grad_lazy); the
    * first write overwrites it, and anything that reads it zeroes it first (loom__grad_settle) */
   bool grad_lazy_zero;
-  bool sink_was_lazy; /* a sink in the node running now overwrote a lazy-zero buffer */
+  /* this backward wrote into a lazy-zero buffer and the leaf is not complete yet: if backward
+   * fails, the buffer is lazily zero again (run_backward) */
+  bool lazy_consumed;
   /* leaves: what is known of grad's content without reading it (loom_tensor_grad_bound) */
   int bound_track;               /* loom_tensor_track_grad_bound count */
   loom_grad_bound_kind bound_kind;

@@ -109,6 +109,7 @@ static int leaf_add(loom_tensor *leaf, loom_tensor *g) {
     loom__bound_forget(m);
     int rc = loom_tensor_copy(m->grad, g); /* converts to the leaf's dtype */
     if (rc) m->grad_lazy_zero = true;     /* untouched on failure: still logically zero */
+    else m->lazy_consumed = true;
     return rc;
   }
   if (m->grad) {
@@ -133,6 +134,10 @@ static int leaf_add(loom_tensor *leaf, loom_tensor *g) {
 static int leaf_done(loom_tensor *leaf) {
   loom__meta *m = leaf->autograd;
   int rc = leaf_add(leaf, NULL);
+  if (!rc) { /* complete and published to its hooks: a later failure keeps it */
+    m->lazy_consumed = false;
+    m->sink_fresh = false;
+  }
   return rc ? rc : loom__hooks_run(&m->hooks, m->grad);
 }
 
@@ -204,7 +209,7 @@ bool loom__grad_sink(loom__node *n, int i, loom__sink *s) {
     return false;
   } else if (m->grad_lazy_zero) { /* logically zero: overwrite */
     m->grad_lazy_zero = false;
-    m->sink_was_lazy = true;
+    m->lazy_consumed = true;
   } else {
     s->beta = 1.0f;
   }
@@ -243,21 +248,14 @@ void loom__sink_bound(const loom__sink *s, double added) {
   } /* else unknown, as the sink left it */
 }
 
-/* After n's backward: buffers sinks allocated or overwrote for it are now written (or, if it
- * failed, dropped or logically zero again, so the leaves are as they were). */
+/* After n's backward: buffers sinks allocated for it are now written (or, if it failed and
+ * the leaf was not completed, dropped, so the leaves are as they were). Lazy-zero buffers
+ * are settled for the whole backward by run_backward. */
 static void sinks_settle(const loom__node *n, bool failed) {
   for (int i = 0; i < n->n_in; i++) {
     loom_tensor *leaf = sink_leaf(n, i);
     loom__meta *m = leaf ? leaf->autograd : NULL;
-    if (!m) continue;
-    if (m->sink_was_lazy) {
-      m->sink_was_lazy = false;
-      if (failed) {
-        m->grad_lazy_zero = true;
-        loom__bound_zero(m);
-      }
-    }
-    if (!m->sink_fresh) continue;
+    if (!m || !m->sink_fresh) continue;
     m->sink_fresh = false;
     if (failed) {
       loom_tensor_free(m->grad);
@@ -485,6 +483,16 @@ done:
   for (loom__node *n = all; n; n = n->bwd_next) { /* after an error, drop pending grads */
     loom_tensor_free(n->bwd_grad);
     n->bwd_grad = NULL;
+    /* a lazily zeroed leaf written but not completed: zero again after an error */
+    for (int i = 0; i < n->n_in; i++) {
+      loom__meta *lm = n->in[i].leaf ? n->in[i].leaf->autograd : NULL;
+      if (!lm || !lm->lazy_consumed) continue;
+      lm->lazy_consumed = false;
+      if (rc) {
+        lm->grad_lazy_zero = true;
+        loom__bound_zero(lm);
+      }
+    }
   }
   loom__grad_mode_pop();
   current = NULL;

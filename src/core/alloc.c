@@ -120,6 +120,10 @@ void *loom__malloc(loom_pool pool, size_t size) {
     size_t bytes = loom__cache_round(size + HEADER);
     raw = loom__cache_take(bytes);
     if (!raw) raw = default_alloc(NULL, bytes, HEADER);
+    if (!raw && loom_mem_cached_bytes()) { /* out of memory: give the cache back, try again */
+      loom_mem_release_cache();
+      raw = default_alloc(NULL, bytes, HEADER);
+    }
   } else {
     raw = hook.alloc(hook.ctx, size + HEADER, HEADER);
   }

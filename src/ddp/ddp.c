@@ -180,8 +180,11 @@ int loom_ddp_finish(loom_ddp *d) {
   double t_end = loom__ddp_now();
   size_t nb = loom_bucket_manager_count(d->m);
   size_t unused = d->n;
-  for (size_t i = 0; i < d->n && unused == d->n; i++)
-    if (!d->ready[i]) unused = i;
+  for (size_t i = 0; i < d->n; i++) {
+    if (d->ready[i]) continue;
+    if (unused == d->n) unused = i;
+    (void)loom_tensor_grad(d->params[i]); /* a lazily zeroed gradient is sent as zeros */
+  }
   /* Launch what is left (all of it on the eager path; with an unused parameter, its bucket and
    * those after it, so that every rank still issues the same collectives). */
   for (size_t b = d->next_launch; b < nb; b++) d->pending[b] = 0;

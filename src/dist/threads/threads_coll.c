@@ -77,7 +77,7 @@ static const loom__coll *peer(loom__thr_rank *me, int j, const loom__coll *c) {
   return &me->world->ranks[j].slot[c->seq & 1];
 }
 
-/* Tick to t and wait for everyone to get there: nobody reads our buffers after this. */
+/* Tick to t and wait for everyone to get there: nobody touches our buffers after this. */
 static int done_barrier(loom__thr_rank *me, const loom__coll *c, uint32_t t) {
   loom__thr_advance(me, t);
   return loom__thr_wait_all(me, t, c);
@@ -115,6 +115,12 @@ static int allreduce_large(loom__thr_rank *me, const loom__coll *c) {
   uint32_t t0;
   int rc = arrive(me, c, &t0);
   if (rc) return rc;
+  /* we write into the peers' outputs: a peer whose group failed may be about to return its
+   * buffers (it waits only for ranks already marked active), so check once more */
+  int f = atomic_load(&w->failed_rank);
+  if (f >= 0 && f != r)
+    return loom__fail(LOOM_EREMOTE, "rank %d: all-reduce #%llu failed because rank %d failed",
+                      r, (unsigned long long)c->seq, f);
   size_t off, m;
   segment(c->count, n, r, &off, &m);
   const void *srcs[1024];
@@ -180,8 +186,8 @@ static int do_barrier(loom_pg *pg, const loom__coll *c) {
 }
 
 /* Run a collective with this rank marked active. On failure, wait (bounded by the timeout)
- * until no peer is active any more, so that no peer still reads our buffers when the caller
- * gets them back; a peer in a failed world fails at its next wait. */
+ * until no peer is active any more, so that no peer still reads or writes our buffers when
+ * the caller gets them back; a peer in a failed world fails at its next wait. */
 static int run(loom_pg *pg, const loom__coll *c, int (*impl)(loom_pg *, const loom__coll *)) {
   loom__thr_rank *me = loom__thr_of(pg);
   atomic_store(&me->active, 1);
