@@ -53,10 +53,11 @@ typedef struct loom_allocator {
 int loom_set_allocator(const loom_allocator *a);
 
 /* The default allocator's cache of large blocks. A block of 256 KiB or more that loom frees
- * is kept (up to the limit: LOOM_ALLOC_CACHE_MB from the environment if set, else 256 MiB; 0
- * in address-sanitizer builds) and given to the next allocation of the same size, instead of
- * going back to the C library, which would return its pages to the kernel and fault them in
- * again on the next training step. Cached bytes are not counted in any pool's current_bytes.
+ * is kept, up to a limit, and given to the next allocation of the same size, instead of going
+ * back to the C library, which would return its pages to the kernel and fault them in again on
+ * the next training step. The limit starts at LOOM_ALLOC_CACHE_MB from the environment (a
+ * whole number of MiB; any other value is ignored), else 256 MiB, or 0 in address-sanitizer
+ * builds. Cached bytes are not counted in any pool's current_bytes.
  * A custom allocator (loom_set_allocator) bypasses the cache. All four are thread-safe. */
 void loom_mem_set_cache_limit(size_t bytes); /* 0 turns it off; shrinks to the new limit */
 size_t loom_mem_cache_limit(void);

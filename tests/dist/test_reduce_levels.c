@@ -121,6 +121,12 @@ LT_TEST(dist_reduce_levels_divide_as_scalar) {
         memcpy(y, a0, sizeof a0);
         ref->div_f32(x + 1, lens[t], divs[d]);
         k->div_f32(y + 1, lens[t], divs[d]);
+        /* the scalar reference is itself the IEEE quotient (volatile: a real division) */
+        for (size_t i = 0; i < lens[t]; i++) {
+          volatile float q = divs[d];
+          float e = a0[1 + i] / q;
+          LT_TRUE(memcmp(&e, &x[1 + i], 4) == 0 || (isnan(e) && isnan(x[1 + i])));
+        }
         if (memcmp(x, y, sizeof x) != 0) {
           lt_fail_at(__FILE__, __LINE__, "level %s n %zu divisor %g differs",
                      loom_cpu_level_name((loom_cpu_level)l), lens[t], (double)divs[d]);
