@@ -1,12 +1,14 @@
 /* conv_dnnl.c: 2-D convolution forward, backward-data and backward-weights on oneDNN's
  * convolution primitives, NCHW activations and OIHW weights as the caller stores them.
  *
- * f32 and bf16 run natively (bf16 accumulates in f32 inside oneDNN). f16 is widened to f32
- * copies, run in f32 and rounded back. Primitives are cached like the GEMM's
+ * f32 runs natively, and bf16 where oneDNN has bf16 kernels for this CPU (AVX-512; bf16
+ * accumulates in f32 inside oneDNN). f16, and bf16 elsewhere, is widened to f32 copies (exact),
+ * run in f32 and rounded back once: the numbers of the f32 convolution of the same values. Primitives are cached like the GEMM's
  * (gemm_prim.c); a backward primitive is built with its forward descriptor as the hint, as
  * oneDNN requires. */
 #include "ops/gemm_int.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 enum { KEY_FWD = 2, KEY_BWD_DATA = 3, KEY_BWD_WEIGHTS = 4 };
@@ -91,10 +93,7 @@ done:
 /* Runs one convolution kind natively (f32 or bf16); bufs[3] is the bias (or NULL). */
 static int conv_native(int kind, const loom__conv2d_args *a, loom_dtype dt, const char *who, int n,
                        const loom__dnnl_buf *bufs, bool bias) {
-  loom__prim_key key;
-  memset(&key, 0, sizeof key);
-  key.kind = kind;
-  key.nthr = loom__gemm_threads();
+  loom__prim_key key = loom__prim_key_make(kind, loom__gemm_threads());
   const int64_t v[] = {a->N,        a->C,        a->H,     a->W,     a->O,        a->KH, a->KW,
                        a->stride_h, a->stride_w, a->pad_h, a->pad_w, (int64_t)dt, bias};
   memcpy(key.v, v, sizeof v);
@@ -116,8 +115,20 @@ static void conv_sizes(const loom__conv2d_args *a, size_t n[4]) {
   n[3] = (size_t)(a->N * a->O * oh * ow);
 }
 
+/* bf16 convolutions have oneDNN kernels on this CPU: asked once per process (oneDNN 2.6 has
+ * them with AVX-512 only). The forward probe answers for the three passes. */
+bool loom__conv2d_native(loom_dtype dtype) {
+  if (dtype != LOOM_BF16) return dtype == LOOM_F32;
+  static _Atomic int answer;
+  loom__prim_key key = loom__prim_key_make(KEY_FWD, 1);
+  const int64_t v[] = {1, 8, 8, 8, 8, 3, 3, 1, 1, 1, 1, LOOM_BF16, 0};
+  memcpy(key.v, v, sizeof v);
+  return loom__prim_probe(&answer, &key, build_conv);
+}
+
 /* One convolution: `ptr[i]` is the caller's buffer for bufs' argument i (tensor `which[i]`:
- * 0 x, 1 w, 2 b, 3 y), `out[i]` whether the kernel writes it. f16 runs on f32 copies. */
+ * 0 x, 1 w, 2 b, 3 y), `out[i]` whether the kernel writes it. A dtype without native kernels
+ * runs on f32 copies: inputs widened (exact), outputs rounded once. */
 static int conv_run(int kind, const loom__conv2d_args *a, const char *who, int n, const int *args,
                     const int *which, void *const *ptr, const bool *out, bool bias) {
   int rc = LOOM_OK;
@@ -125,18 +136,18 @@ static int conv_run(int kind, const loom__conv2d_args *a, const char *who, int n
   float *tmp[4] = {NULL};
   size_t sizes[4];
   conv_sizes(a, sizes);
-  bool widen = a->dtype == LOOM_F16;
+  bool widen = !loom__conv2d_native(a->dtype);
   for (int i = 0; i < n; i++) {
     bufs[i].arg = args[i];
     bufs[i].ptr = ptr[i];
     if (!widen) continue;
-    LOOM__GEMM_ALLOC(tmp[i], sizes[which[i]] * sizeof(float), who, "an f32 copy of an f16 operand");
-    if (!out[i]) loom_cvt_f16_to_f32(ptr[i], tmp[i], sizes[which[i]]);
+    LOOM__GEMM_ALLOC(tmp[i], sizes[which[i]] * sizeof(float), who, "an f32 copy of an operand");
+    if (!out[i]) loom_convert(ptr[i], a->dtype, tmp[i], LOOM_F32, sizes[which[i]]);
     bufs[i].ptr = tmp[i];
   }
   LOOM_TRY(conv_native(kind, a, widen ? LOOM_F32 : a->dtype, who, n, bufs, bias));
   for (int i = 0; i < n; i++)
-    if (widen && out[i]) loom_cvt_f32_to_f16(tmp[i], ptr[i], sizes[which[i]]);
+    if (widen && out[i]) loom_convert(tmp[i], LOOM_F32, ptr[i], a->dtype, sizes[which[i]]);
 done:
   for (int i = 0; i < 4; i++) loom__free(tmp[i]);
   return rc;

@@ -3,8 +3,10 @@
  * forward and backward from these. Implemented with oneDNN (see README, "GEMM"), with a
  * scalar reference beside each for the tests. All return a loom status with a message.
  *
- * Dtypes: A and B are f32, bf16 or f16 (f16 goes through f32); both the same dtype. C is f32
- * or the inputs' dtype; accumulation is always f32.
+ * Dtypes: A and B are f32, bf16 or f16, both the same dtype. C is f32 or the inputs' dtype;
+ * accumulation is always f32. f16 operands, and bf16 ones on CPUs where oneDNN has no bf16
+ * kernel (no AVX-512), are widened to f32 copies (exact) and multiplied in f32; a 16-bit C is
+ * then rounded once. Either way the result is the f32 product of the operands' values.
  *
  * Errors (kernels and references alike, message naming the function and the argument):
  * LOOM_EINVAL for a NULL pointer, a size that is not positive, beta not 0/1 or a bias with
@@ -48,6 +50,10 @@ typedef struct loom__gemm_args {
 } loom__gemm_args;
 
 int loom__gemm(const loom__gemm_args *g);
+/* True if loom__gemm runs `ab_dtype` operands natively in oneDNN on this CPU (f32 always,
+ * bf16 where oneDNN has a kernel for it, f16 never); otherwise they are widened to f32. The
+ * answer is asked of oneDNN once per process. */
+bool loom__gemm_native(loom_dtype ab_dtype);
 /* The scalar reference of loom__gemm (tests; f32 accumulation in the same order as written). */
 int loom__gemm_ref(const loom__gemm_args *g);
 
@@ -55,8 +61,13 @@ int loom__gemm_ref(const loom__gemm_args *g);
  * [N,O,OH,OW] with OH = (H + 2*pad_h - KH) / stride_h + 1 (likewise OW). */
 typedef struct loom__conv2d_args {
   int64_t N, C, H, W, O, KH, KW, stride_h, stride_w, pad_h, pad_w;
-  loom_dtype dtype; /* of x, w, b and y (f32 or bf16; f16 goes through f32) */
+  loom_dtype dtype; /* of x, w, b and y (f32, bf16 or f16; see loom__conv2d_native) */
 } loom__conv2d_args;
+
+/* True if the convolutions run `dtype` natively in oneDNN on this CPU (f32 always, bf16 where
+ * oneDNN has kernels for it, f16 never); otherwise every pass widens its operands to f32
+ * (exact), runs in f32 and rounds its outputs once. Asked of oneDNN once per process. */
+bool loom__conv2d_native(loom_dtype dtype);
 
 int loom__conv2d_fwd(const loom__conv2d_args *a, const void *x, const void *w, const void *b,
                      void *y);

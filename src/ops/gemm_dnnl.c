@@ -1,13 +1,16 @@
 /* gemm_dnnl.c: loom__gemm on oneDNN's matmul primitive.
  *
- * f32 and bf16 go straight to oneDNN (bf16 x bf16 with f32 accumulation, C in f32 or bf16;
- * brgemm kernels with AVX512-BF16 on this CPU). Transposes and leading dimensions are memory
+ * f32 goes straight to oneDNN; so does bf16 (bf16 x bf16 with f32 accumulation, C in f32 or
+ * bf16) where oneDNN has a bf16 kernel for this CPU (AVX-512: avx512_core, AVX512-BF16's dot
+ * products where present), asked once per process. Elsewhere (AVX2-only CPUs) bf16 operands
+ * are widened to f32 like f16 ones below, which gives the same numbers. Transposes and leading dimensions are memory
  * strides, a batch is a 3-D matmul whose broadcast operand has batch dimension 1, alpha is an
  * output scale, a bias oneDNN's f32 bias (a [1, N] row) and beta = 1 a sum post-op. oneDNN 2.6 has no f16 x f16 matmul on CPUs
  * without AVX512-FP16, so f16 operands are widened to packed f32 copies, multiplied in f32 and
  * (for an f16 C) rounded back. */
 #include "ops/gemm_int.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 enum { KEY_MATMUL = 1 };
@@ -112,10 +115,7 @@ static int64_t float_bits(float f) {
 
 /* f32 or bf16 operands, already checked. */
 static int gemm_native(const loom__gemm_args *g) {
-  loom__prim_key key;
-  memset(&key, 0, sizeof key);
-  key.kind = KEY_MATMUL;
-  key.nthr = loom__gemm_threads();
+  loom__prim_key key = loom__prim_key_make(KEY_MATMUL, loom__gemm_threads());
   int64_t *v = key.v;
   bool batched = g->batch > 1;
   v[K_TA] = g->trans_a, v[K_TB] = g->trans_b, v[K_BATCH] = g->batch;
@@ -138,23 +138,41 @@ static int gemm_native(const loom__gemm_args *g) {
   return rc;
 }
 
-/* Copies `nmat` matrices of rows x cols (row stride ld, `stride` apart) between a strided f16
- * layout and a packed f32 one. */
-static void widen(const uint16_t *src, int64_t ld, int64_t stride, float *dst, int64_t nmat,
-                  int64_t rows, int64_t cols) {
-  for (int64_t m = 0; m < nmat; m++)
-    for (int64_t r = 0; r < rows; r++)
-      loom_cvt_f16_to_f32(src + m * stride + r * ld, dst + (m * rows + r) * cols, (size_t)cols);
-}
-static void narrow(const float *src, uint16_t *dst, int64_t ld, int64_t stride, int64_t nmat,
-                   int64_t rows, int64_t cols) {
-  for (int64_t m = 0; m < nmat; m++)
-    for (int64_t r = 0; r < rows; r++)
-      loom_cvt_f32_to_f16(src + (m * rows + r) * cols, dst + m * stride + r * ld, (size_t)cols);
+/* bf16 x bf16 has a oneDNN kernel on this CPU: asked of oneDNN once per process (2.6 has one
+ * with AVX-512, avx512_core and up; none on AVX2-only CPUs). */
+bool loom__gemm_native(loom_dtype ab_dtype) {
+  if (ab_dtype != LOOM_BF16) return ab_dtype == LOOM_F32;
+  static _Atomic int answer;
+  loom__prim_key key = loom__prim_key_make(KEY_MATMUL, 1);
+  int64_t *v = key.v;
+  v[K_BATCH] = 1, v[K_M] = v[K_N] = v[K_K] = 16;
+  v[K_LDA] = v[K_LDB] = v[K_LDC] = 16;
+  v[K_ABDT] = LOOM_BF16, v[K_CDT] = LOOM_F32, v[K_ALPHA] = float_bits(1.0f);
+  return loom__prim_probe(&answer, &key, build_matmul);
 }
 
-/* f16 operands: widened to packed f32, multiplied in f32; an f16 C goes through f32 too. */
-static int gemm_f16(const loom__gemm_args *g) {
+/* Copies `nmat` matrices of rows x cols (row stride ld, `stride` apart) between a strided
+ * f16/bf16 layout and a packed f32 one (exact when widening; narrowing rounds once). */
+static void widen(const void *src, loom_dtype dt, int64_t ld, int64_t stride, float *dst,
+                  int64_t nmat, int64_t rows, int64_t cols) {
+  const uint16_t *s = src;
+  for (int64_t m = 0; m < nmat; m++)
+    for (int64_t r = 0; r < rows; r++)
+      loom_convert(s + m * stride + r * ld, dt, dst + (m * rows + r) * cols, LOOM_F32,
+                   (size_t)cols);
+}
+static void narrow(const float *src, void *dst, loom_dtype dt, int64_t ld, int64_t stride,
+                   int64_t nmat, int64_t rows, int64_t cols) {
+  uint16_t *d = dst;
+  for (int64_t m = 0; m < nmat; m++)
+    for (int64_t r = 0; r < rows; r++)
+      loom_convert(src + (m * rows + r) * cols, LOOM_F32, d + m * stride + r * ld, dt,
+                   (size_t)cols);
+}
+
+/* f16 operands (and bf16 ones where oneDNN has no bf16 kernel): widened to packed f32 (exact),
+ * multiplied in f32 with f32 accumulation; a 16-bit C goes through f32 and is rounded once. */
+static int gemm_widened(const loom__gemm_args *g) {
   int rc = LOOM_OK;
   loom__gemm_args f = *g;
   float *a = NULL, *b = NULL, *c = NULL;
@@ -166,22 +184,23 @@ static int gemm_f16(const loom__gemm_args *g) {
   if (!loom__mul_ok((size_t)(na * ar), (size_t)ac * sizeof(float), &sa) ||
       !loom__mul_ok((size_t)(nb * br), (size_t)bc * sizeof(float), &sb) ||
       !loom__mul_ok((size_t)(g->batch * g->M), (size_t)g->N * sizeof(float), &sc))
-    return loom__fail(LOOM_EOVERFLOW, "loom__gemm: f32 copies of the f16 operands overflow size_t");
+    return loom__fail(LOOM_EOVERFLOW, "loom__gemm: f32 copies of the %s operands overflow size_t",
+                      loom_dtype_name(g->ab_dtype));
   LOOM__GEMM_ALLOC(a, sa, "loom__gemm", "the f32 copy of A");
   LOOM__GEMM_ALLOC(b, sb, "loom__gemm", "the f32 copy of B");
-  widen(g->A, g->lda, g->stride_a, a, na, ar, ac);
-  widen(g->B, g->ldb, g->stride_b, b, nb, br, bc);
+  widen(g->A, g->ab_dtype, g->lda, g->stride_a, a, na, ar, ac);
+  widen(g->B, g->ab_dtype, g->ldb, g->stride_b, b, nb, br, bc);
   f.ab_dtype = LOOM_F32;
   f.A = a, f.lda = ac, f.stride_a = na > 1 ? ar * ac : 0;
   f.B = b, f.ldb = bc, f.stride_b = nb > 1 ? br * bc : 0;
-  if (g->c_dtype == LOOM_F16) {
+  if (g->c_dtype != LOOM_F32) {
     LOOM__GEMM_ALLOC(c, sc, "loom__gemm", "the f32 copy of C");
-    if (g->beta != 0.0f) widen(g->C, g->ldc, g->stride_c, c, g->batch, g->M, g->N);
+    if (g->beta != 0.0f) widen(g->C, g->c_dtype, g->ldc, g->stride_c, c, g->batch, g->M, g->N);
     f.c_dtype = LOOM_F32;
     f.C = c, f.ldc = g->N, f.stride_c = g->M * g->N;
   }
   LOOM_TRY(gemm_native(&f));
-  if (c) narrow(c, g->C, g->ldc, g->stride_c, g->batch, g->M, g->N);
+  if (c) narrow(c, g->C, g->c_dtype, g->ldc, g->stride_c, g->batch, g->M, g->N);
 done:
   loom__free(a);
   loom__free(b);
@@ -190,7 +209,7 @@ done:
 }
 
 static int gemm_checked(const loom__gemm_args *g) {
-  return g->ab_dtype == LOOM_F16 ? gemm_f16(g) : gemm_native(g);
+  return loom__gemm_native(g->ab_dtype) ? gemm_native(g) : gemm_widened(g);
 }
 
 int loom__gemm(const loom__gemm_args *g) {

@@ -14,7 +14,9 @@
 
 #include <dnnl.h>
 #include <dnnl_debug.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Argument checks shared by each kernel and its reference: LOOM_EINVAL for a NULL pointer, a
  * non-positive size or beta not 0/1; LOOM_EDTYPE for a dtype the kernel does not take;
@@ -41,6 +43,14 @@ typedef struct loom__prim_key {
   int64_t v[LOOM__PRIM_KEY_VALS];
 } loom__prim_key;
 
+/* A key of `kind` for `nthr` threads with every value zero. */
+static inline loom__prim_key loom__prim_key_make(int64_t kind, int64_t nthr) {
+  loom__prim_key k;
+  memset(&k, 0, sizeof k);
+  k.kind = kind, k.nthr = nthr;
+  return k;
+}
+
 /* A primitive in use: from a cache slot (slot >= 0, which stays in the cache at least until
  * released) or built for this call only (slot -1, when every cache slot was in use). */
 typedef struct loom__prim {
@@ -61,6 +71,12 @@ typedef int (*loom__prim_build_fn)(const loom__prim_key *key, const_dnnl_primiti
 int loom__prim_get(const loom__prim_key *key, loom__prim_build_fn build, const char *who,
                    loom__prim *out);
 void loom__prim_release(loom__prim *p);
+
+/* True if oneDNN builds the primitive descriptor for `key` on this CPU (false when it answers
+ * "unimplemented", for example bf16 without AVX-512). Asked once: the answer is kept in
+ * *answer (0 until asked, then 1 or -1; a static the caller owns). Builds nothing that stays
+ * and leaves the calling thread's last error as it was. */
+bool loom__prim_probe(_Atomic int *answer, const loom__prim_key *key, loom__prim_build_fn build);
 
 /* One buffer argument of a run: oneDNN's argument index (DNNL_ARG_SRC, ...) and the pointer. */
 typedef struct loom__dnnl_buf {

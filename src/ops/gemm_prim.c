@@ -17,6 +17,9 @@
 
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int loom__dnnl_check(dnnl_status_t st, const char *who, const char *what) {
@@ -68,7 +71,18 @@ done:
   return st;
 }
 
+/* LOOM_CPU=avx2 (or scalar) emulates a CPU without AVX-512 for oneDNN as well: it caps
+ * oneDNN at AVX2 unless oneDNN's own cap (ONEDNN_MAX_CPU_ISA, or DNNL_MAX_CPU_ISA) is set.
+ * Must run before oneDNN generates its first kernel. */
+static void cap_isa(void) {
+  const char *cap = getenv("LOOM_CPU");
+  if (!cap || (strcmp(cap, "avx2") != 0 && strcmp(cap, "scalar") != 0)) return;
+  if (getenv("ONEDNN_MAX_CPU_ISA") || getenv("DNNL_MAX_CPU_ISA")) return;
+  dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2);
+}
+
 static void engine_init(void) {
+  cap_isa();
   engine_status = dnnl_engine_create(&engine, dnnl_cpu, 0);
   if (engine_status == dnnl_success) engine_status = warm_up();
 }
@@ -144,25 +158,52 @@ static void evict(int64_t limit, dnnl_primitive_t *dead, int *ndead) {
   }
 }
 
-static int build_prim(const loom__prim_key *key, loom__prim_build_fn build, const char *who,
-                      loom__prim *out) {
+/* The primitive descriptor for `key`, with the attr every loom primitive has (user
+ * scratchpad). */
+static int build_pd(const loom__prim_key *key, loom__prim_build_fn build, const char *who,
+                    dnnl_primitive_desc_t *pd) {
   int rc = LOOM_OK;
   dnnl_engine_t eng;
   dnnl_primitive_attr_t attr = NULL;
-  dnnl_primitive_desc_t pd = NULL;
+  *pd = NULL;
   LOOM_TRY(loom__dnnl_engine(who, &eng));
   LOOM_TRY(loom__dnnl_check(dnnl_primitive_attr_create(&attr), who, "attribute creation"));
   LOOM_TRY(
       loom__dnnl_check(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user),
                        who, "scratchpad mode"));
-  LOOM_TRY(build(key, attr, eng, who, &pd));
+  rc = build(key, attr, eng, who, pd);
+done:
+  if (attr) dnnl_primitive_attr_destroy(attr);
+  return rc;
+}
+
+static int build_prim(const loom__prim_key *key, loom__prim_build_fn build, const char *who,
+                      loom__prim *out) {
+  int rc = LOOM_OK;
+  dnnl_primitive_desc_t pd = NULL;
+  LOOM_TRY(build_pd(key, build, who, &pd));
   const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
   out->scratch_bytes = smd ? dnnl_memory_desc_get_size(smd) : 0;
   LOOM_TRY(loom__dnnl_check(dnnl_primitive_create(&out->prim, pd), who, "primitive creation"));
 done:
   if (pd) dnnl_primitive_desc_destroy(pd);
-  if (attr) dnnl_primitive_attr_destroy(attr);
   return rc;
+}
+
+bool loom__prim_probe(_Atomic int *answer, const loom__prim_key *key, loom__prim_build_fn build) {
+  int known = atomic_load(answer);
+  if (known) return known > 0;
+  char saved[512]; /* the caller's last error, kept: a probe that fails is not an error */
+  snprintf(saved, sizeof saved, "%s", loom_last_error());
+  dnnl_primitive_desc_t pd = NULL;
+  bool ok = build_pd(key, build, "loom__prim_probe", &pd) == LOOM_OK;
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  if (saved[0])
+    loom__fail(LOOM_EBACKEND, "%s", saved);
+  else
+    loom_clear_error();
+  atomic_store(answer, ok ? 1 : -1); /* threads probing at once all store the same answer */
+  return ok;
 }
 
 int loom__prim_get(const loom__prim_key *key, loom__prim_build_fn build, const char *who,

@@ -1,9 +1,13 @@
 /* lt_main.c: runs the registered tests (those whose name contains argv[1], or all), each with
  * its pass/fail line, and closes with "N passed, N failed, N skipped". Exit status 1 if any
- * failed. */
+ * failed. A failed check stops its test (lt_stop_if_failed: a longjmp back here from the
+ * test's own thread); the next test then runs as usual. */
 #include "lt.h"
 
+#include <pthread.h>
+#include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -12,21 +16,30 @@ static struct {
   const char *name, *file;
   lt_fn fn;
 } tests[LT_MAX];
-static int ntests, cur_failures, cur_skipped;
+static int ntests, cur_skipped;
+static _Atomic int cur_failures;
 static char skip_reason[256];
+static pthread_t runner;   /* the thread that runs the tests */
+static jmp_buf stop_point; /* where a stopped test returns to */
+static bool running;       /* a test is running (stop_point is valid) */
 
 void lt_register(const char *name, const char *file, lt_fn fn) {
   if (ntests < LT_MAX) tests[ntests++] = (typeof(tests[0])){name, file, fn};
 }
 
 void lt_fail_at(const char *file, int line, const char *fmt, ...) {
-  if (cur_failures++ >= 20) return; /* enough to see the pattern */
+  if (atomic_fetch_add(&cur_failures, 1) >= 20) return; /* enough to see the pattern */
   va_list ap;
   va_start(ap, fmt);
   fprintf(stderr, "  %s:%d: ", file, line);
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
   va_end(ap);
+}
+
+void lt_stop_if_failed(void) {
+  if (running && atomic_load(&cur_failures) && pthread_equal(pthread_self(), runner))
+    longjmp(stop_point, 1);
 }
 
 void lt_skip(const char *why) {
@@ -46,16 +59,25 @@ int main(int argc, char **argv) {
   int passed = 0, failed = 0, skipped = 0;
   for (int i = 0; i < ntests; i++) {
     if (!strstr(tests[i].name, filter)) continue;
-    cur_failures = 0;
+    atomic_store(&cur_failures, 0);
     cur_skipped = 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    tests[i].fn();
+    runner = pthread_self();
+    bool stopped = false;
+    if (setjmp(stop_point) == 0) {
+      running = true;
+      tests[i].fn();
+    } else {
+      stopped = true;
+    }
+    running = false;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
     if (cur_failures) {
       failed++;
-      printf("FAIL %s (%d checks failed)\n", tests[i].name, cur_failures);
+      printf("FAIL %s (%d checks failed%s)\n", tests[i].name, atomic_load(&cur_failures),
+             stopped ? ", stopped at the first on its thread" : "");
     } else if (cur_skipped) {
       skipped++;
       printf("skip %s: %s\n", tests[i].name, skip_reason);
