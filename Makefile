@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 BUILD ?= build
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo check check-asan check-tsan check-layers bench clean
+.PHONY: all deps build demo check check-avx2 check-asan check-tsan check-layers bench clean
 
 all: build
 
@@ -23,6 +23,16 @@ demo: deps build
 
 check: deps build check-layers
 	@cd $(BUILD) && ctest -LE bench --output-on-failure -j $(JOBS)
+
+# An AVX2-only CPU (no AVX-512), emulated on any machine: loom's kernels capped at AVX2
+# (LOOM_CPU) and oneDNN at AVX2 (ONEDNN_MAX_CPU_ISA; 2.6 also reads DNNL_MAX_CPU_ISA), so bf16
+# GEMMs and convolutions take the widened path. The whole quick suite and the demo run under
+# the caps; the kernel suites also run at the scalar level.
+AVX2_CAPS = LOOM_CPU=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+check-avx2: deps build
+	@cd $(BUILD) && $(AVX2_CAPS) ctest -LE bench --output-on-failure -j $(JOBS)
+	@cd $(BUILD) && LOOM_CPU=scalar ONEDNN_MAX_CPU_ISA=AVX2 ctest -L "^(core|amp|ops|optim)$$" --output-on-failure -j $(JOBS)
+	@$(AVX2_CAPS) $(BUILD)/tools/loom train --epochs 1 --amp bf16
 
 # The same suites built with AddressSanitizer + UndefinedBehaviorSanitizer.
 check-asan: deps

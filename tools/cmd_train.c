@@ -205,7 +205,10 @@ int cmd_train(int argc, char **argv) {
   else if (strcmp(o.strategy, "ddp") == 0) rc = run_threads(&o);
   else rc = train_run(&o, NULL);
   if (rc) {
+    fflush(stdout); /* what was printed before the failure comes before its message */
     fprintf(stderr, "loom train: %s\n", train_last_error());
+    const char *hint = train_error_hint(train_last_error());
+    if (hint) fprintf(stderr, "loom train: %s\n", hint);
     return 1;
   }
   return 0;

@@ -62,6 +62,9 @@ int train_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 int train_fail_loom(int code, const char *prefix);
 /* This thread's last train_fail message ("" if none). */
 const char *train_last_error(void);
+/* What to do about a failure whose message is `message`, when the tool knows (a CPU that lacks
+ * a kernel, memory); NULL otherwise. A static string. */
+const char *train_error_hint(const char *message);
 
 /* ---- the model ------------------------------------------------------------------------- */
 

@@ -384,15 +384,20 @@ int train_run(const train_opts *o, loom_pg *pg) {
   if (!rc && t.lead && !o->quiet) {
     char desc[96];
     train_model_describe(&t.model, o, desc, sizeof desc);
-    fprintf(o->out, "loom train: %s (%zu parameters), %s lr %g, batch %ld x %d rank%s, amp %s%s%s, "
+    loom_dtype amp_dt = LOOM_F32;
+    if (strcmp(o->amp, "off") != 0) loom_dtype_parse(o->amp, &amp_dt);
+    fprintf(o->out, "loom train: %s (%zu parameters), %s lr %g, batch %ld x %d rank%s, amp %s%s%s%s, "
             "%lld steps per epoch%s\n",
             desc, loom_module_numel(t.model.root), o->optim, o->lr, o->batch, t.nranks,
-            t.nranks > 1 ? "s" : "", o->amp, t.scaler ? ", scaler " : "", t.scaler ? o->scaler : "",
+            t.nranks > 1 ? "s" : "", o->amp,
+            loom_ops_native_dtype(amp_dt) ? "" : " (products in f32: no native kernel on this CPU)",
+            t.scaler ? ", scaler " : "", t.scaler ? o->scaler : "",
             (long long)t.st.steps_per_epoch, o->resume ? ", resumed" : "");
     if (o->resume)
       fprintf(o->out, "loom train: resuming at step %lld (epoch %lld, batch %lld)\n",
               (long long)t.st.step, (long long)(t.st.step / t.st.steps_per_epoch) + 1,
               (long long)(t.st.step % t.st.steps_per_epoch));
+    fflush(o->out); /* before any failure message on stderr, also under a pipe */
   }
   while (!rc && t.st.step < t.stop_step) {
     rc = run_epoch(&t);

@@ -101,6 +101,10 @@ done:
   return rc;
 }
 
+bool loom_ops_native_dtype(loom_dtype dt) {
+  return loom__gemm_native(dt) && loom__conv2d_native(dt);
+}
+
 int loom_matmul(loom_tensor *a, loom_tensor *b, loom_tensor **out) {
   static const char *name = "matmul";
   int rc = loom__check_out(name, out);
