@@ -16,10 +16,12 @@
  *
  * Throughput (MLP 784-1024-1024-10, batch 256 per rank, 1 compute thread per rank, SGD): loom
  * DDP samples/s in f32 and under bf16 autocast, beside PyTorch 1.13 DDP (gloo, 2 processes, 1
- * thread each; bench/torch_ddp.py) in the same run when /usr/bin/python3 has torch, the two
- * alternating for 5 rounds (the machine's state drifts between runs); the ratio is the median
+ * thread each in both its pools, torch's and OpenBLAS's; bench/torch_ddp.py) in the same run
+ * when /usr/bin/python3 has torch, the two alternating for 5 rounds (the machine's state drifts between runs); the ratio is the median
  * of the rounds' ratios. Target: loom >= 1.5x PyTorch. Each round also runs loom's step with
- * DDP's sync off (same buffers, no communication): the difference is what DDP costs a step.
+ * DDP's sync off (same buffers, no communication): the difference is what DDP costs a step;
+ * and one rank alone (1 rank, 1 thread, no DDP): twice its samples/s is the most 2 ranks could
+ * give on 2 cores, loom's own limit, and the bench reports the fraction of it DDP reaches.
  *
  * Each figure is the median over the timed steps (after warm-up). The 2 cores are shared by
  * both ranks' compute and the collectives' copies, so communication competes with compute.
@@ -40,6 +42,8 @@ typedef struct config {
   bool bf16;
   bool spec_eager; /* the specification's bucket manager path instead of loom_ddp */
   bool no_sync;    /* loom_ddp with sync off: the same step and buffers, no communication */
+  int ranks;       /* 0: 2 */
+  int threads;     /* compute threads per rank; 0: the rank's share (loom_pg_compute_threads) */
   loom_ddp_cfg ddp;
 } config;
 
@@ -56,7 +60,7 @@ typedef struct job {
 static int rank_main(loom_pg *pg, void *arg) {
   job *j = arg;
   const config *c = j->c;
-  loom_set_num_threads(loom_pg_compute_threads(pg));
+  loom_set_num_threads(c->threads ? c->threads : loom_pg_compute_threads(pg));
   loom_module *m = NULL;
   BENCH_CHECK(loom_nn_mlp_create(c->sizes, c->nsizes, LOOM_ACT_RELU, LOOM_F32, 1, &m));
   size_t np = loom_module_param_count(m);
@@ -167,21 +171,23 @@ static int rank_main(loom_pg *pg, void *arg) {
 
 static result run(const config *c) {
   job j = {.c = c};
-  BENCH_CHECK(loom_threads_run(2, NULL, rank_main, &j));
+  BENCH_CHECK(loom_threads_run(c->ranks ? c->ranks : 2, NULL, rank_main, &j));
   return j.r;
 }
 
-/* PyTorch DDP samples/s, or 0 if torch is not there. */
-static double torch_ddp(const char *sizes, int batch, const char *dtype) {
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd,
-           "/usr/bin/python3 %s/bench/torch_ddp.py %s %d 30 %s 2 2>/dev/null", LOOM_SOURCE_DIR,
-           sizes, batch, dtype);
+/* PyTorch DDP samples/s, or 0 if torch is not there; tthr gets the thread counts (torch,
+ * OpenBLAS) its rank 0 ran with: 1 and 1, as loom's ranks (bench_torch_cmd, torch_ddp.py). */
+static double torch_ddp(const char *sizes, int batch, const char *dtype, int tthr[2]) {
+  char py[96], cmd[1024];
+  bench_torch_cmd(py, sizeof py, 1);
+  snprintf(cmd, sizeof cmd, "%s %s/bench/torch_ddp.py %s %d 30 %s 2 2>/dev/null", py,
+           LOOM_SOURCE_DIR, sizes, batch, dtype);
   FILE *p = popen(cmd, "r");
   if (!p) return 0;
   double v = 0;
   char line[256];
-  while (fgets(line, sizeof line, p)) sscanf(line, "torch_ddp %*s %*d %lf", &v);
+  while (fgets(line, sizeof line, p))
+    if (!bench_torch_threads(line, tthr)) sscanf(line, "torch_ddp %*s %*d %lf", &v);
   pclose(p);
   return v;
 }
@@ -234,8 +240,8 @@ int bench_ddp_main(int argc, char **argv) {
   printf("%-6s %14s %14s %7s  %s\n", "dtype", "loom samples/s", "torch samples/s", "ratio",
          "(rounds)");
   for (int bf = 0; bf < 2; bf++) {
-    double ls[ROUNDS], ts[ROUNDS], rr[ROUNDS], cost[ROUNDS];
-    int have = 0;
+    double ls[ROUNDS], ts[ROUNDS], rr[ROUNDS], cost[ROUNDS], one[ROUNDS], frac[ROUNDS];
+    int have = 0, tthr[2] = {-1, -1};
     for (int k = 0; k < ROUNDS; k++) {
       config t = {.name = "throughput", .sizes = small, .nsizes = 4, .batch = 256,
                   .steps = steps * 2, .bf16 = bf == 1};
@@ -244,8 +250,13 @@ int bench_ddp_main(int argc, char **argv) {
       config local = t;
       local.no_sync = true;
       cost[k] = step - run(&local).step_s;
+      config alone = local; /* one rank alone on the machine, 1 thread: 2x it is loom's limit */
+      alone.ranks = 1;
+      alone.threads = 1;
+      one[k] = 256 / run(&alone).step_s;
       ls[k] = 2.0 * 256 / step;
-      ts[k] = torch_ddp("784-1024-1024-10", 256, bf ? "bf16" : "f32");
+      frac[k] = ls[k] / (2.0 * one[k]);
+      ts[k] = torch_ddp("784-1024-1024-10", 256, bf ? "bf16" : "f32", tthr);
       if (ts[k] > 0) rr[have++] = ls[k] / ts[k];
     }
     char each[128] = "";
@@ -254,13 +265,20 @@ int bench_ddp_main(int argc, char **argv) {
     double lm = bench_median(ls, ROUNDS);
     if (have == ROUNDS) {
       double r = bench_median(rr, ROUNDS);
-      printf("%-6s %14.0f %14.0f %7.2f  (%s; target >= 1.5: %s)\n", bf ? "bf16" : "f32", lm,
-             bench_median(ts, ROUNDS), r, each, r >= 1.5 ? "met" : "NOT met");
+      printf("%-6s %14.0f %14.0f %7.2f  (%s; target >= 1.5: %s; torch threads %d openblas %d "
+             "per rank)\n",
+             bf ? "bf16" : "f32", lm, bench_median(ts, ROUNDS), r, each,
+             r >= 1.5 ? "met" : "NOT met", tthr[0], tthr[1]);
     } else {
       printf("%-6s %14.0f %14s\n", bf ? "bf16" : "f32", lm, "(no torch)");
     }
     printf("       DDP's cost per step (step - the same step with sync off): median %.2f ms of a "
            "%.2f ms step\n", bench_median(cost, ROUNDS) * 1e3, 2.0 * 256 / lm * 1e3);
+    char fr[128] = "";
+    for (int k = 0, o = 0; k < ROUNDS && o < (int)sizeof fr; k++)
+      o += snprintf(fr + o, sizeof fr - (size_t)o, "%s%.2f", k ? " " : "", frac[k]);
+    printf("       loom's limit, 2 x one rank alone (1 thread, no DDP): %.0f samples/s; DDP reaches "
+           "%.2f of it (%s)\n", 2.0 * bench_median(one, ROUNDS), bench_median(frac, ROUNDS), fr);
   }
   return 0;
 }

@@ -7,11 +7,13 @@
  * operands of the same shapes and dtype; non-GEMM share = 1 - GEMM time / step time.
  * PyTorch's step (torch.nn.Linear x3, ReLU, F.cross_entropy, backward, zero_grad; bf16 under
  * torch.autocast("cpu")) is timed in the same run through /usr/bin/python3 when torch is
- * installed. After 20 warm-up steps (the first steps are slower while the allocator settles),
- * step and GEMMs alone are timed interleaved, median of 31 runs each; threads as bench_matmul
- * (loom_set_num_threads, default 1). Each is timed twice: wall clock, and the process's CPU
- * time, which on a shared machine does not count the time other processes held the core (the
- * "cpu" figures; with more than one thread they include OpenMP's spinning workers).
+ * installed, capped to the same thread count in both its pools (bench_torch_cmd; the line
+ * reports the counts it ran with); ratio = PyTorch's step time / loom's. After 20 warm-up steps
+ * (the first steps are slower while the allocator settles), step and GEMMs alone are timed
+ * interleaved, median of 31 runs each; threads as bench_matmul (loom_set_num_threads, default
+ * 1). Each is timed twice (PyTorch's step too): wall clock, and the process's CPU time, which
+ * on a shared machine does not count the time other processes held the core (the "cpu"
+ * figures; with more than one thread they include OpenMP's spinning workers).
  * Usage: bench_mlp [threads]. */
 #include "bench_util.h"
 
@@ -99,33 +101,39 @@ static void gemms_free(gemms *g) {
   for (int i = 0; i < 8; i++) loom_tensor_free(g->a[i]), loom_tensor_free(g->b[i]);
 }
 
-/* PyTorch's median step seconds (f32 and bf16 autocast), or -1 each without torch. */
-static void torch_seconds(int threads, double out[2]) {
-  out[0] = out[1] = -1;
-  char cmd[2048];
+/* PyTorch's median step seconds, wall clock and process CPU time (out[mode][0] and [1], mode 0
+ * f32, 1 bf16 autocast), or -1 without torch, and the thread counts it ran with (torch,
+ * OpenBLAS). */
+static void torch_seconds(int threads, double out[2][2], int tthr[2]) {
+  out[0][0] = out[1][0] = out[0][1] = out[1][1] = -1;
+  tthr[0] = tthr[1] = -1;
+  char py[96], cmd[2048];
+  bench_torch_cmd(py, sizeof py, threads);
   snprintf(cmd, sizeof cmd,
-           "/usr/bin/python3 -c \""
-           "import time, torch\n"
+           "%s -c \"" BENCH_TORCH_CAP
+           "import time\n"
            "import torch.nn.functional as F\n"
-           "torch.set_num_threads(%d)\n"
            "m=torch.nn.Sequential(torch.nn.Linear(784,1024), torch.nn.ReLU(), "
            "torch.nn.Linear(1024,1024),"
            " torch.nn.ReLU(), torch.nn.Linear(1024,10))\n"
            "x=torch.rand(%d,784); y=torch.randint(0,10,(%d,))\n"
            "for bf in (False, True):\n"
-           "  ts=[]\n"
+           "  ts=[]; cs=[]\n"
            "  for r in range(%d):\n"
-           "    t0=time.perf_counter(); m.zero_grad()\n"
+           "    t0=time.perf_counter(); c0=time.process_time(); m.zero_grad()\n"
            "    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bf):\n"
            "      loss=F.cross_entropy(m(x), y)\n"
-           "    loss.backward(); ts.append(time.perf_counter()-t0)\n"
-           "  ts=sorted(ts[%d:]); print(ts[len(ts)//2])\n"
+           "    loss.backward()\n"
+           "    ts.append(time.perf_counter()-t0); cs.append(time.process_time()-c0)\n"
+           "  ts=sorted(ts[%d:]); cs=sorted(cs[%d:]); print(ts[len(ts)//2], cs[len(cs)//2])\n"
            "\" 2>/dev/null",
-           threads, BATCH, BATCH, RUNS + WARM, WARM);
+           py, threads, BATCH, BATCH, RUNS + WARM, WARM, WARM);
   FILE *p = popen(cmd, "r");
   if (!p) return;
-  for (int i = 0; i < 2; i++)
-    if (fscanf(p, "%lf", &out[i]) != 1) break;
+  char line[256];
+  for (int i = 0; i < 2 && fgets(line, sizeof line, p);)
+    if (!bench_torch_threads(line, tthr) && sscanf(line, "%lf %lf", &out[i][0], &out[i][1]) == 2)
+      i++;
   pclose(p);
 }
 
@@ -146,8 +154,9 @@ int main(int argc, char **argv) {
   int64_t *lab = loom_tensor_data(m.labels);
   for (int i = 0; i < BATCH; i++) lab[i] = rand() % 10;
 
-  double torch[2];
-  torch_seconds(threads, torch);
+  double torch[2][2];
+  int tthr[2];
+  torch_seconds(threads, torch, tthr);
   for (int bf = 0; bf < 2; bf++) {
     double loss = 0, t[RUNS], tg[RUNS], c[RUNS], cg[RUNS];
     gemms g;
@@ -169,8 +178,11 @@ int main(int argc, char **argv) {
         "non-gemm %.1f%% (cpu: step %.2f ms gemm %.2f ms non-gemm %.1f%%)",
         bf ? "bf16-autocast" : "f32", BATCH, threads, RUNS, loss, s * 1e3, gs * 1e3,
         100.0 * (1.0 - gs / s), cs * 1e3, cgs * 1e3, 100.0 * (1.0 - cgs / cs));
-    if (torch[bf] > 0)
-      printf(" torch step %.2f ms ratio %.2f\n", torch[bf] * 1e3, torch[bf] / s);
+    if (torch[bf][0] > 0)
+      printf(" torch step %.2f ms ratio %.2f (cpu: step %.2f ms ratio %.2f; torch threads %d "
+             "openblas %d)\n",
+             torch[bf][0] * 1e3, torch[bf][0] / s, torch[bf][1] * 1e3, torch[bf][1] / cs, tthr[0],
+             tthr[1]);
     else
       printf(" torch n/a\n");
     fflush(stdout);

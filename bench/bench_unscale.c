@@ -13,6 +13,8 @@
  * linear's inputs, loom_tensor_grad_bound: its reads count as scaler work).
  * GB/s counts bytes read plus bytes written (unscale and multiply: 2x the buffer; the check:
  * 1x; memcpy: 2x). Usage: bench_unscale [elements (default 32M)] [step runs (default 15)]. */
+#include "bench_util.h"
+
 #include <loom/loom.h>
 
 #include <stdio.h>
@@ -58,13 +60,14 @@ static void mul_inplace(float *x, size_t n, float inv) {
   for (size_t i = 0; i < n; i++) x[i] *= inv;
 }
 
-/* PyTorch's figures for the same sizes: "dtype check_s mul_s" lines from a child python. */
+/* PyTorch's figures for the same sizes: "dtype check_s mul_s" lines from a child python, on 1
+ * thread in both its pools (bench_torch_cmd; the counts it ran with are printed). */
 static void torch_baseline(size_t n) {
-  char cmd[2048];
+  char py[96], cmd[2048];
+  bench_torch_cmd(py, sizeof py, 1);
   snprintf(cmd, sizeof cmd,
-           "/usr/bin/python3 -c \""
-           "import time, torch\n"
-           "torch.set_num_threads(1)\n"
+           "%s -c \"" BENCH_TORCH_CAP
+           "import time\n"
            "n=%zu\n"
            "for name, dt in (('f32', torch.float32), ('f16', torch.float16), ('bf16', torch.bfloat16)):\n"
            "  try:\n"
@@ -75,7 +78,7 @@ static void torch_baseline(size_t n) {
            "    c.sort(); m.sort(); print(name, c[len(c)//2], m[len(m)//2])\n"
            "  except Exception as e: print(name, 'error', type(e).__name__)\n"
            "\" 2>/dev/null",
-           n, RUNS);
+           py, 1, n, RUNS);
   FILE *p = popen(cmd, "r");
   if (!p) {
     printf("pytorch: could not run /usr/bin/python3\n");
@@ -85,6 +88,11 @@ static void torch_baseline(size_t n) {
   int any = 0;
   while (fgets(line, sizeof line, p)) {
     char name[16], a[64], b[64];
+    int tthr[2];
+    if (bench_torch_threads(line, tthr)) {
+      printf("pytorch: torch threads %d, openblas threads %d\n", tthr[0], tthr[1]);
+      continue;
+    }
     if (sscanf(line, "%15s %63s %63s", name, a, b) != 3) continue;
     any = 1;
     if (strcmp(a, "error") == 0) {

@@ -1,11 +1,12 @@
 /* bench_util.h: what the benchmarks share: a monotonic clock, the median of a sample, a check
- * that stops the benchmark on a loom error, random tensors, and the thread count. Header-only,
- * static functions. */
+ * that stops the benchmark on a loom error, random tensors, the thread count, and how to start
+ * PyTorch as a baseline on the same thread count. Header-only, static functions. */
 #ifndef LOOM_BENCH_UTIL_H
 #define LOOM_BENCH_UTIL_H
 
 #include <loom/loom.h>
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,33 @@ static inline loom_tensor *bench_rand_tensor(int ndim, const int64_t *shape, loo
   BENCH_CHECK(loom_tensor_cast(f, dt, &t));
   loom_tensor_free(f);
   return t;
+}
+
+/* ---- PyTorch as a fair baseline ----------------------------------------------------------
+ * torch.set_num_threads(n) does not cap the OpenBLAS pool behind Debian's torch f32 matmul
+ * (one thread per core). A PyTorch baseline on `threads` threads is started with
+ * bench_torch_cmd, which puts OPENBLAS_NUM_THREADS and OMP_NUM_THREADS in its environment
+ * (OPENBLAS_CORETYPE and the rest are inherited as they are), and its Python calls
+ * bench/torch_threads.py's cap(threads) (BENCH_TORCH_CAP) and prints torch_threads.line(), the
+ * counts it really ran with, which bench_torch_threads parses for the report. */
+
+/* Python that imports bench/torch_threads.py and caps torch and OpenBLAS to `%d` threads, as
+ * the first lines of a `python3 -c` script (which must then take the thread count first). */
+#define BENCH_TORCH_CAP                                                                            \
+  "import sys; sys.path.insert(0, '" LOOM_SOURCE_DIR "/bench'); import torch_threads\n"         \
+  "torch = torch_threads.cap(%d); print(torch_threads.line(), flush=True)\n"
+
+/* Writes "OPENBLAS_NUM_THREADS=t OMP_NUM_THREADS=t /usr/bin/python3" into buf (the start of a
+ * popen command). */
+static inline void bench_torch_cmd(char *buf, size_t n, int threads) {
+  snprintf(buf, n, "OPENBLAS_NUM_THREADS=%d OMP_NUM_THREADS=%d /usr/bin/python3", threads,
+           threads);
+}
+
+/* Parses a "torch_threads <torch> <openblas>" line into t[0], t[1]; false for another line.
+ * t[1] is -1 when no OpenBLAS was loaded. */
+static inline bool bench_torch_threads(const char *line, int t[2]) {
+  return sscanf(line, "torch_threads %d %d", &t[0], &t[1]) == 2;
 }
 
 /* The thread count from argv[1] (default 1), set for this thread's ops. */

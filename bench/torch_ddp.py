@@ -1,16 +1,21 @@
 #!/usr/bin/python3
 """torch_ddp.py: the PyTorch 1.13 DDP baseline of bench_ddp: an MLP trained on random data with
-DistributedDataParallel over gloo, N processes on this machine, 1 thread each. Prints one line:
+DistributedDataParallel over gloo, N processes on this machine, 1 thread each: torch's pool and
+the OpenBLAS pool behind its f32 matmul are both capped (torch_threads.py; torch.set_num_threads
+alone leaves OpenBLAS on every core, so N ranks would oversubscribe the cores). Prints
+"torch_threads <torch> <openblas>" (rank 0's counts, as it ran) and then one line
 "torch_ddp <dtype> <ranks> <samples_per_s>" (samples over all ranks per second, median of the
 timed steps). Usage: torch_ddp.py SIZES BATCH STEPS {f32|bf16} [RANKS]"""
 import os
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-import torch.nn as nn
+import torch_threads
+
+torch = torch_threads.cap(1)  # before the ranks start: they inherit the environment
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+import torch.nn as nn  # noqa: E402
 
 
 def mlp(sizes):
@@ -23,7 +28,8 @@ def mlp(sizes):
 
 
 def worker(rank, world, sizes, batch, steps, dtype, port, out):
-    torch.set_num_threads(1)
+    torch_threads.cap(1)
+    threads = torch_threads.line()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -44,7 +50,7 @@ def worker(rank, world, sizes, batch, steps, dtype, port, out):
         times.append(time.perf_counter() - t0)
     if rank == 0:
         timed = sorted(times[2:])
-        out.put(world * batch / timed[len(timed) // 2])
+        out.put((threads, world * batch / timed[len(timed) // 2]))
     dist.destroy_process_group()
 
 
@@ -59,9 +65,10 @@ def main():
              for r in range(world)]
     for p in procs:
         p.start()
-    result = q.get(timeout=600)
+    threads, result = q.get(timeout=600)
     for p in procs:
         p.join()
+    print(threads)
     print(f"torch_ddp {dtype} {world} {result:.1f}")
 
 

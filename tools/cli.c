@@ -1,8 +1,10 @@
 /* cli.c: table-driven option parsing for the `loom` subcommands, with messages that name the
- * offending option and a --help generated from the same table. */
+ * offending option (and the bound it breaks) and a --help generated from the same table. */
 #include "cli.h"
 
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,32 +26,79 @@ static bool in_choices(const char *choices, const char *v) {
   return false;
 }
 
-static int set_value(const char *cmd, const cli_option *o, const char *v) {
+static int bad(const char *cmd, const cli_option *o, const char *want, const char *v) {
+  fprintf(stderr, "%s: --%s: expected %s, got '%s'\n", cmd, o->name, want, v);
+  return -1;
+}
+
+/* x against the table's range (if any); the message names the bound. */
+static int in_range(const char *cmd, const cli_option *o, double x, const char *v) {
+  if (!(o->min < o->max)) return 0;
+  bool integer = o->kind == CLI_INT || o->kind == CLI_POS_INT;
+  char want[96];
+  if (x < o->min) {
+    if (o->kind == CLI_POS_INT && o->min <= 1) return bad(cmd, o, "a positive integer", v);
+    snprintf(want, sizeof want, integer ? "an integer >= %.0f" : "a number >= %g", o->min);
+    return bad(cmd, o, want, v);
+  }
+  if (x > o->max) {
+    snprintf(want, sizeof want, integer ? "at most %.0f" : "at most %g", o->max);
+    return bad(cmd, o, want, v);
+  }
+  return 0;
+}
+
+static int set_integer(const char *cmd, const cli_option *o, const char *v) {
+  bool pos = o->kind == CLI_POS_INT;
+  const char *what = pos ? "a positive integer" : "an integer";
   char *end = NULL;
   errno = 0;
+  long x = strtol(v, &end, 10);
+  if (end == v || *end) return bad(cmd, o, what, v);
+  if (errno == ERANGE && !(o->min < o->max)) { /* beyond long: say long's bound */
+    char want[64];
+    snprintf(want, sizeof want, x > 0 ? "at most %ld" : "an integer >= %ld", x);
+    return bad(cmd, o, want, v);
+  }
+  if (pos && x <= 0) return bad(cmd, o, what, v);
+  if (in_range(cmd, o, (double)x, v)) return -1;
+  *(long *)o->value = x;
+  return 0;
+}
+
+static int set_number(const char *cmd, const cli_option *o, const char *v) {
+  const char *what = o->kind == CLI_POS_DOUBLE ? "a positive number" : "a number";
+  char *end = NULL;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (end == v || *end || isnan(x)) return bad(cmd, o, what, v);
+  if (o->kind == CLI_F32) {
+    char want[96];
+    snprintf(want, sizeof want, "a finite number within the f32 range (magnitude at most %.9g)",
+             (double)FLT_MAX);
+    if (fabs(x) > FLT_MAX) return bad(cmd, o, want, v);
+    if (x != 0 && (float)x == 0) {
+      fprintf(stderr, "%s: --%s: '%s' is too small for an f32: it would round to 0 (the "
+              "smallest positive f32 is %.9g); give 0 if 0 is meant\n", cmd, o->name, v,
+              (double)FLT_TRUE_MIN);
+      return -1;
+    }
+  } else if (isinf(x) || (errno == ERANGE && x == 0)) {
+    return bad(cmd, o, "a finite number within the double range", v);
+  }
+  if (o->kind == CLI_POS_DOUBLE && !(x > 0)) return bad(cmd, o, what, v);
+  if (in_range(cmd, o, x, v)) return -1;
+  *(double *)o->value = x;
+  return 0;
+}
+
+static int set_value(const char *cmd, const cli_option *o, const char *v) {
   switch (o->kind) {
   case CLI_INT:
-  case CLI_POS_INT: {
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || (o->kind == CLI_POS_INT && x <= 0)) {
-      fprintf(stderr, "%s: --%s: expected %s integer, got '%s'\n", cmd, o->name,
-              o->kind == CLI_POS_INT ? "a positive" : "an", v);
-      return -1;
-    }
-    *(long *)o->value = x;
-    return 0;
-  }
+  case CLI_POS_INT: return set_integer(cmd, o, v);
   case CLI_DOUBLE:
-  case CLI_POS_DOUBLE: {
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || x != x || (o->kind == CLI_POS_DOUBLE && !(x > 0))) {
-      fprintf(stderr, "%s: --%s: expected %s number, got '%s'\n", cmd, o->name,
-              o->kind == CLI_POS_DOUBLE ? "a positive" : "a", v);
-      return -1;
-    }
-    *(double *)o->value = x;
-    return 0;
-  }
+  case CLI_POS_DOUBLE:
+  case CLI_F32: return set_number(cmd, o, v);
   case CLI_CHOICE:
     if (!in_choices(o->choices, v)) {
       fprintf(stderr, "%s: --%s: expected one of %s, got '%s'\n", cmd, o->name, o->choices, v);
@@ -96,6 +145,7 @@ int cli_parse(const char *cmd, const cli_option *opts, int argc, char **argv,
         return -1;
       }
       *(bool *)o->value = true;
+      if (o->seen) *o->seen = true;
       continue;
     }
     const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
@@ -104,6 +154,7 @@ int cli_parse(const char *cmd, const cli_option *opts, int argc, char **argv,
       return -1;
     }
     if (set_value(cmd, o, v)) return -1;
+    if (o->seen) *o->seen = true;
   }
   if (npositional) *npositional = npos;
   return 0;
@@ -120,7 +171,8 @@ void cli_help(FILE *f, const char *cmd, const char *usage, const cli_option *opt
     case CLI_INT:
     case CLI_POS_INT: fprintf(f, " (default %ld)", *(long *)o->value); break;
     case CLI_DOUBLE:
-    case CLI_POS_DOUBLE: fprintf(f, " (default %g)", *(double *)o->value); break;
+    case CLI_POS_DOUBLE:
+    case CLI_F32: fprintf(f, " (default %g)", *(double *)o->value); break;
     case CLI_CHOICE:
     case CLI_STRING:
       if (*(const char **)o->value) fprintf(f, " (default %s)", *(const char **)o->value);

@@ -1,7 +1,8 @@
 /* cli.h: the option parser of the `loom` command. A subcommand declares its options as a table
- * (name, kind, where to store, help); cli_parse fills them from argv and cli_help prints the
- * table. A bad option gets a message that names it ("loom train: --epochs: expected a positive
- * integer, got 'x'"), never an exit from inside the parser. */
+ * (name, kind, where to store, help, and for numbers the accepted range); cli_parse fills them
+ * from argv and cli_help prints the table. A bad option gets a message that names it ("loom
+ * train: --epochs: expected a positive integer, got 'x'"; "--epochs: expected at most 1000000,
+ * got '4611686018427387904'"), never an exit from inside the parser. */
 #ifndef LOOM_TOOLS_CLI_H
 #define LOOM_TOOLS_CLI_H
 
@@ -12,8 +13,10 @@ typedef enum cli_kind {
   CLI_FLAG,    /* bool, no value */
   CLI_INT,     /* long, --x N */
   CLI_POS_INT, /* long > 0 */
-  CLI_DOUBLE,  /* double */
+  CLI_DOUBLE,  /* double: finite (no NaN, inf or out-of-range literal) */
   CLI_POS_DOUBLE,
+  CLI_F32,     /* double that is used as an f32: finite in f32, and not a nonzero value that
+                * rounds to 0 in f32 ("1e-320"); "inf", "1e39" are refused by name */
   CLI_STRING,  /* const char * (points into argv) */
   CLI_CHOICE,  /* const char *, one of `choices` ("a|b|c") */
 } cli_kind;
@@ -25,6 +28,10 @@ typedef struct cli_option {
   const char *arg;     /* placeholder in the help: "N", "FILE" */
   const char *help;
   const char *choices; /* CLI_CHOICE: "off|bf16|f16" */
+  /* Numeric kinds: the accepted range [min, max], used when min < max (integers exact up to
+   * 2^53). Both 0: only the kind's own range. */
+  double min, max;
+  bool *seen; /* optional: set to true when the option is given */
 } cli_option;
 
 /* Parse argv[0..argc) (argv[0] is the first option, not the program). Positional arguments

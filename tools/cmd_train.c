@@ -3,13 +3,16 @@
  * printed), 2 bad usage (a message naming the option). */
 #include "cli.h"
 #include "commands.h"
-#include "train_api.h"
+#include "train_opts.h"
 
 #include <loom/dist.h>
 #include <loom/dist_mpi.h>
 
+#include <float.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char usage[] = "[OPTIONS]\n\n"
     "Train a classifier on Fashion-MNIST (the Debian package dataset-fashion-mnist, or --data\n"
@@ -21,85 +24,6 @@ static const char usage[] = "[OPTIONS]\n\n"
     "  loom train --resume ck --save ck               # continue an interrupted run exactly\n"
     "  loom train --ranks 2 --strategy ddp            # 2 data-parallel ranks (threads)\n"
     "  mpirun -n 2 loom train --backend mpi --strategy ddp   # 2 ranks as MPI processes";
-
-static const char *sizes_hidden = "1024,1024", *sizes_channels = "32,64";
-
-/* "a,b,c" into out[0..max): positive integers. */
-static int parse_sizes(const char *opt, const char *s, int64_t *out, int max, int *n) {
-  *n = 0;
-  const char *p = s;
-  while (*p) {
-    char *end;
-    long long v = strtoll(p, &end, 10);
-    if (end == p || v <= 0 || v > (1 << 20) || (*end && *end != ',') || *n == max) {
-      fprintf(stderr, "loom train: --%s: expected up to %d positive sizes like 1024,1024, got '%s'\n",
-              opt, max, s);
-      return -1;
-    }
-    out[(*n)++] = v;
-    p = *end ? end + 1 : end;
-  }
-  if (*n == 0) {
-    fprintf(stderr, "loom train: --%s: expected at least one size, got '%s'\n", opt, s);
-    return -1;
-  }
-  return 0;
-}
-
-/* Checks across options; a message naming the option and -1 on a fault. */
-static int check(train_opts *o, bool no_shuffle) {
-  int n = 0;
-  if (parse_sizes("hidden", sizes_hidden, o->hidden, TRAIN_MAX_HIDDEN, &o->nhidden)) return -1;
-  if (parse_sizes("channels", sizes_channels, o->channels, 2, &n)) return -1;
-  if (n != 2) {
-    fprintf(stderr, "loom train: --channels: expected two sizes (C1,C2), got '%s'\n",
-            sizes_channels);
-    return -1;
-  }
-  o->shuffle = !no_shuffle;
-  if (!o->scaler) o->scaler = strcmp(o->amp, "f16") == 0 ? "dynamic" : "off";
-  const struct { const char *name; long v, min; } nonneg[] = {
-      {"threads", o->threads, 0}, {"limit", o->limit, 0}, {"max-steps", o->max_steps, 0},
-      {"warmup", o->warmup, 0}, {"ranks", o->ranks, 1}};
-  for (size_t i = 0; i < sizeof nonneg / sizeof nonneg[0]; i++)
-    if (nonneg[i].v < nonneg[i].min) {
-      fprintf(stderr, "loom train: --%s: expected an integer >= %ld, got %ld\n", nonneg[i].name,
-              nonneg[i].min, nonneg[i].v);
-      return -1;
-    }
-  if (o->lr < 0) {
-    fprintf(stderr, "loom train: --lr: expected a number >= 0, got %g\n", o->lr);
-    return -1;
-  }
-  if (o->weight_decay < 0 || o->momentum < 0) {
-    fprintf(stderr, "loom train: --%s: expected a number >= 0, got %g\n",
-            o->weight_decay < 0 ? "weight-decay" : "momentum",
-            o->weight_decay < 0 ? o->weight_decay : o->momentum);
-    return -1;
-  }
-  if (o->loss_scale > 16777216.0 || o->loss_scale < 1) {
-    fprintf(stderr, "loom train: --loss-scale: expected a number in [1, 2^24], got %g\n",
-            o->loss_scale);
-    return -1;
-  }
-  bool ddp = strcmp(o->strategy, "ddp") == 0, mpi = strcmp(o->backend, "mpi") == 0;
-  if (!ddp && (o->ranks > 1 || mpi)) {
-    fprintf(stderr, "loom train: --%s: more than one rank needs --strategy ddp\n",
-            mpi ? "backend mpi" : "ranks");
-    return -1;
-  }
-  if (o->ranks > TRAIN_MAX_RANKS) {
-    fprintf(stderr, "loom train: --ranks: expected at most %d, got %ld\n", TRAIN_MAX_RANKS,
-            o->ranks);
-    return -1;
-  }
-  if (mpi && o->ranks > 1) {
-    fprintf(stderr, "loom train: --ranks: with --backend mpi the ranks are the MPI processes "
-                    "(mpirun -n N loom train ...)\n");
-    return -1;
-  }
-  return 0;
-}
 
 /* ---- running on ranks --------------------------------------------------------------------- */
 
@@ -118,11 +42,11 @@ static int rank_main(loom_pg *pg, void *arg) {
 
 /* Train on --ranks threads (each a rank of a threads process group); the lowest failing
  * rank's message is printed. */
-static int run_threads(const train_opts *o) {
+static int run_threads(const train_opts *o, const loom_pg_cfg *cfg) {
   rank_run *r = calloc(1, sizeof *r);
   if (!r) return train_fail(LOOM_ENOMEM, "train: out of memory");
   r->o = o;
-  int rc = loom_threads_run((int)o->ranks, NULL, rank_main, r);
+  int rc = loom_threads_run((int)o->ranks, cfg, rank_main, r);
   if (rc) {
     int worst = 0;
     while (worst < TRAIN_MAX_RANKS - 1 && !r->message[worst][0]) worst++;
@@ -133,26 +57,46 @@ static int run_threads(const train_opts *o) {
   return rc;
 }
 
-/* Train as one rank of MPI_COMM_WORLD (under mpirun). */
-static int run_mpi(const train_opts *o) {
+/* The exit code of a run that returned rc, after its message. */
+static int finish(int rc) {
+  if (!rc) return 0;
+  fflush(stdout); /* what was printed before the failure comes before its message */
+  fprintf(stderr, "loom train: %s\n", train_last_error());
+  const char *hint = train_error_hint(train_last_error());
+  if (hint) fprintf(stderr, "loom train: %s\n", hint);
+  return 1;
+}
+
+/* Train as one rank of MPI_COMM_WORLD (under mpirun); rank 0, the one that writes, checks the
+ * --save folder first (the peers fail at once if it cannot be used). A rank that fails says
+ * why, then ends the job (MPI_Abort), a second after telling its peers (loom_pg_abort), so they
+ * can say theirs: a peer not waiting in a collective would wait for it forever. Returns the
+ * exit code. */
+static int run_mpi(const train_opts *o, bool overwrite, const loom_pg_cfg *cfg) {
   loom_pg *pg = NULL;
-  int rc = loom_mpi_pg_create(NULL, NULL, &pg);
+  int rc = loom_mpi_pg_create(NULL, cfg, &pg);
   if (rc) {
     train_fail_loom(rc, "--backend mpi");
     loom_mpi_finalize();
-    return rc;
+    return finish(rc);
   }
-  int rank = loom_pg_rank(pg);
-  rc = train_run(o, pg);
-  if (rc) {
+  int rank = loom_pg_rank(pg), code = rank == 0 ? train_save_check(o, overwrite) : 0;
+  if (code) {
+    loom_pg_abort(pg);
+  } else if ((rc = train_run(o, pg))) {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", train_last_error());
     train_fail(rc, "rank %d: %s", rank, msg);
     loom_pg_abort(pg); /* the peers fail at once instead of timing out */
   }
+  if ((code || rc) && loom_pg_size(pg) > 1) {
+    code = code ? code : finish(rc);
+    sleep(1);
+    loom_mpi_abort(code);
+  }
   loom_pg_free(pg);
   loom_mpi_finalize();
-  return rc;
+  return code ? code : finish(rc);
 }
 
 int cmd_train(int argc, char **argv) {
@@ -161,55 +105,59 @@ int cmd_train(int argc, char **argv) {
                   .schedule = "cosine", .amp = "off", .scaler = NULL, .fc = 128,
                   .eval_batch = 1000, .out = stdout, .ranks = 1, .backend = "threads",
                   .strategy = "none"};
-  bool no_shuffle = false;
-  sizes_hidden = "1024,1024", sizes_channels = "32,64";
+  static train_cmdline c; /* its folder buffers are large */
+  c = (train_cmdline){.hidden = "1024,1024", .channels = "32,64"};
+  /* Bounds: every product the trainer forms fits in 64 bits (epochs x steps per epoch, batch x
+   * ranks, --limit + batch); the data's own limits (batch <= samples, warmup <= steps) are
+   * checked once the data is loaded. */
+  const double steps_max = 1e15, batch_max = 1 << 24;
+  double timeout = loom_pg_cfg_default().timeout_s; /* LOOM_TIMEOUT or 300 */
+  bool timeout_seen = false;
   const cli_option table[] = {
-      {"model", CLI_CHOICE, &o.model, NULL, "the network", "mlp|cnn"},
-      {"hidden", CLI_STRING, &sizes_hidden, "N,N,...", "MLP hidden layer widths", NULL},
-      {"channels", CLI_STRING, &sizes_channels, "C1,C2", "CNN conv channels (3x3, pad 1, each + ReLU + 2x2 max-pool)", NULL},
-      {"fc", CLI_POS_INT, &o.fc, "N", "CNN fully connected width", NULL},
-      {"epochs", CLI_POS_INT, &o.epochs, "N", "passes over the training set", NULL},
-      {"batch", CLI_POS_INT, &o.batch, "N", "samples per step (per rank)", NULL},
-      {"optim", CLI_CHOICE, &o.optim, NULL, "optimizer (PyTorch's formulas)", "sgd|adam|adamw"},
-      {"lr", CLI_DOUBLE, &o.lr, "X", "peak learning rate", NULL},
-      {"schedule", CLI_CHOICE, &o.schedule, NULL, "learning-rate schedule over all the epochs' steps", "constant|warmup|cosine"},
-      {"warmup", CLI_INT, &o.warmup, "N", "linear warmup steps (warmup, cosine)", NULL},
-      {"weight-decay", CLI_DOUBLE, &o.weight_decay, "X", "weight decay (AdamW decoupled, SGD/Adam L2)", NULL},
-      {"momentum", CLI_DOUBLE, &o.momentum, "X", "SGD momentum", NULL},
-      {"amp", CLI_CHOICE, &o.amp, NULL, "autocast: matmul/conv in bf16 or f16, f32 master weights", "off|bf16|f16"},
-      {"scaler", CLI_CHOICE, &o.scaler, NULL, "loss scaling (default dynamic for --amp f16, else off)", "dynamic|static|off"},
-      {"loss-scale", CLI_POS_DOUBLE, &o.loss_scale, "X", "static scale / dynamic initial scale", NULL},
-      {"seed", CLI_INT, &o.seed, "N", "seed of the initial weights and the data order", NULL},
-      {"init", CLI_STRING, &o.init, "FILE", "initial weights from a safetensors file, by PyTorch name", NULL},
-      {"no-shuffle", CLI_FLAG, &no_shuffle, NULL, "batches in file order", NULL},
-      {"data", CLI_STRING, &o.data, "DIR", "MNIST-format dataset folder (default " LOOM_FASHION_MNIST_DIR ")", NULL},
-      {"limit", CLI_INT, &o.limit, "N", "use only N training samples per epoch (whole batches) and N test samples; 0: all", NULL},
-      {"max-steps", CLI_INT, &o.max_steps, "N", "stop after N steps in all (as if interrupted); 0: no limit", NULL},
-      {"metrics", CLI_STRING, &o.metrics, "FILE", "one JSON object per step (loss, lr, scale, overflow, samples/s, memory)", NULL},
-      {"save", CLI_STRING, &o.save, "DIR", "write DIR/checkpoint.safetensors and DIR/model.safetensors after each epoch and at the end", NULL},
-      {"resume", CLI_STRING, &o.resume, "DIR", "continue from DIR/checkpoint.safetensors (same options)", NULL},
-      {"threads", CLI_INT, &o.threads, "N", "compute threads (per rank); 0: OpenMP's default", NULL},
-      {"eval-batch", CLI_POS_INT, &o.eval_batch, "N", "samples per evaluation batch", NULL},
-      {"quiet", CLI_FLAG, &o.quiet, NULL, "print only the summary line", NULL},
-      {"ranks", CLI_POS_INT, &o.ranks, "N", "data-parallel ranks (threads backend; each gets --batch samples of every step)", NULL},
-      {"backend", CLI_CHOICE, &o.backend, NULL, "process groups: ranks as threads, or MPI processes (mpirun -n N loom train --backend mpi ...)", "threads|mpi"},
-      {"strategy", CLI_CHOICE, &o.strategy, NULL, "data parallelism: none, or DDP (bucketed all-reduce overlapped with backward)", "none|ddp"},
+      {"model", CLI_CHOICE, &o.model, NULL, "the network", "mlp|cnn", 0, 0, NULL},
+      {"hidden", CLI_STRING, &c.hidden, "N,N,...", "MLP hidden layer widths", NULL, 0, 0, &c.seen_hidden},
+      {"channels", CLI_STRING, &c.channels, "C1,C2", "CNN conv channels (3x3, pad 1, each + ReLU + 2x2 max-pool)", NULL, 0, 0, &c.seen_channels},
+      {"fc", CLI_POS_INT, &o.fc, "N", "CNN fully connected width", NULL, 1, TRAIN_MAX_WIDTH, &c.seen_fc},
+      {"epochs", CLI_POS_INT, &o.epochs, "N", "passes over the training set", NULL, 1, 1e6, NULL},
+      {"batch", CLI_POS_INT, &o.batch, "N", "samples per step (per rank)", NULL, 1, batch_max, NULL},
+      {"optim", CLI_CHOICE, &o.optim, NULL, "optimizer (PyTorch's formulas)", "sgd|adam|adamw", 0, 0, NULL},
+      {"lr", CLI_F32, &o.lr, "X", "peak learning rate", NULL, 0, FLT_MAX, NULL},
+      {"schedule", CLI_CHOICE, &o.schedule, NULL, "learning-rate schedule over all the epochs' steps", "constant|warmup|cosine", 0, 0, NULL},
+      {"warmup", CLI_INT, &o.warmup, "N", "linear warmup steps (warmup, cosine)", NULL, 0, steps_max, &c.seen_warmup},
+      {"weight-decay", CLI_F32, &o.weight_decay, "X", "weight decay (AdamW decoupled, SGD/Adam L2)", NULL, 0, FLT_MAX, NULL},
+      {"momentum", CLI_F32, &o.momentum, "X", "SGD momentum", NULL, 0, FLT_MAX, &c.seen_momentum},
+      {"amp", CLI_CHOICE, &o.amp, NULL, "autocast: matmul/conv in bf16 or f16, f32 master weights", "off|bf16|f16", 0, 0, NULL},
+      {"scaler", CLI_CHOICE, &o.scaler, NULL, "loss scaling (default dynamic for --amp f16, else off; static|dynamic also with bf16)", "dynamic|static|off", 0, 0, &c.seen_scaler},
+      {"loss-scale", CLI_POS_DOUBLE, &o.loss_scale, "X", "static scale / dynamic initial scale", NULL, 0, 0, &c.seen_loss_scale},
+      {"seed", CLI_INT, &o.seed, "N", "seed of the initial weights and the data order", NULL, 0, 0, NULL},
+      {"init", CLI_STRING, &o.init, "FILE", "initial weights from a safetensors file, by PyTorch name", NULL, 0, 0, NULL},
+      {"no-shuffle", CLI_FLAG, &c.no_shuffle, NULL, "batches in file order", NULL, 0, 0, NULL},
+      {"data", CLI_STRING, &o.data, "DIR", "MNIST-format dataset folder (default " LOOM_FASHION_MNIST_DIR ")", NULL, 0, 0, NULL},
+      {"limit", CLI_INT, &o.limit, "N", "use only N training samples per epoch (whole batches) and N test samples; 0: all", NULL, 0, 4294967296.0, NULL},
+      {"max-steps", CLI_INT, &o.max_steps, "N", "stop after N steps in all (as if interrupted); 0: no limit", NULL, 0, steps_max, NULL},
+      {"metrics", CLI_STRING, &o.metrics, "FILE", "one JSON object per step (loss, lr, scale, overflow, samples/s, memory)", NULL, 0, 0, NULL},
+      {"save", CLI_STRING, &o.save, "DIR", "write DIR/checkpoint.safetensors and DIR/model.safetensors after each epoch and at the end", NULL, 0, 0, NULL},
+      {"overwrite", CLI_FLAG, &c.overwrite, NULL, "let --save replace a checkpoint already in DIR (not needed with --resume DIR)", NULL, 0, 0, NULL},
+      {"resume", CLI_STRING, &o.resume, "DIR", "continue from DIR/checkpoint.safetensors (same options)", NULL, 0, 0, NULL},
+      {"threads", CLI_INT, &o.threads, "N", "compute threads per rank (at most 4 per online CPU, 1024 in all); 0: OpenMP's default", NULL, 0, (double)LONG_MAX, NULL},
+      {"eval-batch", CLI_POS_INT, &o.eval_batch, "N", "samples per evaluation batch", NULL, 1, batch_max, NULL},
+      {"quiet", CLI_FLAG, &o.quiet, NULL, "print only the summary line", NULL, 0, 0, NULL},
+      {"ranks", CLI_POS_INT, &o.ranks, "N", "data-parallel ranks (threads backend; each gets --batch samples of every step)", NULL, 1, TRAIN_MAX_RANKS, NULL},
+      {"backend", CLI_CHOICE, &o.backend, NULL, "process groups: ranks as threads, or MPI processes (mpirun -n N loom train --backend mpi ...)", "threads|mpi", 0, 0, NULL},
+      {"timeout", CLI_POS_DOUBLE, &timeout, "SECONDS", "seconds a rank waits for its peers before it fails (LOOM_TIMEOUT sets the default)", NULL, 1e-3, 1e9, &timeout_seen},
+      {"strategy", CLI_CHOICE, &o.strategy, NULL, "data parallelism: none, or DDP (bucketed all-reduce overlapped with backward)", "none|ddp", 0, 0, NULL},
       {0}};
   int rc = cli_parse("loom train", table, argc, argv, NULL, 0, NULL);
   if (rc == 1) {
     cli_help(stdout, "loom train", usage, table);
     return 0;
   }
-  if (rc < 0 || check(&o, no_shuffle)) return 2;
-  if (strcmp(o.backend, "mpi") == 0) rc = run_mpi(&o);
-  else if (strcmp(o.strategy, "ddp") == 0) rc = run_threads(&o);
+  loom_pg_cfg cfg;
+  if (rc < 0 || train_opts_check(&o, &c) || train_par_cfg(&o, timeout_seen ? timeout : 0, &cfg)) return 2;
+  if (strcmp(o.backend, "mpi") == 0) return run_mpi(&o, c.overwrite, &cfg);
+  int code = train_save_check(&o, c.overwrite);
+  if (code) return code;
+  if (strcmp(o.strategy, "ddp") == 0) rc = run_threads(&o, &cfg);
   else rc = train_run(&o, NULL);
-  if (rc) {
-    fflush(stdout); /* what was printed before the failure comes before its message */
-    fprintf(stderr, "loom train: %s\n", train_last_error());
-    const char *hint = train_error_hint(train_last_error());
-    if (hint) fprintf(stderr, "loom train: %s\n", hint);
-    return 1;
-  }
-  return 0;
+  return finish(rc);
 }

@@ -1,8 +1,14 @@
-/* loom.c: the `loom` command: finds the subcommand and runs it. */
+/* loom.c: the `loom` command: checks loom's environment variables, finds the subcommand and
+ * runs it, and fails (exit 1) if what it printed could not be written (a full disk, a closed
+ * pipe: `loom train >/dev/full` must not exit 0). */
 #include "commands.h"
 
 #include <loom/loom.h>
+
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const struct {
@@ -20,6 +26,42 @@ static void usage(FILE *f) {
   fprintf(f, "\n`loom COMMAND --help` describes a command's options.\n");
 }
 
+/* The library ignores a value of LOOM_CPU or LOOM_ALLOC_CACHE_MB it cannot use (loom/cpu.h,
+ * loom/alloc.h); the command refuses it instead, naming the variable. Unset or empty: the
+ * default. 0, or 2 after the message. */
+static int check_environment(void) {
+  const char *cpu = getenv("LOOM_CPU");
+  bool known = !cpu || !*cpu;
+  for (int l = 0; l < LOOM_CPU_LEVEL_COUNT && !known; l++)
+    known = strcmp(cpu, loom_cpu_level_name((loom_cpu_level)l)) == 0;
+  if (!known) {
+    fprintf(stderr, "loom: LOOM_CPU: expected scalar, avx2 or avx512 (a cap on the kernels' CPU "
+            "level), got '%s'\n", cpu);
+    return 2;
+  }
+  const char *mb = getenv("LOOM_ALLOC_CACHE_MB");
+  if (mb && *mb) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = mb[0] >= '0' && mb[0] <= '9' ? strtoull(mb, &end, 10) : 0;
+    if (end == NULL || *end || errno || v > (SIZE_MAX >> 20)) {
+      fprintf(stderr, "loom: LOOM_ALLOC_CACHE_MB: expected a whole number of MiB (0 turns the "
+              "allocation cache off, at most %zu), got '%s'\n", SIZE_MAX >> 20, mb);
+      return 2;
+    }
+  }
+  return 0;
+}
+
+/* rc, or 1 if standard output could not take everything printed to it. */
+static int flushed(int rc) {
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+  fprintf(stderr, "loom: cannot write to standard output%s%s\n", errno ? ": " : "",
+          errno ? strerror(errno) : "");
+  return rc ? rc : 1;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
@@ -27,10 +69,13 @@ int main(int argc, char **argv) {
   }
   if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
     usage(stdout);
-    return 0;
+    return flushed(0);
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 2, argv + 2);
+    if (strcmp(argv[1], commands[i].name) == 0) {
+      int rc = check_environment();
+      return flushed(rc ? rc : commands[i].fn(argc - 2, argv + 2));
+    }
   fprintf(stderr, "loom: unknown command '%s'\n", argv[1]);
   usage(stderr);
   return 2;

@@ -22,6 +22,7 @@
 #define TRAIN_MAX_RANKS 64 /* --ranks on the threads backend */
 
 typedef struct loom_pg loom_pg; /* loom/dist.h's process group */
+typedef struct loom_pg_cfg loom_pg_cfg; /* and its configuration */
 
 typedef struct train_opts {
   const char *model;                   /* "mlp" or "cnn" */
@@ -83,22 +84,35 @@ void train_model_free(train_model *m);
 int train_model_forward(train_model *m, loom_tensor *x, loom_tensor **logits);
 /* Whether the model takes flattened images. */
 bool train_model_flat_input(const train_model *m);
-/* Set every parameter from a safetensors file by name: each must be there with dtype F32 and
- * the parameter's shape, and the file must hold nothing else (PyTorch's strict loading). */
+/* Set every parameter from a safetensors file by name: each must be there with dtype F32, the
+ * parameter's shape and finite values, and the file must hold nothing else (PyTorch's strict
+ * loading). */
 int train_model_load(train_model *m, const char *path);
-/* Write the parameters (by name) to a safetensors file, atomically. */
-int train_model_save(const train_model *m, const char *path);
+/* Write the parameters (by name) and metadata (NULL, 0: none) to a safetensors file,
+ * atomically. */
+int train_model_save(const train_model *m, const char *path, const loom_safetensors_meta_kv *meta,
+                     size_t nmeta);
 /* A short description ("mlp 784-1024-1024-10", "cnn 1-32-64/3136-128-10"). */
 void train_model_describe(const train_model *m, const train_opts *o, char *buf, size_t cap);
 
 /* ---- data parallelism ------------------------------------------------------------------ */
 
 /* The data-parallel side of a step (train_par.c). pg NULL: one process, every call a no-op.
- * Otherwise, with --strategy ddp, the parameters are wrapped by DDP, which points each one's
- * gradient at a view of its bucket: take gradients from loom_tensor_grad(param) after create,
- * never from the module's gradient arena. */
+ * Otherwise create first compares the options of every rank (train_ckpt_fingerprint and
+ * --max-steps; LOOM_EINVAL on every rank, naming the option, a rank that differs from rank
+ * 0 and both values), then, with --strategy ddp, the parameters are wrapped by DDP, which
+ * points each one's gradient at a view of its bucket: take gradients from
+ * loom_tensor_grad(param) after create, never from the module's gradient arena. */
 typedef struct train_par train_par;
 int train_par_create(loom_pg *pg, const train_opts *o, train_model *m, train_par **out);
+/* The process group's configuration for this run: loom_pg_cfg_default (LOOM_TIMEOUT or 300
+ * s) with --timeout SECONDS (timeout > 0) over it. -1, after a message on stderr naming
+ * --timeout or LOOM_TIMEOUT, for a bad value or --timeout without ranks (a usage error). */
+int train_par_cfg(const train_opts *o, double timeout, loom_pg_cfg *cfg);
+/* Once the data is loaded and a checkpoint restored: every rank must have the same steps per
+ * epoch (the same data) and start at the same step (the same --resume); LOOM_EINVAL on every
+ * rank otherwise, as for the options. */
+int train_par_check_start(train_par *p, int64_t steps_per_epoch, int64_t step);
 void train_par_free(train_par *p);
 int train_par_rank(const train_par *p);
 int train_par_size(const train_par *p);
@@ -115,18 +129,32 @@ void train_par_json(const train_par *p, char *buf, size_t cap);
 typedef struct train_state {
   int64_t step;
   int64_t steps_per_epoch;
+  int64_t model_step; /* after train_ckpt_load: the step DIR/model.safetensors holds, -1 if none */
 } train_state;
 
-/* DIR/checkpoint.safetensors (model, optimizer state, scaler, step, epoch and the options a
- * resumed run must share) and DIR/model.safetensors (parameters only, for --init and other
- * tools), each written atomically; DIR is created if missing. */
+/* DIR/model.safetensors (parameters, step and epoch, for --init and other tools), then
+ * DIR/checkpoint.safetensors (model, optimizer state, scaler, step, epoch and the options a
+ * resumed run must share), each written atomically, so the checkpoint is never ahead of the
+ * model file; DIR is created if missing, and temporaries a killed save left are removed. */
 int train_ckpt_save(const char *dir, const train_opts *o, const train_model *m,
                     const loom_optim *opt, const loom_scaler *scaler, const train_state *st);
 /* Restore all of it from DIR/checkpoint.safetensors. Refuses (LOOM_EINVAL, naming the
  * option) a checkpoint written with a different model, optimizer, AMP, batch, seed, data
- * order or rank count, since the resumed run could not match an uninterrupted one. */
+ * order or rank count, since the resumed run could not match an uninterrupted one; and
+ * (LOOM_EFORMAT, naming the value) a corrupt file, counters that do not fit this run or each
+ * other, a scaler state out of range, and weights or moments that are not finite. */
 int train_ckpt_load(const char *dir, const train_opts *o, train_model *m, loom_optim *opt,
                     loom_scaler *scaler, train_state *st);
+/* The options a resumed run must share with the run that wrote the checkpoint (the
+ * checkpoint's fingerprint), which every rank of a run must share too: fills out[0..n) with
+ * each option's name as typed ("lr", "no-shuffle", "model (and its sizes)") and its value as
+ * the checkpoint records it; returns n (<= TRAIN_FP_MAX). */
+#define TRAIN_FP_MAX 24
+typedef struct train_fp_entry {
+  const char *option;
+  char value[96];
+} train_fp_entry;
+int train_ckpt_fingerprint(const train_opts *o, const train_model *m, train_fp_entry *out);
 
 /* ---- metrics --------------------------------------------------------------------------- */
 

@@ -1,10 +1,16 @@
 /* train_ckpt.c: checkpoints of `loom train`. DIR/checkpoint.safetensors holds the model
  * ("model.<name>"), the optimizer state ("optim.<param>.exp_avg", ...), the scaler
- * ("amp.scaler", loom_scaler_state_pack) and, as metadata, the step, epoch, optimizer step
- * count and every option that shapes the trajectory; DIR/model.safetensors the parameters
- * alone under their PyTorch names. Both are written atomically (loom_checkpoint_save,
- * loom_safetensors_write). Nothing else is needed to resume bit for bit: the data order is a
- * function of (seed, epoch, batch index) and the learning rate of the step index. */
+ * ("amp.scaler", loom_scaler_state_pack) and, as metadata, the step (with its epoch and batch
+ * index, the steps per epoch and the optimizer step count) and every option that shapes the
+ * trajectory; DIR/model.safetensors the parameters alone under their PyTorch names, with the
+ * step and epoch as metadata. Both are written atomically (loom_safetensors_write, then
+ * loom_checkpoint_save: the model file first, so the checkpoint is never ahead of it; a kill
+ * between the two renames leaves the model one save ahead, which resume reports), after the
+ * temporaries an interrupted save left are removed. On resume every restored value is checked:
+ * the CRC covers the whole file, the counters must fit this run and each other, the weights
+ * and moments must be finite (exp_avg_sq >= 0). Nothing else is needed to resume bit for bit:
+ * the data order is a function of (seed, epoch, batch index) and the learning rate of the step
+ * index. */
 #include "train_api.h"
 
 #include <errno.h>
@@ -44,6 +50,11 @@ static void make_fingerprint(const train_opts *o, const train_model *m, fingerpr
 #undef FP
 }
 
+/* The checkpoint's counters, in this order (the model file has the first two). */
+enum { NCOUNT = 5 };
+static const char *const counter_keys[NCOUNT] = {"step", "epoch", "batch_index",
+                                                 "steps_per_epoch", "optim_steps"};
+
 /* The option name behind a fingerprint key, for messages. */
 static const char *option_of(const char *key) {
   const char *k = key + strlen("train.");
@@ -51,6 +62,18 @@ static const char *option_of(const char *key) {
   if (strcmp(k, "weight_decay") == 0) return "weight-decay";
   if (strcmp(k, "model") == 0) return "model (and its sizes)";
   return k;
+}
+
+/* The fingerprint for others (train_par.c compares it across ranks). */
+_Static_assert(NFP <= TRAIN_FP_MAX, "TRAIN_FP_MAX is too small for the fingerprint");
+int train_ckpt_fingerprint(const train_opts *o, const train_model *m, train_fp_entry *out) {
+  fingerprint fp;
+  make_fingerprint(o, m, &fp);
+  for (int i = 0; i < NFP; i++) {
+    out[i].option = option_of(fp.key[i]);
+    snprintf(out[i].value, sizeof out[i].value, "%s", fp.value[i]);
+  }
+  return NFP;
 }
 
 /* The entries of a checkpoint: names in one block of KEY_MAX-byte slots. */
@@ -75,7 +98,7 @@ static int make_entries(const train_model *m, const loom_optim *opt, bool with_s
     snprintf(name, KEY_MAX, "model.%s", p->name);
     *e = (loom_checkpoint_entry){.name = name, .dtype = LOOM_F32,
                                  .ndim = loom_tensor_ndim(p->value),
-                                 .data = loom_tensor_data(p->value)};
+                                 .data = loom_tensor_data(p->value), .checks = LOOM_CHECK_FINITE};
     memcpy(e->shape, loom_tensor_shape(p->value), sizeof(int64_t) * (size_t)e->ndim);
   }
   for (size_t i = 0; i < nstate; i++) {
@@ -84,8 +107,11 @@ static int make_entries(const train_model *m, const loom_optim *opt, bool with_s
     loom_checkpoint_entry *e = &es->e[es->n];
     char *name = es->names + es->n++ * KEY_MAX;
     snprintf(name, KEY_MAX, "optim.%s", s.name);
+    size_t len = strlen(s.name);
+    bool sq = len >= 11 && strcmp(s.name + len - 11, ".exp_avg_sq") == 0; /* a mean of squares */
     *e = (loom_checkpoint_entry){.name = name, .dtype = LOOM_F32, .ndim = 1,
-                                 .shape = {(int64_t)s.n}, .data = s.data};
+                                 .shape = {(int64_t)s.n}, .data = s.data,
+                                 .checks = LOOM_CHECK_FINITE | (sq ? LOOM_CHECK_NONNEG : 0)};
   }
   if (with_scaler)
     es->e[es->n++] = (loom_checkpoint_entry){.name = "amp.scaler", .dtype = LOOM_I64, .ndim = 1,
@@ -103,12 +129,25 @@ static void path_in(char *buf, size_t cap, const char *dir, const char *file) {
   snprintf(buf, cap, "%s/%s", dir, file);
 }
 
+/* Remove the temporaries an interrupted save of DIR/file left (a kill between create and
+ * rename): only `file.tmp.XXXXXX`, the writer's own pattern. */
+static int clean(const char *path) {
+  int rc = loom_remove_stale_temporaries(path, NULL);
+  return rc ? train_fail_loom(rc, "--save") : LOOM_OK;
+}
+
 int train_ckpt_save(const char *dir, const train_opts *o, const train_model *m,
                     const loom_optim *opt, const loom_scaler *scaler, const train_state *st) {
   if (mkdir(dir, 0777) != 0 && errno != EEXIST)
     return train_fail(LOOM_EIO, "--save %s: cannot create the folder: %s", dir, strerror(errno));
+  char ck[4096], model[4096];
+  path_in(ck, sizeof ck, dir, "checkpoint.safetensors");
+  path_in(model, sizeof model, dir, "model.safetensors");
+  int rc = clean(ck);
+  if (!rc) rc = clean(model);
+  if (rc) return rc;
   entries es;
-  int rc = make_entries(m, opt, scaler != NULL, &es);
+  rc = make_entries(m, opt, scaler != NULL, &es);
   if (!rc && scaler) {
     loom_scaler_state ss;
     rc = loom_scaler_save(scaler, &ss);
@@ -117,24 +156,22 @@ int train_ckpt_save(const char *dir, const train_opts *o, const train_model *m,
   }
   fingerprint fp;
   make_fingerprint(o, m, &fp);
-  loom_safetensors_meta_kv meta[NFP + 3];
-  char num[3][32];
-  snprintf(num[0], sizeof num[0], "%lld", (long long)st->step);
-  snprintf(num[1], sizeof num[1], "%lld", (long long)(st->step / st->steps_per_epoch));
-  snprintf(num[2], sizeof num[2], "%lld", (long long)loom_optim_step_count(opt));
-  meta[0] = (loom_safetensors_meta_kv){"step", num[0]};
-  meta[1] = (loom_safetensors_meta_kv){"epoch", num[1]};
-  meta[2] = (loom_safetensors_meta_kv){"optim_steps", num[2]};
-  for (int i = 0; i < NFP; i++) meta[3 + i] = (loom_safetensors_meta_kv){fp.key[i], fp.value[i]};
-  char path[4096];
-  path_in(path, sizeof path, dir, "checkpoint.safetensors");
+  loom_safetensors_meta_kv meta[NCOUNT + NFP];
+  char num[NCOUNT][32];
+  const int64_t count[NCOUNT] = {st->step, st->step / st->steps_per_epoch,
+                                 st->step % st->steps_per_epoch, st->steps_per_epoch,
+                                 loom_optim_step_count(opt)};
+  for (int i = 0; i < NCOUNT; i++) {
+    snprintf(num[i], sizeof num[i], "%lld", (long long)count[i]);
+    meta[i] = (loom_safetensors_meta_kv){counter_keys[i], num[i]};
+  }
+  for (int i = 0; i < NFP; i++) meta[NCOUNT + i] = (loom_safetensors_meta_kv){fp.key[i], fp.value[i]};
+  if (!rc) rc = train_model_save(m, model, meta, 2); /* step and epoch */
   if (!rc) {
-    rc = loom_checkpoint_save(path, es.e, es.n, meta, NFP + 3);
+    rc = loom_checkpoint_save(ck, es.e, es.n, meta, NCOUNT + NFP);
     if (rc) train_fail_loom(rc, "--save");
   }
   free_entries(&es);
-  path_in(path, sizeof path, dir, "model.safetensors");
-  if (!rc) rc = train_model_save(m, path);
   return rc;
 }
 
@@ -156,36 +193,95 @@ static int check_fingerprint(const loom_safetensors *f, const char *dir, const t
   return LOOM_OK;
 }
 
+/* The checkpoint's counters (counter_keys), each a whole number that fits this run: the same
+ * steps per epoch, a step within --epochs, its epoch and batch index, an optimizer step count
+ * no larger than the step. */
+static int check_counters(const loom_safetensors *f, const char *dir, const train_opts *o,
+                          const train_state *st, int64_t c[NCOUNT]) {
+  for (int i = 0; i < NCOUNT; i++)
+    if (loom_safetensors_meta_i64(f, counter_keys[i], &c[i]) || c[i] < 0)
+      return train_fail(LOOM_EFORMAT, "--resume %s: the checkpoint's '%s' is missing or not a "
+                        "whole number", dir, counter_keys[i]);
+  int64_t step = c[0], spe = st->steps_per_epoch, total;
+  if (c[3] != spe)
+    return train_fail(LOOM_EINVAL, "--resume %s: the checkpoint has %lld steps per epoch, this "
+                      "run %lld (other data?)", dir, (long long)c[3], (long long)spe);
+  if (__builtin_mul_overflow((int64_t)o->epochs, spe, &total)) total = INT64_MAX;
+  if (step > total)
+    return train_fail(LOOM_EFORMAT, "--resume %s: the checkpoint's step %lld is past this run's "
+                      "%lld steps (--epochs %ld x %lld)", dir, (long long)step, (long long)total,
+                      o->epochs, (long long)spe);
+  if (c[1] != step / spe || c[2] != step % spe)
+    return train_fail(LOOM_EFORMAT, "--resume %s: the checkpoint's epoch %lld and batch %lld "
+                      "do not match its step %lld (%lld steps per epoch)", dir, (long long)c[1],
+                      (long long)c[2], (long long)step, (long long)spe);
+  if (c[4] > step)
+    return train_fail(LOOM_EFORMAT, "--resume %s: the checkpoint's optimizer step count %lld "
+                      "is above its step %lld", dir, (long long)c[4], (long long)step);
+  return LOOM_OK;
+}
+
+/* Every step ran one scaler update, and one optimizer step unless it overflowed. */
+static int check_scaler_counts(const char *dir, const loom_scaler *scaler, int64_t step,
+                               int64_t optim_steps) {
+  int64_t skipped = 0;
+  if (scaler && loom_scaler_enabled(scaler)) {
+    loom_scaler_stats ss;
+    int rc = loom_scaler_stats_get(scaler, &ss);
+    if (rc) return train_fail_loom(rc, "--resume: the scaler");
+    if (ss.total_overflows + ss.total_successful_iterations != step)
+      return train_fail(LOOM_EFORMAT, "--resume %s: the scaler counted %lld overflows and %lld "
+                        "successful steps, but the checkpoint is at step %lld", dir,
+                        (long long)ss.total_overflows, (long long)ss.total_successful_iterations,
+                        (long long)step);
+    skipped = ss.total_overflows;
+  }
+  if (optim_steps != step - skipped)
+    return train_fail(LOOM_EFORMAT, "--resume %s: the checkpoint's optimizer step count %lld is "
+                      "not its step %lld less the %lld skipped (overflow) steps", dir,
+                      (long long)optim_steps, (long long)step, (long long)skipped);
+  return LOOM_OK;
+}
+
+/* The step DIR/model.safetensors records, or -1 (absent, unreadable, no step). */
+static int64_t model_step(const char *dir) {
+  char path[4096];
+  path_in(path, sizeof path, dir, "model.safetensors");
+  loom_safetensors *f = NULL;
+  int64_t step = -1;
+  if (loom_safetensors_open(path, 0, &f) == LOOM_OK && loom_safetensors_meta_i64(f, "step", &step))
+    step = -1;
+  loom_safetensors_free(f);
+  return step;
+}
+
 int train_ckpt_load(const char *dir, const train_opts *o, train_model *m, loom_optim *opt,
                     loom_scaler *scaler, train_state *st) {
   char path[4096];
   path_in(path, sizeof path, dir, "checkpoint.safetensors");
   loom_safetensors *f = NULL;
-  int rc = loom_safetensors_open(path, 0, &f);
+  int rc = loom_checkpoint_open(path, &f);
   if (rc) return train_fail_loom(rc, "--resume");
+  int64_t c[NCOUNT] = {0};
   rc = check_fingerprint(f, dir, o, m);
-  int64_t step = 0, optim_steps = 0;
-  if (!rc && (loom_safetensors_meta_i64(f, "step", &step) ||
-              loom_safetensors_meta_i64(f, "optim_steps", &optim_steps) || step < 0 ||
-              optim_steps < 0 || optim_steps > step))
-    rc = train_fail(LOOM_EFORMAT, "--resume %s: bad step counts in the checkpoint", dir);
-  loom_safetensors_free(f);
-  if (rc) return rc;
-
-  entries es;
-  rc = make_entries(m, opt, scaler != NULL, &es);
+  if (!rc) rc = check_counters(f, dir, o, st, c);
+  entries es = {0};
+  if (!rc) rc = make_entries(m, opt, scaler != NULL, &es);
   if (!rc) {
-    rc = loom_checkpoint_load(path, es.e, es.n, NULL);
+    rc = loom_checkpoint_read(f, es.e, es.n);
     if (rc) train_fail_loom(rc, "--resume");
   }
+  loom_safetensors_free(f);
   if (!rc && scaler) {
     loom_scaler_state ss;
     rc = loom_scaler_state_unpack(es.scaler_words, &ss);
     if (!rc) rc = loom_scaler_restore(scaler, &ss);
-    if (rc) train_fail_loom(rc, "--resume: the scaler");
+    if (rc) train_fail_loom(rc, "--resume: the scaler (amp.scaler)");
   }
   free_entries(&es);
-  if (!rc) rc = loom_optim_set_step_count(opt, optim_steps);
-  if (!rc) st->step = step;
+  if (!rc) rc = check_scaler_counts(dir, scaler, c[0], c[4]);
+  if (!rc) rc = loom_optim_set_step_count(opt, c[4]);
+  if (!rc) st->step = c[0];
+  st->model_step = rc ? -1 : model_step(dir);
   return rc;
 }

@@ -107,6 +107,7 @@ int train_model_load(train_model *m, const char *path) {
     const loom_param *p = &m->params[i];
     rc = loom_safetensors_read(f, p->name, LOOM_F32, loom_tensor_ndim(p->value),
                                loom_tensor_shape(p->value), loom_tensor_data(p->value));
+    if (!rc) rc = loom_safetensors_check_values(f, p->name, LOOM_CHECK_FINITE);
     if (rc) train_fail_loom(rc, "--init");
   }
   for (size_t i = 0; i < loom_safetensors_count(f) && !rc; i++) {
@@ -121,12 +122,13 @@ int train_model_load(train_model *m, const char *path) {
   return rc;
 }
 
-int train_model_save(const train_model *m, const char *path) {
+int train_model_save(const train_model *m, const char *path, const loom_safetensors_meta_kv *meta,
+                     size_t nmeta) {
   loom_safetensors_entry *e = calloc(m->nparams ? m->nparams : 1, sizeof *e);
   if (!e) return train_fail(LOOM_ENOMEM, "saving %s: out of memory", path);
   for (size_t i = 0; i < m->nparams; i++)
     e[i] = (loom_safetensors_entry){.name = m->params[i].name, .tensor = m->params[i].value};
-  int rc = loom_safetensors_write(path, e, m->nparams, NULL, 0);
+  int rc = loom_safetensors_write(path, e, m->nparams, meta, nmeta);
   free(e);
   return rc ? train_fail_loom(rc, "saving the model") : LOOM_OK;
 }

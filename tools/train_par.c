@@ -1,19 +1,117 @@
 /* train_par.c: the data-parallel side of `loom train`'s step. One process (pg NULL): nothing to
- * do. With a process group and --strategy ddp: the model's parameters are wrapped by DDP
- * (rank 0's initial values broadcast, gradients as bucket views reduced while backward runs),
- * each rank computes with its share of the machine's cores, and the AMP overflow flag is
- * combined over the ranks. */
+ * do. With a process group: the ranks first check that they agree (the same options, then the
+ * same data and start step), since ranks that disagree would diverge silently or wait for each
+ * other forever; then, with --strategy ddp, the model's parameters are wrapped by DDP (rank 0's
+ * initial values broadcast, gradients as bucket views reduced while backward runs), each rank
+ * computes with its share of the machine's cores, and the AMP overflow flag is combined over
+ * the ranks. */
 #include "train_api.h"
 
 #include <loom/ddp.h>
 #include <loom/dist.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct train_par {
+  loom_pg *pg;
   int rank, size;
   loom_ddp *ddp;
 };
+
+/* ---- ranks that must agree ---------------------------------------------------------------- */
+
+/* One compared value, as a phrase about the rank that has it ("has --lr 0.001"). */
+#define AGREE_TEXT 192
+typedef char agree_text[AGREE_TEXT];
+
+static int64_t digest(const char *s) { /* FNV-1a */
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+  return (int64_t)h;
+}
+
+/* Compare every rank's text[0..n) with rank 0's: an all-gather of one digest per entry; on a
+ * difference (which every rank sees alike) an all-gather of the first differing entry's text,
+ * and LOOM_EINVAL on every rank naming the lowest rank that differs and both phrases. */
+static int agree(loom_pg *pg, const agree_text *text, int n, const char *hint) {
+  int size = loom_pg_size(pg);
+  int64_t *mine = calloc((size_t)n, sizeof *mine), *all = calloc((size_t)size * n, sizeof *all);
+  char *texts = NULL;
+  int rc = mine && all ? LOOM_OK : train_fail(LOOM_ENOMEM, "train: out of memory");
+  for (int i = 0; !rc && i < n; i++) mine[i] = digest(text[i]);
+  if (!rc && (rc = loom_pg_allgather(pg, mine, all, (size_t)n, LOOM_I64, NULL)))
+    train_fail_loom(rc, "comparing the ranks' options");
+  int bad = -1, who = -1;
+  for (int i = 0; !rc && bad < 0 && i < n; i++)
+    for (int r = 1; who < 0 && r < size; r++)
+      if (all[(size_t)r * n + i] != all[i]) bad = i, who = r;
+  if (!rc && bad >= 0) {
+    int64_t send[AGREE_TEXT / 8]; /* whole aligned words (the callers zero past the text) */
+    memcpy(send, text[bad], AGREE_TEXT);
+    texts = calloc((size_t)size, AGREE_TEXT);
+    if (!texts) rc = train_fail(LOOM_ENOMEM, "train: out of memory");
+    else if ((rc = loom_pg_allgather(pg, send, texts, AGREE_TEXT / 8, LOOM_I64, NULL)))
+      train_fail_loom(rc, "comparing the ranks' options");
+    else
+      rc = train_fail(LOOM_EINVAL, "the ranks disagree: rank %d %.*s, rank 0 %.*s (%s)", who,
+                      AGREE_TEXT, texts + (size_t)who * AGREE_TEXT, AGREE_TEXT, texts, hint);
+  }
+  free(texts);
+  free(all);
+  free(mine);
+  return rc;
+}
+
+/* The resume fingerprint and --max-steps. */
+static int agree_options(loom_pg *pg, const train_opts *o, const train_model *m) {
+  train_fp_entry fp[TRAIN_FP_MAX];
+  agree_text text[TRAIN_FP_MAX + 1];
+  memset(text, 0, sizeof text);
+  int n = train_ckpt_fingerprint(o, m, fp);
+  for (int i = 0; i < n; i++)
+    if (strcmp(fp[i].option, "no-shuffle") == 0) /* a flag: its value says whether shuffling */
+      snprintf(text[i], sizeof text[i], "has %s--no-shuffle",
+               strcmp(fp[i].value, "no") == 0 ? "" : "no ");
+    else if (strncmp(fp[i].option, "model", 5) == 0) /* --model, --hidden, ...: "mlp 784-32-10" */
+      snprintf(text[i], sizeof text[i], "runs %s", fp[i].value);
+    else
+      snprintf(text[i], sizeof text[i], "has --%s %s", fp[i].option, fp[i].value);
+  snprintf(text[n++], sizeof text[0], "has --max-steps %ld", o->max_steps);
+  return agree(pg, text, n, "every rank must be started with the same options");
+}
+
+int train_par_check_start(train_par *p, int64_t steps_per_epoch, int64_t step) {
+  if (!p->pg) return LOOM_OK;
+  agree_text text[2];
+  memset(text, 0, sizeof text);
+  snprintf(text[0], sizeof text[0], "has %lld steps per epoch", (long long)steps_per_epoch);
+  snprintf(text[1], sizeof text[1], "starts at step %lld", (long long)step);
+  return agree(p->pg, text, 2,
+               "every rank must read the same data (--data) and resume from the same "
+               "checkpoint (--resume)");
+}
+
+/* ---- the group ------------------------------------------------------------------------------ */
+
+int train_par_cfg(const train_opts *o, double timeout, loom_pg_cfg *cfg) {
+  *cfg = loom_pg_cfg_default();
+  bool group = strcmp(o->strategy, "ddp") == 0 || strcmp(o->backend, "mpi") == 0;
+  if (!group) {
+    if (timeout > 0) {
+      fprintf(stderr, "loom train: --timeout: only for ranks that wait for each other "
+                      "(--strategy ddp)\n");
+      return -1;
+    }
+    return 0;
+  }
+  if (timeout > 0) cfg->timeout_s = timeout;
+  if (loom_pg_cfg_validate(cfg)) {
+    fprintf(stderr, "loom train: %s\n", loom_last_error());
+    return -1;
+  }
+  return 0;
+}
 
 int train_par_create(loom_pg *pg, const train_opts *o, train_model *m, train_par **out) {
   *out = NULL;
@@ -21,12 +119,18 @@ int train_par_create(loom_pg *pg, const train_opts *o, train_model *m, train_par
   if (!p) return train_fail(LOOM_ENOMEM, "train: out of memory");
   p->size = 1;
   if (pg) {
+    p->pg = pg;
     p->rank = loom_pg_rank(pg);
     p->size = loom_pg_size(pg);
+    int rc = agree_options(pg, o, m);
+    if (rc) {
+      free(p);
+      return rc;
+    }
     if (o->threads <= 0) loom_set_num_threads(loom_pg_compute_threads(pg));
     loom_tensor **params = calloc(m->nparams ? m->nparams : 1, sizeof *params);
     const char **names = calloc(m->nparams ? m->nparams : 1, sizeof *names);
-    int rc = params && names ? LOOM_OK : LOOM_ENOMEM;
+    rc = params && names ? LOOM_OK : LOOM_ENOMEM;
     for (size_t i = 0; !rc && i < m->nparams; i++) {
       params[i] = m->params[i].value;
       names[i] = m->params[i].name;

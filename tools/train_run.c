@@ -53,6 +53,8 @@ static int load_data(trainer *t) {
   int rc;
   TRY(loom_mnist_load(o->data, LOOM_SPLIT_TRAIN, &t->train), what);
   TRY(loom_mnist_load(o->data, LOOM_SPLIT_TEST, &t->test), what);
+  TRY(loom_dataset_check(t->train, LOOM_MNIST_CLASSES, LOOM_MNIST_SIDE, LOOM_MNIST_SIDE), what);
+  TRY(loom_dataset_check(t->test, LOOM_MNIST_CLASSES, LOOM_MNIST_SIDE, LOOM_MNIST_SIDE), what);
   loom_loader_cfg c = loom_loader_cfg_default();
   c.batch = (size_t)(o->batch * t->nranks);
   c.shuffle = o->shuffle;
@@ -66,10 +68,12 @@ static int load_data(trainer *t) {
   c.drop_last = false;
   TRY(loom_loader_create(t->test, &c, &t->test_loader), "the test data");
   int64_t spe = (int64_t)loom_loader_batches(t->loader), g = o->batch * t->nranks;
+  size_t n = loom_dataset_size(t->train);
+  if (o->limit > 0 && (size_t)o->limit < n) n = (size_t)o->limit;
+  if ((size_t)g > n) /* one step would see fewer samples than it counts */
+    return train_fail(LOOM_EINVAL, "--batch %ld%s is more than the %zu training samples per epoch",
+                      o->batch, t->nranks > 1 ? " x the ranks" : "", n);
   if (o->limit > 0 && (o->limit + g - 1) / g < spe) spe = (o->limit + g - 1) / g;
-  if (spe < 1)
-    return train_fail(LOOM_EINVAL, "--batch %ld x %d ranks is more than the %zu training samples",
-                      o->batch, t->nranks, loom_dataset_size(t->train));
   t->st.steps_per_epoch = spe;
   t->test_n = loom_dataset_size(t->test);
   if (o->limit > 0 && (size_t)o->limit < t->test_n) t->test_n = (size_t)o->limit;
@@ -109,6 +113,9 @@ static int make_optimizer(trainer *t) {
                   : strcmp(o->schedule, "warmup") == 0 ? LOOM_LR_WARMUP
                                                        : LOOM_LR_CONSTANT;
   t->sched.total_steps = t->total_steps;
+  if (o->warmup > t->total_steps)
+    return train_fail(LOOM_EINVAL, "--warmup %ld is more than the %lld steps of the run",
+                      o->warmup, (long long)t->total_steps);
   if (t->sched.kind == LOOM_LR_COSINE && t->sched.total_steps <= t->sched.warmup_steps)
     t->sched.total_steps = t->sched.warmup_steps + 1;
   TRY(loom_lr_schedule_validate(&t->sched), "--schedule");
@@ -195,6 +202,13 @@ static int step(trainer *t, double *loss_value, bool *overflow) {
   if (!rc) rc = backward(t, loss, overflow);
   loom_tensor_free(loss);
   if (rc) return rc;
+  bool diverged = false; /* on any rank, outside a step the scaler skips: stop, save nothing */
+  TRY(train_par_any(t->par, !isfinite(*loss_value), &diverged), "loss check");
+  if (diverged && !*overflow)
+    return train_fail(LOOM_EINVAL, "step %lld: the loss is %s: training diverged (too high a "
+                      "--lr?); stopped before the update, no checkpoint written", (long long)s + 1,
+                      isfinite(*loss_value) ? "not finite on another rank"
+                      : isnan(*loss_value) ? "nan" : "inf");
   TRY(loom_optim_set_lr(t->opt, loom_lr_at(&t->sched, s)), "learning rate");
   if (!*overflow) TRY(loom_optim_step(t->opt), "optimizer step");
   if (t->scaler) TRY(loom_scaler_update(t->scaler, *overflow), "scaler update");
@@ -370,6 +384,7 @@ static int setup(trainer *t, loom_pg *pg) {
   if (!rc && loom_autocast_mode_parse(o->amp, &t->amp))
     rc = train_fail(LOOM_EINVAL, "--amp: unknown mode '%s'", o->amp);
   if (!rc && o->resume) rc = train_ckpt_load(o->resume, o, &t->model, t->opt, t->scaler, &t->st);
+  if (!rc) rc = train_par_check_start(t->par, t->st.steps_per_epoch, t->st.step);
   if (!rc && t->lead && o->metrics) rc = train_metrics_open(o->metrics, o->resume != NULL, &t->metrics);
   return rc;
 }
@@ -379,8 +394,9 @@ int train_run(const train_opts *o, loom_pg *pg) {
   trainer t;
   memset(&t, 0, sizeof t);
   t.o = o;
-  if (o->threads > 0) loom_set_num_threads((int)o->threads);
-  int rc = setup(&t, pg);
+  int rc = o->threads > 0 ? loom_set_num_threads((int)o->threads) : LOOM_OK;
+  if (rc) return train_fail_loom(rc, "--threads");
+  rc = setup(&t, pg);
   if (!rc && t.lead && !o->quiet) {
     char desc[96];
     train_model_describe(&t.model, o, desc, sizeof desc);
@@ -399,6 +415,10 @@ int train_run(const train_opts *o, loom_pg *pg) {
               (long long)(t.st.step % t.st.steps_per_epoch));
     fflush(o->out); /* before any failure message on stderr, also under a pipe */
   }
+  if (!rc && t.lead && o->resume && t.st.model_step >= 0 && t.st.model_step != t.st.step)
+    fprintf(stderr, "loom train: note: %s/model.safetensors holds step %lld but the checkpoint "
+            "step %lld (a save was interrupted between the two files); resuming from the "
+            "checkpoint\n", o->resume, (long long)t.st.model_step, (long long)t.st.step);
   while (!rc && t.st.step < t.stop_step) {
     rc = run_epoch(&t);
   }

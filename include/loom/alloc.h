@@ -56,8 +56,9 @@ int loom_set_allocator(const loom_allocator *a);
  * is kept, up to a limit, and given to the next allocation of the same size, instead of going
  * back to the C library, which would return its pages to the kernel and fault them in again on
  * the next training step. The limit starts at LOOM_ALLOC_CACHE_MB from the environment (a
- * whole number of MiB; any other value is ignored), else 256 MiB, or 0 in address-sanitizer
- * builds. Cached bytes are not counted in any pool's current_bytes.
+ * whole number of MiB; any other value is ignored here, and refused by the `loom` command),
+ * else 256 MiB, or 0 in address-sanitizer builds. Cached bytes are not counted in any pool's
+ * current_bytes.
  * A custom allocator (loom_set_allocator) bypasses the cache. All four are thread-safe. */
 void loom_mem_set_cache_limit(size_t bytes); /* 0 turns it off; shrinks to the new limit */
 size_t loom_mem_cache_limit(void);

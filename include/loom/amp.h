@@ -224,9 +224,11 @@ typedef struct loom_scaler_state {
 } loom_scaler_state;
 
 int loom_scaler_save(const loom_scaler *s, loom_scaler_state *out);
-/* Replace s's whole state (config included). LOOM_EINVAL with a message if the state's kind
- * differs from s's, its config is invalid, the scale lies outside [min_scale, max_scale] (or
- * is not 1 when disabled), or a counter is negative. The step's state returns to "no loss
+/* Replace s's whole state (config included). LOOM_EINVAL with a message naming the field if
+ * the state's kind differs from s's, its config is invalid, the scale (or the min / max scale
+ * reached) lies outside [min_scale, max_scale] (or is not 1 when disabled), a counter is
+ * negative or above 2^62, or the counters contradict each other (increases above successful
+ * iterations, decreases above overflows, growth_counter above successful iterations). The step's state returns to "no loss
  * scaled yet". On failure s is unchanged. */
 int loom_scaler_restore(loom_scaler *s, const loom_scaler_state *st);
 

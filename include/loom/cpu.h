@@ -3,7 +3,8 @@
  * loom picks its kernels once, on first use, from the CPU's features: AVX-512 (with
  * AVX512-BF16 where it helps), else AVX2 with F16C and FMA, else portable scalar code. The
  * environment variable LOOM_CPU=scalar|avx2|avx512 caps the level (tests use it to run each
- * level); a level the CPU lacks falls back to the best one it has. */
+ * level); a level the CPU lacks falls back to the best one it has. Any other value is ignored
+ * (the `loom` command refuses it). */
 #ifndef LOOM_CPU_H
 #define LOOM_CPU_H
 

@@ -26,15 +26,20 @@
  * fails, *out is NULL and nothing runs.
  *
  * Failure, never a hang. Every wait on peers has a timeout (loom_pg_cfg.timeout_s, default
- * 300 s, counted from the last progress a peer made). A rank that fails (its collective fails,
- * it calls loom_pg_abort, its function returns an error, it returns without joining a
- * collective, or it stops issuing collectives) makes the pending and later collectives of
- * every peer fail: LOOM_EREMOTE when the peer is known to have failed, LOOM_ETIMEDOUT when it
- * just did not come, LOOM_EABORTED on the rank that aborted; the message names the rank and the
- * collective's sequence number. Ranks that disagree on a collective's kind, count, dtype, op or
- * root get LOOM_EMISUSE (kind, op, root), LOOM_ESHAPE (count) or LOOM_EDTYPE (dtype), never
- * corrupt data. After any failure the group is broken: every later collective returns the same
- * error (loom_pg_async_error) until the group is freed.
+ * 300 s or the environment's LOOM_TIMEOUT, counted from the last progress a peer made). A wait
+ * spins only briefly (under a millisecond), then sleeps, so a stalled peer does not cost its
+ * peers a core; a wait that lasts 5 s (or half the timeout, if shorter, but at least 1 s)
+ * prints once on stderr which rank it waits for: "loom: rank 0 waiting for rank 1 in
+ * all-reduce #42 for 5 s (timeout 300 s)" ("for its peers" when the backend cannot tell). A
+ * rank that fails (its collective fails, it calls loom_pg_abort, its function returns an
+ * error, it returns without joining a collective, or it stops issuing collectives) makes the
+ * pending and later collectives of every peer fail: LOOM_EREMOTE when the peer is known to
+ * have failed, LOOM_ETIMEDOUT when it just did not come, LOOM_EABORTED on the rank that
+ * aborted; the message names the rank and the collective's sequence number. Ranks that
+ * disagree on a collective's kind, count, dtype, op or root get LOOM_EMISUSE (kind, op, root),
+ * LOOM_ESHAPE (count) or LOOM_EDTYPE (dtype), never corrupt data. After any failure the group
+ * is broken: every later collective returns the same error (loom_pg_async_error) until the
+ * group is freed.
  *
  * Thread safety: see above. Errors: each function's comment lists its codes; the message is in
  * loom_last_error() of the calling thread. */
@@ -75,7 +80,8 @@ const char *loom_redop_name(loom_redop op);
 
 typedef struct loom_pg_cfg {
   /* Seconds any wait on peers may last without progress before it fails with
-   * LOOM_ETIMEDOUT. Default 300. Must be > 0 and finite. */
+   * LOOM_ETIMEDOUT. Default: the environment variable LOOM_TIMEOUT (seconds, e.g. "30" or
+   * "0.5") if set, else 300. Must be > 0 and finite. */
   double timeout_s;
   /* CPU cores the ranks on one machine share for compute (loom_pg_compute_threads divides them
    * among the ranks there). 0 (default): the online CPUs. Must be >= 0. */
@@ -88,9 +94,13 @@ typedef struct loom_pg_cfg {
   bool pin;
 } loom_pg_cfg;
 
-/* The defaults: timeout 300 s, cores = 0 (all online CPUs), pin true. */
+/* The defaults: timeout LOOM_TIMEOUT or 300 s, cores = 0 (all online CPUs), pin true. A
+ * LOOM_TIMEOUT that is not a number > 0 gives timeout_s NaN, which loom_pg_cfg_validate (and
+ * so every create call) refuses naming LOOM_TIMEOUT and its value, unless the caller sets
+ * timeout_s itself. */
 loom_pg_cfg loom_pg_cfg_default(void);
-/* LOOM_EINVAL with a message naming the field for a bad value; cfg == NULL is EINVAL. */
+/* LOOM_EINVAL with a message naming the field (or LOOM_TIMEOUT) for a bad value; cfg == NULL
+ * is EINVAL. */
 int loom_pg_cfg_validate(const loom_pg_cfg *cfg);
 
 /* ---- the threads backend ---------------------------------------------------------------- */

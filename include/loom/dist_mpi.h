@@ -34,7 +34,12 @@
  * above) so that disagreeing ranks get LOOM_EMISUSE/ESHAPE/EDTYPE naming both calls (the
  * barrier is that exchange alone). A failing rank (an error, loom_pg_abort) sends its message
  * to every peer on a second private communicator; peers fail with LOOM_EREMOTE naming it. A
- * peer that dies or stops calling gives LOOM_ETIMEDOUT (MPI cannot say which rank is missing).
+ * peer that dies or stops calling gives LOOM_ETIMEDOUT, naming the rank when the wait is on
+ * one peer's message (the point-to-point header exchange, a ring step); inside MPI's own
+ * collectives MPI cannot say which rank is missing ("waiting for its peers"; of two ranks,
+ * the other one). Waits poll with MPI_Test, spinning for 0.5 ms and then sleeping between
+ * polls (a sixteenth of the time waited, up to 1 ms), so a stalled peer does not cost a core
+ * (see loom/dist.h for the stderr notice of a long wait).
  * Only standard MPI-3 calls are used; tested with Open MPI 4.1 and MPICH 4.0 (README.md). MPI_T
  * is read under Open MPI only (MPICH 4.0's MPI_T_finalize frees control variables it still
  * uses).
@@ -72,6 +77,14 @@ int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out);
 /* Finalise MPI if loom_mpi_pg_create initialised it (a no-op otherwise). Call after freeing
  * every group. */
 int loom_mpi_finalize(void);
+
+/* End every process of the job: MPI_Abort(MPI_COMM_WORLD, errorcode), for a rank that failed
+ * and has said why. Its peers are failed by loom_pg_abort if they wait in a loom collective,
+ * but a peer elsewhere (computing, in MPI_Finalize, inside a blocking MPI call) would wait
+ * for the failed rank forever. Flushes stdout and stderr first. Does not return when MPI is
+ * initialised (the launcher ends the job, typically with exit status errorcode); returns
+ * LOOM_EMISUSE if MPI is not initialised (or already finalised), LOOM_ENOSYS without MPI. */
+int loom_mpi_abort(int errorcode);
 
 #ifdef __cplusplus
 }

@@ -32,12 +32,16 @@ extern "C" {
  * {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
  *  "__metadata__": {"key": "value"}} (optionally padded with spaces), then the data:
  * little-endian, row-major, offsets relative to the first byte after the header. loom checks
- * that the header is at most 100,000,000 bytes, starts with '{', is strict JSON, names are
- * unique and non-empty, dtypes known, shapes non-negative without overflow, and that the
- * tensors' byte ranges are numel * dtype size, in order, without gaps or overlaps, and cover
- * the data exactly. Unknown fields in a tensor entry are rejected. */
+ * that the header is at most 100,000,000 bytes, starts with '{', is strict JSON, holds at most
+ * 100,000 tensors and 100,000 metadata keys, names and keys are unique (checked in
+ * O(n log n)) and non-empty, dtypes known, shapes non-negative without overflow, and that the
+ * tensors' byte ranges are numel * dtype size, in order, without gaps, overlaps or duplicate
+ * entries, and cover the data exactly. Unknown fields in a tensor entry are rejected. Only
+ * regular files are opened, and opening never blocks (a FIFO or a device is refused). */
 
 #define LOOM_SAFETENSORS_MAX_HEADER 100000000u
+#define LOOM_SAFETENSORS_MAX_TENSORS 100000u
+#define LOOM_SAFETENSORS_MAX_META 100000u
 
 /* Open flags. */
 #define LOOM_SAFETENSORS_MMAP 1u /* map the file (counted in LOOM_POOL_FILE) instead of reading
@@ -85,6 +89,14 @@ int loom_safetensors_view(const loom_safetensors *f, const char *name, loom_tens
 int loom_safetensors_read(const loom_safetensors *f, const char *name, loom_dtype dt, int ndim,
                           const int64_t *shape, void *dst);
 
+/* Checks of a tensor's values (bits of flags). Float dtypes (F64, F32, F16, BF16) only: other
+ * dtypes always pass. */
+#define LOOM_CHECK_FINITE 1u /* no NaN and no infinity */
+#define LOOM_CHECK_NONNEG 2u /* nothing below zero (-0 is not; NaN is FINITE's business) */
+/* LOOM_EFORMAT naming the file, the tensor, the first bad element's index and its value if
+ * tensor `name` fails a check; LOOM_ENOTFOUND if there is no such tensor. */
+int loom_safetensors_check_values(const loom_safetensors *f, const char *name, unsigned checks);
+
 /* Metadata ("__metadata__"), in file order. loom_safetensors_meta returns NULL if absent. */
 size_t loom_safetensors_meta_count(const loom_safetensors *f);
 int loom_safetensors_meta_at(const loom_safetensors *f, size_t i, const char **key,
@@ -122,26 +134,50 @@ int loom_safetensors_write(const char *path, const loom_safetensors_entry *tenso
 /* ---- checkpoints ---------------------------------------------------------------------- */
 /* A checkpoint is a safetensors file of named buffers (model parameters, optimizer state,
  * scaler and RNG state, ...) and metadata (step, epoch, scale, ...), plus two metadata keys
- * loom adds and checks: "loom.format" = "checkpoint/1" and "loom.crc32", the CRC-32 of the
- * data section (so a flipped or truncated byte is caught on load). */
+ * loom adds and checks: "loom.format" = "checkpoint/2" and "loom.crc32", which protects every
+ * byte of the file, header included, so a flipped, changed or truncated byte anywhere (a step
+ * counter in the metadata as much as a weight) is caught on load:
+ *   - "loom.crc32" is the last key of "__metadata__"; its value is written as exactly 8
+ *     lowercase hex digits between quotes (no escapes), e.g. "loom.crc32":"1a2b3c4d";
+ *   - the value is the CRC-32 (zlib's crc32, IEEE polynomial) of the whole file, from the
+ *     8-byte header length through the header (with its padding) and the data section to the
+ *     last byte, computed with those 8 digits replaced by eight ASCII '0' characters.
+ * In Python: i = the offset of the digits; zlib.crc32(b[:i] + b"00000000" + b[i + 8:]). The
+ * file stays a plain safetensors file (safetensors.torch.load_file reads it). A file of the
+ * older format "checkpoint/1" (a CRC of the data section only) is refused: its header cannot
+ * be verified. */
 
 typedef struct loom_checkpoint_entry {
   const char *name;
   loom_dtype dtype;
   int ndim;
   int64_t shape[LOOM_MAX_DIMS];
-  void *data; /* save: read from; load: written to */
+  void *data;      /* save: read from; load: written to */
+  unsigned checks; /* load: LOOM_CHECK_* flags its values must pass (0: none) */
 } loom_checkpoint_entry;
 
 /* Save entries and metadata atomically (keys starting "loom." are reserved: LOOM_EINVAL). */
 int loom_checkpoint_save(const char *path, const loom_checkpoint_entry *e, size_t n,
                          const loom_safetensors_meta_kv *meta, size_t nmeta);
-/* Verify the checkpoint (format, CRC) and copy every listed entry into its buffer: each must
- * exist (LOOM_ENOTFOUND) with the same dtype and shape (LOOM_EDTYPE, LOOM_ESHAPE). Nothing is
- * written to any buffer unless all of them match. If `file` is not NULL it receives the open
- * file (for metadata and other tensors), which the caller frees. */
+/* Open a checkpoint and verify it (format, CRC of the whole file): LOOM_EFORMAT "(corrupt
+ * file)" if any byte differs from what was written. The caller frees *out. */
+int loom_checkpoint_open(const char *path, loom_safetensors **out);
+/* Copy every listed entry of an open checkpoint into its buffer: each must exist
+ * (LOOM_ENOTFOUND) with the same dtype and shape (LOOM_EDTYPE, LOOM_ESHAPE) and pass its
+ * `checks` (LOOM_EFORMAT naming the tensor and element). Nothing is written to any buffer
+ * unless all of them do. */
+int loom_checkpoint_read(const loom_safetensors *f, const loom_checkpoint_entry *e, size_t n);
+/* open + read. If `file` is not NULL it receives the open file (for metadata and other
+ * tensors), which the caller frees. */
 int loom_checkpoint_load(const char *path, const loom_checkpoint_entry *e, size_t n,
                          loom_safetensors **file);
+
+/* Remove what interrupted atomic writes of `path` (a kill between the temporary's creation
+ * and the rename) left in its folder: the regular files named `<name>.tmp.XXXXXX`, where
+ * <name> is path's last component and XXXXXX six characters of [A-Za-z0-9], exactly the
+ * writer's pattern. Nothing else is touched (other names, symlinks, folders). Call it before
+ * a save when no other process is writing `path`. *removed (NULL ok) gets the count. */
+int loom_remove_stale_temporaries(const char *path, size_t *removed);
 
 /* ---- IDX (MNIST family) --------------------------------------------------------------- */
 /* Magic 0x00 0x00 <type> <ndim>, ndim big-endian u32 dims, then the data big-endian. Types:
@@ -175,12 +211,22 @@ typedef enum loom_split { LOOM_SPLIT_TRAIN = 0, LOOM_SPLIT_TEST = 1 } loom_split
 /* Images (u8, N x rows x cols) with one u8 label each. */
 typedef struct loom_dataset loom_dataset;
 
+/* The MNIST family's classes and image side (what loom_dataset_check is given for it). */
+#define LOOM_MNIST_CLASSES 10
+#define LOOM_MNIST_SIDE 28
+
 /* An MNIST-family dataset from `dir` (NULL: LOOM_FASHION_MNIST_DIR): the files
  * train-images-idx3-ubyte / train-labels-idx1-ubyte (t10k-* for the test split), each with
- * or without .gz. LOOM_ENOTFOUND naming the directory if neither form exists. */
+ * or without .gz. LOOM_ENOTFOUND naming the directory if neither form exists. Any image size
+ * and label values are taken: loom_dataset_check what a model needs. */
 int loom_mnist_load(const char *dir, loom_split split, loom_dataset **out);
-/* From two IDX files: images (u8, 3 dims) and labels (u8, 1 dim, same count). */
+/* From two IDX files: images (u8, 3 dims, at least one image of at least 1x1) and labels
+ * (u8, 1 dim, the same count). LOOM_EFORMAT naming the file otherwise. */
 int loom_dataset_from_idx(const char *images_path, const char *labels_path, loom_dataset **out);
+/* Check a dataset against what a model needs: every label below `classes` and images of
+ * rows x cols (a 0 skips that check). LOOM_EFORMAT naming the file, and for a label its
+ * index and value. */
+int loom_dataset_check(const loom_dataset *d, size_t classes, size_t rows, size_t cols);
 void loom_dataset_free(loom_dataset *d);
 size_t loom_dataset_size(const loom_dataset *d);
 size_t loom_dataset_rows(const loom_dataset *d);

@@ -156,10 +156,14 @@ int loom_stack(loom_tensor *const *xs, int n, int dim, loom_tensor **out);
 
 /* ---- threads ----------------------------------------------------------------------- */
 
-/* Threads the calling thread's matmul / linear / conv2d calls may use (n < 1 counts as 1; a
- * ceiling applies). Per calling thread: ranks that are threads each set their own. Without a
- * call, the count is OpenMP's default (OMP_NUM_THREADS, else the machine's cores). */
-void loom_set_num_threads(int n);
+/* Threads the calling thread's matmul / linear / conv2d calls may use (n < 1 counts as 1).
+ * Per calling thread: ranks that are threads each set their own. Without a call, the count is
+ * OpenMP's default (OMP_NUM_THREADS, else the machine's cores). LOOM_EINVAL, with a message
+ * naming the bound, if n > loom_max_num_threads(); the count is then unchanged. */
+int loom_set_num_threads(int n);
+/* The most threads loom_set_num_threads accepts: 4 per online CPU, and 1024 in all (more only
+ * slows every call down; OpenMP runtimes fail on very large teams). */
+int loom_max_num_threads(void);
 
 #ifdef __cplusplus
 }

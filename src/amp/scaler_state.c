@@ -1,5 +1,7 @@
 /* scaler_state.c: save and restore a scaler's whole state (config, scale, counters,
- * statistics), as a struct and as a flat array of i64 words a checkpoint can carry. */
+ * statistics), as a struct and as a flat array of i64 words a checkpoint can carry. Restore
+ * checks every field against its range and the others (a counter beyond 2^62 or one that
+ * could not have happened is refused by name). */
 #include "amp/amp_int.h"
 
 #include <string.h>
@@ -21,6 +23,11 @@ int loom_scaler_save(const loom_scaler *s, loom_scaler_state *out) {
   return LOOM_OK;
 }
 
+/* Counters above this are refused: no real run gets near, and every later update and sum of
+ * two of them stays far from overflow. */
+#define MAX_COUNT ((int64_t)1 << 62)
+
+/* Every field of a state to restore in its range: a checkpoint is untrusted input. */
 static int check_state(const loom_scaler *s, const loom_scaler_state *st) {
   static const char *who = "loom_scaler_restore";
   if (st->kind != s->ops->kind)
@@ -39,10 +46,29 @@ static int check_state(const loom_scaler *s, const loom_scaler_state *st) {
   if (st->total_overflows < 0 || st->total_successful_iterations < 0 ||
       st->scale_increase_count < 0 || st->scale_decrease_count < 0)
     return loom__fail(LOOM_EINVAL, "%s: a counter is negative", who);
-  if (!(st->min_scale_reached <= st->scale && st->scale <= st->max_scale_reached))
+  const struct { const char *name; int64_t v, max; const char *max_name; } counters[] = {
+      {"total_overflows", st->total_overflows, MAX_COUNT, "2^62"},
+      {"total_successful_iterations", st->total_successful_iterations, MAX_COUNT, "2^62"},
+      {"scale_increase_count", st->scale_increase_count, st->total_successful_iterations,
+       "total_successful_iterations"},
+      {"scale_decrease_count", st->scale_decrease_count, st->total_overflows, "total_overflows"},
+      {"growth_counter", st->growth_counter, st->total_successful_iterations,
+       "total_successful_iterations"}};
+  for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
+    if (counters[i].v > counters[i].max)
+      return loom__fail(LOOM_EINVAL, "%s: %s %lld is above %s = %lld", who,
+                        counters[i].name, (long long)counters[i].v, counters[i].max_name,
+                        (long long)counters[i].max);
+  if (st->total_overflows > MAX_COUNT - st->total_successful_iterations)
+    return loom__fail(LOOM_EINVAL, "%s: total_overflows + total_successful_iterations exceeds "
+                      "2^62", who);
+  float lo = st->cfg.enabled ? st->cfg.min_scale : 1.0f;
+  float hi = st->cfg.enabled ? st->cfg.max_scale : 1.0f;
+  if (!(lo <= st->min_scale_reached && st->min_scale_reached <= st->scale &&
+        st->scale <= st->max_scale_reached && st->max_scale_reached <= hi))
     return loom__fail(LOOM_EINVAL, "%s: min/max scale reached [%g, %g] do not contain the "
-                      "scale %g", who, (double)st->min_scale_reached,
-                      (double)st->max_scale_reached, (double)st->scale);
+                      "scale %g or leave [%g, %g]", who, (double)st->min_scale_reached,
+                      (double)st->max_scale_reached, (double)st->scale, (double)lo, (double)hi);
   return LOOM_OK;
 }
 

@@ -1,9 +1,14 @@
 /* unscale_avx2.c: the fused unscale + inf/NaN check and the early-exit check with AVX2 and
- * F16C, 32 elements a step, in place. The finite test is on the stored bits (exponent all
+ * F16C, 32 elements a step, in place; buffers larger than the cache are walked as interleaved
+ * prefetched streams (sweep_avx2.h). The finite test is on the stored bits (exponent all
  * ones), OR-ed into an accumulator register and tested once at the end (the early-exit check
  * tests once per block). Ragged ends go through the scalar reference. Built with -mavx2 -mfma
  * -mf16c. */
 #include "amp/amp_int.h"
+
+#include "core/kernels/bf16_avx2.h"
+#include "core/kernels/kernels.h"
+#include "core/kernels/sweep_avx2.h"
 
 #include <immintrin.h>
 
@@ -15,31 +20,35 @@ static inline __m256i hit16(__m256i v, __m256i e) {
   return _mm256_cmpeq_epi16(_mm256_and_si256(v, e), e);
 }
 
-static bool unscale_f32(float *x, size_t n, float inv) {
-  const __m256 s = _mm256_set1_ps(inv);
-  const __m256i e = _mm256_set1_epi32(0x7f800000);
-  __m256i bad = _mm256_setzero_si256();
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    __m256 a = _mm256_mul_ps(_mm256_loadu_ps(x + i), s);
-    __m256 b = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8), s);
-    __m256 c = _mm256_mul_ps(_mm256_loadu_ps(x + i + 16), s);
-    __m256 d = _mm256_mul_ps(_mm256_loadu_ps(x + i + 24), s);
-    _mm256_storeu_ps(x + i, a);
-    _mm256_storeu_ps(x + i + 8, b);
-    _mm256_storeu_ps(x + i + 16, c);
-    _mm256_storeu_ps(x + i + 24, d);
-    bad = _mm256_or_si256(bad, _mm256_or_si256(_mm256_or_si256(hit32(_mm256_castps_si256(a), e),
-                                                               hit32(_mm256_castps_si256(b), e)),
-                                               _mm256_or_si256(hit32(_mm256_castps_si256(c), e),
-                                                               hit32(_mm256_castps_si256(d), e))));
-  }
-  bool tail = loom__amp_kernels_scalar.unscale_f32(x + i, n - i, inv);
-  return !_mm256_testz_si256(bad, bad) || tail;
+/* An unscale in progress: the buffer, the factor, the format's exponent field in every lane
+ * and the running OR of the lanes found inf or NaN. */
+typedef struct unscale_ctx {
+  char *x;
+  __m256 s;
+  __m256i e, bad;
+} unscale_ctx;
+
+/* 32 f32 in place from element i. */
+static inline void f32_step(void *ctx, size_t i) {
+  unscale_ctx *c = ctx;
+  float *x = (float *)c->x + i;
+  __m256 a = _mm256_mul_ps(_mm256_loadu_ps(x), c->s);
+  __m256 b = _mm256_mul_ps(_mm256_loadu_ps(x + 8), c->s);
+  __m256 d = _mm256_mul_ps(_mm256_loadu_ps(x + 16), c->s);
+  __m256 f = _mm256_mul_ps(_mm256_loadu_ps(x + 24), c->s);
+  _mm256_storeu_ps(x, a);
+  _mm256_storeu_ps(x + 8, b);
+  _mm256_storeu_ps(x + 16, d);
+  _mm256_storeu_ps(x + 24, f);
+  c->bad = _mm256_or_si256(
+      c->bad, _mm256_or_si256(_mm256_or_si256(hit32(_mm256_castps_si256(a), c->e),
+                                              hit32(_mm256_castps_si256(b), c->e)),
+                              _mm256_or_si256(hit32(_mm256_castps_si256(d), c->e),
+                                              hit32(_mm256_castps_si256(f), c->e))));
 }
 
 /* 16 f16 -> f32, multiply, back with round to nearest even. */
-static inline __m256i f16_step(const uint16_t *p, __m256 s) {
+static inline __m256i f16_16(const uint16_t *p, __m256 s) {
   __m256 lo = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), s);
   __m256 hi = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8))), s);
   __m128i a = _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -47,51 +56,54 @@ static inline __m256i f16_step(const uint16_t *p, __m256 s) {
   return _mm256_set_m128i(b, a);
 }
 
-/* 8 f32 (as bits) -> 8 bf16 in the low halves of 32-bit lanes: nearest even, NaN quiet. */
-static inline __m256i bf16_round(__m256i x) {
-  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)),
-                                   _mm256_set1_epi32(0x7f800000));
-  return _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40)),
-                            nan);
+/* 16 bf16 -> f32, multiply, back. Widened by unpacking under zeros: lo holds elements 0-3
+ * and 8-11, hi 4-7 and 12-15, which packus (per 128-bit lane) puts back in order. */
+static inline __m256i bf16_16(const uint16_t *p, __m256 s) {
+  __m256i h = _mm256_loadu_si256((const __m256i *)p), z = _mm256_setzero_si256();
+  __m256 lo = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, h)), s);
+  __m256 hi = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, h)), s);
+  return _mm256_packus_epi32(loom__bf16_round_avx2(_mm256_castps_si256(lo)),
+                             loom__bf16_round_avx2(_mm256_castps_si256(hi)));
 }
 
-/* 16 bf16 -> f32, multiply, back. */
-static inline __m256i bf16_step(const uint16_t *p, __m256 s) {
-  __m256i h = _mm256_loadu_si256((const __m256i *)p);
-  __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16);
-  __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16);
-  lo = bf16_round(_mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(lo), s)));
-  hi = bf16_round(_mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(hi), s)));
-  return _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8);
+/* 32 half-precision values in place from element i, 16 at a time through `half`. */
+static inline __attribute__((always_inline)) void
+half_step(unscale_ctx *c, size_t i, __m256i (*half)(const uint16_t *, __m256)) {
+  uint16_t *x = (uint16_t *)c->x + i;
+  __m256i r0 = half(x, c->s), r1 = half(x + 16, c->s);
+  _mm256_storeu_si256((__m256i *)x, r0);
+  _mm256_storeu_si256((__m256i *)(x + 16), r1);
+  c->bad = _mm256_or_si256(c->bad, _mm256_or_si256(hit16(r0, c->e), hit16(r1, c->e)));
 }
+static inline void f16_step(void *ctx, size_t i) { half_step(ctx, i, f16_16); }
+static inline void bf16_step(void *ctx, size_t i) { half_step(ctx, i, bf16_16); }
 
-/* 32 half-precision values a step through `step`; `exp` is the format's exponent field. The
- * ragged end goes through `tail` (the scalar reference). */
+/* x[0, n) (es bytes an element) in place through `step`, 32 elements a step; a buffer past
+ * LOOM__STREAM_BYTES (no longer cache-sized) as interleaved prefetched streams. *done: where
+ * the steps stopped (the caller's ragged end). True iff a stored result is inf or NaN. */
 static inline __attribute__((always_inline)) bool
-unscale_h(uint16_t *x, size_t n, float inv, __m256i (*step)(const uint16_t *, __m256), short exp,
-          bool (*tail)(uint16_t *, size_t, float)) {
-  const __m256 s = _mm256_set1_ps(inv);
-  const __m256i e = _mm256_set1_epi16(exp);
-  __m256i bad = _mm256_setzero_si256();
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    __m256i r0 = step(x + i, s), r1 = step(x + i + 16, s);
-    _mm256_storeu_si256((__m256i *)(x + i), r0);
-    _mm256_storeu_si256((__m256i *)(x + i + 16), r1);
-    bad = _mm256_or_si256(bad, _mm256_or_si256(hit16(r0, e), hit16(r1, e)));
-  }
-  bool t = tail(x + i, n - i, inv);
-  return !_mm256_testz_si256(bad, bad) || t;
+unscale(void *x, size_t es, size_t n, float inv, __m256i e, loom__sweep_fn *step, size_t *done) {
+  unscale_ctx c = {x, _mm256_set1_ps(inv), e, _mm256_setzero_si256()};
+  *done = loom__sweep_avx2(0, n, 32, n * es >= LOOM__STREAM_BYTES, x, es, step, &c);
+  return !_mm256_testz_si256(c.bad, c.bad);
+}
+
+static bool unscale_f32(float *x, size_t n, float inv) {
+  size_t i;
+  bool bad = unscale(x, 4, n, inv, _mm256_set1_epi32(0x7f800000), f32_step, &i);
+  return loom__amp_kernels_scalar.unscale_f32(x + i, n - i, inv) || bad;
 }
 
 static bool unscale_f16(uint16_t *x, size_t n, float inv) {
-  return unscale_h(x, n, inv, f16_step, 0x7c00, loom__amp_kernels_scalar.unscale_f16);
+  size_t i;
+  bool bad = unscale(x, 2, n, inv, _mm256_set1_epi16(0x7c00), f16_step, &i);
+  return loom__amp_kernels_scalar.unscale_f16(x + i, n - i, inv) || bad;
 }
 
 static bool unscale_bf16(uint16_t *x, size_t n, float inv) {
-  return unscale_h(x, n, inv, bf16_step, 0x7f80, loom__amp_kernels_scalar.unscale_bf16);
+  size_t i;
+  bool bad = unscale(x, 2, n, inv, _mm256_set1_epi16(0x7f80), bf16_step, &i);
+  return loom__amp_kernels_scalar.unscale_bf16(x + i, n - i, inv) || bad;
 }
 
 static bool nonfinite_f32(const float *x, size_t n) {

@@ -1,5 +1,5 @@
 /* dist_int.h: what the dist layer's generic part (pg.c, collectives.c, work.c, reduce.c,
- * clock.c) shares with its backends (threads/, mpi/): the group object, the collective
+ * clock.c, wait.c) shares with its backends (threads/, mpi/): the group object, the collective
  * descriptor, the backend vtable, reduction kernels and the clock. Private to src/dist/. */
 #ifndef LOOM_DIST_INT_H
 #define LOOM_DIST_INT_H
@@ -146,5 +146,29 @@ static inline void loom__cpu_relax(void) {
 }
 /* Copy n bytes; large copies bypass the cache for the destination. */
 void loom__copy(void *dst, const void *src, size_t n);
+
+/* ---- waiting on peers (wait.c) ---- */
+
+/* One wait of rank pg for `peer` (-1: not known which) inside collective c. */
+typedef struct loom__wait {
+  loom_pg *pg;
+  const loom__coll *c;
+  int peer;
+  double t0;
+  bool noticed;
+} loom__wait;
+void loom__wait_begin(loom__wait *w, loom_pg *pg, const loom__coll *c, int peer);
+/* LOOM_OK while the wait may go on; LOOM_ETIMEDOUT, with a message naming the collective and
+ * the peer, once it has lasted longer than the group's timeout. Past
+ * loom__wait_notice_after(timeout) seconds it prints, once per wait, "loom: rank R waiting for
+ * rank P in all-reduce #N for S s (timeout T s)" on stderr. */
+int loom__wait_check(loom__wait *w);
+/* When a wait's stderr notice is due: after 5 s, or half the timeout when that is shorter, but
+ * not before 1 s (INFINITY, no notice, when that is not before the timeout). */
+double loom__wait_notice_after(double timeout_s);
+/* Pause before the next poll: spin during the first 0.5 ms of the wait, then sleep a
+ * sixteenth of the time waited so far (10 us to 1 ms), so a stalled peer does not cost a
+ * core. */
+void loom__wait_pause(loom__wait *w);
 
 #endif

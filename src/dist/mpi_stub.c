@@ -1,5 +1,5 @@
-/* mpi_stub.c: loom_mpi_pg_create and loom_mpi_finalize in a build without MPI (the real ones
- * are in src/dist/mpi/, compiled only when CMake finds MPI). */
+/* mpi_stub.c: loom_mpi_pg_create, loom_mpi_finalize and loom_mpi_abort in a build without
+ * MPI (the real ones are in src/dist/mpi/, compiled only when CMake finds MPI). */
 #include "dist/dist_int.h"
 #include "loom/dist_mpi.h"
 
@@ -10,4 +10,9 @@ int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out) {
 }
 
 int loom_mpi_finalize(void) { return LOOM_OK; }
+
+int loom_mpi_abort(int errorcode) {
+  (void)errorcode;
+  return loom__fail(LOOM_ENOSYS, "loom_mpi_abort: loom was built without MPI");
+}
 #endif

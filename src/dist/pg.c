@@ -1,10 +1,12 @@
-/* pg.c: the process group's generic part: configuration, life cycle, rank/size getters, the
- * sticky failure and abort, and running one collective through the backend's vtable. The
- * queue and the progress thread are in work.c; argument checks in collectives.c. */
+/* pg.c: the process group's generic part: configuration (with LOOM_TIMEOUT's default), life
+ * cycle, rank/size getters, the sticky failure and abort, and running one collective through
+ * the backend's vtable. The queue and the progress thread are in work.c; argument checks in
+ * collectives.c; waiting on peers in wait.c. */
 #include "dist/dist_int.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -23,12 +25,29 @@ const char *loom__coll_name(loom__coll_kind k) {
   return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 
+/* LOOM_TIMEOUT: unset or empty (0), seconds > 0 and finite (1, *out set), or bad (-1). */
+static int env_timeout(double *out) {
+  const char *e = getenv("LOOM_TIMEOUT");
+  if (!e || !*e) return 0;
+  char *end;
+  double v = strtod(e, &end);
+  if (end == e || *end || !(v > 0) || !isfinite(v)) return -1;
+  *out = v;
+  return 1;
+}
+
 loom_pg_cfg loom_pg_cfg_default(void) {
-  return (loom_pg_cfg){.timeout_s = 300.0, .cores = 0, .pin = true};
+  double timeout = 300.0;
+  if (env_timeout(&timeout) < 0) timeout = NAN; /* loom_pg_cfg_validate names LOOM_TIMEOUT */
+  return (loom_pg_cfg){.timeout_s = timeout, .cores = 0, .pin = true};
 }
 
 int loom_pg_cfg_validate(const loom_pg_cfg *cfg) {
   if (!cfg) return loom__fail(LOOM_EINVAL, "loom_pg_cfg_validate: cfg is NULL");
+  double env;
+  if (isnan(cfg->timeout_s) && env_timeout(&env) < 0)
+    return loom__fail(LOOM_EINVAL, "LOOM_TIMEOUT=%s: expected seconds, a number > 0",
+                      getenv("LOOM_TIMEOUT"));
   if (!(cfg->timeout_s > 0) || !isfinite(cfg->timeout_s))
     return loom__fail(LOOM_EINVAL, "loom_pg_cfg: timeout_s %g must be > 0 and finite",
                       cfg->timeout_s);

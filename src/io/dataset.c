@@ -1,5 +1,8 @@
 /* dataset.c: an MNIST-family dataset (u8 images with u8 labels) from a pair of IDX files, and
- * the Fashion-MNIST layout of Debian's dataset-fashion-mnist package (gzip'd or not). */
+ * the Fashion-MNIST layout of Debian's dataset-fashion-mnist package (gzip'd or not). Checked
+ * when loaded, naming the file: at least one image, as many labels as images; and on request
+ * (loom_dataset_check) against a model: the image size and every label below the number of
+ * classes, naming the file and the index. */
 #include "io/io_int.h"
 
 #include <stdio.h>
@@ -9,12 +12,15 @@
 struct loom_dataset {
   loom_idx *images, *labels;
   size_t n, rows, cols;
+  char *images_path, *labels_path; /* for messages */
 };
 
 void loom_dataset_free(loom_dataset *d) {
   if (!d) return;
   loom_idx_free(d->images);
   loom_idx_free(d->labels);
+  loom__free(d->images_path);
+  loom__free(d->labels_path);
   loom__free(d);
 }
 
@@ -25,6 +31,16 @@ int loom_dataset_from_idx(const char *images_path, const char *labels_path, loom
   int rc = LOOM_OK;
   loom_dataset *d = loom__calloc(LOOM_POOL_HOST, 1, sizeof *d);
   LOOM_TRY_ALLOC(d, "the dataset");
+  if (!images_path || !labels_path) {
+    rc = loom__fail(LOOM_EINVAL, "%s: a path is NULL", who);
+    goto done;
+  }
+  d->images_path = loom__strdup(LOOM_POOL_HOST, images_path);
+  d->labels_path = loom__strdup(LOOM_POOL_HOST, labels_path);
+  if (!d->images_path || !d->labels_path) {
+    rc = loom__fail(LOOM_ENOMEM, "%s: out of memory for the paths", who);
+    goto done;
+  }
   LOOM_TRY(loom_idx_read(images_path, &d->images));
   LOOM_TRY(loom_idx_read(labels_path, &d->labels));
   loom_idx_info im, lb;
@@ -43,6 +59,15 @@ int loom_dataset_from_idx(const char *images_path, const char *labels_path, loom
   if (im.dims[0] != lb.dims[0]) {
     rc = loom__fail(LOOM_EFORMAT, "%s: '%s' has %u images but '%s' has %u labels", who,
                     images_path, im.dims[0], labels_path, lb.dims[0]);
+    goto done;
+  }
+  if (im.dims[0] == 0) {
+    rc = loom__fail(LOOM_EFORMAT, "%s: '%s' holds no images", who, images_path);
+    goto done;
+  }
+  if (im.dims[1] == 0 || im.dims[2] == 0) {
+    rc = loom__fail(LOOM_EFORMAT, "%s: '%s' holds images of %ux%u pixels", who, images_path,
+                    im.dims[1], im.dims[2]);
     goto done;
   }
   d->n = im.dims[0], d->rows = im.dims[1], d->cols = im.dims[2];
@@ -80,6 +105,21 @@ int loom_mnist_load(const char *dir, loom_split split, loom_dataset **out) {
   snprintf(name, sizeof name, "%s-labels-idx1-ubyte", prefix);
   if ((rc = locate(who, dir, name, labels, sizeof labels))) return rc;
   return loom_dataset_from_idx(images, labels, out);
+}
+
+int loom_dataset_check(const loom_dataset *d, size_t classes, size_t rows, size_t cols) {
+  const char *who = "loom_dataset_check";
+  if (!d) return loom__fail(LOOM_EINVAL, "%s: dataset is NULL", who);
+  if ((rows && d->rows != rows) || (cols && d->cols != cols))
+    return loom__fail(LOOM_EFORMAT, "%s: '%s' holds images of %zux%zu pixels, expected %zux%zu",
+                      who, d->images_path, d->rows, d->cols, rows ? rows : d->rows,
+                      cols ? cols : d->cols);
+  const uint8_t *y = loom_dataset_labels(d);
+  for (size_t i = 0; classes && i < d->n; i++)
+    if (y[i] >= classes)
+      return loom__fail(LOOM_EFORMAT, "%s: '%s': label %u at index %zu is not below %zu (the "
+                        "number of classes)", who, d->labels_path, y[i], i, classes);
+  return LOOM_OK;
 }
 
 size_t loom_dataset_size(const loom_dataset *d) { return d ? d->n : 0; }

@@ -1,5 +1,6 @@
-/* file.c: the io layer's file primitives: sizes and exact reads of untrusted files, and the
- * atomic writer (temporary in the same folder, fsync, rename, fsync of the folder). */
+/* file.c: the io layer's file primitives: opening untrusted files without blocking (a FIFO,
+ * a device), sizes and exact reads, and the atomic writer (temporary in the same folder,
+ * fsync, rename, fsync of the folder). */
 #include "io/io_int.h"
 
 #include <errno.h>
@@ -17,6 +18,24 @@ int loom__file_size(const char *who, const char *path, int fd, size_t *size) {
   if (!S_ISREG(st.st_mode))
     return loom__fail(LOOM_EIO, "%s: '%s' is not a regular file", who, path);
   *size = (size_t)st.st_size;
+  return LOOM_OK;
+}
+
+int loom__file_open_read(const char *who, const char *path, int *fd, size_t *size) {
+  *fd = -1;
+  int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (f < 0)
+    return loom__fail(errno == ENOENT ? LOOM_ENOTFOUND : LOOM_EIO, "%s: cannot open '%s': %s", who,
+                      path, strerror(errno));
+  int rc = loom__file_size(who, path, f, size);
+  int flags = rc ? 0 : fcntl(f, F_GETFL);
+  if (!rc && (flags < 0 || fcntl(f, F_SETFL, flags & ~O_NONBLOCK) != 0))
+    rc = loom__fail(LOOM_EIO, "%s: '%s': cannot clear O_NONBLOCK: %s", who, path, strerror(errno));
+  if (rc) {
+    close(f);
+    return rc;
+  }
+  *fd = f;
   return LOOM_OK;
 }
 
@@ -50,7 +69,7 @@ int loom__afile_open(const char *who, const char *path, loom__afile *a) {
   a->tmp = a->path = NULL;
   if (!path || !path[0]) return loom__fail(LOOM_EINVAL, "%s: empty path", who);
   a->path = loom__strdup(LOOM_POOL_HOST, path);
-  size_t len = strlen(path) + sizeof ".tmp.XXXXXX";
+  size_t len = strlen(path) + sizeof LOOM__AFILE_SUFFIX + LOOM__AFILE_RANDOM;
   a->tmp = loom__malloc(LOOM_POOL_HOST, len);
   if (!a->path || !a->tmp) {
     loom__free(a->tmp); /* not created yet: nothing to unlink */
@@ -58,7 +77,7 @@ int loom__afile_open(const char *who, const char *path, loom__afile *a) {
     loom__afile_abort(a);
     return loom__fail(LOOM_ENOMEM, "%s: out of memory for the path", who);
   }
-  snprintf(a->tmp, len, "%s.tmp.XXXXXX", path);
+  snprintf(a->tmp, len, "%s" LOOM__AFILE_SUFFIX "%.*s", path, LOOM__AFILE_RANDOM, "XXXXXXXXXX");
   a->fd = mkstemp(a->tmp);
   if (a->fd < 0) {
     int e = errno;
@@ -86,18 +105,24 @@ int loom__afile_write(const char *who, loom__afile *a, const void *buf, size_t n
   return LOOM_OK;
 }
 
+int loom__folder_of(const char *who, const char *path, char *dir, size_t cap) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) snprintf(dir, cap, ".");
+  else if (slash == path) snprintf(dir, cap, "/");
+  else if ((size_t)(slash - path) >= cap)
+    return loom__fail(LOOM_EIO, "%s: folder of '%s' is too long a path", who, path);
+  else snprintf(dir, cap, "%.*s", (int)(slash - path), path);
+  return LOOM_OK;
+}
+
 /* fsync the folder holding path, so the rename itself is durable. */
 static int sync_dir(const char *who, const char *path) {
-  const char *slash = strrchr(path, '/');
   char dir[4096];
-  if (!slash) snprintf(dir, sizeof dir, ".");
-  else if (slash == path) snprintf(dir, sizeof dir, "/");
-  else if ((size_t)(slash - path) >= sizeof dir)
-    return loom__fail(LOOM_EIO, "%s: folder of '%s' is too long a path", who, path);
-  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  int rc = loom__folder_of(who, path, dir, sizeof dir);
+  if (rc) return rc;
   int fd = open(dir, O_RDONLY | O_DIRECTORY);
   if (fd < 0) return loom__fail(LOOM_EIO, "%s: cannot open folder '%s': %s", who, dir, strerror(errno));
-  int rc = fsync(fd) == 0 || errno == EINVAL ? LOOM_OK
+  rc = fsync(fd) == 0 || errno == EINVAL ? LOOM_OK
                                              : loom__fail(LOOM_EIO, "%s: cannot sync folder '%s': %s",
                                                           who, dir, strerror(errno));
   close(fd);

@@ -5,7 +5,6 @@
 #include "io/io_int.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <string.h>
 #include <unistd.h>
@@ -85,16 +84,10 @@ int loom_idx_read(const char *path, loom_idx **out) {
   if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
   *out = NULL;
   if (!path) return loom__fail(LOOM_EINVAL, "%s: path is NULL", who);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return loom__fail(errno == ENOENT ? LOOM_ENOTFOUND : LOOM_EIO, "%s: cannot open '%s': %s", who,
-                      path, strerror(errno));
+  int fd = -1;
   size_t fsize;
-  int rc = loom__file_size(who, path, fd, &fsize);
-  if (rc) {
-    close(fd);
-    return rc;
-  }
+  int rc = loom__file_open_read(who, path, &fd, &fsize);
+  if (rc) return rc;
   gzFile g = gzdopen(fd, "rb");
   if (!g) {
     close(fd);

@@ -1,5 +1,6 @@
-/* io_int.h: what the io layer's files share: growable buffers, whole-file reading, the atomic
- * file writer, the strict JSON pieces safetensors needs, and the safetensors dtype table. */
+/* io_int.h: what the io layer's files share: growable buffers, opening and reading untrusted
+ * files (never blocking on a FIFO), the atomic file writer and its temporary names, finding a
+ * repeated string, the strict JSON pieces safetensors needs, and the safetensors dtype table. */
 #ifndef LOOM_IO_INT_H
 #define LOOM_IO_INT_H
 
@@ -32,11 +33,21 @@ void loom__vec_free(loom__vec *v);
 
 /* The size of an open regular file (LOOM_EIO for a non-regular file, naming `path`). */
 int loom__file_size(const char *who, const char *path, int fd, size_t *size);
+/* Open an untrusted file for reading without ever blocking in open(): O_NONBLOCK (a FIFO with
+ * no writer, a device), then fstat, refusing anything but a regular file (LOOM_EIO naming
+ * `path`; LOOM_ENOTFOUND if it does not exist), then blocking reads again. *fd and *size on
+ * success; the caller closes *fd. */
+int loom__file_open_read(const char *who, const char *path, int *fd, size_t *size);
+/* The folder part of path ("." if none) into dir (LOOM_EIO if longer than cap). */
+int loom__folder_of(const char *who, const char *path, char *dir, size_t cap);
 /* Read exactly n bytes at `offset` (LOOM_EFORMAT "truncated" if the file ends first). */
 int loom__file_pread(const char *who, const char *path, int fd, void *buf, size_t n,
                      size_t offset);
 
-/* The atomic writer: a temporary file next to `path`, renamed over it by commit. */
+/* The atomic writer: a temporary file next to `path`, renamed over it by commit. The
+ * temporary is `path` + LOOM__AFILE_SUFFIX + six characters of mkstemp's [A-Za-z0-9]. */
+#define LOOM__AFILE_SUFFIX ".tmp."
+#define LOOM__AFILE_RANDOM 6
 typedef struct loom__afile {
   int fd;
   char *path;
@@ -52,6 +63,11 @@ int loom__afile_commit(const char *who, loom__afile *a);
 /* Close and remove the temporary (after a failure). Safe on LOOM__AFILE_INIT or a finished
  * afile. */
 void loom__afile_abort(loom__afile *a);
+
+/* ---- repeated strings ----------------------------------------------------------------- */
+
+/* Sort s[0..n) (strcmp order) and return a string that occurs twice, or NULL: O(n log n). */
+const char *loom__sort_find_repeat(const char **s, size_t n);
 
 /* ---- strict JSON (the subset safetensors headers use) --------------------------------- */
 

@@ -1,7 +1,9 @@
 /* safetensors_header.c: parses a safetensors header with the strict JSON pieces of json.c
- * against the format's schema, then validates it: unique non-empty names, known dtypes,
- * shapes without overflow, byte ranges of numel * dtype size that tile the data section
- * exactly (in order, no gap, no overlap, nothing past the end). Each fault has its message. */
+ * against the format's schema, then validates it: at most LOOM_SAFETENSORS_MAX_TENSORS
+ * tensors and LOOM_SAFETENSORS_MAX_META metadata keys, unique non-empty names and keys (found
+ * by sorting: O(n log n)), known dtypes, shapes without overflow, byte ranges of numel * dtype
+ * size that tile the data section exactly (in order, no gap, no overlap or duplicate entry,
+ * nothing past the end). Each fault has its message. */
 #include "io/safetensors_int.h"
 #include "core/tensor_int.h"
 
@@ -46,6 +48,10 @@ static int parse_meta(parser *p) {
     if (p->j.pos >= p->j.n || p->j.s[p->j.pos] != '"')
       return loom__json_fail(&p->j, "metadata value of \"%s\" is not a string",
                              loom__st_str(p->f, m.key));
+    if (p->f->meta.len == LOOM_SAFETENSORS_MAX_META)
+      return loom__json_fail(&p->j, "more than %u metadata keys (loom's limit)",
+                             LOOM_SAFETENSORS_MAX_META);
+    m.value_at = 8 + p->j.pos;
     if ((rc = string(p, &m.value, "metadata value")) ||
         (rc = loom__vec_push(&p->f->meta, &m, p->j.who)))
       return rc;
@@ -109,6 +115,9 @@ static int parse_tensor(parser *p, size_t name) {
   if (seen != 7)
     return loom__json_fail(&p->j, "tensor \"%s\" has no \"%s\"", tn,
                            !(seen & 1) ? "dtype" : !(seen & 2) ? "shape" : "data_offsets");
+  if (p->f->tensors.len == LOOM_SAFETENSORS_MAX_TENSORS)
+    return loom__json_fail(&p->j, "more than %u tensors (loom's limit)",
+                           LOOM_SAFETENSORS_MAX_TENSORS);
   return loom__vec_push(&p->f->tensors, &t, p->j.who);
 }
 
@@ -164,6 +173,21 @@ static int fail(const loom_safetensors *f, const char *who, const char *what, co
   return loom__fail(LOOM_EFORMAT, "%s: %s: tensor \"%s\": %s", who, f->label, name, what);
 }
 
+static int unique_keys(const loom_safetensors *f, const char *who) {
+  const loom__st_meta *m = f->meta.p;
+  size_t n = f->meta.len;
+  if (n < 2) return LOOM_OK;
+  const char **keys = loom__malloc(LOOM_POOL_HOST, n * sizeof *keys);
+  if (!keys) return loom__fail(LOOM_ENOMEM, "%s: out of memory for the metadata keys", who);
+  for (size_t i = 0; i < n; i++) keys[i] = loom__st_str(f, m[i].key);
+  const char *twice = loom__sort_find_repeat(keys, n);
+  int rc = twice ? loom__fail(LOOM_EFORMAT, "%s: %s: metadata key \"%s\" appears twice", who,
+                              f->label, twice)
+                 : LOOM_OK;
+  loom__free(keys);
+  return rc;
+}
+
 static int validate(loom_safetensors *f, const char *who) {
   loom__st_tensor *t = f->tensors.p;
   size_t n = f->tensors.len, data = f->size - f->data_start;
@@ -203,9 +227,11 @@ static int validate(loom_safetensors *f, const char *who) {
   for (size_t i = 0; i < n; i++) {
     const char *name = loom__st_str(f, t[i].name);
     if (t[i].begin < at) {
-      snprintf(msg, sizeof msg, "data_offsets [%llu, %llu] overlap tensor \"%s\"",
+      bool same = t[i].begin == t[i - 1].begin && t[i].end == t[i - 1].end;
+      snprintf(msg, sizeof msg, "data_offsets [%llu, %llu] %s tensor \"%s\"%s",
                (unsigned long long)t[i].begin, (unsigned long long)t[i].end,
-               loom__st_str(f, t[i - 1].name));
+               same ? "are the same as those of" : "overlap", loom__st_str(f, t[i - 1].name),
+               same ? " (a duplicate entry for one byte range)" : "");
       return fail(f, who, msg, name);
     }
     if (t[i].begin > at) {
@@ -231,13 +257,7 @@ static int validate(loom_safetensors *f, const char *who) {
         return loom__fail(LOOM_EFORMAT, "%s: %s: tensor name \"%s\" appears twice", who, f->label, a);
     }
   }
-  const loom__st_meta *m = f->meta.p;
-  for (size_t i = 0; i < f->meta.len; i++)
-    for (size_t k = 0; k < i; k++)
-      if (strcmp(loom__st_str(f, m[i].key), loom__st_str(f, m[k].key)) == 0)
-        return loom__fail(LOOM_EFORMAT, "%s: %s: metadata key \"%s\" appears twice", who, f->label,
-                          loom__st_str(f, m[i].key));
-  return LOOM_OK;
+  return unique_keys(f, who);
 }
 
 int loom__st_parse(loom_safetensors *f, const char *who) {

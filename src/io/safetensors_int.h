@@ -16,6 +16,7 @@ typedef struct loom__st_tensor {
 
 typedef struct loom__st_meta {
   size_t key, value; /* offsets into strings */
+  size_t value_at;   /* file offset of the value's opening quote, as written (checkpoint CRC) */
 } loom__st_meta;
 
 #define LOOM__ST_MAGIC 0x53414654u /* "SAFT" */
@@ -46,8 +47,11 @@ static inline const char *loom__st_str(const loom_safetensors *f, size_t off) {
 int loom__st_check(const loom_safetensors *f, const char *who, const char *name, loom_dtype dt,
                    int ndim, const int64_t *shape, loom_safetensors_info *in);
 
-/* loom_safetensors_write, optionally adding metadata "loom.crc32" = CRC-32 of the data
- * section (in the order the file stores it). */
+/* loom_safetensors_write, optionally adding metadata "loom.crc32" (the last key of
+ * "__metadata__", written as exactly 8 lowercase hex digits between quotes): the CRC-32 of the
+ * whole file (length, header, data) computed with those 8 digits read as the placeholder. */
+#define LOOM__CRC_PLACEHOLDER "00000000"
+
 int loom__st_write(const char *who, const char *path, const loom_safetensors_entry *tensors,
                    size_t n, const loom_safetensors_meta_kv *meta, size_t nmeta, bool add_crc);
 

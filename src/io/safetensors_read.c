@@ -4,7 +4,6 @@
 #include "core/tensor_int.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -82,17 +81,16 @@ int loom_safetensors_open(const char *path, unsigned flags, loom_safetensors **o
   *out = NULL;
   if (!path) return loom__fail(LOOM_EINVAL, "%s: path is NULL", who);
   if (flags & ~LOOM_SAFETENSORS_MMAP) return loom__fail(LOOM_EINVAL, "%s: unknown flags 0x%x", who, flags);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return loom__fail(errno == ENOENT ? LOOM_ENOTFOUND : LOOM_EIO, "%s: cannot open '%s': %s", who,
-                      path, strerror(errno));
-  int rc = LOOM_OK;
+  int fd = -1;
+  size_t size;
+  int rc = loom__file_open_read(who, path, &fd, &size);
+  if (rc) return rc;
   loom_safetensors *f = alloc_file(who, path);
   if (!f) {
     close(fd);
     return LOOM_ENOMEM;
   }
-  LOOM_TRY(loom__file_size(who, path, fd, &f->size));
+  f->size = size;
   if ((flags & LOOM_SAFETENSORS_MMAP) && f->size) {
     if (loom__alloc_should_fail(LOOM_POOL_FILE)) {
       rc = loom__fail(LOOM_ENOMEM, "%s: cannot map '%s' (injected failure)", who, path);

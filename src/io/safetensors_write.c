@@ -82,20 +82,15 @@ static int prepare(const char *who, const loom_safetensors_entry *e, size_t n, i
   return LOOM_OK;
 }
 
-static int by_string(const void *a, const void *b) {
-  return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-static int unique_names(const char *who, const item *it, size_t n) {
-  const char **names = loom__malloc(LOOM_POOL_HOST, (n ? n : 1) * sizeof *names);
-  if (!names) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
-  for (size_t i = 0; i < n; i++) names[i] = it[i].name;
-  int rc = LOOM_OK;
-  qsort(names, n, sizeof *names, by_string); /* the items are sorted by name per dtype only */
-  for (size_t i = 1; i < n && !rc; i++)
-    if (strcmp(names[i - 1], names[i]) == 0)
-      rc = loom__fail(LOOM_EINVAL, "%s: tensor name \"%s\" given twice", who, names[i]);
-  loom__free(names);
+/* The strings that are the first member (a const char *) of n elements of `stride` bytes at
+ * `base` must differ: O(n log n). */
+static int unique(const char *who, const char *what, const void *base, size_t stride, size_t n) {
+  const char **s = loom__malloc(LOOM_POOL_HOST, (n ? n : 1) * sizeof *s);
+  if (!s) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
+  for (size_t i = 0; i < n; i++) memcpy(&s[i], (const char *)base + i * stride, sizeof *s);
+  const char *twice = loom__sort_find_repeat(s, n);
+  int rc = twice ? loom__fail(LOOM_EINVAL, "%s: %s \"%s\" given twice", who, what, twice) : LOOM_OK;
+  loom__free(s);
   return rc;
 }
 
@@ -109,8 +104,11 @@ static int put(loom__vec *h, const char *who, const char *fmt, ...) {
   return loom__vec_append(h, buf, (size_t)len, who);
 }
 
+/* The header; with crc_at, metadata "loom.crc32" ends it, holding LOOM__CRC_PLACEHOLDER at
+ * byte *crc_at of h. */
 static int header(const char *who, const item *it, size_t n, const loom_safetensors_meta_kv *meta,
-                  size_t nmeta, const char *crc, loom__vec *h) {
+                  size_t nmeta, size_t *crc_at, loom__vec *h) {
+  bool crc = crc_at != NULL;
   int rc = put(h, who, "{");
   if (!rc && (nmeta || crc)) {
     rc = put(h, who, "\"__metadata__\":{");
@@ -120,7 +118,9 @@ static int header(const char *who, const item *it, size_t n, const loom_safetens
       if (!rc) rc = put(h, who, ":");
       if (!rc) rc = loom__json_put_string(h, meta[i].value, who);
     }
-    if (!rc && crc) rc = put(h, who, "%s\"loom.crc32\":\"%s\"", nmeta ? "," : "", crc);
+    if (!rc && crc) rc = put(h, who, "%s\"loom.crc32\":\"", nmeta ? "," : "");
+    if (!rc && crc) *crc_at = h->len;
+    if (!rc && crc) rc = put(h, who, LOOM__CRC_PLACEHOLDER "\"");
     if (!rc) rc = put(h, who, "}");
   }
   size_t off = 0;
@@ -144,11 +144,8 @@ static int check_meta(const char *who, const loom_safetensors_meta_kv *meta, siz
     int rc = check_name(who, "metadata key", meta[i].key, i);
     if (!rc) rc = check_name(who, "metadata value", meta[i].value, i);
     if (rc) return rc;
-    for (size_t k = 0; k < i; k++)
-      if (strcmp(meta[k].key, meta[i].key) == 0)
-        return loom__fail(LOOM_EINVAL, "%s: metadata key \"%s\" given twice", who, meta[i].key);
   }
-  return LOOM_OK;
+  return unique(who, "metadata key", meta, sizeof *meta, nmeta);
 }
 
 int loom__st_write(const char *who, const char *path, const loom_safetensors_entry *tensors,
@@ -162,15 +159,17 @@ int loom__st_write(const char *who, const char *path, const loom_safetensors_ent
   item *it = loom__calloc(LOOM_POOL_HOST, n ? n : 1, sizeof *it);
   LOOM_TRY_ALLOC(it, "the tensor list");
   LOOM_TRY(prepare(who, tensors, n, it));
-  LOOM_TRY(unique_names(who, it, n));
-  char crc[16];
-  if (add_crc) {
-    uint32_t c = 0;
-    for (size_t i = 0; i < n; i++) c = loom__crc32(c, it[i].data, it[i].nbytes);
-    snprintf(crc, sizeof crc, "%08x", c);
-  }
-  LOOM_TRY(header(who, it, n, meta, nmeta, add_crc ? crc : NULL, &h));
+  LOOM_TRY(unique(who, "tensor name", it, sizeof *it, n));
+  size_t crc_at = 0;
+  LOOM_TRY(header(who, it, n, meta, nmeta, add_crc ? &crc_at : NULL, &h));
   uint64_t len = h.len;
+  if (add_crc) { /* the whole file, the digits read as the placeholder (safetensors_int.h) */
+    uint32_t c = loom__crc32(loom__crc32(0, &len, 8), h.p, h.len);
+    for (size_t i = 0; i < n; i++) c = loom__crc32(c, it[i].data, it[i].nbytes);
+    char digits[16];
+    snprintf(digits, sizeof digits, "%08x", c);
+    memcpy((char *)h.p + crc_at, digits, 8);
+  }
   LOOM_TRY(loom__afile_open(who, path, &a));
   LOOM_TRY(loom__afile_write(who, &a, &len, 8));
   LOOM_TRY(loom__afile_write(who, &a, h.p, h.len));

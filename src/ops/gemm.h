@@ -57,6 +57,25 @@ bool loom__gemm_native(loom_dtype ab_dtype);
 /* The scalar reference of loom__gemm (tests; f32 accumulation in the same order as written). */
 int loom__gemm_ref(const loom__gemm_args *g);
 
+/* f32 GEMM on OpenBLAS (gemm_blas.c), for CPUs where it beats oneDNN's f32 (no AVX-512; README
+ * "GEMM"). loom__gemm_f32_blas: the same contract as loom__gemm for f32 A, B and C (LOOM_EDTYPE
+ * otherwise), run by cblas_sgemm on the calling thread (it sets OpenBLAS's process-wide thread
+ * count to 1 on first use); LOOM_ENOSYS when loom was built without OpenBLAS, LOOM_EOVERFLOW
+ * when a size does not fit OpenBLAS's int. loom__gemm_prefer_blas: whether loom__gemm should
+ * run g there instead of on oneDNN; the whole choice is in gemm_blas.c's header comment
+ * (f32, a calling thread with 1 GEMM thread, oneDNN below AVX-512, no dimension <= 16;
+ * LOOM_GEMM_F32=onednn|openblas overrides it). Both may be called from any thread. */
+int loom__gemm_f32_blas(const loom__gemm_args *g);
+bool loom__gemm_prefer_blas(const loom__gemm_args *g);
+typedef enum loom__gemm_blas_mode {
+  LOOM__GEMM_BLAS_FROM_ENV = -1, /* as LOOM_GEMM_F32 says (the default: AUTO when unset) */
+  LOOM__GEMM_BLAS_AUTO,  /* the measured rule */
+  LOOM__GEMM_BLAS_NEVER, /* always oneDNN (LOOM_GEMM_F32=onednn) */
+  LOOM__GEMM_BLAS_ALWAYS /* OpenBLAS whenever eligible (LOOM_GEMM_F32=openblas) */
+} loom__gemm_blas_mode;
+/* Overrides the environment's choice for the whole process (benchmarks compare the two). */
+void loom__gemm_blas_set_mode(loom__gemm_blas_mode m);
+
 /* 2-D convolution, NCHW input [N,C,H,W], weight [O,C,KH,KW], optional bias [O], output
  * [N,O,OH,OW] with OH = (H + 2*pad_h - KH) / stride_h + 1 (likewise OW). */
 typedef struct loom__conv2d_args {

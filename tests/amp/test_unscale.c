@@ -2,10 +2,12 @@
  * reference against the public one-value conversions; every dispatch level against the scalar
  * reference, bit for bit and flag for flag, for f32, f16 and bf16 at ragged lengths and
  * misaligned starts with random, subnormal and overflowing values; an inf, -inf or NaN at every
- * position (vector bodies, block boundaries, tails); and the buffer / tensor-list API with its
- * errors (strided views, NULL entries, bad dtypes, bad inverse scales). */
+ * position (vector bodies, block boundaries, tails), also in buffers large enough to be
+ * walked as several streams; and the buffer / tensor-list API with its errors (strided views,
+ * NULL entries, bad dtypes, bad inverse scales). */
 #include "lt.h"
 #include "amp/amp_int.h"
+#include "core/kernels/kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -37,15 +39,19 @@ static float finite_value(void) {
   }
 }
 
-/* n values of dtype dt into buf (f16/bf16 rounded from finite f32: may be inf for f16). */
+/* n finite values of dtype dt into buf (f16/bf16 rounded from finite f32; one that rounds to
+ * inf is replaced by 1). */
 static void fill(void *buf, loom_dtype dt, size_t n) {
   for (size_t i = 0; i < n; i++) {
     float v = finite_value();
     if (dt == LOOM_F32) ((float *)buf)[i] = v;
     else if (dt == LOOM_F16) {
       uint16_t h = loom_f32_to_f16(v);
-      ((uint16_t *)buf)[i] = (h & 0x7c00) == 0x7c00 ? 0x3c00 : h; /* keep inputs finite */
-    } else ((uint16_t *)buf)[i] = loom_f32_to_bf16(v);
+      ((uint16_t *)buf)[i] = (h & 0x7c00) == 0x7c00 ? 0x3c00 : h;
+    } else {
+      uint16_t h = loom_f32_to_bf16(v);
+      ((uint16_t *)buf)[i] = (h & 0x7f80) == 0x7f80 ? 0x3f80 : h;
+    }
   }
 }
 
@@ -107,6 +113,25 @@ static int levels(const loom__amp_kernels **k, const char **names) {
   return n;
 }
 
+/* Level k (named name) against scalar on n values of dt at src + off (filled here) unscaled by
+ * inv: a and b get the two results, *flag the scalar's flag. False (after reporting) when
+ * the bits or the flags differ. */
+static bool same_as_scalar(const loom__amp_kernels *k, const char *name, loom_dtype dt,
+                           unsigned char *src, unsigned char *a, unsigned char *b, size_t n,
+                           size_t off, float inv, bool *flag) {
+  size_t es = loom_dtype_size(dt);
+  fill(src, dt, n + off);
+  memcpy(a, src, (n + off) * es);
+  memcpy(b, src, (n + off) * es);
+  bool fa = k_unscale(&loom__amp_kernels_scalar, dt, a + off * es, n, inv);
+  bool fb = k_unscale(k, dt, b + off * es, n, inv);
+  *flag = fa;
+  if (fa == fb && memcmp(a, b, (n + off) * es) == 0) return true;
+  lt_fail_at(__FILE__, __LINE__, "%s %s unscale n=%zu off=%zu inv=%g differs from scalar "
+             "(flags %d %d)", name, loom_dtype_name(dt), n, off, (double)inv, fa, fb);
+  return false;
+}
+
 LT_TEST(unscale_every_level_matches_scalar_bit_for_bit) {
   const loom__amp_kernels *k[LOOM_CPU_LEVEL_COUNT];
   const char *names[LOOM_CPU_LEVEL_COUNT];
@@ -120,18 +145,9 @@ LT_TEST(unscale_every_level_matches_scalar_bit_for_bit) {
       size_t es = loom_dtype_size(dts[d]);
       for (size_t n = 0; n < 5000; n = n < 160 ? n + 1 : n * 2 + 17)
         for (size_t off = 0; off < 3; off++) {
-          float inv = invs[(n + off) % 4];
-          fill(src, dts[d], n + off);
-          memcpy(a, src, (n + off) * es);
-          memcpy(b, src, (n + off) * es);
-          bool fa = k_unscale(&loom__amp_kernels_scalar, dts[d], a + off * es, n, inv);
-          bool fb = k_unscale(k[l], dts[d], b + off * es, n, inv);
-          if (fa != fb || memcmp(a, b, (n + off) * es) != 0) {
-            lt_fail_at(__FILE__, __LINE__, "%s %s unscale n=%zu off=%zu inv=%g differs from "
-                       "scalar (flags %d %d)", names[l], loom_dtype_name(dts[d]), n, off,
-                       (double)inv, fa, fb);
+          bool fa;
+          if (!same_as_scalar(k[l], names[l], dts[d], src, a, b, n, off, invs[(n + off) % 4], &fa))
             goto done;
-          }
           bool ca = k_check(&loom__amp_kernels_scalar, dts[d], a + off * es, n);
           bool cb = k_check(k[l], dts[d], a + off * es, n);
           LT_EQ(ca, cb);
@@ -181,6 +197,54 @@ LT_TEST(unscale_finds_inf_and_nan_at_every_position) {
 done:
   free(buf);
   free(work);
+}
+
+/* Buffers past LOOM__STREAM_BYTES, which the SIMD levels walk as interleaved streams: every
+ * level against scalar, bit for bit, just below and past the threshold at misaligned starts;
+ * and a single inf or NaN found wherever it sits: each stream's first and last elements (the
+ * streams split the whole 32-element steps in LOOM__SWEEP_STREAMS equal parts) and the tail. */
+LT_TEST(unscale_every_level_matches_scalar_on_streamed_buffers) {
+  const loom__amp_kernels *k[LOOM_CPU_LEVEL_COUNT];
+  const char *names[LOOM_CPU_LEVEL_COUNT];
+  int nl = levels(k, names);
+  if (nl < 2) lt_skip("only the scalar level on this CPU");
+  size_t cap = LOOM__STREAM_BYTES / 2 + 600;
+  unsigned char *src = malloc(cap * 4), *a = malloc(cap * 4), *b = malloc(cap * 4);
+  LT_TRUE(src && a && b);
+  for (int l = 1; l < nl && src && a && b; l++)
+    for (int d = 0; d < 3; d++) {
+      size_t es = loom_dtype_size(dts[d]), lim = LOOM__STREAM_BYTES / es;
+      size_t lens[3] = {lim - 1, lim + 77, lim + 4 * 32 * 3 + 45};
+      for (int t = 0; t < 3; t++)
+        for (size_t off = 0; off < 3; off++) {
+          size_t n = lens[t];
+          bool fa;
+          if (!same_as_scalar(k[l], names[l], dts[d], src, a, b, n, off,
+                              t == 2 ? 2.0f : 1.0f / 3, &fa))
+            goto done;
+          if (t == 2 || off) continue;
+          /* one non-finite value at the streams' ends (len: elements per stream) */
+          size_t len = n / (4 * 32) * 32;
+          size_t at[] = {0,           len - 1, len,         2 * len - 1, 2 * len,
+                         3 * len - 1, 3 * len, 4 * len - 1, 4 * len,     n - 1};
+          fill(src, dts[d], n);
+          for (size_t p = 0; p < sizeof at / sizeof at[0]; p++) {
+            memcpy(b, src, n * es);
+            put(b, dts[d], at[p], p % 2 ? NAN : -INFINITY);
+            if (!k_unscale(k[l], dts[d], b, n, 1.0f / 1024)) {
+              lt_fail_at(__FILE__, __LINE__, "%s %s n=%zu: non-finite at %zu missed", names[l],
+                         loom_dtype_name(dts[d]), n, at[p]);
+              goto done;
+            }
+          }
+          memcpy(b, src, n * es);
+          LT_TRUE(!k_unscale(k[l], dts[d], b, n, 1.0f / 1024));
+        }
+    }
+done:
+  free(src);
+  free(a);
+  free(b);
 }
 
 LT_TEST(unscale_is_exact_for_power_of_two_scales) {

@@ -4,12 +4,15 @@
  * accumulation, under bf16 autocast through the master weight's cast), inf/NaN inputs mark
  * the gradient non-finite exactly when it holds one, a bound past half of FLT_MAX, another
  * op's write, set_grad and an untracked leaf give unknown, zero_grad gives 0, and bad calls
- * get named errors; the absmax kernel on every CPU level against its scalar reference. */
+ * get named errors; the absmax kernel on every CPU level against its scalar reference and an
+ * independent answer (f32, f16, bf16; lengths 0..200 and two large ones; inf, NaN, -0,
+ * subnormals and the largest finite at every position, tails included). */
 #include "lt.h"
 #include "loom/autocast.h"
 #include "ops/ops_int.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { R = 5, I = 7, O = 3 };
@@ -214,28 +217,137 @@ static float bits_f32(uint32_t b) {
   return f;
 }
 
-LT_TEST(grad_bound_absmax_every_level_matches_scalar) {
-  enum { N = 300 };
-  float f[N + 3];
-  uint16_t h[N + 3], bh[N + 3];
-  for (int i = 0; i < N + 3; i++) f[i] = (float)((i * 37) % 101 - 50) / 8.0f;
-  loom_cvt_f32_to_f16(f, h, N + 3);
-  loom_cvt_f32_to_bf16(f, bh, N + 3);
-  static const loom_dtype dts[3] = {LOOM_F32, LOOM_F16, LOOM_BF16};
-  const void *bufs[3] = {f, h, bh};
-  int levels = 0;
-  for (int lv = LOOM_CPU_AVX2; lv < LOOM_CPU_LEVEL_COUNT; lv++) {
+/* ---- the absmax kernels: every level against the scalar reference ------------------------ */
+
+enum { AM_NSP = 12, AM_BIG = (1 << 17) + 45 };
+
+/* Per dtype (f32, f16, bf16): +-inf, quiet and signalling NaN, negative NaNs (one all ones),
+ * -0, the smallest and largest subnormal, the largest finite of both signs, the smallest normal. */
+static const uint32_t am_specials[3][AM_NSP] = {
+    {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffc00000u, 0xffffffffu, 0x80000000u,
+     0x00000001u, 0x807fffffu, 0x7f7fffffu, 0xff7fffffu, 0x00800000u},
+    {0x7c00, 0xfc00, 0x7e00, 0x7c01, 0xfe00, 0xffff, 0x8000, 0x0001, 0x83ff, 0x7bff, 0xfbff,
+     0x0400},
+    {0x7f80, 0xff80, 0x7fc0, 0x7f81, 0xffc0, 0xffff, 0x8000, 0x0001, 0x807f, 0x7f7f, 0xff7f,
+     0x0080},
+};
+static const loom_dtype am_dts[3] = {LOOM_F32, LOOM_F16, LOOM_BF16};
+
+static uint32_t am_get(const void *p, size_t es, size_t i) {
+  return es == 4 ? ((const uint32_t *)p)[i] : ((const uint16_t *)p)[i];
+}
+static void am_set(void *p, size_t es, size_t i, uint32_t v) {
+  if (es == 4) ((uint32_t *)p)[i] = v;
+  else ((uint16_t *)p)[i] = (uint16_t)v;
+}
+
+/* The magnitude of the bits v of dt, INFINITY for inf and NaN: the answer worked out apart
+ * from the kernels (through the public conversions). */
+static double am_mag(loom_dtype dt, uint32_t v) {
+  float f;
+  if (dt == LOOM_F32) memcpy(&f, &v, 4);
+  else {
+    uint16_t h = (uint16_t)v;
+    if (dt == LOOM_F16) loom_cvt_f16_to_f32(&h, &f, 1);
+    else loom_cvt_bf16_to_f32(&h, &f, 1);
+  }
+  return isfinite(f) ? fabs(f) : INFINITY;
+}
+
+static uint64_t am_rng = 0x2545f4914f6cdd1dull;
+static uint32_t am_rand(void) {
+  am_rng ^= am_rng << 13, am_rng ^= am_rng >> 7, am_rng ^= am_rng << 17;
+  return (uint32_t)(am_rng >> 32);
+}
+
+/* p[0..n) of dt: random finite values of magnitude below 2 (some -0, some subnormal), or, when
+ * zeros, all -0 (so whatever special goes in is the maximum); pre[i] / suf[i] the largest
+ * magnitude before i / from i on (suf has n + 1 entries). */
+static void am_fill(loom_dtype d, void *p, size_t n, bool zeros, double *pre, double *suf) {
+  size_t es = loom_dtype_size(am_dts[d]);
+  for (size_t i = 0; i < n; i++) {
+    uint32_t r = am_rand(), v;
+    if (zeros) v = 0x80000000u;
+    else if ((r & 31) == 0) v = (r & 0x80000000u) | ((r >> 5) & 0x7fffffu); /* f32 subnormal */
+    else v = (r & 0x807fffffu) | ((uint32_t)(96 + (r >> 8) % 32) << 23); /* 2^-31 .. < 2 */
+    uint16_t h = 0;
+    if (am_dts[d] == LOOM_F16) {
+      float f;
+      memcpy(&f, &v, 4);
+      loom_cvt_f32_to_f16(&f, &h, 1);
+    }
+    am_set(p, es, i, am_dts[d] == LOOM_F32 ? v : am_dts[d] == LOOM_F16 ? h : v >> 16);
+  }
+  pre[0] = 0;
+  for (size_t i = 0; i < n; i++) pre[i + 1] = fmax(pre[i], am_mag(am_dts[d], am_get(p, es, i)));
+  suf[n] = 0;
+  for (size_t i = n; i-- > 0;) suf[i] = fmax(suf[i + 1], am_mag(am_dts[d], am_get(p, es, i)));
+}
+
+/* Every supported level (scalar included) on p[0..n) with special s at pos: the independent
+ * answer, and the scalar reference's bits on every SIMD level. False (after reporting) on
+ * the first mismatch. */
+static bool am_check(int d, const void *p, size_t n, size_t pos, uint32_t s, const double *pre,
+                     const double *suf) {
+  double want = fmax(fmax(pre[pos], suf[pos + 1]), am_mag(am_dts[d], s));
+  for (int lv = 0; lv < LOOM_CPU_LEVEL_COUNT; lv++) {
     if (!loom_cpu_supports((loom_cpu_level)lv)) continue;
-    levels++;
-    for (int d = 0; d < 3; d++) {
-      size_t es = loom_dtype_size(dts[d]);
-      for (size_t n = 0; n <= N; n = n < 70 ? n + 1 : n * 2) {
-        const void *p = (const char *)bufs[d] + (n % 3) * es; /* misaligned starts */
-        double want = loom__absmax_level(p, dts[d], n, LOOM_CPU_SCALAR);
-        LT_TRUE(loom__absmax_level(p, dts[d], n, (loom_cpu_level)lv) == want);
-      }
+    double got = loom__absmax_level(p, am_dts[d], n, (loom_cpu_level)lv);
+    if (got != want) {
+      lt_fail_at(__FILE__, __LINE__, "absmax %s level %s n %zu: 0x%x at %zu gives %g, want %g",
+                 loom_dtype_name(am_dts[d]), loom_cpu_level_name((loom_cpu_level)lv), n,
+                 (unsigned)s, pos, got, want);
+      return false;
     }
   }
+  return true;
+}
+
+/* One length: each special at each position in `at` (all of them when NULL), over a random
+ * background and an all -0 one, the buffer starting off = n % 3 elements past an aligned one. */
+static bool am_sweep(int d, unsigned char *buf, size_t n, const size_t *at, size_t nat,
+                     double *pre, double *suf) {
+  size_t es = loom_dtype_size(am_dts[d]);
+  void *p = buf + (n % 3) * es; /* misaligned starts */
+  for (int zeros = 0; zeros < 2; zeros++) {
+    am_fill(d, p, n, zeros, pre, suf);
+    for (size_t k = 0; k < (at ? nat : n); k++) {
+      size_t pos = at ? at[k] : k;
+      uint32_t keep = am_get(p, es, pos);
+      for (int j = 0; j < AM_NSP; j++) {
+        am_set(p, es, pos, am_specials[d][j]);
+        bool ok = am_check(d, p, n, pos, am_specials[d][j], pre, suf);
+        am_set(p, es, pos, keep);
+        if (!ok) return false;
+      }
+    }
+    if (n && !am_check(d, p, n, 0, am_get(p, es, 0), pre, suf)) return false; /* unchanged */
+  }
+  return true;
+}
+
+LT_TEST(grad_bound_absmax_every_level_matches_scalar) {
+  unsigned char *buf = malloc((AM_BIG + 3) * 4);
+  double *pre = malloc((AM_BIG + 1) * sizeof *pre), *suf = malloc((AM_BIG + 1) * sizeof *suf);
+  LT_TRUE(buf && pre && suf);
+  for (int d = 0; d < 3 && buf && pre && suf; d++) {
+    bool ok = true;
+    for (size_t n = 0; n <= 200 && ok; n++) ok = am_sweep(d, buf, n, NULL, 0, pre, suf);
+    static const size_t bigs[2] = {4096 + 67, AM_BIG};
+    for (int b = 0; b < 2 && ok; b++) { /* the ends of the vector loops and the tails */
+      size_t n = bigs[b], at[] = {0,      1,      7,      8,      15,     16,     31,    32,
+                                  63,     64,     65,     n / 2,  n - 70, n - 64, n - 63, n - 33,
+                                  n - 32, n - 17, n - 16, n - 9,  n - 8,  n - 2,  n - 1};
+      ok = am_sweep(d, buf, n, at, sizeof at / sizeof at[0], pre, suf);
+    }
+  }
+  free(buf);
+  free(pre);
+  free(suf);
+  if (loom_cpu_level_best() == LOOM_CPU_SCALAR) lt_skip("no SIMD level on this CPU");
+}
+
+LT_TEST(grad_bound_absmax_reference) {
   /* the reference itself: the largest magnitude, -0 and subnormals, inf and NaN anywhere */
   float v[67];
   for (int i = 0; i < 67; i++) v[i] = (float)(i % 5) - 2.0f;
@@ -264,5 +376,4 @@ LT_TEST(grad_bound_absmax_every_level_matches_scalar) {
   LT_TRUE(loom__absmax(bv, LOOM_BF16, 67) == 6.5);
   hv[10] = 0x7bff; /* f16's largest finite, 65504 */
   LT_TRUE(loom__absmax(hv, LOOM_F16, 67) == 65504.0);
-  if (!levels) lt_skip("no SIMD level on this CPU");
 }

@@ -1,8 +1,8 @@
 /* test_cvt.c: f32 <-> f16 / bf16 conversions. The scalar reference against values worked out
  * by hand (largest finite, smallest subnormal, exact halfway cases, zeros, infinities, NaN);
  * every dispatch level against the scalar reference on all 2^16 widening inputs and on random
- * and special narrowing inputs at every alignment and ragged length. (All 2^32 narrowing
- * inputs: test_cvt_exhaustive_slow.c.) */
+ * and special narrowing inputs at every alignment and ragged length, and on arrays large
+ * enough for the streaming path. (All 2^32 narrowing inputs: test_cvt_exhaustive_slow.c.) */
 #include "lt.h"
 #include "core/kernels/kernels.h"
 
@@ -180,6 +180,50 @@ LT_TEST(cvt_every_level_matches_scalar_on_ragged_unaligned_arrays) {
             if (got[d + n] != 0xabab)
               lt_fail_at(__FILE__, __LINE__, "%s wrote past the end (n=%zu)", lv[l].name, n);
           }
+  free(src);
+  free(ref);
+  free(got);
+}
+
+/* Arrays past LOOM__STREAM_BYTES take the streaming path (non-temporal stores, several
+ * interleaved read streams): all four conversions of every level against scalar, at lengths
+ * just below, at and past the threshold (ragged ends), src and dst at several offsets, with
+ * nothing written outside dst. */
+LT_TEST(cvt_every_level_matches_scalar_on_streamed_arrays) {
+  level_kernels lv[4];
+  int nl = levels(lv);
+  if (!nl) lt_skip("this CPU has no vector level");
+  enum { PAD = 64 };
+  const size_t big = LOOM__STREAM_BYTES / 2 + 4 * 32 * 3 + 37; /* narrowing streams from 2M */
+  uint32_t *src = malloc((big + PAD) * 4);
+  uint32_t *ref = malloc((big + PAD) * 4), *got = malloc((big + PAD) * 4);
+  LT_TRUE(src && ref && got);
+  if (!src || !ref || !got) goto done;
+  for (size_t i = 0; i < big + PAD; i++)
+    src[i] = (i % 5 == 0) ? (rnd() & 0x807fffff) : (i % 11 == 0) ? (0x7f800000 | rnd()) : rnd();
+  static const size_t offs[][2] = {{0, 0}, {1, 0}, {0, 1}, {3, 7}, {2, 31}}; /* src, dst elements */
+  const size_t lens[] = {LOOM__STREAM_BYTES / 4 - 1, LOOM__STREAM_BYTES / 4 + 5,
+                         LOOM__STREAM_BYTES / 2 - 1, LOOM__STREAM_BYTES / 2, big};
+  for (int l = 0; l < nl; l++)
+    for (int c = 0; c < 4; c++)
+      for (size_t o = 0; o < sizeof offs / sizeof offs[0]; o++)
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+          size_t n = lens[li], so = offs[o][0], d = offs[o][1], eo = c < 2 ? 2 : 4; /* out size */
+          memset(ref, 0xab, (big + PAD) * 4);
+          memset(got, 0xab, (big + PAD) * 4);
+          const loom__core_kernels *k[2] = {&loom__core_kernels_scalar, &lv[l].k};
+          for (int w = 0; w < 2; w++) {
+            void *out = (char *)(w ? got : ref) + d * eo;
+            if (c == 0) k[w]->cvt_f32_to_bf16((const float *)(src + so), out, n);
+            if (c == 1) k[w]->cvt_f32_to_f16((const float *)(src + so), out, n);
+            if (c == 2) k[w]->cvt_bf16_to_f32((const uint16_t *)src + so, out, n);
+            if (c == 3) k[w]->cvt_f16_to_f32((const uint16_t *)src + so, out, n);
+          }
+          if (memcmp(ref, got, (big + PAD) * 4))
+            lt_fail_at(__FILE__, __LINE__, "%s conversion %d: n=%zu src+%zu dst+%zu differs "
+                       "(or wrote outside dst)", lv[l].name, c, n, so, d);
+        }
+done:
   free(src);
   free(ref);
   free(got);

@@ -1,8 +1,8 @@
 /* test_reduce_levels.c: the dist combine kernels of every CPU level this machine runs against
  * the scalar reference, bit for bit, for every dtype and op, over full blocks and ragged
  * lengths, with NaN, infinities, signed zeros and integer overflow in the data (the f32
- * division of LOOM_AVG too); and loom__reduce's f32 sum and average against the elementwise
- * a + b and (a + b + c) / 3 on the active level. */
+ * division of LOOM_AVG too) and the fused two-source sum / average; and loom__reduce's f32
+ * sum and average against the elementwise a + b and (a + b + c) / 3 on the active level. */
 #include "dist_test.h"
 #include "dist/reduce_int.h"
 
@@ -102,6 +102,52 @@ LT_TEST(dist_reduce_to_all_two_sources_two_destinations) {
   free(b);
   free(x);
   free(y);
+}
+
+/* The fused two-source f32 sum / average of every level that has one, called directly: each
+ * destination (one, two or three; the first in place over a or b, or apart) gets the
+ * scalar's a + b, or (a + b) * 0.5, bit for bit, at ragged lengths and offsets. */
+LT_TEST(dist_reduce_levels_sum2_match_scalar) {
+  static const size_t lens[] = {0, 1, 7, 8, 15, 16, 17, 31, 33, 100, N, N + 45};
+  enum { M = N + 64 };
+  float *a0 = malloc(M * 4), *b0 = malloc(M * 4), *a = malloc(M * 4), *b = malloc(M * 4),
+        *y = malloc(M * 4), *z = malloc(M * 4);
+  LT_TRUE(a0 && b0 && a && b && y && z);
+  int levels = 0;
+  for (int l = LOOM_CPU_AVX2; l < LOOM_CPU_LEVEL_COUNT && a0 && b0 && a && b && y && z; l++) {
+    const loom__reduce_kernels *k = loom__reduce_kernels_for((loom_cpu_level)l);
+    if (!loom_cpu_supports((loom_cpu_level)l) || !k->sum2_f32) continue;
+    levels++;
+    for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++)
+      for (int avg = 0; avg < 2; avg++)
+        for (int ndst = 1; ndst <= 3; ndst++)
+          for (int first = 0; first < 3; first++) { /* dsts[0]: a, b or apart */
+            size_t n = lens[t], o = t % 3;           /* misaligned starts */
+            fill(0, a0, M);
+            fill(0, b0, M);
+            memcpy(a, a0, M * 4);
+            memcpy(b, b0, M * 4);
+            memset(y, 0, M * 4);
+            memset(z, 0, M * 4);
+            float *dsts[3] = {first == 0 ? a + o : first == 1 ? b + o : y + o, y + o, z + o};
+            if (first == 2) dsts[1] = z + o, dsts[2] = a + o;
+            k->sum2_f32(dsts, ndst, a + o, b + o, n, avg ? 0.5f : 1.0f);
+            size_t bad = 0;
+            for (int d = 0; d < ndst; d++)
+              for (size_t i = 0; i < n; i++) {
+                float e = avg ? (a0[o + i] + b0[o + i]) * 0.5f : a0[o + i] + b0[o + i];
+                if (memcmp(&e, &dsts[d][i], 4) != 0 && !(isnan(e) && isnan(dsts[d][i]))) bad++;
+              }
+            if (bad) {
+              lt_fail_at(__FILE__, __LINE__, "level %s sum2 n %zu avg %d ndst %d first %d: %zu bad",
+                         loom_cpu_level_name((loom_cpu_level)l), n, avg, ndst, first, bad);
+              goto done;
+            }
+          }
+  }
+done:
+  free(a0), free(b0), free(a), free(b), free(y), free(z);
+  if (!levels) lt_skip("no SIMD level with a fused two-source sum on this CPU");
 }
 
 LT_TEST(dist_reduce_levels_divide_as_scalar) {

@@ -1,5 +1,7 @@
 /* io_test.h: helpers shared by the io tests: a private temporary folder, whole-file read and
- * write, and counting what a folder holds (to prove no temporary file is left behind). */
+ * write, counting what a folder holds (to prove no temporary file is left behind), building
+ * safetensors and IDX images byte by byte, and running a call that might hang in a child
+ * process with a time limit. */
 #ifndef LOOM_IO_TEST_H
 #define LOOM_IO_TEST_H
 
@@ -9,7 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* A new empty folder under /tmp (static buffer per call site is the caller's). */
@@ -68,6 +73,59 @@ static inline void iot_rmdir(const char *dir) {
     }
   closedir(d);
   rmdir(dir);
+}
+
+/* A safetensors image: 8-byte little-endian length + json + data, malloc'd. */
+static inline unsigned char *iot_st_build(const char *json, const void *data, size_t dlen,
+                                          size_t *size) {
+  uint64_t n = strlen(json);
+  *size = 8 + n + dlen;
+  unsigned char *b = malloc(*size + 1);
+  memcpy(b, &n, 8);
+  memcpy(b + 8, json, n);
+  if (dlen) memcpy(b + 8 + n, data, dlen);
+  return b;
+}
+
+static inline void iot_be32(unsigned char *p, uint32_t v) {
+  p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16), p[2] = (unsigned char)(v >> 8),
+  p[3] = (unsigned char)v;
+}
+
+/* An IDX image: magic, dims, then `data` (already big-endian). */
+static inline size_t iot_make_idx(unsigned char *out, int type, int ndim, const uint32_t *dims,
+                                  const void *data, size_t dlen) {
+  out[0] = out[1] = 0, out[2] = (unsigned char)type, out[3] = (unsigned char)ndim;
+  for (int i = 0; i < ndim; i++) iot_be32(out + 4 + 4 * i, dims[i]);
+  if (dlen) memcpy(out + 4 + 4 * ndim, data, dlen);
+  return 4 + 4 * (size_t)ndim + dlen;
+}
+
+static inline double iot_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Run fn(arg) in a child process: its return value (0-255) as the child's exit code, or -1 if
+ * it had not finished after `seconds` (the child is then killed) or died of a signal. So a
+ * call that blocks forever fails the test instead of hanging the suite. */
+static inline int iot_run_limited(int (*fn)(void *), void *arg, double seconds) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) _exit(fn(arg) & 0xff);
+  double end = iot_now() + seconds;
+  int status = 0;
+  for (;;) {
+    pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (w < 0 || iot_now() > end) break;
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
 }
 
 /* Bytes held by every loom pool (OOM sweeps check that a failed call frees what it took). */

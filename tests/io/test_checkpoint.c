@@ -37,7 +37,7 @@ LT_TEST(checkpoint_round_trip_and_errors) {
   LT_OK(loom_safetensors_meta_f64(f, "scale", &s));
   LT_EQ(step, 1234);
   LT_TRUE(s == 65536.0 / 3.0);
-  LT_STREQ(loom_safetensors_meta(f, "loom.format"), "checkpoint/1");
+  LT_STREQ(loom_safetensors_meta(f, "loom.format"), "checkpoint/2");
   loom_safetensors_free(f);
 
   /* one entry missing: nothing written, even into the entries that do match */

@@ -8,20 +8,6 @@
 
 #include <zlib.h>
 
-static void be32(unsigned char *p, uint32_t v) {
-  p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16), p[2] = (unsigned char)(v >> 8),
-  p[3] = (unsigned char)v;
-}
-
-/* An IDX image: magic, dims, then `data` (already big-endian). */
-static size_t make_idx(unsigned char *out, int type, int ndim, const uint32_t *dims,
-                       const void *data, size_t dlen) {
-  out[0] = out[1] = 0, out[2] = (unsigned char)type, out[3] = (unsigned char)ndim;
-  for (int i = 0; i < ndim; i++) be32(out + 4 + 4 * i, dims[i]);
-  memcpy(out + 4 + 4 * ndim, data, dlen);
-  return 4 + 4 * (size_t)ndim + dlen;
-}
-
 static int write_gz(const char *path, const void *buf, size_t n) {
   gzFile g = gzopen(path, "wb");
   if (!g) return -1;
@@ -37,7 +23,7 @@ LT_TEST(idx_reads_plain_and_gzip_every_type) {
   /* u8 [2, 3] */
   uint32_t d23[2] = {2, 3};
   unsigned char u8[6] = {0, 1, 2, 253, 254, 255};
-  size_t n = make_idx(buf, 0x08, 2, d23, u8, 6);
+  size_t n = iot_make_idx(buf, 0x08, 2, d23, u8, 6);
   for (int gz = 0; gz < 2; gz++) {
     iot_path(p, sizeof p, dir, gz ? "u8.gz" : "u8");
     LT_EQ(gz ? write_gz(p, buf, n) : iot_write(p, buf, n), 0);
@@ -55,7 +41,7 @@ LT_TEST(idx_reads_plain_and_gzip_every_type) {
   /* i32 and f32, big-endian in the file */
   uint32_t d2[1] = {2};
   unsigned char i32be[8] = {0xff, 0xff, 0xff, 0xfe, 0x01, 0x02, 0x03, 0x04};
-  n = make_idx(buf, 0x0C, 1, d2, i32be, 8);
+  n = iot_make_idx(buf, 0x0C, 1, d2, i32be, 8);
   iot_path(p, sizeof p, dir, "i32");
   iot_write(p, buf, n);
   loom_idx *x = NULL;
@@ -66,7 +52,7 @@ LT_TEST(idx_reads_plain_and_gzip_every_type) {
   LT_EQ(((const int32_t *)in.data)[1], 0x01020304);
   loom_idx_free(x);
   unsigned char f32be[8] = {0x3f, 0x80, 0, 0, 0xc0, 0x49, 0x0f, 0xdb}; /* 1.0, -pi */
-  n = make_idx(buf, 0x0D, 1, d2, f32be, 8);
+  n = iot_make_idx(buf, 0x0D, 1, d2, f32be, 8);
   iot_path(p, sizeof p, dir, "f32.gz");
   write_gz(p, buf, n);
   LT_OK(loom_idx_read(p, &x));
@@ -122,7 +108,7 @@ LT_TEST(idx_rejects_corrupt_and_truncated_files) {
   unsigned char img[4 + 4 + 4000];
   static unsigned char data[4000];
   for (int i = 0; i < 4000; i++) data[i] = (unsigned char)(i * 7 % 251);
-  size_t n = make_idx(img, 0x08, 1, (uint32_t[]){4000}, data, 4000);
+  size_t n = iot_make_idx(img, 0x08, 1, (uint32_t[]){4000}, data, 4000);
   iot_path(p, sizeof p, dir, "good.gz");
   write_gz(p, img, n);
   size_t gl = 0;
@@ -155,10 +141,10 @@ static void make_set(const char *dir, const char *prefix, uint32_t n_img, uint32
   for (int i = 0; i < 60; i++) px[i] = (unsigned char)(i * 4);
   for (int i = 0; i < 16; i++) lab[i] = (unsigned char)(i % 10);
   char p[160];
-  size_t n = make_idx(buf, 0x08, 3, (uint32_t[]){n_img, 2, 3}, px, 6 * n_img);
+  size_t n = iot_make_idx(buf, 0x08, 3, (uint32_t[]){n_img, 2, 3}, px, 6 * n_img);
   snprintf(p, sizeof p, "%s/%s-images-idx3-ubyte", dir, prefix);
   iot_write(p, buf, n);
-  n = make_idx(buf, 0x08, 1, (uint32_t[]){n_lab}, lab, n_lab);
+  n = iot_make_idx(buf, 0x08, 1, (uint32_t[]){n_lab}, lab, n_lab);
   snprintf(p, sizeof p, "%s/%s-labels-idx1-ubyte.gz", dir, prefix);
   write_gz(p, buf, n);
 }

@@ -10,17 +10,6 @@
 #include <signal.h>
 #include <sys/resource.h>
 
-/* 8-byte little-endian length + json + data, malloc'd. */
-static unsigned char *build(const char *json, const void *data, size_t dlen, size_t *size) {
-  uint64_t n = strlen(json);
-  *size = 8 + n + dlen;
-  unsigned char *b = malloc(*size + 1);
-  memcpy(b, &n, 8);
-  memcpy(b + 8, json, n);
-  if (dlen) memcpy(b + 8 + n, data, dlen);
-  return b;
-}
-
 static const float six[6] = {0, 1, 2, 3, 4, 5};
 
 /* Writes `tensors` with loom and compares the file's bytes with `want`. */
@@ -81,7 +70,7 @@ LT_TEST(safetensors_reads_hand_built_file) {
   memcpy(data, i64, 16);
   data[16] = 7, data[17] = 8, data[18] = 9, data[19] = 1;
   size_t size;
-  unsigned char *b = build(
+  unsigned char *b = iot_st_build(
       "{ \"z\\u00e9\" : {\"shape\": [3], \"dtype\": \"U8\", \"data_offsets\": [16, 19]},\n"
       "  \"__metadata__\": {\"step\": \"42\", \"lr\": \"0.001\", \"q\\\"\": \"\\ud83d\\ude00\"},\n"
       "  \"a\": {\"dtype\": \"I64\", \"shape\": [2], \"data_offsets\": [0, 16]},\n"
@@ -268,7 +257,7 @@ LT_TEST(safetensors_rejects_each_corruption) {
   static unsigned char zeros[64];
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     size_t size;
-    unsigned char *b = build(cases[i].json, zeros, cases[i].dlen, &size);
+    unsigned char *b = iot_st_build(cases[i].json, zeros, cases[i].dlen, &size);
     loom_safetensors *f = (loom_safetensors *)1;
     loom_clear_error();
     int rc = loom_safetensors_open_memory(b, size, "bad.safetensors", &f);

@@ -1,8 +1,9 @@
 /* test_gemm.c: loom__gemm (oneDNN) against loom__gemm_ref on many shapes: 1x1x1, odd sizes,
  * both transposes, padded leading dimensions, batches with a broadcast operand, alpha, beta
  * 0 and 1, in f32, bf16 and f16 with C in f32 or the input dtype; the reference itself
- * against hand-worked values; the primitive cache (hits, eviction, concurrent use); and every
- * kind of bad argument.
+ * against hand-worked values; the primitive cache (hits, eviction, concurrent use); every
+ * kind of bad argument; and the f32 OpenBLAS path (loom__gemm_f32_blas) on the same cases,
+ * with the rule that chooses it (loom__gemm_prefer_blas).
  *
  * Tolerance: both sides sum the same exactly representable products (bf16 and f16 products
  * are exact in f32) in different orders, so each element may differ by the f32 summation
@@ -52,8 +53,11 @@ typedef struct shape {
   bool bias; /* an f32 bias row (alpha must be 1) */
 } shape;
 
-/* Runs one case; returns the number of elements out of tolerance (and reports the first). */
-static int check_case(shape s, loom_dtype ab, loom_dtype cdt) {
+typedef int (*gemm_fn)(const loom__gemm_args *);
+
+/* Runs one case through `kernel` (loom__gemm, or another with its contract); returns the number
+ * of elements out of tolerance (and reports the first). */
+static int check_with(gemm_fn kernel, shape s, loom_dtype ab, loom_dtype cdt) {
   loom__gemm_args g = {.trans_a = s.ta,
                        .trans_b = s.tb,
                        .batch = s.batch,
@@ -84,7 +88,7 @@ static int check_case(shape s, loom_dtype ab, loom_dtype cdt) {
   }
 
   g.A = A, g.B = B, g.C = C, g.bias = bias;
-  LT_OK(loom__gemm(&g));
+  LT_OK(kernel(&g));
   loom__gemm_args r = g;
   r.C = R;
   LT_OK(loom__gemm_ref(&r));
@@ -113,12 +117,16 @@ static int check_case(shape s, loom_dtype ab, loom_dtype cdt) {
   return bad;
 }
 
+static int check_case(shape s, loom_dtype ab, loom_dtype cdt) {
+  return check_with(loom__gemm, s, ab, cdt);
+}
+
 static const int64_t dims[][3] = {{1, 1, 1},    {1, 7, 3},      {5, 1, 9},  {17, 33, 65},
                                   {64, 64, 64}, {129, 31, 257}, {3, 200, 2}};
 #define NDIMS (int)(sizeof dims / sizeof dims[0])
 
 /* Every shape with every transpose, cycling through pad / alpha / beta. */
-static void sweep(loom_dtype ab, loom_dtype cdt) {
+static void sweep_with(gemm_fn kernel, loom_dtype ab, loom_dtype cdt) {
   static const float alphas[] = {1.0f, 0.5f, -2.0f};
   int i = 0;
   for (int d = 0; d < NDIMS; d++)
@@ -126,9 +134,11 @@ static void sweep(loom_dtype ab, loom_dtype cdt) {
       shape s = {1,     dims[d][0],    dims[d][1],           dims[d][2],
                  t & 1, (t >> 1) & 1,  (i % 3 == 1) ? 3 : 0, false,
                  false, alphas[i % 3], (float)(i % 2), false};
-      check_case(s, ab, cdt);
+      check_with(kernel, s, ab, cdt);
     }
 }
+
+static void sweep(loom_dtype ab, loom_dtype cdt) { sweep_with(loom__gemm, ab, cdt); }
 
 LT_TEST(gemm_matches_ref_f32) {
   sweep(LOOM_F32, LOOM_F32);
@@ -448,4 +458,107 @@ LT_TEST(gemm_out_of_memory_is_clean) {
     free(A), free(B), free(C);
   }
   LT_EQ(check_case(s, LOOM_F16, LOOM_F16), 0);
+}
+
+/* ---- the f32 OpenBLAS path (gemm_blas.c) --------------------------------------------- */
+
+/* Whether loom was built with OpenBLAS (else the test is skipped). */
+static bool have_blas(void) {
+  float A[1] = {2}, B[1] = {3}, C[1] = {0};
+  loom__gemm_args g = {.batch = 1, .M = 1, .N = 1, .K = 1, .alpha = 1, .A = A, .lda = 1,
+                       .B = B, .ldb = 1, .C = C, .ldc = 1, .ab_dtype = LOOM_F32,
+                       .c_dtype = LOOM_F32};
+  int rc = loom__gemm_f32_blas(&g);
+  if (rc == LOOM_ENOSYS) lt_skip("loom was built without OpenBLAS");
+  return rc == LOOM_OK && C[0] == 6;
+}
+
+LT_TEST(gemm_blas_matches_ref) {
+  if (!have_blas()) return;
+  sweep_with(loom__gemm_f32_blas, LOOM_F32, LOOM_F32);
+  for (int bc = 0; bc < 4; bc++) /* batches: none, A, B, both broadcast */
+    for (int t = 0; t < 4; t++) {
+      shape s = {4,      9,       13, 21, t & 1, (t >> 1) & 1, t == 3 ? 2 : 0, bc & 1, bc >> 1,
+                 t == 2 ? 0.25f : 1.0f, (float)(t & 1), false};
+      LT_EQ(check_with(loom__gemm_f32_blas, s, LOOM_F32, LOOM_F32), 0);
+    }
+  for (int t = 0; t < 8; t++) { /* bias, beta 0 and 1, 2-D and batched */
+    shape s = {t & 4 ? 3 : 1, 17, 33, 65, t & 1, false, 0, false, (t & 4) && (t & 1), 1.0f,
+               (float)((t >> 1) & 1), true};
+    LT_EQ(check_with(loom__gemm_f32_blas, s, LOOM_F32, LOOM_F32), 0);
+  }
+  /* an MLP layer's three products as linear passes them (forward NT + bias, weight gradient
+   * TN with beta 1, input gradient NN), at a size where the rule picks OpenBLAS */
+  shape fwd = {1, 64, 96, 80, false, true, 0, false, false, 1.0f, 0.0f, true};
+  shape dw = {1, 96, 80, 64, true, false, 0, false, false, 1.0f, 1.0f, false};
+  shape dx = {1, 64, 80, 96, false, false, 0, false, false, 1.0f, 0.0f, false};
+  LT_EQ(check_with(loom__gemm_f32_blas, fwd, LOOM_F32, LOOM_F32), 0);
+  LT_EQ(check_with(loom__gemm_f32_blas, dw, LOOM_F32, LOOM_F32), 0);
+  LT_EQ(check_with(loom__gemm_f32_blas, dx, LOOM_F32, LOOM_F32), 0);
+}
+
+LT_TEST(gemm_blas_bad_arguments) {
+  float A[4] = {0}, B[4] = {0}, C[4] = {0}, bias[2] = {0};
+  const loom__gemm_args ok = {.batch = 1, .M = 2, .N = 2, .K = 2, .alpha = 1, .A = A,
+                              .lda = 2, .B = B, .ldb = 2, .C = C, .ldc = 2,
+                              .ab_dtype = LOOM_F32, .c_dtype = LOOM_F32};
+  loom__gemm_args g;
+  LT_ERR(loom__gemm_f32_blas(NULL), LOOM_EINVAL, "loom__gemm_f32_blas: args is NULL");
+  g = ok, g.A = NULL; /* the checks loom__gemm makes, with their messages */
+  LT_ERR(loom__gemm_f32_blas(&g), LOOM_EINVAL, "A is NULL");
+  g = ok, g.beta = 0.5f;
+  LT_ERR(loom__gemm_f32_blas(&g), LOOM_EINVAL, "beta must be 0 or 1");
+  g = ok, g.lda = 1;
+  LT_ERR(loom__gemm_f32_blas(&g), LOOM_ESHAPE, "leading dimension 1 of A");
+  g = ok, g.bias = bias, g.alpha = 2;
+  LT_ERR(loom__gemm_f32_blas(&g), LOOM_EINVAL, "a bias needs alpha 1");
+  if (!have_blas()) return;
+  g = ok, g.ab_dtype = LOOM_BF16, g.c_dtype = LOOM_F32;
+  LT_ERR(loom__gemm_f32_blas(&g), LOOM_EDTYPE, "takes f32 A, B and C, got bf16 x bf16 -> f32");
+  g = ok, g.ab_dtype = LOOM_F16, g.c_dtype = LOOM_F16;
+  LT_ERR(loom__gemm_f32_blas(&g), LOOM_EDTYPE, "f16");
+  g = ok, g.M = (int64_t)1 << 32, g.ldc = 2; /* larger than OpenBLAS's int (never read) */
+  LT_ERR(loom__gemm_f32_blas(&g), LOOM_EOVERFLOW, "exceeds OpenBLAS's int");
+}
+
+/* The rule: only f32, only for a calling thread with one GEMM thread, never for a tiny
+ * dimension, only where oneDNN's f32 is below AVX-512; the modes override the CPU and size
+ * parts, not eligibility. */
+LT_TEST(gemm_blas_choice) {
+  float x[1] = {0};
+  loom__gemm_args g = {.batch = 1, .M = 256, .N = 1024, .K = 1024, .alpha = 1, .A = x,
+                       .lda = 1024, .B = x, .ldb = 1024, .C = x, .ldc = 1024,
+                       .ab_dtype = LOOM_F32, .c_dtype = LOOM_F32};
+  int threads = loom__gemm_threads();
+  loom__gemm_set_threads(1);
+  loom__gemm_blas_set_mode(LOOM__GEMM_BLAS_NEVER);
+  LT_TRUE(!loom__gemm_prefer_blas(&g)); /* (the rule only: x is too small to run g) */
+  loom__gemm_blas_set_mode(LOOM__GEMM_BLAS_ALWAYS);
+  bool eligible = loom__gemm_prefer_blas(&g); /* built with OpenBLAS, not under TSan */
+  loom__gemm_args h = g;
+  h.ab_dtype = LOOM_BF16;
+  LT_TRUE(!loom__gemm_prefer_blas(&h));
+  h = g, h.c_dtype = LOOM_BF16;
+  LT_TRUE(!loom__gemm_prefer_blas(&h));
+  h = g, h.M = 10; /* ALWAYS ignores the size rule */
+  LT_EQ(loom__gemm_prefer_blas(&h), eligible);
+  loom__gemm_set_threads(2);
+  LT_TRUE(!loom__gemm_prefer_blas(&g));
+  loom__gemm_set_threads(1);
+  loom__gemm_blas_set_mode(LOOM__GEMM_BLAS_AUTO);
+  dnnl_engine_t eng;
+  LT_OK(loom__dnnl_engine("test", &eng));
+  bool avx512 = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) ==
+                dnnl_cpu_isa_avx512_core;
+  LT_EQ(loom__gemm_prefer_blas(&g), eligible && !avx512);
+  for (int d = 0; d < 3; d++) { /* 16 is tiny, 17 is not */
+    h = g;
+    int64_t *dim = d == 0 ? &h.M : d == 1 ? &h.N : &h.K;
+    *dim = 16;
+    LT_TRUE(!loom__gemm_prefer_blas(&h));
+    *dim = 17;
+    LT_EQ(loom__gemm_prefer_blas(&h), eligible && !avx512);
+  }
+  loom__gemm_blas_set_mode(LOOM__GEMM_BLAS_FROM_ENV);
+  loom__gemm_set_threads(threads);
 }

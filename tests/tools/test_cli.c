@@ -1,5 +1,5 @@
 /* test_cli.c: the `loom` command's option parser: values of each kind, defaults, and a message
- * naming the option for every kind of bad input. */
+ * naming the option for every kind of bad input (and the bound, for a number out of range). */
 #include "lt.h"
 #include "cli.h"
 
@@ -7,24 +7,26 @@
 #include <stdio.h>
 
 typedef struct opts {
-  long epochs, seed;
-  double lr;
+  long epochs, seed, limit;
+  double lr, wd;
   const char *amp, *save;
-  bool no_shuffle;
+  bool no_shuffle, seen_lr, seen_save;
 } opts;
 
 static opts o;
 static const cli_option table[] = {
-    {"epochs", CLI_POS_INT, &o.epochs, "N", "epochs to train", NULL},
-    {"seed", CLI_INT, &o.seed, "N", "random seed", NULL},
-    {"lr", CLI_POS_DOUBLE, &o.lr, "X", "learning rate", NULL},
-    {"amp", CLI_CHOICE, &o.amp, NULL, "autocast dtype", "off|bf16|f16"},
-    {"save", CLI_STRING, &o.save, "DIR", "checkpoint folder", NULL},
-    {"no-shuffle", CLI_FLAG, &o.no_shuffle, NULL, "batches in file order", NULL},
+    {"epochs", CLI_POS_INT, &o.epochs, "N", "epochs to train", NULL, 0, 0, NULL},
+    {"seed", CLI_INT, &o.seed, "N", "random seed", NULL, 0, 0, NULL},
+    {"lr", CLI_POS_DOUBLE, &o.lr, "X", "learning rate", NULL, 0, 0, &o.seen_lr},
+    {"amp", CLI_CHOICE, &o.amp, NULL, "autocast dtype", "off|bf16|f16", 0, 0, NULL},
+    {"save", CLI_STRING, &o.save, "DIR", "checkpoint folder", NULL, 0, 0, &o.seen_save},
+    {"no-shuffle", CLI_FLAG, &o.no_shuffle, NULL, "batches in file order", NULL, 0, 0, NULL},
+    {"limit", CLI_INT, &o.limit, "N", "samples", NULL, 0, 1000, NULL},
+    {"wd", CLI_F32, &o.wd, "X", "weight decay", NULL, 0, 10, NULL},
     {0}};
 
 static int parse(int argc, char **argv, const char *expect_in_stderr) {
-  o = (opts){10, 0, 1e-3, "off", NULL, false};
+  o = (opts){.epochs = 10, .lr = 1e-3, .amp = "off"};
   FILE *saved = stderr;
   char buf[512] = {0};
   FILE *mem = fmemopen(buf, sizeof buf - 1, "w");
@@ -76,7 +78,7 @@ LT_TEST(cli_bad_options_are_named) {
 }
 
 LT_TEST(cli_help_lists_options_with_defaults) {
-  o = (opts){10, 0, 1e-3, "off", NULL, false};
+  o = (opts){.epochs = 10, .lr = 1e-3, .amp = "off"};
   char buf[2048] = {0};
   FILE *mem = fmemopen(buf, sizeof buf - 1, "w");
   cli_help(mem, "loom train", "[OPTIONS]", table);
@@ -85,4 +87,48 @@ LT_TEST(cli_help_lists_options_with_defaults) {
   LT_TRUE(strstr(buf, "(default 10)") != NULL);
   LT_TRUE(strstr(buf, "--amp off|bf16|f16") != NULL);
   LT_TRUE(strstr(buf, "--help") != NULL);
+}
+
+LT_TEST(cli_ranges_name_the_bound) {
+  char *a1[] = {"--limit", "1001"};
+  LT_EQ(parse(2, a1, "--limit: expected at most 1000, got '1001'"), -1);
+  char *a2[] = {"--limit", "-1"};
+  LT_EQ(parse(2, a2, "--limit: expected an integer >= 0, got '-1'"), -1);
+  char *a3[] = {"--limit", "99999999999999999999"}; /* beyond long: still the table's bound */
+  LT_EQ(parse(2, a3, "--limit: expected at most 1000, got '99999999999999999999'"), -1);
+  char *a4[] = {"--seed", "99999999999999999999"}; /* no range: long's own */
+  LT_EQ(parse(2, a4, "--seed: expected at most 9223372036854775807"), -1);
+  char *a5[] = {"--limit", "1000", "--wd", "10"};
+  LT_EQ(parse(4, a5, NULL), 0);
+  LT_EQ(o.limit, 1000);
+  char *a6[] = {"--wd", "10.5"};
+  LT_EQ(parse(2, a6, "--wd: expected at most 10, got '10.5'"), -1);
+  char *a7[] = {"--wd", "-0.5"};
+  LT_EQ(parse(2, a7, "--wd: expected a number >= 0, got '-0.5'"), -1);
+}
+
+LT_TEST(cli_f32_values_must_fit_an_f32) {
+  char *a1[] = {"--wd", "inf"};
+  LT_EQ(parse(2, a1, "--wd: expected a finite number within the f32 range"), -1);
+  char *a2[] = {"--wd", "1e39"}; /* finite as a double, inf as an f32 */
+  LT_EQ(parse(2, a2, "magnitude at most 3.40282347e+38), got '1e39'"), -1);
+  char *a3[] = {"--wd", "1e-320"}; /* a double subnormal, 0 as an f32 */
+  LT_EQ(parse(2, a3, "--wd: '1e-320' is too small for an f32: it would round to 0"), -1);
+  char *a4[] = {"--wd", "1e-45"}; /* an f32 subnormal: kept */
+  LT_EQ(parse(2, a4, NULL), 0);
+  LT_TRUE(o.wd > 0 && (float)o.wd > 0);
+  char *a5[] = {"--wd", "0"};
+  LT_EQ(parse(2, a5, NULL), 0);
+  char *a6[] = {"--lr", "1e400"}; /* a plain double: out of range is refused too */
+  LT_EQ(parse(2, a6, "--lr: expected a finite number within the double range, got '1e400'"), -1);
+}
+
+LT_TEST(cli_seen_marks_given_options) {
+  char *a1[] = {"--lr", "0.001"}; /* the default's value, given: seen all the same */
+  LT_EQ(parse(2, a1, NULL), 0);
+  LT_TRUE(o.seen_lr);
+  LT_TRUE(!o.seen_save);
+  char *a2[] = {"--save=/tmp/x"};
+  LT_EQ(parse(1, a2, NULL), 0);
+  LT_TRUE(o.seen_save && !o.seen_lr);
 }

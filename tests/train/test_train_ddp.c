@@ -2,7 +2,8 @@
  * --batch B end with the parameters of one process with --batch 2B (within f32 summation
  * order: 1e-4 after 8 AdamW steps, whose updates are ~lr = 1e-3 each, so a wrong average
  * would show), the metrics carry the DDP statistics, f16 autocast with dynamic scaling runs
- * under DDP, and the data-parallel options are checked. */
+ * under DDP, and the data-parallel options (--timeout, LOOM_TIMEOUT) are checked. (Ranks that
+ * disagree or stall are MPI processes: tests/tools/mpi_ranks.sh.) */
 #include "lt.h"
 #include "train_test.h"
 
@@ -83,4 +84,33 @@ LT_TEST(train_ddp_option_checks) {
   LT_EQ(r.rc, 2);
   LT_TRUE(strstr(r.err, "--ranks: expected at most 64") != NULL);
   tt_run_free(&r);
+}
+
+/* --timeout SECONDS (and LOOM_TIMEOUT, the default it overrides) for the ranks' waits. */
+LT_TEST(train_ddp_timeout_option) {
+  const char *run = "--hidden 16 --limit 512 --batch 64 --epochs 1 --threads 1 --quiet --ranks 2 "
+                    "--strategy ddp";
+  tt_run r = tt_train("%s --timeout 2.5", run);
+  LT_EQ(r.rc, 0);
+  tt_run_free(&r);
+  r = tt_train("--timeout 5 --hidden 16 --limit 512 --batch 64 --epochs 1");
+  LT_EQ(r.rc, 2);
+  LT_TRUE(strstr(r.err, "--timeout: only for ranks that wait for each other") != NULL);
+  tt_run_free(&r);
+  r = tt_train("%s --timeout 0", run);
+  LT_EQ(r.rc, 2);
+  LT_TRUE(strstr(r.err, "--timeout") != NULL);
+  tt_run_free(&r);
+  const char *prev = getenv("LOOM_TIMEOUT");
+  char saved[64] = "";
+  if (prev) snprintf(saved, sizeof saved, "%s", prev);
+  setenv("LOOM_TIMEOUT", "soon", 1);
+  tt_run bad = tt_train("%s", run), over = tt_train("%s --timeout 30", run);
+  if (prev) setenv("LOOM_TIMEOUT", saved, 1);
+  else unsetenv("LOOM_TIMEOUT");
+  LT_EQ(bad.rc, 2);
+  LT_TRUE(strstr(bad.err, "LOOM_TIMEOUT=soon") != NULL);
+  LT_EQ(over.rc, 0); /* --timeout wins over the environment */
+  tt_run_free(&bad);
+  tt_run_free(&over);
 }

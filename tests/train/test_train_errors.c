@@ -23,7 +23,7 @@ LT_TEST(train_bad_options_name_the_option) {
       {"--hidden 1,2,3,4,5,6,7,8,9", "--hidden: expected up to 8"},
       {"--channels 3", "--channels: expected two sizes"},
       {"--fc 0", "--fc: expected a positive integer"},
-      {"--threads -1", "--threads: expected an integer >= 0, got -1"},
+      {"--threads -1", "--threads: expected an integer >= 0, got '-1'"},
       {"--limit -5", "--limit: expected an integer >= 0"},
       {"--max-steps -1", "--max-steps: expected an integer >= 0"},
       {"--warmup -2", "--warmup: expected an integer >= 0"},

@@ -1,19 +1,25 @@
 #!/usr/bin/python3
 """torch_train.py: PyTorch 1.13's side of tests/train/accuracy.sh: the same MLP as `loom train`
 (784-1024-1024-10, nn.Sequential of Linear/ReLU), AdamW (lr 1e-3, weight decay 0.01), batch
-256, cosine schedule over the run, Fashion-MNIST normalised as loom does, on 1 thread; prints
+256, cosine schedule over the run, Fashion-MNIST normalised as loom does, on 1 thread: torch's
+pool and the OpenBLAS pool behind its f32 matmul both capped (bench/torch_threads.py;
+torch.set_num_threads alone leaves OpenBLAS on every core); prints the thread counts it ran with,
 the test accuracy after each epoch and the training samples/s (time inside steps only, as loom
 reports it). A benchmark baseline only: loom never needs it.
 Usage: torch_train.py [f32|bf16] [epochs] [data dir]"""
-import gzip, math, sys, time
+import gzip, math, os, sys, time
 import numpy as np
-import torch
-import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import torch_threads  # noqa: E402
+
+torch = torch_threads.cap(1)
+import torch.nn.functional as F  # noqa: E402
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "f32"
 epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 root = sys.argv[3] if len(sys.argv) > 3 else "/usr/share/datasets/fashion-mnist"
-torch.set_num_threads(1)
+print(torch_threads.line(), flush=True)
 torch.manual_seed(0)
 
 def idx(name):

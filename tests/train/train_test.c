@@ -110,3 +110,11 @@ int tt_write_file(const char *path, const void *data, size_t n) {
   size_t w = fwrite(data, 1, n, f);
   return fclose(f) != 0 || w != n ? -1 : 0;
 }
+
+int tt_copy_file(const char *from, const char *to) {
+  size_t n = 0;
+  char *bytes = tt_read_file(from, &n);
+  int rc = bytes ? tt_write_file(to, bytes, n) : -1;
+  free(bytes);
+  return rc;
+}

@@ -23,5 +23,7 @@ char *tt_read_file(const char *path, size_t *size);
 int tt_same_file(const char *a, const char *b);
 /* Write bytes to a file; 0 on success. */
 int tt_write_file(const char *path, const void *data, size_t n);
+/* Copy file `from` over `to`; 0 on success. */
+int tt_copy_file(const char *from, const char *to);
 
 #endif

@@ -1,102 +1,122 @@
-/* cvt_avx2.c: f32 <-> f16 / bf16 conversions with AVX2 and F16C, 16 elements a step.
- * Large outputs are written with non-temporal stores (they would only evict the cache);
- * the ragged ends go through the scalar reference. Built with -mavx2 -mfma -mf16c. */
+/* cvt_avx2.c: f32 <-> f16 / bf16 conversions with AVX2 and F16C, 32 elements a step.
+ * Large outputs (LOOM__STREAM_BYTES) are written with non-temporal stores (they would only
+ * evict the cache), whole cache lines a step, and their input is read as interleaved
+ * prefetched streams (sweep_avx2.h). The ragged ends go through the scalar reference. Built
+ * with -mavx2 -mfma -mf16c. */
+#include "core/kernels/bf16_avx2.h"
 #include "core/kernels/kernels.h"
+#include "core/kernels/sweep_avx2.h"
 
 #include <immintrin.h>
 
-/* Elements to convert one by one before dst reaches 32-byte alignment. */
+#define STEP 32 /* elements a step: 128 bytes of f32, 64 of f16 / bf16 */
+
+/* Elements to convert one by one before dst reaches a cache line: every step then writes
+ * whole lines (a non-temporal store that leaves a line partly written costs a read of it). */
 static size_t head_count(const void *dst, size_t elem, size_t n) {
-  size_t mis = (uintptr_t)dst & 31u;
+  size_t mis = (uintptr_t)dst & 63u;
   if (!mis) return 0;
-  size_t h = (32u - mis) / elem;
-  if ((32u - mis) % elem) return n; /* dst not element-aligned: no vector path */
+  size_t h = (64u - mis) / elem;
+  if ((64u - mis) % elem) return n; /* dst not element-aligned: no vector path */
   return h < n ? h : n;
 }
 
-/* 16 f32 -> 16 bf16 (round to nearest even, NaN kept quiet). */
-static inline __m256i bf16_round16(__m256i a, __m256i b) {
-  const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
-  const __m256i absmask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-  const __m256i quiet = _mm256_set1_epi32(0x40);
-  __m256i ra = _mm256_srli_epi32(
-      _mm256_add_epi32(a, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(a, 16), one))), 16);
-  __m256i rb = _mm256_srli_epi32(
-      _mm256_add_epi32(b, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(b, 16), one))), 16);
-  __m256i nana = _mm256_cmpgt_epi32(_mm256_and_si256(a, absmask), inf);
-  __m256i nanb = _mm256_cmpgt_epi32(_mm256_and_si256(b, absmask), inf);
-  ra = _mm256_blendv_epi8(ra, _mm256_or_si256(_mm256_srli_epi32(a, 16), quiet), nana);
-  rb = _mm256_blendv_epi8(rb, _mm256_or_si256(_mm256_srli_epi32(b, 16), quiet), nanb);
-  return _mm256_permute4x64_epi64(_mm256_packus_epi32(ra, rb), 0xd8);
+/* A conversion's buffers: steps read src + i * (its element size) and write dst + i * (its). */
+typedef struct cvt_ctx {
+  const char *src;
+  char *dst;
+  bool stream; /* non-temporal stores */
+} cvt_ctx;
+
+/* A 32-byte store to a 32-byte aligned d, non-temporal when streaming. */
+static inline void put(const cvt_ctx *c, char *d, __m256i v) {
+  if (c->stream) _mm256_stream_si256((__m256i *)d, v);
+  else _mm256_store_si256((__m256i *)d, v);
+}
+
+/* The vector middle of a conversion from es-byte to ed-byte elements: [i, n) in whole steps
+ * (dst + i * ed on a cache line); returns where it stopped. */
+static inline __attribute__((always_inline)) size_t
+body(const void *src, size_t es, void *dst, size_t ed, size_t i, size_t n, loom__sweep_fn *step) {
+  cvt_ctx c = {src, dst, n * ed >= LOOM__STREAM_BYTES};
+  i = loom__sweep_avx2(i, n, STEP, c.stream, src, es, step, &c);
+  if (c.stream) _mm_sfence();
+  return i;
+}
+
+/* 16 f32 -> 16 bf16, in order. */
+static inline __m256i bf16_16(const char *s) {
+  __m256i a = loom__bf16_round_avx2(_mm256_loadu_si256((const __m256i *)s));
+  __m256i b = loom__bf16_round_avx2(_mm256_loadu_si256((const __m256i *)(s + 32)));
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+}
+
+static inline void step_f32_bf16(void *ctx, size_t i) {
+  cvt_ctx *c = ctx;
+  __m256i a = bf16_16(c->src + i * 4), b = bf16_16(c->src + i * 4 + 64);
+  put(c, c->dst + i * 2, a);
+  put(c, c->dst + i * 2 + 32, b);
+}
+
+/* 16 f32 -> 16 f16 (F16C: nearest even, subnormals kept, overflow to inf, NaN quiet). */
+static inline __m256i f16_16(const char *s) {
+  __m128i a = _mm256_cvtps_ph(_mm256_loadu_ps((const float *)s), _MM_FROUND_TO_NEAREST_INT);
+  __m128i b = _mm256_cvtps_ph(_mm256_loadu_ps((const float *)(s + 32)), _MM_FROUND_TO_NEAREST_INT);
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
+}
+
+static inline void step_f32_f16(void *ctx, size_t i) {
+  cvt_ctx *c = ctx;
+  __m256i a = f16_16(c->src + i * 4), b = f16_16(c->src + i * 4 + 64);
+  put(c, c->dst + i * 2, a);
+  put(c, c->dst + i * 2 + 32, b);
+}
+
+static inline void step_bf16_f32(void *ctx, size_t i) {
+  cvt_ctx *c = ctx;
+  for (int k = 0; k < 2; k++) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)(c->src + i * 2 + 32 * k));
+    char *d = c->dst + i * 4 + 64 * k;
+    put(c, d, _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16));
+    put(c, d + 32, _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16));
+  }
+}
+
+static inline void step_f16_f32(void *ctx, size_t i) {
+  cvt_ctx *c = ctx;
+  for (int k = 0; k < 2; k++) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)(c->src + i * 2 + 32 * k));
+    char *d = c->dst + i * 4 + 64 * k;
+    put(c, d, _mm256_castps_si256(_mm256_cvtph_ps(_mm256_castsi256_si128(h))));
+    put(c, d + 32, _mm256_castps_si256(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))));
+  }
 }
 
 static void f32_to_bf16(const float *src, uint16_t *dst, size_t n) {
   size_t i = head_count(dst, 2, n);
   loom__core_kernels_scalar.cvt_f32_to_bf16(src, dst, i);
-  bool stream = n * 2 >= LOOM__STREAM_BYTES;
-  for (; i + 16 <= n; i += 16) {
-    __m256i a = _mm256_loadu_si256((const __m256i *)(src + i));
-    __m256i b = _mm256_loadu_si256((const __m256i *)(src + i + 8));
-    __m256i r = bf16_round16(a, b);
-    if (stream) _mm256_stream_si256((__m256i *)(dst + i), r);
-    else _mm256_store_si256((__m256i *)(dst + i), r);
-  }
-  if (stream) _mm_sfence();
+  i = body(src, 4, dst, 2, i, n, step_f32_bf16);
   loom__core_kernels_scalar.cvt_f32_to_bf16(src + i, dst + i, n - i);
 }
 
 static void bf16_to_f32(const uint16_t *src, float *dst, size_t n) {
   size_t i = head_count(dst, 4, n);
   loom__core_kernels_scalar.cvt_bf16_to_f32(src, dst, i);
-  bool stream = n * 4 >= LOOM__STREAM_BYTES;
-  for (; i + 16 <= n; i += 16) {
-    __m256i h = _mm256_loadu_si256((const __m256i *)(src + i));
-    __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16);
-    __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16);
-    if (stream) {
-      _mm256_stream_si256((__m256i *)(dst + i), lo);
-      _mm256_stream_si256((__m256i *)(dst + i + 8), hi);
-    } else {
-      _mm256_store_si256((__m256i *)(dst + i), lo);
-      _mm256_store_si256((__m256i *)(dst + i + 8), hi);
-    }
-  }
-  if (stream) _mm_sfence();
+  i = body(src, 2, dst, 4, i, n, step_bf16_f32);
   loom__core_kernels_scalar.cvt_bf16_to_f32(src + i, dst + i, n - i);
 }
 
 static void f32_to_f16(const float *src, uint16_t *dst, size_t n) {
   size_t i = head_count(dst, 2, n);
   loom__core_kernels_scalar.cvt_f32_to_f16(src, dst, i);
-  bool stream = n * 2 >= LOOM__STREAM_BYTES;
-  for (; i + 16 <= n; i += 16) {
-    __m128i a = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-    __m128i b = _mm256_cvtps_ph(_mm256_loadu_ps(src + i + 8), _MM_FROUND_TO_NEAREST_INT);
-    __m256i r = _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
-    if (stream) _mm256_stream_si256((__m256i *)(dst + i), r);
-    else _mm256_store_si256((__m256i *)(dst + i), r);
-  }
-  if (stream) _mm_sfence();
+  i = body(src, 4, dst, 2, i, n, step_f32_f16);
   loom__core_kernels_scalar.cvt_f32_to_f16(src + i, dst + i, n - i);
 }
 
 static void f16_to_f32(const uint16_t *src, float *dst, size_t n) {
   size_t i = head_count(dst, 4, n);
   loom__core_kernels_scalar.cvt_f16_to_f32(src, dst, i);
-  bool stream = n * 4 >= LOOM__STREAM_BYTES;
-  for (; i + 16 <= n; i += 16) {
-    __m256i h = _mm256_loadu_si256((const __m256i *)(src + i));
-    __m256 lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-    __m256 hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
-    if (stream) {
-      _mm256_stream_ps(dst + i, lo);
-      _mm256_stream_ps(dst + i + 8, hi);
-    } else {
-      _mm256_store_ps(dst + i, lo);
-      _mm256_store_ps(dst + i + 8, hi);
-    }
-  }
-  if (stream) _mm_sfence();
+  i = body(src, 2, dst, 4, i, n, step_f16_f32);
   loom__core_kernels_scalar.cvt_f16_to_f32(src + i, dst + i, n - i);
 }
 

@@ -125,11 +125,15 @@ static void mpi_failed(loom_pg *pg, int code, const char *msg) {
 
 /* ---- waiting ---- */
 
-/* Poll req to completion under the timeout; fail on abort or a peer's notice. On failure the
- * request stays active and the group is marked broken. */
-static int wait_req(mpi_pg *m, MPI_Request *req, const loom__coll *c) {
+/* Poll req to completion under the timeout, waiting for rank `peer` (-1: not known which, but
+ * of two ranks it is the other one);
+ * fail on abort or a peer's notice. Polls spin at first, then sleep (wait.c): MPI makes
+ * progress only inside MPI calls, so each poll is an MPI_Test. On failure the request stays
+ * active and the group is marked broken. */
+static int wait_req(mpi_pg *m, MPI_Request *req, const loom__coll *c, int peer) {
   loom_pg *pg = &m->pg;
-  double t0 = loom__now();
+  loom__wait w;
+  loom__wait_begin(&w, pg, c, peer < 0 && pg->size == 2 ? 1 - pg->rank : peer);
   for (unsigned i = 0;; i++) {
     int flag = 0, err = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
     if (err != MPI_SUCCESS) {
@@ -137,19 +141,19 @@ static int wait_req(mpi_pg *m, MPI_Request *req, const loom__coll *c) {
       return mpi_err(err, loom__coll_name(c->kind), "MPI_Test");
     }
     if (flag) return LOOM_OK;
-    if ((i & 1023) != 1023) continue;
+    loom__wait_pause(&w);
+    if ((i & 63) != 63 && loom__now() - w.t0 < 1e-3) continue; /* early: check now and then */
     int rc = LOOM_OK;
-    double timeout = atomic_load(&pg->timeout_s);
     if (atomic_load(&pg->aborted))
       rc = loom__fail(LOOM_EABORTED, "rank %d: %s #%llu aborted (loom_pg_abort)", pg->rank,
                       loom__coll_name(c->kind), (unsigned long long)c->seq);
-    else if ((rc = check_notice(m)) != LOOM_OK)
-      ;
-    else if (loom__now() - t0 > timeout)
-      rc = loom__fail(LOOM_ETIMEDOUT,
-                      "rank %d: %s #%llu timed out after %g s waiting for its peers (a rank "
-                      "stopped issuing collectives or died)",
-                      pg->rank, loom__coll_name(c->kind), (unsigned long long)c->seq, timeout);
+    else if ((rc = check_notice(m)) != LOOM_OK) {
+      /* the notice travels on another communicator and may be seen first, though what the
+       * peer sent before it (its header) arrived before it: if the request is done now, go on
+       * (a header mismatch is then reported as such; a later wait sees the notice again) */
+      if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) return LOOM_OK;
+    } else
+      rc = loom__wait_check(&w);
     if (rc) {
       m->broken = true;
       return rc;
@@ -185,13 +189,15 @@ static int check_headers(mpi_pg *m, const loom__coll *c) {
       m->broken = true;
       return mpi_err(err, loom__coll_name(c->kind), "MPI_Isend/MPI_Irecv (header)");
     }
-    for (int i = 0; i < nq; i++)
-      if ((rc = wait_req(m, &m->hreq[i], c))) return rc;
+    for (int i = 0; i < nq; i++) { /* receives, then sends, each in peer order */
+      int k = i % (pg->size - 1), peer = k < pg->rank ? k : k + 1;
+      if ((rc = wait_req(m, &m->hreq[i], c, peer))) return rc;
+    }
   } else {
     MPI_Request req;
     err = MPI_Iallgather(mine, HDR, MPI_INT64_T, m->hdrs, HDR, MPI_INT64_T, m->comm, &req);
     if (err) return mpi_err(err, loom__coll_name(c->kind), "MPI_Iallgather (header)");
-    if ((rc = wait_req(m, &req, c))) return rc;
+    if ((rc = wait_req(m, &req, c, -1))) return rc;
   }
   for (int j = 0; j < pg->size; j++) {
     const int64_t *o = &m->hdrs[j * HDR];
@@ -304,7 +310,7 @@ static int ring_step(mpi_pg *m, char *buf, size_t n, int parts, loom_dtype dt, l
   }
   int rc;
   for (int i = 0; i < nr; i++) {
-    if ((rc = wait_req(m, &rr[i], c))) return rc;
+    if ((rc = wait_req(m, &rr[i], c, left))) return rc;
     if (!reduce) continue;
     size_t o = (size_t)i * ch, b = rl * es - o < ch ? rl * es - o : ch;
     char *d = buf + ro * es + o;
@@ -312,7 +318,7 @@ static int ring_step(mpi_pg *m, char *buf, size_t n, int parts, loom_dtype dt, l
     loom__reduce(d, srcs, 2, b / es, dt, op);
   }
   for (int i = 0; i < ns; i++)
-    if ((rc = wait_req(m, &sr[i], c))) return rc;
+    if ((rc = wait_req(m, &sr[i], c, right))) return rc;
   return LOOM_OK;
 }
 
@@ -380,7 +386,7 @@ static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
     } else {
       err = MPI_Iallreduce(MPI_IN_PLACE, f, n, MPI_FLOAT, mpi_op(c->op), m->comm, &req);
       if (err) return mpi_err(err, "all-reduce", "MPI_Iallreduce");
-      if ((rc = wait_req(m, &req, c))) return rc;
+      if ((rc = wait_req(m, &req, c, -1))) return rc;
     }
     if (c->op == LOOM_AVG) avg_div(f, LOOM_F32, c->count, pg->size);
     loom__narrow(c->dt, f, c->recv, c->count);
@@ -395,7 +401,7 @@ static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
   const void *s = c->send == c->recv ? MPI_IN_PLACE : c->send;
   err = MPI_Iallreduce(s, c->recv, n, mpi_type(c->dt), mpi_op(c->op), m->comm, &req);
   if (err) return mpi_err(err, "all-reduce", "MPI_Iallreduce");
-  if ((rc = wait_req(m, &req, c))) return rc;
+  if ((rc = wait_req(m, &req, c, -1))) return rc;
   if (c->op == LOOM_AVG) avg_div(c->recv, c->dt, c->count, pg->size);
   return LOOM_OK;
 }
@@ -414,7 +420,7 @@ static int mpi_reduce_scatter(loom_pg *pg, const loom__coll *c) {
     err = MPI_Ireduce_scatter_block(f, f + total, (int)n, MPI_FLOAT, mpi_op(c->op), m->comm,
                                     &req);
     if (err) return mpi_err(err, "reduce-scatter", "MPI_Ireduce_scatter_block");
-    if ((rc = wait_req(m, &req, c))) return rc;
+    if ((rc = wait_req(m, &req, c, -1))) return rc;
     if (c->op == LOOM_AVG) avg_div(f + total, LOOM_F32, n, pg->size);
     loom__narrow(c->dt, f + total, c->recv, n);
     return LOOM_OK;
@@ -426,7 +432,7 @@ static int mpi_reduce_scatter(loom_pg *pg, const loom__coll *c) {
   err = MPI_Ireduce_scatter_block(c->send, dst, (int)n, mpi_type(c->dt), mpi_op(c->op), m->comm,
                                   &req);
   if (err) return mpi_err(err, "reduce-scatter", "MPI_Ireduce_scatter_block");
-  if ((rc = wait_req(m, &req, c))) return rc;
+  if ((rc = wait_req(m, &req, c, -1))) return rc;
   if (c->op == LOOM_AVG) avg_div(dst, c->dt, n, pg->size);
   if (dst != c->recv) loom__copy(c->recv, dst, n * es);
   return LOOM_OK;
@@ -441,7 +447,7 @@ static int mpi_broadcast(loom_pg *pg, const loom__coll *c) {
   MPI_Request req;
   int err = MPI_Ibcast(c->recv, (int)c->count, mpi_type(c->dt), c->root, m->comm, &req);
   if (err) return mpi_err(err, "broadcast", "MPI_Ibcast");
-  return wait_req(m, &req, c);
+  return wait_req(m, &req, c, -1);
 }
 
 static int mpi_allgather(loom_pg *pg, const loom__coll *c) {
@@ -455,7 +461,7 @@ static int mpi_allgather(loom_pg *pg, const loom__coll *c) {
   MPI_Datatype t = mpi_type(c->dt);
   int err = MPI_Iallgather(s, (int)c->count, t, c->recv, (int)c->count, t, m->comm, &req);
   if (err) return mpi_err(err, "all-gather", "MPI_Iallgather");
-  return wait_req(m, &req, c);
+  return wait_req(m, &req, c, -1);
 }
 
 static int mpi_barrier(loom_pg *pg, const loom__coll *c) {
@@ -605,4 +611,16 @@ int loom_mpi_finalize(void) {
   if (!fin) MPI_Finalize();
   loom_initialised_mpi = false;
   return LOOM_OK;
+}
+
+int loom_mpi_abort(int errorcode) {
+  int inited = 0, fin = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&fin);
+  if (!inited || fin)
+    return loom__fail(LOOM_EMISUSE, "loom_mpi_abort: MPI is not initialised");
+  fflush(stdout);
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, errorcode);
+  return loom__fail(LOOM_EBACKEND, "loom_mpi_abort: MPI_Abort returned");
 }

@@ -1,6 +1,6 @@
 /* threads_sync.c: the threads backend's synchronisation: ticks, waits on a peer's tick (spin,
- * then futex sleep in slices so abort, failure, exit and the timeout are noticed), and the
- * world's failure record. */
+ * then futex sleep in slices so abort, failure, exit, the timeout and a long wait's notice
+ * (wait.c) are noticed), and the world's failure record. */
 #include "dist/threads/threads_int.h"
 
 #include <limits.h>
@@ -46,7 +46,7 @@ static bool reached(uint32_t tick, uint32_t target) { return (int32_t)(tick - ta
 
 /* Why can't we go on waiting for `peer` to reach target? LOOM_OK if we can (or it did). */
 static int why_stop(loom__thr_rank *me, int peer, uint32_t target, const loom__coll *c,
-                    double t0) {
+                    loom__wait *wait) {
   loom__thr_world *w = me->world;
   const char *name = loom__coll_name(c->kind);
   int r = me->pg.rank;
@@ -67,28 +67,25 @@ static int why_stop(loom__thr_rank *me, int peer, uint32_t target, const loom__c
     return loom__fail(LOOM_EREMOTE,
                       "rank %d: %s #%llu: rank %d returned from its function without joining it",
                       r, name, (unsigned long long)c->seq, peer);
-  double timeout = atomic_load(&me->pg.timeout_s);
-  if (loom__now() - t0 > timeout)
-    return loom__fail(LOOM_ETIMEDOUT, "rank %d: %s #%llu timed out after %g s waiting for rank %d",
-                      r, name, (unsigned long long)c->seq, timeout, peer);
-  return LOOM_OK;
+  return loom__wait_check(wait); /* the timeout, and the notice of a long wait */
 }
 
 int loom__thr_wait(loom__thr_rank *me, int peer, uint32_t target, const loom__coll *c) {
   loom__thr_rank *p = &me->world->ranks[peer];
   if (reached(atomic_load_explicit(&p->tick, memory_order_acquire), target)) return LOOM_OK;
-  double t0 = loom__now();
+  loom__wait wait;
+  loom__wait_begin(&wait, &me->pg, c, peer);
   for (unsigned i = 1;; i++) {
     if (reached(atomic_load_explicit(&p->tick, memory_order_acquire), target)) return LOOM_OK;
     loom__cpu_relax();
     if ((i & 255) == 0) {
-      int rc = why_stop(me, peer, target, c, t0);
+      int rc = why_stop(me, peer, target, c, &wait);
       if (rc) return rc;
-      if (loom__now() - t0 > SPIN_S) break;
+      if (loom__now() - wait.t0 > SPIN_S) break;
     }
   }
   for (;;) {
-    int rc = why_stop(me, peer, target, c, t0);
+    int rc = why_stop(me, peer, target, c, &wait);
     if (rc) return rc;
     atomic_fetch_add(&p->sleepers, 1);
     uint32_t v = atomic_load(&p->tick);

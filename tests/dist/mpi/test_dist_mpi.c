@@ -1,12 +1,14 @@
 /* test_dist_mpi.c: the mpi backend under mpiexec (-n 2 and -n 3): every collective x dtype x
  * op x in-place against the sequential reference, async collectives in flight, mismatch, a
- * peer's abort, a peer's timeout, and bad arguments. Each rank runs the same program; the exit
- * status is non-zero on any rank that saw a failed check. Failure paths run last, each on its
- * own group, and end with the ranks back in step so MPI_Finalize is clean. */
+ * peer's abort, a peer's timeout, a stalled peer (named, waited for without spinning), and bad
+ * arguments. Each rank runs the same program; the exit status is non-zero on any rank that saw
+ * a failed check. Failure paths run last, each on its own group, and end with the ranks back
+ * in step so MPI_Finalize is clean. */
 #include "dist_test.h"
 #include "loom/dist_mpi.h"
 
 #include <mpi.h>
+#include <sys/resource.h>
 
 #define CHECK_RC(call, want)                                                                  \
   do {                                                                                        \
@@ -110,6 +112,37 @@ static void test_timeout(void) {
   (void)pg; /* broken: not freed */
 }
 
+/* Rank 1 stalls (sleeps, issuing nothing) past the timeout: the others fail naming it within
+ * the timeout plus a margin, and sleep rather than spin while they wait (this process's CPU
+ * time stays well below the wall time). */
+static void test_stall(void) {
+  loom_pg *pg = make_pg(1.5);
+  float x = 1;
+  if (rank_ == 1) {
+    struct timespec ts = {2, 0};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+  } else {
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_SELF, &ru0);
+    double t0 = dt_now();
+    int rc = loom_pg_allreduce(pg, &x, &x, 1, LOOM_F32, LOOM_SUM, NULL);
+    double secs = dt_now() - t0;
+    getrusage(RUSAGE_SELF, &ru1);
+    double cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
+                 (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) * 1e-6 +
+                 (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+                 (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) * 1e-6;
+    DT_CHECK(rc == LOOM_ETIMEDOUT || rc == LOOM_EREMOTE, "stalled peer gave %s",
+             loom_status_name(rc));
+    DT_CHECK(strstr(loom_last_error(), "waiting for rank 1"), "message %s", loom_last_error());
+    DT_CHECK(secs >= 1.35 && secs < 4.5, "took %g s", secs);
+    DT_CHECK(cpu < 0.25 * secs, "%.3f s of CPU in %.3f s of waiting: spinning?", cpu, secs);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  (void)pg; /* broken: not freed */
+}
+
 /* A rank that runs out of memory for a large f16 all-reduce's f32 scratch (the group's first
  * allocation, so loom_alloc_fail_nth(1) hits it) must fail before its peers can be inside a
  * blocking MPI_Allreduce (the single-copy path): they get the failure or a timeout, no hang. */
@@ -153,7 +186,7 @@ int main(int argc, char **argv) {
   } tests[] = {{"bad_args", test_bad_args},   {"collectives", test_collectives},
                {"async", test_async},         {"mismatch", test_mismatch},
                {"abort", test_abort},         {"timeout", test_timeout},
-               {"oom", test_oom}};
+               {"stall", test_stall},         {"oom", test_oom}};
   int total = 0;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
     atomic_store(&dt_failures, 0);

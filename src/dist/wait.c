@@ -1,0 +1,71 @@
+/* wait.c: how every backend waits on its peers: the timeout (counted from the wait's start,
+ * i.e. from the peers' last progress), a notice on stderr naming the rank waited for once a
+ * wait has lasted a few seconds, and the pause between polls (spin briefly, since a peer's
+ * data usually comes within microseconds, then sleep, so that a stalled peer does not cost a
+ * core). */
+#include "dist/dist_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <time.h>
+
+/* Spin this long before sleeping between polls. MPI moves a message only inside MPI calls on
+ * both sides (Open MPI's shared memory without single copy: fragment by fragment), so a poller
+ * that sleeps slows the transfer itself: the spin covers the waits of a large all-reduce's ring
+ * steps (chunks of 64-512 KB, about 250 us each at 2 GB/s) and sleeping starts only when a peer
+ * is late. */
+#define SPIN_S 500e-6
+/* Sleep between polls: a fraction of the time waited so far (so the extra latency stays a
+ * small share of the wait), between these bounds. */
+#define SLEEP_MIN_S 10e-6
+#define SLEEP_MAX_S 1e-3
+#define SLEEP_SHARE 0.0625
+
+void loom__wait_begin(loom__wait *w, loom_pg *pg, const loom__coll *c, int peer) {
+  w->pg = pg;
+  w->c = c;
+  w->peer = peer;
+  w->t0 = loom__now();
+  w->noticed = false;
+}
+
+double loom__wait_notice_after(double timeout_s) {
+  double after = fmin(5.0, fmax(1.0, timeout_s / 2));
+  return after < timeout_s ? after : INFINITY;
+}
+
+/* "rank 1" or "its peers" */
+static void who(char *buf, size_t cap, int peer) {
+  if (peer >= 0) snprintf(buf, cap, "rank %d", peer);
+  else snprintf(buf, cap, "its peers");
+}
+
+int loom__wait_check(loom__wait *w) {
+  loom_pg *pg = w->pg;
+  double timeout = atomic_load(&pg->timeout_s), waited = loom__now() - w->t0;
+  char peer[32];
+  who(peer, sizeof peer, w->peer);
+  const char *name = loom__coll_name(w->c->kind);
+  unsigned long long seq = (unsigned long long)w->c->seq;
+  if (waited > timeout)
+    return loom__fail(LOOM_ETIMEDOUT, "rank %d: %s #%llu timed out after %g s waiting for %s%s",
+                      pg->rank, name, seq, timeout, peer,
+                      w->peer >= 0 ? "" : " (a rank stopped issuing collectives or died)");
+  if (!w->noticed && waited >= loom__wait_notice_after(timeout)) {
+    w->noticed = true;
+    fprintf(stderr, "loom: rank %d waiting for %s in %s #%llu for %.2g s (timeout %g s)\n",
+            pg->rank, peer, name, seq, waited, timeout);
+  }
+  return LOOM_OK;
+}
+
+void loom__wait_pause(loom__wait *w) {
+  double waited = loom__now() - w->t0;
+  if (waited < SPIN_S) {
+    for (int i = 0; i < 32; i++) loom__cpu_relax();
+    return;
+  }
+  double s = fmin(SLEEP_MAX_S, fmax(SLEEP_MIN_S, waited * SLEEP_SHARE));
+  struct timespec ts = {0, (long)(s * 1e9)};
+  nanosleep(&ts, NULL);
+}

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# mpi_ranks.sh: `loom train --backend mpi` under mpiexec -n 2 when the ranks disagree or one
+# stalls (issue 13), through the real binary, each case bounded in time:
+#   mismatch OPTION V0 V1  rank 1 started with --OPTION V1, rank 0 with V0: every rank fails at
+#                          start, naming the option and both values; the job exits non-zero
+#   resume                 only rank 0 resumes from a checkpoint: every rank fails at start,
+#                          naming both start steps
+#   stall                  rank 1 stopped (kill -STOP) mid-run, --timeout 3: rank 0 names rank
+#                          1 on stderr (the notice of a long wait, then the error), the job
+#                          exits non-zero within the timeout plus a margin, no hang
+# Usage: mpi_ranks.sh LOOM MPIEXEC NP_FLAG "LAUNCHER FLAGS" CASE [ARGS...]
+set -u
+loom=$1 mpiexec=$2 np=$3 flags=$4 case=$5
+shift 5
+dir=$(mktemp -d)
+trap 'kill -CONT $(cat "$dir/pid1" 2>/dev/null) 2>/dev/null; rm -rf "$dir"' EXIT
+common="train --backend mpi --strategy ddp --hidden 16 --threads 1"
+fail() {
+  echo "FAIL: $*"
+  echo "--- stdout"; cat "$dir/out"
+  echo "--- stderr"; cat "$dir/err"
+  exit 1
+}
+
+case $case in
+mismatch)
+  opt=$1 v0=$2 v1=$3
+  run="$common --limit 512 --epochs 1 --quiet"
+  # shellcheck disable=SC2086
+  timeout 120 "$mpiexec" $flags $np 1 "$loom" $run --$opt "$v0" : $np 1 "$loom" $run --$opt "$v1" \
+    >"$dir/out" 2>"$dir/err"
+  rc=$?
+  [ $rc -ne 0 ] || fail "exit 0 with --$opt $v0 on rank 0 and $v1 on rank 1"
+  [ $rc -ne 124 ] || fail "no end within 120 s"
+  want="rank 1 has --$opt $v1, rank 0 has --$opt $v0"
+  grep -q "loom train: rank [01]: the ranks disagree: $want" "$dir/err" || fail "no '$want'"
+  grep -q "test accuracy" "$dir/out" && fail "trained anyway"
+  ;;
+resume)
+  # a checkpoint at step 2, then only rank 0 resumes from it
+  run="$common --limit 512 --batch 64 --epochs 2 --quiet"
+  # shellcheck disable=SC2086
+  timeout 120 "$mpiexec" $flags $np 2 "$loom" $run --max-steps 2 --save "$dir/ck" \
+    >"$dir/out" 2>"$dir/err" || fail "the first run failed"
+  # shellcheck disable=SC2086
+  timeout 120 "$mpiexec" $flags $np 1 "$loom" $run --resume "$dir/ck" --save "$dir/ck" : \
+    $np 1 "$loom" $run >"$dir/out" 2>"$dir/err"
+  rc=$?
+  [ $rc -ne 0 ] || fail "exit 0 with --resume on rank 0 only"
+  [ $rc -ne 124 ] || fail "no end within 120 s"
+  grep -q "the ranks disagree: rank 1 starts at step 0, rank 0 starts at step 2" "$dir/err" ||
+    fail "no message naming the start steps"
+  ;;
+stall)
+  # rank 1 writes its pid, then becomes loom; a long run, stopped once rank 0 is training
+  run="$common --limit 512 --batch 16 --epochs 100000 --timeout 3"
+  # shellcheck disable=SC2086
+  timeout 120 "$mpiexec" $flags $np 1 "$loom" $run : \
+    $np 1 sh -c "echo \$\$ > '$dir/pid1'; exec '$loom' $run" >"$dir/out" 2>"$dir/err" &
+  job=$!
+  for _ in $(seq 300); do grep -q "steps per epoch" "$dir/out" 2>/dev/null && break; sleep 0.2; done
+  grep -q "steps per epoch" "$dir/out" || { kill $job; fail "the run did not start"; }
+  sleep 1
+  kill -STOP "$(cat "$dir/pid1")" || fail "cannot stop rank 1"
+  t0=$(date +%s)
+  wait $job
+  rc=$?
+  secs=$(($(date +%s) - t0))
+  [ $rc -ne 0 ] || fail "exit 0 with rank 1 stopped"
+  [ $rc -ne 124 ] || fail "hang: no end within 120 s"
+  # 3 s timeout + 1 s for the peers' messages before MPI_Abort + a loaded machine's slack
+  [ $secs -le 30 ] || fail "ended $secs s after rank 1 stopped (timeout 3 s)"
+  grep -q "loom: rank 0 waiting for rank 1 in .* (timeout 3 s)" "$dir/err" || fail "no notice"
+  grep -q "loom train: rank 0: .*timed out after 3 s waiting for rank 1" "$dir/err" ||
+    fail "no error naming rank 1"
+  ;;
+*)
+  echo "unknown case $case"
+  exit 2
+  ;;
+esac
+echo "ok $case $*"

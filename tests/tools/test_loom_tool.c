@@ -1,0 +1,65 @@
+/* test_loom_tool.c: the `loom` binary as a process: a thread count far above the machine is
+ * refused before any thread starts (it crashed inside libgomp), an environment variable loom
+ * cannot use is refused by name, and output that cannot be written fails the command. */
+#include "lt.h"
+#include "tool_run.h"
+
+#include <stdlib.h>
+
+/* Run and check the exit code and a piece of stderr; print both if they differ. */
+static void expect(const char *const *args, const char *const *env, const char *out_path,
+                   int code, const char *want) {
+  tool_run r = tool_loom(args, env, out_path);
+  if (r.code != code || !strstr(r.err, want))
+    fprintf(stderr, "loom %s ...: exit %d (want %d), stderr \"%s\" (want \"%s\")\n", args[0],
+            r.code, code, r.err, want);
+  LT_EQ(r.code, code);
+  LT_TRUE(strstr(r.err, want) != NULL);
+  tool_run_free(&r);
+}
+
+LT_TEST(tool_threads_above_the_bound_are_refused) {
+  const char *a1[] = {"train", "--threads", "100000", "--hidden", "8", "--limit", "64",
+                      "--batch", "32", NULL};
+  expect(a1, NULL, NULL, 2, "--threads: expected at most ");
+  char big[32];
+  snprintf(big, sizeof big, "%d", loom_max_num_threads() + 1);
+  const char *a2[] = {"train", "--threads", big, "--hidden", "8", "--limit", "64", "--batch",
+                      "32", NULL};
+  expect(a2, NULL, NULL, 2, "(4 per online CPU");
+}
+
+LT_TEST(tool_stdout_that_cannot_be_written_fails) {
+  const char *help[] = {"train", "--help", NULL};
+  expect(help, NULL, "/dev/full", 1, "loom: cannot write to standard output");
+  const char *run[] = {"train", "--hidden", "8", "--limit", "64", "--batch", "32", "--epochs",
+                       "1", "--threads", "1", NULL};
+  expect(run, NULL, "/dev/full", 1, "loom: cannot write to standard output");
+  const char *top[] = {"--help", NULL};
+  expect(top, NULL, "/dev/full", 1, "cannot write to standard output");
+  tool_run r = tool_loom(help, NULL, "/dev/null"); /* a sink that takes it all: 0 */
+  LT_EQ(r.code, 0);
+  tool_run_free(&r);
+}
+
+LT_TEST(tool_bad_environment_is_refused) {
+  const char *help[] = {"train", "--help", NULL};
+  const char *cpu[] = {"LOOM_CPU=avx3", NULL};
+  expect(help, cpu, NULL, 2, "loom: LOOM_CPU: expected scalar, avx2 or avx512");
+  const char *bad[] = {"-1", "12MB", "1.5", " 4", "+4", "99999999999999999999999", NULL};
+  for (int i = 0; bad[i]; i++) {
+    char var[64];
+    snprintf(var, sizeof var, "LOOM_ALLOC_CACHE_MB=%s", bad[i]);
+    const char *env[] = {var, NULL};
+    expect(help, env, NULL, 2, "loom: LOOM_ALLOC_CACHE_MB: expected a whole number of MiB");
+  }
+  const char *good[] = {"LOOM_CPU=scalar", "LOOM_ALLOC_CACHE_MB=0", NULL};
+  tool_run r = tool_loom(help, good, NULL);
+  LT_EQ(r.code, 0);
+  LT_TRUE(strstr(r.out, "--threads") != NULL);
+  tool_run_free(&r);
+  const char *empty[] = {"LOOM_CPU=", "LOOM_ALLOC_CACHE_MB=", NULL}; /* empty: the default */
+  r = tool_loom(help, empty, NULL);
+  LT_EQ(r.code, 0);
+  tool_run_free(&r);
+}

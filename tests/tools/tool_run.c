@@ -1,0 +1,64 @@
+/* tool_run.c: tool_loom (tool_run.h): posix_spawn of the binary with its output in temporary
+ * files, so nothing here runs between fork and exec. */
+#include "tool_run.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static char *slurp(FILE *f) {
+  long n = f ? ftell(f) : 0;
+  char *s = malloc((size_t)(n > 0 ? n : 0) + 1);
+  size_t got = 0;
+  if (f && n > 0) {
+    rewind(f);
+    got = fread(s, 1, (size_t)n, f);
+  }
+  s[got] = '\0';
+  if (f) fclose(f);
+  return s;
+}
+
+tool_run tool_loom(const char *const *args, const char *const *env, const char *stdout_path) {
+  tool_run r = {.code = -1};
+  size_t nargs = 0, nenv = 0, nown = 0;
+  while (args[nargs]) nargs++;
+  while (env && env[nenv]) nenv++;
+  while (environ[nown]) nown++;
+  char **argv = calloc(nargs + 2, sizeof *argv), **envp = calloc(nenv + nown + 1, sizeof *envp);
+  argv[0] = (char *)LOOM_BIN;
+  memcpy(argv + 1, args, nargs * sizeof *argv);
+  memcpy(envp, env, nenv * sizeof *envp); /* first: getenv finds these before the inherited */
+  memcpy(envp + nenv, environ, nown * sizeof *envp);
+  FILE *out = stdout_path ? NULL : tmpfile(), *err = tmpfile();
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (out) posix_spawn_file_actions_adddup2(&fa, fileno(out), 1);
+  else posix_spawn_file_actions_addopen(&fa, 1, stdout_path, O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, fileno(err), 2);
+  pid_t pid;
+  int status = 0;
+  fflush(NULL);
+  if (posix_spawn(&pid, LOOM_BIN, &fa, NULL, argv, envp) == 0 && waitpid(pid, &status, 0) == pid)
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  posix_spawn_file_actions_destroy(&fa);
+  if (out) fseek(out, 0, SEEK_END);
+  fseek(err, 0, SEEK_END);
+  r.out = slurp(out);
+  r.err = slurp(err);
+  free(argv);
+  free(envp);
+  return r;
+}
+
+void tool_run_free(tool_run *r) {
+  free(r->out);
+  free(r->err);
+  r->out = r->err = NULL;
+}

@@ -1,0 +1,174 @@
+/* train_opts.c: the checks of `loom train`'s options that one value alone cannot make (see
+ * train_opts.h): size lists, options that contradict each other or do nothing in this run,
+ * bounds that depend on other options or on the machine, and the --save folder, tried before
+ * the first step instead of after the first epoch. */
+#include "train_opts.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("loom train: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  return -1;
+}
+
+/* "a,b,c" into out[0..max): positive integers up to TRAIN_MAX_WIDTH, digits only, one between
+ * each pair of commas ("16," and "16,,8" are refused). */
+static int parse_sizes(const char *opt, const char *s, const char *like, int64_t *out, int max,
+                       int *n) {
+  char why[96] = "";
+  *n = 0;
+  for (const char *p = s; !why[0];) {
+    char *end = (char *)p;
+    errno = 0;
+    long long v = isdigit((unsigned char)*p) ? strtoll(p, &end, 10) : 0;
+    if (end == p)
+      snprintf(why, sizeof why, *p == ',' || !*p ? "a size is missing between commas or at an end"
+                                                 : "not a list of positive integers");
+    else if (*end && *end != ',')
+      snprintf(why, sizeof why, "not a list of positive integers");
+    else if (v == 0)
+      snprintf(why, sizeof why, "a size of 0");
+    else if (errno == ERANGE || v > TRAIN_MAX_WIDTH)
+      snprintf(why, sizeof why, "%.*s is above the cap of %ld", (int)(end - p), p,
+               TRAIN_MAX_WIDTH);
+    else if (*n == max)
+      snprintf(why, sizeof why, "more than %d sizes", max);
+    else {
+      out[(*n)++] = v;
+      if (!*end) break;
+      p = end + 1;
+    }
+  }
+  if (why[0])
+    return usage("--%s: expected up to %d positive sizes like %s (each at most %ld), got '%s': %s",
+                 opt, max, like, TRAIN_MAX_WIDTH, s, why);
+  return 0;
+}
+
+/* A folder name without trailing slashes (so that "ck/" + "/model.safetensors" has one). */
+static int folder(const char *opt, const char **path, char *buf) {
+  if (!*path) return 0;
+  size_t n = strlen(*path);
+  if (n >= PATH_MAX) return usage("--%s: the path is longer than %d bytes", opt, PATH_MAX - 1);
+  memcpy(buf, *path, n + 1);
+  while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+  *path = buf;
+  return 0;
+}
+
+/* Options that would be accepted and then do nothing in this run. */
+static int unused(const train_opts *o, const train_cmdline *c) {
+  bool cnn = strcmp(o->model, "cnn") == 0;
+  if (cnn && c->seen_hidden)
+    return usage("--hidden: the CNN has no hidden layers (it is sized by --channels and --fc); "
+                 "--hidden is for --model mlp");
+  if (!cnn && (c->seen_channels || c->seen_fc))
+    return usage("--%s: the MLP has no convolutions (it is sized by --hidden); --%s is for "
+                 "--model cnn", c->seen_channels ? "channels" : "fc",
+                 c->seen_channels ? "channels" : "fc");
+  if (c->seen_momentum && strcmp(o->optim, "sgd") != 0)
+    return usage("--momentum: --optim %s has no momentum (its moments follow its betas); "
+                 "--momentum is for --optim sgd", o->optim);
+  if (c->seen_warmup && strcmp(o->schedule, "constant") == 0)
+    return usage("--warmup: --schedule constant has no warmup; use --schedule warmup or cosine");
+  if (strcmp(o->amp, "off") == 0 && strcmp(o->scaler, "off") != 0)
+    return usage("--scaler %s: loss scaling is for reduced-precision gradients: it needs --amp "
+                 "f16 (or bf16)", o->scaler);
+  if (c->seen_loss_scale && strcmp(o->scaler, "off") == 0)
+    return usage("--loss-scale: this run has no loss scaler (--amp %s, --scaler off); a scale "
+                 "needs --amp f16, or --amp bf16 with --scaler static|dynamic", o->amp);
+  if (o->init && o->resume)
+    return usage("--init: a resumed run takes its weights from the checkpoint of --resume %s; "
+                 "drop --init", o->resume);
+  if (c->overwrite && !o->save)
+    return usage("--overwrite: only with --save DIR (it allows replacing DIR's checkpoint)");
+  return 0;
+}
+
+int train_opts_check(train_opts *o, train_cmdline *c) {
+  if (folder("save", &o->save, c->dirs[0]) || folder("resume", &o->resume, c->dirs[1]) ||
+      folder("data", &o->data, c->dirs[2]))
+    return -1;
+  int n = 0;
+  if (parse_sizes("hidden", c->hidden, "1024,1024", o->hidden, TRAIN_MAX_HIDDEN, &o->nhidden) ||
+      parse_sizes("channels", c->channels, "32,64", o->channels, 2, &n))
+    return -1;
+  if (n != 2) return usage("--channels: expected two sizes (C1,C2), got '%s'", c->channels);
+  o->shuffle = !c->no_shuffle;
+  if (!o->scaler) o->scaler = strcmp(o->amp, "f16") == 0 ? "dynamic" : "off";
+  if (o->loss_scale > 16777216.0 || o->loss_scale < 1)
+    return usage("--loss-scale: expected a number in [1, 2^24], got %g", o->loss_scale);
+  if (unused(o, c)) return -1;
+  int most = loom_max_num_threads();
+  if (o->threads > most)
+    return usage("--threads: expected at most %d (4 per online CPU, this machine has %ld, and "
+                 "1024 in all), got %ld", most, sysconf(_SC_NPROCESSORS_ONLN), o->threads);
+  bool ddp = strcmp(o->strategy, "ddp") == 0, mpi = strcmp(o->backend, "mpi") == 0;
+  if (mpi && !ddp)
+    return usage("--backend mpi: the MPI processes are data-parallel ranks: give --strategy ddp "
+                 "and start them with mpirun (mpirun -n N loom train --backend mpi --strategy "
+                 "ddp ...)");
+  if (o->ranks > 1 && !ddp) return usage("--ranks: more than one rank needs --strategy ddp");
+  if (mpi && o->ranks > 1)
+    return usage("--ranks: with --backend mpi the ranks are the MPI processes (mpirun -n N loom "
+                 "train ...)");
+  if (o->limit > 0 && o->batch * o->ranks > o->limit)
+    return usage("--batch: %ld samples per step%s is more than the %ld samples per epoch of "
+                 "--limit %ld", o->batch * o->ranks, o->ranks > 1 ? " (all ranks)" : "",
+                 o->limit, o->limit);
+  return 0;
+}
+
+static int cannot(const char *dir, const char *what) {
+  fprintf(stderr, "loom train: --save %s: %s: %s\n", dir, what, strerror(errno));
+  return 1;
+}
+
+static bool same_folder(const char *a, const char *b) {
+  struct stat sa, sb;
+  return a && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+int train_save_check(const train_opts *o, bool overwrite) {
+  const char *d = o->save;
+  if (!d) return 0;
+  struct stat st;
+  if (mkdir(d, 0777) != 0 && errno != EEXIST) return cannot(d, "cannot create the folder");
+  if (stat(d, &st) != 0) return cannot(d, "cannot use the folder");
+  if (!S_ISDIR(st.st_mode)) {
+    fprintf(stderr, "loom train: --save %s: not a folder\n", d);
+    return 1;
+  }
+  static const char *const files[] = {"checkpoint.safetensors", "model.safetensors"};
+  char p[PATH_MAX + 64];
+  for (int i = 0; i < 2 && !overwrite && !same_folder(o->resume, d); i++) {
+    snprintf(p, sizeof p, "%s/%s", d, files[i]);
+    if (lstat(p, &st) == 0 && !S_ISDIR(st.st_mode)) {
+      fprintf(stderr, "loom train: --save %s: the folder already holds %s of another run: give "
+              "--overwrite to replace it, or --resume %s to continue that run\n", d, files[i], d);
+      return 2;
+    }
+  }
+  snprintf(p, sizeof p, "%s/.loom-write-test-XXXXXX", d);
+  int fd = mkstemp(p);
+  if (fd < 0) return cannot(d, "cannot write in the folder");
+  ssize_t w = write(fd, "loom", 4);
+  int e = w == 4 ? 0 : w < 0 ? errno : ENOSPC;
+  if (close(fd) != 0 && !e) e = errno;
+  unlink(p);
+  errno = e;
+  return e ? cannot(d, "cannot write in the folder") : 0;
+}
