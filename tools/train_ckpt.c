@@ -58,10 +58,24 @@ static const char *const counter_keys[NCOUNT] = {"step", "epoch", "batch_index",
 /* The option name behind a fingerprint key, for messages. */
 static const char *option_of(const char *key) {
   const char *k = key + strlen("train.");
-  if (strcmp(k, "shuffle") == 0) return "no-shuffle";
   if (strcmp(k, "weight_decay") == 0) return "weight-decay";
   if (strcmp(k, "model") == 0) return "model (and its sizes)";
   return k;
+}
+
+/* A fingerprint value as a user writes the option: numbers in their shortest form that reads
+ * back the same (the file keeps 17 digits), shuffle as the flag it comes from. */
+static const char *shown(const char *key, const char *value, char *buf, size_t n) {
+  if (strcmp(key, "train.shuffle") == 0)
+    return strcmp(value, "no") == 0 ? "--no-shuffle" : "shuffled batches (no --no-shuffle)";
+  char *end;
+  double v = strtod(value, &end);
+  if (end == value || *end) return value;
+  for (int digits = 1; digits <= 17; digits++) {
+    snprintf(buf, n, "%.*g", digits, v);
+    if (strtod(buf, NULL) == v) return buf;
+  }
+  return value;
 }
 
 /* The fingerprint for others (train_par.c compares it across ranks). */
@@ -70,8 +84,13 @@ int train_ckpt_fingerprint(const train_opts *o, const train_model *m, train_fp_e
   fingerprint fp;
   make_fingerprint(o, m, &fp);
   for (int i = 0; i < NFP; i++) {
-    out[i].option = option_of(fp.key[i]);
+    char buf[40];
+    const char *v = shown(fp.key[i], fp.value[i], buf, sizeof buf);
     snprintf(out[i].value, sizeof out[i].value, "%s", fp.value[i]);
+    if (strcmp(fp.key[i], "train.shuffle") == 0) /* shown as the flag itself */
+      snprintf(out[i].shown, sizeof out[i].shown, "%s", v);
+    else
+      snprintf(out[i].shown, sizeof out[i].shown, "--%s %s", option_of(fp.key[i]), v);
   }
   return NFP;
 }
@@ -184,11 +203,20 @@ static int check_fingerprint(const loom_safetensors *f, const char *dir, const t
     const char *v = loom_safetensors_meta(f, fp.key[i]);
     if (!v)
       return train_fail(LOOM_EFORMAT, "--resume %s: the checkpoint lacks '%s'", dir, fp.key[i]);
-    if (strcmp(v, fp.value[i]) != 0)
+    if (strcmp(v, fp.value[i]) != 0) {
+      char was[40], now[40];
+      if (strcmp(fp.key[i], "train.shuffle") == 0)
+        return train_fail(LOOM_EINVAL,
+                          "--resume %s: the checkpoint was written with %s, this run has %s "
+                          "(a resumed run must use the same options)",
+                          dir, shown(fp.key[i], v, was, sizeof was),
+                          shown(fp.key[i], fp.value[i], now, sizeof now));
       return train_fail(LOOM_EINVAL,
                         "--resume %s: the checkpoint was written with --%s %s, this run has %s "
                         "(a resumed run must use the same options)",
-                        dir, option_of(fp.key[i]), v, fp.value[i]);
+                        dir, option_of(fp.key[i]), shown(fp.key[i], v, was, sizeof was),
+                        shown(fp.key[i], fp.value[i], now, sizeof now));
+    }
   }
   return LOOM_OK;
 }

@@ -14,6 +14,7 @@
  * mutable and no memory stays allocated between calls. */
 #include "ops/gemm.h"
 #include "ops/gemm_int.h"
+#include "loom/ops.h"
 
 #include <omp.h>
 #include <pthread.h>
@@ -103,13 +104,21 @@ enum { MAX_THREADS = 1 };
 enum { MAX_THREADS = 1 << 16 };
 #endif
 
+/* The most threads a call may use: loom_max_num_threads() (a few per CPU), also when
+ * OMP_NUM_THREADS asks for more (libgomp crashes creating 100000 threads). */
+static int max_threads(void) {
+  int m = loom_max_num_threads();
+  return m < MAX_THREADS ? m : MAX_THREADS;
+}
+
 void loom__gemm_set_threads(int n) {
-  omp_set_num_threads(n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n);
+  int m = max_threads();
+  omp_set_num_threads(n < 1 ? 1 : n > m ? m : n);
 }
 
 int loom__gemm_threads(void) {
-  int n = omp_get_max_threads();
-  if (n > MAX_THREADS) omp_set_num_threads(n = MAX_THREADS);
+  int n = omp_get_max_threads(), m = max_threads();
+  if (n > m) omp_set_num_threads(n = m);
   return n;
 }
 

@@ -29,6 +29,18 @@ LT_TEST(tool_threads_above_the_bound_are_refused) {
   expect(a2, NULL, NULL, 2, "(4 per online CPU");
 }
 
+/* OMP_NUM_THREADS far above the bound: the GEMMs use at most loom_max_num_threads() (libgomp
+ * crashed creating 100000 threads) and the run ends normally. */
+LT_TEST(tool_omp_num_threads_above_the_bound_is_capped) {
+  const char *args[] = {"train", "--hidden", "8", "--limit", "64", "--batch", "32", "--epochs",
+                        "1", "--quiet", NULL};
+  const char *env[] = {"OMP_NUM_THREADS=100000", NULL};
+  tool_run r = tool_loom(args, env, NULL);
+  LT_EQ(r.code, 0);
+  LT_TRUE(strstr(r.out, "test accuracy") != NULL);
+  tool_run_free(&r);
+}
+
 LT_TEST(tool_stdout_that_cannot_be_written_fails) {
   const char *help[] = {"train", "--help", NULL};
   expect(help, NULL, "/dev/full", 1, "loom: cannot write to standard output");

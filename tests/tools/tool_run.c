@@ -34,7 +34,7 @@ tool_run tool_loom(const char *const *args, const char *const *env, const char *
   char **argv = calloc(nargs + 2, sizeof *argv), **envp = calloc(nenv + nown + 1, sizeof *envp);
   argv[0] = (char *)LOOM_BIN;
   memcpy(argv + 1, args, nargs * sizeof *argv);
-  memcpy(envp, env, nenv * sizeof *envp); /* first: getenv finds these before the inherited */
+  if (nenv) memcpy(envp, env, nenv * sizeof *envp); /* first: getenv finds them first */
   memcpy(envp + nenv, environ, nown * sizeof *envp);
   FILE *out = stdout_path ? NULL : tmpfile(), *err = tmpfile();
   posix_spawn_file_actions_t fa;
