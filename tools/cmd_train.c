@@ -62,6 +62,7 @@ static int finish(int rc) {
   if (!rc) return 0;
   fflush(stdout); /* what was printed before the failure comes before its message */
   fprintf(stderr, "loom train: %s\n", train_last_error());
+  if (train_signal_pending()) return 128 + train_signal_pending(); /* 130, 143: a clean stop */
   const char *hint = train_error_hint(train_last_error());
   if (hint) fprintf(stderr, "loom train: %s\n", hint);
   return 1;
@@ -69,9 +70,9 @@ static int finish(int rc) {
 
 /* Train as one rank of MPI_COMM_WORLD (under mpirun); rank 0, the one that writes, checks the
  * --save folder first (the peers fail at once if it cannot be used). A rank that fails says
- * why, then ends the job (MPI_Abort), a second after telling its peers (loom_pg_abort), so they
- * can say theirs: a peer not waiting in a collective would wait for it forever. Returns the
- * exit code. */
+ * why, then ends the job (MPI_Abort), a second after telling its peers (loom_pg_abort), so
+ * they can say theirs: a peer not waiting in a collective would wait for it forever.
+ * Returns the exit code. */
 static int run_mpi(const train_opts *o, bool overwrite, const loom_pg_cfg *cfg) {
   loom_pg *pg = NULL;
   int rc = loom_mpi_pg_create(NULL, cfg, &pg);
@@ -154,6 +155,7 @@ int cmd_train(int argc, char **argv) {
   }
   loom_pg_cfg cfg;
   if (rc < 0 || train_opts_check(&o, &c) || train_par_cfg(&o, timeout_seen ? timeout : 0, &cfg)) return 2;
+  train_signal_install();
   if (strcmp(o.backend, "mpi") == 0) return run_mpi(&o, c.overwrite, &cfg);
   int code = train_save_check(&o, c.overwrite);
   if (code) return code;

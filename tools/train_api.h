@@ -63,6 +63,10 @@ int train_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 int train_fail_loom(int code, const char *prefix);
 /* This thread's last train_fail message ("" if none). */
 const char *train_last_error(void);
+/* SIGINT / SIGTERM (train_signal.c): install the handlers (the first signal sets a flag, a
+ * second ends the process), and the signal received so far (0: none). */
+void train_signal_install(void);
+int train_signal_pending(void);
 /* What to do about a failure whose message is `message`, when the tool knows (a CPU that lacks
  * a kernel, memory); NULL otherwise. A static string. */
 const char *train_error_hint(const char *message);
@@ -147,12 +151,13 @@ int train_ckpt_load(const char *dir, const train_opts *o, train_model *m, loom_o
                     loom_scaler *scaler, train_state *st);
 /* The options a resumed run must share with the run that wrote the checkpoint (the
  * checkpoint's fingerprint), which every rank of a run must share too: fills out[0..n) with
- * each option's name as typed ("lr", "no-shuffle", "model (and its sizes)") and its value as
- * the checkpoint records it; returns n (<= TRAIN_FP_MAX). */
+ * each option's value as the checkpoint records it (exact: compare these) and the option as a
+ * user writes it ("--lr 0.001", "--no-shuffle", "--model (and its sizes) mlp 784-32-10");
+ * returns n (<= TRAIN_FP_MAX). */
 #define TRAIN_FP_MAX 24
 typedef struct train_fp_entry {
-  const char *option;
   char value[96];
+  char shown[160];
 } train_fp_entry;
 int train_ckpt_fingerprint(const train_opts *o, const train_model *m, train_fp_entry *out);
 

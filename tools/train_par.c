@@ -21,9 +21,14 @@ struct train_par {
 
 /* ---- ranks that must agree ---------------------------------------------------------------- */
 
-/* One compared value, as a phrase about the rank that has it ("has --lr 0.001"). */
+/* One compared value: what is compared (exact), and a phrase about the rank that has it
+ * ("has --lr 0.001"). */
 #define AGREE_TEXT 192
 typedef char agree_text[AGREE_TEXT];
+typedef struct agree_entry {
+  char value[sizeof ((train_fp_entry *)0)->value];
+  agree_text text;
+} agree_entry;
 
 static int64_t digest(const char *s) { /* FNV-1a */
   uint64_t h = 0xcbf29ce484222325ULL;
@@ -31,15 +36,15 @@ static int64_t digest(const char *s) { /* FNV-1a */
   return (int64_t)h;
 }
 
-/* Compare every rank's text[0..n) with rank 0's: an all-gather of one digest per entry; on a
+/* Compare every rank's e[0..n) with rank 0's: an all-gather of one digest per value; on a
  * difference (which every rank sees alike) an all-gather of the first differing entry's text,
  * and LOOM_EINVAL on every rank naming the lowest rank that differs and both phrases. */
-static int agree(loom_pg *pg, const agree_text *text, int n, const char *hint) {
+static int agree(loom_pg *pg, const agree_entry *e, int n, const char *hint) {
   int size = loom_pg_size(pg);
   int64_t *mine = calloc((size_t)n, sizeof *mine), *all = calloc((size_t)size * n, sizeof *all);
   char *texts = NULL;
   int rc = mine && all ? LOOM_OK : train_fail(LOOM_ENOMEM, "train: out of memory");
-  for (int i = 0; !rc && i < n; i++) mine[i] = digest(text[i]);
+  for (int i = 0; !rc && i < n; i++) mine[i] = digest(e[i].value);
   if (!rc && (rc = loom_pg_allgather(pg, mine, all, (size_t)n, LOOM_I64, NULL)))
     train_fail_loom(rc, "comparing the ranks' options");
   int bad = -1, who = -1;
@@ -48,7 +53,7 @@ static int agree(loom_pg *pg, const agree_text *text, int n, const char *hint) {
       if (all[(size_t)r * n + i] != all[i]) bad = i, who = r;
   if (!rc && bad >= 0) {
     int64_t send[AGREE_TEXT / 8]; /* whole aligned words (the callers zero past the text) */
-    memcpy(send, text[bad], AGREE_TEXT);
+    memcpy(send, e[bad].text, AGREE_TEXT);
     texts = calloc((size_t)size, AGREE_TEXT);
     if (!texts) rc = train_fail(LOOM_ENOMEM, "train: out of memory");
     else if ((rc = loom_pg_allgather(pg, send, texts, AGREE_TEXT / 8, LOOM_I64, NULL)))
@@ -66,28 +71,27 @@ static int agree(loom_pg *pg, const agree_text *text, int n, const char *hint) {
 /* The resume fingerprint and --max-steps. */
 static int agree_options(loom_pg *pg, const train_opts *o, const train_model *m) {
   train_fp_entry fp[TRAIN_FP_MAX];
-  agree_text text[TRAIN_FP_MAX + 1];
-  memset(text, 0, sizeof text);
+  agree_entry e[TRAIN_FP_MAX + 1];
+  memset(e, 0, sizeof e);
   int n = train_ckpt_fingerprint(o, m, fp);
-  for (int i = 0; i < n; i++)
-    if (strcmp(fp[i].option, "no-shuffle") == 0) /* a flag: its value says whether shuffling */
-      snprintf(text[i], sizeof text[i], "has %s--no-shuffle",
-               strcmp(fp[i].value, "no") == 0 ? "" : "no ");
-    else if (strncmp(fp[i].option, "model", 5) == 0) /* --model, --hidden, ...: "mlp 784-32-10" */
-      snprintf(text[i], sizeof text[i], "runs %s", fp[i].value);
-    else
-      snprintf(text[i], sizeof text[i], "has --%s %s", fp[i].option, fp[i].value);
-  snprintf(text[n++], sizeof text[0], "has --max-steps %ld", o->max_steps);
-  return agree(pg, text, n, "every rank must be started with the same options");
+  for (int i = 0; i < n; i++) {
+    memcpy(e[i].value, fp[i].value, sizeof e[i].value);
+    snprintf(e[i].text, sizeof e[i].text, "has %s", fp[i].shown);
+  }
+  snprintf(e[n].value, sizeof e[n].value, "%ld", o->max_steps);
+  snprintf(e[n++].text, sizeof e[0].text, "has --max-steps %ld", o->max_steps);
+  return agree(pg, e, n, "every rank must be started with the same options");
 }
 
 int train_par_check_start(train_par *p, int64_t steps_per_epoch, int64_t step) {
   if (!p->pg) return LOOM_OK;
-  agree_text text[2];
-  memset(text, 0, sizeof text);
-  snprintf(text[0], sizeof text[0], "has %lld steps per epoch", (long long)steps_per_epoch);
-  snprintf(text[1], sizeof text[1], "starts at step %lld", (long long)step);
-  return agree(p->pg, text, 2,
+  agree_entry e[2];
+  memset(e, 0, sizeof e);
+  snprintf(e[0].value, sizeof e[0].value, "%lld", (long long)steps_per_epoch);
+  snprintf(e[0].text, sizeof e[0].text, "has %lld steps per epoch", (long long)steps_per_epoch);
+  snprintf(e[1].value, sizeof e[1].value, "%lld", (long long)step);
+  snprintf(e[1].text, sizeof e[1].text, "starts at step %lld", (long long)step);
+  return agree(p->pg, e, 2,
                "every rank must read the same data (--data) and resume from the same "
                "checkpoint (--resume)");
 }

@@ -190,7 +190,13 @@ static int backward(trainer *t, loom_tensor *loss, bool *overflow) {
 static int step(trainer *t, double *loss_value, bool *overflow) {
   int64_t s = t->st.step, spe = t->st.steps_per_epoch;
   loom_tensor *x = NULL, *y = NULL, *loss = NULL;
-  int rc = loom_loader_batch(t->loader, (uint64_t)(s / spe), (size_t)(s % spe), &x, &y);
+  bool interrupted = false; /* SIGINT / SIGTERM on any rank: every rank stops here */
+  int rc = train_par_any(t->par, train_signal_pending() != 0, &interrupted);
+  if (rc) return train_fail_loom(rc, "interrupt check");
+  if (interrupted)
+    return train_fail(LOOM_EABORTED, "interrupted before step %lld; %s", (long long)s + 1,
+                      t->o->save ? "the last checkpoint written is intact" : "nothing saved");
+  rc = loom_loader_batch(t->loader, (uint64_t)(s / spe), (size_t)(s % spe), &x, &y);
   if (rc) return train_fail_loom(rc, "the training data");
   rc = shard(t, &x, &y);
   for (size_t i = 0; i < t->model.nparams && !rc; i++) rc = loom_tensor_zero_grad(t->model.params[i].value);

@@ -3,6 +3,7 @@
 #include "tool_run.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +26,24 @@ static char *slurp(FILE *f) {
   return s;
 }
 
+/* Waits up to 60 s for `path` to exist (a sign the child got that far), then sends `sig`. */
+static void signal_when(pid_t pid, const char *path, int sig) {
+  for (int i = 0; i < 6000 && access(path, F_OK) != 0; i++) {
+    siginfo_t si;
+    si.si_pid = 0;
+    if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid)
+      return; /* it ended (or failed) first: leave its status to the caller's waitpid */
+    usleep(10000);
+  }
+  kill(pid, sig);
+}
+
 tool_run tool_loom(const char *const *args, const char *const *env, const char *stdout_path) {
+  return tool_loom_signal(args, env, stdout_path, NULL, 0);
+}
+
+tool_run tool_loom_signal(const char *const *args, const char *const *env,
+                          const char *stdout_path, const char *when_exists, int sig) {
   tool_run r = {.code = -1};
   size_t nargs = 0, nenv = 0, nown = 0;
   while (args[nargs]) nargs++;
@@ -45,8 +63,11 @@ tool_run tool_loom(const char *const *args, const char *const *env, const char *
   pid_t pid;
   int status = 0;
   fflush(NULL);
-  if (posix_spawn(&pid, LOOM_BIN, &fa, NULL, argv, envp) == 0 && waitpid(pid, &status, 0) == pid)
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (posix_spawn(&pid, LOOM_BIN, &fa, NULL, argv, envp) == 0) {
+    if (when_exists) signal_when(pid, when_exists, sig);
+    if (waitpid(pid, &status, 0) == pid)
+      r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
   posix_spawn_file_actions_destroy(&fa);
   if (out) fseek(out, 0, SEEK_END);
   fseek(err, 0, SEEK_END);

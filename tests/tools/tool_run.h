@@ -13,6 +13,9 @@ typedef struct tool_run {
  * NULL for none) added to this process's environment; its standard output goes to stdout_path
  * if given (such as "/dev/full"), else it is captured. */
 tool_run tool_loom(const char *const *args, const char *const *env, const char *stdout_path);
+/* The same, and once the file `when_exists` exists, send the child signal `sig`. */
+tool_run tool_loom_signal(const char *const *args, const char *const *env,
+                          const char *stdout_path, const char *when_exists, int sig);
 void tool_run_free(tool_run *r);
 
 #endif

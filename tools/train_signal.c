@@ -1,0 +1,25 @@
+/* train_signal.c: SIGINT and SIGTERM during `loom train`. The first one only sets a flag: the
+ * write in progress (a checkpoint save) finishes, the run stops at the next step boundary
+ * (every rank at the same step: train_run.c combines the flag over ranks) and the tool exits
+ * 128 + the signal (130, 143), with the last checkpoint intact. A second one ends the process
+ * at once (SA_RESETHAND); a temporary it leaves is removed by the next save. */
+#include "train_api.h"
+
+#include <signal.h>
+#include <string.h>
+
+static volatile sig_atomic_t pending;
+
+static void on_signal(int sig) { pending = sig; }
+
+void train_signal_install(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
+int train_signal_pending(void) { return pending; }
