@@ -25,7 +25,7 @@
  *
  * Each figure is the median over the timed steps (after warm-up). The 2 cores are shared by
  * both ranks' compute and the collectives' copies, so communication competes with compute.
- * Usage: bench_ddp [steps]  (or `loom bench ddp [steps]`). */
+ * Usage: bench_ddp [steps] [overlap|f32|bf16] (one part only; or `loom bench ddp ...`). */
 #include "bench_util.h"
 
 #include <loom/ddp.h>
@@ -192,11 +192,9 @@ static double torch_ddp(const char *sizes, int batch, const char *dtype, int tth
   return v;
 }
 
-int bench_ddp_main(int argc, char **argv) {
-  int steps = argc > 1 ? atoi(argv[1]) : 10;
-  if (steps < 3 || steps > MAXSTEPS - WARM) steps = 10;
-  static const int64_t big[] = {784, 4096, 4096, 4096, 10}, small[] = {784, 1024, 1024, 10};
-
+/* The overlap part: the four ways to reduce the big MLP's gradients. */
+static void overlap_part(int steps) {
+  static const int64_t big[] = {784, 4096, 4096, 4096, 10};
   printf("# DDP overlap: MLP 784-4096-4096-4096-10, batch 64 per rank, f32, 2 ranks (threads), "
          "median of %d steps\n", steps);
   printf("%-22s %7s %9s %9s %9s %9s %9s %12s\n", "path", "buckets", "coll/step", "step ms",
@@ -234,12 +232,22 @@ int bench_ddp_main(int argc, char **argv) {
          rs[0].step_s < rs[1].step_s ? "met" : "NOT met");
   printf("overlap alone (overlapped / eager on the same views): exposed %.2f, step %.2f\n",
          rs[0].exposed_s / rs[2].exposed_s, rs[0].step_s / rs[2].step_s);
+}
+
+int bench_ddp_main(int argc, char **argv) {
+  int steps = argc > 1 ? atoi(argv[1]) : 10;
+  if (steps < 3 || steps > MAXSTEPS - WARM) steps = 10;
+  const char *part = argc > 2 ? argv[2] : "all";
+  static const int64_t small[] = {784, 1024, 1024, 10};
+  if (!strcmp(part, "all") || !strcmp(part, "overlap")) overlap_part(steps);
+  if (!strcmp(part, "overlap")) return 0;
 
   printf("\n# DDP throughput: MLP 784-1024-1024-10, batch 256 per rank, 2 ranks x 1 thread, SGD; "
          "%d rounds of loom then PyTorch, ratio per round, medians\n", ROUNDS);
   printf("%-6s %14s %14s %7s  %s\n", "dtype", "loom samples/s", "torch samples/s", "ratio",
          "(rounds)");
   for (int bf = 0; bf < 2; bf++) {
+    if (strcmp(part, "all") && strcmp(part, bf ? "bf16" : "f32")) continue;
     double ls[ROUNDS], ts[ROUNDS], rr[ROUNDS], cost[ROUNDS], one[ROUNDS], frac[ROUNDS];
     int have = 0, tthr[2] = {-1, -1};
     for (int k = 0; k < ROUNDS; k++) {

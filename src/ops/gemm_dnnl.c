@@ -113,8 +113,10 @@ static int64_t float_bits(float f) {
   return u;
 }
 
-/* f32 or bf16 operands, already checked. */
+/* f32 or bf16 operands, already checked. f32 goes to OpenBLAS where gemm_blas.c's rule says it
+ * is faster (CPUs without AVX-512, one thread). */
 static int gemm_native(const loom__gemm_args *g) {
+  if (loom__gemm_prefer_blas(g)) return loom__gemm_f32_blas(g);
   loom__prim_key key = loom__prim_key_make(KEY_MATMUL, loom__gemm_threads());
   int64_t *v = key.v;
   bool batched = g->batch > 1;
