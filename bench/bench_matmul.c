@@ -1,9 +1,10 @@
 /* bench_matmul.c: GEMM speed, in two parts.
  *
- * 1. loom against PyTorch: GFLOP/s of loom_matmul (oneDNN underneath, see README "GEMM") at
- * 1024x1024x1024 and 4096x4096x1024 (M x N x K) in f32 and bf16, beside PyTorch's
- * torch.matmul on the same sizes, dtypes and thread count in the same run (through
- * /usr/bin/python3 when torch is installed; skipped otherwise), with the ratio loom / PyTorch.
+ * 1. loom against PyTorch: GFLOP/s of loom_matmul (oneDNN underneath, or OpenBLAS for f32 on
+ * CPUs without AVX-512: src/ops/gemm_blas.c, README "GEMM") at 1024x1024x1024 and
+ * 4096x4096x1024 (M x N x K) in f32 and bf16, beside PyTorch's torch.matmul on the same sizes,
+ * dtypes and thread count in the same run (through /usr/bin/python3 when torch is installed;
+ * skipped otherwise), with the ratio loom / PyTorch.
  * The two are timed in 3 alternating rounds (9 calls each at 1024, 3 at 4096) and each side's
  * median over all its calls is reported, so that both see the same machine load. Both sides
  * allocate their output on every call (loom_matmul and torch.matmul return a new tensor). Before
