@@ -57,14 +57,15 @@ LT_TEST(train_resume_refuses_other_options) {
   LT_TRUE(strstr(r.err, "--optim adamw") && strstr(r.err, "this run has sgd"));
   tt_run_free(&r);
   /* numbers as the user wrote them (not 0.90000000000000002), the shuffle flag by its name */
-  r = tt_train("--hidden 16 " DATA " --epochs 1 --weight-decay 0.09 --resume %s", d);
-  LT_EQ(r.rc, 1);
-  LT_TRUE(strstr(r.err, "--weight-decay 0.01, this run has 0.09"));
-  tt_run_free(&r);
-  r = tt_train("--hidden 16 " DATA " --epochs 1 --no-shuffle --resume %s", d);
-  LT_EQ(r.rc, 1);
-  LT_TRUE(strstr(r.err, "written with shuffled batches (no --no-shuffle), this run has --no-shuffle"));
-  tt_run_free(&r);
+  static const char *const other[][2] = {
+      {"--weight-decay 0.09", "--weight-decay 0.01, this run has 0.09"},
+      {"--no-shuffle", "written with shuffled batches (no --no-shuffle), this run has --no-shuffle"}};
+  for (int i = 0; i < 2; i++) {
+    r = tt_train("--hidden 16 " DATA " --epochs 1 %s --resume %s", other[i][0], d);
+    LT_EQ(r.rc, 1);
+    LT_TRUE(strstr(r.err, other[i][1]));
+    tt_run_free(&r);
+  }
   r = tt_train("--hidden 17 " DATA " --epochs 1 --resume %s", d);
   LT_EQ(r.rc, 1);
   LT_TRUE(strstr(r.err, "--model (and its sizes) mlp 784-16-10"));
