@@ -190,13 +190,7 @@ static int backward(trainer *t, loom_tensor *loss, bool *overflow) {
 static int step(trainer *t, double *loss_value, bool *overflow) {
   int64_t s = t->st.step, spe = t->st.steps_per_epoch;
   loom_tensor *x = NULL, *y = NULL, *loss = NULL;
-  bool interrupted = false; /* SIGINT / SIGTERM on any rank: every rank stops here */
-  int rc = train_par_any(t->par, train_signal_pending() != 0, &interrupted);
-  if (rc) return train_fail_loom(rc, "interrupt check");
-  if (interrupted)
-    return train_fail(LOOM_EABORTED, "interrupted before step %lld; %s", (long long)s + 1,
-                      t->o->save ? "the last checkpoint written is intact" : "nothing saved");
-  rc = loom_loader_batch(t->loader, (uint64_t)(s / spe), (size_t)(s % spe), &x, &y);
+  int rc = loom_loader_batch(t->loader, (uint64_t)(s / spe), (size_t)(s % spe), &x, &y);
   if (rc) return train_fail_loom(rc, "the training data");
   rc = shard(t, &x, &y);
   for (size_t i = 0; i < t->model.nparams && !rc; i++) rc = loom_tensor_zero_grad(t->model.params[i].value);
@@ -208,8 +202,16 @@ static int step(trainer *t, double *loss_value, bool *overflow) {
   if (!rc) rc = backward(t, loss, overflow);
   loom_tensor_free(loss);
   if (rc) return rc;
-  bool diverged = false; /* on any rank, outside a step the scaler skips: stop, save nothing */
-  TRY(train_par_any(t->par, !isfinite(*loss_value), &diverged), "loss check");
+  /* One flag over the ranks per step: a non-finite loss or SIGINT / SIGTERM on any rank. Only
+   * when it is up does a second exchange tell the two apart; either way every rank stops here,
+   * before the update, and saves nothing. */
+  bool stop = false, interrupted = false, diverged = false;
+  TRY(train_par_any(t->par, !isfinite(*loss_value) || train_signal_pending(), &stop), "stop check");
+  if (stop) TRY(train_par_any(t->par, train_signal_pending() != 0, &interrupted), "interrupt check");
+  if (interrupted)
+    return train_fail(LOOM_EABORTED, "interrupted before step %lld; %s", (long long)s + 1,
+                      t->o->save ? "the last checkpoint written is intact" : "nothing saved");
+  diverged = stop;
   if (diverged && !*overflow)
     return train_fail(LOOM_EINVAL, "step %lld: the loss is %s: training diverged (too high a "
                       "--lr?); stopped before the update, no checkpoint written", (long long)s + 1,
