@@ -176,6 +176,10 @@ void loom__bound_spent(double seconds);
  * engine may adopt it as a leaf's gradient, instead of copying. */
 bool loom__grad_exclusive(const loom_tensor *g);
 
+/* loom_tensor_set_grad that also accepts an f32 gradient for a low-precision leaf (FSDP's
+ * mixed precision: the parameter is the gathered f16/bf16 copy, its gradient stays f32). */
+int loom__tensor_set_grad_f32(loom_tensor *t, loom_tensor *grad);
+
 /* dst (any float dtype, contiguous) += src (f32), n elements, through f32. */
 void loom__accumulate_f32(loom_tensor *dst, const float *src, size_t n);
 

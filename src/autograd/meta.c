@@ -104,7 +104,15 @@ const char *loom_tensor_grad_fn_name(const loom_tensor *t) {
   return m && m->grad_fn ? m->grad_fn->name : NULL;
 }
 
-int loom_tensor_set_grad(loom_tensor *t, loom_tensor *grad) {
+static int set_grad(loom_tensor *t, loom_tensor *grad, bool f32_ok);
+
+int loom_tensor_set_grad(loom_tensor *t, loom_tensor *grad) { return set_grad(t, grad, false); }
+
+int loom__tensor_set_grad_f32(loom_tensor *t, loom_tensor *grad) {
+  return set_grad(t, grad, true);
+}
+
+static int set_grad(loom_tensor *t, loom_tensor *grad, bool f32_ok) {
   static const char *who = "loom_tensor_set_grad";
   int rc = loom_tensor_check(t, who);
   if (rc) return rc;
@@ -113,7 +121,7 @@ int loom_tensor_set_grad(loom_tensor *t, loom_tensor *grad) {
                       loom_tensor_grad_fn_name(t));
   if (grad) {
     if ((rc = loom_tensor_check(grad, who))) return rc;
-    if (grad->dtype != t->dtype)
+    if (grad->dtype != t->dtype && !(f32_ok && grad->dtype == LOOM_F32))
       return loom__fail(LOOM_EDTYPE, "%s: gradient dtype %s differs from the tensor's %s", who,
                         loom_dtype_name(grad->dtype), loom_dtype_name(t->dtype));
     if (!loom_tensor_same_shape(grad, t)) {

@@ -38,11 +38,42 @@ int loom__check_shape(const char *who, loom_dtype dt, int ndim, const int64_t *s
   return LOOM_OK;
 }
 
+/* The storage of a released tensor: never freed, never written (nbytes 0, data NULL). */
+static loom__storage released_storage = {.refcount = 1 << 30, .data = NULL, .nbytes = 0,
+                                         .pool = LOOM_POOL_COMPUTE, .owned = false};
+
+static void storage_release(loom__storage *s);
+
 int loom_tensor_check(const loom_tensor *t, const char *who) {
   if (!t) return loom__fail(LOOM_EINVAL, "%s: tensor is NULL", who);
   if (t->magic != LOOM__TENSOR_MAGIC)
     return loom__fail(LOOM_EMISUSE, "%s: tensor %p is freed or not a tensor", who, (void *)t);
   return LOOM_OK;
+}
+
+int loom__tensor_check_data(const loom_tensor *t, const char *who) {
+  int rc = loom_tensor_check(t, who);
+  if (!rc && t->storage == &released_storage)
+    return loom__fail(LOOM_EMISUSE, "%s: the tensor holds no data (a sharded FSDP parameter "
+                      "outside its unit's forward and backward?)", who);
+  return rc;
+}
+
+bool loom__tensor_released(const loom_tensor *t) { return t->storage == &released_storage; }
+
+void loom__tensor_rebind(loom_tensor *t, const loom_tensor *base, size_t offset, loom_dtype dt) {
+  loom__storage *old = t->storage;
+  if (base) {
+    t->storage = base->storage;
+    atomic_fetch_add(&t->storage->refcount, 1);
+    t->offset = base->offset + offset;
+    t->dtype = base->dtype;
+  } else {
+    t->storage = &released_storage;
+    t->offset = 0;
+    t->dtype = dt;
+  }
+  storage_release(old);
 }
 
 static void contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
@@ -70,7 +101,7 @@ static int make_header(loom_dtype dt, int ndim, const int64_t *shape, loom__stor
 }
 
 static void storage_release(loom__storage *s) {
-  if (!s || atomic_fetch_sub(&s->refcount, 1) != 1) return;
+  if (!s || s == &released_storage || atomic_fetch_sub(&s->refcount, 1) != 1) return;
   if (s->owned) loom__free(s->data);
   loom__free(s);
 }

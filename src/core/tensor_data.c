@@ -65,8 +65,8 @@ static void copy_strided(loom_tensor *dst, const loom_tensor *src) {
 
 int loom_tensor_copy(loom_tensor *dst, const loom_tensor *src) {
   static const char *who = "loom_tensor_copy";
-  int rc = loom_tensor_check(dst, who);
-  if (rc || (rc = loom_tensor_check(src, who))) return rc;
+  int rc = loom__tensor_check_data(dst, who);
+  if (rc || (rc = loom__tensor_check_data(src, who))) return rc;
   if (!loom_tensor_same_shape(dst, src)) {
     char a[128], b[128];
     return loom__fail(LOOM_ESHAPE, "%s: destination %s and source %s differ in shape", who,
@@ -84,7 +84,7 @@ int loom_tensor_cast(loom_tensor *t, loom_dtype dt, loom_tensor **out) {
   static const char *who = "loom_tensor_cast";
   if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
   *out = NULL;
-  int rc = loom_tensor_check(t, who);
+  int rc = loom__tensor_check_data(t, who);
   if (rc) return rc;
   if (!loom_dtype_valid(dt)) return loom__fail(LOOM_EDTYPE, "%s: invalid dtype %d", who, (int)dt);
   loom_tensor *c = NULL;
@@ -99,7 +99,7 @@ int loom_tensor_cast(loom_tensor *t, loom_dtype dt, loom_tensor **out) {
 }
 
 int loom_tensor_clone(loom_tensor *t, loom_tensor **out) {
-  int rc = loom_tensor_check(t, "loom_tensor_clone");
+  int rc = loom__tensor_check_data(t, "loom_tensor_clone");
   if (rc) {
     if (out) *out = NULL;
     return rc;
@@ -111,7 +111,7 @@ int loom_tensor_contiguous(loom_tensor *t, loom_tensor **out) {
   static const char *who = "loom_tensor_contiguous";
   if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
   *out = NULL;
-  int rc = loom_tensor_check(t, who);
+  int rc = loom__tensor_check_data(t, who);
   if (rc) return rc;
   if (loom_tensor_is_contiguous(t)) {
     *out = loom_tensor_retain(t);
@@ -132,7 +132,7 @@ static void fill_one(size_t off, void *p) {
 }
 
 int loom_tensor_fill(loom_tensor *t, double v) {
-  int rc = loom_tensor_check(t, "loom_tensor_fill");
+  int rc = loom__tensor_check_data(t, "loom_tensor_fill");
   if (rc) return rc;
   fill_ctx c = {t->storage->data, loom_dtype_size(t->dtype), {0}};
   loom__store_f64(c.value, t->dtype, 0, v);
@@ -142,7 +142,7 @@ int loom_tensor_fill(loom_tensor *t, double v) {
 
 int loom_tensor_read(const loom_tensor *t, loom_dtype dt, void *buf, size_t cap) {
   static const char *who = "loom_tensor_read";
-  int rc = loom_tensor_check(t, who);
+  int rc = loom__tensor_check_data(t, who);
   if (rc) return rc;
   if (!loom_dtype_valid(dt)) return loom__fail(LOOM_EDTYPE, "%s: invalid dtype %d", who, (int)dt);
   size_t need = loom_tensor_numel(t) * loom_dtype_size(dt);
@@ -159,7 +159,7 @@ int loom_tensor_read(const loom_tensor *t, loom_dtype dt, void *buf, size_t cap)
 
 static int element_offset(const loom_tensor *t, const int64_t *index, const char *who,
                           size_t *off) {
-  int rc = loom_tensor_check(t, who);
+  int rc = loom__tensor_check_data(t, who);
   if (rc) return rc;
   if (t->ndim && !index) return loom__fail(LOOM_EINVAL, "%s: index is NULL", who);
   size_t o = t->offset;
@@ -194,7 +194,7 @@ int loom_tensor_set(loom_tensor *t, const int64_t *index, double v) {
 }
 
 int loom_tensor_item(const loom_tensor *t, double *out) {
-  int rc = loom_tensor_check(t, "loom_tensor_item");
+  int rc = loom__tensor_check_data(t, "loom_tensor_item");
   if (rc) return rc;
   if (loom_tensor_numel(t) != 1)
     return loom__fail(LOOM_ESHAPE, "loom_tensor_item: tensor has %zu elements, not 1",

@@ -43,6 +43,17 @@ int loom__tensor_view(const loom_tensor *base, int ndim, const int64_t *shape,
 void loom__for_each_offset(int ndim, const int64_t *shape, const int64_t *strides, size_t offset,
                            void (*fn)(size_t off, void *ctx), void *ctx);
 
+/* Re-point t (a contiguous tensor; shape kept) at element `offset` of base's storage, with
+ * base's dtype, or, with base NULL, at no storage at all ("released": loom_tensor_data is
+ * NULL and every op and loom_tensor_check refuse it with LOOM_EMISUSE). The old storage is
+ * released. FSDP uses this to point a module's parameters at a gathered unit and back, so
+ * that everything holding the parameter (the module, the tape) sees the current values. */
+void loom__tensor_rebind(loom_tensor *t, const loom_tensor *base, size_t offset, loom_dtype dt);
+/* loom_tensor_check, and LOOM_EMISUSE for a released tensor: what reads or writes data calls. */
+int loom__tensor_check_data(const loom_tensor *t, const char *who);
+/* True when t holds no storage (see loom__tensor_rebind). */
+bool loom__tensor_released(const loom_tensor *t);
+
 /* Checks a shape argument (ndim in range, dims >= 0, numel * elem fits); sets *numel. */
 int loom__check_shape(const char *who, loom_dtype dt, int ndim, const int64_t *shape,
                       size_t *numel);

@@ -3,6 +3,7 @@
  * all-reduce from the gradient hooks as soon as the bucket is complete, in bucket order; the
  * end of backward waits for the last one. */
 #include "ddp/ddp_int.h"
+#include "dist/peers.h"
 #include "core/tensor_int.h"
 #include "loom/autograd.h"
 
@@ -50,60 +51,12 @@ int loom_ddp_cfg_validate(const loom_ddp_cfg *cfg) {
   return LOOM_OK;
 }
 
-static const char *param_name(const loom_ddp *d, size_t i, char *buf, size_t cap) {
-  if (d->names && d->names[i]) snprintf(buf, cap, "%zu (%s)", i, d->names[i]);
-  else snprintf(buf, cap, "%zu", i);
-  return buf;
-}
-
-/* FNV-1a over bytes, for parameter signatures. */
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-  const unsigned char *c = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
-  return h;
-}
-
 /* Every rank must have the same parameters: count, then per parameter dtype, shape and name. */
 static int check_peers(loom_ddp *d) {
-  int rc = LOOM_OK;
-  int64_t count[2] = {(int64_t)d->n, -(int64_t)d->n};
-  if ((rc = loom_pg_allreduce(d->pg, count, count, 2, LOOM_I64, LOOM_MAX, NULL))) return rc;
-  d->control_collectives++;
-  if (count[0] != -count[1])
-    return loom__fail(LOOM_EMISUSE,
-                      "ddp: ranks disagree on the parameter count (this rank %zu, others from "
-                      "%lld to %lld)", d->n, (long long)-count[1], (long long)count[0]);
-  size_t n = d->n;
-  int64_t *v = loom__calloc(LOOM_POOL_HOST, 6 * (n ? n : 1), sizeof *v);
-  if (!v) return loom__fail(LOOM_ENOMEM, "ddp: out of memory checking parameters");
-  for (size_t i = 0; i < n; i++) {
-    loom_tensor *p = d->params[i];
-    uint64_t shape = fnv(14695981039346656037ull, loom_tensor_shape(p),
-                         (size_t)loom_tensor_ndim(p) * sizeof(int64_t));
-    shape = fnv(shape, &(int){loom_tensor_ndim(p)}, sizeof(int));
-    uint64_t name = d->names && d->names[i] ? fnv(14695981039346656037ull, d->names[i], strlen(d->names[i])) : 0;
-    v[i] = loom_tensor_dtype(p);
-    v[n + i] = (int64_t)(shape >> 1);
-    v[2 * n + i] = (int64_t)(name >> 1);
-    for (int k = 0; k < 3; k++) v[3 * n + k * n + i] = -v[k * n + i];
-  }
-  rc = loom_pg_allreduce(d->pg, v, v, 6 * n, LOOM_I64, LOOM_MAX, NULL);
-  if (!rc) d->control_collectives++;
-  char nm[160], sh[160];
-  for (size_t i = 0; !rc && i < n; i++) {
-    if (v[i] != -v[3 * n + i])
-      rc = loom__fail(LOOM_EDTYPE, "ddp: ranks disagree on the dtype of parameter %s (%s here)",
-                      param_name(d, i, nm, sizeof nm), loom_dtype_name(loom_tensor_dtype(d->params[i])));
-    else if (v[n + i] != -v[4 * n + i])
-      rc = loom__fail(LOOM_ESHAPE, "ddp: ranks disagree on the shape of parameter %s (%s here)",
-                      param_name(d, i, nm, sizeof nm),
-                      loom__shape_str(loom_tensor_ndim(d->params[i]), loom_tensor_shape(d->params[i]), sh, sizeof sh));
-    else if (v[2 * n + i] != -v[5 * n + i])
-      rc = loom__fail(LOOM_EMISUSE,
-                      "ddp: ranks disagree on the order of parameters: position %s differs",
-                      param_name(d, i, nm, sizeof nm));
-  }
-  loom__free(v);
+  uint64_t n = 0;
+  int rc = loom__pg_check_same_tensors(d->pg, d->params, (const char *const *)d->names, d->n,
+                                       "ddp", &n);
+  d->control_collectives += n;
   return rc;
 }
 
@@ -199,11 +152,12 @@ int loom_ddp_finish(loom_ddp *d) {
   d->stats.first_launch_lead_s = d->t_first_launch ? t_end - d->t_first_launch : 0;
   d->in_step = false;
   if (!rc && unused < d->n) {
-    char nm[160];
     rc = loom__fail(LOOM_EMISUSE,
-                    "ddp: parameter %s got no gradient in this backward; every parameter must "
-                    "take part in the loss on every rank",
-                    param_name(d, unused, nm, sizeof nm));
+                    "ddp: parameter %zu%s%s%s got no gradient in this backward; every parameter "
+                    "must take part in the loss on every rank", unused,
+                    d->names && d->names[unused] ? " (" : "",
+                    d->names && d->names[unused] ? d->names[unused] : "",
+                    d->names && d->names[unused] ? ")" : "");
   }
   d->step_status = rc;
   return rc;

@@ -9,7 +9,7 @@ static int seq_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {
   loom_tensor *cur = loom_tensor_retain(x);
   for (int i = 0; i < m->n_children; i++) {
     loom_tensor *next = NULL;
-    int rc = m->children[i]->forward(m->children[i], cur, &next);
+    int rc = loom__module_run(m->children[i], cur, &next);
     loom_tensor_free(cur);
     if (rc) return rc;
     cur = next;

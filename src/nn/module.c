@@ -42,6 +42,22 @@ void loom__module_drop_arenas(loom_module *m) {
   m->n_flat = 0;
 }
 
+void loom__module_release_arenas(loom_module *root) {
+  for (size_t i = 0; i < root->n_flat; i++) {
+    loom__param *p = root->flat[i];
+    (void)loom_tensor_set_grad(p->value, NULL);
+    loom_tensor_free(p->grad);
+    p->grad = NULL;
+    loom__tensor_rebind(p->value, NULL, 0, loom_tensor_dtype(p->value));
+  }
+  for (int d = 0; d < LOOM_DTYPE_COUNT; d++) {
+    loom_tensor_free(root->arena[d]);
+    loom_tensor_free(root->grad_arena[d]);
+    root->arena[d] = root->grad_arena[d] = NULL;
+    root->arena_numel[d] = 0;
+  }
+}
+
 void loom_module_free(loom_module *m) {
   if (!m) return;
   loom__module_drop_arenas(m);
@@ -137,11 +153,33 @@ done:
 
 /* ---- running ---------------------------------------------------------------------------- */
 
+int loom__module_run(loom_module *m, loom_tensor *x, loom_tensor **out) {
+  const loom__module_hooks *h = m->hooks;
+  void *ctx = m->hooks_ctx;
+  int rc = h && h->pre ? h->pre(m, ctx) : LOOM_OK;
+  if (rc) return rc;
+  rc = m->forward(m, x, out);
+  if (h && h->post) {
+    int rc2 = h->post(m, rc ? NULL : *out, rc, ctx);
+    if (!rc && rc2) {
+      loom_tensor_free(*out);
+      *out = NULL;
+      rc = rc2;
+    }
+  }
+  return rc;
+}
+
+void loom__module_set_hooks(loom_module *m, const loom__module_hooks *hooks, void *ctx) {
+  m->hooks = hooks;
+  m->hooks_ctx = hooks ? ctx : NULL;
+}
+
 int loom_module_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {
   if (out) *out = NULL;
   if (!m || !out) return loom__fail(LOOM_EINVAL, "loom_module_forward: module or out is NULL");
   int rc = loom_tensor_check(x, "loom_module_forward");
-  return rc ? rc : m->forward(m, x, out);
+  return rc ? rc : loom__module_run(m, x, out);
 }
 
 void loom_module_set_training(loom_module *m, bool training) {

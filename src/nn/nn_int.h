@@ -19,6 +19,15 @@ typedef struct loom__param {
   size_t offset;
 } loom__param;
 
+/* Forward hooks (FSDP's unit boundaries): pre runs before the module's forward; once pre has
+ * succeeded, post runs after the forward whatever happened, with the forward's status `rc` and
+ * its output (borrowed; NULL when rc != 0). An error from pre, or from post after a forward
+ * that succeeded, fails the forward. */
+typedef struct loom__module_hooks {
+  int (*pre)(loom_module *m, void *ctx);
+  int (*post)(loom_module *m, loom_tensor *out, int rc, void *ctx);
+} loom__module_hooks;
+
 struct loom_module {
   const char *type;
   int (*forward)(loom_module *m, loom_tensor *x, loom_tensor **out);
@@ -32,6 +41,8 @@ struct loom_module {
   int64_t cfg[8]; /* per type: sizes, strides, activation, ... */
   double fcfg[2];
   uint64_t seed, calls;
+  const loom__module_hooks *hooks; /* NULL: none */
+  void *hooks_ctx;
   /* root only */
   loom_tensor *arena[LOOM_DTYPE_COUNT], *grad_arena[LOOM_DTYPE_COUNT];
   size_t arena_numel[LOOM_DTYPE_COUNT];
@@ -49,6 +60,15 @@ void loom__module_drop_arenas(loom_module *m);
 /* Lay out every parameter of the tree rooted at m in fresh arenas (values copied in) and
  * point the parameters at views of them, with gradients in the gradient arenas. */
 int loom__module_pack(loom_module *m);
+
+/* Run m's forward with its hooks: what loom_module_forward and containers call for a child. */
+int loom__module_run(loom_module *m, loom_tensor *x, loom_tensor **out);
+/* Install (hooks NULL: remove) m's forward hooks. */
+void loom__module_set_hooks(loom_module *m, const loom__module_hooks *hooks, void *ctx);
+/* Give the root's arenas back (FSDP keeps shards instead): every parameter is released
+ * (loom__tensor_rebind, no data) and has no gradient; names, offsets and the flat list stay,
+ * so parameters can later be pointed at gathered buffers at their offsets. */
+void loom__module_release_arenas(loom_module *root);
 
 /* f32 values uniform in [-bound, bound) or N(0, 1), then stored as dt: a new tensor. */
 int loom__init_uniform(loom_dtype dt, int ndim, const int64_t *shape, double bound, loom_rng *r,

@@ -156,6 +156,11 @@ int loom__op_begin(loom__op *c, loom_op_kind kind, loom_tensor *const *in, int n
       rc = loom__fail(LOOM_EMISUSE, "%s: input %d is not a live tensor (freed?)", c->name, i);
       goto done;
     }
+    if (in[i] && loom__tensor_released(in[i])) {
+      rc = loom__fail(LOOM_EMISUSE, "%s: input %d holds no data (a sharded FSDP parameter "
+                      "outside its unit's forward and backward?)", c->name, i);
+      goto done;
+    }
     if (in[i] && loom_dtype_is_float(in[i]->dtype)) dts[nf++] = in[i]->dtype;
   }
   loom_dtype want;

@@ -1,0 +1,294 @@
+/* loom/fsdp.h: fully sharded data parallelism (FSDP / ZeRO-3) with mixed precision.
+ *
+ * Every rank builds the same model; loom_fsdp_create cuts it into sharding units and keeps, on
+ * each rank, only a contiguous 1/N of each unit's parameters, gradients and optimizer state:
+ *   - a unit is a module of the tree (by default each child of the model's first Sequential
+ *     that holds parameters: PyTorch's per-layer auto-wrap; or a size policy, or a list of
+ *     module names). Its parameters, laid out as in the module's arena (PyTorch order, 64-byte
+ *     aligned), form one flat f32 parameter, padded with zeros to a multiple of the world size;
+ *     rank r keeps elements [r*S, (r+1)*S) of it, S = padded / N (the shard);
+ *   - before a unit runs forward, its shard is cast to the forward dtype (f32, or the mixed
+ *     precision forward dtype: cast first, so half the bytes travel) and all-gathered into a
+ *     buffer the unit's parameters then view (their dtype is the forward dtype while gathered);
+ *     after the unit, the buffer is freed (reshard after forward, the default) and the
+ *     parameters hold no data: an op given one fails with LOOM_EMISUSE naming it, never reads
+ *     freed memory. The next unit's gather is issued before the current unit computes
+ *     (forward_prefetch gathers in flight);
+ *   - backward runs the units in reverse: a hook on the unit's output gathers it again (and
+ *     prefetches the unit before it), the unit's gradients accumulate in f32 into a full
+ *     gradient buffer (loom's autograd delivers f32 gradients, so a low-precision forward
+ *     loses nothing here), and when the unit's last gradient is complete that buffer is
+ *     reduce-scattered, averaged over ranks, into this rank's f32 gradient shard,
+ *     asynchronously: unit k's reduce-scatter overlaps unit k-1's backward. The end of
+ *     backward waits for the last one (or call loom_fsdp_finish);
+ *   - the optimizer runs on the shards only: loom_fsdp_segments gives one loom_param_seg per
+ *     unit (shard values, shard gradient), for loom_optim_create_*.
+ * The forward order of the units must be the order they were wrapped in (a Sequential's);
+ * a parameter belongs to one unit and is used by that unit only.
+ *
+ * Mixed precision follows the specification fsdp-mixed-precision (FSDPMixedPrecisionConfig,
+ * FSDPMixedPrecisionManager, FSDPAmpIntegration); each of its members has a C name here:
+ *   FSDPMixedPrecisionConfig            loom_fsdp_mp_cfg, _default, _validate
+ *   FSDPMixedPrecisionManager           loom_fsdp_mp (create, free)
+ *     ConvertToMixedPrecision           loom_fsdp_mp_convert_to_mixed_precision
+ *     ConvertGradientToFP32             loom_fsdp_mp_convert_gradient_to_fp32
+ *     ScaleLoss                         loom_fsdp_mp_scale_loss
+ *     CheckOverflow                     loom_fsdp_mp_check_overflow
+ *     CurrentLossScale                  loom_fsdp_mp_current_loss_scale
+ *     ResetLossScale                    loom_fsdp_mp_reset_loss_scale
+ *   FSDPAmpIntegration                  the loom_fsdp object itself (cfg.mp)
+ *     ApplyMixedPrecision               loom_fsdp_apply_mixed_precision
+ *     ApplyGradientFP32                 loom_fsdp_apply_gradient_fp32
+ *     ScaleLoss                         loom_fsdp_scale_loss
+ *     CheckOverflow                     loom_fsdp_check_overflow (global over ranks)
+ *     Manager                           loom_fsdp_mp_manager
+ * The loss scale is loom's dynamic scaler (loom/amp.h) configured with the specification's
+ * values; there is no second copy of its rule.
+ *
+ * Ownership: loom_fsdp borrows the module and the process group, which must outlive it (and so
+ * must the autograd graphs of its forwards); loom_fsdp_free gives the parameters back without data
+ * (call loom_fsdp_full_state first to keep the values). Errors: status codes with a message
+ * (loom_last_error). Threads: one loom_fsdp is used by the thread of its rank; its
+ * collectives go through the process group in issue order. */
+#ifndef LOOM_FSDP_H
+#define LOOM_FSDP_H
+
+#include "loom/amp.h"
+#include "loom/dist.h"
+#include "loom/io.h"
+#include "loom/nn.h"
+#include "loom/optim.h"
+#include "loom/tensor.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- mixed precision: the specification's configuration ---------------------------------- */
+
+typedef struct loom_fsdp_mp_cfg {
+  bool enabled;                     /* Enabled; default true */
+  loom_dtype forward_dtype;         /* ForwardDType: LOOM_F16 (default) or LOOM_BF16 */
+  loom_dtype backward_dtype;        /* BackwardDType: must be LOOM_F32 (default) */
+  bool use_loss_scaling;            /* UseLossScaling; default true */
+  float initial_loss_scale;         /* InitialLossScale; default 2 */
+  float min_loss_scale;             /* MinLossScale; default 1 */
+  float max_loss_scale;             /* MaxLossScale; default 65536 */
+  float loss_scale_growth_factor;   /* LossScaleGrowthFactor; default 2 */
+  float loss_scale_backoff_factor;  /* LossScaleBackoffFactor; default 0.5 */
+  int64_t loss_scale_steps;         /* LossScaleSteps: clean steps before growth; default 2000 */
+} loom_fsdp_mp_cfg;
+
+/* The specification's defaults (above). */
+void loom_fsdp_mp_cfg_default(loom_fsdp_mp_cfg *cfg);
+/* The defaults for a forward dtype: f16 as above; bf16 without loss scaling (bf16 has f32's
+ * range: nothing underflows that f32 would keep). Any other dtype: enabled = false. */
+void loom_fsdp_mp_cfg_for(loom_dtype forward_dtype, loom_fsdp_mp_cfg *cfg);
+/* LOOM_OK, or LOOM_EINVAL naming the field: the specification's rules (forward dtype f16 or
+ * bf16; backward dtype f32; initial scale within [min, max]) and, with loss scaling on, the
+ * dynamic scaler's (every value finite, min > 0, growth > 1, backoff in (0, 1), steps >= 1).
+ * A disabled configuration is valid whatever its other fields hold. */
+int loom_fsdp_mp_cfg_validate(const loom_fsdp_mp_cfg *cfg);
+
+/* ---- mixed precision: the manager --------------------------------------------------------- */
+
+typedef struct loom_fsdp_mp loom_fsdp_mp;
+
+/* Validates cfg (copied) and starts the loss scale at initial_loss_scale. */
+int loom_fsdp_mp_create(const loom_fsdp_mp_cfg *cfg, loom_fsdp_mp **out);
+void loom_fsdp_mp_free(loom_fsdp_mp *m);
+const loom_fsdp_mp_cfg *loom_fsdp_mp_config(const loom_fsdp_mp *m);
+
+/* *out = t in the forward dtype (a new tensor, rounded to nearest even), or t itself retained
+ * when it already has that dtype or mixed precision is disabled. LOOM_EINVAL for NULL. */
+int loom_fsdp_mp_convert_to_mixed_precision(const loom_fsdp_mp *m, loom_tensor *t,
+                                            loom_tensor **out);
+/* *out = grad in f32 (exact), or grad retained when it is f32 already. */
+int loom_fsdp_mp_convert_gradient_to_fp32(const loom_fsdp_mp *m, loom_tensor *grad,
+                                          loom_tensor **out);
+/* *out = loss x the current scale (a new tensor on the tape), or loss retained without loss
+ * scaling. */
+int loom_fsdp_mp_scale_loss(loom_fsdp_mp *m, loom_tensor *loss, loom_tensor **out);
+/* The specification's CheckOverflow: *overflow = some element of grads[0..n) (NULL entries
+ * skipped) is NaN or infinite; then the scale backs off (times backoff, not below min) or,
+ * after loss_scale_steps clean steps, grows (times growth, not above max). Without loss
+ * scaling: *overflow = false and nothing changes. */
+int loom_fsdp_mp_check_overflow(loom_fsdp_mp *m, loom_tensor *const *grads, size_t n,
+                                bool *overflow);
+/* Record a decision already made (a flag combined over ranks): the same update as above. */
+int loom_fsdp_mp_update(loom_fsdp_mp *m, bool overflow);
+/* The scale (1 without loss scaling). */
+float loom_fsdp_mp_current_loss_scale(const loom_fsdp_mp *m);
+/* Back to the initial scale with the clean-step count at zero. */
+int loom_fsdp_mp_reset_loss_scale(loom_fsdp_mp *m);
+/* The dynamic scaler behind the scale (borrowed; NULL without loss scaling): statistics,
+ * checkpoint state (loom_scaler_save / _restore). */
+loom_scaler *loom_fsdp_mp_scaler(loom_fsdp_mp *m);
+
+/* ---- FSDP configuration ---------------------------------------------------------------- */
+
+typedef enum loom_fsdp_wrap {
+  LOOM_FSDP_WRAP_CHILDREN = 0, /* each child of the first Sequential that holds parameters */
+  LOOM_FSDP_WRAP_SIZE = 1,     /* modules in order; a unit closes at min_unit_numel elements */
+  LOOM_FSDP_WRAP_LIST = 2,     /* the modules named in unit_names, in their order */
+} loom_fsdp_wrap;
+
+typedef struct loom_fsdp_cfg {
+  loom_fsdp_wrap wrap;          /* default LOOM_FSDP_WRAP_CHILDREN */
+  size_t min_unit_numel;        /* WRAP_SIZE: default 100000000 (PyTorch's size policy) */
+  const char *const *unit_names; /* WRAP_LIST: module names ("layers.0"), borrowed */
+  size_t n_unit_names;
+  bool reshard_after_forward;   /* default true (FULL_SHARD); false keeps each unit gathered
+                                   from its forward to its backward (SHARD_GRAD_OP, ZeRO-2) */
+  int forward_prefetch;         /* gathers issued ahead of the running unit in forward, 0..8;
+                                   default 1 */
+  int backward_prefetch;        /* the same in backward; default 1 */
+  bool broadcast_params;        /* start from rank 0's values (sync_module_states); default
+                                   true */
+  loom_fsdp_mp_cfg mp;          /* the specification's defaults with enabled = false: FSDP
+                                   runs in f32 unless asked (PyTorch's mixed_precision=None) */
+} loom_fsdp_cfg;
+
+void loom_fsdp_cfg_default(loom_fsdp_cfg *cfg);
+/* LOOM_EINVAL naming the field (the mixed precision rules included when mp.enabled). */
+int loom_fsdp_cfg_validate(const loom_fsdp_cfg *cfg);
+
+/* ---- the wrapper ------------------------------------------------------------------------- */
+
+typedef struct loom_fsdp loom_fsdp;
+
+/* Wrap `module` (a root module whose parameters are all f32) for this rank of pg. All ranks
+ * compare what they wrap (unit count, then each parameter's name, dtype and shape in order:
+ * LOOM_EMISUSE / LOOM_EDTYPE / LOOM_ESHAPE naming the first difference, on every rank), take
+ * rank 0's values (cfg.broadcast_params), keep their shard and give the module's arenas back:
+ * from here on the module's parameters hold data only while their unit is gathered, and
+ * loom_module_arena has none. cfg NULL: the defaults. */
+int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
+                     loom_fsdp **out);
+void loom_fsdp_free(loom_fsdp *f);
+
+size_t loom_fsdp_unit_count(const loom_fsdp *f);
+
+typedef struct loom_fsdp_unit_info {
+  const char *name;      /* the unit's module name ("layers.0"; "" for the root), borrowed */
+  size_t first_param;    /* its parameters: loom_module_param(module, first_param + k) */
+  size_t nparams;
+  size_t numel;          /* elements of the flat parameter (alignment gaps included) */
+  size_t padded_numel;   /* numel rounded up to a multiple of the world size */
+  size_t shard_numel;    /* padded_numel / world size */
+  size_t shard_offset;   /* this rank's first element of the flat parameter */
+  bool gathered;         /* its parameters hold data now */
+  loom_dtype gathered_dtype;
+} loom_fsdp_unit_info;
+
+int loom_fsdp_unit_info_get(const loom_fsdp *f, size_t unit, loom_fsdp_unit_info *out);
+
+/* One segment per unit: this rank's f32 shard of the flat parameter and of its averaged
+ * gradient ("<unit>.flat_param"; "flat_param" for a root unit). *segs is borrowed, valid
+ * while f lives. Give them to loom_optim_create_* : the optimizer state is sharded too. */
+int loom_fsdp_segments(const loom_fsdp *f, const loom_param_seg **segs, size_t *n);
+
+/* Gather unit's parameters on every rank in dtype dt (LOOM_F32, or a forward dtype: the shard
+ * is cast first) and point the parameters at them; LOOM_OK at once if already gathered in dt.
+ * A collective: every rank calls it. */
+int loom_fsdp_gather_unit(loom_fsdp *f, size_t unit, loom_dtype dt);
+/* Free the gathered parameters (the parameters hold no data again). Not a collective. */
+int loom_fsdp_reshard_unit(loom_fsdp *f, size_t unit);
+
+/* Gradient accumulation (PyTorch's no_sync): while sync is off, backward keeps each unit's
+ * full f32 gradient on this rank and adds to it, with no communication; the next backward
+ * with sync on adds its gradients and reduce-scatters the sum. */
+int loom_fsdp_set_sync(loom_fsdp *f, bool sync);
+
+/* Wait until every unit's gradient shard holds this backward's averaged gradient (backward
+ * calls it when it ends; calling it again returns that status). LOOM_EMISUSE names a unit
+ * whose gradients were not all produced on a rank. */
+int loom_fsdp_finish(loom_fsdp *f);
+
+/* A flag true on any rank (one all-reduce, MAX). */
+int loom_fsdp_any(loom_fsdp *f, bool local, bool *global);
+
+/* Global gradient-norm clipping over the shards: one all-reduce of the squared norm; every
+ * shard gradient is multiplied by max_norm / (norm + 1e-6) when norm > max_norm (PyTorch's
+ * FSDP.clip_grad_norm_). *total_norm (may be NULL) gets the norm before clipping. */
+int loom_fsdp_clip_grad_norm(loom_fsdp *f, double max_norm, double *total_norm);
+
+/* ---- mixed precision integration (the specification's FSDPAmpIntegration) ---------------- */
+
+/* The manager made from cfg.mp (borrowed; NULL when mixed precision is disabled). */
+loom_fsdp_mp *loom_fsdp_mp_manager(loom_fsdp *f);
+/* ApplyMixedPrecision: convert the unit's gathered parameters to the forward dtype (a no-op
+ * when gathered in it already). LOOM_EMISUSE if the unit is not gathered. */
+int loom_fsdp_apply_mixed_precision(loom_fsdp *f, size_t unit);
+/* ApplyGradientFP32: make the unit's local (full, unreduced) gradient f32 before it is
+ * reduce-scattered. loom's autograd already accumulates it in f32, so this checks that it is
+ * and converts otherwise. LOOM_EMISUSE if the unit has no local gradient (outside its
+ * backward, unless gradients are being accumulated with sync off). */
+int loom_fsdp_apply_gradient_fp32(loom_fsdp *f, size_t unit);
+/* ScaleLoss: loss x the current scale (loss retained when there is no loss scaling). */
+int loom_fsdp_scale_loss(loom_fsdp *f, loom_tensor *loss, loom_tensor **out);
+/* CheckOverflow, after loom_fsdp_finish: unscale this rank's gradient shards (x 1/scale,
+ * exactly: the scale is a power of two), check them for NaN / inf, combine the flag over the
+ * ranks (one all-reduce, MAX: every rank skips the same step) and update the scale. Without
+ * loss scaling the shards are still checked and the flag combined (an optimizer step on a
+ * non-finite gradient is never wanted). */
+int loom_fsdp_check_overflow(loom_fsdp *f, bool *overflow);
+
+/* ---- checkpoints ------------------------------------------------------------------------ */
+
+/* The full state dict: every unit gathered in f32 in turn and copied to rank 0 (a collective;
+ * every rank calls it). On rank 0, *out is a new f32 tensor per parameter with its PyTorch
+ * name (the names are the module's, borrowed), n = the module's parameter count; the caller
+ * frees the tensors and the array with loom_fsdp_state_free. Other ranks get *out = NULL. */
+int loom_fsdp_full_state(loom_fsdp *f, loom_named_tensor **out, size_t *n);
+void loom_fsdp_state_free(loom_named_tensor *state, size_t n);
+/* Set every parameter from a full state (on every rank; by name, shapes checked): each rank
+ * copies its shard's part. */
+int loom_fsdp_load_full_state(loom_fsdp *f, const loom_named_tensor *state, size_t n);
+
+/* A sharded checkpoint in folder dir (a collective). Each rank writes
+ * dir/gen-G/rank-R-of-N.safetensors with its parameter shards ("<unit>.flat_param"), the
+ * optimizer's state for its segments (opt may be NULL), the optimizer's step count and the loss
+ * scale; rank 0 then writes dir/fsdp-index.safetensors (world size, generation, the units'
+ * names and lengths, every rank file's size and CRC-32, and meta[0..nmeta), keys not starting
+ * "fsdp.") and removes older generations. Every file is a loom checkpoint (CRC over all its
+ * bytes, written atomically), and the index is the commit point: a save that dies before it
+ * leaves the previous complete set in place. A failure on any rank fails the save on every
+ * rank (LOOM_EIO naming the rank or the path). */
+int loom_fsdp_save_sharded(loom_fsdp *f, const char *dir, const loom_optim *opt,
+                           const loom_safetensors_meta_kv *meta, size_t nmeta);
+/* Restore parameters, optimizer state and step count (opt may be NULL) and the loss scale from
+ * a sharded checkpoint written with any number of ranks: each rank reads the parts of the old
+ * shards its new shard covers (resharding). Units must match by name and length (LOOM_EINVAL
+ * naming the unit); a missing, truncated or changed file is LOOM_EFORMAT / LOOM_EIO naming it;
+ * values that are not finite (or negative second moments) are refused. Nothing changes unless
+ * everything reads. Not a collective. */
+int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt);
+/* The metadata value `key` of dir/fsdp-index.safetensors into buf (LOOM_ENOTFOUND if absent,
+ * LOOM_EINVAL if it does not fit in cap bytes). */
+int loom_fsdp_sharded_meta(const char *dir, const char *key, char *buf, size_t cap);
+
+/* ---- statistics ------------------------------------------------------------------------ */
+
+typedef struct loom_fsdp_stats {
+  size_t units;
+  size_t shard_numel;       /* elements of this rank's shards, all units */
+  uint64_t gathers;         /* all-gathers issued */
+  uint64_t reduce_scatters; /* reduce-scatters issued */
+  uint64_t gather_bytes;    /* bytes this rank received from all-gathers */
+  uint64_t reduce_bytes;    /* bytes this rank sent into reduce-scatters */
+  double comm_s;            /* issue-to-completion time of every collective, summed */
+  double exposed_s;         /* time the compute waited for a gather or a reduce-scatter */
+  uint64_t steps;           /* synchronised backward passes */
+} loom_fsdp_stats;
+
+int loom_fsdp_stats_get(const loom_fsdp *f, loom_fsdp_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

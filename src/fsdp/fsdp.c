@@ -1,0 +1,275 @@
+/* fsdp.c: the FSDP wrapper's life: configuration, create (units, the check that every rank
+ * wraps the same model, rank 0's values, this rank's shards, hooks, giving the module's arenas
+ * back), free, and the per-shard services the optimizer step needs (segments, a flag over
+ * ranks, global gradient-norm clipping, statistics). */
+#include "fsdp/fsdp_int.h"
+#include "dist/peers.h"
+
+#include <math.h>
+#include <string.h>
+
+#define MAX_PREFETCH 8
+
+void loom_fsdp_cfg_default(loom_fsdp_cfg *cfg) {
+  if (!cfg) return;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->wrap = LOOM_FSDP_WRAP_CHILDREN;
+  cfg->min_unit_numel = 100000000;
+  cfg->reshard_after_forward = true;
+  cfg->forward_prefetch = 1;
+  cfg->backward_prefetch = 1;
+  cfg->broadcast_params = true;
+  loom_fsdp_mp_cfg_default(&cfg->mp);
+  cfg->mp.enabled = false;
+}
+
+int loom_fsdp_cfg_validate(const loom_fsdp_cfg *cfg) {
+  if (!cfg) return loom__fail(LOOM_EINVAL, "fsdp cfg: NULL");
+  if ((unsigned)cfg->wrap > LOOM_FSDP_WRAP_LIST)
+    return loom__fail(LOOM_EINVAL, "fsdp cfg: wrap %d is not a policy (children, size, list)",
+                      (int)cfg->wrap);
+  if (cfg->wrap == LOOM_FSDP_WRAP_SIZE && cfg->min_unit_numel == 0)
+    return loom__fail(LOOM_EINVAL, "fsdp cfg: min_unit_numel must be > 0 for the size policy");
+  if (cfg->wrap == LOOM_FSDP_WRAP_LIST) {
+    if (!cfg->unit_names || cfg->n_unit_names == 0)
+      return loom__fail(LOOM_EINVAL, "fsdp cfg: the list policy needs unit_names");
+    for (size_t i = 0; i < cfg->n_unit_names; i++)
+      if (!cfg->unit_names[i] || !*cfg->unit_names[i])
+        return loom__fail(LOOM_EINVAL, "fsdp cfg: unit_names[%zu] is empty", i);
+  }
+  if (cfg->forward_prefetch < 0 || cfg->forward_prefetch > MAX_PREFETCH)
+    return loom__fail(LOOM_EINVAL, "fsdp cfg: forward_prefetch %d must be within 0..%d",
+                      cfg->forward_prefetch, MAX_PREFETCH);
+  if (cfg->backward_prefetch < 0 || cfg->backward_prefetch > MAX_PREFETCH)
+    return loom__fail(LOOM_EINVAL, "fsdp cfg: backward_prefetch %d must be within 0..%d",
+                      cfg->backward_prefetch, MAX_PREFETCH);
+  return cfg->mp.enabled ? loom_fsdp_mp_cfg_validate(&cfg->mp) : LOOM_OK;
+}
+
+/* ---- create --------------------------------------------------------------------------------- */
+
+/* Every rank wraps the same model: parameters (count, names, dtypes, shapes, order), then the
+ * same units (a wrap policy that differs). */
+static int check_peers(loom_fsdp *f) {
+  size_t n = f->nparams;
+  loom_tensor **ts = loom__calloc(LOOM_POOL_HOST, n ? n : 1, sizeof *ts);
+  const char **names = loom__calloc(LOOM_POOL_HOST, n ? n : 1, sizeof *names);
+  int rc = !ts || !names ? loom__fail(LOOM_ENOMEM, "fsdp: out of memory checking peers") : 0;
+  for (size_t i = 0; i < n && !rc; i++) {
+    ts[i] = f->root->flat[i]->value;
+    names[i] = f->root->flat[i]->full;
+  }
+  if (!rc) rc = loom__pg_check_same_tensors(f->pg, ts, names, n, "fsdp", NULL);
+  loom__free(ts);
+  loom__free(names);
+  if (rc) return rc;
+  int64_t count = (int64_t)f->nunits;
+  size_t first = 1;
+  if ((rc = loom__pg_agree_i64(f->pg, &count, 1, &first))) return rc;
+  if (first == 0)
+    return loom__fail(LOOM_EMISUSE, "fsdp: ranks disagree on the number of units (%zu here): "
+                      "is the wrap policy the same on every rank?", f->nunits);
+  int64_t *v = loom__calloc(LOOM_POOL_HOST, 2 * (f->nunits ? f->nunits : 1), sizeof *v);
+  if (!v) return loom__fail(LOOM_ENOMEM, "fsdp: out of memory checking peers");
+  for (size_t u = 0; u < f->nunits; u++) {
+    v[2 * u] = (int64_t)f->units[u].numel;
+    v[2 * u + 1] = f->units[u].nparams ? (int64_t)f->units[u].params[0].index : -1;
+  }
+  first = 2 * f->nunits;
+  rc = loom__pg_agree_i64(f->pg, v, 2 * f->nunits, &first);
+  loom__free(v);
+  if (!rc && first < 2 * f->nunits)
+    rc = loom__fail(LOOM_EMISUSE, "fsdp: ranks disagree on unit %zu ('%s' here, %zu elements): "
+                    "is the wrap policy the same on every rank?", first / 2,
+                    f->units[first / 2].name, f->units[first / 2].numel);
+  return rc;
+}
+
+/* This rank's part of unit u's flat layout, from the module's parameter values. */
+static int make_shards(fsdp_unit *u, int rank) {
+  u->param_shard = loom__calloc(LOOM_POOL_COMPUTE, u->shard ? u->shard : 1, sizeof(float));
+  u->grad_shard = loom__calloc(LOOM_POOL_COMPUTE, u->shard ? u->shard : 1, sizeof(float));
+  if (!u->param_shard || !u->grad_shard)
+    return loom__fail(LOOM_ENOMEM, "fsdp: out of memory for the shards of unit '%s' (%zu "
+                      "elements)", u->name, u->shard);
+  size_t lo = (size_t)rank * u->shard, hi = lo + u->shard;
+  for (size_t i = 0; i < u->nparams; i++) {
+    const fsdp_param *fp = &u->params[i];
+    size_t a = fp->offset > lo ? fp->offset : lo, b = fp->offset + fp->numel < hi ? fp->offset + fp->numel : hi;
+    if (a >= b) continue;
+    const float *src = loom_tensor_data(fp->p->value);
+    memcpy(u->param_shard + (a - lo), src + (a - fp->offset), (b - a) * sizeof(float));
+  }
+  return LOOM_OK;
+}
+
+static int make_segments(loom_fsdp *f) {
+  f->segs = loom__calloc(LOOM_POOL_HOST, f->nunits ? f->nunits : 1, sizeof *f->segs);
+  f->seg_names = loom__calloc(LOOM_POOL_HOST, f->nunits ? f->nunits : 1, sizeof *f->seg_names);
+  if (!f->segs || !f->seg_names) return loom__fail(LOOM_ENOMEM, "fsdp: out of memory");
+  for (size_t i = 0; i < f->nunits; i++) {
+    fsdp_unit *u = &f->units[i];
+    size_t len = strlen(u->name) + sizeof ".flat_param";
+    f->seg_names[i] = loom__malloc(LOOM_POOL_HOST, len);
+    if (!f->seg_names[i]) return loom__fail(LOOM_ENOMEM, "fsdp: out of memory");
+    snprintf(f->seg_names[i], len, "%s%sflat_param", u->name, *u->name ? "." : "");
+    f->segs[i] = (loom_param_seg){f->seg_names[i], u->param_shard, u->grad_shard, u->shard, 0};
+  }
+  return LOOM_OK;
+}
+
+static int check_module(loom_module *m) {
+  if (m->parent)
+    return loom__fail(LOOM_EMISUSE, "loom_fsdp_create: the module is a child of another; wrap "
+                      "the root");
+  for (int d = 0; d < LOOM_DTYPE_COUNT; d++)
+    if (d != LOOM_F32 && m->arena[d])
+      return loom__fail(LOOM_EDTYPE, "loom_fsdp_create: every parameter must be f32 (master "
+                        "weights; mixed precision is cfg.mp), the model has %s ones",
+                        loom_dtype_name((loom_dtype)d));
+  for (size_t i = 0; i < m->n_flat; i++)
+    if (loom__tensor_released(m->flat[i]->value))
+      return loom__fail(LOOM_EMISUSE, "loom_fsdp_create: the module is wrapped already "
+                        "(parameter %s holds no data)", m->flat[i]->full);
+  return LOOM_OK;
+}
+
+int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
+                     loom_fsdp **out) {
+  static const char *who = "loom_fsdp_create";
+  if (out) *out = NULL;
+  if (!pg || !module || !out)
+    return loom__fail(LOOM_EINVAL, "%s: pg, module and out must not be NULL", who);
+  loom_fsdp_cfg def;
+  if (!cfg) {
+    loom_fsdp_cfg_default(&def);
+    cfg = &def;
+  }
+  int rc = loom_fsdp_cfg_validate(cfg);
+  if (rc || (rc = check_module(module))) return rc;
+  loom_fsdp *f = loom__calloc(LOOM_POOL_HOST, 1, sizeof *f);
+  if (!f) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
+  f->pg = pg;
+  f->rank = loom_pg_rank(pg);
+  f->world = loom_pg_size(pg);
+  f->root = module;
+  f->cfg = *cfg;
+  f->sync = true;
+  f->fwd_dtype = LOOM_F32;
+  if (cfg->wrap == LOOM_FSDP_WRAP_LIST) {
+    f->unit_names = loom__calloc(LOOM_POOL_HOST, cfg->n_unit_names, sizeof *f->unit_names);
+    if (!f->unit_names) rc = loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
+    for (size_t i = 0; i < cfg->n_unit_names && !rc; i++)
+      if (!(f->unit_names[i] = loom__strdup(LOOM_POOL_HOST, cfg->unit_names[i])))
+        rc = loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
+    f->cfg.unit_names = (const char *const *)f->unit_names;
+  }
+  if (!rc && cfg->mp.enabled && !(rc = loom_fsdp_mp_create(&cfg->mp, &f->mp)))
+    f->fwd_dtype = cfg->mp.forward_dtype;
+  if (!rc) rc = loom__fsdp_make_units(f);
+  if (!rc) {
+    f->order = loom__calloc(LOOM_POOL_HOST, f->nunits ? f->nunits : 1, sizeof *f->order);
+    if (!f->order) rc = loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
+  }
+  if (!rc) rc = check_peers(f);
+  if (!rc && cfg->broadcast_params && module->arena[LOOM_F32]) {
+    loom_tensor *a = module->arena[LOOM_F32];
+    void *data = loom_tensor_data(a);
+    rc = loom_pg_broadcast(pg, data, data, loom_tensor_numel(a), LOOM_F32, 0, NULL);
+  }
+  for (size_t u = 0; u < f->nunits && !rc; u++) rc = make_shards(&f->units[u], f->rank);
+  if (!rc) rc = make_segments(f);
+  if (!rc) rc = loom__fsdp_install_hooks(f);
+  if (rc) {
+    loom_fsdp_free(f);
+    return rc;
+  }
+  loom__module_release_arenas(module); /* from here on, the shards hold the model */
+  for (size_t u = 0; u < f->nunits; u++) f->stats.shard_numel += f->units[u].shard;
+  f->stats.units = f->nunits;
+  *out = f;
+  return LOOM_OK;
+}
+
+void loom_fsdp_free(loom_fsdp *f) {
+  if (!f) return;
+  for (size_t u = 0; u < f->nunits; u++) {
+    fsdp_unit *un = &f->units[u];
+    (void)loom__fsdp_reap(un);
+    if (un->full_grad) {
+      for (size_t k = 0; k < un->nparams; k++)
+        (void)loom__tensor_set_grad_f32(un->params[k].p->value, NULL);
+      loom_tensor_free(un->full_grad);
+    }
+    (void)loom__fsdp_reshard(un);
+    if (un->autocast_on) (void)loom_autocast_exit(&un->autocast);
+    loom__free(un->param_shard);
+    loom__free(un->grad_shard);
+  }
+  if (f->units) loom__fsdp_remove_hooks(f);
+  for (size_t i = 0; f->seg_names && i < f->nunits; i++) loom__free(f->seg_names[i]);
+  loom__free(f->seg_names);
+  loom__free(f->segs);
+  for (size_t i = 0; f->unit_names && i < f->cfg.n_unit_names; i++) loom__free(f->unit_names[i]);
+  loom__free(f->unit_names);
+  loom__free(f->order);
+  loom_fsdp_mp_free(f->mp);
+  loom__fsdp_free_units(f);
+  loom__free(f);
+}
+
+/* ---- queries ------------------------------------------------------------------------------ */
+
+size_t loom_fsdp_unit_count(const loom_fsdp *f) { return f ? f->nunits : 0; }
+
+int loom_fsdp_unit_info_get(const loom_fsdp *f, size_t unit, loom_fsdp_unit_info *out) {
+  if (!f || !out) return loom__fail(LOOM_EINVAL, "loom_fsdp_unit_info_get: fsdp or out is NULL");
+  if (unit >= f->nunits)
+    return loom__fail(LOOM_EINVAL, "loom_fsdp_unit_info_get: unit %zu out of range (%zu units)",
+                      unit, f->nunits);
+  const fsdp_unit *u = &f->units[unit];
+  *out = (loom_fsdp_unit_info){u->name, u->nparams ? u->params[0].index : 0, u->nparams, u->numel,
+                               u->padded, u->shard, (size_t)f->rank * u->shard,
+                               u->state == UNIT_GATHERED, u->gathered_dtype};
+  return LOOM_OK;
+}
+
+int loom_fsdp_segments(const loom_fsdp *f, const loom_param_seg **segs, size_t *n) {
+  if (!f || !segs || !n) return loom__fail(LOOM_EINVAL, "loom_fsdp_segments: NULL argument");
+  *segs = f->segs;
+  *n = f->nunits;
+  return LOOM_OK;
+}
+
+int loom_fsdp_any(loom_fsdp *f, bool local, bool *global) {
+  if (!f || !global) return loom__fail(LOOM_EINVAL, "loom_fsdp_any: fsdp or global is NULL");
+  int32_t v = local;
+  int rc = loom_pg_allreduce(f->pg, &v, &v, 1, LOOM_I32, LOOM_MAX, NULL);
+  *global = v != 0;
+  return rc;
+}
+
+int loom_fsdp_clip_grad_norm(loom_fsdp *f, double max_norm, double *total_norm) {
+  if (!f) return loom__fail(LOOM_EINVAL, "loom_fsdp_clip_grad_norm: fsdp is NULL");
+  if (!(max_norm > 0) || !isfinite(max_norm))
+    return loom__fail(LOOM_EINVAL, "loom_fsdp_clip_grad_norm: max_norm %g must be finite and > 0",
+                      max_norm);
+  double sq = 0;
+  for (size_t u = 0; u < f->nunits; u++) sq += loom_grad_sumsq(f->units[u].grad_shard, f->units[u].shard);
+  float sq32 = (float)sq; /* summed over ranks in f32, as PyTorch's FSDP does */
+  int rc = loom_pg_allreduce(f->pg, &sq32, &sq32, 1, LOOM_F32, LOOM_SUM, NULL);
+  if (rc) return rc;
+  double norm = sqrt((double)sq32);
+  if (total_norm) *total_norm = norm;
+  if (norm > max_norm) {
+    float coef = (float)(max_norm / (norm + 1e-6));
+    for (size_t u = 0; u < f->nunits; u++) loom_grad_scale(f->units[u].grad_shard, f->units[u].shard, coef);
+  }
+  return LOOM_OK;
+}
+
+int loom_fsdp_stats_get(const loom_fsdp *f, loom_fsdp_stats *out) {
+  if (!f || !out) return loom__fail(LOOM_EINVAL, "loom_fsdp_stats_get: fsdp or out is NULL");
+  *out = f->stats;
+  return LOOM_OK;
+}

@@ -1,0 +1,424 @@
+/* fsdp_ckpt.c: sharded checkpoints. A set is a folder:
+ *   dir/gen-G/rank-R-of-N.safetensors   each rank's shards: "<unit>.flat_param" (f32, the
+ *                                        shard), the optimizer's state for it
+ *                                        ("<unit>.flat_param.exp_avg", ...), "amp.scaler"
+ *                                        (the loss scale, when there is one); metadata the
+ *                                        optimizer's step count, rank and world size
+ *   dir/fsdp-index.safetensors          the commit point: world size, generation, every unit's
+ *                                        name (metadata), numel and shard length, every rank
+ *                                        file's size and CRC-32, the caller's metadata
+ * All of them are loom checkpoints (checkpoint/2: a CRC over every byte, written atomically).
+ * A save writes a new generation, then the index, then removes older generations: until the
+ * index is renamed into place the previous set is the one a load finds. A load reads the parts
+ * of the old shards that its new shard covers, so the world size may change between save and
+ * load (resharding). */
+#include "fsdp/fsdp_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define INDEX_NAME "fsdp-index.safetensors"
+#define FORMAT "fsdp-sharded/1"
+
+static void index_path(const char *dir, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s/%s", dir, INDEX_NAME);
+}
+
+static void rank_path(const char *dir, int64_t gen, int rank, int world, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s/gen-%lld/rank-%d-of-%d.safetensors", dir, (long long)gen, rank, world);
+}
+
+static int make_dir(const char *path) {
+  if (mkdir(path, 0777) == 0 || errno == EEXIST) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return LOOM_OK;
+    return loom__fail(LOOM_EIO, "fsdp checkpoint: %s exists and is not a folder", path);
+  }
+  return loom__fail(LOOM_EIO, "fsdp checkpoint: cannot create folder %s: %s", path, strerror(errno));
+}
+
+/* The generation the index in dir names, 0 if there is no index. */
+static int current_generation(const char *dir, int64_t *gen) {
+  char path[4096];
+  index_path(dir, path, sizeof path);
+  *gen = 0;
+  if (access(path, F_OK) != 0) return LOOM_OK;
+  loom_safetensors *ix = NULL;
+  int rc = loom_checkpoint_open(path, &ix);
+  if (!rc) rc = loom_safetensors_meta_i64(ix, "fsdp.generation", gen);
+  loom_safetensors_free(ix);
+  return rc;
+}
+
+/* Remove dir/gen-K for every K but keep. */
+static void remove_old_generations(const char *dir, int64_t keep) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    long long k;
+    char tail;
+    if (sscanf(e->d_name, "gen-%lld%c", &k, &tail) != 1 || k == keep) continue;
+    char sub[4096];
+    snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
+    DIR *s = opendir(sub);
+    if (!s) continue;
+    struct dirent *f;
+    while ((f = readdir(s))) {
+      if (f->d_name[0] == '.') continue;
+      char file[8192];
+      snprintf(file, sizeof file, "%s/%s", sub, f->d_name);
+      unlink(file);
+    }
+    closedir(s);
+    rmdir(sub);
+  }
+  closedir(d);
+}
+
+static int file_size_crc(const char *path, int64_t *size, int64_t *crc) {
+  struct stat st;
+  if (stat(path, &st) != 0)
+    return loom__fail(LOOM_EIO, "fsdp checkpoint: cannot stat %s: %s", path, strerror(errno));
+  *size = (int64_t)st.st_size;
+  loom_safetensors *f = NULL;
+  int rc = loom_checkpoint_open(path, &f);
+  const char *c = rc ? NULL : loom_safetensors_meta(f, "loom.crc32");
+  if (!rc && !c) rc = loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s has no CRC", path);
+  if (!rc) *crc = (int64_t)strtoull(c, NULL, 16);
+  loom_safetensors_free(f);
+  return rc;
+}
+
+/* ---- save -------------------------------------------------------------------------------- */
+
+static int write_rank_file(loom_fsdp *f, const char *path, const loom_optim *opt) {
+  size_t nstate = opt ? loom_optim_state_count(opt) : 0;
+  size_t cap = f->nunits + nstate + 1;
+  loom_checkpoint_entry *e = loom__calloc(LOOM_POOL_HOST, cap, sizeof *e);
+  if (!e) return loom__fail(LOOM_ENOMEM, "fsdp checkpoint: out of memory");
+  size_t n = 0;
+  for (size_t u = 0; u < f->nunits; u++)
+    e[n++] = (loom_checkpoint_entry){f->segs[u].name, LOOM_F32, 1, {(int64_t)f->units[u].shard},
+                                     f->units[u].param_shard, 0};
+  int rc = LOOM_OK;
+  for (size_t i = 0; i < nstate && !rc; i++) {
+    loom_optim_state s;
+    if (!(rc = loom_optim_state_at(opt, i, &s)))
+      e[n++] = (loom_checkpoint_entry){s.name, LOOM_F32, 1, {(int64_t)s.n}, s.data, 0};
+  }
+  int64_t words[LOOM_SCALER_STATE_WORDS];
+  loom_scaler *sc = f->mp ? loom_fsdp_mp_scaler(f->mp) : NULL;
+  if (!rc && sc) {
+    loom_scaler_state st;
+    rc = loom_scaler_save(sc, &st);
+    if (!rc) rc = loom_scaler_state_pack(&st, words);
+    if (!rc) e[n++] = (loom_checkpoint_entry){"amp.scaler", LOOM_I64, 1, {LOOM_SCALER_STATE_WORDS}, words, 0};
+  }
+  char step[32], rank[16], world[16];
+  snprintf(step, sizeof step, "%lld", (long long)(opt ? loom_optim_step_count(opt) : 0));
+  snprintf(rank, sizeof rank, "%d", f->rank);
+  snprintf(world, sizeof world, "%d", f->world);
+  loom_safetensors_meta_kv meta[] = {{"fsdp.format", FORMAT}, {"fsdp.rank", rank},
+                                     {"fsdp.world", world}, {"optim.step", step}};
+  if (!rc) rc = loom_checkpoint_save(path, e, n, meta, sizeof meta / sizeof *meta);
+  loom__free(e);
+  return rc;
+}
+
+static int write_index(loom_fsdp *f, const char *dir, int64_t gen, const int64_t *files,
+                       const loom_safetensors_meta_kv *umeta, size_t numeta) {
+  size_t nu = f->nunits, nm = 4 + nu + numeta;
+  int64_t *units = loom__calloc(LOOM_POOL_HOST, 2 * (nu ? nu : 1), sizeof *units);
+  loom_safetensors_meta_kv *meta = loom__calloc(LOOM_POOL_HOST, nm, sizeof *meta);
+  char *keys = loom__calloc(LOOM_POOL_HOST, nu ? nu : 1, 32);
+  if (!units || !meta || !keys) {
+    loom__free(units);
+    loom__free(meta);
+    loom__free(keys);
+    return loom__fail(LOOM_ENOMEM, "fsdp checkpoint: out of memory");
+  }
+  for (size_t u = 0; u < nu; u++) {
+    units[2 * u] = (int64_t)f->units[u].numel;
+    units[2 * u + 1] = (int64_t)f->units[u].shard;
+  }
+  char world[16], g[32], count[32];
+  snprintf(world, sizeof world, "%d", f->world);
+  snprintf(g, sizeof g, "%lld", (long long)gen);
+  snprintf(count, sizeof count, "%zu", nu);
+  size_t k = 0;
+  meta[k++] = (loom_safetensors_meta_kv){"fsdp.format", FORMAT};
+  meta[k++] = (loom_safetensors_meta_kv){"fsdp.world", world};
+  meta[k++] = (loom_safetensors_meta_kv){"fsdp.generation", g};
+  meta[k++] = (loom_safetensors_meta_kv){"fsdp.units", count};
+  for (size_t u = 0; u < nu; u++) {
+    snprintf(keys + 32 * u, 32, "fsdp.unit.%zu", u);
+    meta[k++] = (loom_safetensors_meta_kv){keys + 32 * u, f->units[u].name};
+  }
+  for (size_t i = 0; i < numeta; i++) meta[k++] = umeta[i];
+  loom_checkpoint_entry e[2] = {
+      {"units", LOOM_I64, 2, {(int64_t)nu, 2}, units, 0},
+      {"files", LOOM_I64, 2, {(int64_t)f->world, 2}, (void *)files, 0},
+  };
+  char path[4096];
+  index_path(dir, path, sizeof path);
+  int rc = loom_checkpoint_save(path, e, 2, meta, k);
+  loom__free(units);
+  loom__free(meta);
+  loom__free(keys);
+  return rc;
+}
+
+int loom_fsdp_save_sharded(loom_fsdp *f, const char *dir, const loom_optim *opt,
+                           const loom_safetensors_meta_kv *meta, size_t nmeta) {
+  static const char *who = "loom_fsdp_save_sharded";
+  if (!f || !dir || (!meta && nmeta)) return loom__fail(LOOM_EINVAL, "%s: NULL argument", who);
+  if (f->in_step) return loom__fail(LOOM_EMISUSE, "%s: a backward is running", who);
+  for (size_t i = 0; i < nmeta; i++)
+    if (!meta[i].key || strncmp(meta[i].key, "fsdp.", 5) == 0)
+      return loom__fail(LOOM_EINVAL, "%s: metadata key %zu is NULL or reserved ('fsdp.')", who, i);
+  /* rank 0 picks the next generation; a failure on any rank fails every rank (the flags go
+   * through the same collectives on every rank, never a hang) */
+  int64_t gen = 0;
+  int rc = f->rank == 0 ? make_dir(dir) : LOOM_OK;
+  if (!rc && f->rank == 0) rc = current_generation(dir, &gen);
+  int64_t g2[2] = {rc ? -1 : gen + 1, rc};
+  int rcb = loom_pg_broadcast(f->pg, g2, g2, 2, LOOM_I64, 0, NULL);
+  if (rcb) return rcb;
+  if (g2[0] < 0) return rc ? rc : loom__fail(LOOM_EIO, "%s: rank 0 could not prepare %s", who, dir);
+  gen = g2[0];
+  char sub[4096], path[4200];
+  snprintf(sub, sizeof sub, "%s/gen-%lld", dir, (long long)gen);
+  rc = make_dir(sub);
+  rank_path(dir, gen, f->rank, f->world, path, sizeof path);
+  if (!rc) rc = write_rank_file(f, path, opt);
+  int64_t mine[2] = {-1, 0};
+  if (!rc) rc = file_size_crc(path, &mine[0], &mine[1]);
+  if (rc) mine[0] = -1;
+  int64_t *files = loom__calloc(LOOM_POOL_HOST, 2 * (size_t)f->world, sizeof *files);
+  if (!files) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
+  int rc2 = loom_pg_allgather(f->pg, mine, files, 2, LOOM_I64, NULL);
+  int bad = -1;
+  for (int r = 0; r < f->world && !rc2; r++)
+    if (files[2 * r] < 0 && bad < 0) bad = r;
+  if (!rc && !rc2 && bad >= 0)
+    rc = loom__fail(LOOM_EIO, "%s: rank %d could not write its shard file; the previous set "
+                    "in %s is kept", who, bad, dir);
+  if (!rc) rc = rc2;
+  /* rank 0 commits; every rank learns the outcome */
+  int64_t ok = 0;
+  if (!rc && f->rank == 0) {
+    rc = write_index(f, dir, gen, files, meta, nmeta);
+    ok = rc ? 0 : 1;
+  }
+  loom__free(files);
+  if (rc2) return rc2;
+  rc2 = loom_pg_broadcast(f->pg, &ok, &ok, 1, LOOM_I64, 0, NULL);
+  if (rc2) return rc ? rc : rc2;
+  if (!ok && !rc) rc = loom__fail(LOOM_EIO, "%s: rank 0 could not write the index of %s; the "
+                                  "previous set is kept", who, dir);
+  if (!rc && f->rank == 0) remove_old_generations(dir, gen);
+  return rc;
+}
+
+/* ---- load -------------------------------------------------------------------------------- */
+
+typedef struct old_set {
+  loom_safetensors *index;
+  int world;
+  int64_t gen;
+  size_t nunits;
+  const int64_t *units; /* numel, shard per unit */
+  const int64_t *files; /* size, crc per rank */
+  loom_safetensors **open; /* per old rank, opened when needed */
+} old_set;
+
+static int open_index(const char *dir, old_set *s) {
+  char path[4096];
+  index_path(dir, path, sizeof path);
+  int rc = loom_checkpoint_open(path, &s->index);
+  if (rc) return rc;
+  const char *fmt = loom_safetensors_meta(s->index, "fsdp.format");
+  if (!fmt || strcmp(fmt, FORMAT) != 0)
+    return loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s is not a sharded checkpoint index (%s)",
+                      path, fmt ? fmt : "no fsdp.format");
+  int64_t w = 0, n = 0;
+  rc = loom_safetensors_meta_i64(s->index, "fsdp.world", &w);
+  if (!rc) rc = loom_safetensors_meta_i64(s->index, "fsdp.generation", &s->gen);
+  if (!rc) rc = loom_safetensors_meta_i64(s->index, "fsdp.units", &n);
+  if (rc) return rc;
+  if (w < 1 || w > 1 << 20 || n < 0 || n > 1 << 20)
+    return loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s: world %lld or unit count %lld out of "
+                      "range", path, (long long)w, (long long)n);
+  s->world = (int)w;
+  s->nunits = (size_t)n;
+  loom_safetensors_info ui, fi;
+  rc = loom_safetensors_find(s->index, "units", &ui);
+  if (!rc) rc = loom_safetensors_find(s->index, "files", &fi);
+  if (rc) return rc;
+  if (ui.dtype != LOOM_I64 || ui.numel != 2 * s->nunits || fi.dtype != LOOM_I64 ||
+      fi.numel != 2 * (size_t)s->world)
+    return loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s: its units or files table does not "
+                      "match its counts", path);
+  s->units = ui.data;
+  s->files = fi.data;
+  s->open = calloc((size_t)s->world, sizeof *s->open);
+  return s->open ? LOOM_OK : loom__fail(LOOM_ENOMEM, "fsdp checkpoint: out of memory");
+}
+
+static void close_set(old_set *s) {
+  for (int r = 0; s->open && r < s->world; r++) loom_safetensors_free(s->open[r]);
+  free(s->open);
+  loom_safetensors_free(s->index);
+}
+
+static int old_file(const char *dir, old_set *s, int r, loom_safetensors **out) {
+  if (s->open[r]) {
+    *out = s->open[r];
+    return LOOM_OK;
+  }
+  char path[4200];
+  rank_path(dir, s->gen, r, s->world, path, sizeof path);
+  int64_t size = 0, crc = 0;
+  int rc = file_size_crc(path, &size, &crc);
+  if (!rc && (size != s->files[2 * r] || crc != s->files[2 * r + 1]))
+    rc = loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s is not the file the index names (size "
+                    "%lld, CRC %08llx; the index says %lld, %08llx)", path, (long long)size,
+                    (unsigned long long)crc, (long long)s->files[2 * r],
+                    (unsigned long long)s->files[2 * r + 1]);
+  if (!rc) rc = loom_checkpoint_open(path, &s->open[r]);
+  *out = s->open[r];
+  return rc;
+}
+
+/* dst[0..len) = elements [lo, lo + len) of the flat tensor `name` (unit u's, padded layout),
+ * read from the old ranks' files that hold them; beyond the old numel: zeros. */
+static int read_range(const char *dir, old_set *s, size_t u, const char *name, size_t lo,
+                      size_t len, float *dst, unsigned checks) {
+  size_t numel = (size_t)s->units[2 * u], sh = (size_t)s->units[2 * u + 1];
+  memset(dst, 0, len * sizeof *dst);
+  size_t hi = lo + len < numel ? lo + len : numel;
+  for (size_t at = lo; at < hi;) {
+    int r = (int)(at / sh);
+    size_t end = ((size_t)r + 1) * sh < hi ? ((size_t)r + 1) * sh : hi;
+    loom_safetensors *fl = NULL;
+    int rc = old_file(dir, s, r, &fl);
+    loom_safetensors_info in;
+    if (!rc) rc = loom_safetensors_find(fl, name, &in);
+    if (!rc && (in.dtype != LOOM_F32 || in.numel != sh))
+      rc = loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s in rank %d's file is %s of %zu "
+                      "elements, expected f32 of %zu", name, r, loom_dtype_name(in.dtype),
+                      in.numel, sh);
+    if (!rc && checks) rc = loom_safetensors_check_values(fl, name, checks);
+    if (rc) return rc;
+    memcpy(dst + (at - lo), (const float *)in.data + (at - (size_t)r * sh), (end - at) * sizeof(float));
+    at = end;
+  }
+  return LOOM_OK;
+}
+
+int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt) {
+  static const char *who = "loom_fsdp_load_sharded";
+  if (!f || !dir) return loom__fail(LOOM_EINVAL, "%s: fsdp or dir is NULL", who);
+  if (f->in_step) return loom__fail(LOOM_EMISUSE, "%s: a backward is running", who);
+  old_set s = {0};
+  int rc = open_index(dir, &s);
+  if (!rc && s.nunits != f->nunits)
+    rc = loom__fail(LOOM_EINVAL, "%s: the checkpoint in %s has %zu units, this model %zu", who,
+                    dir, s.nunits, f->nunits);
+  for (size_t u = 0; u < f->nunits && !rc; u++) {
+    char key[32];
+    snprintf(key, sizeof key, "fsdp.unit.%zu", u);
+    const char *name = loom_safetensors_meta(s.index, key);
+    if (!name || strcmp(name, f->units[u].name) != 0 || (size_t)s.units[2 * u] != f->units[u].numel)
+      rc = loom__fail(LOOM_EINVAL, "%s: unit %zu is '%s' of %zu elements here, '%s' of %lld in "
+                      "the checkpoint", who, u, f->units[u].name, f->units[u].numel,
+                      name ? name : "?", (long long)s.units[2 * u]);
+    else if (s.units[2 * u + 1] <= 0 ||
+             (size_t)s.units[2 * u + 1] * (size_t)s.world < f->units[u].numel)
+      rc = loom__fail(LOOM_EFORMAT, "%s: unit %zu's shard length %lld in the index is wrong",
+                      who, u, (long long)s.units[2 * u + 1]);
+  }
+  /* stage everything, then commit: nothing changes unless all of it reads */
+  size_t nstate = opt ? loom_optim_state_count(opt) : 0, total = 0;
+  for (size_t u = 0; u < f->nunits; u++) total += f->units[u].shard;
+  float *stage = rc ? NULL : loom__malloc(LOOM_POOL_HOST, (total * (1 + nstate / (f->nunits ? f->nunits : 1)) + 1) * sizeof(float));
+  if (!rc && !stage) rc = loom__fail(LOOM_ENOMEM, "%s: out of memory staging the checkpoint", who);
+  size_t at = 0;
+  for (size_t u = 0; u < f->nunits && !rc; u++) {
+    fsdp_unit *un = &f->units[u];
+    rc = read_range(dir, &s, u, f->segs[u].name, (size_t)f->rank * un->shard, un->shard,
+                    stage + at, LOOM_CHECK_FINITE);
+    at += un->shard;
+  }
+  for (size_t i = 0; i < nstate && !rc; i++) {
+    loom_optim_state st;
+    rc = loom_optim_state_at(opt, i, &st);
+    size_t u = f->nunits;
+    for (size_t k = 0; k < f->nunits && !rc; k++) {
+      size_t L = strlen(f->segs[k].name);
+      if (strncmp(st.name, f->segs[k].name, L) == 0 && st.name[L] == '.') u = k;
+    }
+    if (!rc && (u == f->nunits || st.n != f->units[u].shard))
+      rc = loom__fail(LOOM_EINVAL, "%s: optimizer state %s is not over this FSDP's segments",
+                      who, st.name);
+    unsigned checks = LOOM_CHECK_FINITE;
+    if (!rc && strstr(st.name, "exp_avg_sq")) checks |= LOOM_CHECK_NONNEG;
+    if (!rc) rc = read_range(dir, &s, u, st.name, (size_t)f->rank * st.n, st.n, stage + at, checks);
+    at += st.n;
+  }
+  int64_t step = 0;
+  loom_scaler_state sst;
+  loom_scaler *sc = f->mp ? loom_fsdp_mp_scaler(f->mp) : NULL;
+  loom_safetensors *f0 = NULL;
+  if (!rc) rc = old_file(dir, &s, 0, &f0);
+  if (!rc && opt) rc = loom_safetensors_meta_i64(f0, "optim.step", &step);
+  if (!rc && sc) {
+    int64_t words[LOOM_SCALER_STATE_WORDS];
+    int64_t shape = LOOM_SCALER_STATE_WORDS;
+    rc = loom_safetensors_read(f0, "amp.scaler", LOOM_I64, 1, &shape, words);
+    if (!rc) rc = loom_scaler_state_unpack(words, &sst);
+  }
+  if (!rc && opt && step < 0)
+    rc = loom__fail(LOOM_EFORMAT, "%s: optimizer step %lld is negative", who, (long long)step);
+  /* commit (the scaler first: its restore is the one call here that can still refuse) */
+  if (!rc && sc) rc = loom_scaler_restore(sc, &sst);
+  if (!rc) {
+    at = 0;
+    for (size_t u = 0; u < f->nunits; u++) {
+      memcpy(f->units[u].param_shard, stage + at, f->units[u].shard * sizeof(float));
+      at += f->units[u].shard;
+    }
+    for (size_t i = 0; i < nstate; i++) {
+      loom_optim_state st;
+      loom_optim_state_at(opt, i, &st);
+      memcpy(st.data, stage + at, st.n * sizeof(float));
+      at += st.n;
+    }
+    if (opt) rc = loom_optim_set_step_count(opt, step);
+  }
+  loom__free(stage);
+  close_set(&s);
+  return rc;
+}
+
+int loom_fsdp_sharded_meta(const char *dir, const char *key, char *buf, size_t cap) {
+  if (!dir || !key || !buf || !cap)
+    return loom__fail(LOOM_EINVAL, "loom_fsdp_sharded_meta: NULL argument");
+  char path[4096];
+  index_path(dir, path, sizeof path);
+  loom_safetensors *ix = NULL;
+  int rc = loom_checkpoint_open(path, &ix);
+  const char *v = rc ? NULL : loom_safetensors_meta(ix, key);
+  if (!rc && !v) rc = loom__fail(LOOM_ENOTFOUND, "%s has no metadata '%s'", path, key);
+  if (!rc && strlen(v) >= cap) rc = loom__fail(LOOM_EINVAL, "%s: metadata '%s' is longer than "
+                                               "the buffer", path, key);
+  if (!rc) snprintf(buf, cap, "%s", v);
+  loom_safetensors_free(ix);
+  return rc;
+}

@@ -1,0 +1,282 @@
+/* fsdp_hooks.c: what FSDP does while the model runs.
+ *
+ * Forward (module hooks on each unit's module): gather the unit (issued earlier if it was
+ * prefetched), issue the gathers of the next forward_prefetch units, run under autocast in the
+ * forward dtype when mixed precision is on and no autocast region is open, then reshard
+ * (unless the unit is kept for backward: reshard_after_forward off, the last unit, the root).
+ * With gradients on, a hook goes on the unit's output.
+ *
+ * Backward: that output hook runs when the gradient reaches the unit. It reshards the units
+ * whose backward is over, gathers this one (prefetching the units backward reaches next: the
+ * reverse of the order the units finished forward), and gives each parameter a gradient view
+ * into one f32 local-gradient buffer of the unit's padded length. Each parameter's gradient hook
+ * counts the unit down; the last one reduce-scatters the buffer (averaged) into the rank's
+ * gradient shard, asynchronously. The end of backward (a queued callback) reduces what is left,
+ * waits, frees every local gradient and reshards every unit. With sync off the local gradients
+ * stay and accumulate. */
+#include "fsdp/fsdp_int.h"
+
+#include <string.h>
+
+static int pre_backward(loom_tensor *grad, void *ctx);
+
+/* ---- forward ------------------------------------------------------------------------------ */
+
+static void note_forward_order(loom_fsdp *f, fsdp_unit *u) {
+  if (f->order_closed) {
+    f->n_order = 0;
+    f->order_closed = false;
+  }
+  for (size_t i = 0; i < f->n_order; i++)
+    if (f->order[i] == u->index) return;
+  if (f->n_order < f->nunits) f->order[f->n_order++] = u->index;
+}
+
+static int fwd_pre(loom_module *m, void *ctx) {
+  (void)m;
+  fsdp_unit *u = ctx;
+  loom_fsdp *f = u->f;
+  if (f->order_closed) { /* a new forward: the order is recorded afresh at each unit's end */
+    f->n_order = 0;
+    f->order_closed = false;
+  }
+  int rc = loom__fsdp_issue_gather(u, f->fwd_dtype);
+  for (int k = 1; k <= f->cfg.forward_prefetch && !rc; k++) {
+    size_t j = u->index + (size_t)k;
+    if (j >= f->nunits) break;
+    if (f->units[j].state == UNIT_RESHARDED) rc = loom__fsdp_issue_gather(&f->units[j], f->fwd_dtype);
+  }
+  if (!rc) rc = loom__fsdp_wait_gather(u);
+  if (!rc && f->mp && !loom_autocast_enabled()) {
+    loom_autocast_mode mode = f->fwd_dtype == LOOM_BF16 ? LOOM_AUTOCAST_BF16 : LOOM_AUTOCAST_F16;
+    rc = loom_autocast_enter(mode, NULL, &u->autocast);
+    u->autocast_on = rc == LOOM_OK;
+  }
+  return rc;
+}
+
+static int fwd_post(loom_module *m, loom_tensor *out, int rc_fwd, void *ctx) {
+  (void)m;
+  fsdp_unit *u = ctx;
+  loom_fsdp *f = u->f;
+  int rc = LOOM_OK;
+  if (u->autocast_on) {
+    rc = loom_autocast_exit(&u->autocast);
+    u->autocast_on = false;
+  }
+  if (rc_fwd || rc) return rc; /* a failed forward leaves the unit gathered: resharded later */
+  note_forward_order(f, u);
+  bool grad = loom_grad_enabled() && out && loom_tensor_requires_grad(out);
+  if (grad && (rc = loom_tensor_register_hook(out, pre_backward, u, NULL))) return rc;
+  bool keep = grad && (!f->cfg.reshard_after_forward || u->module == f->root ||
+                       u->index == f->nunits - 1);
+  return keep ? LOOM_OK : loom__fsdp_reshard(u);
+}
+
+/* ---- backward ----------------------------------------------------------------------------- */
+
+static int finish_cb(void *ctx) { return loom_fsdp_finish(ctx); }
+
+static int begin_step(loom_fsdp *f) {
+  f->in_step = true;
+  f->step_status = LOOM_OK;
+  f->order_closed = true;
+  for (size_t i = 0; i < f->nunits; i++) {
+    fsdp_unit *u = &f->units[i];
+    u->in_backward = false;
+    u->reduced = false;
+    u->pending = u->nparams;
+    for (size_t k = 0; k < u->nparams; k++) u->params[k].ready = false;
+  }
+  return loom_backward_queue_callback(finish_cb, f);
+}
+
+/* The unit's local gradient: a padded f32 buffer whose gaps and tail are zero, each parameter's
+ * gradient a view of it, logically zero until backward writes it. */
+static int make_local_grad(fsdp_unit *u) {
+  int64_t len = (int64_t)u->padded;
+  int rc = loom_tensor_empty(LOOM_F32, 1, &len, &u->full_grad);
+  if (rc) return rc;
+  float *g = loom_tensor_data(u->full_grad);
+  size_t at = 0;
+  for (size_t i = 0; i < u->nparams && !rc; i++) {
+    fsdp_param *fp = &u->params[i];
+    if (fp->offset > at) memset(g + at, 0, (fp->offset - at) * sizeof *g);
+    at = fp->offset + fp->numel;
+    loom_tensor *v = fp->p->value, *view = NULL;
+    rc = loom__tensor_view(u->full_grad, loom_tensor_ndim(v), loom_tensor_shape(v),
+                           loom_tensor_strides(v), fp->offset, &view);
+    if (!rc) rc = loom__tensor_set_grad_f32(v, view);
+    loom_tensor_free(view);
+    if (!rc) rc = loom_tensor_zero_grad_lazy(v);
+  }
+  if (u->padded > at) memset(g + at, 0, (u->padded - at) * sizeof *g);
+  return rc;
+}
+
+static void drop_local_grad(fsdp_unit *u) {
+  for (size_t i = 0; i < u->nparams; i++) (void)loom__tensor_set_grad_f32(u->params[i].p->value, NULL);
+  loom_tensor_free(u->full_grad);
+  u->full_grad = NULL;
+}
+
+int loom__fsdp_reap(fsdp_unit *u) {
+  if (!u->rs_work) return LOOM_OK;
+  loom_fsdp *f = u->f;
+  double t0 = loom__fsdp_now();
+  int rc = loom_work_wait(&u->rs_work);
+  double t1 = loom__fsdp_now();
+  f->stats.exposed_s += t1 - t0;
+  f->stats.comm_s += t1 - u->rs_issued;
+  drop_local_grad(u);
+  return rc;
+}
+
+/* Reap the reduce-scatters that have completed, without waiting. */
+static int reap_done(loom_fsdp *f) {
+  int rc = LOOM_OK;
+  for (size_t i = 0; i < f->nunits && !rc; i++) {
+    fsdp_unit *u = &f->units[i];
+    if (!u->rs_work) continue;
+    int done = 0;
+    rc = loom_work_test(&u->rs_work, &done);
+    if (done) {
+      f->stats.comm_s += loom__fsdp_now() - u->rs_issued;
+      drop_local_grad(u);
+    }
+  }
+  return rc;
+}
+
+/* The unit's gradients are complete: reduce-scatter them (or keep them, with sync off). */
+static int post_backward(fsdp_unit *u) {
+  loom_fsdp *f = u->f;
+  u->reduced = true;
+  int rc = loom_fsdp_apply_gradient_fp32(f, u->index);
+  if (rc || !f->sync) return rc;
+  u->rs_issued = loom__fsdp_now();
+  rc = loom_pg_reduce_scatter(f->pg, loom_tensor_data(u->full_grad), u->grad_shard, u->shard,
+                              LOOM_F32, LOOM_AVG, &u->rs_work);
+  if (rc) return rc;
+  f->stats.reduce_scatters++;
+  f->stats.reduce_bytes += (uint64_t)(u->padded * sizeof(float));
+  return reap_done(f);
+}
+
+static int on_param_grad(loom_tensor *grad, void *ctx) {
+  (void)grad;
+  fsdp_param *fp = ctx;
+  fsdp_unit *u = fp->unit;
+  loom_fsdp *f = u->f;
+  int rc = LOOM_OK;
+  if (!f->in_step && (rc = begin_step(f))) return rc;
+  if (fp->ready) return LOOM_OK;
+  fp->ready = true;
+  return --u->pending == 0 ? post_backward(u) : LOOM_OK;
+}
+
+static size_t order_pos(const loom_fsdp *f, size_t unit) {
+  for (size_t i = 0; i < f->n_order; i++)
+    if (f->order[i] == unit) return i;
+  return SIZE_MAX;
+}
+
+static int pre_backward(loom_tensor *grad, void *ctx) {
+  (void)grad;
+  fsdp_unit *u = ctx;
+  loom_fsdp *f = u->f;
+  int rc = LOOM_OK;
+  if (!f->in_step && (rc = begin_step(f))) return rc;
+  if (u->in_backward) return LOOM_OK;
+  u->in_backward = true;
+  /* units whose gradients are complete have finished their ops (this gradient came out of
+   * them): their parameters can go */
+  for (size_t i = 0; i < f->nunits && !rc; i++) {
+    fsdp_unit *o = &f->units[i];
+    if (o != u && o->reduced && o->state != UNIT_RESHARDED) rc = loom__fsdp_reshard(o);
+  }
+  if (!rc) rc = loom__fsdp_issue_gather(u, f->fwd_dtype);
+  size_t pos = order_pos(f, u->index);
+  for (int k = 1; k <= f->cfg.backward_prefetch && pos != SIZE_MAX && !rc; k++) {
+    if (pos < (size_t)k) break;
+    fsdp_unit *o = &f->units[f->order[pos - (size_t)k]];
+    if (o->state == UNIT_RESHARDED && !o->in_backward) rc = loom__fsdp_issue_gather(o, f->fwd_dtype);
+  }
+  if (!rc) rc = loom__fsdp_wait_gather(u);
+  if (!rc && !u->full_grad) rc = make_local_grad(u);
+  return rc;
+}
+
+int loom_fsdp_finish(loom_fsdp *f) {
+  if (!f) return loom__fail(LOOM_EINVAL, "loom_fsdp_finish: fsdp is NULL");
+  if (!f->in_step) return f->step_status;
+  int rc = LOOM_OK;
+  /* units some of whose parameters got no gradient: the rest are zeros; units that took no
+   * part: a zero gradient shard, nothing to send */
+  for (size_t i = f->nunits; i-- > 0 && !rc;) {
+    fsdp_unit *u = &f->units[i];
+    if (u->reduced) continue;
+    if (u->full_grad) {
+      for (size_t k = 0; k < u->nparams; k++) (void)loom_tensor_grad(u->params[k].p->value);
+      rc = post_backward(u);
+    } else if (f->sync) {
+      memset(u->grad_shard, 0, u->shard * sizeof(float));
+    }
+  }
+  for (size_t i = f->nunits; i-- > 0;) {
+    int rc2 = loom__fsdp_reap(&f->units[i]);
+    if (!rc) rc = rc2;
+  }
+  for (size_t i = 0; i < f->nunits; i++) {
+    int rc2 = loom__fsdp_reshard(&f->units[i]);
+    if (!rc) rc = rc2;
+  }
+  if (f->sync) f->stats.steps++;
+  f->in_step = false;
+  f->step_status = rc;
+  return rc;
+}
+
+int loom_fsdp_set_sync(loom_fsdp *f, bool sync) {
+  if (!f) return loom__fail(LOOM_EINVAL, "loom_fsdp_set_sync: fsdp is NULL");
+  if (f->in_step)
+    return loom__fail(LOOM_EMISUSE, "loom_fsdp_set_sync: a backward is running");
+  f->sync = sync;
+  return LOOM_OK;
+}
+
+/* ---- installing ----------------------------------------------------------------------------- */
+
+static const loom__module_hooks unit_hooks = {fwd_pre, fwd_post};
+
+int loom__fsdp_install_hooks(loom_fsdp *f) {
+  for (size_t i = 0; i < f->nunits; i++) {
+    fsdp_unit *u = &f->units[i];
+    if (u->module->hooks)
+      return loom__fail(LOOM_EMISUSE, "fsdp: module '%s' is wrapped already", u->name);
+  }
+  for (size_t i = 0; i < f->nunits; i++) {
+    fsdp_unit *u = &f->units[i];
+    loom__module_set_hooks(u->module, &unit_hooks, u);
+    for (size_t k = 0; k < u->nparams; k++) {
+      fsdp_param *fp = &u->params[k];
+      fp->hook_id = -1;
+      int rc = loom_tensor_register_hook(fp->p->value, on_param_grad, fp, &fp->hook_id);
+      if (rc) return rc;
+    }
+  }
+  return LOOM_OK;
+}
+
+void loom__fsdp_remove_hooks(loom_fsdp *f) {
+  for (size_t i = 0; i < f->nunits; i++) {
+    fsdp_unit *u = &f->units[i];
+    if (u->module->hooks == &unit_hooks && u->module->hooks_ctx == u)
+      loom__module_set_hooks(u->module, NULL, NULL);
+    for (size_t k = 0; k < u->nparams; k++)
+      if (u->params[k].hook_id >= 0) {
+        (void)loom_tensor_remove_hook(u->params[k].p->value, u->params[k].hook_id);
+        u->params[k].hook_id = -1;
+      }
+  }
+}

@@ -1,0 +1,82 @@
+/* fsdp_model.c: the FSDP tests' model, data and step (see fsdp_model.h). */
+#include "fsdp_model.h"
+
+#include <string.h>
+
+static float hash_unit(uint64_t x) { /* a value in [-1, 1) from an integer */
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return (float)((double)(x >> 11) / (double)(1ull << 52)) - 1.0f;
+}
+
+int fm_create(uint64_t seed, loom_module **out) {
+  const int64_t sizes[4] = {FM_IN, FM_H1, FM_H2, FM_OUT};
+  return loom_nn_mlp_create(sizes, 4, LOOM_ACT_RELU, LOOM_F32, seed, out);
+}
+
+int fm_batch(int64_t row0, int64_t rows, loom_tensor **x, loom_tensor **y) {
+  int64_t xs[2] = {rows, FM_IN};
+  int rc = loom_tensor_empty(LOOM_F32, 2, xs, x);
+  if (!rc) rc = loom_tensor_empty(LOOM_I64, 1, &rows, y);
+  if (rc) return rc;
+  float *xd = loom_tensor_data(*x);
+  int64_t *yd = loom_tensor_data(*y);
+  for (int64_t r = 0; r < rows; r++) {
+    uint64_t row = (uint64_t)(row0 + r);
+    for (int k = 0; k < FM_IN; k++) xd[r * FM_IN + k] = 2.0f * hash_unit(7777u + row * 131u + (uint64_t)k);
+    yd[r] = (int64_t)((hash_unit(4242u + row * 17u) + 1.0f) * 0.5f * FM_OUT) % FM_OUT;
+  }
+  return LOOM_OK;
+}
+
+int fm_backward(loom_module *m, int64_t row0, int64_t rows, loom_autocast_mode amp, float scale,
+                double *loss_value) {
+  loom_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL, *scaled = NULL;
+  loom_autocast_token tok = {0};
+  int rc = fm_batch(row0, rows, &x, &y);
+  if (!rc) rc = loom_autocast_enter(amp, NULL, &tok);
+  if (!rc) {
+    rc = loom_module_forward(m, x, &logits);
+    if (!rc) rc = loom_cross_entropy(logits, y, LOOM_REDUCTION_MEAN, -100, &loss);
+    int rc2 = loom_autocast_exit(&tok);
+    if (!rc) rc = rc2;
+  }
+  if (!rc && loss_value) rc = loom_tensor_item(loss, loss_value);
+  if (!rc) rc = loom_mul_scalar(loss, scale, &scaled);
+  if (!rc) rc = loom_backward(scaled, NULL, false);
+  loom_tensor_free(x);
+  loom_tensor_free(y);
+  loom_tensor_free(logits);
+  loom_tensor_free(loss);
+  loom_tensor_free(scaled);
+  return rc;
+}
+
+loom_adam_cfg fm_adam(void) {
+  loom_adam_cfg c = loom_adamw_cfg_default();
+  c.lr = 1e-2;
+  c.eps = 1e-4;
+  return c;
+}
+
+void fm_flatten_module(loom_module *m, float *out) {
+  size_t at = 0;
+  for (size_t i = 0, n = loom_module_param_count(m); i < n; i++) {
+    loom_param p;
+    loom_module_param(m, i, &p);
+    memcpy(out + at, loom_tensor_data(p.value), p.numel * sizeof(float));
+    at += p.numel;
+  }
+}
+
+void fm_flatten_state(const loom_named_tensor *st, size_t n, float *out) {
+  size_t at = 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t k = loom_tensor_numel(st[i].tensor);
+    memcpy(out + at, loom_tensor_data(st[i].tensor), k * sizeof(float));
+    at += k;
+  }
+}

@@ -1,0 +1,29 @@
+/* fsdp_model.h: the FSDP tests' model and data: an MLP IN-H1-H2-OUT (loom_nn_mlp_create, ReLU,
+ * PyTorch names "layers.0.weight", ...), rows of seeded data with class labels, and one
+ * training step (forward under autocast, cross-entropy mean, backward of loss x scale). The
+ * same functions drive one process with N x B rows and N ranks with B rows each. */
+#ifndef LOOM_TESTS_FSDP_MODEL_H
+#define LOOM_TESTS_FSDP_MODEL_H
+
+#include "loom/fsdp.h"
+#include "loom/loom.h"
+
+enum { FM_IN = 12, FM_H1 = 40, FM_H2 = 24, FM_OUT = 5 };
+
+/* The model, seeded (PyTorch's default init from the seed). */
+int fm_create(uint64_t seed, loom_module **out);
+/* Rows [row0, row0 + rows) of the data set. */
+int fm_batch(int64_t row0, int64_t rows, loom_tensor **x, loom_tensor **y);
+/* Forward under autocast `amp`, cross-entropy (mean), backward of loss x scale. *loss_value
+ * (may be NULL) gets the unscaled loss. */
+int fm_backward(loom_module *m, int64_t row0, int64_t rows, loom_autocast_mode amp, float scale,
+                double *loss_value);
+/* AdamW used by every test (eps 1e-4: a gradient near zero whose sign two summation orders
+ * could disagree on moves a weight by lr x g / (|g| + eps), not by lr). */
+loom_adam_cfg fm_adam(void);
+/* Every parameter of a module with its own arena, in order, into out (loom_module_numel). */
+void fm_flatten_module(loom_module *m, float *out);
+/* The same from an FSDP full state (rank 0). */
+void fm_flatten_state(const loom_named_tensor *st, size_t n, float *out);
+
+#endif
