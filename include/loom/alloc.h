@@ -3,8 +3,9 @@
  * Every byte loom allocates goes through one hook and is counted against a pool: compute
  * (tensors, activations, gradients), host (pinned-style host staging and CPU offload) and
  * file (disk-backed offload). Each pool has current and peak byte counts that any thread may
- * read at any time. Tests swap the hook or make the Nth allocation fail to prove that every
- * create path cleans up when memory runs out. */
+ * read at any time, process-wide and per account (per rank of the threads backend). Tests
+ * swap the hook or make the Nth allocation fail to prove that every create path cleans up
+ * when memory runs out. */
 #ifndef LOOM_ALLOC_H
 #define LOOM_ALLOC_H
 
@@ -35,6 +36,30 @@ int loom_mem_stats(loom_pool pool, loom_pool_stats *out);
 
 /* Set a pool's peak to its current value (to measure the peak of one phase). */
 void loom_mem_reset_peak(loom_pool pool);
+
+/* Accounts: who the bytes are for. Every allocation is also counted against an account, a
+ * small integer that each thread carries (thread-local, 0 until the thread sets it), so that
+ * the ranks of the threads backend, which share one process, each have their own figure.
+ * Account 0 is "no rank / the process"; account r + 1 is rank r. loom_threads_run sets it on
+ * each rank thread (ranks past 63 stay on 0), and a group's progress thread takes its rank's
+ * account (for a group made outside loom_threads_run, that of the thread that made it).
+ * A block's account is recorded with it, so a block freed by another thread (or account) is
+ * still credited back to the account that allocated it. Each account has the counters of
+ * loom_mem_stats for each pool (its peak since start or loom_mem_account_reset_peak); the
+ * process-wide counters count every account. */
+#define LOOM_MEM_ACCOUNTS 65 /* accounts 0..64: the process, and ranks 0..63 */
+
+/* Set the calling thread's account (later allocations of this thread count against it).
+ * LOOM_EINVAL, account unchanged, if it is not in 0..LOOM_MEM_ACCOUNTS-1. */
+int loom_mem_set_account(int account);
+/* The calling thread's account. */
+int loom_mem_account(void);
+/* Read one pool's counters for one account: the same fields as loom_mem_stats, counting only
+ * blocks (and mapped files) allocated while `account` was the allocating thread's account.
+ * LOOM_EINVAL for an account or pool out of range or out == NULL. */
+int loom_mem_account_stats(int account, loom_pool pool, loom_pool_stats *out);
+/* Set one account's peak for a pool to its current value (a no-op out of range). */
+void loom_mem_account_reset_peak(int account, loom_pool pool);
 
 /* The pool's name: "compute", "host", "file"; "?" if out of range. */
 const char *loom_pool_name(loom_pool pool);

@@ -115,7 +115,9 @@ int loom_pg_cfg_validate(const loom_pg_cfg *cfg);
  * lowest-numbered rank that did, with that rank's message (prefixed "rank R: ") in
  * loom_last_error(). (Peers failed by it typically return LOOM_EREMOTE.)
  * Setup errors: LOOM_EINVAL (nranks < 1 or > 1024, fn NULL, bad cfg), LOOM_ENOMEM,
- * LOOM_EBACKEND (a thread could not be started). Thread-safe; may be nested. */
+ * LOOM_EBACKEND (a thread could not be started). Thread-safe; may be nested.
+ * Rank r's thread and its group's progress thread allocate on memory account r + 1
+ * (loom_mem_account_stats in loom/alloc.h; ranks past 63 on account 0, the process's). */
 int loom_threads_run(int nranks, const loom_pg_cfg *cfg, int (*fn)(loom_pg *pg, void *arg),
                      void *arg);
 

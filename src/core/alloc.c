@@ -1,7 +1,8 @@
-/* alloc.c: the single allocation path of loom, with per-pool byte accounting and failure
- * injection. A 64-byte header before each block records its size and pool, so loom__free
- * needs only the pointer and the counters stay exact. The default allocator keeps large
- * freed blocks for reuse (alloc_cache.c); the counters count blocks in use, not cached ones. */
+/* alloc.c: the single allocation path of loom, with per-pool and per-account byte accounting
+ * and failure injection. A 64-byte header before each block records its size, pool and
+ * account, so loom__free needs only the pointer and the counters stay exact whichever thread
+ * frees. The default allocator keeps large freed blocks for reuse (alloc_cache.c); the
+ * counters count blocks in use, not cached ones. */
 #include "core/core_int.h"
 #include "core/alloc_cache.h"
 
@@ -16,7 +17,9 @@ typedef struct block_header {
   uint64_t magic;
   size_t size;
   int pool;
+  int account; /* the allocating thread's account: loom__free credits it, not the freer's */
 } block_header;
+_Static_assert(sizeof(block_header) <= HEADER, "the block header must fit in HEADER bytes");
 
 typedef struct pool_counters {
   _Atomic size_t current, peak;
@@ -24,6 +27,12 @@ typedef struct pool_counters {
 } pool_counters;
 
 static pool_counters pools[LOOM_POOL_COUNT];
+/* One cache line (or two) per account, so ranks allocating at once do not share one. */
+typedef struct account_counters {
+  _Alignas(64) pool_counters pool[LOOM_POOL_COUNT];
+} account_counters;
+static account_counters accounts[LOOM_MEM_ACCOUNTS];
+static _Thread_local int my_account; /* this thread's account; 0 until set */
 static _Atomic uint64_t attempts;
 static _Atomic uint64_t fail_at; /* attempt number that fails; 0 = none */
 
@@ -61,6 +70,38 @@ void loom_mem_reset_peak(loom_pool pool) {
   atomic_store(&pools[pool].peak, atomic_load(&pools[pool].current));
 }
 
+int loom_mem_set_account(int account) {
+  if (account < 0 || account >= LOOM_MEM_ACCOUNTS)
+    return loom__fail(LOOM_EINVAL, "loom_mem_set_account: account %d out of range 0..%d",
+                      account, LOOM_MEM_ACCOUNTS - 1);
+  my_account = account;
+  return LOOM_OK;
+}
+
+int loom_mem_account(void) { return my_account; }
+
+int loom_mem_account_stats(int account, loom_pool pool, loom_pool_stats *out) {
+  if (account < 0 || account >= LOOM_MEM_ACCOUNTS)
+    return loom__fail(LOOM_EINVAL, "loom_mem_account_stats: account %d out of range 0..%d",
+                      account, LOOM_MEM_ACCOUNTS - 1);
+  if ((unsigned)pool >= LOOM_POOL_COUNT)
+    return loom__fail(LOOM_EINVAL, "loom_mem_account_stats: pool %d out of range", (int)pool);
+  if (!out) return loom__fail(LOOM_EINVAL, "loom_mem_account_stats: out is NULL");
+  pool_counters *c = &accounts[account].pool[pool];
+  out->current_bytes = atomic_load(&c->current);
+  out->peak_bytes = atomic_load(&c->peak);
+  out->allocs = atomic_load(&c->allocs);
+  out->frees = atomic_load(&c->frees);
+  out->failures = atomic_load(&c->failures);
+  return LOOM_OK;
+}
+
+void loom_mem_account_reset_peak(int account, loom_pool pool) {
+  if (account < 0 || account >= LOOM_MEM_ACCOUNTS || (unsigned)pool >= LOOM_POOL_COUNT) return;
+  pool_counters *c = &accounts[account].pool[pool];
+  atomic_store(&c->peak, atomic_load(&c->current));
+}
+
 int loom_set_allocator(const loom_allocator *a) {
   for (int p = 0; p < LOOM_POOL_COUNT; p++)
     if (atomic_load(&pools[p].current) != 0)
@@ -83,8 +124,8 @@ void loom_alloc_fail_nth(uint64_t n) {
 
 uint64_t loom_alloc_attempts(void) { return atomic_load(&attempts); }
 
-void loom__mem_account(loom_pool pool, ptrdiff_t delta) {
-  pool_counters *c = &pools[pool];
+/* Add delta bytes (an allocation) or take -delta away (a free) from one set of counters. */
+static void count(pool_counters *c, ptrdiff_t delta) {
   if (delta >= 0) {
     size_t now = atomic_fetch_add(&c->current, (size_t)delta) + (size_t)delta;
     size_t peak = atomic_load(&c->peak);
@@ -97,12 +138,28 @@ void loom__mem_account(loom_pool pool, ptrdiff_t delta) {
   }
 }
 
+/* A failed allocation of this thread, process-wide and on its account. */
+static void count_failure(loom_pool pool) {
+  atomic_fetch_add(&pools[pool].failures, 1);
+  atomic_fetch_add(&accounts[my_account].pool[pool].failures, 1);
+}
+
+void loom__mem_account_to(loom_pool pool, int account, ptrdiff_t delta) {
+  if ((unsigned)account >= LOOM_MEM_ACCOUNTS) account = 0;
+  count(&pools[pool], delta);
+  count(&accounts[account].pool[pool], delta);
+}
+
+void loom__mem_account(loom_pool pool, ptrdiff_t delta) {
+  loom__mem_account_to(pool, my_account, delta);
+}
+
 bool loom__alloc_should_fail(loom_pool pool) {
   uint64_t n = atomic_fetch_add(&attempts, 1) + 1;
   uint64_t f = atomic_load(&fail_at);
   if (f && n == f) {
     atomic_store(&fail_at, 0);
-    atomic_fetch_add(&pools[pool].failures, 1);
+    count_failure(pool);
     return true;
   }
   return false;
@@ -112,7 +169,7 @@ void *loom__malloc(loom_pool pool, size_t size) {
   if ((unsigned)pool >= LOOM_POOL_COUNT) pool = LOOM_POOL_COMPUTE;
   if (loom__alloc_should_fail(pool)) return NULL;
   if (size > SIZE_MAX - 2 * HEADER) {
-    atomic_fetch_add(&pools[pool].failures, 1);
+    count_failure(pool);
     return NULL;
   }
   unsigned char *raw;
@@ -128,14 +185,15 @@ void *loom__malloc(loom_pool pool, size_t size) {
     raw = hook.alloc(hook.ctx, size + HEADER, HEADER);
   }
   if (!raw) {
-    atomic_fetch_add(&pools[pool].failures, 1);
+    count_failure(pool);
     return NULL;
   }
   block_header *h = (block_header *)raw;
   h->magic = BLOCK_MAGIC;
   h->size = size;
   h->pool = pool;
-  loom__mem_account(pool, (ptrdiff_t)size);
+  h->account = my_account;
+  loom__mem_account_to(pool, h->account, (ptrdiff_t)size);
   return raw + HEADER;
 }
 
@@ -152,7 +210,7 @@ void loom__free(void *p) {
   block_header *h = (block_header *)raw;
   if (h->magic != BLOCK_MAGIC) return; /* not ours, or freed twice: leave it alone */
   h->magic = 0;
-  loom__mem_account((loom_pool)h->pool, -(ptrdiff_t)h->size);
+  loom__mem_account_to((loom_pool)h->pool, h->account, -(ptrdiff_t)h->size);
   if (hook.free == default_free && loom__cache_put(raw, loom__cache_round(h->size + HEADER)))
     return;
   hook.free(hook.ctx, raw);

@@ -22,8 +22,12 @@ void *loom__calloc(loom_pool pool, size_t count, size_t elem);
 void loom__free(void *p);
 char *loom__strdup(loom_pool pool, const char *s);
 
-/* Count bytes that did not come from loom__malloc (a mapped file) against a pool. */
+/* Count bytes that did not come from loom__malloc (a mapped file) against a pool, process-wide
+ * and on the calling thread's account (loom_mem_account). Where the release may happen on
+ * another thread, record the account at allocation and give it back with loom__mem_account_to
+ * (an account out of range counts as 0), so the account's bytes cannot go below zero. */
 void loom__mem_account(loom_pool pool, ptrdiff_t delta);
+void loom__mem_account_to(loom_pool pool, int account, ptrdiff_t delta);
 /* True if the failure injector says this allocation attempt fails (counts the attempt).
  * For allocation paths that do not go through loom__malloc (mmap). */
 bool loom__alloc_should_fail(loom_pool pool);

@@ -70,6 +70,9 @@ struct loom_pg {
   int compute_threads;
   _Atomic double timeout_s;
   bool owned; /* by loom_threads_run: loom_pg_free refuses */
+  int mem_account; /* memory account of the group's rank (loom_mem_account of the thread that
+                    * made the group; loom_threads_run sets its ranks'); the progress thread
+                    * allocates on it */
 
   pthread_mutex_t mu;
   pthread_cond_t cv_work; /* the progress thread waits here for work or stop */

@@ -64,6 +64,7 @@ int loom__pg_init(loom_pg *pg, const loom__pg_ops *ops, void *impl, int rank, in
   pg->rank = rank;
   pg->size = size;
   pg->compute_threads = 1;
+  pg->mem_account = loom_mem_account();
   atomic_init(&pg->timeout_s, cfg->timeout_s);
   atomic_init(&pg->err, LOOM_OK);
   atomic_init(&pg->aborted, false);

@@ -26,6 +26,7 @@ static void raise_priority(void) {
 static void *progress_main(void *arg) {
   loom_pg *pg = arg;
   raise_priority();
+  loom_mem_set_account(pg->mem_account); /* what it allocates is the rank's */
   pthread_mutex_lock(&pg->mu);
   for (;;) {
     while (!pg->stop && (!pg->head || pg->running)) pthread_cond_wait(&pg->cv_work, &pg->mu);

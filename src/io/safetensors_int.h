@@ -27,6 +27,7 @@ struct loom_safetensors {
   unsigned char *buf;   /* the whole file */
   size_t size;
   bool mapped;
+  int account;          /* memory account the mapping was counted on (freed on any thread) */
   size_t data_start;    /* 8 + header length */
   loom__vec strings;    /* char: every name, key and value, NUL-terminated */
   loom__vec shapes;     /* int64_t */

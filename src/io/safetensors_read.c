@@ -21,7 +21,7 @@ void loom_safetensors_free(loom_safetensors *f) {
   if (!f) return;
   if (f->mapped) {
     munmap(f->buf, f->size ? f->size : 1);
-    loom__mem_account(LOOM_POOL_FILE, -(ptrdiff_t)f->size);
+    loom__mem_account_to(LOOM_POOL_FILE, f->account, -(ptrdiff_t)f->size);
   } else {
     loom__free(f->buf);
   }
@@ -103,7 +103,8 @@ int loom_safetensors_open(const char *path, unsigned flags, loom_safetensors **o
     }
     f->buf = p;
     f->mapped = true;
-    loom__mem_account(LOOM_POOL_FILE, (ptrdiff_t)f->size);
+    f->account = loom_mem_account();
+    loom__mem_account_to(LOOM_POOL_FILE, f->account, (ptrdiff_t)f->size);
   } else {
     f->buf = loom__malloc(LOOM_POOL_HOST, f->size ? f->size : 1);
     if (!f->buf) {

@@ -1,6 +1,7 @@
 /* test_alloc.c: pool accounting, the allocator hook, failure injection (every tensor
- * create path swept through out-of-memory at each of its allocations, with no leak) and the
- * default allocator's large-block cache (reuse, limit, bypass, threads). */
+ * create path swept through out-of-memory at each of its allocations, with no leak), the
+ * default allocator's large-block cache (reuse, limit, bypass, threads) and the per-account
+ * counters (allocations, frees from another thread, peaks, bad arguments). */
 #include "lt.h"
 #include "core/core_int.h"
 
@@ -235,4 +236,145 @@ LT_TEST(cache_is_shared_safely_by_threads) {
   LT_TRUE(loom_mem_cached_bytes() <= ((size_t)8 << 20));
   loom_mem_release_cache();
   loom_mem_set_cache_limit(old_limit);
+}
+
+/* ---- accounts: the same counters per account (per rank of the threads backend) ---- */
+
+static loom_pool_stats acct(int account, loom_pool p) {
+  loom_pool_stats s;
+  memset(&s, 0, sizeof s);
+  loom_mem_account_stats(account, p, &s);
+  return s;
+}
+
+LT_TEST(account_stats_follow_allocations_and_frees) {
+  int old = loom_mem_account();
+  LT_EQ(old, 0); /* the default */
+  loom_pool_stats a0 = acct(0, LOOM_POOL_HOST), a5 = acct(5, LOOM_POOL_HOST);
+  size_t all = current(LOOM_POOL_HOST);
+  LT_OK(loom_mem_set_account(5));
+  LT_EQ(loom_mem_account(), 5);
+  void *a = loom__malloc(LOOM_POOL_HOST, 1000);
+  void *b = loom__malloc(LOOM_POOL_HOST, 3000);
+  LT_TRUE(a && b);
+  loom_pool_stats s = acct(5, LOOM_POOL_HOST);
+  LT_EQ(s.current_bytes, a5.current_bytes + 4000);
+  LT_EQ(s.allocs, a5.allocs + 2);
+  LT_EQ(s.frees, a5.frees);
+  LT_EQ(current(LOOM_POOL_HOST), all + 4000); /* the process-wide figure counts them too */
+  LT_EQ(acct(0, LOOM_POOL_HOST).current_bytes, a0.current_bytes); /* no other account does */
+  LT_EQ(acct(5, LOOM_POOL_COMPUTE).current_bytes, 0);
+  loom__free(a);
+  s = acct(5, LOOM_POOL_HOST);
+  LT_EQ(s.current_bytes, a5.current_bytes + 3000);
+  LT_EQ(s.frees, a5.frees + 1);
+  /* the account of a free is the block's, not the freeing thread's current one */
+  LT_OK(loom_mem_set_account(0));
+  loom__free(b);
+  LT_EQ(acct(5, LOOM_POOL_HOST).current_bytes, a5.current_bytes);
+  LT_EQ(acct(5, LOOM_POOL_HOST).frees, a5.frees + 2);
+  LT_EQ(acct(0, LOOM_POOL_HOST).current_bytes, a0.current_bytes);
+  LT_EQ(acct(0, LOOM_POOL_HOST).frees, a0.frees);
+  LT_EQ(current(LOOM_POOL_HOST), all);
+  /* bytes from outside loom__malloc (a mapped file) count on the calling thread's account */
+  LT_OK(loom_mem_set_account(7));
+  size_t f7 = acct(7, LOOM_POOL_FILE).current_bytes;
+  loom__mem_account(LOOM_POOL_FILE, 8192);
+  LT_EQ(acct(7, LOOM_POOL_FILE).current_bytes, f7 + 8192);
+  LT_OK(loom_mem_set_account(0));
+  loom__mem_account_to(LOOM_POOL_FILE, 7, -8192); /* given back from another account */
+  LT_EQ(acct(7, LOOM_POOL_FILE).current_bytes, f7);
+  /* failures (injected here) count on the account of the failing allocation */
+  LT_OK(loom_mem_set_account(6));
+  uint64_t fails = acct(6, LOOM_POOL_COMPUTE).failures;
+  loom_alloc_fail_nth(1);
+  LT_TRUE(loom__malloc(LOOM_POOL_COMPUTE, 64) == NULL);
+  LT_EQ(acct(6, LOOM_POOL_COMPUTE).failures, fails + 1);
+  LT_OK(loom_mem_set_account(old));
+}
+
+typedef struct freer {
+  void *block;
+  int account; /* the freeing thread's account, as it saw it */
+} freer;
+
+static void *free_on_new_thread(void *arg) {
+  freer *f = arg;
+  f->account = loom_mem_account();
+  loom__free(f->block);
+  return NULL;
+}
+
+LT_TEST(account_is_credited_back_when_another_thread_frees) {
+  int old = loom_mem_account();
+  size_t base3 = acct(3, LOOM_POOL_COMPUTE).current_bytes;
+  size_t base0 = acct(0, LOOM_POOL_COMPUTE).current_bytes;
+  uint64_t frees0 = acct(0, LOOM_POOL_COMPUTE).frees;
+  LT_OK(loom_mem_set_account(3));
+  freer f = {loom__malloc(LOOM_POOL_COMPUTE, BIG), -1};
+  LT_TRUE(f.block != NULL);
+  LT_OK(loom_mem_set_account(old));
+  LT_EQ(acct(3, LOOM_POOL_COMPUTE).current_bytes, base3 + BIG);
+  pthread_t th;
+  LT_EQ(pthread_create(&th, NULL, free_on_new_thread, &f), 0);
+  pthread_join(th, NULL);
+  LT_EQ(f.account, 0); /* a new thread starts on account 0: it does not inherit its creator's */
+  LT_EQ(acct(3, LOOM_POOL_COMPUTE).current_bytes, base3);
+  LT_EQ(acct(0, LOOM_POOL_COMPUTE).current_bytes, base0);
+  LT_EQ(acct(0, LOOM_POOL_COMPUTE).frees, frees0);
+}
+
+LT_TEST(account_peaks_are_per_account) {
+  int old = loom_mem_account();
+  loom_mem_reset_peak(LOOM_POOL_HOST);
+  loom_mem_account_reset_peak(8, LOOM_POOL_HOST);
+  loom_mem_account_reset_peak(9, LOOM_POOL_HOST);
+  size_t b8 = acct(8, LOOM_POOL_HOST).current_bytes, b9 = acct(9, LOOM_POOL_HOST).current_bytes;
+  LT_EQ(acct(8, LOOM_POOL_HOST).peak_bytes, b8);
+  LT_OK(loom_mem_set_account(8));
+  void *a = loom__malloc(LOOM_POOL_HOST, 1000), *b = loom__malloc(LOOM_POOL_HOST, 3000);
+  LT_TRUE(a && b);
+  loom__free(a);
+  LT_OK(loom_mem_set_account(9));
+  void *c = loom__malloc(LOOM_POOL_HOST, 10000);
+  LT_TRUE(c != NULL);
+  LT_OK(loom_mem_set_account(old));
+  LT_EQ(acct(8, LOOM_POOL_HOST).peak_bytes, b8 + 4000); /* account 9's bytes are not in it */
+  LT_EQ(acct(8, LOOM_POOL_HOST).current_bytes, b8 + 3000);
+  LT_EQ(acct(9, LOOM_POOL_HOST).peak_bytes, b9 + 10000);
+  /* resetting one account's peak leaves the other accounts' and the process-wide one */
+  loom_pool_stats s;
+  LT_OK(loom_mem_stats(LOOM_POOL_HOST, &s));
+  size_t process_peak = s.peak_bytes;
+  loom_mem_account_reset_peak(8, LOOM_POOL_HOST);
+  LT_EQ(acct(8, LOOM_POOL_HOST).peak_bytes, b8 + 3000);
+  LT_EQ(acct(9, LOOM_POOL_HOST).peak_bytes, b9 + 10000);
+  LT_OK(loom_mem_stats(LOOM_POOL_HOST, &s));
+  LT_EQ(s.peak_bytes, process_peak);
+  loom__free(b);
+  loom__free(c);
+  LT_EQ(acct(8, LOOM_POOL_HOST).peak_bytes, b8 + 3000);
+  LT_EQ(acct(9, LOOM_POOL_HOST).current_bytes, b9);
+}
+
+LT_TEST(account_bad_arguments_are_refused) {
+  int old = loom_mem_account();
+  loom_pool_stats s;
+  LT_ERR(loom_mem_set_account(-1), LOOM_EINVAL, "account -1 out of range 0..64");
+  LT_ERR(loom_mem_set_account(LOOM_MEM_ACCOUNTS), LOOM_EINVAL, "account 65 out of range");
+  LT_EQ(loom_mem_account(), old); /* unchanged */
+  LT_OK(loom_mem_set_account(LOOM_MEM_ACCOUNTS - 1));
+  LT_EQ(loom_mem_account(), LOOM_MEM_ACCOUNTS - 1);
+  LT_OK(loom_mem_set_account(old));
+  LT_ERR(loom_mem_account_stats(-1, LOOM_POOL_HOST, &s), LOOM_EINVAL, "account -1 out of range");
+  LT_ERR(loom_mem_account_stats(LOOM_MEM_ACCOUNTS, LOOM_POOL_HOST, &s), LOOM_EINVAL,
+         "account 65 out of range");
+  LT_ERR(loom_mem_account_stats(0, (loom_pool)9, &s), LOOM_EINVAL, "pool 9 out of range");
+  LT_ERR(loom_mem_account_stats(0, LOOM_POOL_COUNT, &s), LOOM_EINVAL, "pool 3 out of range");
+  LT_ERR(loom_mem_account_stats(0, LOOM_POOL_HOST, NULL), LOOM_EINVAL, "out is NULL");
+  LT_OK(loom_mem_account_stats(LOOM_MEM_ACCOUNTS - 1, LOOM_POOL_FILE, &s));
+  /* out of range: a no-op, not a crash */
+  loom_mem_account_reset_peak(-1, LOOM_POOL_HOST);
+  loom_mem_account_reset_peak(LOOM_MEM_ACCOUNTS, LOOM_POOL_HOST);
+  loom_mem_account_reset_peak(0, (loom_pool)9);
 }

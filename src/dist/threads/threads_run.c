@@ -44,6 +44,7 @@ static void *rank_main(void *p) {
   rank_arg *a = p;
   loom__thr_rank *me = a->me;
   loom_pg *pg = &me->pg;
+  loom_mem_set_account(pg->mem_account); /* rank r's bytes are counted as rank r's */
   if (me->world->pin) pin_rank(pg->rank, me->world->n);
   int rc = a->fn(pg, a->arg);
   if (rc) {
@@ -107,6 +108,9 @@ static int world_create(int n, const loom_pg_cfg *cfg, loom__thr_world **out, in
     me->scratch[1] = me->scratch[0] + LOOM__THR_SMALL_BYTES;
     LOOM_TRY(loom__pg_init(&me->pg, &loom__thr_ops, me, r, n, cfg));
     me->pg.owned = true;
+    /* the group is made here, on the caller's thread, but it is rank r's: account r + 1
+     * (ranks past the last account stay on the process's) */
+    me->pg.mem_account = r + 1 < LOOM_MEM_ACCOUNTS ? r + 1 : 0;
     int share = cores / n + (r < cores % n);
     me->pg.compute_threads = share > 0 ? share : 1;
     (*inited)++;
