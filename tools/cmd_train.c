@@ -23,6 +23,7 @@ static const char usage[] = "[OPTIONS]\n\n"
     "  loom train --amp f16 --metrics m.jsonl --save ck    # f16 with dynamic loss scaling\n"
     "  loom train --resume ck --save ck               # continue an interrupted run exactly\n"
     "  loom train --ranks 2 --strategy ddp            # 2 data-parallel ranks (threads)\n"
+    "  loom train --ranks 2 --strategy fsdp --amp bf16   # sharded over 2 ranks, bf16 forward\n"
     "  mpirun -n 2 loom train --backend mpi --strategy ddp   # 2 ranks as MPI processes";
 
 /* ---- running on ranks --------------------------------------------------------------------- */
@@ -105,7 +106,8 @@ int cmd_train(int argc, char **argv) {
                   .momentum = 0.9, .loss_scale = 65536, .optim = "adamw",
                   .schedule = "cosine", .amp = "off", .scaler = NULL, .fc = 128,
                   .eval_batch = 1000, .out = stdout, .ranks = 1, .backend = "threads",
-                  .strategy = "none"};
+                  .strategy = "none", .wrap = "children", .unit_min = 100000000,
+                  .reshard = "yes", .gather_prefetch = 1};
   static train_cmdline c; /* its folder buffers are large */
   c = (train_cmdline){.hidden = "1024,1024", .channels = "32,64"};
   /* Bounds: every product the trainer forms fits in 64 bits (epochs x steps per epoch, batch x
@@ -146,7 +148,11 @@ int cmd_train(int argc, char **argv) {
       {"ranks", CLI_POS_INT, &o.ranks, "N", "data-parallel ranks (threads backend; each gets --batch samples of every step)", NULL, 1, TRAIN_MAX_RANKS, NULL},
       {"backend", CLI_CHOICE, &o.backend, NULL, "process groups: ranks as threads, or MPI processes (mpirun -n N loom train --backend mpi ...)", "threads|mpi", 0, 0, NULL},
       {"timeout", CLI_POS_DOUBLE, &timeout, "SECONDS", "seconds a rank waits for its peers before it fails (LOOM_TIMEOUT sets the default)", NULL, 1e-3, 1e9, &timeout_seen},
-      {"strategy", CLI_CHOICE, &o.strategy, NULL, "data parallelism: none, or DDP (bucketed all-reduce overlapped with backward)", "none|ddp", 0, 0, NULL},
+      {"strategy", CLI_CHOICE, &o.strategy, NULL, "data parallelism: none, DDP (bucketed all-reduce overlapped with backward) or FSDP (parameters, gradients and optimizer state sharded over the ranks)", "none|ddp|fsdp", 0, 0, NULL},
+      {"wrap", CLI_CHOICE, &o.wrap, NULL, "FSDP units: each layer of the model, or layers grouped until --unit-min elements", "children|size", 0, 0, &c.seen_wrap},
+      {"unit-min", CLI_POS_INT, &o.unit_min, "N", "FSDP --wrap size: parameter elements a unit reaches", NULL, 1, 1e15, &c.seen_unit_min},
+      {"reshard-after-forward", CLI_CHOICE, &o.reshard, NULL, "FSDP: free each unit's gathered parameters after its forward (yes), or keep them until its backward (no: ZeRO-2)", "yes|no", 0, 0, &c.seen_reshard},
+      {"gather-prefetch", CLI_INT, &o.gather_prefetch, "N", "FSDP: all-gathers issued ahead of the running unit", NULL, 0, 8, &c.seen_gather_prefetch},
       {0}};
   int rc = cli_parse("loom train", table, argc, argv, NULL, 0, NULL);
   if (rc == 1) {
@@ -159,7 +165,7 @@ int cmd_train(int argc, char **argv) {
   if (strcmp(o.backend, "mpi") == 0) return run_mpi(&o, c.overwrite, &cfg);
   int code = train_save_check(&o, c.overwrite);
   if (code) return code;
-  if (strcmp(o.strategy, "ddp") == 0) rc = run_threads(&o, &cfg);
+  if (strcmp(o.strategy, "none") != 0) rc = run_threads(&o, &cfg);
   else rc = train_run(&o, NULL);
   return finish(rc);
 }

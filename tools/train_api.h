@@ -12,6 +12,7 @@
 #ifndef LOOM_TOOLS_TRAIN_API_H
 #define LOOM_TOOLS_TRAIN_API_H
 
+#include <loom/fsdp.h>
 #include <loom/loom.h>
 
 #include <stdbool.h>
@@ -48,7 +49,12 @@ typedef struct train_opts {
   /* data parallelism */
   long ranks;
   const char *backend;                 /* "threads" or "mpi" */
-  const char *strategy;                /* "none" or "ddp" */
+  const char *strategy;                /* "none", "ddp" or "fsdp" */
+  /* FSDP (--strategy fsdp) */
+  const char *wrap;                    /* "children" or "size" */
+  long unit_min;                       /* size policy: elements a unit reaches */
+  const char *reshard;                 /* "yes" or "no": reshard after forward */
+  long gather_prefetch;                /* gathers in flight ahead, 0..8 */
 } train_opts;
 
 /* Train as the options say. pg == NULL: one process. Returns a loom status; on failure
@@ -122,6 +128,10 @@ int train_par_rank(const train_par *p);
 int train_par_size(const train_par *p);
 /* After backward: wait until the gradients are averaged over the ranks. */
 int train_par_finish(train_par *p);
+/* The FSDP wrapper of a --strategy fsdp run (NULL otherwise): its segments feed the optimizer,
+ * its loss scale and overflow check replace the trainer's scaler, and evaluation and
+ * checkpoints run on every rank (they gather the units). */
+loom_fsdp *train_par_fsdp(const train_par *p);
 /* A flag true on any rank (the AMP overflow flag: every rank skips the same steps). */
 int train_par_any(train_par *p, bool local, bool *global);
 /* The data-parallel statistics as JSON members for the metrics ("" for one process). */
@@ -149,6 +159,14 @@ int train_ckpt_save(const char *dir, const train_opts *o, const train_model *m,
  * other, a scaler state out of range, and weights or moments that are not finite. */
 int train_ckpt_load(const char *dir, const train_opts *o, train_model *m, loom_optim *opt,
                     loom_scaler *scaler, train_state *st);
+/* The same for a --strategy fsdp run (a collective: every rank calls them): DIR/model.safetensors
+ * from the full state gathered to rank 0, and the sharded set DIR/fsdp (loom_fsdp_save_sharded:
+ * each rank's shards, optimizer state and loss scale, with the counters and fingerprint in the
+ * index). Load restores this rank's shards and checks the index as train_ckpt_load does. */
+int train_ckpt_save_fsdp(const char *dir, const train_opts *o, const train_model *m,
+                         loom_fsdp *fsdp, const loom_optim *opt, const train_state *st);
+int train_ckpt_load_fsdp(const char *dir, const train_opts *o, const train_model *m,
+                         loom_fsdp *fsdp, loom_optim *opt, train_state *st);
 /* The options a resumed run must share with the run that wrote the checkpoint (the
  * checkpoint's fingerprint), which every rank of a run must share too: fills out[0..n) with
  * each option's value as the checkpoint records it (exact: compare these) and the option as a

@@ -144,6 +144,27 @@ static void free_entries(entries *es) {
   free(es->names);
 }
 
+/* A checkpoint's metadata: the counters (counter_keys), then the fingerprint. */
+typedef struct ckpt_meta {
+  fingerprint fp;
+  char num[NCOUNT][32];
+  loom_safetensors_meta_kv kv[NCOUNT + NFP];
+} ckpt_meta;
+
+static void make_meta(const train_opts *o, const train_model *m, const loom_optim *opt,
+                      const train_state *st, ckpt_meta *cm) {
+  make_fingerprint(o, m, &cm->fp);
+  const int64_t count[NCOUNT] = {st->step, st->step / st->steps_per_epoch,
+                                 st->step % st->steps_per_epoch, st->steps_per_epoch,
+                                 loom_optim_step_count(opt)};
+  for (int i = 0; i < NCOUNT; i++) {
+    snprintf(cm->num[i], sizeof cm->num[i], "%lld", (long long)count[i]);
+    cm->kv[i] = (loom_safetensors_meta_kv){counter_keys[i], cm->num[i]};
+  }
+  for (int i = 0; i < NFP; i++)
+    cm->kv[NCOUNT + i] = (loom_safetensors_meta_kv){cm->fp.key[i], cm->fp.value[i]};
+}
+
 static void path_in(char *buf, size_t cap, const char *dir, const char *file) {
   snprintf(buf, cap, "%s/%s", dir, file);
 }
@@ -173,18 +194,9 @@ int train_ckpt_save(const char *dir, const train_opts *o, const train_model *m,
     if (!rc) rc = loom_scaler_state_pack(&ss, es.scaler_words);
     if (rc) train_fail_loom(rc, "checkpoint: the scaler");
   }
-  fingerprint fp;
-  make_fingerprint(o, m, &fp);
-  loom_safetensors_meta_kv meta[NCOUNT + NFP];
-  char num[NCOUNT][32];
-  const int64_t count[NCOUNT] = {st->step, st->step / st->steps_per_epoch,
-                                 st->step % st->steps_per_epoch, st->steps_per_epoch,
-                                 loom_optim_step_count(opt)};
-  for (int i = 0; i < NCOUNT; i++) {
-    snprintf(num[i], sizeof num[i], "%lld", (long long)count[i]);
-    meta[i] = (loom_safetensors_meta_kv){counter_keys[i], num[i]};
-  }
-  for (int i = 0; i < NFP; i++) meta[NCOUNT + i] = (loom_safetensors_meta_kv){fp.key[i], fp.value[i]};
+  ckpt_meta cm;
+  make_meta(o, m, opt, st, &cm);
+  const loom_safetensors_meta_kv *meta = cm.kv;
   if (!rc) rc = train_model_save(m, model, meta, 2); /* step and epoch */
   if (!rc) {
     rc = loom_checkpoint_save(ck, es.e, es.n, meta, NCOUNT + NFP);
@@ -309,6 +321,72 @@ int train_ckpt_load(const char *dir, const train_opts *o, train_model *m, loom_o
   free_entries(&es);
   if (!rc) rc = check_scaler_counts(dir, scaler, c[0], c[4]);
   if (!rc) rc = loom_optim_set_step_count(opt, c[4]);
+  if (!rc) st->step = c[0];
+  st->model_step = rc ? -1 : model_step(dir);
+  return rc;
+}
+
+/* ---- FSDP: the full model on rank 0, the rest sharded ------------------------------------- */
+
+static void fsdp_set_path(const char *dir, char *buf, size_t cap) { path_in(buf, cap, dir, "fsdp"); }
+
+int train_ckpt_save_fsdp(const char *dir, const train_opts *o, const train_model *m,
+                         loom_fsdp *fsdp, const loom_optim *opt, const train_state *st) {
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+    return train_fail(LOOM_EIO, "--save %s: cannot create the folder: %s", dir, strerror(errno));
+  ckpt_meta cm;
+  make_meta(o, m, opt, st, &cm);
+  const loom_safetensors_meta_kv *meta = cm.kv;
+  /* the model file first (rank 0), so that the sharded set is never ahead of it; every rank
+   * takes part in the gathers and in the sharded save whatever rank 0's file did, so that the
+   * collectives stay matched */
+  loom_named_tensor *state = NULL;
+  size_t n = 0;
+  int rc = loom_fsdp_full_state(fsdp, &state, &n);
+  if (rc) return train_fail_loom(rc, "--save: gathering the model");
+  int rc_model = LOOM_OK;
+  if (state) {
+    char model[4096];
+    path_in(model, sizeof model, dir, "model.safetensors");
+    rc_model = clean(model);
+    loom_safetensors_entry *e = calloc(n ? n : 1, sizeof *e);
+    if (!rc_model && !e) rc_model = train_fail(LOOM_ENOMEM, "--save: out of memory");
+    for (size_t i = 0; !rc_model && i < n; i++)
+      e[i] = (loom_safetensors_entry){.name = state[i].name, .tensor = state[i].tensor};
+    if (!rc_model && (rc_model = loom_safetensors_write(model, e, n, meta, 2)))
+      train_fail_loom(rc_model, "saving the model");
+    free(e);
+    loom_fsdp_state_free(state, n);
+  }
+  char set[4096];
+  fsdp_set_path(dir, set, sizeof set);
+  rc = loom_fsdp_save_sharded(fsdp, set, opt, meta, NCOUNT + NFP);
+  if (rc && !rc_model) return train_fail_loom(rc, "--save");
+  return rc_model ? rc_model : rc;
+}
+
+int train_ckpt_load_fsdp(const char *dir, const train_opts *o, const train_model *m,
+                         loom_fsdp *fsdp, loom_optim *opt, train_state *st) {
+  char set[4096], index[4200];
+  fsdp_set_path(dir, set, sizeof set);
+  snprintf(index, sizeof index, "%s/fsdp-index.safetensors", set);
+  struct stat sb;
+  if (stat(index, &sb) != 0)
+    return train_fail(LOOM_ENOTFOUND, "--resume %s: no FSDP checkpoint (%s): a run without "
+                      "--strategy fsdp writes DIR/checkpoint.safetensors instead", dir, index);
+  loom_safetensors *f = NULL;
+  int rc = loom_checkpoint_open(index, &f);
+  if (rc) return train_fail_loom(rc, "--resume");
+  int64_t c[NCOUNT] = {0};
+  rc = check_fingerprint(f, dir, o, m);
+  if (!rc) rc = check_counters(f, dir, o, st, c);
+  loom_safetensors_free(f);
+  if (!rc && (rc = loom_fsdp_load_sharded(fsdp, set, opt))) train_fail_loom(rc, "--resume");
+  loom_fsdp_mp *mp = loom_fsdp_mp_manager(fsdp);
+  if (!rc) rc = check_scaler_counts(dir, mp ? loom_fsdp_mp_scaler(mp) : NULL, c[0], c[4]);
+  if (!rc && loom_optim_step_count(opt) != c[4])
+    rc = train_fail(LOOM_EFORMAT, "--resume %s: the shards' optimizer step count %lld is not "
+                    "the index's %lld", dir, (long long)loom_optim_step_count(opt), (long long)c[4]);
   if (!rc) st->step = c[0];
   st->model_step = rc ? -1 : model_step(dir);
   return rc;

@@ -94,6 +94,18 @@ static int unused(const train_opts *o, const train_cmdline *c) {
                  "drop --init", o->resume);
   if (c->overwrite && !o->save)
     return usage("--overwrite: only with --save DIR (it allows replacing DIR's checkpoint)");
+  bool fsdp = strcmp(o->strategy, "fsdp") == 0;
+  const char *fsdp_only = c->seen_wrap ? "wrap" : c->seen_unit_min ? "unit-min"
+                          : c->seen_reshard ? "reshard-after-forward"
+                          : c->seen_gather_prefetch ? "gather-prefetch" : NULL;
+  if (fsdp_only && !fsdp)
+    return usage("--%s: an FSDP option; it needs --strategy fsdp", fsdp_only);
+  if (c->seen_unit_min && strcmp(o->wrap, "size") != 0)
+    return usage("--unit-min: the size of a unit under --wrap size; this run has --wrap %s",
+                 o->wrap);
+  if (fsdp && strcmp(o->scaler, "static") == 0)
+    return usage("--scaler static: FSDP's mixed precision scales the loss dynamically (its "
+                 "specification's scaler); use --scaler dynamic or off");
   return 0;
 }
 
@@ -115,12 +127,13 @@ int train_opts_check(train_opts *o, train_cmdline *c) {
   if (o->threads > most)
     return usage("--threads: expected at most %d (4 per online CPU, this machine has %ld, and "
                  "1024 in all), got %ld", most, sysconf(_SC_NPROCESSORS_ONLN), o->threads);
-  bool ddp = strcmp(o->strategy, "ddp") == 0, mpi = strcmp(o->backend, "mpi") == 0;
+  bool ddp = strcmp(o->strategy, "none") != 0, mpi = strcmp(o->backend, "mpi") == 0;
   if (mpi && !ddp)
     return usage("--backend mpi: the MPI processes are data-parallel ranks: give --strategy ddp "
-                 "and start them with mpirun (mpirun -n N loom train --backend mpi --strategy "
-                 "ddp ...)");
-  if (o->ranks > 1 && !ddp) return usage("--ranks: more than one rank needs --strategy ddp");
+                 "or fsdp and start them with mpirun (mpirun -n N loom train --backend mpi "
+                 "--strategy ddp ...)");
+  if (o->ranks > 1 && !ddp)
+    return usage("--ranks: more than one rank needs --strategy ddp or fsdp");
   if (mpi && o->ranks > 1)
     return usage("--ranks: with --backend mpi the ranks are the MPI processes (mpirun -n N loom "
                  "train ...)");
@@ -152,9 +165,10 @@ int train_save_check(const train_opts *o, bool overwrite) {
     fprintf(stderr, "loom train: --save %s: not a folder\n", d);
     return 1;
   }
-  static const char *const files[] = {"checkpoint.safetensors", "model.safetensors"};
+  static const char *const files[] = {"checkpoint.safetensors", "model.safetensors",
+                                      "fsdp/fsdp-index.safetensors"};
   char p[PATH_MAX + 64];
-  for (int i = 0; i < 2 && !overwrite && !same_folder(o->resume, d); i++) {
+  for (int i = 0; i < 3 && !overwrite && !same_folder(o->resume, d); i++) {
     snprintf(p, sizeof p, "%s/%s", d, files[i]);
     if (lstat(p, &st) == 0 && !S_ISDIR(st.st_mode)) {
       fprintf(stderr, "loom train: --save %s: the folder already holds %s of another run: give "

@@ -17,7 +17,7 @@ typedef struct train_cmdline {
   const char *hidden, *channels;  /* "1024,1024", "32,64" */
   bool no_shuffle, overwrite;
   bool seen_hidden, seen_channels, seen_fc, seen_momentum, seen_loss_scale, seen_scaler,
-      seen_warmup;
+      seen_warmup, seen_wrap, seen_unit_min, seen_reshard, seen_gather_prefetch;
   char dirs[3][PATH_MAX];         /* --save, --resume, --data without trailing slashes */
 } train_cmdline;
 

@@ -2,13 +2,15 @@
  * do. With a process group: the ranks first check that they agree (the same options, then the
  * same data and start step), since ranks that disagree would diverge silently or wait for each
  * other forever; then, with --strategy ddp, the model's parameters are wrapped by DDP (rank 0's
- * initial values broadcast, gradients as bucket views reduced while backward runs), each rank
- * computes with its share of the machine's cores, and the AMP overflow flag is combined over
- * the ranks. */
+ * initial values broadcast, gradients as bucket views reduced while backward runs), or, with
+ * --strategy fsdp, the model is sharded by FSDP (--amp through the FSDP mixed-precision
+ * configuration); each rank computes with its share of the machine's cores, and the AMP
+ * overflow flag is combined over the ranks. */
 #include "train_api.h"
 
 #include <loom/ddp.h>
 #include <loom/dist.h>
+#include <loom/fsdp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,7 @@ struct train_par {
   loom_pg *pg;
   int rank, size;
   loom_ddp *ddp;
+  loom_fsdp *fsdp;
 };
 
 /* ---- ranks that must agree ---------------------------------------------------------------- */
@@ -100,11 +103,11 @@ int train_par_check_start(train_par *p, int64_t steps_per_epoch, int64_t step) {
 
 int train_par_cfg(const train_opts *o, double timeout, loom_pg_cfg *cfg) {
   *cfg = loom_pg_cfg_default();
-  bool group = strcmp(o->strategy, "ddp") == 0 || strcmp(o->backend, "mpi") == 0;
+  bool group = strcmp(o->strategy, "none") != 0 || strcmp(o->backend, "mpi") == 0;
   if (!group) {
     if (timeout > 0) {
       fprintf(stderr, "loom train: --timeout: only for ranks that wait for each other "
-                      "(--strategy ddp)\n");
+                      "(--strategy ddp or fsdp)\n");
       return -1;
     }
     return 0;
@@ -115,6 +118,29 @@ int train_par_cfg(const train_opts *o, double timeout, loom_pg_cfg *cfg) {
     return -1;
   }
   return 0;
+}
+
+/* FSDP over the model with the options' policy, resharding and prefetch; --amp bf16|f16 is the
+ * specification's mixed precision for that dtype (bf16 without loss scaling, f16 with the
+ * dynamic scale starting at --loss-scale; --scaler off turns it off). */
+static int make_fsdp(loom_pg *pg, const train_opts *o, train_model *m, loom_fsdp **out) {
+  loom_fsdp_cfg c;
+  loom_fsdp_cfg_default(&c);
+  c.wrap = strcmp(o->wrap, "size") == 0 ? LOOM_FSDP_WRAP_SIZE : LOOM_FSDP_WRAP_CHILDREN;
+  c.min_unit_numel = (size_t)o->unit_min;
+  c.reshard_after_forward = strcmp(o->reshard, "yes") == 0;
+  c.forward_prefetch = c.backward_prefetch = (int)o->gather_prefetch;
+  loom_dtype dt = LOOM_F32;
+  if (strcmp(o->amp, "off") != 0 && loom_dtype_parse(o->amp, &dt) == LOOM_OK) {
+    loom_fsdp_mp_cfg_for(dt, &c.mp);
+    c.mp.use_loss_scaling = strcmp(o->scaler, "dynamic") == 0;
+    if (c.mp.use_loss_scaling) {
+      c.mp.initial_loss_scale = (float)o->loss_scale;
+      if (c.mp.max_loss_scale < c.mp.initial_loss_scale) c.mp.max_loss_scale = c.mp.initial_loss_scale;
+    }
+  }
+  int rc = loom_fsdp_create(pg, m->root, &c, out);
+  return rc ? train_fail_loom(rc, "--strategy fsdp") : LOOM_OK;
 }
 
 int train_par_create(loom_pg *pg, const train_opts *o, train_model *m, train_par **out) {
@@ -132,6 +158,14 @@ int train_par_create(loom_pg *pg, const train_opts *o, train_model *m, train_par
       return rc;
     }
     if (o->threads <= 0) loom_set_num_threads(loom_pg_compute_threads(pg));
+    if (strcmp(o->strategy, "fsdp") == 0) {
+      if ((rc = make_fsdp(pg, o, m, &p->fsdp))) {
+        free(p);
+        return rc;
+      }
+      *out = p;
+      return LOOM_OK;
+    }
     loom_tensor **params = calloc(m->nparams ? m->nparams : 1, sizeof *params);
     const char **names = calloc(m->nparams ? m->nparams : 1, sizeof *names);
     rc = params && names ? LOOM_OK : LOOM_ENOMEM;
@@ -153,6 +187,7 @@ int train_par_create(loom_pg *pg, const train_opts *o, train_model *m, train_par
 
 void train_par_free(train_par *p) {
   if (!p) return;
+  loom_fsdp_free(p->fsdp);
   loom_ddp_free(p->ddp);
   free(p);
 }
@@ -160,9 +195,15 @@ void train_par_free(train_par *p) {
 int train_par_rank(const train_par *p) { return p->rank; }
 int train_par_size(const train_par *p) { return p->size; }
 
-int train_par_finish(train_par *p) { return p->ddp ? loom_ddp_finish(p->ddp) : LOOM_OK; }
+int train_par_finish(train_par *p) {
+  if (p->fsdp) return loom_fsdp_finish(p->fsdp);
+  return p->ddp ? loom_ddp_finish(p->ddp) : LOOM_OK;
+}
+
+loom_fsdp *train_par_fsdp(const train_par *p) { return p ? p->fsdp : NULL; }
 
 int train_par_any(train_par *p, bool local, bool *global) {
+  if (p->fsdp) return loom_fsdp_any(p->fsdp, local, global);
   if (p->ddp) return loom_ddp_any(p->ddp, local, global);
   *global = local;
   return LOOM_OK;
@@ -170,11 +211,29 @@ int train_par_any(train_par *p, bool local, bool *global) {
 
 void train_par_json(const train_par *p, char *buf, size_t cap) {
   if (cap) buf[0] = '\0';
+  loom_pool_stats mem = {0};
+  int n = 0;
+  if (p->pg && !loom_mem_account_stats(loom_mem_account(), LOOM_POOL_COMPUTE, &mem))
+    n = snprintf(buf, cap, "\"rank_compute_bytes\": %zu, \"rank_compute_peak_bytes\": %zu",
+                 mem.current_bytes, mem.peak_bytes);
+  if (n < 0 || (size_t)n >= cap) return;
+  const char *sep = n ? ", " : "";
+  loom_fsdp_stats f;
+  if (p->fsdp && !loom_fsdp_stats_get(p->fsdp, &f)) {
+    snprintf(buf + n, cap - (size_t)n,
+             "%s\"fsdp_units\": %zu, \"fsdp_shard_elements\": %zu, \"fsdp_gathers\": %llu, "
+             "\"fsdp_reduce_scatters\": %llu, \"fsdp_gather_bytes\": %llu, "
+             "\"fsdp_reduce_bytes\": %llu, \"fsdp_comm_s\": %.6f, \"fsdp_exposed_s\": %.6f",
+             sep, f.units, f.shard_numel, (unsigned long long)f.gathers,
+             (unsigned long long)f.reduce_scatters, (unsigned long long)f.gather_bytes,
+             (unsigned long long)f.reduce_bytes, f.comm_s, f.exposed_s);
+    return;
+  }
   loom_ddp_stats s;
   if (!p->ddp || loom_ddp_stats_get(p->ddp, &s)) return;
-  snprintf(buf, cap,
-           "\"ddp_buckets\": %zu, \"ddp_collectives\": %llu, \"ddp_bytes\": %llu, "
+  snprintf(buf + n, cap - (size_t)n,
+           "%s\"ddp_buckets\": %zu, \"ddp_collectives\": %llu, \"ddp_bytes\": %llu, "
            "\"ddp_comm_s\": %.6f, \"ddp_exposed_s\": %.6f, \"ddp_last_exposed_s\": %.6f",
-           s.buckets, (unsigned long long)s.collectives, (unsigned long long)s.bytes, s.comm_s,
+           sep, s.buckets, (unsigned long long)s.collectives, (unsigned long long)s.bytes, s.comm_s,
            s.exposed_s, s.last_exposed_s);
 }

@@ -15,6 +15,7 @@
 typedef struct trainer {
   const train_opts *o;
   train_par *par;
+  loom_fsdp *fsdp; /* --strategy fsdp: the shards train, every rank evaluates and saves */
   bool lead; /* rank 0: prints, evaluates, writes */
   int rank, nranks;
   loom_dataset *train, *test;
@@ -80,11 +81,15 @@ static int load_data(trainer *t) {
   return LOOM_OK;
 }
 
-static int make_optimizer(trainer *t) {
-  const train_opts *o = t->o;
+/* The optimizer's segments: every parameter with its gradient, or FSDP's shards (one per unit). */
+static int make_segments(trainer *t, const loom_param_seg **segs, size_t *n) {
   const train_model *m = &t->model;
-  t->grads = calloc(m->nparams, sizeof *t->grads);
-  t->segs = calloc(m->nparams, sizeof *t->segs);
+  if (t->fsdp) {
+    int rc = loom_fsdp_segments(t->fsdp, segs, n);
+    return rc ? train_fail_loom(rc, "--strategy fsdp") : LOOM_OK;
+  }
+  t->grads = calloc(m->nparams ? m->nparams : 1, sizeof *t->grads);
+  t->segs = calloc(m->nparams ? m->nparams : 1, sizeof *t->segs);
   if (!t->grads || !t->segs) return train_fail(LOOM_ENOMEM, "train: out of memory");
   for (size_t i = 0; i < m->nparams; i++) {
     loom_tensor *v = m->params[i].value, *g = loom_tensor_grad(v);
@@ -94,16 +99,26 @@ static int make_optimizer(trainer *t) {
     t->segs[i] = (loom_param_seg){m->params[i].name, loom_tensor_data(v), loom_tensor_data(g),
                                   m->params[i].numel, 0};
   }
-  int rc;
+  *segs = t->segs;
+  *n = m->nparams;
+  return LOOM_OK;
+}
+
+static int make_optimizer(trainer *t) {
+  const train_opts *o = t->o;
+  const loom_param_seg *segs = NULL;
+  size_t nseg = 0;
+  int rc = make_segments(t, &segs, &nseg);
+  if (rc) return rc;
   if (strcmp(o->optim, "sgd") == 0) {
     loom_sgd_cfg c = loom_sgd_cfg_default();
     c.lr = o->lr, c.momentum = o->momentum, c.weight_decay = o->weight_decay;
-    TRY(loom_optim_create_sgd(t->segs, m->nparams, &c, &t->opt), "--optim sgd");
+    TRY(loom_optim_create_sgd(segs, nseg, &c, &t->opt), "--optim sgd");
   } else {
     bool w = strcmp(o->optim, "adamw") == 0;
     loom_adam_cfg c = w ? loom_adamw_cfg_default() : loom_adam_cfg_default();
     c.lr = o->lr, c.weight_decay = o->weight_decay;
-    TRY((w ? loom_optim_create_adamw : loom_optim_create_adam)(t->segs, m->nparams, &c, &t->opt),
+    TRY((w ? loom_optim_create_adamw : loom_optim_create_adam)(segs, nseg, &c, &t->opt),
         w ? "--optim adamw" : "--optim adam");
   }
   t->sched = loom_lr_schedule_default();
@@ -125,6 +140,7 @@ static int make_optimizer(trainer *t) {
 static int make_scaler(trainer *t) {
   const train_opts *o = t->o;
   int rc = LOOM_OK;
+  if (t->fsdp) return LOOM_OK; /* FSDP's mixed precision holds the scale */
   if (strcmp(o->scaler, "dynamic") == 0) {
     loom_dynamic_scaler_cfg c;
     loom_dynamic_scaler_cfg_default(&c);
@@ -134,6 +150,21 @@ static int make_scaler(trainer *t) {
     TRY(loom_scaler_create_static((float)o->loss_scale, &t->scaler), "--scaler static");
   }
   return rc;
+}
+
+/* The loss scale now (1 without loss scaling). */
+static double current_scale(const trainer *t) {
+  if (t->fsdp) {
+    loom_fsdp_mp *mp = loom_fsdp_mp_manager(t->fsdp);
+    return mp ? loom_fsdp_mp_current_loss_scale(mp) : 1.0;
+  }
+  return current_scale(t);
+}
+
+/* Whether the run scales its loss (a scaler, or FSDP's mixed precision with loss scaling). */
+static bool scales_loss(const trainer *t) {
+  loom_fsdp_mp *mp = t->fsdp ? loom_fsdp_mp_manager(t->fsdp) : NULL;
+  return t->scaler || (mp && loom_fsdp_mp_scaler(mp));
 }
 
 /* ---- a step ----------------------------------------------------------------------------- */
@@ -165,9 +196,22 @@ static int forward_loss(trainer *t, loom_tensor *x, loom_tensor *y, loom_tensor 
 }
 
 /* Backward of loss x scale, gradients synchronised and unscaled; *overflow over all ranks. */
+static int backward_fsdp(trainer *t, loom_tensor *loss, bool *overflow) {
+  int rc;
+  loom_tensor *scaled = NULL;
+  TRY(loom_fsdp_scale_loss(t->fsdp, loss, &scaled), "loss scaling");
+  rc = loom_backward(scaled, NULL, false);
+  loom_tensor_free(scaled);
+  if (rc) return train_fail_loom(rc, "backward");
+  TRY(train_par_finish(t->par), "gradient reduce-scatter");
+  TRY(loom_fsdp_check_overflow(t->fsdp, overflow), "overflow check");
+  return LOOM_OK;
+}
+
 static int backward(trainer *t, loom_tensor *loss, bool *overflow) {
   int rc;
   *overflow = false;
+  if (t->fsdp) return backward_fsdp(t, loss, overflow);
   if (!t->scaler) {
     TRY(loom_backward(loss, NULL, false), "backward");
     TRY(train_par_finish(t->par), "gradient all-reduce");
@@ -193,7 +237,8 @@ static int step(trainer *t, double *loss_value, bool *overflow) {
   int rc = loom_loader_batch(t->loader, (uint64_t)(s / spe), (size_t)(s % spe), &x, &y);
   if (rc) return train_fail_loom(rc, "the training data");
   rc = shard(t, &x, &y);
-  for (size_t i = 0; i < t->model.nparams && !rc; i++) rc = loom_tensor_zero_grad(t->model.params[i].value);
+  for (size_t i = 0; i < t->model.nparams && !rc && !t->fsdp; i++)
+    rc = loom_tensor_zero_grad(t->model.params[i].value); /* FSDP overwrites its shards */
   if (!rc) rc = forward_loss(t, x, y, &loss);
   if (rc) train_fail_loom(rc, "forward");
   loom_tensor_free(x);
@@ -211,8 +256,8 @@ static int step(trainer *t, double *loss_value, bool *overflow) {
   if (interrupted)
     return train_fail(LOOM_EABORTED, "interrupted before step %lld; %s", (long long)s + 1,
                       t->o->save ? "the last checkpoint written is intact" : "nothing saved");
-  diverged = stop;
-  if (diverged && !*overflow)
+  diverged = stop && !(*overflow && scales_loss(t));
+  if (diverged)
     return train_fail(LOOM_EINVAL, "step %lld: the loss is %s: training diverged (too high a "
                       "--lr?); stopped before the update, no checkpoint written", (long long)s + 1,
                       isfinite(*loss_value) ? "not finite on another rank"
@@ -293,7 +338,7 @@ static int write_record(trainer *t, double loss, bool overflow, double step_s) {
   train_par_json(t->par, extra, sizeof extra);
   train_record r = {t->st.step, (t->st.step - 1) / t->st.steps_per_epoch, loss,
                     loom_lr_at(&t->sched, t->st.step - 1),
-                    t->scaler ? loom_scaler_get_scale(t->scaler) : 1.0, overflow,
+                    current_scale(t), overflow,
                     (double)(t->o->batch * t->nranks) / step_s, extra};
   return train_metrics_write(t->metrics, &r);
 }
@@ -324,14 +369,14 @@ static int run_epoch(trainer *t) {
     if (t->lead && !o->quiet) {
       fmt_rate(rate, sizeof rate, (double)(n * o->batch * t->nranks) / (progress_now() - t0));
       snprintf(figures, sizeof figures, "loss %.4f  scale %g  %s samples/s", loss,
-               t->scaler ? loom_scaler_get_scale(t->scaler) : 1.0, rate);
+               current_scale(t), rate);
       progress_update(&pr, (long)(t->st.step - epoch * spe), figures);
     }
   }
-  if (rc || !t->lead) return rc;
+  if (rc || (!t->lead && !t->fsdp)) return rc; /* FSDP: every rank takes part in the gathers */
   double acc = 0;
   rc = evaluate(t, &acc);
-  if (!rc && !o->quiet) {
+  if (!rc && t->lead && !o->quiet) {
     fmt_rate(rate, sizeof rate, (double)(n * o->batch * t->nranks) / (progress_now() - t0));
     snprintf(figures, sizeof figures, "loss %.4f (mean %.4f)  %s samples/s  test accuracy %.2f%%",
              loss, n ? loss_sum / (double)n : 0.0, rate, acc);
@@ -339,7 +384,9 @@ static int run_epoch(trainer *t) {
   }
   t->accuracy = acc;
   t->evaluated = true;
-  if (!rc && o->save) rc = train_ckpt_save(o->save, o, &t->model, t->opt, t->scaler, &t->st);
+  if (!rc && o->save)
+    rc = t->fsdp ? train_ckpt_save_fsdp(o->save, o, &t->model, t->fsdp, t->opt, &t->st)
+                 : train_ckpt_save(o->save, o, &t->model, t->opt, t->scaler, &t->st);
   return rc;
 }
 
@@ -347,16 +394,19 @@ static void summary(trainer *t, double wall_s) {
   const train_opts *o = t->o;
   char desc[96], rate[32], peak[32];
   loom_pool_stats ps = {0};
-  loom_mem_stats(LOOM_POOL_COMPUTE, &ps);
+  bool per_rank = t->nranks > 1 && loom_mem_account() > 0; /* ranks as threads: rank 0's own */
+  if (per_rank) loom_mem_account_stats(loom_mem_account(), LOOM_POOL_COMPUTE, &ps);
+  else loom_mem_stats(LOOM_POOL_COMPUTE, &ps);
   fmt_bytes(peak, sizeof peak, ps.peak_bytes);
   fmt_rate(rate, sizeof rate, t->train_s > 0 ? (double)t->samples / t->train_s : 0);
   train_model_describe(&t->model, o, desc, sizeof desc);
   fprintf(o->out,
           "loom train: %s, %s, amp %s: test accuracy %.2f%% after %lld steps (%.2f epochs), "
-          "%s samples/s, wall %.1f s, peak memory %s",
+          "%s samples/s, wall %.1f s, peak memory %s%s",
           desc, o->optim, o->amp, t->accuracy, (long long)t->st.step,
-          (double)t->st.step / (double)t->st.steps_per_epoch, rate, wall_s, peak);
-  if (t->scaler) fprintf(o->out, ", %lld overflow steps skipped", (long long)t->overflows);
+          (double)t->st.step / (double)t->st.steps_per_epoch, rate, wall_s, peak,
+          per_rank ? " per rank" : "");
+  if (scales_loss(t)) fprintf(o->out, ", %lld overflow steps skipped", (long long)t->overflows);
   fputc('\n', o->out);
   fflush(o->out);
 }
@@ -381,6 +431,7 @@ static int setup(trainer *t, loom_pg *pg) {
   if (!rc && o->init) rc = train_model_load(&t->model, o->init);
   if (!rc) rc = train_par_create(pg, o, &t->model, &t->par);
   if (rc) return rc;
+  t->fsdp = train_par_fsdp(t->par);
   t->rank = train_par_rank(t->par), t->nranks = train_par_size(t->par);
   t->lead = t->rank == 0;
   if (!rc) rc = load_data(t);
@@ -391,10 +442,27 @@ static int setup(trainer *t, loom_pg *pg) {
   if (!rc) rc = make_scaler(t);
   if (!rc && loom_autocast_mode_parse(o->amp, &t->amp))
     rc = train_fail(LOOM_EINVAL, "--amp: unknown mode '%s'", o->amp);
-  if (!rc && o->resume) rc = train_ckpt_load(o->resume, o, &t->model, t->opt, t->scaler, &t->st);
+  if (!rc && o->resume)
+    rc = t->fsdp ? train_ckpt_load_fsdp(o->resume, o, &t->model, t->fsdp, t->opt, &t->st)
+                 : train_ckpt_load(o->resume, o, &t->model, t->opt, t->scaler, &t->st);
   if (!rc) rc = train_par_check_start(t->par, t->st.steps_per_epoch, t->st.step);
   if (!rc && t->lead && o->metrics) rc = train_metrics_open(o->metrics, o->resume != NULL, &t->metrics);
   return rc;
+}
+
+/* What FSDP made of the model, on one line. */
+static void fsdp_header(const trainer *t) {
+  loom_fsdp_stats s;
+  loom_fsdp_stats_get(t->fsdp, &s);
+  char shard[32];
+  fmt_bytes(shard, sizeof shard, s.shard_numel * sizeof(float));
+  loom_fsdp_mp *mp = loom_fsdp_mp_manager(t->fsdp);
+  const loom_fsdp_mp_cfg *mc = mp ? loom_fsdp_mp_config(mp) : NULL;
+  fprintf(t->o->out, "loom train: fsdp: %zu units (--wrap %s), %zu elements per rank (%s of f32 "
+          "shards), reshard after forward %s, gather prefetch %ld, forward in %s%s\n",
+          s.units, t->o->wrap, s.shard_numel, shard, t->o->reshard, t->o->gather_prefetch,
+          mc ? loom_dtype_name(mc->forward_dtype) : "f32",
+          !mc ? "" : mc->use_loss_scaling ? " with loss scaling" : " without loss scaling");
 }
 
 int train_run(const train_opts *o, loom_pg *pg) {
@@ -415,8 +483,9 @@ int train_run(const train_opts *o, loom_pg *pg) {
             desc, loom_module_numel(t.model.root), o->optim, o->lr, o->batch, t.nranks,
             t.nranks > 1 ? "s" : "", o->amp,
             loom_ops_native_dtype(amp_dt) ? "" : " (products in f32: no native kernel on this CPU)",
-            t.scaler ? ", scaler " : "", t.scaler ? o->scaler : "",
+            scales_loss(&t) ? ", scaler " : "", scales_loss(&t) ? o->scaler : "",
             (long long)t.st.steps_per_epoch, o->resume ? ", resumed" : "");
+    if (t.fsdp) fsdp_header(&t);
     if (o->resume)
       fprintf(o->out, "loom train: resuming at step %lld (epoch %lld, batch %lld)\n",
               (long long)t.st.step, (long long)(t.st.step / t.st.steps_per_epoch) + 1,
@@ -430,7 +499,7 @@ int train_run(const train_opts *o, loom_pg *pg) {
   while (!rc && t.st.step < t.stop_step) {
     rc = run_epoch(&t);
   }
-  if (!rc && t.lead && !t.evaluated) rc = evaluate(&t, &t.accuracy); /* nothing left to run */
+  if (!rc && (t.lead || t.fsdp) && !t.evaluated) rc = evaluate(&t, &t.accuracy); /* nothing left to run */
   if (!rc && t.lead) summary(&t, progress_now() - t0);
   if (t.metrics) {
     int rc2 = train_metrics_close(t.metrics);

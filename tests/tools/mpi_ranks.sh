@@ -8,6 +8,9 @@
 #   stall                  rank 1 stopped (kill -STOP) mid-run, --timeout 3: rank 0 names rank
 #                          1 on stderr (the notice of a long wait, then the error), the job
 #                          exits non-zero within the timeout plus a margin, no hang
+#   fsdp NP                NP MPI processes with --strategy fsdp --amp bf16, interrupted by
+#                          --max-steps and resumed from the sharded checkpoint, end with the
+#                          model file of the same run on NP threads (byte for byte)
 # Usage: mpi_ranks.sh LOOM MPIEXEC NP_FLAG "LAUNCHER FLAGS" CASE [ARGS...]
 set -u
 loom=$1 mpiexec=$2 np=$3 flags=$4 case=$5
@@ -73,6 +76,20 @@ stall)
   grep -q "loom: rank 0 waiting for rank 1 in .* (timeout 3 s)" "$dir/err" || fail "no notice"
   grep -q "loom train: rank 0: .*timed out after 3 s waiting for rank 1" "$dir/err" ||
     fail "no error naming rank 1"
+  ;;
+fsdp)
+  n=$1
+  run="train --strategy fsdp --amp bf16 --hidden 24,16 --threads 1 --limit 512 --batch 32 --epochs 2 --quiet"
+  timeout 120 "$loom" $run --ranks "$n" --save "$dir/thr" >"$dir/out" 2>"$dir/err" ||
+    fail "the threads run failed"
+  # shellcheck disable=SC2086
+  timeout 120 "$mpiexec" $flags $np "$n" "$loom" $run --backend mpi --max-steps 5 --save "$dir/mpi" \
+    >"$dir/out" 2>"$dir/err" || fail "the MPI run failed"
+  # shellcheck disable=SC2086
+  timeout 120 "$mpiexec" $flags $np "$n" "$loom" $run --backend mpi --resume "$dir/mpi" \
+    --save "$dir/mpi" >"$dir/out" 2>"$dir/err" || fail "the resumed MPI run failed"
+  cmp -s "$dir/thr/model.safetensors" "$dir/mpi/model.safetensors" ||
+    fail "the MPI run's model differs from the threads run's"
   ;;
 *)
   echo "unknown case $case"

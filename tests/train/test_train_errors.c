@@ -39,7 +39,7 @@ LT_TEST(train_bad_options_name_the_option) {
       {"extra", "unexpected argument 'extra'"},
       {"--ranks 0", "--ranks: expected a positive integer"},
       {"--backend tcp", "--backend: expected one of threads|mpi"},
-      {"--strategy fsdp", "--strategy: expected one of none|ddp"},
+      {"--strategy zero", "--strategy: expected one of none|ddp|fsdp"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     tt_run r = tt_train("%s", cases[i].args);

@@ -93,7 +93,7 @@ LT_TEST(train_options_that_do_nothing_are_refused) {
       {"--init w.safetensors --resume ck", "--init: a resumed run takes its weights from the checkpoint"},
       {"--schedule constant --warmup 5", "--warmup: --schedule constant has no warmup"},
       {"--overwrite", "--overwrite: only with --save DIR"},
-      {"--backend mpi", "--backend mpi: the MPI processes are data-parallel ranks: give --strategy ddp and start them with mpirun"},
+      {"--backend mpi", "--backend mpi: the MPI processes are data-parallel ranks: give --strategy ddp or fsdp and start them with mpirun"},
   };
   refused(cases, sizeof cases / sizeof cases[0]);
   /* what each of them is for still runs */
