@@ -193,7 +193,7 @@ int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
 
 void loom_fsdp_free(loom_fsdp *f) {
   if (!f) return;
-  for (size_t u = 0; u < f->nunits; u++) {
+  for (size_t u = 0; f->units && u < f->nunits; u++) {
     fsdp_unit *un = &f->units[u];
     (void)loom__fsdp_reap(un);
     if (un->full_grad) {

@@ -206,9 +206,10 @@ int loom__fsdp_make_units(loom_fsdp *f) {
     bool root_unit = nroot_params > 0 || sel == 0;
     size_t shift = root_unit ? 0 : 1;
     for (size_t i = 0; i < w.n; i++) owner_of_mod[i] -= owner_of_mod[i] >= shift ? shift : 0;
-    f->nunits = sel + (root_unit ? 1 : 0);
-    f->units = loom__calloc(LOOM_POOL_HOST, f->nunits ? f->nunits : 1, sizeof *f->units);
+    size_t nunits = sel + (root_unit ? 1 : 0);
+    f->units = loom__calloc(LOOM_POOL_HOST, nunits ? nunits : 1, sizeof *f->units);
     if (!f->units) rc = loom__fail(LOOM_ENOMEM, "fsdp: out of memory for the units");
+    else f->nunits = nunits;
     size_t u = 0;
     if (!rc && root_unit) {
       f->units[u] = (fsdp_unit){.f = f, .index = u, .module = f->root};
