@@ -34,6 +34,7 @@ typedef struct trainer {
   double train_s;  /* seconds inside steps */
   int64_t samples; /* global samples trained by this run */
   double accuracy;  /* test accuracy after the last evaluation, % */
+  size_t setup_peak; /* ranks as threads: this rank's compute peak while building (then reset) */
   bool evaluated;
 } trainer;
 
@@ -398,14 +399,19 @@ static void summary(trainer *t, double wall_s) {
   if (per_rank) loom_mem_account_stats(loom_mem_account(), LOOM_POOL_COMPUTE, &ps);
   else loom_mem_stats(LOOM_POOL_COMPUTE, &ps);
   fmt_bytes(peak, sizeof peak, ps.peak_bytes);
+  char setup[80] = "";
+  if (per_rank) {
+    char b[32];
+    fmt_bytes(b, sizeof b, t->setup_peak);
+    snprintf(setup, sizeof setup, " per rank (%s while building)", b);
+  }
   fmt_rate(rate, sizeof rate, t->train_s > 0 ? (double)t->samples / t->train_s : 0);
   train_model_describe(&t->model, o, desc, sizeof desc);
   fprintf(o->out,
           "loom train: %s, %s, amp %s: test accuracy %.2f%% after %lld steps (%.2f epochs), "
           "%s samples/s, wall %.1f s, peak memory %s%s",
           desc, o->optim, o->amp, t->accuracy, (long long)t->st.step,
-          (double)t->st.step / (double)t->st.steps_per_epoch, rate, wall_s, peak,
-          per_rank ? " per rank" : "");
+          (double)t->st.step / (double)t->st.steps_per_epoch, rate, wall_s, peak, setup);
   if (scales_loss(t)) fprintf(o->out, ", %lld overflow steps skipped", (long long)t->overflows);
   fputc('\n', o->out);
   fflush(o->out);
@@ -473,6 +479,12 @@ int train_run(const train_opts *o, loom_pg *pg) {
   int rc = o->threads > 0 ? loom_set_num_threads((int)o->threads) : LOOM_OK;
   if (rc) return train_fail_loom(rc, "--threads");
   rc = setup(&t, pg);
+  if (!rc && t.nranks > 1 && loom_mem_account() > 0) { /* the training peak, apart */
+    loom_pool_stats ps = {0};
+    loom_mem_account_stats(loom_mem_account(), LOOM_POOL_COMPUTE, &ps);
+    t.setup_peak = ps.peak_bytes;
+    loom_mem_account_reset_peak(loom_mem_account(), LOOM_POOL_COMPUTE);
+  }
   if (!rc && t.lead && !o->quiet) {
     char desc[96];
     train_model_describe(&t.model, o, desc, sizeof desc);

@@ -149,6 +149,11 @@ typedef struct loom_fsdp_cfg {
   int backward_prefetch;        /* the same in backward; default 1 */
   bool broadcast_params;        /* start from rank 0's values (sync_module_states); default
                                    true */
+  bool limit_reduce_scatters;   /* a unit's local gradient is made only once the previous
+                                   unit's reduce-scatter has completed (it runs while that unit
+                                   computes its input's gradient): one local gradient at a
+                                   time. Default true (memory is FSDP's measure); false lets
+                                   reduce-scatters queue up behind backward */
   loom_fsdp_mp_cfg mp;          /* the specification's defaults with enabled = false: FSDP
                                    runs in f32 unless asked (PyTorch's mixed_precision=None) */
 } loom_fsdp_cfg;

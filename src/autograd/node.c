@@ -39,14 +39,24 @@ int loom__node_new(loom_op_kind kind, const char *name, loom_tensor *const *in, 
 
 int loom__node_save(loom__node *n, int slot, const loom_tensor *t) {
   if (!t) return LOOM_OK;
+  /* A parameter (a leaf that requires grad) is kept itself: it cannot form a cycle through this
+   * node, and backward then reads whatever storage it has then (FSDP frees a unit's gathered
+   * parameters after its forward and points them at a new gather before its backward; a view
+   * would keep the first gather alive until backward). Anything else is kept as a view, which
+   * an op's own output needs (saving the output itself would be a cycle). */
+  if (t->autograd && loom_tensor_is_leaf(t) && loom_tensor_requires_grad(t)) {
+    n->saved[slot] = loom_tensor_retain((loom_tensor *)t);
+    return LOOM_OK;
+  }
   return loom__tensor_view(t, t->ndim, t->shape, t->strides, t->offset, &n->saved[slot]);
 }
 
 int loom__node_attach(loom__node *n, loom_tensor *out) {
   loom__meta *m = loom__meta_get(out);
   if (!m) {
+    const char *name = n->name; /* the caller's string, not the node's */
     loom__node_release(n);
-    return loom__fail(LOOM_ENOMEM, "%s: out of memory recording the node", n->name);
+    return loom__fail(LOOM_ENOMEM, "%s: out of memory recording the node", name);
   }
   n->out_dtype = out->dtype;
   n->out_ndim = out->ndim;

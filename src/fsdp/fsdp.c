@@ -19,6 +19,7 @@ void loom_fsdp_cfg_default(loom_fsdp_cfg *cfg) {
   cfg->forward_prefetch = 1;
   cfg->backward_prefetch = 1;
   cfg->broadcast_params = true;
+  cfg->limit_reduce_scatters = true;
   loom_fsdp_mp_cfg_default(&cfg->mp);
   cfg->mp.enabled = false;
 }

@@ -328,26 +328,45 @@ int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt) {
   if (f->in_step) return loom__fail(LOOM_EMISUSE, "%s: a backward is running", who);
   old_set s = {0};
   int rc = open_index(dir, &s);
-  if (!rc && s.nunits != f->nunits)
-    rc = loom__fail(LOOM_EINVAL, "%s: the checkpoint in %s has %zu units, this model %zu", who,
-                    dir, s.nunits, f->nunits);
-  for (size_t u = 0; u < f->nunits && !rc; u++) {
+  /* unit by unit, so that the message names the first unit that differs, even when the
+   * counts differ too (another wrap policy) */
+  size_t common = s.nunits < f->nunits ? s.nunits : f->nunits;
+  for (size_t u = 0; u <= common && !rc; u++) {
     char key[32];
-    snprintf(key, sizeof key, "fsdp.unit.%zu", u);
-    const char *name = loom_safetensors_meta(s.index, key);
-    if (!name || strcmp(name, f->units[u].name) != 0 || (size_t)s.units[2 * u] != f->units[u].numel)
+    const char *name = NULL;
+    if (u < s.nunits) {
+      snprintf(key, sizeof key, "fsdp.unit.%zu", u);
+      name = loom_safetensors_meta(s.index, key);
+    }
+    if (u == common) {
+      if (s.nunits != f->nunits)
+        rc = loom__fail(LOOM_EINVAL, "%s: the checkpoint in %s has %zu units, this model %zu: "
+                        "unit %zu is '%s' %s", who, dir, s.nunits, f->nunits, u,
+                        u < s.nunits ? (name ? name : "?") : f->units[u].name,
+                        u < s.nunits ? "in the checkpoint only" : "in this model only");
+    } else if (!name || strcmp(name, f->units[u].name) != 0 ||
+               (size_t)s.units[2 * u] != f->units[u].numel) {
       rc = loom__fail(LOOM_EINVAL, "%s: unit %zu is '%s' of %zu elements here, '%s' of %lld in "
-                      "the checkpoint", who, u, f->units[u].name, f->units[u].numel,
-                      name ? name : "?", (long long)s.units[2 * u]);
-    else if (s.units[2 * u + 1] <= 0 ||
-             (size_t)s.units[2 * u + 1] * (size_t)s.world < f->units[u].numel)
+                      "the checkpoint%s", who, u, f->units[u].name, f->units[u].numel,
+                      name ? name : "?", (long long)s.units[2 * u],
+                      s.nunits != f->nunits ? " (which has another number of units: is the "
+                                              "wrap policy the same?)" : "");
+    } else if (s.units[2 * u + 1] <= 0 ||
+               (size_t)s.units[2 * u + 1] * (size_t)s.world < f->units[u].numel) {
       rc = loom__fail(LOOM_EFORMAT, "%s: unit %zu's shard length %lld in the index is wrong",
                       who, u, (long long)s.units[2 * u + 1]);
+    }
   }
-  /* stage everything, then commit: nothing changes unless all of it reads */
+  /* stage everything, then commit: nothing changes unless all of it reads. The optimizer's
+   * buffers need not be one per unit and kind (an optimizer over some of the segments): the
+   * stage holds the shards and then every state buffer, sized from the buffers themselves. */
   size_t nstate = opt ? loom_optim_state_count(opt) : 0, total = 0;
   for (size_t u = 0; u < f->nunits; u++) total += f->units[u].shard;
-  float *stage = rc ? NULL : loom__malloc(LOOM_POOL_HOST, (total * (1 + nstate / (f->nunits ? f->nunits : 1)) + 1) * sizeof(float));
+  for (size_t i = 0; i < nstate && !rc; i++) {
+    loom_optim_state st;
+    if (!(rc = loom_optim_state_at(opt, i, &st))) total += st.n;
+  }
+  float *stage = rc ? NULL : loom__malloc(LOOM_POOL_HOST, (total + 1) * sizeof(float));
   if (!rc && !stage) rc = loom__fail(LOOM_ENOMEM, "%s: out of memory staging the checkpoint", who);
   size_t at = 0;
   for (size_t u = 0; u < f->nunits && !rc; u++) {

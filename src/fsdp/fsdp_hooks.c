@@ -203,6 +203,10 @@ static int pre_backward(loom_tensor *grad, void *ctx) {
     if (o->state == UNIT_RESHARDED && !o->in_backward) rc = loom__fsdp_issue_gather(o, f->fwd_dtype);
   }
   if (!rc) rc = loom__fsdp_wait_gather(u);
+  /* one local gradient at a time: the previous unit's reduce-scatter (which ran while that
+   * unit computed its input's gradient) must be done before this unit's buffer exists */
+  for (size_t i = 0; i < f->nunits && !rc && f->cfg.limit_reduce_scatters; i++)
+    if (f->units[i].rs_work) rc = loom__fsdp_reap(&f->units[i]);
   if (!rc && !u->full_grad) rc = make_local_grad(u);
   return rc;
 }

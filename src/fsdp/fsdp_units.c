@@ -165,6 +165,7 @@ static int layout(loom_fsdp *f, walk *w, const size_t *owner_of_mod) {
       fp->numel = loom_tensor_numel(fp->p->value);
       fp->offset = off;
       fp->index = i;
+      fp->hook_id = -1; /* none registered yet */
       fp->unit = un;
       f->by_index[i] = fp;
       off += (fp->numel + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
