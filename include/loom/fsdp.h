@@ -269,9 +269,11 @@ int loom_fsdp_save_sharded(loom_fsdp *f, const char *dir, const loom_optim *opt,
 /* Restore parameters, optimizer state and step count (opt may be NULL) and the loss scale from
  * a sharded checkpoint written with any number of ranks: each rank reads the parts of the old
  * shards its new shard covers (resharding). Units must match by name and length (LOOM_EINVAL
- * naming the unit); a missing, truncated or changed file is LOOM_EFORMAT / LOOM_EIO naming it;
- * values that are not finite (or negative second moments) are refused. Nothing changes unless
- * everything reads. Not a collective. */
+ * naming the unit); no index is LOOM_ENOTFOUND, a missing, truncated or changed file
+ * LOOM_EFORMAT / LOOM_EIO naming it; values that are not finite (or negative second moments) are
+ * refused. Nothing changes unless everything reads. Not a collective: a rank may fail where
+ * others succeed (a corrupt file only some ranks read), so combine the outcome over the ranks
+ * (loom_fsdp_any) before training on. */
 int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt);
 /* The metadata value `key` of dir/fsdp-index.safetensors into buf (LOOM_ENOTFOUND if absent,
  * LOOM_EINVAL if it does not fit in cap bytes). */
