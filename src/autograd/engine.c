@@ -184,8 +184,11 @@ static int check_grad(const loom__node *n, int i, const loom_tensor *g) {
 
 /* ---- sinks: backward writing straight into a leaf's gradient --------------------------- */
 
-/* The f32 leaf in whose gradient input i of n's gradient ends unchanged, or NULL: the edge is
- * the leaf, or leads to it through pass-through nodes without hooks. */
+/* The leaf in whose f32 gradient input i of n's gradient ends unchanged, or NULL: the edge is
+ * the leaf, or leads to it through pass-through nodes without hooks. The leaf is f32, or has an
+ * f32 gradient bound to it already (an FSDP parameter gathered in bf16/f16: its gradient stays
+ * f32, loom__tensor_set_grad_f32); a low-precision leaf without one gets a gradient of its own
+ * dtype the usual way. */
 static loom_tensor *sink_leaf(const loom__node *n, int i) {
   const loom__edge *e = &n->in[i];
   while (e->node) {
@@ -193,7 +196,10 @@ static loom_tensor *sink_leaf(const loom__node *n, int i) {
     if (!c->passthrough || c->hooks.n || c->n_in < 1) return NULL;
     e = &c->in[0];
   }
-  return e->leaf && e->leaf->dtype == LOOM_F32 ? e->leaf : NULL;
+  if (!e->leaf) return NULL;
+  if (e->leaf->dtype == LOOM_F32) return e->leaf;
+  const loom__meta *m = e->leaf->autograd;
+  return m && m->grad && m->grad->dtype == LOOM_F32 ? e->leaf : NULL;
 }
 
 bool loom__grad_sink(loom__node *n, int i, loom__sink *s) {

@@ -37,6 +37,10 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static slot slots[SLOTS];
 static int used;
 static size_t cached, limit = DEFAULT_LIMIT;
+static size_t reserved; /* loom__mem_cache_reserve: room added on top of a limit that is on */
+
+/* With mu held: the limit in force (what a user set, plus what is reserved, if it is on). */
+static size_t effective(void) { return limit ? limit + reserved : 0; }
 
 static void init_limit(void) {
   const char *e = getenv("LOOM_ALLOC_CACHE_MB");
@@ -71,7 +75,8 @@ bool loom__cache_put(void *raw, size_t bytes) {
   pthread_once(&once, init_limit);
   bool kept = false;
   pthread_mutex_lock(&mu);
-  if (used < SLOTS && bytes <= limit && cached <= limit - bytes) {
+  size_t lim = effective();
+  if (used < SLOTS && bytes <= lim && cached <= lim - bytes) {
     slots[used++] = (slot){raw, bytes};
     cached += bytes;
     kept = true;
@@ -97,10 +102,19 @@ void loom_mem_set_cache_limit(size_t bytes) {
   pthread_mutex_unlock(&mu);
 }
 
+void loom__mem_cache_reserve(ptrdiff_t delta) {
+  pthread_once(&once, init_limit);
+  pthread_mutex_lock(&mu);
+  if (delta >= 0) reserved += (size_t)delta;
+  else reserved -= (size_t)-delta <= reserved ? (size_t)-delta : reserved;
+  shrink(effective());
+  pthread_mutex_unlock(&mu);
+}
+
 size_t loom_mem_cache_limit(void) {
   pthread_once(&once, init_limit);
   pthread_mutex_lock(&mu);
-  size_t v = limit;
+  size_t v = effective();
   pthread_mutex_unlock(&mu);
   return v;
 }

@@ -22,6 +22,11 @@ void *loom__calloc(loom_pool pool, size_t count, size_t elem);
 void loom__free(void *p);
 char *loom__strdup(loom_pool pool, const char *s);
 
+/* Raise (delta > 0) or lower the allocator cache's limit by what an object will free and take
+ * again every step (FSDP's gathers and local gradients), while the cache is on (a limit of 0,
+ * which a user or a sanitizer build chose, stays 0). loom_mem_cache_limit includes it. */
+void loom__mem_cache_reserve(ptrdiff_t delta);
+
 /* Count bytes that did not come from loom__malloc (a mapped file) against a pool, process-wide
  * and on the calling thread's account (loom_mem_account). Where the release may happen on
  * another thread, record the account at allocation and give it back with loom__mem_account_to

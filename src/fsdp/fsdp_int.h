@@ -73,6 +73,7 @@ struct loom_fsdp {
   size_t *order;         /* units in the order they finished forward (backward runs it back) */
   size_t n_order;
   bool order_closed;     /* a backward began since: the next forward records afresh */
+  size_t cache_reserved; /* bytes this wrapper added to the allocator cache's limit */
   bool sync;
   bool in_step;
   int step_status;
