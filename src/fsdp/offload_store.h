@@ -1,0 +1,149 @@
+/* offload_store.h: the storage layer under FSDP offload (private to loom). A store holds
+ * numbered slots of bytes in one tier, host memory or a scratch file on disk, and moves bytes in
+ * and out of them either synchronously or on the store's own worker thread (the issue's
+ * prefetch manager: a real thread with a queue, not a timer). It knows nothing of units,
+ * shards or optimizers: the caller numbers the slots (unit * 3 + kind, say) and owns the
+ * compute-side buffers. Implemented in offload_store.c (slots, tiers, file I/O, statistics,
+ * the job queue and the worker thread).
+ *
+ * Ownership. loom__ostore_create makes the store, loom__ostore_free releases everything it
+ * holds: host buffers (LOOM_POOL_HOST), the file (closed and unlinked), the worker thread and
+ * the job records. Buffers passed to put/get belong to the caller; those passed to
+ * loom__ostore_submit_* are on loan to the store until the job is waited for (or the store is
+ * freed): the caller must neither free nor touch them (nor read a get's destination) before.
+ *
+ * Slots. Slot numbers are the caller's (0, 1, 2, ...; sparse is fine, the table grows to the
+ * highest one used). A slot's size is fixed by its first put (or submit_put) and a slot gets
+ * its space when that put runs: on the host tier a buffer of that size, on the disk tier the
+ * next 4096-aligned range of the file, reserved with posix_fallocate so that a later put of
+ * the slot never needs new space. Every later put and every get of the slot must give the
+ * same size (LOOM_EINVAL otherwise). A slot holds data (loom__ostore_has) once a put of it has
+ * completed; a get of a slot without data is LOOM_EINVAL.
+ *
+ * Bytes and accounting. Host buffers count in LOOM_POOL_HOST, on the account of the thread
+ * that made the store (the worker takes that account too); the disk tier counts
+ * each slot's bytes in LOOM_POOL_FILE on the creator's account. Every counter is back where it
+ * started once the store is freed. The disk tier asks the kernel (posix_fadvise DONTNEED)
+ * to drop the file's pages from its cache after each transfer: the page cache is not the
+ * process's RSS, but it is memory a cgroup limit counts, and keeping a second copy of bytes
+ * the caller holds (or chose to put away) defeats the tier.
+ *
+ * Integrity (disk tier). Each slot's size and CRC-32 are kept in memory at put; a get
+ * recomputes the CRC of what it read and fails with LOOM_EFORMAT naming the file and the slot
+ * ("... changed behind loom's back") if the bytes differ or the file was truncated. On any
+ * failed get the destination's content is unspecified: use none of it.
+ *
+ * Errors. Every fallible function returns a status with a message (loom_last_error()).
+ *  - A put that fails leaves the caller's source untouched, and the caller must keep it: it is
+ *    then the only good copy. A first put of a slot that fails (full disk, out of memory, an
+ *    I/O error) leaves the slot exactly as it was: no size, no space, no data. A later put
+ *    can only fail in the transfer itself (an I/O error; full only on a copy-on-write
+ *    filesystem, since the slot's space is reserved): the slot keeps its size and space but
+ *    holds no data any more (has() false) since its old bytes may be partly overwritten.
+ *  - A full disk (ENOSPC, EDQUOT, EFBIG past RLIMIT_FSIZE, or a write that makes no progress)
+ *    is LOOM_EIO naming the file and saying "full". (Past RLIMIT_FSIZE the kernel also sends
+ *    SIGXFSZ, which kills a process that has not ignored it before any status comes back.)
+ *  - Out of memory (host buffers, the slot table, job records) is LOOM_ENOMEM.
+ *  - A job's failure inside the worker is returned by loom__ostore_wait for that job, with the
+ *    worker's message, on the waiting thread.
+ *
+ * Threads. A store is used by one thread at a time (the rank's thread: put, get, has, bytes,
+ * stats, submit, wait, clear, free), while its worker runs the queued jobs. Jobs run one at a
+ * time in submission order. A synchronous put or get of a slot first waits until no queued or
+ * running job touches that slot, so it sees (and is seen by) the jobs submitted before it in
+ * order; jobs on other slots keep running meanwhile. has() and bytes() reflect the jobs that
+ * have completed. */
+#ifndef LOOM_FSDP_OFFLOAD_STORE_H
+#define LOOM_FSDP_OFFLOAD_STORE_H
+
+#include "core/core_int.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum loom__otier { LOOM__OTIER_HOST = 0, LOOM__OTIER_DISK = 1 } loom__otier;
+
+typedef struct loom__ostore loom__ostore;
+
+/* Make a store on `tier`. The host tier ignores dir (may be NULL). The disk tier creates one
+ * file, dir/loom-offload-<pid>-<rank>-<n>.bin (n counts the stores of this process), with
+ * O_EXCL and mode 0600, and keeps it open read-write until loom__ostore_free unlinks it.
+ * Errors: LOOM_EINVAL for a tier out of range, out == NULL, or the disk tier without a
+ * folder; LOOM_EIO naming the folder if it does not exist, is not a folder, or cannot be
+ * written (read-only filesystem, permissions); LOOM_ENOMEM. On failure *out is NULL and
+ * nothing is left behind (no file, no bytes counted). */
+int loom__ostore_create(loom__otier tier, const char *dir, int rank, loom__ostore **out);
+
+/* Release the store: drop the jobs that have not started (their buffers are no longer on loan),
+ * let a running one finish, stop the worker, close and unlink the file, free every buffer.
+ * NULL is a no-op. */
+void loom__ostore_free(loom__ostore *s);
+
+/* Copy `bytes` bytes from src into `slot` (synchronous; see "Slots" and "Errors" above). src
+ * may be NULL only if bytes is 0. */
+int loom__ostore_put(loom__ostore *s, size_t slot, const void *src, size_t bytes);
+
+/* Copy `slot`'s bytes into dst (synchronous); bytes must be the slot's size. Disk tier:
+ * LOOM_EFORMAT if the file no longer holds what was put (flipped bytes, truncation). */
+int loom__ostore_get(loom__ostore *s, size_t slot, void *dst, size_t bytes);
+
+/* True if `slot` holds data (a put of it has completed and no later put of it failed). */
+bool loom__ostore_has(const loom__ostore *s, size_t slot);
+
+/* Bytes held in the tier: the sum of the sizes of the slots that have space. */
+size_t loom__ostore_bytes(const loom__ostore *s);
+
+/* The disk tier's file (borrowed, valid until free); NULL for the host tier. */
+const char *loom__ostore_path(const loom__ostore *s);
+
+loom__otier loom__ostore_tier(const loom__ostore *s);
+
+/* ---- the worker ----------------------------------------------------------------------- */
+
+/* A job's id: 1, 2, 3, ... in submission order; 0 is never a job. */
+typedef uint64_t loom__ojob;
+
+/* Queue a get (or put) for the store's worker thread (started on the first submit) and
+ * return at once with the job's id in *job. The slot and size are checked now (LOOM_EINVAL:
+ * a get of a slot that neither holds data nor has a put queued, or a size that is not the
+ * slot's); everything else (full disk, a changed file) is the job's status, returned by
+ * loom__ostore_wait. dst/src are on loan until the job is waited for. LOOM_ENOMEM if the job
+ * record cannot be allocated, LOOM_EBACKEND if the worker thread cannot be started; on any
+ * failure nothing was queued and *job is 0. */
+int loom__ostore_submit_get(loom__ostore *s, size_t slot, void *dst, size_t bytes,
+                            loom__ojob *job);
+int loom__ostore_submit_put(loom__ostore *s, size_t slot, const void *src, size_t bytes,
+                            loom__ojob *job);
+
+/* Block until `job` is done and forget it; return its status, with its message (from the
+ * worker) as this thread's loom_last_error(). *waited (may be NULL) gets the seconds this call
+ * was blocked (0 if the job had already finished). A job that was cleared before it started
+ * returns LOOM_EABORTED. An id that is not pending (0, never submitted, or already waited
+ * for): LOOM_OK at once. Jobs may be waited for in any order. */
+int loom__ostore_wait(loom__ostore *s, loom__ojob job, double *waited);
+
+/* Drop every queued job that has not started: their waits return LOOM_EABORTED and their
+ * buffers are no longer used (still on loan until waited for, by the letter of the rule, but
+ * never touched again). A running job completes normally. */
+void loom__ostore_clear(loom__ostore *s);
+
+/* Jobs submitted that have not started yet (queued behind the running one, if any). */
+size_t loom__ostore_queued(const loom__ostore *s);
+
+/* Transfer statistics, since create. */
+typedef struct loom__ostore_stats {
+  uint64_t bytes_written;  /* by completed puts, synchronous and on the worker */
+  uint64_t bytes_read;     /* by completed gets */
+  uint64_t puts, gets;     /* completed (successful) puts and gets */
+  uint64_t jobs;           /* jobs submitted */
+  uint64_t jobs_cleared;   /* jobs dropped by clear or free before they started */
+  double transfer_s;       /* seconds spent moving bytes (and checking them): worker + sync */
+  double wait_s;           /* exposed wait: seconds the caller was blocked in wait, or in a
+                            * synchronous call behind a job on the same slot */
+  uint64_t waits_blocked;  /* waits that had to block */
+} loom__ostore_stats;
+
+void loom__ostore_get_stats(const loom__ostore *s, loom__ostore_stats *out);
+
+#endif
