@@ -159,7 +159,7 @@ static double current_scale(const trainer *t) {
     loom_fsdp_mp *mp = loom_fsdp_mp_manager(t->fsdp);
     return mp ? loom_fsdp_mp_current_loss_scale(mp) : 1.0;
   }
-  return current_scale(t);
+  return t->scaler ? loom_scaler_get_scale(t->scaler) : 1.0;
 }
 
 /* Whether the run scales its loss (a scaler, or FSDP's mixed precision with loss scaling). */
