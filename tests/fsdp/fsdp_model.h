@@ -26,4 +26,7 @@ void fm_flatten_module(loom_module *m, float *out);
 /* The same from an FSDP full state (rank 0). */
 void fm_flatten_state(const loom_named_tensor *st, size_t n, float *out);
 
+/* Remove a folder and what it holds (files and sub-folders); NULL or "" does nothing. */
+void fm_rm_tree(const char *dir);
+
 #endif

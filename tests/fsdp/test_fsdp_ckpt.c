@@ -39,25 +39,6 @@ static void tmp_dir(char *dir, size_t cap) {
   LT_TRUE(dir[0] != 0);
 }
 
-/* Remove a folder and what it holds (files and sub-folders). */
-static void rm_tree(const char *dir) {
-  if (!dir || !*dir) return;
-  DIR *d = opendir(dir);
-  if (d) {
-    struct dirent *e;
-    while ((e = readdir(d))) {
-      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-      char p[512];
-      snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-      struct stat st;
-      if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) rm_tree(p);
-      else unlink(p);
-    }
-    closedir(d);
-  }
-  rmdir(dir);
-}
-
 /* The gen-* folders of dir: count, and the number of the last one found. */
 static int count_generations(const char *dir, long long *last) {
   DIR *d = opendir(dir);
@@ -233,7 +214,7 @@ LT_TEST(fsdp_ckpt_sharded_resume_is_bit_identical_f32_and_f16) {
       LT_NEAR(a.scales[1], 8.0, 0);
     }
     free(a.mid), free(a.end), free(b.mid), free(b.end);
-    rm_tree(dir);
+    fm_rm_tree(dir);
   }
 }
 
@@ -267,8 +248,8 @@ LT_TEST(fsdp_ckpt_saved_by_2_ranks_loads_at_1_3_and_4) {
   LT_EQ(d.step_count, 2);
   LT_TRUE(memcmp(d.end, a.end, np * sizeof(float)) == 0);
   free(a.mid), free(a.end), free(c.mid), free(d.mid), free(d.end);
-  rm_tree(dir);
-  rm_tree(dir3);
+  fm_rm_tree(dir);
+  fm_rm_tree(dir3);
 }
 
 /* ---- 3. metadata and generations ---------------------------------------------------------- */
@@ -330,7 +311,7 @@ LT_TEST(fsdp_ckpt_metadata_reserved_keys_and_generations) {
   char path[256];
   rank_file(path, sizeof path, sub, 2, 1, 2);
   LT_TRUE(access(path, F_OK) == 0);
-  rm_tree(dir);
+  fm_rm_tree(dir);
 }
 
 /* ---- 4. corruption and atomicity ---------------------------------------------------------- */
@@ -580,8 +561,8 @@ LT_TEST(fsdp_ckpt_corrupt_truncated_swapped_and_crashed_sets) {
   free(good1);
   free(a.mid);
   free(o.mid);
-  rm_tree(dir);
-  rm_tree(other);
+  fm_rm_tree(dir);
+  fm_rm_tree(other);
 }
 
 /* ---- 5. the full state dict --------------------------------------------------------------- */
@@ -750,7 +731,7 @@ LT_TEST(fsdp_ckpt_full_state_dict_names_values_and_loading) {
   free(k.loaded);
   free(k.shuffled);
   loom_module_free(plain);
-  rm_tree(dir);
+  fm_rm_tree(dir);
 }
 
 /* ---- an optimizer over some of the units (a frozen layer) ------------------------------- */
@@ -801,7 +782,7 @@ LT_TEST(fsdp_ckpt_optimizer_over_some_units_resumes_bit_identical) {
     LT_TRUE(memcmp(a.end, b.end, np * sizeof(float)) == 0);
     free(a.end), free(b.end);
   }
-  rm_tree(dir);
+  fm_rm_tree(dir);
 }
 
 /* ---- a save that fails on one rank; a broken index ----------------------------------------- */
@@ -892,7 +873,7 @@ LT_TEST(fsdp_ckpt_failed_save_fails_every_rank_and_keeps_the_previous_set) {
   l = try_load(dir, 1, 1, LOOM_ENOTFOUND, "fsdp-index.safetensors"); /* no checkpoint there */
   loader_free(&l);
   free(a.mid);
-  rm_tree(dir);
+  fm_rm_tree(dir);
 }
 
 /* ---- values a checkpoint must not hold (a set whose CRCs all agree) ------------------------ */
@@ -1005,5 +986,5 @@ LT_TEST(fsdp_ckpt_refuses_non_finite_values_and_negative_moments) {
   free(good1);
   free(goodi);
   free(a.mid);
-  rm_tree(dir);
+  fm_rm_tree(dir);
 }

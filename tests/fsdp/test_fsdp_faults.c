@@ -60,24 +60,6 @@ static size_t pool_bytes(loom_pool p) {
   return s.current_bytes;
 }
 
-/* Remove a folder and what it holds (files and sub-folders). */
-static void rm_tree(const char *dir) {
-  DIR *d = opendir(dir);
-  if (d) {
-    struct dirent *e;
-    while ((e = readdir(d))) {
-      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-      char p[512];
-      snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-      struct stat st;
-      if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) rm_tree(p);
-      else unlink(p);
-    }
-    closedir(d);
-  }
-  rmdir(dir);
-}
-
 static uint64_t alloc_failures(void) {
   uint64_t n = 0;
   for (int p = 0; p < LOOM_POOL_COUNT; p++) {
@@ -831,5 +813,5 @@ LT_TEST(fsdp_alloc_failures_in_checkpoints) {
   sweep(4, true, dir); /* loads what the last save wrote */
   sweep(5, false, NULL);
   sweep(6, false, NULL);
-  rm_tree(dir);
+  fm_rm_tree(dir);
 }

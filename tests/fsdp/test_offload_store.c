@@ -17,6 +17,7 @@
  * full-disk tests mount tmpfs (read-only; 64 KiB) where they can (root with CAP_SYS_ADMIN) and
  * unmount before checking; RLIMIT_FSIZE covers "full" everywhere. */
 #include "lt.h"
+#include "fsdp_model.h"
 
 #include "fsdp/offload_store.h"
 
@@ -60,24 +61,6 @@ static void tmp_dir(char *dir, size_t cap) {
   snprintf(dir, cap, "%s/loom_ostore_XXXXXX", base);
   if (!mkdtemp(dir)) dir[0] = 0;
   LT_TRUE(dir[0] != 0);
-}
-
-static void rm_tree(const char *dir) {
-  if (!dir || !*dir) return;
-  DIR *d = opendir(dir);
-  if (d) {
-    struct dirent *e;
-    while ((e = readdir(d))) {
-      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-      char p[1024];
-      snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-      struct stat st;
-      if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) rm_tree(p);
-      else unlink(p);
-    }
-    closedir(d);
-  }
-  rmdir(dir);
 }
 
 /* Entries of a folder (besides . and ..). */
@@ -232,7 +215,7 @@ LT_TEST(ostore_disk_round_trip_and_layout) {
   LT_OK(loom__ostore_create(LOOM__OTIER_DISK, slash, 0, &s));
   LT_TRUE(strstr(loom__ostore_path(s), "//") == NULL);
   loom__ostore_free(s);
-  rm_tree(dir);
+  fm_rm_tree(dir);
 }
 
 /* ---- changed behind the store's back ---------------------------------------------------- */
@@ -292,7 +275,7 @@ LT_TEST(ostore_disk_detects_flipped_and_truncated) {
   loom__ostore_free(s);
   LT_EQ(count_entries(dir), 0);
   LT_EQ(pool_now(LOOM_POOL_FILE), file0);
-  rm_tree(dir);
+  fm_rm_tree(dir);
 }
 
 /* ---- folders that cannot be used -------------------------------------------------------- */
@@ -362,7 +345,7 @@ LT_TEST(ostore_disk_bad_folders) {
   LT_EQ(count_entries(p), 0);
   LT_EQ(pool_now(LOOM_POOL_HOST), host0);
   LT_EQ(pool_now(LOOM_POOL_FILE), file0);
-  rm_tree(dir);
+  fm_rm_tree(dir);
 }
 
 /* ---- full ------------------------------------------------------------------------------- */
@@ -448,14 +431,14 @@ LT_TEST(ostore_disk_full_rlimit) {
   loom__ostore_free(s);
   LT_TRUE(!exists(path));
   LT_EQ(pool_now(LOOM_POOL_FILE), file0);
-  rm_tree(dir);
+  fm_rm_tree(dir);
 }
 
 LT_TEST(ostore_disk_full_tmpfs) {
   char dir[256];
   tmp_dir(dir, sizeof dir);
   if (geteuid() != 0 || !try_mount_tmpfs(dir, 0, "size=64k")) {
-    rm_tree(dir);
+    fm_rm_tree(dir);
     lt_skip("cannot mount a 64 KiB tmpfs here (ostore_disk_full_rlimit covers full)");
     return;
   }
@@ -472,7 +455,7 @@ LT_TEST(ostore_disk_full_tmpfs) {
   }
   int left = count_entries(dir);
   umount2(dir, MNT_DETACH);
-  rm_tree(dir);
+  fm_rm_tree(dir);
   LT_OK(rc);
   check_full(&r, path);
   LT_EQ(left, 0);
@@ -568,7 +551,7 @@ LT_TEST(ostore_worker_many_jobs_disk) {
   tmp_dir(dir, sizeof dir);
   worker_many(LOOM__OTIER_DISK, dir);
   LT_EQ(count_entries(dir), 0);
-  rm_tree(dir);
+  fm_rm_tree(dir);
 }
 
 LT_TEST(ostore_worker_clear_drops_unstarted) {
@@ -665,7 +648,7 @@ LT_TEST(ostore_counts_on_the_creators_account) {
   if (acc0 != 0) LT_EQ(zero_host_mid, zero_host0);
   LT_EQ(account_now(ACC, LOOM_POOL_HOST), host0);
   LT_EQ(account_now(ACC, LOOM_POOL_FILE), file0);
-  rm_tree(dir);
+  fm_rm_tree(dir);
 }
 
 /* ---- allocation failures ---------------------------------------------------------------- */
@@ -731,5 +714,5 @@ LT_TEST(ostore_alloc_failure_sweep_disk) {
   char dir[256];
   tmp_dir(dir, sizeof dir);
   alloc_sweep(LOOM__OTIER_DISK, dir);
-  rm_tree(dir);
+  fm_rm_tree(dir);
 }
