@@ -129,6 +129,57 @@ int loom_fsdp_mp_reset_loss_scale(loom_fsdp_mp *m);
  * checkpoint state (loom_scaler_save / _restore). */
 loom_scaler *loom_fsdp_mp_scaler(loom_fsdp_mp *m);
 
+/* ---- offload: the specification's configuration (fsdp-cpu-offload) --------------------- */
+
+/* Offload moves a unit's shards out of the compute pool (what kernels touch; a device build's
+ * memory) to a lower tier while the unit is not in use, and back before it is. Each member of
+ * the specification has a C name:
+ *   FSDPCpuOffloadConfig                loom_fsdp_offload_cfg, _default, _validate
+ *   FSDPCpuOffloader                    the loom_fsdp object itself (cfg.offload)
+ *     OffloadParameter, PrefetchParameter       loom_fsdp_offload_parameter, _prefetch_parameter
+ *     OffloadGradient, PrefetchGradient         loom_fsdp_offload_gradient, _prefetch_gradient
+ *     OffloadOptimizerState, PrefetchOptimizerState
+ *                                       loom_fsdp_offload_optimizer_state, _prefetch_...
+ *     State.IsOffloaded                 loom_fsdp_is_offloaded (one flag per kind of bytes)
+ *     CpuOffloadBuffer                  the store's slots, made on first use and reused
+ *   FSDPPrefetchManager                 a worker thread with a queue, one per wrapper
+ *     SchedulePrefetch                  loom_fsdp_schedule_prefetch
+ *     ExecutePrefetchAsync              nothing to call: a transfer starts as soon as it is
+ *                                       scheduled and the worker is free (not after 10 ms);
+ *                                       loom_fsdp_prefetch_wait waits for what is scheduled
+ *     Clear                             loom_fsdp_prefetch_clear
+ * Tiers: LOOM_FSDP_TIER_HOST keeps the bytes in host-pool buffers (a copy; on a CPU-only
+ * machine the process's memory stays the same, the compute pool's peak drops);
+ * LOOM_FSDP_TIER_DISK (beyond the specification: DeepSpeed ZeRO-Infinity's NVMe tier) keeps
+ * them in one file per rank in `dir`, which really cuts the process's memory.
+ * Bytes move in chunks of chunk_bytes, each with its size and (disk) CRC-32. */
+typedef enum loom_fsdp_tier { LOOM_FSDP_TIER_HOST = 0, LOOM_FSDP_TIER_DISK = 1 } loom_fsdp_tier;
+
+typedef struct loom_fsdp_offload_cfg {
+  bool enabled;                  /* Enabled; default true */
+  bool offload_optimizer_states; /* OffloadOptimizerStates; default true */
+  bool offload_gradients;        /* OffloadGradients: each gradient shard leaves once it is
+                                    reduce-scattered; default true */
+  bool offload_parameters;       /* OffloadParameters: each parameter shard leaves once its
+                                    gather is done; default true */
+  bool prefetch_parameters;      /* PrefetchParameters: bring parameter shards back ahead of
+                                    the gathers; false: when needed, waiting; default true */
+  bool prefetch_gradients;       /* PrefetchGradients: stream gradients and optimizer state
+                                    into the step ahead of it (double buffered); default true */
+  int prefetch_steps;            /* PrefetchSteps: units ahead, 0..10 (0: no prefetch at all);
+                                    default 1 */
+  loom_fsdp_tier tier;           /* default LOOM_FSDP_TIER_HOST */
+  const char *dir;               /* the disk tier's folder (borrowed; copied by create) */
+  size_t chunk_bytes;            /* transfer unit: a multiple of 64 (16 floats: clipping's norm
+                                    keeps its summation lanes); default 4 MiB */
+} loom_fsdp_offload_cfg;
+
+/* The specification's defaults (above). */
+void loom_fsdp_offload_cfg_default(loom_fsdp_offload_cfg *cfg);
+/* LOOM_EINVAL naming the field: prefetch_steps within 0..10 (the specification's rule), a tier,
+ * a folder for the disk tier, chunk_bytes. A disabled configuration is valid whatever it holds. */
+int loom_fsdp_offload_cfg_validate(const loom_fsdp_offload_cfg *cfg);
+
 /* ---- FSDP configuration ---------------------------------------------------------------- */
 
 typedef enum loom_fsdp_wrap {
@@ -156,6 +207,8 @@ typedef struct loom_fsdp_cfg {
                                    reduce-scatters queue up behind backward */
   loom_fsdp_mp_cfg mp;          /* the specification's defaults with enabled = false: FSDP
                                    runs in f32 unless asked (PyTorch's mixed_precision=None) */
+  loom_fsdp_offload_cfg offload; /* the specification's defaults with enabled = false (PyTorch's
+                                   cpu_offload=None) */
 } loom_fsdp_cfg;
 
 void loom_fsdp_cfg_default(loom_fsdp_cfg *cfg);
@@ -243,6 +296,66 @@ int loom_fsdp_scale_loss(loom_fsdp *f, loom_tensor *loss, loom_tensor **out);
  * non-finite gradient is never wanted). */
 int loom_fsdp_check_overflow(loom_fsdp *f, bool *overflow);
 
+/* ---- offload (cfg.offload) ------------------------------------------------------------- */
+
+/* With offload on, the step's bytes live in the tier between uses:
+ *   - parameter shards are put there by create and come back for each gather (prefetched
+ *     prefetch_steps units ahead of it), leaving once the gather is done;
+ *   - gradient shards leave (asynchronously) as each reduce-scatter completes;
+ *   - the optimizer's state never needs to be whole in the compute pool: the optimizer step
+ *     (loom_fsdp_optim_step) streams every unit's parameters, gradients and state through a
+ *     few chunk buffers, reading chunk k+1 and writing chunk k-1 while chunk k steps.
+ * Offload moves bytes and nothing else: every result is bit-identical to the same run without
+ * it. A run with offload steps through loom_fsdp_optim_step (the optimizer made from
+ * loom_fsdp_segments, whose offloaded buffers are marked LOOM_SEG_STREAMED: loom_optim_step
+ * refuses them); give the optimizer state_pool LOOM_POOL_HOST so its state never passes through
+ * the compute pool on its way to the tier. Checkpoints and the full state bring one rank's
+ * shards back for their duration. Errors of the tier (a folder missing, read-only or full, a
+ * file changed behind loom's back) name the path; a transfer that fails in the background comes
+ * back to the call that needed it. The disk tier's files are removed by loom_fsdp_free. */
+
+typedef enum loom_fsdp_offload_kind {
+  LOOM_FSDP_OFFLOAD_PARAMS = 0,
+  LOOM_FSDP_OFFLOAD_GRADS = 1,
+  LOOM_FSDP_OFFLOAD_OPTIM = 2,
+} loom_fsdp_offload_kind;
+
+/* The specification's offloader. Each returns LOOM_OK doing nothing in its no-op cases:
+ * offload disabled (cfg.offload.enabled false, or that kind's offload_* flag false; for the
+ * prefetches, that kind's prefetch_* flag false or prefetch_steps 0), already offloaded (an
+ * offload) or not offloaded (a prefetch), nothing to move (a gradient no backward has made yet;
+ * an optimizer with no state). An offload copies the unit's bytes to the tier (unless the
+ * tier's copy is current) and frees them in the compute pool; a prefetch starts bringing them
+ * back on the worker and returns: whoever uses them next waits for them. LOOM_EINVAL for a unit
+ * out of range, LOOM_EMISUSE during a backward; an optimizer that is not over this wrapper's
+ * segments (loom_fsdp_segments) is LOOM_EINVAL. */
+int loom_fsdp_offload_parameter(loom_fsdp *f, size_t unit);
+int loom_fsdp_prefetch_parameter(loom_fsdp *f, size_t unit);
+int loom_fsdp_offload_gradient(loom_fsdp *f, size_t unit);
+int loom_fsdp_prefetch_gradient(loom_fsdp *f, size_t unit);
+int loom_fsdp_offload_optimizer_state(loom_fsdp *f, loom_optim *opt, size_t unit);
+int loom_fsdp_prefetch_optimizer_state(loom_fsdp *f, loom_optim *opt, size_t unit);
+/* The unit's bytes of that kind are in the tier, not in the compute pool (false without
+ * offload, for a unit out of range, and for optimizer state before it was first offloaded). */
+bool loom_fsdp_is_offloaded(const loom_fsdp *f, size_t unit, loom_fsdp_offload_kind kind);
+
+/* The prefetch manager: schedule the parameters (forward true) or the gradients (forward false)
+ * of units[0..n) to come back, in that order. A no-op with prefetch_steps 0 (the
+ * specification's rule). The hooks and loom_fsdp_optim_step schedule by themselves; this is for
+ * callers that drive units by hand. */
+int loom_fsdp_schedule_prefetch(loom_fsdp *f, const size_t *units, size_t n, bool forward);
+/* Wait until everything scheduled has arrived: the first failure of a transfer, naming it. */
+int loom_fsdp_prefetch_wait(loom_fsdp *f);
+/* Drop the scheduled transfers that have not started (their units stay offloaded). */
+void loom_fsdp_prefetch_clear(loom_fsdp *f);
+
+/* The optimizer step over the shards, with every gradient multiplied by grad_scale as it is
+ * loaded (1: plain; see loom_optim_step_scaled). Without offload it is
+ * loom_optim_step_scaled(opt, grad_scale). With it, parameters, gradients and state stream
+ * through the compute pool in chunks; bit-identical to the step without offload. Fails before
+ * any parameter changes if a chunk cannot be read; opt must be over this wrapper's segments. */
+int loom_fsdp_optim_step(loom_fsdp *f, loom_optim *opt, float grad_scale);
+
 /* ---- checkpoints ------------------------------------------------------------------------ */
 
 /* The full state dict: every unit gathered in f32 in turn and copied to rank 0 (a collective;
@@ -291,6 +404,12 @@ typedef struct loom_fsdp_stats {
   double comm_s;            /* issue-to-completion time of every collective, summed */
   double exposed_s;         /* time the compute waited for a gather or a reduce-scatter */
   uint64_t steps;           /* synchronised backward passes */
+  /* offload (zero without it) */
+  size_t offload_bytes;      /* bytes held in the tier now */
+  uint64_t offload_to_bytes; /* bytes moved to the tier */
+  uint64_t offload_from_bytes; /* bytes moved back */
+  double offload_transfer_s; /* seconds the worker and synchronous transfers spent moving bytes */
+  double offload_wait_s;     /* exposed: seconds the compute waited for a transfer */
 } loom_fsdp_stats;
 
 int loom_fsdp_stats_get(const loom_fsdp *f, loom_fsdp_stats *out);

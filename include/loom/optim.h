@@ -13,8 +13,9 @@
  *
  * Ownership: an optimizer keeps (does not copy) the param and grad pointers of its segments;
  * they must stay valid until loom_optim_free or loom_optim_rebind. It owns its state buffers
- * (moments, momentum), allocated zeroed in the pool its config names. Segment names are
- * copied.
+ * (moments, momentum), one per segment and kind, allocated zeroed in the pool its config
+ * names, unless a segment's state is released to the caller (loom_optim_release_state, for
+ * offload). Segment names are copied.
  *
  * Errors: every fallible call returns a status with a message naming the function and the
  * fault; config validation names the bad field ("loom_adam_cfg: beta1 = 1 is outside [0, 1)").
@@ -40,6 +41,9 @@ extern "C" {
 
 /* Segment flags. */
 #define LOOM_SEG_NO_DECAY 1u /* no weight decay on this segment (biases, norms) */
+#define LOOM_SEG_STREAMED 2u /* its param / grad buffers live elsewhere (FSDP offload) and are
+                              * given chunk by chunk (loom_optim_step_chunk): either may be NULL,
+                              * and loom_optim_step / _scaled refuse the segment (LOOM_EMISUSE) */
 
 /* One flat buffer of parameters and its gradient (same length, same layout). */
 typedef struct loom_param_seg {
@@ -101,7 +105,8 @@ int loom_optim_create_adamw(const loom_param_seg *segs, size_t nseg, const loom_
 void loom_optim_free(loom_optim *o);
 
 /* One update of every segment from its gradient; the step count goes up by one first (so the
- * first step uses step = 1 in the bias corrections, as PyTorch). */
+ * first step uses step = 1 in the bias corrections, as PyTorch). LOOM_EMISUSE, changing
+ * nothing, if a segment's state is released or a chunked step is open (see below). */
 int loom_optim_step(loom_optim *o);
 /* The same with every gradient multiplied by grad_scale as the kernels load it, in f32 before
  * anything else (maximize, weight decay): the deferred unscale of loom/amp.h (grad_scale =
@@ -111,6 +116,63 @@ int loom_optim_step(loom_optim *o);
  * every CPU level; loom_optim_step is grad_scale 1. LOOM_EINVAL if grad_scale is NaN,
  * infinite or negative (0 is allowed: what clipping an infinite norm scales by). */
 int loom_optim_step_scaled(loom_optim *o, float grad_scale);
+
+/* ---- chunked steps and caller-held state (offload) ------------------------------------ */
+
+/* A step can be applied piece by piece, so that the optimizer state (and the parameters and
+ * gradients) of a segment need never be in memory at once: an offloader streams them from host
+ * memory or disk in chunks of a few MB, steps each chunk, and writes it back.
+ *   loom_optim_step_begin(o, gs);
+ *   for each segment s, for each chunk [off, off + n) of it (any split):
+ *     copy in param, grad and state of the chunk;
+ *     loom_optim_step_chunk(o, s, off, n, param, grad, state);  copy param and state out
+ *   loom_optim_step_end(o, true);
+ * gives bit for bit the params and state of loom_optim_step_scaled(o, gs), on every CPU level,
+ * provided every element of every segment is stepped exactly once. */
+
+/* State buffers per segment: 2 (Adam, AdamW: exp_avg, exp_avg_sq), 1 (SGD with momentum:
+ * momentum_buffer) or 0 (plain SGD; NULL optimizer). The order is that of state_at. */
+size_t loom_optim_state_per_segment(const loom_optim *o);
+
+/* Free segment seg's state buffers: from then on the caller holds that segment's state (saved
+ * before, with loom_optim_state_at, if it is to be kept). While released, loom_optim_step and
+ * loom_optim_step_scaled refuse (LOOM_EMISUSE naming the segment; nothing changes, the step
+ * count included), loom_optim_step_chunk needs the caller's state buffers, and state_at /
+ * state_find give data == NULL (n as before). A no-op for an optimizer without state and for a
+ * segment already released. LOOM_EINVAL for seg out of range, LOOM_EMISUSE while a chunked
+ * step is open. */
+int loom_optim_release_state(loom_optim *o, size_t seg);
+/* Give segment seg state buffers of its own again, zeroed (copy the state back in through
+ * loom_optim_state_at). A no-op if it is not released. LOOM_ENOMEM with a message if they
+ * cannot be allocated (the segment stays released); LOOM_EINVAL for seg out of range;
+ * LOOM_EMISUSE while a chunked step is open. */
+int loom_optim_restore_state(loom_optim *o, size_t seg);
+/* True if segment seg's state is released (false for a NULL optimizer or seg out of range). */
+bool loom_optim_state_released(const loom_optim *o, size_t seg);
+
+/* Open a chunked step: checks grad_scale as loom_optim_step_scaled does (LOOM_EINVAL unless
+ * finite and >= 0), counts the step (+1) and fixes the step's scalars (learning rate, bias
+ * corrections, grad_scale): a loom_optim_set_lr before loom_optim_step_end applies to the next
+ * step. LOOM_EMISUSE if a chunked step is already open. While one is open, loom_optim_step,
+ * loom_optim_step_scaled, loom_optim_set_step_count, loom_optim_release_state and
+ * loom_optim_restore_state refuse with LOOM_EMISUSE. */
+int loom_optim_step_begin(loom_optim *o, float grad_scale);
+/* Update elements [offset, offset + n) of segment seg for the open step. param and grad point
+ * at those n elements (the caller's buffers: the segment's own pointers are not used; grad is
+ * only read). state is an array of loom_optim_state_per_segment(o) pointers, in state_at's
+ * order, each at those n elements of that state buffer (read and written); state == NULL
+ * steps the optimizer's own state buffers at offset. Segment seg's LOOM_SEG_NO_DECAY applies.
+ * Stepping an element twice in one step, or not at all, is the caller's error (not detected).
+ * n == 0 is a no-op (NULL buffers allowed then). Errors, each with a message and changing
+ * nothing: LOOM_EMISUSE if no chunked step is open, or state == NULL for a segment whose state
+ * is released; LOOM_EINVAL for seg out of range, offset + n beyond the segment, NULL param or
+ * grad, or a NULL entry in state (with n > 0). */
+int loom_optim_step_chunk(loom_optim *o, size_t seg, size_t offset, size_t n, float *param,
+                          const float *grad, float *const *state);
+/* Close the chunked step. completed == false takes the step back off the count (the caller
+ * failed mid-way and restores the values it had updated itself; this call does not).
+ * LOOM_EMISUSE if no chunked step is open. */
+int loom_optim_step_end(loom_optim *o, bool completed);
 
 /* "sgd", "adam", "adamw". */
 const char *loom_optim_name(const loom_optim *o);
@@ -133,11 +195,12 @@ int loom_optim_set_step_count(loom_optim *o, int64_t step);
 
 /* One state buffer: "<segment>.exp_avg", "<segment>.exp_avg_sq" (Adam, AdamW) or
  * "<segment>.momentum_buffer" (SGD with momentum). `data` is the optimizer's own buffer:
- * read it to save, write it to restore (with loom_optim_set_step_count). SGD's momentum
- * buffer is taken as uninitialised while the step count is 0, as PyTorch's is None. */
+ * read it to save, write it to restore (with loom_optim_set_step_count); NULL while the
+ * segment's state is released (loom_optim_release_state). SGD's momentum buffer is taken as
+ * uninitialised while the step count is 0, as PyTorch's is None. */
 typedef struct loom_optim_state {
   const char *name; /* borrowed, lives as long as the optimizer */
-  float *data;      /* n floats */
+  float *data;      /* n floats (valid until the segment's state is released); or NULL */
   size_t n;
 } loom_optim_state;
 

@@ -4,6 +4,7 @@
  * ranks, global gradient-norm clipping, statistics). */
 #include "fsdp/fsdp_int.h"
 #include "dist/peers.h"
+#include "fsdp/offload_store.h"
 
 #include <math.h>
 #include <string.h>
@@ -22,6 +23,8 @@ void loom_fsdp_cfg_default(loom_fsdp_cfg *cfg) {
   cfg->limit_reduce_scatters = true;
   loom_fsdp_mp_cfg_default(&cfg->mp);
   cfg->mp.enabled = false;
+  loom_fsdp_offload_cfg_default(&cfg->offload);
+  cfg->offload.enabled = false;
 }
 
 int loom_fsdp_cfg_validate(const loom_fsdp_cfg *cfg) {
@@ -44,7 +47,8 @@ int loom_fsdp_cfg_validate(const loom_fsdp_cfg *cfg) {
   if (cfg->backward_prefetch < 0 || cfg->backward_prefetch > MAX_PREFETCH)
     return loom__fail(LOOM_EINVAL, "fsdp cfg: backward_prefetch %d must be within 0..%d",
                       cfg->backward_prefetch, MAX_PREFETCH);
-  return cfg->mp.enabled ? loom_fsdp_mp_cfg_validate(&cfg->mp) : LOOM_OK;
+  int rc = cfg->mp.enabled ? loom_fsdp_mp_cfg_validate(&cfg->mp) : LOOM_OK;
+  return rc ? rc : loom_fsdp_offload_cfg_validate(&cfg->offload);
 }
 
 /* ---- create --------------------------------------------------------------------------------- */
@@ -201,6 +205,7 @@ int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
   }
   for (size_t u = 0; u < f->nunits && !rc; u++) rc = make_shards(&f->units[u], f->rank);
   if (!rc) rc = make_segments(f);
+  if (!rc) rc = loom__fsdp_offload_init(f);
   if (!rc) rc = loom__fsdp_install_hooks(f);
   if (rc) {
     loom_fsdp_free(f);
@@ -226,8 +231,11 @@ void loom_fsdp_free(loom_fsdp *f) {
     }
     (void)loom__fsdp_reshard(un);
     if (un->autocast_on) (void)loom_autocast_exit(&un->autocast);
-    loom__free(un->param_shard);
-    loom__free(un->grad_shard);
+  }
+  loom__fsdp_offload_free(f); /* its transfers end before the buffers they use go */
+  for (size_t u = 0; f->units && u < f->nunits; u++) {
+    loom__free(f->units[u].param_shard);
+    loom__free(f->units[u].grad_shard);
   }
   if (f->units) loom__fsdp_remove_hooks(f);
   if (f->cache_reserved) loom__mem_cache_reserve(-(ptrdiff_t)f->cache_reserved);
@@ -273,27 +281,66 @@ int loom_fsdp_any(loom_fsdp *f, bool local, bool *global) {
   return rc;
 }
 
+/* The squared norm of the gradient shards: per unit in 16 double lanes (as loom_grad_sumsq:
+ * chunks start on a multiple of 16, so the lanes get the same sums), the units added in order. */
+typedef struct sumsq_ctx {
+  double lane[16];
+  double sq;
+} sumsq_ctx;
+
+static int sumsq_chunk(void *ctx, fsdp_unit *u, size_t at, size_t n, float *k[OFF_KINDS]) {
+  sumsq_ctx *c = ctx;
+  if (at == 0 && n == u->shard) {
+    c->sq += loom_grad_sumsq(k[OFF_GRAD], n);
+    return LOOM_OK;
+  }
+  loom__sumsq_lanes(c->lane, k[OFF_GRAD], n, at);
+  if (at + n == u->shard) {
+    c->sq += loom__sumsq_fold(c->lane);
+    memset(c->lane, 0, sizeof c->lane);
+  }
+  return LOOM_OK;
+}
+
+static int scale_chunk(void *ctx, fsdp_unit *u, size_t at, size_t n, float *k[OFF_KINDS]) {
+  (void)u;
+  (void)at;
+  loom_grad_scale(k[OFF_GRAD], n, *(const float *)ctx);
+  return LOOM_OK;
+}
+
 int loom_fsdp_clip_grad_norm(loom_fsdp *f, double max_norm, double *total_norm) {
   if (!f) return loom__fail(LOOM_EINVAL, "loom_fsdp_clip_grad_norm: fsdp is NULL");
   if (!(max_norm > 0) || !isfinite(max_norm))
     return loom__fail(LOOM_EINVAL, "loom_fsdp_clip_grad_norm: max_norm %g must be finite and > 0",
                       max_norm);
-  double sq = 0;
-  for (size_t u = 0; u < f->nunits; u++) sq += loom_grad_sumsq(f->units[u].grad_shard, f->units[u].shard);
-  float sq32 = (float)sq; /* summed over ranks in f32, as PyTorch's FSDP does */
-  int rc = loom_pg_allreduce(f->pg, &sq32, &sq32, 1, LOOM_F32, LOOM_SUM, NULL);
+  sumsq_ctx c = {{0}, 0};
+  unsigned g = 1u << OFF_GRAD;
+  int rc = loom__fsdp_each(f, g, 0, sumsq_chunk, &c);
+  if (rc) return rc;
+  float sq32 = (float)c.sq; /* summed over ranks in f32, as PyTorch's FSDP does */
+  rc = loom_pg_allreduce(f->pg, &sq32, &sq32, 1, LOOM_F32, LOOM_SUM, NULL);
   if (rc) return rc;
   double norm = sqrt((double)sq32);
   if (total_norm) *total_norm = norm;
   if (norm > max_norm) {
     float coef = (float)(max_norm / (norm + 1e-6));
-    for (size_t u = 0; u < f->nunits; u++) loom_grad_scale(f->units[u].grad_shard, f->units[u].shard, coef);
+    rc = loom__fsdp_each(f, g, g, scale_chunk, &coef);
   }
-  return LOOM_OK;
+  return rc;
 }
 
 int loom_fsdp_stats_get(const loom_fsdp *f, loom_fsdp_stats *out) {
   if (!f || !out) return loom__fail(LOOM_EINVAL, "loom_fsdp_stats_get: fsdp or out is NULL");
   *out = f->stats;
+  if (f->store) {
+    loom__ostore_stats st;
+    loom__ostore_get_stats(f->store, &st);
+    out->offload_bytes = loom__ostore_bytes(f->store);
+    out->offload_to_bytes = st.bytes_written;
+    out->offload_from_bytes = st.bytes_read;
+    out->offload_transfer_s = st.transfer_s;
+    out->offload_wait_s = f->off_wait_s;
+  }
   return LOOM_OK;
 }

@@ -36,6 +36,22 @@ int loom_fsdp_scale_loss(loom_fsdp *f, loom_tensor *loss, loom_tensor **out) {
   return loom_fsdp_mp_scale_loss(f->mp, loss, out);
 }
 
+typedef struct unscale_ctx {
+  double inv;
+  bool bad;
+} unscale_ctx;
+
+static int unscale_chunk(void *ctx, fsdp_unit *u, size_t at, size_t n, float *k[OFF_KINDS]) {
+  (void)u;
+  (void)at;
+  unscale_ctx *c = ctx;
+  bool bad = false;
+  int rc = c->inv != 1.0 ? loom_amp_unscale(k[OFF_GRAD], LOOM_F32, n, c->inv, &bad)
+                         : loom_amp_has_nonfinite(k[OFF_GRAD], LOOM_F32, n, &bad);
+  c->bad = c->bad || bad;
+  return rc;
+}
+
 int loom_fsdp_check_overflow(loom_fsdp *f, bool *overflow) {
   if (!f || !overflow)
     return loom__fail(LOOM_EINVAL, "loom_fsdp_check_overflow: fsdp or overflow is NULL");
@@ -43,16 +59,10 @@ int loom_fsdp_check_overflow(loom_fsdp *f, bool *overflow) {
   if (f->in_step)
     return loom__fail(LOOM_EMISUSE, "loom_fsdp_check_overflow: backward has not finished "
                       "(call loom_fsdp_finish first)");
-  double inv = f->mp ? 1.0 / (double)loom_fsdp_mp_current_loss_scale(f->mp) : 1.0;
-  bool local = false;
-  int rc = LOOM_OK;
-  for (size_t u = 0; u < f->nunits && !rc; u++) {
-    bool bad = false;
-    rc = inv != 1.0 ? loom_amp_unscale(f->units[u].grad_shard, LOOM_F32, f->units[u].shard, inv, &bad)
-                    : loom_amp_has_nonfinite(f->units[u].grad_shard, LOOM_F32, f->units[u].shard, &bad);
-    local = local || bad;
-  }
-  if (!rc) rc = loom_fsdp_any(f, local, overflow);
+  unscale_ctx c = {f->mp ? 1.0 / (double)loom_fsdp_mp_current_loss_scale(f->mp) : 1.0, false};
+  unsigned g = 1u << OFF_GRAD;
+  int rc = loom__fsdp_each(f, g, c.inv != 1.0 ? g : 0, unscale_chunk, &c);
+  if (!rc) rc = loom_fsdp_any(f, c.bad, overflow);
   if (!rc && f->mp) rc = loom_fsdp_mp_update(f->mp, *overflow);
   return rc;
 }

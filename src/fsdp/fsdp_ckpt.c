@@ -196,7 +196,13 @@ int loom_fsdp_save_sharded(loom_fsdp *f, const char *dir, const loom_optim *opt,
   snprintf(sub, sizeof sub, "%s/gen-%lld", dir, (long long)gen);
   rc = make_dir(sub);
   rank_path(dir, gen, f->rank, f->world, path, sizeof path);
+  /* offloaded shards come back for the write (the optimizer's buffers are restored, not its
+   * values changed: hence the cast) */
+  loom_optim *o = (loom_optim *)opt;
+  if (!rc) rc = loom__fsdp_onload_all(f, o);
   if (!rc) rc = write_rank_file(f, path, opt);
+  int rc_off = loom__fsdp_offload_all(f, o, false);
+  if (!rc) rc = rc_off;
   int64_t mine[2] = {-1, 0};
   if (!rc) rc = file_size_crc(path, &mine[0], &mine[1]);
   if (rc) mine[0] = -1;
@@ -405,7 +411,9 @@ int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt) {
   }
   if (!rc && opt && step < 0)
     rc = loom__fail(LOOM_EFORMAT, "%s: optimizer step %lld is negative", who, (long long)step);
-  /* commit (the scaler first: its restore is the one call here that can still refuse) */
+  /* commit (offloaded shards back first, then the scaler: the calls here that can still
+   * refuse) */
+  if (!rc) rc = loom__fsdp_onload_all(f, opt);
   if (!rc && sc) rc = loom_scaler_restore(sc, &sst);
   if (!rc) {
     at = 0;
@@ -421,6 +429,8 @@ int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt) {
     }
     if (opt) rc = loom_optim_set_step_count(opt, step);
   }
+  int rc_off = loom__fsdp_offload_all(f, opt, rc == LOOM_OK);
+  if (!rc) rc = rc_off;
   loom__free(stage);
   close_set(&s);
   return rc;

@@ -39,9 +39,10 @@ int loom__fsdp_issue_gather(fsdp_unit *u, loom_dtype dt) {
     int rc = loom__fsdp_reshard(u);
     if (rc) return rc;
   }
-  int64_t len = (int64_t)u->padded;
-  int rc = loom_tensor_empty(dt, 1, &len, &u->gathered);
+  int rc = loom__fsdp_param_need(u);
   if (rc) return rc;
+  int64_t len = (int64_t)u->padded;
+  if ((rc = loom_tensor_empty(dt, 1, &len, &u->gathered))) return rc;
   const void *send = u->param_shard;
   if (dt != LOOM_F32) {
     u->send = loom__malloc(LOOM_POOL_COMPUTE, u->shard * loom_dtype_size(dt));
@@ -50,7 +51,8 @@ int loom__fsdp_issue_gather(fsdp_unit *u, loom_dtype dt) {
       return loom__fail(LOOM_ENOMEM, "fsdp: out of memory casting unit '%s' to %s", u->name,
                         loom_dtype_name(dt));
     }
-    if ((rc = loom_convert(u->param_shard, LOOM_F32, u->send, dt, u->shard))) {
+    if ((rc = loom_convert(u->param_shard, LOOM_F32, u->send, dt, u->shard)) ||
+        (rc = loom__fsdp_param_done(u))) { /* the cast copy travels: the shard may go */
       drop_buffers(u);
       return rc;
     }
@@ -85,12 +87,18 @@ int loom__fsdp_wait_gather(fsdp_unit *u) {
     return rc;
   }
   u->state = UNIT_GATHERED;
+  if ((rc = loom__fsdp_param_done(u))) return rc;
   return loom__fsdp_bind_params(u);
 }
 
 int loom__fsdp_reshard(fsdp_unit *u) {
   int rc = LOOM_OK;
-  if (u->state == UNIT_GATHERING) rc = loom_work_wait(&u->gather_work);
+  if (u->state == UNIT_GATHERING) {
+    rc = loom_work_wait(&u->gather_work);
+    u->state = UNIT_RESHARDED; /* the all-gather has let go of the shard */
+    int rc2 = loom__fsdp_param_done(u);
+    if (!rc) rc = rc2;
+  }
   if (u->state == UNIT_GATHERED) unbind_params(u);
   drop_buffers(u);
   return rc;

@@ -46,6 +46,11 @@ static int fwd_pre(loom_module *m, void *ctx) {
     if (j >= f->nunits) break;
     if (f->units[j].state == UNIT_RESHARDED) rc = loom__fsdp_issue_gather(&f->units[j], f->fwd_dtype);
   }
+  for (int k = 1; k <= f->cfg.offload.prefetch_steps && f->store && !rc; k++) {
+    size_t j = u->index + (size_t)f->cfg.forward_prefetch + (size_t)k;
+    if (j >= f->nunits) break;
+    rc = loom__fsdp_param_prefetch(&f->units[j]);
+  }
   if (!rc) rc = loom__fsdp_wait_gather(u);
   if (!rc && f->mp && !loom_autocast_enabled()) {
     loom_autocast_mode mode = f->fwd_dtype == LOOM_BF16 ? LOOM_AUTOCAST_BF16 : LOOM_AUTOCAST_F16;
@@ -120,6 +125,13 @@ static void drop_local_grad(fsdp_unit *u) {
   u->full_grad = NULL;
 }
 
+/* The unit's reduce-scatter has completed (status rc): its local gradient goes, its gradient
+ * shard may leave for the offload tier. */
+static int reduced(fsdp_unit *u, int rc) {
+  drop_local_grad(u);
+  return rc ? rc : loom__fsdp_grad_done(u);
+}
+
 int loom__fsdp_reap(fsdp_unit *u) {
   if (!u->rs_work) return LOOM_OK;
   loom_fsdp *f = u->f;
@@ -128,8 +140,7 @@ int loom__fsdp_reap(fsdp_unit *u) {
   double t1 = loom__fsdp_now();
   f->stats.exposed_s += t1 - t0;
   f->stats.comm_s += t1 - u->rs_issued;
-  drop_local_grad(u);
-  return rc;
+  return reduced(u, rc);
 }
 
 /* Reap the reduce-scatters that have completed, without waiting. */
@@ -142,7 +153,7 @@ static int reap_done(loom_fsdp *f) {
     rc = loom_work_test(&u->rs_work, &done);
     if (done) {
       f->stats.comm_s += loom__fsdp_now() - u->rs_issued;
-      drop_local_grad(u);
+      rc = reduced(u, rc);
     }
   }
   return rc;
@@ -154,6 +165,7 @@ static int post_backward(fsdp_unit *u) {
   u->reduced = true;
   int rc = loom_fsdp_apply_gradient_fp32(f, u->index);
   if (rc || !f->sync) return rc;
+  if ((rc = loom__fsdp_grad_target(u))) return rc;
   u->rs_issued = loom__fsdp_now();
   rc = loom_pg_reduce_scatter(f->pg, loom_tensor_data(u->full_grad), u->grad_shard, u->shard,
                               LOOM_F32, LOOM_AVG, &u->rs_work);
@@ -202,11 +214,18 @@ static int pre_backward(loom_tensor *grad, void *ctx) {
     fsdp_unit *o = &f->units[f->order[pos - (size_t)k]];
     if (o->state == UNIT_RESHARDED && !o->in_backward) rc = loom__fsdp_issue_gather(o, f->fwd_dtype);
   }
+  for (int k = 1; k <= f->cfg.offload.prefetch_steps && f->store && pos != SIZE_MAX && !rc; k++) {
+    size_t back = (size_t)f->cfg.backward_prefetch + (size_t)k;
+    if (pos < back) break;
+    fsdp_unit *o = &f->units[f->order[pos - back]];
+    if (!o->in_backward) rc = loom__fsdp_param_prefetch(o);
+  }
   if (!rc) rc = loom__fsdp_wait_gather(u);
   /* one local gradient at a time: the previous unit's reduce-scatter (which ran while that
    * unit computed its input's gradient) must be done before this unit's buffer exists */
   for (size_t i = 0; i < f->nunits && !rc && f->cfg.limit_reduce_scatters; i++)
     if (f->units[i].rs_work) rc = loom__fsdp_reap(&f->units[i]);
+  if (!rc) rc = loom__fsdp_grad_settle(f); /* gradient shards that left: their buffers go */
   if (!rc && !u->full_grad) rc = make_local_grad(u);
   return rc;
 }
@@ -223,14 +242,17 @@ int loom_fsdp_finish(loom_fsdp *f) {
     if (u->full_grad) {
       for (size_t k = 0; k < u->nparams; k++) (void)loom_tensor_grad(u->params[k].p->value);
       rc = post_backward(u);
-    } else if (f->sync) {
+    } else if (f->sync && !(rc = loom__fsdp_grad_target(u))) {
       memset(u->grad_shard, 0, u->shard * sizeof(float));
+      rc = loom__fsdp_grad_done(u);
     }
   }
   for (size_t i = f->nunits; i-- > 0;) {
     int rc2 = loom__fsdp_reap(&f->units[i]);
     if (!rc) rc = rc2;
   }
+  int rc_settle = loom__fsdp_grad_settle(f);
+  if (!rc) rc = rc_settle;
   for (size_t i = 0; i < f->nunits; i++) {
     int rc2 = loom__fsdp_reshard(&f->units[i]);
     if (!rc) rc = rc2;

@@ -12,10 +12,32 @@
 #include "loom/autograd.h"
 #include "loom/fsdp.h"
 #include "nn/nn_int.h"
+#include "optim/optim_int.h"
 
 typedef enum unit_state { UNIT_RESHARDED = 0, UNIT_GATHERING = 1, UNIT_GATHERED = 2 } unit_state;
 
 typedef struct fsdp_unit fsdp_unit;
+
+/* Offload: the kinds of a unit's bytes that move (the optimizer state has one kind per state
+ * buffer: Adam's exp_avg and exp_avg_sq, SGD's momentum). */
+enum { OFF_PARAM = 0, OFF_GRAD = 1, OFF_STATE = 2, OFF_KINDS = 4 };
+
+typedef struct off_kind {
+  bool offloaded;     /* the bytes live in the tier; the compute pool has none (or they are
+                         arriving: `arriving`) */
+  bool stored;        /* the tier holds the current bytes (in slot set `gen`) */
+  bool arriving;      /* gets are in flight into the compute buffer */
+  bool leaving;       /* puts are in flight from the compute buffer, which goes when they end */
+  uint8_t gen;        /* disk tier, parameters and state: the slot set holding the current
+                         bytes (the optimizer step writes the other set, then switches) */
+  uint64_t *jobs;     /* nchunks ids of the transfer in flight (0: none) */
+} off_kind;
+
+typedef struct off_unit {
+  size_t nchunks;     /* chunks of the shard */
+  size_t slot0;       /* first store slot: slot = slot0 + (gen * OFF_KINDS + kind) * nchunks + c */
+  off_kind k[OFF_KINDS];
+} off_unit;
 
 /* A parameter of a unit: the module's parameter and where it sits in the unit's flat layout. */
 typedef struct fsdp_param {
@@ -54,6 +76,7 @@ struct fsdp_unit {
   double rs_issued;
   loom_autocast_token autocast; /* the unit's own autocast region in forward (mixed precision) */
   bool autocast_on;
+  off_unit off;          /* offload (cfg.offload.enabled) */
 };
 
 struct loom_fsdp {
@@ -74,6 +97,12 @@ struct loom_fsdp {
   size_t n_order;
   bool order_closed;     /* a backward began since: the next forward records afresh */
   size_t cache_reserved; /* bytes this wrapper added to the allocator cache's limit */
+  /* offload */
+  struct loom__ostore *store; /* NULL without offload */
+  char *offload_dir;          /* cfg.offload.dir copied */
+  size_t chunk;               /* elements per chunk */
+  double off_wait_s;          /* exposed transfer wait */
+  loom_optim *state_opt;      /* the optimizer whose state was last sent for (a prefetch) */
   bool sync;
   bool in_step;
   int step_status;
@@ -99,5 +128,57 @@ void loom__fsdp_remove_hooks(loom_fsdp *f);
 int loom__fsdp_reap(fsdp_unit *u);
 
 double loom__fsdp_now(void);
+
+/* A failure kept across clean-up that sets the thread's message (waiting for dropped jobs). */
+typedef struct loom__fsdp_err {
+  int rc;
+  char msg[1024];
+} loom__fsdp_err;
+void loom__fsdp_err_save(loom__fsdp_err *e, int rc);
+int loom__fsdp_err_restore(const loom__fsdp_err *e);
+
+/* fsdp_offload.c: the offloader (no-ops without offload) */
+bool loom__fsdp_offloading(const loom_fsdp *f, int kind);
+int loom__fsdp_offload_init(loom_fsdp *f);   /* at create: the store, parameters out */
+void loom__fsdp_offload_free(loom_fsdp *f);
+/* the unit's parameter shard in the compute pool (waiting for it, or reading it now) */
+int loom__fsdp_param_need(fsdp_unit *u);
+/* the gather has its bytes: the parameter shard may leave */
+int loom__fsdp_param_done(fsdp_unit *u);
+/* start bringing the parameter shard back (with prefetch on) */
+int loom__fsdp_param_prefetch(fsdp_unit *u);
+/* a gradient shard to reduce-scatter into (its old bytes are not needed) */
+int loom__fsdp_grad_target(fsdp_unit *u);
+/* the gradient shard holds this step's gradient: it may leave */
+int loom__fsdp_grad_done(fsdp_unit *u);
+/* wait for gradient shards on their way out and free them */
+int loom__fsdp_grad_settle(loom_fsdp *f);
+/* every unit's parameter shard and optimizer state (opt may be NULL) back in the compute pool
+ * (checkpoints), and every offloaded kind out again (`changed`: the parameters and state in
+ * the compute pool were written, the tier's copies are stale) */
+int loom__fsdp_onload_all(loom_fsdp *f, loom_optim *opt);
+int loom__fsdp_offload_all(loom_fsdp *f, loom_optim *opt, bool changed);
+/* transfers of one kind of one unit (fsdp_offload.c), used by the stream */
+size_t loom__fsdp_chunk_len(const fsdp_unit *u, size_t c);
+/* wait for a kind's gets in flight: in the compute pool, or offloaded still (the failure) */
+int loom__fsdp_arrive(fsdp_unit *u, int kind);
+/* parameter shard / optimizer state to the tier and out of the compute pool (a put unless the
+ * tier's copy is current) */
+int loom__fsdp_param_out(fsdp_unit *u);
+int loom__fsdp_state_out(fsdp_unit *u, loom_optim *opt);
+size_t loom__fsdp_slot(const fsdp_unit *u, int kind, unsigned gen, size_t c);
+int loom__fsdp_check_optim(const loom_fsdp *f, const loom_optim *opt, const char *who);
+
+/* fsdp_stream.c: a pass over every unit's shards chunk by chunk. `read` and `write` are masks
+ * of (1 << OFF_*); kinds in the compute pool are used in place, offloaded ones stream through
+ * chunk buffers (double buffered with prefetch on). fn gets pointers to n elements of each
+ * kind in `read` (NULL for the others) at element `at` of unit u's shard. */
+typedef int (*loom__fsdp_chunk_fn)(void *ctx, fsdp_unit *u, size_t at, size_t n, float *k[OFF_KINDS]);
+int loom__fsdp_stream(loom_fsdp *f, loom_optim *opt, unsigned read, unsigned write,
+                      loom__fsdp_chunk_fn fn, void *ctx);
+/* The same over parameters and gradients, with or without offload (without: one call per unit
+ * over its whole shard). */
+int loom__fsdp_each(loom_fsdp *f, unsigned read, unsigned write, loom__fsdp_chunk_fn fn,
+                    void *ctx);
 
 #endif

@@ -78,6 +78,8 @@ int loom_fsdp_load_full_state(loom_fsdp *f, const loom_named_tensor *state, size
                       loom__shape_str(loom_tensor_ndim(p->value), loom_tensor_shape(p->value), b, sizeof b));
     }
   }
+  if (!rc) rc = loom__fsdp_onload_all(f, NULL);
+  bool changed = rc == LOOM_OK;
   for (size_t i = 0; i < n && !rc; i++) {
     fsdp_param *fp = f->by_index[i];
     fsdp_unit *u = fp->unit;
@@ -91,6 +93,8 @@ int loom_fsdp_load_full_state(loom_fsdp *f, const loom_named_tensor *state, size
                                loom_tensor_dtype(c), u->param_shard + (a - lo), LOOM_F32, b - a);
     loom_tensor_free(c);
   }
+  int rc_off = loom__fsdp_offload_all(f, NULL, changed);
+  if (!rc) rc = rc_off;
   loom__free(by_param);
   return rc;
 }

@@ -1,6 +1,7 @@
 /* adam.c: Adam (L2 weight decay added to the gradient) and AdamW (decoupled decay), as
  * torch.optim.Adam / AdamW (1.13, single-tensor path): their config (defaults, validate),
- * create, and the step that computes the bias corrections in double as PyTorch does. */
+ * create, the step's scalars (bias corrections in double as PyTorch computes them) and the
+ * update of a run of elements with them. */
 #include "optim/optim_int.h"
 
 #include <math.h>
@@ -58,12 +59,12 @@ int loom_optim_create_adamw(const loom_param_seg *segs, size_t nseg, const loom_
   return create("loom_optim_create_adamw", LOOM__ADAMW, segs, nseg, cfg, out);
 }
 
-int loom__adam_step(loom_optim *o, float grad_scale) {
+void loom__adam_args_make(const loom_optim *o, float grad_scale, loom__adam_args *a) {
   const loom_adam_cfg *c = &o->adam;
   double step = (double)o->step;
   double bc1 = 1.0 - pow(c->beta1, step);
   double bc2 = 1.0 - pow(c->beta2, step);
-  loom__adam_args a = {
+  *a = (loom__adam_args){
       .beta1 = (float)c->beta1,
       .omb1 = (float)(1.0 - c->beta1),
       .beta2 = (float)c->beta2,
@@ -77,15 +78,14 @@ int loom__adam_step(loom_optim *o, float grad_scale) {
       .grad_scale = grad_scale,
       .scaled = grad_scale != 1.0f,
   };
-  const loom__optim_kernels *k = loom__optim_k();
-  for (size_t i = 0; i < o->nseg; i++) {
-    const loom__seg *s = &o->seg[i];
-    if (!s->n) continue;
-    loom__adam_args sa = a;
-    bool decay = c->weight_decay != 0 && !(s->flags & LOOM_SEG_NO_DECAY);
-    sa.l2 = decay && o->kind == LOOM__ADAM;
-    sa.decoupled = decay && o->kind == LOOM__ADAMW;
-    k->adam(&sa, s->param, s->grad, o->arena[0] + s->off, o->arena[1] + s->off, s->n);
-  }
-  return LOOM_OK;
+}
+
+void loom__adam_update(const loom_optim *o, const loom__adam_args *a, unsigned flags, float *p,
+                       const float *g, float *const *state, size_t n) {
+  if (!n) return;
+  loom__adam_args sa = *a;
+  bool decay = o->adam.weight_decay != 0 && !(flags & LOOM_SEG_NO_DECAY);
+  sa.l2 = decay && o->kind == LOOM__ADAM;
+  sa.decoupled = decay && o->kind == LOOM__ADAMW;
+  loom__optim_k()->adam(&sa, p, g, state[0], state[1], n);
 }

@@ -1,6 +1,7 @@
 /* optim.c: the optimizer object common to every kind: segments (copied descriptors, retained
- * buffers), the zeroed state arenas and their names, learning rate, step count, rebind, state
- * listing and the step entry point that hands over to sgd.c / adam.c. */
+ * buffers) with their zeroed state buffers and names, learning rate, step count, rebind, state
+ * listing and the whole step, which runs sgd.c / adam.c's update over every segment. The
+ * chunked step and releasing state to the caller are step_chunk.c's. */
 #include "optim/optim_int.h"
 
 #include <math.h>
@@ -20,7 +21,7 @@ void loom_optim_free(loom_optim *o) {
   for (size_t i = 0; i < o->nseg; i++) loom__free(o->seg[i].name);
   if (o->state_name)
     for (size_t i = 0; i < o->nseg * (size_t)o->nstate; i++) loom__free(o->state_name[i]);
-  for (int k = 0; k < LOOM__MAX_STATE; k++) loom__free(o->arena[k]);
+  for (size_t i = 0; i < o->nseg; i++) loom__seg_state_free(o, &o->seg[i]);
   loom__free(o->state_name);
   loom__free(o->seg);
   o->magic = 0;
@@ -34,7 +35,7 @@ static int check_segments(const char *who, const loom_param_seg *segs, size_t ns
   size_t sum = 0;
   for (size_t i = 0; i < nseg; i++) {
     const loom_param_seg *s = &segs[i];
-    if (s->n && (!s->param || !s->grad))
+    if (s->n && (!s->param || !s->grad) && !(s->flags & LOOM_SEG_STREAMED))
       return loom__fail(LOOM_EINVAL, "%s: segment %zu has n = %zu but a NULL %s buffer", who, i,
                         s->n, s->param ? "grad" : "param");
     if (s->name && !s->name[0])
@@ -73,13 +74,13 @@ int loom__optim_create(const char *who, loom__optim_kind kind, const loom_param_
   if (!o) return loom__fail(LOOM_ENOMEM, "%s: out of memory for the optimizer", who);
   o->magic = LOOM__OPTIM_MAGIC;
   o->kind = kind;
-  o->total = total;
   o->nstate = nstate;
+  o->state_pool = pool;
+  for (int k = 0; k < nstate; k++) o->state_kind[k] = state_kind[k];
   if (nseg) {
     o->seg = loom__calloc(LOOM_POOL_HOST, nseg, sizeof *o->seg);
     LOOM_TRY_ALLOC(o->seg, "the segment table");
   }
-  size_t off = 0;
   for (size_t i = 0; i < nseg; i++, o->nseg++) {
     char idx[32];
     snprintf(idx, sizeof idx, "%zu", i);
@@ -92,8 +93,6 @@ int loom__optim_create(const char *who, loom__optim_kind kind, const loom_param_
     o->seg[i].grad = segs[i].grad;
     o->seg[i].n = segs[i].n;
     o->seg[i].flags = segs[i].flags;
-    o->seg[i].off = off;
-    off += segs[i].n;
   }
   if (nstate && nseg) {
     o->state_name = loom__calloc(LOOM_POOL_HOST, nseg * (size_t)nstate, sizeof(char *));
@@ -108,16 +107,8 @@ int loom__optim_create(const char *who, loom__optim_kind kind, const loom_param_
         o->state_name[i * (size_t)nstate + (size_t)k] = s;
       }
   }
-  for (int k = 0; k < nstate; k++) {
-    o->state_kind[k] = state_kind[k];
-    /* at least one float so that an empty optimizer still has valid (unused) arenas */
-    o->arena[k] = loom__calloc(pool, total ? total : 1, sizeof(float));
-    if (!o->arena[k]) {
-      rc = loom__fail(LOOM_ENOMEM, "%s: out of memory for %zu floats of %s (%s pool)", who, total,
-                      state_kind[k], loom_pool_name(pool));
-      goto done;
-    }
-  }
+  for (size_t i = 0; i < nseg; i++)
+    if ((rc = loom__seg_state_alloc(o, &o->seg[i], who))) goto done;
   *out = o;
   return LOOM_OK;
 done:
@@ -125,17 +116,74 @@ done:
   return rc;
 }
 
-static int step_scaled(loom_optim *o, float grad_scale, const char *who) {
-  int rc = loom__optim_check(o, who);
-  if (rc) return rc;
+int loom__seg_state_alloc(const loom_optim *o, loom__seg *s, const char *who) {
+  for (int k = 0; k < o->nstate; k++) {
+    /* at least one float, so that a live buffer is never NULL (NULL means released) */
+    s->state[k] = loom__calloc(o->state_pool, s->n ? s->n : 1, sizeof(float));
+    if (!s->state[k]) {
+      loom__seg_state_free(o, s);
+      return loom__fail(LOOM_ENOMEM, "%s: out of memory for %zu floats of %s.%s (%s pool)", who,
+                        s->n, s->name, o->state_kind[k], loom_pool_name(o->state_pool));
+    }
+  }
+  return LOOM_OK;
+}
+
+void loom__seg_state_free(const loom_optim *o, loom__seg *s) {
+  for (int k = 0; k < LOOM__MAX_STATE; k++) {
+    loom__free(s->state[k]);
+    s->state[k] = NULL;
+  }
+}
+
+int loom__check_grad_scale(float grad_scale, const char *who) {
   if (!isfinite(grad_scale) || !(grad_scale >= 0))
     return loom__fail(LOOM_EINVAL, "%s: grad_scale = %g must be finite and >= 0", who,
                       (double)grad_scale);
+  return LOOM_OK;
+}
+
+void loom__step_args_make(const loom_optim *o, float grad_scale, loom__step_args *a) {
+  *a = (loom__step_args){0};
+  if (o->kind == LOOM__SGD)
+    loom__sgd_args_make(o, grad_scale, &a->sgd);
+  else
+    loom__adam_args_make(o, grad_scale, &a->adam);
+}
+
+void loom__step_update(const loom_optim *o, const loom__step_args *a, unsigned flags, float *p,
+                       const float *g, float *const *state, size_t n) {
+  if (o->kind == LOOM__SGD)
+    loom__sgd_update(o, &a->sgd, flags, p, g, state, n);
+  else
+    loom__adam_update(o, &a->adam, flags, p, g, state, n);
+}
+
+static int step_scaled(loom_optim *o, float grad_scale, const char *who) {
+  int rc = loom__optim_check(o, who);
+  if (rc) return rc;
+  if (o->chunk_open)
+    return loom__fail(LOOM_EMISUSE, "%s: a chunked step is open (loom_optim_step_begin); end "
+                      "it first", who);
+  if ((rc = loom__check_grad_scale(grad_scale, who))) return rc;
+  for (size_t i = 0; i < o->nseg; i++) /* all checked before anything changes */
+    if (o->seg[i].flags & LOOM_SEG_STREAMED)
+      return loom__fail(LOOM_EMISUSE, "%s: segment %zu (%s) is streamed (its buffers live "
+                        "elsewhere, e.g. FSDP offload): step it with loom_optim_step_chunk "
+                        "(loom_fsdp_optim_step)", who, i, o->seg[i].name);
+    else if (loom__seg_released(o, &o->seg[i]))
+      return loom__fail(LOOM_EMISUSE, "%s: segment %zu (%s) has its state released to the "
+                        "caller; step it with loom_optim_step_chunk or restore it first", who, i,
+                        o->seg[i].name);
   if (o->step == INT64_MAX) return loom__fail(LOOM_EOVERFLOW, "%s: step count overflows", who);
   o->step++;
-  rc = o->kind == LOOM__SGD ? loom__sgd_step(o, grad_scale) : loom__adam_step(o, grad_scale);
-  if (rc) o->step--;
-  return rc;
+  loom__step_args a;
+  loom__step_args_make(o, grad_scale, &a);
+  for (size_t i = 0; i < o->nseg; i++) {
+    loom__seg *s = &o->seg[i];
+    loom__step_update(o, &a, s->flags, s->param, s->grad, s->state, s->n);
+  }
+  return LOOM_OK;
 }
 
 int loom_optim_step(loom_optim *o) { return step_scaled(o, 1.0f, "loom_optim_step"); }
@@ -189,6 +237,9 @@ int loom_optim_set_step_count(loom_optim *o, int64_t step) {
   if (step < 0)
     return loom__fail(LOOM_EINVAL, "loom_optim_set_step_count: step %lld is negative",
                       (long long)step);
+  if (o->chunk_open)
+    return loom__fail(LOOM_EMISUSE, "loom_optim_set_step_count: a chunked step is open "
+                      "(loom_optim_step_begin); end it first");
   o->step = step;
   return LOOM_OK;
 }
@@ -207,7 +258,7 @@ int loom_optim_state_at(const loom_optim *o, size_t i, loom_optim_state *out) {
                       i, count);
   const loom__seg *s = &o->seg[i / (size_t)o->nstate];
   out->name = o->state_name[i];
-  out->data = o->arena[i % (size_t)o->nstate] + s->off;
+  out->data = s->state[i % (size_t)o->nstate]; /* NULL while released */
   out->n = s->n;
   return LOOM_OK;
 }

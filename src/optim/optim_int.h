@@ -1,5 +1,6 @@
-/* optim_int.h: the optimizer struct, the per-step scalar arguments of the update kernels and
- * the optim layer's kernel table (one per CPU level, every level bit-identical to scalar). */
+/* optim_int.h: the optimizer struct (segments with their own state buffers), the per-step
+ * scalar arguments of the update kernels and the optim layer's kernel table (one per CPU
+ * level, every level bit-identical to scalar). */
 #ifndef LOOM_OPTIM_INT_H
 #define LOOM_OPTIM_INT_H
 
@@ -64,16 +65,25 @@ double loom__sumsq_fold(double lane[16]);
 
 typedef enum loom__optim_kind { LOOM__SGD, LOOM__ADAM, LOOM__ADAMW } loom__optim_kind;
 
+#define LOOM__MAX_STATE 2
+
 typedef struct loom__seg {
   char *name;
   float *param;
   const float *grad;
   size_t n;
-  size_t off; /* offset into the state arenas */
   unsigned flags;
+  /* nstate zeroed buffers of n floats (at least one, so that a live buffer is never NULL),
+   * in the optimizer's state pool; all NULL while the state is released to the caller
+   * (loom_optim_release_state). */
+  float *state[LOOM__MAX_STATE];
 } loom__seg;
 
-#define LOOM__MAX_STATE 2
+/* The scalars of one step, fixed when the step starts (the whole step, or step_begin). */
+typedef struct loom__step_args {
+  loom__adam_args adam; /* Adam, AdamW */
+  loom__sgd_args sgd;   /* SGD */
+} loom__step_args;
 
 struct loom_optim {
   uint32_t magic;
@@ -84,26 +94,46 @@ struct loom_optim {
   int64_t step;
   loom__seg *seg;
   size_t nseg;
-  size_t total;                      /* sum of segment lengths */
   int nstate;                        /* state buffers per segment */
+  loom_pool state_pool;              /* where the state buffers live */
   const char *state_kind[LOOM__MAX_STATE];
-  float *arena[LOOM__MAX_STATE];     /* one arena per state kind, `total` floats */
   char **state_name;                 /* nseg * nstate names "<seg>.<kind>" */
+  bool chunk_open;                   /* between loom_optim_step_begin and _end */
+  loom__step_args chunk_args;        /* the open chunked step's scalars */
 };
 
 #define LOOM__OPTIM_MAGIC 0x4f50544du /* "OPTM" */
 
-/* Build the common part: copy segments and names, allocate nstate zeroed arenas.
- * `who` names the caller in messages. */
+/* Build the common part: copy segments and names, allocate each segment's nstate zeroed state
+ * buffers. `who` names the caller in messages. */
 int loom__optim_create(const char *who, loom__optim_kind kind, const loom_param_seg *segs,
                        size_t nseg, int nstate, const char *const *state_kind, loom_pool pool,
                        loom_optim **out);
 /* LOOM_EINVAL / LOOM_EMISUSE for a NULL or freed optimizer. */
 int loom__optim_check(const loom_optim *o, const char *who);
+/* True if segment s's state is held by the caller (never for an optimizer without state). */
+static inline bool loom__seg_released(const loom_optim *o, const loom__seg *s) {
+  return o->nstate > 0 && !s->state[0];
+}
+/* Allocate (zeroed) / free the state buffers of segment s; allocation failure leaves them all
+ * NULL and returns LOOM_ENOMEM with a message naming `who`. */
+int loom__seg_state_alloc(const loom_optim *o, loom__seg *s, const char *who);
+void loom__seg_state_free(const loom_optim *o, loom__seg *s);
 
-/* Per-kind step (sgd.c, adam.c), called by loom_optim_step_scaled after step++; grad_scale
- * multiplies every gradient as it is loaded (1: not at all). */
-int loom__sgd_step(loom_optim *o, float grad_scale);
-int loom__adam_step(loom_optim *o, float grad_scale);
+/* The scalars of step o->step (already counted) with gradients scaled by grad_scale, the one
+ * place each kind computes them (sgd.c, adam.c), and the update of n elements of a segment with
+ * flags `flags` (LOOM_SEG_*): p, g and state[0..nstate) point at those elements. */
+void loom__sgd_args_make(const loom_optim *o, float grad_scale, loom__sgd_args *a);
+void loom__adam_args_make(const loom_optim *o, float grad_scale, loom__adam_args *a);
+void loom__sgd_update(const loom_optim *o, const loom__sgd_args *a, unsigned flags, float *p,
+                      const float *g, float *const *state, size_t n);
+void loom__adam_update(const loom_optim *o, const loom__adam_args *a, unsigned flags, float *p,
+                       const float *g, float *const *state, size_t n);
+/* The same for o's kind (optim.c). */
+void loom__step_args_make(const loom_optim *o, float grad_scale, loom__step_args *a);
+void loom__step_update(const loom_optim *o, const loom__step_args *a, unsigned flags, float *p,
+                       const float *g, float *const *state, size_t n);
+/* LOOM_EINVAL unless grad_scale is finite and >= 0 (the check of loom_optim_step_scaled). */
+int loom__check_grad_scale(float grad_scale, const char *who);
 
 #endif

@@ -1,6 +1,6 @@
 /* sgd.c: SGD with momentum, dampening, Nesterov and weight decay, as torch.optim.SGD (1.13):
- * its config (default, validate), create, and the step that turns the config into the kernel's
- * f32 scalars. */
+ * its config (default, validate), create, the step's f32 kernel scalars from the config and the
+ * update of a run of elements with them. */
 #include "optim/optim_int.h"
 
 #include <math.h>
@@ -44,9 +44,9 @@ int loom_optim_create_sgd(const loom_param_seg *segs, size_t nseg, const loom_sg
   return LOOM_OK;
 }
 
-int loom__sgd_step(loom_optim *o, float grad_scale) {
+void loom__sgd_args_make(const loom_optim *o, float grad_scale, loom__sgd_args *a) {
   const loom_sgd_cfg *c = &o->sgd;
-  loom__sgd_args a = {
+  *a = (loom__sgd_args){
       .wd = (float)c->weight_decay,
       .momentum = (float)c->momentum,
       .omd = (float)(1.0 - c->dampening),
@@ -58,13 +58,12 @@ int loom__sgd_step(loom_optim *o, float grad_scale) {
       .grad_scale = grad_scale,
       .scaled = grad_scale != 1.0f,
   };
-  const loom__optim_kernels *k = loom__optim_k();
-  for (size_t i = 0; i < o->nseg; i++) {
-    const loom__seg *s = &o->seg[i];
-    if (!s->n) continue;
-    loom__sgd_args sa = a;
-    sa.has_wd = c->weight_decay != 0 && !(s->flags & LOOM_SEG_NO_DECAY);
-    k->sgd(&sa, s->param, s->grad, a.has_momentum ? o->arena[0] + s->off : NULL, s->n);
-  }
-  return LOOM_OK;
+}
+
+void loom__sgd_update(const loom_optim *o, const loom__sgd_args *a, unsigned flags, float *p,
+                      const float *g, float *const *state, size_t n) {
+  if (!n) return;
+  loom__sgd_args sa = *a;
+  sa.has_wd = o->sgd.weight_decay != 0 && !(flags & LOOM_SEG_NO_DECAY);
+  loom__optim_k()->sgd(&sa, p, g, sa.has_momentum ? state[0] : NULL, n);
 }

@@ -1,0 +1,571 @@
+/* fsdp_offload.c: the offloader of FSDP (the specification fsdp-cpu-offload's FSDPCpuOffloader and
+ * FSDPPrefetchManager): its configuration, the store it keeps for the wrapper (offload_store.c:
+ * the host or disk tier and the worker thread), and moving each unit's parameter shard, gradient
+ * shard and optimizer state between the compute pool and that store, chunk by chunk, with the
+ * is-offloaded state per unit and kind. The hooks (fsdp_gather.c, fsdp_hooks.c) call the
+ * loom__fsdp_param_* / _grad_* entry points; the optimizer step streams (fsdp_stream.c). */
+#include "fsdp/fsdp_int.h"
+#include "fsdp/offload_store.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define MAX_PREFETCH_STEPS 10
+
+void loom_fsdp_offload_cfg_default(loom_fsdp_offload_cfg *cfg) {
+  if (!cfg) return;
+  *cfg = (loom_fsdp_offload_cfg){.enabled = true,
+                                 .offload_optimizer_states = true,
+                                 .offload_gradients = true,
+                                 .offload_parameters = true,
+                                 .prefetch_parameters = true,
+                                 .prefetch_gradients = true,
+                                 .prefetch_steps = 1,
+                                 .tier = LOOM_FSDP_TIER_HOST,
+                                 .dir = NULL,
+                                 .chunk_bytes = (size_t)4 << 20};
+}
+
+int loom_fsdp_offload_cfg_validate(const loom_fsdp_offload_cfg *cfg) {
+  if (!cfg) return loom__fail(LOOM_EINVAL, "fsdp offload cfg: NULL");
+  if (!cfg->enabled) return LOOM_OK;
+  if (cfg->prefetch_steps < 0 || cfg->prefetch_steps > MAX_PREFETCH_STEPS)
+    return loom__fail(LOOM_EINVAL, "fsdp offload cfg: prefetch_steps %d must be between 0 and %d",
+                      cfg->prefetch_steps, MAX_PREFETCH_STEPS);
+  if ((unsigned)cfg->tier > LOOM_FSDP_TIER_DISK)
+    return loom__fail(LOOM_EINVAL, "fsdp offload cfg: tier %d is not host (0) or disk (1)",
+                      (int)cfg->tier);
+  if (cfg->tier == LOOM_FSDP_TIER_DISK && (!cfg->dir || !*cfg->dir))
+    return loom__fail(LOOM_EINVAL, "fsdp offload cfg: the disk tier needs a folder (dir)");
+  if (cfg->chunk_bytes < 64 || cfg->chunk_bytes % 64 || cfg->chunk_bytes > ((size_t)1 << 30))
+    return loom__fail(LOOM_EINVAL, "fsdp offload cfg: chunk_bytes %zu must be a multiple of 64 "
+                      "within 64..1 GiB", cfg->chunk_bytes);
+  return LOOM_OK;
+}
+
+void loom__fsdp_err_save(loom__fsdp_err *e, int rc) {
+  e->rc = rc;
+  snprintf(e->msg, sizeof e->msg, "%s", rc ? loom_last_error() : "");
+}
+
+int loom__fsdp_err_restore(const loom__fsdp_err *e) {
+  return e->rc ? loom__fail(e->rc, "%s", e->msg) : LOOM_OK;
+}
+
+/* ---- the unit's bytes of one kind ------------------------------------------------------- */
+
+bool loom__fsdp_offloading(const loom_fsdp *f, int kind) {
+  const loom_fsdp_offload_cfg *c = &f->cfg.offload;
+  if (!f->store) return false;
+  return kind == OFF_PARAM ? c->offload_parameters
+         : kind == OFF_GRAD ? c->offload_gradients
+                            : c->offload_optimizer_states;
+}
+
+size_t loom__fsdp_chunk_len(const fsdp_unit *u, size_t c) {
+  size_t at = c * u->f->chunk;
+  return u->shard - at < u->f->chunk ? u->shard - at : u->f->chunk;
+}
+
+size_t loom__fsdp_slot(const fsdp_unit *u, int kind, unsigned gen, size_t c) {
+  return u->off.slot0 + ((size_t)gen * OFF_KINDS + (size_t)kind) * u->off.nchunks + c;
+}
+
+static loom_optim_state state_of(loom_optim *opt, size_t unit, int k) {
+  loom_optim_state st = {0};
+  (void)loom_optim_state_at(opt, unit * loom_optim_state_per_segment(opt) + (size_t)k, &st);
+  return st;
+}
+
+/* Copy the kind's buffer into the tier (current slot set), synchronously. */
+static int put_all(fsdp_unit *u, int kind, const float *buf) {
+  loom_fsdp *f = u->f;
+  off_kind *k = &u->off.k[kind];
+  int rc = LOOM_OK;
+  for (size_t c = 0; c < u->off.nchunks && !rc; c++)
+    rc = loom__ostore_put(f->store, loom__fsdp_slot(u, kind, k->gen, c), buf + c * f->chunk,
+                          loom__fsdp_chunk_len(u, c) * sizeof(float));
+  k->stored = rc == LOOM_OK;
+  return rc;
+}
+
+/* Start the gets of every chunk into buf, on the worker. */
+static int submit_gets(fsdp_unit *u, int kind, float *buf) {
+  loom_fsdp *f = u->f;
+  off_kind *k = &u->off.k[kind];
+  int rc = LOOM_OK;
+  for (size_t c = 0; c < u->off.nchunks && !rc; c++)
+    rc = loom__ostore_submit_get(f->store, loom__fsdp_slot(u, kind, k->gen, c), buf + c * f->chunk,
+                                 loom__fsdp_chunk_len(u, c) * sizeof(float), &k->jobs[c]);
+  k->arriving = true;
+  return rc;
+}
+
+/* Wait for the transfer in flight (gets or puts); the first failure, the time blocked counted
+ * as exposed. */
+static int wait_jobs(fsdp_unit *u, int kind) {
+  loom_fsdp *f = u->f;
+  off_kind *k = &u->off.k[kind];
+  int rc = LOOM_OK;
+  for (size_t c = 0; c < u->off.nchunks; c++) {
+    double w = 0;
+    int rc2 = loom__ostore_wait(f->store, k->jobs[c], &w);
+    k->jobs[c] = 0;
+    f->off_wait_s += w;
+    if (!rc) rc = rc2;
+  }
+  k->arriving = k->leaving = false;
+  return rc;
+}
+
+static void free_buffer(fsdp_unit *u, int kind) {
+  if (kind == OFF_PARAM) {
+    loom__free(u->param_shard);
+    u->param_shard = NULL;
+  } else if (kind == OFF_GRAD) {
+    loom__free(u->grad_shard);
+    u->grad_shard = NULL;
+  } else if (u->f->state_opt) { /* both state kinds go together */
+    (void)loom_optim_release_state(u->f->state_opt, u->index);
+  }
+}
+
+/* The gets in flight for a kind have ended: its bytes are in the compute pool (LOOM_OK), or
+ * the buffer is gone again and the kind stays offloaded (the failure, naming it). */
+int loom__fsdp_arrive(fsdp_unit *u, int kind) {
+  off_kind *k = &u->off.k[kind];
+  if (!k->arriving) return LOOM_OK;
+  int rc = wait_jobs(u, kind);
+  if (rc) {
+    loom__fsdp_err e;
+    loom__fsdp_err_save(&e, rc);
+    if (kind >= OFF_STATE) /* the other state kind's gets were into the same buffers */
+      for (int s = OFF_STATE; s < OFF_KINDS; s++) {
+        (void)wait_jobs(u, s);
+        u->off.k[s].offloaded = true;
+      }
+    free_buffer(u, kind);
+    k->offloaded = true;
+    return loom__fsdp_err_restore(&e);
+  }
+  k->offloaded = false;
+  return LOOM_OK;
+}
+
+static float *alloc_shard(fsdp_unit *u, const char *what) {
+  float *p = loom__malloc(LOOM_POOL_COMPUTE, (u->shard ? u->shard : 1) * sizeof(float));
+  if (!p)
+    loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory bringing back the %s shard of unit '%s' "
+               "(%zu elements)", what, u->name, u->shard);
+  return p;
+}
+
+/* ---- parameters ------------------------------------------------------------------------- */
+
+int loom__fsdp_param_prefetch(fsdp_unit *u) {
+  loom_fsdp *f = u->f;
+  off_kind *k = &u->off.k[OFF_PARAM];
+  if (!f->store || !k->offloaded || k->arriving || !f->cfg.offload.prefetch_parameters ||
+      f->cfg.offload.prefetch_steps == 0)
+    return LOOM_OK;
+  if (!(u->param_shard = alloc_shard(u, "parameter"))) return LOOM_ENOMEM;
+  int rc = submit_gets(u, OFF_PARAM, u->param_shard);
+  if (rc) { /* what was queued may run: wait for it, then forget the buffer */
+    loom__fsdp_err e;
+    loom__fsdp_err_save(&e, rc);
+    loom__ostore_clear(f->store);
+    (void)wait_jobs(u, OFF_PARAM);
+    free_buffer(u, OFF_PARAM);
+    return loom__fsdp_err_restore(&e);
+  }
+  return rc;
+}
+
+int loom__fsdp_param_need(fsdp_unit *u) {
+  loom_fsdp *f = u->f;
+  off_kind *k = &u->off.k[OFF_PARAM];
+  if (!f->store || !k->offloaded) return LOOM_OK;
+  int rc = LOOM_OK;
+  double t0 = loom__fsdp_now();
+  if (!k->arriving) {
+    if (!(u->param_shard = alloc_shard(u, "parameter"))) return LOOM_ENOMEM;
+    for (size_t c = 0; c < u->off.nchunks && !rc; c++)
+      rc = loom__ostore_get(f->store, loom__fsdp_slot(u, OFF_PARAM, k->gen, c),
+                            u->param_shard + c * f->chunk,
+                            loom__fsdp_chunk_len(u, c) * sizeof(float));
+    f->off_wait_s += loom__fsdp_now() - t0;
+    if (rc) {
+      free_buffer(u, OFF_PARAM);
+      return rc;
+    }
+    k->offloaded = false;
+    return LOOM_OK;
+  }
+  return loom__fsdp_arrive(u, OFF_PARAM);
+}
+
+int loom__fsdp_param_out(fsdp_unit *u) {
+  off_kind *k = &u->off.k[OFF_PARAM];
+  if (k->offloaded) return LOOM_OK;
+  if (u->state == UNIT_GATHERING && u->gathered_dtype == LOOM_F32)
+    return LOOM_OK; /* on loan to the all-gather: param_done lets it go once it is done */
+  double t0 = loom__fsdp_now();
+  int rc = k->stored ? LOOM_OK : put_all(u, OFF_PARAM, u->param_shard);
+  u->f->off_wait_s += loom__fsdp_now() - t0;
+  if (rc) return rc;
+  loom__free(u->param_shard);
+  u->param_shard = NULL;
+  k->offloaded = true;
+  return LOOM_OK;
+}
+
+int loom__fsdp_param_done(fsdp_unit *u) {
+  return loom__fsdp_offloading(u->f, OFF_PARAM) ? loom__fsdp_param_out(u) : LOOM_OK;
+}
+
+/* ---- gradients -------------------------------------------------------------------------- */
+
+int loom__fsdp_grad_target(fsdp_unit *u) {
+  loom_fsdp *f = u->f;
+  off_kind *k = &u->off.k[OFF_GRAD];
+  if (!loom__fsdp_offloading(f, OFF_GRAD)) return LOOM_OK;
+  int rc = LOOM_OK;
+  if (k->leaving || k->arriving) rc = wait_jobs(u, OFF_GRAD);
+  k->arriving = k->leaving = false;
+  if (!u->grad_shard && !(u->grad_shard = alloc_shard(u, "gradient"))) return LOOM_ENOMEM;
+  k->offloaded = false;
+  k->stored = false;
+  return rc;
+}
+
+int loom__fsdp_grad_done(fsdp_unit *u) {
+  loom_fsdp *f = u->f;
+  off_kind *k = &u->off.k[OFF_GRAD];
+  if (!loom__fsdp_offloading(f, OFF_GRAD) || k->offloaded || !u->grad_shard) return LOOM_OK;
+  int rc = LOOM_OK;
+  for (size_t c = 0; c < u->off.nchunks && !rc; c++)
+    rc = loom__ostore_submit_put(f->store, loom__fsdp_slot(u, OFF_GRAD, 0, c),
+                                 u->grad_shard + c * f->chunk,
+                                 loom__fsdp_chunk_len(u, c) * sizeof(float), &k->jobs[c]);
+  k->leaving = true;
+  k->offloaded = true; /* its bytes are on their way: nobody reads the buffer any more */
+  if (rc) {
+    loom__fsdp_err e;
+    loom__fsdp_err_save(&e, rc);
+    loom__ostore_clear(f->store);
+    (void)wait_jobs(u, OFF_GRAD);
+    k->offloaded = false; /* the buffer is still the good copy */
+    return loom__fsdp_err_restore(&e);
+  }
+  return rc;
+}
+
+int loom__fsdp_grad_settle(loom_fsdp *f) {
+  int rc = LOOM_OK;
+  for (size_t i = 0; f->store && i < f->nunits; i++) {
+    fsdp_unit *u = &f->units[i];
+    off_kind *k = &u->off.k[OFF_GRAD];
+    if (!k->leaving) continue;
+    int rc2 = wait_jobs(u, OFF_GRAD);
+    if (rc2) { /* the tier lost it; the buffer still holds it */
+      k->offloaded = false;
+      if (!rc) rc = rc2;
+      continue;
+    }
+    k->stored = true;
+    loom__free(u->grad_shard);
+    u->grad_shard = NULL;
+  }
+  return rc;
+}
+
+/* ---- optimizer state -------------------------------------------------------------------- */
+
+int loom__fsdp_check_optim(const loom_fsdp *f, const loom_optim *opt, const char *who) {
+  if (!opt) return loom__fail(LOOM_EINVAL, "%s: optimizer is NULL", who);
+  if (loom_optim_segments(opt) != f->nunits)
+    return loom__fail(LOOM_EINVAL, "%s: the optimizer has %zu segments, this FSDP %zu units: make "
+                      "it from loom_fsdp_segments", who, loom_optim_segments(opt), f->nunits);
+  size_t per = loom_optim_state_per_segment(opt);
+  for (size_t u = 0; u < f->nunits && per; u++) {
+    loom_optim_state st;
+    int rc = loom_optim_state_at(opt, u * per, &st);
+    if (rc) return rc;
+    if (st.n != f->units[u].shard)
+      return loom__fail(LOOM_EINVAL, "%s: optimizer segment %zu has %zu elements, unit '%s' %zu: "
+                        "make it from loom_fsdp_segments", who, u, st.n, f->units[u].name,
+                        f->units[u].shard);
+  }
+  return LOOM_OK;
+}
+
+int loom__fsdp_state_out(fsdp_unit *u, loom_optim *opt) {
+  size_t per = loom_optim_state_per_segment(opt);
+  if (!per || loom_optim_state_released(opt, u->index)) return LOOM_OK;
+  double t0 = loom__fsdp_now();
+  int rc = LOOM_OK;
+  for (size_t s = 0; s < per && !rc; s++) {
+    off_kind *k = &u->off.k[OFF_STATE + (int)s];
+    if (!k->stored) rc = put_all(u, OFF_STATE + (int)s, state_of(opt, u->index, (int)s).data);
+  }
+  u->f->off_wait_s += loom__fsdp_now() - t0;
+  if (rc) return rc;
+  if ((rc = loom_optim_release_state(opt, u->index))) return rc;
+  for (size_t s = 0; s < per; s++) u->off.k[OFF_STATE + (int)s].offloaded = true;
+  return LOOM_OK;
+}
+
+/* Back into the optimizer's own buffers: asynchronously (then wait with state_wait) or now. */
+static int state_in(fsdp_unit *u, loom_optim *opt, bool async) {
+  size_t per = loom_optim_state_per_segment(opt);
+  if (!per || !loom_optim_state_released(opt, u->index)) return LOOM_OK;
+  int rc = loom_optim_restore_state(opt, u->index);
+  if (rc) return rc;
+  double t0 = loom__fsdp_now();
+  for (size_t s = 0; s < per && !rc; s++) {
+    int kind = OFF_STATE + (int)s;
+    off_kind *k = &u->off.k[kind];
+    float *buf = state_of(opt, u->index, (int)s).data;
+    if (!k->stored) continue; /* never put: the restored zeros are its value */
+    if (async) {
+      rc = submit_gets(u, kind, buf);
+    } else {
+      for (size_t c = 0; c < u->off.nchunks && !rc; c++)
+        rc = loom__ostore_get(u->f->store, loom__fsdp_slot(u, kind, k->gen, c), buf + c * u->f->chunk,
+                              loom__fsdp_chunk_len(u, c) * sizeof(float));
+    }
+  }
+  if (!async) u->f->off_wait_s += loom__fsdp_now() - t0;
+  if (rc) {
+    loom__fsdp_err e;
+    loom__fsdp_err_save(&e, rc);
+    loom__ostore_clear(u->f->store);
+    for (size_t s = 0; s < per; s++) (void)wait_jobs(u, OFF_STATE + (int)s);
+    (void)loom_optim_release_state(opt, u->index);
+    return loom__fsdp_err_restore(&e);
+  }
+  if (async) u->f->state_opt = opt;
+  for (size_t s = 0; s < per; s++) {
+    off_kind *k = &u->off.k[OFF_STATE + (int)s];
+    if (!k->arriving) k->offloaded = false;
+  }
+  return LOOM_OK;
+}
+
+static int state_wait(fsdp_unit *u) {
+  int rc = LOOM_OK;
+  for (int kind = OFF_STATE; kind < OFF_KINDS && !rc; kind++) rc = loom__fsdp_arrive(u, kind);
+  return rc;
+}
+
+/* ---- create, free, everything in and out ------------------------------------------------ */
+
+int loom__fsdp_offload_init(loom_fsdp *f) {
+  const loom_fsdp_offload_cfg *c = &f->cfg.offload;
+  if (!c->enabled) return LOOM_OK;
+  f->chunk = c->chunk_bytes / sizeof(float);
+  if (c->dir && !(f->offload_dir = loom__strdup(LOOM_POOL_HOST, c->dir)))
+    return loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory");
+  f->cfg.offload.dir = f->offload_dir;
+  int rc = loom__ostore_create(c->tier == LOOM_FSDP_TIER_DISK ? LOOM__OTIER_DISK : LOOM__OTIER_HOST,
+                               f->offload_dir, f->rank, &f->store);
+  if (rc) return rc;
+  size_t slot = 0;
+  for (size_t i = 0; i < f->nunits; i++) {
+    fsdp_unit *u = &f->units[i];
+    u->off.nchunks = (u->shard + f->chunk - 1) / f->chunk;
+    u->off.slot0 = slot;
+    slot += 2 * OFF_KINDS * u->off.nchunks;
+    for (int k = 0; k < OFF_KINDS; k++) {
+      u->off.k[k].jobs = loom__calloc(LOOM_POOL_HOST, u->off.nchunks ? u->off.nchunks : 1,
+                                      sizeof(uint64_t));
+      if (!u->off.k[k].jobs) return loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory");
+    }
+  }
+  for (size_t i = 0; i < f->nunits && !rc; i++) {
+    fsdp_unit *u = &f->units[i];
+    if (c->offload_parameters) rc = loom__fsdp_param_out(u);
+    if (!rc && c->offload_gradients) { /* no gradient yet: nothing to keep */
+      loom__free(u->grad_shard);
+      u->grad_shard = NULL;
+      u->off.k[OFF_GRAD].offloaded = true;
+    }
+    /* the optimizer gets these buffers chunk by chunk from loom_fsdp_optim_step */
+    if (c->offload_parameters) f->segs[i].param = NULL;
+    if (c->offload_gradients) f->segs[i].grad = NULL;
+    if (c->offload_parameters || c->offload_gradients) f->segs[i].flags |= LOOM_SEG_STREAMED;
+  }
+  return rc;
+}
+
+void loom__fsdp_offload_free(loom_fsdp *f) {
+  if (f->store) {
+    loom__ostore_clear(f->store);
+    for (size_t i = 0; i < f->nunits; i++)
+      for (int k = 0; k < OFF_KINDS; k++)
+        if (f->units[i].off.k[k].jobs) (void)wait_jobs(&f->units[i], k);
+    loom__ostore_free(f->store);
+    f->store = NULL;
+  }
+  for (size_t i = 0; f->units && i < f->nunits; i++)
+    for (int k = 0; k < OFF_KINDS; k++) {
+      loom__free(f->units[i].off.k[k].jobs);
+      f->units[i].off.k[k].jobs = NULL;
+    }
+  loom__free(f->offload_dir);
+  f->offload_dir = NULL;
+}
+
+int loom__fsdp_onload_all(loom_fsdp *f, loom_optim *opt) {
+  int rc = f->store ? loom__fsdp_grad_settle(f) : LOOM_OK;
+  for (size_t i = 0; f->store && i < f->nunits && !rc; i++) {
+    fsdp_unit *u = &f->units[i];
+    rc = loom__fsdp_param_need(u);
+    if (!rc && opt && (rc = state_wait(u)) == LOOM_OK) rc = state_in(u, opt, false);
+  }
+  return rc;
+}
+
+int loom__fsdp_offload_all(loom_fsdp *f, loom_optim *opt, bool changed) {
+  int rc = LOOM_OK;
+  for (size_t i = 0; f->store && i < f->nunits && !rc; i++) {
+    fsdp_unit *u = &f->units[i];
+    for (int k = 0; changed && k < OFF_KINDS; k++)
+      if (k != OFF_GRAD && !u->off.k[k].offloaded) u->off.k[k].stored = false;
+    if (loom__fsdp_offloading(f, OFF_PARAM)) rc = loom__fsdp_param_out(u);
+    off_kind *g = &u->off.k[OFF_GRAD];
+    if (!rc && loom__fsdp_offloading(f, OFF_GRAD) && !g->offloaded && u->grad_shard) {
+      double t0 = loom__fsdp_now();
+      if (!g->stored) rc = put_all(u, OFF_GRAD, u->grad_shard);
+      f->off_wait_s += loom__fsdp_now() - t0;
+      if (!rc) {
+        loom__free(u->grad_shard);
+        u->grad_shard = NULL;
+        g->offloaded = true;
+      }
+    }
+    if (!rc && opt && loom__fsdp_offloading(f, OFF_STATE)) rc = loom__fsdp_state_out(u, opt);
+  }
+  return rc;
+}
+
+/* ---- the public calls ------------------------------------------------------------------- */
+
+static int unit_call(const loom_fsdp *f, size_t unit, const char *who) {
+  if (!f) return loom__fail(LOOM_EINVAL, "%s: fsdp is NULL", who);
+  if (unit >= f->nunits)
+    return loom__fail(LOOM_EINVAL, "%s: unit %zu out of range (%zu units)", who, unit, f->nunits);
+  if (f->in_step)
+    return loom__fail(LOOM_EMISUSE, "%s: a backward is running (its hooks move the shards)", who);
+  return LOOM_OK;
+}
+
+int loom_fsdp_offload_parameter(loom_fsdp *f, size_t unit) {
+  int rc = unit_call(f, unit, "loom_fsdp_offload_parameter");
+  if (rc || !loom__fsdp_offloading(f, OFF_PARAM)) return rc;
+  fsdp_unit *u = &f->units[unit];
+  if (u->state != UNIT_RESHARDED)
+    return loom__fail(LOOM_EMISUSE, "loom_fsdp_offload_parameter: unit %zu ('%s') is gathered: "
+                      "reshard it first", unit, u->name);
+  if (u->off.k[OFF_PARAM].arriving && (rc = loom__fsdp_param_need(u))) return rc;
+  return loom__fsdp_param_out(u);
+}
+
+int loom_fsdp_prefetch_parameter(loom_fsdp *f, size_t unit) {
+  int rc = unit_call(f, unit, "loom_fsdp_prefetch_parameter");
+  return rc ? rc : loom__fsdp_param_prefetch(&f->units[unit]);
+}
+
+int loom_fsdp_offload_gradient(loom_fsdp *f, size_t unit) {
+  int rc = unit_call(f, unit, "loom_fsdp_offload_gradient");
+  if (rc || !loom__fsdp_offloading(f, OFF_GRAD)) return rc;
+  fsdp_unit *u = &f->units[unit];
+  off_kind *k = &u->off.k[OFF_GRAD];
+  if ((rc = loom__fsdp_arrive(u, OFF_GRAD))) return rc;
+  if (k->offloaded || !u->grad_shard) return loom__fsdp_grad_settle(f);
+  if (!k->stored && (rc = put_all(u, OFF_GRAD, u->grad_shard))) return rc;
+  loom__free(u->grad_shard);
+  u->grad_shard = NULL;
+  k->offloaded = true;
+  return LOOM_OK;
+}
+
+int loom_fsdp_prefetch_gradient(loom_fsdp *f, size_t unit) {
+  int rc = unit_call(f, unit, "loom_fsdp_prefetch_gradient");
+  if (rc || !f->store) return rc;
+  fsdp_unit *u = &f->units[unit];
+  off_kind *k = &u->off.k[OFF_GRAD];
+  if (!f->cfg.offload.prefetch_gradients || f->cfg.offload.prefetch_steps == 0) return LOOM_OK;
+  if ((rc = loom__fsdp_grad_settle(f))) return rc;
+  if (!k->offloaded || k->arriving || !k->stored) return LOOM_OK; /* here, coming, or none yet */
+  if (!(u->grad_shard = alloc_shard(u, "gradient"))) return LOOM_ENOMEM;
+  if ((rc = submit_gets(u, OFF_GRAD, u->grad_shard))) {
+    loom__fsdp_err e;
+    loom__fsdp_err_save(&e, rc);
+    loom__ostore_clear(f->store);
+    (void)wait_jobs(u, OFF_GRAD);
+    free_buffer(u, OFF_GRAD);
+    return loom__fsdp_err_restore(&e);
+  }
+  return rc;
+}
+
+int loom_fsdp_offload_optimizer_state(loom_fsdp *f, loom_optim *opt, size_t unit) {
+  static const char *who = "loom_fsdp_offload_optimizer_state";
+  int rc = unit_call(f, unit, who);
+  if (rc || !loom__fsdp_offloading(f, OFF_STATE)) return rc;
+  if ((rc = loom__fsdp_check_optim(f, opt, who))) return rc;
+  if ((rc = state_wait(&f->units[unit]))) return rc;
+  return loom__fsdp_state_out(&f->units[unit], opt);
+}
+
+int loom_fsdp_prefetch_optimizer_state(loom_fsdp *f, loom_optim *opt, size_t unit) {
+  static const char *who = "loom_fsdp_prefetch_optimizer_state";
+  int rc = unit_call(f, unit, who);
+  if (rc || !f->store) return rc;
+  if ((rc = loom__fsdp_check_optim(f, opt, who))) return rc;
+  if (!f->cfg.offload.prefetch_gradients || f->cfg.offload.prefetch_steps == 0) return LOOM_OK;
+  return state_in(&f->units[unit], opt, true);
+}
+
+bool loom_fsdp_is_offloaded(const loom_fsdp *f, size_t unit, loom_fsdp_offload_kind kind) {
+  if (!f || !f->store || unit >= f->nunits) return false;
+  const off_unit *o = &f->units[unit].off;
+  switch (kind) {
+  case LOOM_FSDP_OFFLOAD_PARAMS: return o->k[OFF_PARAM].offloaded;
+  case LOOM_FSDP_OFFLOAD_GRADS: return o->k[OFF_GRAD].offloaded;
+  case LOOM_FSDP_OFFLOAD_OPTIM: return o->k[OFF_STATE].offloaded;
+  }
+  return false;
+}
+
+int loom_fsdp_schedule_prefetch(loom_fsdp *f, const size_t *units, size_t n, bool forward) {
+  static const char *who = "loom_fsdp_schedule_prefetch";
+  if (!f || (n && !units)) return loom__fail(LOOM_EINVAL, "%s: NULL argument", who);
+  int rc = LOOM_OK;
+  for (size_t i = 0; i < n && !rc; i++)
+    rc = forward ? loom_fsdp_prefetch_parameter(f, units[i]) : loom_fsdp_prefetch_gradient(f, units[i]);
+  return rc;
+}
+
+int loom_fsdp_prefetch_wait(loom_fsdp *f) {
+  if (!f) return loom__fail(LOOM_EINVAL, "loom_fsdp_prefetch_wait: fsdp is NULL");
+  int rc = LOOM_OK;
+  for (size_t i = 0; f->store && i < f->nunits; i++) {
+    fsdp_unit *u = &f->units[i];
+    for (int k = 0; k < OFF_KINDS; k++) {
+      int rc2 = loom__fsdp_arrive(u, k);
+      if (!rc) rc = rc2;
+    }
+  }
+  return rc;
+}
+
+void loom_fsdp_prefetch_clear(loom_fsdp *f) {
+  if (!f || !f->store) return;
+  loom__ostore_clear(f->store);
+  /* what was cleared did not arrive (its wait says LOOM_EABORTED): those units stay offloaded;
+   * what had arrived already stays */
+  for (size_t i = 0; i < f->nunits; i++)
+    for (int k = 0; k < OFF_KINDS; k++) (void)loom__fsdp_arrive(&f->units[i], k);
+}

@@ -1,0 +1,256 @@
+/* fsdp_stream.c: passes over every unit's shards chunk by chunk, for work that touches all of a
+ * rank's training state at once while it lives in the offload tier: the optimizer step
+ * (loom_fsdp_optim_step), the overflow check's unscale, clipping's norm and scale. Kinds in the
+ * compute pool are used in place; offloaded ones stream through a ring of chunk buffers: with
+ * prefetch on, three sets, so chunk k+1 is read and chunk k-1 written while chunk k is worked on
+ * (the worker does one transfer at a time, in order); with it off, one set, synchronously. The
+ * compute pool never holds more than the ring of any offloaded kind.
+ *
+ * On the disk tier a pass that writes parameters or optimizer state writes them to the unit's
+ * other slot set and switches only once every chunk has succeeded: a read that fails half-way
+ * (a file changed behind loom's back) leaves the tier's weights and state as they were. */
+#include "fsdp/fsdp_int.h"
+#include "fsdp/offload_store.h"
+
+#include <string.h>
+
+#define RING 3
+
+typedef struct ring_set {
+  float *buf[OFF_KINDS];
+  uint64_t get[OFF_KINDS], put[OFF_KINDS];
+} ring_set;
+
+typedef struct stream {
+  loom_fsdp *f;
+  loom_optim *opt;
+  unsigned read, write;
+  size_t nsets;
+  ring_set set[RING];
+  size_t *unit_of, *chunk_of; /* items: (unit, chunk) in order */
+  size_t nitems;
+} stream;
+
+static bool kind_offloaded(const stream *s, const fsdp_unit *u, int kind) {
+  if (!s->f->store) return false;
+  if (kind >= OFF_STATE)
+    return s->opt && loom_optim_state_released(s->opt, u->index);
+  return u->off.k[kind].offloaded;
+}
+
+static unsigned write_gen(const stream *s, const fsdp_unit *u, int kind) {
+  bool shadow = loom__ostore_tier(s->f->store) == LOOM__OTIER_DISK && kind != OFF_GRAD;
+  return u->off.k[kind].gen ^ (shadow ? 1u : 0u);
+}
+
+static int wait_one(stream *s, uint64_t *job, int rc) {
+  double w = 0;
+  int rc2 = loom__ostore_wait(s->f->store, *job, &w);
+  *job = 0;
+  s->f->off_wait_s += w;
+  return rc ? rc : rc2;
+}
+
+static int wait_set(stream *s, ring_set *r, bool gets, bool puts) {
+  int rc = LOOM_OK;
+  for (int k = 0; k < OFF_KINDS; k++) {
+    if (gets && r->get[k]) rc = wait_one(s, &r->get[k], rc);
+    if (puts && r->put[k]) rc = wait_one(s, &r->put[k], rc);
+  }
+  return rc;
+}
+
+static float *resident(stream *s, fsdp_unit *u, int kind) {
+  if (kind == OFF_PARAM) return u->param_shard;
+  if (kind == OFF_GRAD) return u->grad_shard;
+  loom_optim_state st = {0};
+  (void)loom_optim_state_at(s->opt, u->index * loom_optim_state_per_segment(s->opt) +
+                                        (size_t)(kind - OFF_STATE), &st);
+  return st.data;
+}
+
+/* Start reading item i into its ring set (after the writes that last used the set). */
+static int issue_reads(stream *s, size_t i) {
+  ring_set *r = &s->set[i % s->nsets];
+  int rc = wait_set(s, r, false, true);
+  fsdp_unit *u = &s->f->units[s->unit_of[i]];
+  size_t c = s->chunk_of[i], n = loom__fsdp_chunk_len(u, c);
+  for (int k = 0; k < OFF_KINDS && !rc; k++) {
+    if (!(s->read & (1u << k)) || !kind_offloaded(s, u, k)) continue;
+    if (!u->off.k[k].stored) { /* a gradient no backward has made yet; zero state */
+      memset(r->buf[k], 0, n * sizeof(float));
+      continue;
+    }
+    rc = loom__ostore_submit_get(s->f->store, loom__fsdp_slot(u, k, u->off.k[k].gen, c), r->buf[k],
+                                 n * sizeof(float), &r->get[k]);
+  }
+  return rc;
+}
+
+static int work_on(stream *s, size_t i, loom__fsdp_chunk_fn fn, void *ctx) {
+  ring_set *r = &s->set[i % s->nsets];
+  int rc = wait_set(s, r, true, false);
+  if (rc) return rc;
+  fsdp_unit *u = &s->f->units[s->unit_of[i]];
+  size_t c = s->chunk_of[i], at = c * s->f->chunk, n = loom__fsdp_chunk_len(u, c);
+  float *k_ptr[OFF_KINDS] = {0};
+  for (int k = 0; k < OFF_KINDS; k++) {
+    if (!((s->read | s->write) & (1u << k))) continue;
+    if (k >= OFF_STATE && (!s->opt || (size_t)(k - OFF_STATE) >= loom_optim_state_per_segment(s->opt)))
+      continue;
+    k_ptr[k] = kind_offloaded(s, u, k) ? r->buf[k] : resident(s, u, k) + at;
+  }
+  if ((rc = fn(ctx, u, at, n, k_ptr))) return rc;
+  for (int k = 0; k < OFF_KINDS && !rc; k++) {
+    if (!(s->write & (1u << k)) || !k_ptr[k] || !kind_offloaded(s, u, k)) continue;
+    rc = loom__ostore_submit_put(s->f->store, loom__fsdp_slot(u, k, write_gen(s, u, k), c), r->buf[k],
+                                 n * sizeof(float), &r->put[k]);
+  }
+  if (!rc && s->nsets == 1) rc = wait_set(s, r, false, true);
+  return rc;
+}
+
+static void stream_free(stream *s) {
+  loom__ostore_clear(s->f->store);
+  for (size_t i = 0; i < s->nsets; i++) {
+    (void)wait_set(s, &s->set[i], true, true);
+    for (int k = 0; k < OFF_KINDS; k++) loom__free(s->set[i].buf[k]);
+  }
+  loom__free(s->unit_of);
+  loom__free(s->chunk_of);
+}
+
+int loom__fsdp_stream(loom_fsdp *f, loom_optim *opt, unsigned read, unsigned write,
+                      loom__fsdp_chunk_fn fn, void *ctx) {
+  stream s = {.f = f, .opt = opt, .read = read, .write = write};
+  const loom_fsdp_offload_cfg *c = &f->cfg.offload;
+  if (!f->store) return loom__fail(LOOM_EMISUSE, "fsdp: a streamed pass without offload");
+  s.nsets = c->prefetch_gradients && c->prefetch_steps > 0 ? RING : 1;
+  int rc = LOOM_OK;
+  /* kinds still arriving from a prefetch: let them land first */
+  for (size_t i = 0; i < f->nunits && !rc; i++)
+    for (int k = 0; k < OFF_KINDS && !rc; k++)
+      if ((read | write) & (1u << k)) rc = loom__fsdp_arrive(&f->units[i], k);
+  if (!rc) rc = loom__fsdp_grad_settle(f);
+  if (rc) return rc;
+  for (size_t i = 0; i < f->nunits; i++) {
+    fsdp_unit *u = &f->units[i];
+    s.nitems += u->off.nchunks;
+  }
+  s.unit_of = loom__calloc(LOOM_POOL_HOST, s.nitems ? s.nitems : 1, sizeof(size_t));
+  s.chunk_of = loom__calloc(LOOM_POOL_HOST, s.nitems ? s.nitems : 1, sizeof(size_t));
+  if (!s.unit_of || !s.chunk_of) rc = loom__fail(LOOM_ENOMEM, "fsdp: out of memory for a pass");
+  size_t item = 0;
+  bool any_streamed = false;
+  for (size_t i = 0; i < f->nunits && !rc; i++) {
+    fsdp_unit *u = &f->units[i];
+    for (size_t ch = 0; ch < u->off.nchunks; ch++, item++) {
+      s.unit_of[item] = i;
+      s.chunk_of[item] = ch;
+    }
+    for (int k = 0; k < OFF_KINDS; k++)
+      if (((read | write) & (1u << k)) && kind_offloaded(&s, u, k)) any_streamed = true;
+  }
+  for (size_t i = 0; i < s.nsets && any_streamed && !rc; i++)
+    for (int k = 0; k < OFF_KINDS && !rc; k++) {
+      if (!((read | write) & (1u << k))) continue;
+      if (!(s.set[i].buf[k] = loom__malloc(LOOM_POOL_COMPUTE, f->chunk * sizeof(float))))
+        rc = loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory for a %zu-byte chunk buffer",
+                        f->chunk * sizeof(float));
+    }
+  if (!rc && s.nitems) rc = issue_reads(&s, 0);
+  for (size_t i = 0; i < s.nitems && !rc; i++) {
+    if (s.nsets > 1 && i + 1 < s.nitems) rc = issue_reads(&s, i + 1);
+    if (!rc) rc = work_on(&s, i, fn, ctx);
+    if (!rc && s.nsets == 1 && i + 1 < s.nitems) rc = issue_reads(&s, i + 1);
+  }
+  for (size_t i = 0; i < s.nsets && !rc; i++) rc = wait_set(&s, &s.set[i], true, true);
+  loom__fsdp_err e;
+  loom__fsdp_err_save(&e, rc);
+  stream_free(&s); /* waits for the dropped jobs: their messages are not the failure */
+  if (rc) return loom__fsdp_err_restore(&e);
+  /* every chunk went through: the tier's copies written now are the current ones */
+  for (size_t i = 0; i < f->nunits; i++) {
+    fsdp_unit *u = &f->units[i];
+    for (int k = 0; k < OFF_KINDS; k++) {
+      if (!(write & (1u << k))) continue;
+      if (k >= OFF_STATE && (!opt || (size_t)(k - OFF_STATE) >= loom_optim_state_per_segment(opt)))
+        continue;
+      if (kind_offloaded(&s, u, k)) {
+        if (u->off.nchunks) {
+          u->off.k[k].gen = (uint8_t)write_gen(&s, u, k);
+          u->off.k[k].stored = true;
+        }
+      } else {
+        u->off.k[k].stored = false;
+      }
+    }
+  }
+  return LOOM_OK;
+}
+
+int loom__fsdp_each(loom_fsdp *f, unsigned read, unsigned write, loom__fsdp_chunk_fn fn,
+                    void *ctx) {
+  if (f->store) return loom__fsdp_stream(f, NULL, read, write, fn, ctx);
+  int rc = LOOM_OK;
+  for (size_t i = 0; i < f->nunits && !rc; i++) {
+    fsdp_unit *u = &f->units[i];
+    float *k[OFF_KINDS] = {u->param_shard, u->grad_shard, NULL, NULL};
+    rc = fn(ctx, u, 0, u->shard, k);
+  }
+  return rc;
+}
+
+/* ---- the optimizer step ------------------------------------------------------------------ */
+
+typedef struct step_ctx {
+  loom_optim *opt;
+  size_t per;
+} step_ctx;
+
+static int step_chunk(void *ctx, fsdp_unit *u, size_t at, size_t n, float *k[OFF_KINDS]) {
+  step_ctx *c = ctx;
+  float *state[OFF_KINDS - OFF_STATE] = {k[OFF_STATE], k[OFF_STATE + 1]};
+  return loom_optim_step_chunk(c->opt, u->index, at, n, k[OFF_PARAM], k[OFF_GRAD],
+                               c->per ? state : NULL);
+}
+
+/* The units the next forward gathers first: their parameters start coming back now. */
+static int prefetch_next_forward(loom_fsdp *f) {
+  if (!loom__fsdp_offloading(f, OFF_PARAM)) return LOOM_OK;
+  size_t ahead = (size_t)f->cfg.forward_prefetch + (size_t)f->cfg.offload.prefetch_steps;
+  int rc = LOOM_OK;
+  for (size_t i = 0; i < ahead && i < f->nunits && !rc; i++)
+    rc = loom__fsdp_param_prefetch(&f->units[f->n_order == f->nunits ? f->order[i] : i]);
+  return rc;
+}
+
+int loom_fsdp_optim_step(loom_fsdp *f, loom_optim *opt, float grad_scale) {
+  static const char *who = "loom_fsdp_optim_step";
+  if (!f) return loom__fail(LOOM_EINVAL, "%s: fsdp is NULL", who);
+  int rc = loom__fsdp_check_optim(f, opt, who);
+  if (rc) return rc;
+  if (f->in_step)
+    return loom__fail(LOOM_EMISUSE, "%s: backward has not finished (call loom_fsdp_finish)", who);
+  if (!f->store) return loom_optim_step_scaled(opt, grad_scale);
+  /* state that has never been offloaded goes to the tier first, whole: the pass then only
+   * rewrites slots that exist (a first put could fail half-way) */
+  for (size_t i = 0; i < f->nunits && !rc; i++)
+    if (loom__fsdp_offloading(f, OFF_STATE)) rc = loom__fsdp_state_out(&f->units[i], opt);
+  if (rc) return rc;
+  step_ctx c = {opt, loom_optim_state_per_segment(opt)};
+  unsigned state = c.per == 2 ? (3u << OFF_STATE) : c.per == 1 ? (1u << OFF_STATE) : 0;
+  unsigned read = (1u << OFF_PARAM) | (1u << OFF_GRAD) | state;
+  unsigned write = (1u << OFF_PARAM) | state;
+  if ((rc = loom_optim_step_begin(opt, grad_scale))) return rc;
+  rc = loom__fsdp_stream(f, opt, read, write, step_chunk, &c);
+  int rc2 = loom_optim_step_end(opt, rc == LOOM_OK);
+  if (rc) return rc;
+  if (rc2) return rc2;
+  /* parameters or state the pass found in the compute pool go back out */
+  for (size_t i = 0; i < f->nunits && !rc; i++) {
+    if (loom__fsdp_offloading(f, OFF_PARAM)) rc = loom__fsdp_param_out(&f->units[i]);
+    if (!rc && loom__fsdp_offloading(f, OFF_STATE)) rc = loom__fsdp_state_out(&f->units[i], opt);
+  }
+  return rc ? rc : prefetch_next_forward(f);
+}

@@ -1,0 +1,496 @@
+/* test_fsdp_offload.c: FSDP offload (the specification fsdp-cpu-offload and the issue's
+ * additions). Offload moves bytes and nothing else, so every run here is compared bit for bit
+ * with the same run without offload: the final weights (full state), the losses of every step and
+ * each rank's sharded checkpoint file (parameter shards, optimizer state, step count, loss
+ * scale), with each offload flag alone and all together, on the host and disk tiers, at 1 and 2
+ * ranks, with prefetch depth 0, 1 and 10, in f32 and f16 with loss scaling and clipping. Chunks
+ * are 16 elements here, so every shard crosses many chunk boundaries with a ragged tail. Also the
+ * specification's list (each offload and prefetch call, its no-op cases, prefetch scheduling,
+ * clear, no offloading, one rank), the compute pool left with no shard between steps, and the
+ * faults: a missing folder, a full disk during a step (RLIMIT_FSIZE) and a file changed behind
+ * loom's back, each failing with the path named and the weights as they were, and no file left. */
+#include "lt.h"
+#include "fsdp_model.h"
+#include "fsdp/fsdp_int.h"
+#include "fsdp/offload_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { STEPS = 3, B = 6, MAXR = 2 };
+
+typedef struct orun {
+  int nranks;
+  loom_fsdp_cfg cfg;
+  loom_autocast_mode amp;
+  bool clip;
+  const char *ckpt;         /* sharded checkpoint folder written at the end */
+  float *params;            /* rank 0's full state */
+  double loss[MAXR][STEPS];
+  loom_fsdp_stats stats[MAXR];
+  size_t compute_in_use[MAXR]; /* the rank's compute pool after the last step */
+  size_t shard_bytes[MAXR];
+} orun;
+
+static char tmp_root[256];
+
+/* A folder under this process's scratch root (the string lives until the process ends). */
+static const char *tmp_dir(const char *name) {
+  char *p = malloc(512);
+  if (!tmp_root[0]) {
+    snprintf(tmp_root, sizeof tmp_root, "/tmp/loom-test-offload-%d", (int)getpid());
+    mkdir(tmp_root, 0700);
+  }
+  snprintf(p, 512, "%s/%s", tmp_root, name);
+  mkdir(p, 0700);
+  return p;
+}
+
+static int files_in(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n;
+}
+
+static int orun_rank(loom_pg *pg, void *arg) {
+  orun *r = arg;
+  int rank = loom_pg_rank(pg), n = loom_pg_size(pg);
+  loom_module *m = NULL;
+  loom_fsdp *f = NULL;
+  loom_optim *opt = NULL;
+  int rc = fm_create(1 + (uint64_t)rank, &m);
+  if (!rc) rc = loom_fsdp_create(pg, m, &r->cfg, &f);
+  const loom_param_seg *segs = NULL;
+  size_t nseg = 0;
+  loom_adam_cfg ac = fm_adam();
+  ac.state_pool = LOOM_POOL_HOST;
+  if (!rc) rc = loom_fsdp_segments(f, &segs, &nseg);
+  if (!rc) rc = loom_optim_create_adamw(segs, nseg, &ac, &opt);
+  for (int s = 0; s < STEPS && !rc; s++) {
+    loom_fsdp_mp *mp = loom_fsdp_mp_manager(f);
+    float scale = mp ? loom_fsdp_mp_current_loss_scale(mp) : 1.0f;
+    int64_t row0 = (int64_t)s * n * B + (int64_t)rank * B;
+    rc = fm_backward(m, row0, B, r->amp, scale, &r->loss[rank][s]);
+    bool overflow = false;
+    if (!rc) rc = loom_fsdp_finish(f);
+    if (!rc) rc = loom_fsdp_check_overflow(f, &overflow);
+    if (!rc && r->clip) rc = loom_fsdp_clip_grad_norm(f, 0.05, NULL);
+    if (!rc && !overflow) rc = loom_fsdp_optim_step(f, opt, 1.0f);
+  }
+  /* the step brought the next forward's first parameter shards back: send them out again */
+  for (size_t u = 0; u < loom_fsdp_unit_count(f) && !rc; u++) rc = loom_fsdp_offload_parameter(f, u);
+  if (!rc) {
+    loom_pool_stats ps;
+    loom_mem_account_stats(rank + 1, LOOM_POOL_COMPUTE, &ps);
+    r->compute_in_use[rank] = ps.current_bytes;
+    for (size_t u = 0; u < loom_fsdp_unit_count(f); u++) {
+      loom_fsdp_unit_info ui;
+      loom_fsdp_unit_info_get(f, u, &ui);
+      r->shard_bytes[rank] += ui.shard_numel * sizeof(float);
+    }
+  }
+  if (!rc && r->ckpt) rc = loom_fsdp_save_sharded(f, r->ckpt, opt, NULL, 0);
+  loom_named_tensor *st = NULL;
+  size_t nst = 0;
+  if (!rc) rc = loom_fsdp_full_state(f, &st, &nst);
+  if (!rc && rank == 0) fm_flatten_state(st, nst, r->params);
+  if (!rc) rc = loom_fsdp_stats_get(f, &r->stats[rank]);
+  loom_fsdp_state_free(st, nst);
+  loom_optim_free(opt);
+  loom_fsdp_free(f);
+  loom_module_free(m);
+  return rc;
+}
+
+static size_t model_numel(void) {
+  return (size_t)(FM_IN * FM_H1 + FM_H1 + FM_H1 * FM_H2 + FM_H2 + FM_H2 * FM_OUT + FM_OUT);
+}
+
+static void orun_go(orun *r) {
+  r->params = calloc(model_numel(), sizeof(float));
+  LT_OK(loom_threads_run(r->nranks, NULL, orun_rank, r));
+}
+
+static bool same_file(const char *a, const char *b) {
+  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+  bool same = fa && fb;
+  while (same) {
+    int ca = fgetc(fa), cb = fgetc(fb);
+    if (ca != cb) same = false;
+    if (ca == EOF || cb == EOF) break;
+  }
+  if (fa) fclose(fa);
+  if (fb) fclose(fb);
+  return same;
+}
+
+/* The offloaded run against the plain one: weights, losses and every rank's checkpoint file. */
+static void expect_identical(const orun *base, const orun *o, const char *what) {
+  if (memcmp(base->params, o->params, model_numel() * sizeof(float)) != 0)
+    lt_fail_at(__FILE__, __LINE__, "%s: weights differ from the run without offload", what);
+  if (memcmp(base->loss, o->loss, sizeof base->loss) != 0)
+    lt_fail_at(__FILE__, __LINE__, "%s: losses differ from the run without offload", what);
+  for (int r = 0; r < base->nranks; r++) {
+    char pa[700], pb[700];
+    snprintf(pa, sizeof pa, "%s/gen-1/rank-%d-of-%d.safetensors", base->ckpt, r, base->nranks);
+    snprintf(pb, sizeof pb, "%s/gen-1/rank-%d-of-%d.safetensors", o->ckpt, r, o->nranks);
+    if (!same_file(pa, pb))
+      lt_fail_at(__FILE__, __LINE__, "%s: rank %d's checkpoint (shards, optimizer state) differs",
+                 what, r);
+  }
+}
+
+static void offload_cfg(loom_fsdp_cfg *c, loom_fsdp_tier tier, const char *dir) {
+  loom_fsdp_offload_cfg_default(&c->offload);
+  c->offload.tier = tier;
+  c->offload.dir = dir;
+  c->offload.chunk_bytes = 64; /* 16 elements: many chunks per shard, ragged tails */
+}
+
+LT_TEST(fsdp_offload_cfg_defaults_and_rules) {
+  loom_fsdp_offload_cfg c;
+  loom_fsdp_offload_cfg_default(&c);
+  LT_TRUE(c.enabled && c.offload_optimizer_states && c.offload_gradients && c.offload_parameters);
+  LT_TRUE(c.prefetch_parameters && c.prefetch_gradients);
+  LT_EQ(c.prefetch_steps, 1);
+  LT_EQ(c.tier, LOOM_FSDP_TIER_HOST);
+  LT_OK(loom_fsdp_offload_cfg_validate(&c));
+  c.prefetch_steps = 10;
+  LT_OK(loom_fsdp_offload_cfg_validate(&c));
+  c.prefetch_steps = 11;
+  LT_EQ(loom_fsdp_offload_cfg_validate(&c), LOOM_EINVAL);
+  LT_TRUE(strstr(loom_last_error(), "prefetch_steps") != NULL);
+  c.prefetch_steps = -1;
+  LT_EQ(loom_fsdp_offload_cfg_validate(&c), LOOM_EINVAL);
+  c.prefetch_steps = 1;
+  c.tier = LOOM_FSDP_TIER_DISK;
+  LT_EQ(loom_fsdp_offload_cfg_validate(&c), LOOM_EINVAL); /* no folder */
+  LT_TRUE(strstr(loom_last_error(), "folder") != NULL);
+  c.dir = "/tmp";
+  LT_OK(loom_fsdp_offload_cfg_validate(&c));
+  c.chunk_bytes = 100;
+  LT_EQ(loom_fsdp_offload_cfg_validate(&c), LOOM_EINVAL);
+  LT_TRUE(strstr(loom_last_error(), "chunk_bytes") != NULL);
+  c.enabled = false; /* disabled: valid whatever it holds */
+  LT_OK(loom_fsdp_offload_cfg_validate(&c));
+  loom_fsdp_cfg fc;
+  loom_fsdp_cfg_default(&fc);
+  LT_TRUE(!fc.offload.enabled); /* PyTorch's cpu_offload=None */
+  fc.offload.enabled = true;
+  fc.offload.prefetch_steps = 42;
+  LT_EQ(loom_fsdp_cfg_validate(&fc), LOOM_EINVAL);
+}
+
+/* Every flag alone and all together, both tiers, 1 and 2 ranks: bit-identical. */
+LT_TEST(fsdp_offload_each_flag_both_tiers_1_and_2_ranks_bit_identical) {
+  for (int n = 1; n <= 2; n++) {
+    orun base = {.nranks = n, .ckpt = tmp_dir(n == 1 ? "base1" : "base2")};
+    loom_fsdp_cfg_default(&base.cfg);
+    orun_go(&base);
+    for (int tier = 0; tier < 2; tier++)
+      for (int flags = 1; flags <= 4; flags++) { /* params, grads, optim, all */
+        char name[64];
+        snprintf(name, sizeof name, "run-%d-%d-%d", n, tier, flags);
+        orun o = {.nranks = n, .ckpt = tmp_dir(name)};
+        loom_fsdp_cfg_default(&o.cfg);
+        const char *dir = tmp_dir("tier");
+        offload_cfg(&o.cfg, (loom_fsdp_tier)tier, dir);
+        o.cfg.offload.offload_parameters = flags == 1 || flags == 4;
+        o.cfg.offload.offload_gradients = flags == 2 || flags == 4;
+        o.cfg.offload.offload_optimizer_states = flags == 3 || flags == 4;
+        orun_go(&o);
+        snprintf(name, sizeof name, "%d ranks, %s tier, flags %d", n, tier ? "disk" : "host", flags);
+        expect_identical(&base, &o, name);
+        LT_EQ(files_in(dir), 0); /* the disk tier's files are gone with the wrapper */
+        if (flags == 4) {
+          LT_TRUE(o.stats[0].offload_to_bytes > 0 && o.stats[0].offload_from_bytes > 0);
+          /* nothing of the shards stays in the compute pool between steps */
+          /* (the optimizer's state is in the host pool in both runs) */
+          if (!(o.compute_in_use[0] + 2 * o.shard_bytes[0] <= base.compute_in_use[0]))
+            lt_fail_at(__FILE__, __LINE__, "compute pool %zu with offload, %zu without, shards %zu",
+                       o.compute_in_use[0], base.compute_in_use[0], o.shard_bytes[0]);
+        }
+        free(o.params);
+      }
+    free(base.params);
+  }
+}
+
+/* Prefetch depth 0, 1 and 10 (and prefetch off) move the same bytes; f16 with loss scaling and
+ * clipping streams the unscale and the norm too. */
+LT_TEST(fsdp_offload_prefetch_depths_and_amp_clip_bit_identical) {
+  for (int amp = 0; amp < 2; amp++) {
+    orun base = {.nranks = 2, .ckpt = tmp_dir(amp ? "pbase-amp" : "pbase"), .clip = true};
+    loom_fsdp_cfg_default(&base.cfg);
+    if (amp) {
+      base.amp = LOOM_AUTOCAST_F16;
+      loom_fsdp_mp_cfg_for(LOOM_F16, &base.cfg.mp);
+    }
+    orun_go(&base);
+    static const int depth[] = {0, 1, 10, -1};
+    for (int d = 0; d < 4; d++) {
+      char name[64];
+      snprintf(name, sizeof name, "p-%d-%d", amp, d);
+      orun o = base;
+      o.ckpt = tmp_dir(name);
+      offload_cfg(&o.cfg, d % 2 ? LOOM_FSDP_TIER_DISK : LOOM_FSDP_TIER_HOST, tmp_dir("tier"));
+      if (depth[d] >= 0) {
+        o.cfg.offload.prefetch_steps = depth[d];
+      } else {
+        o.cfg.offload.prefetch_parameters = false;
+        o.cfg.offload.prefetch_gradients = false;
+      }
+      orun_go(&o);
+      snprintf(name, sizeof name, "%s, prefetch %d", amp ? "f16" : "f32", depth[d]);
+      expect_identical(&base, &o, name);
+      if (amp) LT_TRUE(o.stats[0].offload_wait_s >= 0);
+      free(o.params);
+    }
+    free(base.params);
+  }
+}
+
+/* ---- the specification's offloader calls ------------------------------------------------ */
+
+typedef struct spec_ctx {
+  bool prefetch_off; /* prefetch_steps 0 */
+  bool params_off;   /* offload_parameters false */
+} spec_ctx;
+
+static int spec_rank(loom_pg *pg, void *arg) {
+  spec_ctx *c = arg;
+  loom_module *m = NULL;
+  loom_fsdp *f = NULL;
+  loom_optim *opt = NULL;
+  loom_fsdp_cfg cfg;
+  loom_fsdp_cfg_default(&cfg);
+  offload_cfg(&cfg, LOOM_FSDP_TIER_HOST, NULL);
+  if (c->prefetch_off) cfg.offload.prefetch_steps = 0;
+  if (c->params_off) cfg.offload.offload_parameters = false;
+  LT_OK(fm_create(1, &m));
+  LT_OK(loom_fsdp_create(pg, m, &cfg, &f));
+  size_t nu = loom_fsdp_unit_count(f);
+  const loom_param_seg *segs;
+  size_t nseg;
+  LT_OK(loom_fsdp_segments(f, &segs, &nseg));
+  loom_adam_cfg ac = fm_adam();
+  LT_OK(loom_optim_create_adamw(segs, nseg, &ac, &opt));
+  if (c->params_off) {
+    /* offloading disabled for parameters: every call on them is a no-op */
+    LT_TRUE(!loom_fsdp_is_offloaded(f, 0, LOOM_FSDP_OFFLOAD_PARAMS));
+    LT_OK(loom_fsdp_offload_parameter(f, 0));
+    LT_TRUE(!loom_fsdp_is_offloaded(f, 0, LOOM_FSDP_OFFLOAD_PARAMS));
+  } else {
+    for (size_t u = 0; u < nu; u++) LT_TRUE(loom_fsdp_is_offloaded(f, u, LOOM_FSDP_OFFLOAD_PARAMS));
+    LT_OK(loom_fsdp_offload_parameter(f, 0)); /* already offloaded: nothing */
+    size_t all[8];
+    for (size_t u = 0; u < nu; u++) all[u] = u;
+    LT_OK(loom_fsdp_schedule_prefetch(f, all, nu, true));
+    LT_OK(loom_fsdp_prefetch_wait(f));
+    for (size_t u = 0; u < nu; u++)
+      LT_EQ(loom_fsdp_is_offloaded(f, u, LOOM_FSDP_OFFLOAD_PARAMS), c->prefetch_off);
+    LT_OK(loom_fsdp_prefetch_parameter(f, 0)); /* here already (or prefetch off): nothing */
+    for (size_t u = 0; u < nu; u++) LT_OK(loom_fsdp_offload_parameter(f, u));
+    for (size_t u = 0; u < nu; u++) LT_TRUE(loom_fsdp_is_offloaded(f, u, LOOM_FSDP_OFFLOAD_PARAMS));
+    /* scheduled, then cleared at once: whatever had not started stays offloaded */
+    LT_OK(loom_fsdp_schedule_prefetch(f, all, nu, true));
+    loom_fsdp_prefetch_clear(f);
+    LT_OK(loom_fsdp_prefetch_wait(f));
+  }
+  LT_EQ(loom_fsdp_offload_parameter(f, nu), LOOM_EINVAL);
+  /* a gradient before any backward: nothing to move */
+  LT_OK(loom_fsdp_offload_gradient(f, 0));
+  LT_OK(loom_fsdp_prefetch_gradient(f, 0));
+  /* one step: gradients leave as they are reduced */
+  double loss = 0;
+  LT_OK(fm_backward(m, 0, B, LOOM_AUTOCAST_OFF, 1.0f, &loss));
+  LT_OK(loom_fsdp_finish(f));
+  for (size_t u = 0; u < nu; u++) LT_TRUE(loom_fsdp_is_offloaded(f, u, LOOM_FSDP_OFFLOAD_GRADS));
+  LT_OK(loom_fsdp_prefetch_gradient(f, 1));
+  LT_OK(loom_fsdp_prefetch_wait(f));
+  LT_EQ(loom_fsdp_is_offloaded(f, 1, LOOM_FSDP_OFFLOAD_GRADS), c->prefetch_off);
+  LT_OK(loom_fsdp_offload_gradient(f, 1));
+  LT_TRUE(loom_fsdp_is_offloaded(f, 1, LOOM_FSDP_OFFLOAD_GRADS));
+  /* optimizer state: resident until first offloaded */
+  LT_TRUE(!loom_fsdp_is_offloaded(f, 0, LOOM_FSDP_OFFLOAD_OPTIM));
+  LT_OK(loom_fsdp_optim_step(f, opt, 1.0f));
+  for (size_t u = 0; u < nu; u++) {
+    LT_TRUE(loom_fsdp_is_offloaded(f, u, LOOM_FSDP_OFFLOAD_OPTIM));
+    LT_TRUE(loom_optim_state_released(opt, u));
+  }
+  LT_EQ(loom_optim_step(opt), LOOM_EMISUSE); /* its state is in the tier */
+  LT_OK(loom_fsdp_prefetch_optimizer_state(f, opt, 0));
+  LT_OK(loom_fsdp_prefetch_wait(f));
+  LT_EQ(loom_fsdp_is_offloaded(f, 0, LOOM_FSDP_OFFLOAD_OPTIM), c->prefetch_off);
+  if (!c->prefetch_off) {
+    loom_optim_state st;
+    LT_OK(loom_optim_state_at(opt, 0, &st));
+    LT_TRUE(st.data != NULL);
+    bool moved = false; /* after one step, exp_avg is (1 - beta1) x g: not all zero */
+    for (size_t i = 0; i < st.n; i++) moved = moved || st.data[i] != 0;
+    LT_TRUE(moved);
+  }
+  LT_OK(loom_fsdp_offload_optimizer_state(f, opt, 0));
+  LT_TRUE(loom_fsdp_is_offloaded(f, 0, LOOM_FSDP_OFFLOAD_OPTIM));
+  LT_OK(loom_fsdp_offload_optimizer_state(f, opt, 0)); /* already: nothing */
+  loom_optim_free(opt);
+  loom_fsdp_free(f);
+  loom_module_free(m);
+  return LOOM_OK;
+}
+
+LT_TEST(fsdp_offloader_calls_and_no_op_cases_one_and_two_ranks) {
+  spec_ctx c = {0};
+  LT_OK(loom_threads_run(1, NULL, spec_rank, &c));
+  LT_OK(loom_threads_run(2, NULL, spec_rank, &c));
+  spec_ctx off = {.prefetch_off = true};
+  LT_OK(loom_threads_run(2, NULL, spec_rank, &off));
+  spec_ctx np = {.params_off = true};
+  LT_OK(loom_threads_run(1, NULL, spec_rank, &np));
+}
+
+static int plain_rank(loom_pg *pg, void *arg) {
+  (void)arg;
+  loom_module *m = NULL;
+  loom_fsdp *f = NULL;
+  LT_OK(fm_create(1, &m));
+  LT_OK(loom_fsdp_create(pg, m, NULL, &f));
+  LT_TRUE(!loom_fsdp_is_offloaded(f, 0, LOOM_FSDP_OFFLOAD_PARAMS));
+  LT_OK(loom_fsdp_offload_parameter(f, 0)); /* no offload: no-op */
+  LT_OK(loom_fsdp_prefetch_parameter(f, 0));
+  size_t u0 = 0;
+  LT_OK(loom_fsdp_schedule_prefetch(f, &u0, 1, true));
+  LT_OK(loom_fsdp_prefetch_wait(f));
+  loom_fsdp_stats st;
+  LT_OK(loom_fsdp_stats_get(f, &st));
+  LT_EQ(st.offload_to_bytes, 0);
+  loom_fsdp_free(f);
+  loom_module_free(m);
+  return LOOM_OK;
+}
+
+LT_TEST(fsdp_offload_disabled_is_plain_fsdp) { LT_OK(loom_threads_run(1, NULL, plain_rank, NULL)); }
+
+/* ---- faults ------------------------------------------------------------------------------ */
+
+typedef struct fault_ctx {
+  const char *dir;
+  int mode;      /* 0: flip a byte of the tier file after step 1; 1: the disk fills in step 1 */
+  int step_rc;
+  char msg[512];
+  float before[2048], after[2048];
+  int64_t steps_before, steps_after;
+} fault_ctx;
+
+static void flatten_full(loom_fsdp *f, float *out) {
+  loom_named_tensor *st = NULL;
+  size_t n = 0;
+  LT_OK(loom_fsdp_full_state(f, &st, &n));
+  fm_flatten_state(st, n, out);
+  loom_fsdp_state_free(st, n);
+}
+
+static int fault_rank(loom_pg *pg, void *arg) {
+  fault_ctx *c = arg;
+  loom_module *m = NULL;
+  loom_fsdp *f = NULL;
+  loom_optim *opt = NULL;
+  loom_fsdp_cfg cfg;
+  loom_fsdp_cfg_default(&cfg);
+  offload_cfg(&cfg, LOOM_FSDP_TIER_DISK, c->dir);
+  LT_OK(fm_create(1, &m));
+  LT_OK(loom_fsdp_create(pg, m, &cfg, &f));
+  const loom_param_seg *segs;
+  size_t nseg;
+  LT_OK(loom_fsdp_segments(f, &segs, &nseg));
+  loom_adam_cfg ac = fm_adam();
+  LT_OK(loom_optim_create_adamw(segs, nseg, &ac, &opt));
+  const char *path = loom__ostore_path(f->store);
+  struct rlimit old;
+  getrlimit(RLIMIT_FSIZE, &old);
+  int steps = c->mode == 0 ? 2 : 1;
+  for (int s = 0; s < steps; s++) {
+    LT_OK(fm_backward(m, s * B, B, LOOM_AUTOCAST_OFF, 1.0f, NULL));
+    LT_OK(loom_fsdp_finish(f));
+    if (s == steps - 1) {
+      flatten_full(f, c->before);
+      c->steps_before = loom_optim_step_count(opt);
+      struct stat sb;
+      LT_TRUE(stat(path, &sb) == 0);
+      if (c->mode == 0) { /* the first byte of the file's last page: the last slot written */
+        int fd = open(path, O_RDWR);
+        off_t at = (sb.st_size - 1) / 4096 * 4096;
+        unsigned char b;
+        LT_TRUE(pread(fd, &b, 1, at) == 1);
+        b ^= 0x40;
+        LT_TRUE(pwrite(fd, &b, 1, at) == 1);
+        close(fd);
+      } else { /* the file may not grow: the state's first puts find the disk full */
+        struct rlimit lim = {(rlim_t)sb.st_size, old.rlim_max};
+        signal(SIGXFSZ, SIG_IGN);
+        setrlimit(RLIMIT_FSIZE, &lim);
+      }
+    }
+    c->step_rc = loom_fsdp_optim_step(f, opt, 1.0f);
+    if (s < steps - 1) LT_OK(c->step_rc);
+  }
+  snprintf(c->msg, sizeof c->msg, "%s", loom_last_error());
+  setrlimit(RLIMIT_FSIZE, &old);
+  c->steps_after = loom_optim_step_count(opt);
+  flatten_full(f, c->after); /* the weights in the tier are intact: they read */
+  LT_TRUE(strstr(c->msg, path) != NULL);
+  loom_optim_free(opt);
+  loom_fsdp_free(f);
+  loom_module_free(m);
+  return LOOM_OK;
+}
+
+static int missing_dir_rank(loom_pg *pg, void *arg) {
+  (void)arg;
+  loom_module *m = NULL;
+  loom_fsdp *f = NULL;
+  LT_OK(fm_create(1, &m));
+  loom_fsdp_cfg cfg;
+  loom_fsdp_cfg_default(&cfg);
+  offload_cfg(&cfg, LOOM_FSDP_TIER_DISK, "/nonexistent/loom-offload");
+  LT_EQ(loom_fsdp_create(pg, m, &cfg, &f), LOOM_EIO);
+  LT_TRUE(strstr(loom_last_error(), "/nonexistent/loom-offload") != NULL);
+  LT_TRUE(f == NULL);
+  loom_module_free(m);
+  return LOOM_OK;
+}
+
+LT_TEST(fsdp_offload_disk_faults_name_the_path_and_change_nothing) {
+  /* a folder that does not exist */
+  LT_OK(loom_threads_run(1, NULL, missing_dir_rank, NULL));
+
+  /* a byte flipped behind loom's back: the step reads it, says so, and changes nothing */
+  fault_ctx c = {.dir = tmp_dir("flip"), .mode = 0};
+  LT_OK(loom_threads_run(1, NULL, fault_rank, &c));
+  LT_EQ(c.step_rc, LOOM_EFORMAT);
+  LT_TRUE(strstr(c.msg, "changed") != NULL);
+  LT_EQ(c.steps_after, c.steps_before);
+  LT_TRUE(memcmp(c.before, c.after, model_numel() * sizeof(float)) == 0);
+  LT_EQ(files_in(c.dir), 0);
+
+  /* the disk fills during the step */
+  fault_ctx d = {.dir = tmp_dir("full"), .mode = 1};
+  LT_OK(loom_threads_run(1, NULL, fault_rank, &d));
+  LT_EQ(d.step_rc, LOOM_EIO);
+  LT_TRUE(strstr(d.msg, "full") != NULL);
+  LT_EQ(d.steps_after, d.steps_before);
+  LT_TRUE(memcmp(d.before, d.after, model_numel() * sizeof(float)) == 0);
+  LT_EQ(files_in(d.dir), 0);
+}
