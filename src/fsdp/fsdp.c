@@ -146,8 +146,11 @@ static int check_module(loom_module *m) {
  * one step's in-flight set of large units for every rank, so each wrapper adds that set to the
  * limit while it lives (nothing if the cache is off). Cached blocks are not counted in the
  * memory pools: the compute pool's figures stay what is in use, as PyTorch's
- * memory_allocated beside memory_reserved. */
+ * memory_allocated beside memory_reserved. Not with the disk tier of offload, whose point is
+ * the process's resident memory. */
 static void reserve_cache(loom_fsdp *f) {
+  /* the disk tier is there to cut the process's memory: cached blocks are resident */
+  if (f->cfg.offload.enabled && f->cfg.offload.tier == LOOM_FSDP_TIER_DISK) return;
   size_t largest = 0;
   for (size_t u = 0; u < f->nunits; u++)
     if (f->units[u].padded > largest) largest = f->units[u].padded;

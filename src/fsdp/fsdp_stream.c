@@ -6,6 +6,11 @@
  * (the worker does one transfer at a time, in order); with it off, one set, synchronously. The
  * compute pool never holds more than the ring of any offloaded kind.
  *
+ * On the host tier the pass works on the tier's own buffers where they are, with no copy: the
+ * optimizer step runs on the host, as ZeRO-Offload's CPU Adam does (in a device build the step
+ * would run on the CPU there too); only what is not stored yet (a gradient no backward has
+ * made) goes through a chunk buffer.
+ *
  * On the disk tier a pass that writes parameters or optimizer state writes them to the unit's
  * other slot set and switches only once every chunk has succeeded: a read that fails half-way
  * (a file changed behind loom's back) leaves the tier's weights and state as they were. */
@@ -36,6 +41,13 @@ static bool kind_offloaded(const stream *s, const fsdp_unit *u, int kind) {
   if (kind >= OFF_STATE)
     return s->opt && loom_optim_state_released(s->opt, u->index);
   return u->off.k[kind].offloaded;
+}
+
+/* The host tier's bytes of a stored kind, worked on where they are (no copy); NULL otherwise. */
+static float *in_host(const stream *s, const fsdp_unit *u, int kind, size_t c) {
+  if (!u->off.k[kind].stored) return NULL;
+  return loom__ostore_host_buffer(s->f->store, loom__fsdp_slot(u, kind, u->off.k[kind].gen, c),
+                                  loom__fsdp_chunk_len(u, c) * sizeof(float));
 }
 
 static unsigned write_gen(const stream *s, const fsdp_unit *u, int kind) {
@@ -76,7 +88,7 @@ static int issue_reads(stream *s, size_t i) {
   fsdp_unit *u = &s->f->units[s->unit_of[i]];
   size_t c = s->chunk_of[i], n = loom__fsdp_chunk_len(u, c);
   for (int k = 0; k < OFF_KINDS && !rc; k++) {
-    if (!(s->read & (1u << k)) || !kind_offloaded(s, u, k)) continue;
+    if (!(s->read & (1u << k)) || !kind_offloaded(s, u, k) || in_host(s, u, k, c)) continue;
     if (!u->off.k[k].stored) { /* a gradient no backward has made yet; zero state */
       memset(r->buf[k], 0, n * sizeof(float));
       continue;
@@ -98,11 +110,13 @@ static int work_on(stream *s, size_t i, loom__fsdp_chunk_fn fn, void *ctx) {
     if (!((s->read | s->write) & (1u << k))) continue;
     if (k >= OFF_STATE && (!s->opt || (size_t)(k - OFF_STATE) >= loom_optim_state_per_segment(s->opt)))
       continue;
-    k_ptr[k] = kind_offloaded(s, u, k) ? r->buf[k] : resident(s, u, k) + at;
+    float *host = kind_offloaded(s, u, k) ? in_host(s, u, k, c) : NULL;
+    k_ptr[k] = host ? host : kind_offloaded(s, u, k) ? r->buf[k] : resident(s, u, k) + at;
   }
   if ((rc = fn(ctx, u, at, n, k_ptr))) return rc;
   for (int k = 0; k < OFF_KINDS && !rc; k++) {
-    if (!(s->write & (1u << k)) || !k_ptr[k] || !kind_offloaded(s, u, k)) continue;
+    if (!(s->write & (1u << k)) || !k_ptr[k] || !kind_offloaded(s, u, k) || k_ptr[k] != r->buf[k])
+      continue;
     rc = loom__ostore_submit_put(s->f->store, loom__fsdp_slot(u, k, write_gen(s, u, k), c), r->buf[k],
                                  n * sizeof(float), &r->put[k]);
   }
@@ -149,7 +163,9 @@ int loom__fsdp_stream(loom_fsdp *f, loom_optim *opt, unsigned read, unsigned wri
       s.chunk_of[item] = ch;
     }
     for (int k = 0; k < OFF_KINDS; k++)
-      if (((read | write) & (1u << k)) && kind_offloaded(&s, u, k)) any_streamed = true;
+      if (((read | write) & (1u << k)) && kind_offloaded(&s, u, k) &&
+          (loom__ostore_tier(f->store) == LOOM__OTIER_DISK || !u->off.k[k].stored))
+        any_streamed = true; /* the host tier's stored bytes are worked on in place */
   }
   for (size_t i = 0; i < s.nsets && any_streamed && !rc; i++)
     for (int k = 0; k < OFF_KINDS && !rc; k++) {

@@ -474,6 +474,16 @@ int loom__ostore_get(loom__ostore *s, size_t slot, void *dst, size_t bytes) {
 /* The accessors lock a const store's mutex: the lock is not part of its value. */
 static pthread_mutex_t *mu_of(const loom__ostore *s) { return (pthread_mutex_t *)&s->mu; }
 
+void *loom__ostore_host_buffer(loom__ostore *s, size_t slot, size_t bytes) {
+  if (!s || s->tier != LOOM__OTIER_HOST) return NULL;
+  pthread_mutex_lock(&s->mu);
+  slot_wait_idle(s, slot);
+  oslot *o = slot < s->nslots ? &s->slots[slot] : NULL;
+  void *p = o && o->data && o->bytes == bytes ? o->buf : NULL;
+  pthread_mutex_unlock(&s->mu);
+  return p;
+}
+
 bool loom__ostore_has(const loom__ostore *s, size_t slot) {
   if (!s) return false;
   pthread_mutex_lock(mu_of(s));

@@ -88,6 +88,13 @@ int loom__ostore_put(loom__ostore *s, size_t slot, const void *src, size_t bytes
  * LOOM_EFORMAT if the file no longer holds what was put (flipped bytes, truncation). */
 int loom__ostore_get(loom__ostore *s, size_t slot, void *dst, size_t bytes);
 
+/* The host tier's own buffer of `slot` (after any job on the slot has finished), for work done
+ * where the bytes live (the optimizer step on the host, as ZeRO-Offload's CPU Adam): reads and
+ * writes through it are the slot's bytes. NULL for the disk tier, a slot without data, or a
+ * size that is not the slot's. Valid until the store is freed; the caller must not use it while
+ * a job of the slot is queued. */
+void *loom__ostore_host_buffer(loom__ostore *s, size_t slot, size_t bytes);
+
 /* True if `slot` holds data (a put of it has completed and no later put of it failed). */
 bool loom__ostore_has(const loom__ostore *s, size_t slot);
 

@@ -41,12 +41,18 @@ typedef struct orun {
 
 static char tmp_root[256];
 
-/* A folder under this process's scratch root (the string lives until the process ends). */
+static void rm_tmp_root(void) { fm_rm_tree(tmp_root); }
+
+/* A folder under this process's scratch root, removed at exit (the string is static storage,
+ * one of 128). */
 static const char *tmp_dir(const char *name) {
-  char *p = malloc(512);
+  static char bufs[128][512];
+  static int next;
+  char *p = bufs[next++ % 128];
   if (!tmp_root[0]) {
     snprintf(tmp_root, sizeof tmp_root, "/tmp/loom-test-offload-%d", (int)getpid());
     mkdir(tmp_root, 0700);
+    atexit(rm_tmp_root);
   }
   snprintf(p, 512, "%s/%s", tmp_root, name);
   mkdir(p, 0700);

@@ -11,6 +11,10 @@
 #   fsdp NP                NP MPI processes with --strategy fsdp --amp bf16, interrupted by
 #                          --max-steps and resumed from the sharded checkpoint, end with the
 #                          model file of the same run on NP threads (byte for byte)
+#   fsdp-offload NP        NP MPI processes with --strategy fsdp --amp bf16 --offload all on the
+#                          disk tier (one folder for every rank) end with the model file of the
+#                          same run on NP threads without offload (byte for byte), and leave no
+#                          file in --offload-dir
 # Usage: mpi_ranks.sh LOOM MPIEXEC NP_FLAG "LAUNCHER FLAGS" CASE [ARGS...]
 set -u
 loom=$1 mpiexec=$2 np=$3 flags=$4 case=$5
@@ -90,6 +94,21 @@ fsdp)
     --save "$dir/mpi" >"$dir/out" 2>"$dir/err" || fail "the resumed MPI run failed"
   cmp -s "$dir/thr/model.safetensors" "$dir/mpi/model.safetensors" ||
     fail "the MPI run's model differs from the threads run's"
+  ;;
+fsdp-offload)
+  n=$1
+  run="train --strategy fsdp --amp bf16 --hidden 24,16 --threads 1 --limit 512 --batch 32 --epochs 2 --quiet"
+  timeout 120 "$loom" $run --ranks "$n" --save "$dir/thr" >"$dir/out" 2>"$dir/err" ||
+    fail "the threads run failed"
+  mkdir "$dir/off"
+  # shellcheck disable=SC2086
+  timeout 120 "$mpiexec" $flags $np "$n" "$loom" $run --backend mpi --offload all \
+    --offload-tier disk --offload-dir "$dir/off" --save "$dir/mpi" >"$dir/out" 2>"$dir/err" ||
+    fail "the MPI run with offload failed"
+  grep -q "loom train: offload: disk tier, " "$dir/out" || fail "no offload line in the summary"
+  cmp -s "$dir/thr/model.safetensors" "$dir/mpi/model.safetensors" ||
+    fail "the MPI run's model (offload on disk) differs from the threads run's (no offload)"
+  [ -z "$(ls -A "$dir/off")" ] || fail "files left in --offload-dir: $(ls -A "$dir/off")"
   ;;
 *)
   echo "unknown case $case"

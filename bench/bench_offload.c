@@ -1,0 +1,322 @@
+/* bench_offload.c: FSDP offload against FSDP without it, side by side in one run: the compute
+ * pool's peak per rank, the process's peak RSS, step time and the exposed transfer wait.
+ *
+ * Model and step as bench_fsdp: MLP 784-4096-4096-4096-4096-10 (53.6 M parameters: 858 MB of
+ * f32 AdamW training state, values + gradients + two moments), 2 ranks on the threads backend,
+ * batch 64 per rank of seeded random data, cross-entropy, AdamW (loom_adamw_cfg_default), FSDP's
+ * defaults (one unit per Linear, reshard after forward, prefetch 1). A step is forward, loss,
+ * backward, loom_fsdp_finish and loom_fsdp_optim_step. Configurations:
+ *   fsdp          no offload (the optimizer's state in the compute pool, as bench_fsdp);
+ *   host p1, p0   everything offloaded (parameters, gradients, optimizer state) to the host tier,
+ *                 prefetch_steps 1 and 0 (0: no transfer ahead of its use);
+ *   disk p1, p0   the same on the disk tier, in a folder of the first argument (default
+ *                 /var/tmp), the page cache dropped before every step (sync; drop_caches 1 when
+ *                 writable) so the disk is really read ("disk rd MB" is /proc/self/io's
+ *                 read_bytes per step: what came from storage, not from the cache).
+ * With offload the optimizer is made with state_pool LOOM_POOL_HOST (loom_fsdp.h's advice).
+ * The disk runs turn loom's allocator cache off (loom_mem_set_cache_limit(0), as
+ * LOOM_ALLOC_CACHE_MB=0 does): the blocks it keeps for reuse are resident memory, which is
+ * what the disk tier is there to cut.
+ *
+ * Each configuration runs in a child process of its own (fork, before any thread exists), so
+ * its peak RSS is its own: VmHWM is reset (/proc/self/clear_refs 5) after the warm-up step and
+ * read after the timed steps: the training's peak, apart from building the model (each rank
+ * builds the whole model before FSDP shards it: "RSS build" is VmHWM before the reset).
+ * Compute pool: each rank's peak on its account over the timed steps (reset after warm-up),
+ * the largest over the ranks. What offload has to keep in the compute pool ("in flight"): the
+ * no-offload run's peak less its state between steps (the gathered units, local gradients and
+ * activations of the step, which offload does not change), plus one parameter shard on its way
+ * to a gather and one gradient shard being reduce-scattered (a unit's shard each), plus the
+ * optimizer's chunk ring (3 sets of 4 chunks of chunk_bytes). Targets (the offload issue):
+ * compute peak <= 1.1 x that, and <= 0.4 x the no-offload peak; disk RSS <= 35% of the training
+ * state; step host p1 <= 1.2 x fsdp, disk p1 <= 2 x; exposed wait <= 30% of the transfer time.
+ * Speed: `rounds` rounds of every configuration (default 3), rank 0's median step time per run,
+ * the ratio to the round's fsdp run, median over rounds.
+ *
+ * Usage: bench_offload [dir] [steps] [rounds]. */
+#include "bench_util.h"
+
+#include <loom/cpu.h>
+#include <loom/dist.h>
+#include <loom/fsdp.h>
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define NR 2
+#define BATCH 64
+#define MAXSTEPS 16
+#define MB(x) ((double)(x) / 1e6)
+#define CHUNK_BYTES ((size_t)4 << 20)
+
+static const int64_t sizes[] = {784, 4096, 4096, 4096, 4096, 10};
+#define NSIZES 6
+
+typedef struct config {
+  const char *name;
+  bool offload;
+  loom_fsdp_tier tier;
+  int prefetch;
+} config;
+
+typedef struct result {
+  double peak[NR], state[NR];     /* compute pool, bytes */
+  double host[NR], file[NR];      /* host and file pools between steps, bytes */
+  double step_s, cpu_s;           /* rank 0, median step; process CPU per step */
+  double wait_s, transfer_s, moved; /* rank 0 per step: exposed wait, transfer time, bytes */
+  double rss_build, rss_train;    /* bytes: VmHWM before and after the reset */
+  double disk_read;               /* bytes read from storage per step (whole process) */
+  double shard_max;               /* largest unit shard, bytes */
+  double params;
+  int ok;
+} result;
+
+typedef struct job {
+  const config *c;
+  const char *dir;
+  int steps;
+  result r;
+  pthread_barrier_t bar;
+} job;
+
+static double proc_status_kb(const char *key) {
+  FILE *p = fopen("/proc/self/status", "r");
+  char line[256];
+  double v = -1;
+  size_t n = strlen(key);
+  while (p && fgets(line, sizeof line, p))
+    if (!strncmp(line, key, n)) v = atof(line + n + 1);
+  if (p) fclose(p);
+  return v * 1024;
+}
+
+static double io_read_bytes(void) {
+  FILE *p = fopen("/proc/self/io", "r");
+  char line[256];
+  double v = 0;
+  while (p && fgets(line, sizeof line, p))
+    if (!strncmp(line, "read_bytes:", 11)) v = atof(line + 11);
+  if (p) fclose(p);
+  return v;
+}
+
+static void write_file(const char *path, const char *s) {
+  int fd = open(path, O_WRONLY);
+  if (fd >= 0) {
+    if (write(fd, s, strlen(s)) < 0) { /* not allowed here: the figure says so */
+    }
+    close(fd);
+  }
+}
+
+static void drop_page_cache(void) {
+  sync();
+  write_file("/proc/sys/vm/drop_caches", "1");
+}
+
+static double cpu_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double pool_now(int acct, loom_pool pool) {
+  loom_pool_stats st;
+  BENCH_CHECK(loom_mem_account_stats(acct, pool, &st));
+  return (double)st.current_bytes;
+}
+
+static int rank_main(loom_pg *pg, void *arg) {
+  job *j = arg;
+  const config *c = j->c;
+  int rank = loom_pg_rank(pg), acct = rank + 1;
+  loom_set_num_threads(loom_pg_compute_threads(pg));
+  loom_module *m = NULL;
+  BENCH_CHECK(loom_nn_mlp_create(sizes, NSIZES, LOOM_ACT_RELU, LOOM_F32, 1, &m));
+  loom_fsdp_cfg fc;
+  loom_fsdp_cfg_default(&fc);
+  loom_adam_cfg ac = loom_adamw_cfg_default();
+  if (c->offload) {
+    loom_fsdp_offload_cfg_default(&fc.offload);
+    fc.offload.tier = c->tier;
+    fc.offload.dir = j->dir;
+    fc.offload.prefetch_steps = c->prefetch;
+    fc.offload.chunk_bytes = CHUNK_BYTES;
+    ac.state_pool = LOOM_POOL_HOST;
+  }
+  if (rank == 0) j->r.params = (double)loom_module_numel(m);
+  loom_fsdp *f = NULL;
+  loom_optim *opt = NULL;
+  BENCH_CHECK(loom_fsdp_create(pg, m, &fc, &f));
+  const loom_param_seg *fs = NULL;
+  size_t nseg = 0;
+  BENCH_CHECK(loom_fsdp_segments(f, &fs, &nseg));
+  BENCH_CHECK(loom_optim_create_adamw(fs, nseg, &ac, &opt));
+  for (size_t u = 0; u < nseg; u++)
+    if (4.0 * (double)fs[u].n > j->r.shard_max && rank == 0) j->r.shard_max = 4.0 * (double)fs[u].n;
+  srand(1 + (unsigned)rank);
+  int64_t xs[2] = {BATCH, sizes[0]};
+  loom_tensor *x = bench_rand_tensor(2, xs, LOOM_F32, 1.0f), *y = NULL;
+  BENCH_CHECK(loom_tensor_empty(LOOM_I64, 1, xs, &y));
+  for (int64_t i = 0; i < BATCH; i++)
+    ((int64_t *)loom_tensor_data(y))[i] = rand() % sizes[NSIZES - 1];
+  result *r = &j->r;
+  double step_t[MAXSTEPS], cpu0 = 0, io0 = 0, io_sum = 0;
+  loom_fsdp_stats before = {0}, after = {0};
+  for (int s = 0; s < 1 + j->steps; s++) {
+    bool timed = s > 0;
+    if (s == 1) {
+      r->state[rank] = pool_now(acct, LOOM_POOL_COMPUTE);
+      r->host[rank] = pool_now(acct, LOOM_POOL_HOST);
+      r->file[rank] = pool_now(acct, LOOM_POOL_FILE);
+      loom_mem_account_reset_peak(acct, LOOM_POOL_COMPUTE);
+      BENCH_CHECK(loom_fsdp_stats_get(f, &before));
+    }
+    pthread_barrier_wait(&j->bar);
+    if (rank == 0 && timed) {
+      if (s == 1) { /* the training's own peak RSS from here */
+        r->rss_build = proc_status_kb("VmHWM:");
+        write_file("/proc/self/clear_refs", "5");
+        cpu0 = cpu_now();
+      }
+      if (c->offload && c->tier == LOOM_FSDP_TIER_DISK) drop_page_cache();
+      io0 = io_read_bytes();
+    }
+    pthread_barrier_wait(&j->bar);
+    double t0 = bench_now();
+    loom_tensor *logits = NULL, *loss = NULL;
+    BENCH_CHECK(loom_module_forward(m, x, &logits));
+    BENCH_CHECK(loom_cross_entropy(logits, y, LOOM_REDUCTION_MEAN, -100, &loss));
+    BENCH_CHECK(loom_backward(loss, NULL, false));
+    BENCH_CHECK(loom_fsdp_finish(f));
+    loom_tensor_free(logits);
+    loom_tensor_free(loss);
+    BENCH_CHECK(loom_fsdp_optim_step(f, opt, 1.0f));
+    double t1 = bench_now();
+    pthread_barrier_wait(&j->bar);
+    if (rank == 0 && timed) io_sum += io_read_bytes() - io0;
+    if (timed) step_t[s - 1] = t1 - t0;
+  }
+  loom_pool_stats ps;
+  BENCH_CHECK(loom_mem_account_stats(acct, LOOM_POOL_COMPUTE, &ps));
+  r->peak[rank] = (double)ps.peak_bytes;
+  if (rank == 0) {
+    int n = j->steps;
+    r->step_s = bench_median(step_t, n);
+    r->cpu_s = (cpu_now() - cpu0) / n;
+    r->rss_train = proc_status_kb("VmHWM:");
+    r->disk_read = io_sum / n;
+    BENCH_CHECK(loom_fsdp_stats_get(f, &after));
+    r->wait_s = (after.offload_wait_s - before.offload_wait_s) / n;
+    r->transfer_s = (after.offload_transfer_s - before.offload_transfer_s) / n;
+    r->moved = (double)(after.offload_to_bytes + after.offload_from_bytes -
+                        before.offload_to_bytes - before.offload_from_bytes) / n;
+  }
+  loom_optim_free(opt);
+  loom_fsdp_free(f);
+  loom_tensor_free(x);
+  loom_tensor_free(y);
+  loom_module_free(m);
+  return LOOM_OK;
+}
+
+/* One configuration in a child process; its result through a pipe. */
+static result run(const config *c, const char *dir, int steps) {
+  int fds[2];
+  result r = {0};
+  if (pipe(fds)) return r;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    /* the disk tier is about resident memory: no allocator cache (its blocks stay resident) */
+    if (c->offload && c->tier == LOOM_FSDP_TIER_DISK) loom_mem_set_cache_limit(0);
+    job j = {.c = c, .dir = dir, .steps = steps};
+    pthread_barrier_init(&j.bar, NULL, NR);
+    int rc = loom_threads_run(NR, NULL, rank_main, &j);
+    j.r.ok = rc == LOOM_OK;
+    if (rc) fprintf(stderr, "%s: %s\n", c->name, loom_last_error());
+    ssize_t w = write(fds[1], &j.r, sizeof j.r);
+    _exit(w == (ssize_t)sizeof j.r ? 0 : 1);
+  }
+  close(fds[1]);
+  ssize_t got = pid > 0 ? read(fds[0], &r, sizeof r) : -1;
+  close(fds[0]);
+  if (pid > 0) waitpid(pid, NULL, 0);
+  if (got != (ssize_t)sizeof r) r.ok = 0;
+  return r;
+}
+
+static double maxd(double a, double b) { return a > b ? a : b; }
+static double worst(const double *v) { return maxd(v[0], v[1]); }
+
+int main(int argc, char **argv) {
+  const char *dir = argc > 1 ? argv[1] : "/var/tmp";
+  int steps = argc > 2 ? atoi(argv[2]) : 3, rounds = argc > 3 ? atoi(argv[3]) : 3;
+  if (steps < 1 || steps > MAXSTEPS || rounds < 1 || rounds > 16) {
+    fprintf(stderr, "usage: bench_offload [dir] [steps 1..%d] [rounds 1..16]\n", MAXSTEPS);
+    return 2;
+  }
+  static const config cs[] = {
+      {"fsdp", false, LOOM_FSDP_TIER_HOST, 1},  {"host p1", true, LOOM_FSDP_TIER_HOST, 1},
+      {"host p0", true, LOOM_FSDP_TIER_HOST, 0}, {"disk p1", true, LOOM_FSDP_TIER_DISK, 1},
+      {"disk p0", true, LOOM_FSDP_TIER_DISK, 0}};
+  enum { NC = sizeof cs / sizeof cs[0] };
+  printf("bench_offload: MLP 784-4096x4-10, FSDP %d ranks (threads), batch %d per rank, AdamW, "
+         "%d timed steps after 1 warm-up, %d rounds; disk tier in %s; CPU level %s\n",
+         NR, BATCH, steps, rounds, dir, loom_cpu_level_name(loom_cpu_level_active()));
+  static result rs[16][NC];
+  for (int k = 0; k < rounds; k++)
+    for (int i = 0; i < NC; i++) {
+      rs[k][i] = run(&cs[i], dir, steps);
+      if (!rs[k][i].ok) {
+        fprintf(stderr, "bench_offload: %s failed\n", cs[i].name);
+        return 1;
+      }
+    }
+  printf("\n%-8s %9s %9s %9s %9s %9s %9s %8s %8s %8s %9s %9s\n", "config", "peak MB", "state MB",
+         "host MB", "file MB", "RSS MB", "RSSbuild", "step s", "cpu s", "wait s", "xfer s",
+         "moved MB");
+  for (int i = 0; i < NC; i++) {
+    const result *r = &rs[rounds - 1][i];
+    printf("%-8s %9.0f %9.0f %9.0f %9.0f %9.0f %9.0f %8.3f %8.3f %8.3f %9.3f %9.0f", cs[i].name,
+           MB(worst(r->peak)), MB(worst(r->state)), MB(worst(r->host)), MB(worst(r->file)),
+           MB(r->rss_train), MB(r->rss_build), r->step_s, r->cpu_s, r->wait_s, r->transfer_s,
+           MB(r->moved));
+    if (cs[i].tier == LOOM_FSDP_TIER_DISK && cs[i].offload)
+      printf("  disk rd %.0f MB/step", MB(r->disk_read));
+    printf("\n");
+  }
+  const result *base = &rs[rounds - 1][0], *h1 = &rs[rounds - 1][1];
+  double state_all = 16.0 * base->params;
+  double in_flight = worst(base->peak) - worst(base->state) + 2 * base->shard_max +
+                     3.0 * 4.0 * (double)CHUNK_BYTES;
+  double hp = worst(h1->peak);
+  printf("\ntraining state (16 B x %.1f M params): %.0f MB; largest unit shard %.1f MB\n",
+         base->params / 1e6, MB(state_all), MB(base->shard_max));
+  printf("compute peak, host p1: %.0f MB; in flight (fsdp's step transient %.0f + a parameter and "
+         "a gradient shard %.0f + chunk ring %.0f) %.0f MB: peak / that %.2f (target <= 1.10); "
+         "peak / fsdp %.2f (target <= 0.40)\n",
+         MB(hp), MB(worst(base->peak) - worst(base->state)), MB(2 * base->shard_max),
+         MB(12.0 * (double)CHUNK_BYTES), MB(in_flight), hp / in_flight, hp / worst(base->peak));
+  for (int i = 3; i < NC; i++)
+    printf("RSS, %s: %.0f MB = %.0f%% of the training state (target <= 35%%)\n", cs[i].name,
+           MB(rs[rounds - 1][i].rss_train), 100 * rs[rounds - 1][i].rss_train / state_all);
+  for (int i = 1; i < NC; i++) {
+    double ratio[16], w[16];
+    for (int k = 0; k < rounds; k++) {
+      ratio[k] = rs[k][i].step_s / rs[k][0].step_s;
+      w[k] = rs[k][i].transfer_s > 0 ? rs[k][i].wait_s / rs[k][i].transfer_s : 0;
+    }
+    char list[160] = "";
+    for (int k = 0, o = 0; k < rounds && o < (int)sizeof list; k++)
+      o += snprintf(list + o, sizeof list - (size_t)o, "%s%.2f", k ? " " : "", ratio[k]);
+    double med = bench_median(ratio, rounds), wmed = bench_median(w, rounds);
+    double target = cs[i].tier == LOOM_FSDP_TIER_DISK ? 2.0 : 1.2;
+    printf("step %s / fsdp: %s -> median %.2f%s; exposed wait / transfer %.2f%s\n", cs[i].name,
+           list, med, cs[i].prefetch ? (med <= target ? " (target met)" : " (target NOT met)") : "",
+           wmed, cs[i].prefetch ? (wmed <= 0.30 ? " (target <= 0.30 met)" : " (target <= 0.30 NOT met)") : "");
+  }
+  return 0;
+}

@@ -1,0 +1,203 @@
+/* test_train_fsdp_offload.c: `loom train --strategy fsdp --offload ...` (ranks as threads).
+ * Offload moves bytes and nothing else, so every run here ends with the model file, byte for
+ * byte, of the same run without offload: host and disk tiers, prefetch 0 and 1, f32 and f16
+ * mixed precision; a run interrupted without offload and resumed with it (the offload options
+ * are not part of the resume fingerprint) ends as the uninterrupted run. The disk tier leaves
+ * no file in --offload-dir; the summary and the metrics report the offload figures; the
+ * offload options are checked, each error naming the option (or the folder). */
+#include "lt.h"
+#include "train_test.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define RUN "--hidden 48,32 --limit 768 --epochs 1 --threads 1 --seed 5 --quiet --batch 32 " \
+            "--ranks 2 --strategy fsdp"
+
+/* Entries of a folder other than . and .. (-1 if it cannot be read). */
+static int files_in(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) n++;
+  closedir(d);
+  return n;
+}
+
+/* RUN with `amp` and `extra` saved to d/name; its model file against d/base's. */
+static void expect_same_model(const char *d, const char *amp, const char *name, const char *extra) {
+  tt_run r = tt_train(RUN " --amp %s --save %s/%s %s", amp, d, name, extra);
+  if (r.rc) fprintf(stderr, "%s (--amp %s): rc %d: %s", name, amp, r.rc, r.err);
+  LT_EQ(r.rc, 0);
+  /* it did offload: bytes went to the tier and back */
+  LT_TRUE(strstr(r.out, "loom train: offload: ") && !strstr(r.out, ", 0 B moved"));
+  char a[512], b[512];
+  snprintf(a, sizeof a, "%s/base/model.safetensors", d);
+  snprintf(b, sizeof b, "%s/%s/model.safetensors", d, name);
+  if (!tt_same_file(a, b))
+    lt_fail_at(__FILE__, __LINE__, "%s (--amp %s): the model differs from the run without offload",
+               name, amp);
+  tt_run_free(&r);
+}
+
+LT_TEST(train_fsdp_offload_is_bitwise) {
+  const char *amps[] = {"off", "f16"};
+  for (int i = 0; i < 2; i++) {
+    const char *d = tt_tempdir();
+    char tier[512], extra[700];
+    snprintf(tier, sizeof tier, "%s/tier", d);
+    LT_EQ(mkdir(tier, 0700), 0);
+    tt_run base = tt_train(RUN " --amp %s --save %s/base", amps[i], d);
+    LT_EQ(base.rc, 0);
+    tt_run_free(&base);
+    expect_same_model(d, amps[i], "host", "--offload all");
+    expect_same_model(d, amps[i], "host0", "--offload all --prefetch 0");
+    expect_same_model(d, amps[i], "some", "--offload params,optim --prefetch 10");
+    snprintf(extra, sizeof extra, "--offload all --offload-tier disk --offload-dir %s", tier);
+    expect_same_model(d, amps[i], "disk", extra);
+    LT_EQ(files_in(tier), 0); /* the disk tier's files are gone */
+    snprintf(extra, sizeof extra, "--offload all --offload-tier disk --offload-dir %s --prefetch 0",
+             tier);
+    expect_same_model(d, amps[i], "disk0", extra);
+    LT_EQ(files_in(tier), 0);
+    tt_cleanup();
+  }
+}
+
+LT_TEST(train_fsdp_offload_reports_its_figures) {
+  const char *d = tt_tempdir();
+  char tier[512];
+  snprintf(tier, sizeof tier, "%s/tier", d);
+  LT_EQ(mkdir(tier, 0700), 0);
+  tt_run r = tt_train(RUN " --offload all --offload-tier disk --offload-dir %s --metrics %s/m.jsonl",
+                      tier, d);
+  LT_EQ(r.rc, 0);
+  LT_TRUE(strstr(r.out, "loom train: offload: disk tier, ") != NULL);
+  LT_TRUE(strstr(r.out, " moved, exposed wait ") != NULL);
+  LT_TRUE(strstr(r.out, "; peak RSS ") != NULL);
+  char path[600];
+  snprintf(path, sizeof path, "%s/m.jsonl", d);
+  size_t n = 0;
+  char *m = tt_read_file(path, &n);
+  const char *keys[] = {"\"rank_compute_peak_bytes\": ", "\"rank_host_bytes\": ",
+                        "\"rank_host_peak_bytes\": ", "\"rank_file_bytes\": ",
+                        "\"rank_file_peak_bytes\": ", "\"peak_rss_bytes\": ",
+                        "\"fsdp_offload_bytes\": ", "\"fsdp_offload_to_bytes\": ",
+                        "\"fsdp_offload_from_bytes\": ", "\"fsdp_offload_transfer_s\": ",
+                        "\"fsdp_offload_wait_s\": "};
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    if (!m || !strstr(m, keys[i])) lt_fail_at(__FILE__, __LINE__, "the metrics lack %s", keys[i]);
+  /* bytes went to the disk tier and came back, through this rank's file pool */
+  const char *to = m ? strstr(m, "\"fsdp_offload_to_bytes\": ") : NULL;
+  const char *file = m ? strstr(m, "\"rank_file_peak_bytes\": ") : NULL;
+  LT_TRUE(to && strtoull(to + strlen("\"fsdp_offload_to_bytes\": "), NULL, 10) > 0);
+  LT_TRUE(file && strtoull(file + strlen("\"rank_file_peak_bytes\": "), NULL, 10) > 0);
+  free(m);
+  tt_run_free(&r);
+  /* without offload: no offload line, no offload members */
+  r = tt_train(RUN " --metrics %s/plain.jsonl", d);
+  LT_EQ(r.rc, 0);
+  LT_TRUE(strstr(r.out, "offload") == NULL);
+  snprintf(path, sizeof path, "%s/plain.jsonl", d);
+  m = tt_read_file(path, &n);
+  LT_TRUE(m && strstr(m, "fsdp_units") && !strstr(m, "offload") && !strstr(m, "peak_rss"));
+  free(m);
+  tt_run_free(&r);
+  tt_cleanup();
+}
+
+/* Interrupted without offload, resumed with it (and the reverse): the uninterrupted run's model. */
+LT_TEST(train_fsdp_resume_with_offload_is_bitwise_f16) {
+  const char *d = tt_tempdir();
+  const char *common = "--hidden 40 --limit 768 --epochs 2 --threads 1 --seed 3 --quiet "
+                       "--batch 32 --ranks 2 --strategy fsdp --amp f16";
+  char tier[512];
+  snprintf(tier, sizeof tier, "%s/tier", d);
+  LT_EQ(mkdir(tier, 0700), 0);
+  tt_run whole = tt_train("%s --save %s/whole", common, d);
+  tt_run part = tt_train("%s --save %s/part --max-steps 17", common, d);
+  tt_run rest = tt_train("%s --resume %s/part --save %s/part --offload all --offload-tier disk "
+                         "--offload-dir %s", common, d, d, tier);
+  tt_run part2 = tt_train("%s --save %s/part2 --max-steps 9 --offload all", common, d);
+  tt_run rest2 = tt_train("%s --resume %s/part2 --save %s/part2", common, d, d);
+  LT_EQ(whole.rc, 0);
+  LT_EQ(part.rc, 0);
+  LT_EQ(rest.rc, 0);
+  if (rest.rc) fprintf(stderr, "%s", rest.err);
+  LT_EQ(part2.rc, 0);
+  LT_EQ(rest2.rc, 0);
+  LT_TRUE(strstr(rest.out, "resumed") || strstr(rest.out, "after 24 steps"));
+  char a[512], b[512];
+  snprintf(a, sizeof a, "%s/whole/model.safetensors", d);
+  snprintf(b, sizeof b, "%s/part/model.safetensors", d);
+  LT_TRUE(tt_same_file(a, b));
+  snprintf(b, sizeof b, "%s/part2/model.safetensors", d);
+  LT_TRUE(tt_same_file(a, b));
+  LT_EQ(files_in(tier), 0);
+  tt_run_free(&whole);
+  tt_run_free(&part);
+  tt_run_free(&rest);
+  tt_run_free(&part2);
+  tt_run_free(&rest2);
+  tt_cleanup();
+}
+
+typedef struct offload_case {
+  const char *args, *want;
+  int rc;
+} offload_case;
+
+LT_TEST(train_fsdp_offload_options) {
+  const char *d = tt_tempdir();
+  char missing[512], file[512], args[2][700];
+  snprintf(missing, sizeof missing, "%s/no-such-folder", d);
+  snprintf(file, sizeof file, "%s/a-file", d);
+  LT_EQ(tt_write_file(file, "x", 1), 0);
+  snprintf(args[0], sizeof args[0], "--strategy fsdp --offload all --offload-tier disk "
+           "--offload-dir %s", missing);
+  snprintf(args[1], sizeof args[1], "--strategy fsdp --offload all --offload-tier disk "
+           "--offload-dir %s", file);
+  char want[2][700];
+  snprintf(want[0], sizeof want[0], "--offload-dir %s: cannot use the folder", missing);
+  snprintf(want[1], sizeof want[1], "--offload-dir %s: not a folder", file);
+  const offload_case cases[] = {
+      {"--strategy fsdp --offload bogus",
+       "--offload: expected all, none or a comma list of params,grads,optim, got 'bogus'", 2},
+      {"--strategy fsdp --offload params,,optim", "got 'params,,optim': an item is missing", 2},
+      {"--strategy fsdp --offload grads,grads", "got 'grads,grads': grads is named twice", 2},
+      {"--strategy fsdp --offload all --offload-tier disk",
+       "--offload-tier disk: the disk tier needs --offload-dir DIR", 2},
+      {"--strategy fsdp --offload all --offload-tier ssd",
+       "--offload-tier: expected one of host|disk, got 'ssd'", 2},
+      {"--strategy fsdp --offload all --offload-dir /tmp", "--offload-dir: only for --offload-tier disk", 2},
+      {"--strategy fsdp --offload all --offload-tier host --offload-dir /tmp",
+       "--offload-dir: only for --offload-tier disk", 2},
+      {"--strategy fsdp --offload all --prefetch 11", "--prefetch: expected at most 10, got '11'", 2},
+      {"--strategy fsdp --offload all --prefetch -1", "--prefetch: expected an integer >= 0, got '-1'", 2},
+      {"--strategy fsdp --prefetch 2", "--prefetch: offload is off in this run (--offload none)", 2},
+      {"--strategy fsdp --offload none --offload-tier host", "--offload-tier: offload is off", 2},
+      {"--offload all", "--offload: an FSDP option; it needs --strategy fsdp", 2},
+      {"--strategy ddp --offload-tier disk", "--offload-tier: an FSDP option; it needs --strategy fsdp", 2},
+      {"--offload-dir /tmp", "--offload-dir: an FSDP option; it needs --strategy fsdp", 2},
+      {"--prefetch 1", "--prefetch: an FSDP option; it needs --strategy fsdp", 2},
+      {args[0], want[0], 1},
+      {args[1], want[1], 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    tt_run r = tt_train("--hidden 16 --limit 128 --batch 32 --epochs 1 --threads 1 --quiet "
+                        "--ranks 2 %s", cases[i].args);
+    if (r.rc != cases[i].rc || !strstr(r.err, cases[i].want))
+      fprintf(stderr, "case '%s': rc %d, stderr \"%s\" (want %d, \"%s\")\n", cases[i].args, r.rc,
+              r.err, cases[i].rc, cases[i].want);
+    LT_EQ(r.rc, cases[i].rc);
+    LT_TRUE(strstr(r.err, cases[i].want) != NULL);
+    LT_TRUE(strstr(r.out, "test accuracy") == NULL); /* refused before training */
+    tt_run_free(&r);
+  }
+  tt_cleanup();
+}
