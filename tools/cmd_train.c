@@ -24,6 +24,7 @@ static const char usage[] = "[OPTIONS]\n\n"
     "  loom train --resume ck --save ck               # continue an interrupted run exactly\n"
     "  loom train --ranks 2 --strategy ddp            # 2 data-parallel ranks (threads)\n"
     "  loom train --ranks 2 --strategy fsdp --amp bf16   # sharded over 2 ranks, bf16 forward\n"
+    "  loom train --ranks 2 --strategy fsdp --offload all --offload-tier disk --offload-dir /scratch\n"
     "  mpirun -n 2 loom train --backend mpi --strategy ddp   # 2 ranks as MPI processes";
 
 /* ---- running on ranks --------------------------------------------------------------------- */
@@ -70,7 +71,8 @@ static int finish(int rc) {
 }
 
 /* Train as one rank of MPI_COMM_WORLD (under mpirun); rank 0, the one that writes, checks the
- * --save folder first (the peers fail at once if it cannot be used). A rank that fails says
+ * --save folder first and every rank its --offload-dir (the peers fail at once if one cannot
+ * be used). A rank that fails says
  * why, then ends the job (MPI_Abort), a second after telling its peers (loom_pg_abort), so
  * they can say theirs: a peer not waiting in a collective would wait for it forever.
  * Returns the exit code. */
@@ -83,6 +85,7 @@ static int run_mpi(const train_opts *o, bool overwrite, const loom_pg_cfg *cfg) 
     return finish(rc);
   }
   int rank = loom_pg_rank(pg), code = rank == 0 ? train_save_check(o, overwrite) : 0;
+  if (!code) code = train_offload_dir_check(o);
   if (code) {
     loom_pg_abort(pg);
   } else if ((rc = train_run(o, pg))) {
@@ -107,7 +110,8 @@ int cmd_train(int argc, char **argv) {
                   .schedule = "cosine", .amp = "off", .scaler = NULL, .fc = 128,
                   .eval_batch = 1000, .out = stdout, .ranks = 1, .backend = "threads",
                   .strategy = "none", .wrap = "children", .unit_min = 100000000,
-                  .reshard = "yes", .gather_prefetch = 1};
+                  .reshard = "yes", .gather_prefetch = 1, .offload = "none",
+                  .offload_tier = "host", .prefetch = 1};
   static train_cmdline c; /* its folder buffers are large */
   c = (train_cmdline){.hidden = "1024,1024", .channels = "32,64"};
   /* Bounds: every product the trainer forms fits in 64 bits (epochs x steps per epoch, batch x
@@ -153,6 +157,10 @@ int cmd_train(int argc, char **argv) {
       {"unit-min", CLI_POS_INT, &o.unit_min, "N", "FSDP --wrap size: parameter elements a unit reaches", NULL, 1, 1e15, &c.seen_unit_min},
       {"reshard-after-forward", CLI_CHOICE, &o.reshard, NULL, "FSDP: free each unit's gathered parameters after its forward (yes), or keep them until its backward (no: ZeRO-2)", "yes|no", 0, 0, &c.seen_reshard},
       {"gather-prefetch", CLI_INT, &o.gather_prefetch, "N", "FSDP: all-gathers issued ahead of the running unit", NULL, 0, 8, &c.seen_gather_prefetch},
+      {"offload", CLI_STRING, &o.offload, "LIST", "FSDP: keep these shards out of the compute pool between uses: a comma list of params,grads,optim, or all, or none (results are bit-identical)", NULL, 0, 0, &c.seen_offload},
+      {"offload-tier", CLI_CHOICE, &o.offload_tier, NULL, "FSDP --offload: where the offloaded bytes live: host memory, or one file per rank in --offload-dir", "host|disk", 0, 0, &c.seen_offload_tier},
+      {"offload-dir", CLI_STRING, &o.offload_dir, "DIR", "FSDP --offload-tier disk: an existing folder for the offload files (removed at the end)", NULL, 0, 0, &c.seen_offload_dir},
+      {"prefetch", CLI_INT, &o.prefetch, "N", "FSDP --offload: units whose offloaded bytes are brought back ahead of use (0: each waits when needed)", NULL, 0, 10, &c.seen_prefetch},
       {0}};
   int rc = cli_parse("loom train", table, argc, argv, NULL, 0, NULL);
   if (rc == 1) {
@@ -164,6 +172,7 @@ int cmd_train(int argc, char **argv) {
   train_signal_install();
   if (strcmp(o.backend, "mpi") == 0) return run_mpi(&o, c.overwrite, &cfg);
   int code = train_save_check(&o, c.overwrite);
+  if (!code) code = train_offload_dir_check(&o);
   if (code) return code;
   if (strcmp(o.strategy, "none") != 0) rc = run_threads(&o, &cfg);
   else rc = train_run(&o, NULL);

@@ -47,3 +47,12 @@ void progress_update(progress *p, long done, const char *figures) {
 }
 
 void progress_end(progress *p, const char *figures) { draw(p, p->total, figures, true); }
+
+void progress_bytes(char *buf, size_t cap, size_t b) {
+  if (b >= (size_t)1 << 30)
+    snprintf(buf, cap, "%.2f GiB", (double)b / (1 << 30));
+  else if (b >= (size_t)1 << 20)
+    snprintf(buf, cap, "%.1f MiB", (double)b / (1 << 20));
+  else
+    snprintf(buf, cap, "%zu B", b);
+}

@@ -4,6 +4,7 @@
 #define LOOM_TOOLS_PROGRESS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 
 typedef struct progress {
@@ -25,5 +26,7 @@ void progress_update(progress *p, long done, const char *figures);
 void progress_end(progress *p, const char *figures);
 /* Monotonic seconds. */
 double progress_now(void);
+/* Bytes for a person: "512 B", "12.3 MiB", "1.20 GiB". */
+void progress_bytes(char *buf, size_t cap, size_t bytes);
 
 #endif

@@ -55,6 +55,12 @@ typedef struct train_opts {
   long unit_min;                       /* size policy: elements a unit reaches */
   const char *reshard;                 /* "yes" or "no": reshard after forward */
   long gather_prefetch;                /* gathers in flight ahead, 0..8 */
+  /* FSDP offload (--offload; train_opts_check fills the three flags from its list) */
+  const char *offload;                 /* "none", "all" or a list of params,grads,optim */
+  bool offload_params, offload_grads, offload_optim;
+  const char *offload_tier;            /* "host" or "disk" */
+  const char *offload_dir;             /* the disk tier's folder */
+  long prefetch;                       /* units brought back ahead of use, 0..10 */
 } train_opts;
 
 /* Train as the options say. pg == NULL: one process. Returns a loom status; on failure
@@ -136,6 +142,24 @@ loom_fsdp *train_par_fsdp(const train_par *p);
 int train_par_any(train_par *p, bool local, bool *global);
 /* The data-parallel statistics as JSON members for the metrics ("" for one process). */
 void train_par_json(const train_par *p, char *buf, size_t cap);
+
+/* ---- FSDP offload (train_offload.c) ------------------------------------------------------ */
+
+/* The offload configuration of the options: on when --offload names some kind of bytes, with
+ * --offload-tier, --offload-dir and --prefetch; the library's defaults otherwise. */
+void train_offload_cfg(const train_opts *o, loom_fsdp_offload_cfg *c);
+/* Where the optimizer keeps its state: the host pool when it is offloaded (so it never passes
+ * through the compute pool on its way to the tier), the compute pool otherwise. */
+loom_pool train_offload_state_pool(const train_opts *o);
+/* Offload's part of the FSDP header line: "" without offload, else such as ", offload
+ * params,grads,optim to the host tier (prefetch 1)". */
+void train_offload_describe(const train_opts *o, char *buf, size_t cap);
+/* JSON members for the metrics, each after ", " (nothing without offload): this rank's
+ * host-pool and file-pool bytes (its account), the process's peak RSS and the FSDP stats'
+ * offload figures (fsdp_offload_*). */
+void train_offload_json(const train_opts *o, const loom_fsdp_stats *s, char *buf, size_t cap);
+/* The summary's offload line on out (nothing without offload). */
+void train_offload_summary(const train_opts *o, loom_fsdp *f, FILE *out);
 
 /* ---- checkpoints ----------------------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /* train_opts.c: the checks of `loom train`'s options that one value alone cannot make (see
  * train_opts.h): size lists, options that contradict each other or do nothing in this run,
- * bounds that depend on other options or on the machine, and the --save folder, tried before
- * the first step instead of after the first epoch. */
+ * bounds that depend on other options or on the machine, and the --save and --offload-dir
+ * folders, tried before the first step instead of after the first epoch. */
 #include "train_opts.h"
 
 #include <ctype.h>
@@ -68,6 +68,49 @@ static int folder(const char *opt, const char **path, char *buf) {
   return 0;
 }
 
+/* --offload: none, all, or a comma list of params, grads, optim (each at most once). */
+static int parse_offload(train_opts *o) {
+  static const char *const kinds[3] = {"params", "grads", "optim"};
+  bool *flag[3] = {&o->offload_params, &o->offload_grads, &o->offload_optim};
+  bool all = strcmp(o->offload, "all") == 0;
+  for (int k = 0; k < 3; k++) *flag[k] = all;
+  if (all || strcmp(o->offload, "none") == 0) return 0;
+  for (const char *p = o->offload;; p++) {
+    size_t len = strcspn(p, ",");
+    int k = 0;
+    while (k < 3 && !(strlen(kinds[k]) == len && strncmp(p, kinds[k], len) == 0)) k++;
+    if (k == 3 || *flag[k]) {
+      char why[96];
+      if (len == 0) snprintf(why, sizeof why, "an item is missing between commas or at an end");
+      else if (k < 3) snprintf(why, sizeof why, "%s is named twice", kinds[k]);
+      else snprintf(why, sizeof why, "'%.*s' is not one of them", (int)len, p);
+      return usage("--offload: expected all, none or a comma list of params,grads,optim, got "
+                   "'%s': %s", o->offload, why);
+    }
+    *flag[k] = true;
+    p += len;
+    if (!*p) return 0;
+  }
+}
+
+/* The offload options that go together: the tier's folder, and none of them without offload. */
+static int offload_options(const train_opts *o, const train_cmdline *c) {
+  bool on = o->offload_params || o->offload_grads || o->offload_optim;
+  bool disk = strcmp(o->offload_tier, "disk") == 0;
+  const char *needs = c->seen_offload_tier ? "offload-tier" : c->seen_offload_dir ? "offload-dir"
+                      : c->seen_prefetch ? "prefetch" : NULL;
+  if (!on && needs)
+    return usage("--%s: offload is off in this run (--offload none); give --offload all or a "
+                 "list of params,grads,optim", needs);
+  if (disk && !o->offload_dir)
+    return usage("--offload-tier disk: the disk tier needs --offload-dir DIR, an existing folder "
+                 "for its files");
+  if (!disk && o->offload_dir)
+    return usage("--offload-dir: only for --offload-tier disk; the host tier (this run's) keeps "
+                 "the offloaded bytes in memory");
+  return 0;
+}
+
 /* Options that would be accepted and then do nothing in this run. */
 static int unused(const train_opts *o, const train_cmdline *c) {
   bool cnn = strcmp(o->model, "cnn") == 0;
@@ -97,7 +140,10 @@ static int unused(const train_opts *o, const train_cmdline *c) {
   bool fsdp = strcmp(o->strategy, "fsdp") == 0;
   const char *fsdp_only = c->seen_wrap ? "wrap" : c->seen_unit_min ? "unit-min"
                           : c->seen_reshard ? "reshard-after-forward"
-                          : c->seen_gather_prefetch ? "gather-prefetch" : NULL;
+                          : c->seen_gather_prefetch ? "gather-prefetch"
+                          : c->seen_offload ? "offload" : c->seen_offload_tier ? "offload-tier"
+                          : c->seen_offload_dir ? "offload-dir"
+                          : c->seen_prefetch ? "prefetch" : NULL;
   if (fsdp_only && !fsdp)
     return usage("--%s: an FSDP option; it needs --strategy fsdp", fsdp_only);
   if (c->seen_unit_min && strcmp(o->wrap, "size") != 0)
@@ -122,7 +168,7 @@ int train_opts_check(train_opts *o, train_cmdline *c) {
   if (!o->scaler) o->scaler = strcmp(o->amp, "f16") == 0 ? "dynamic" : "off";
   if (o->loss_scale > 16777216.0 || o->loss_scale < 1)
     return usage("--loss-scale: expected a number in [1, 2^24], got %g", o->loss_scale);
-  if (unused(o, c)) return -1;
+  if (parse_offload(o) || unused(o, c) || offload_options(o, c)) return -1;
   int most = loom_max_num_threads();
   if (o->threads > most)
     return usage("--threads: expected at most %d (4 per online CPU, this machine has %ld, and "
@@ -144,8 +190,8 @@ int train_opts_check(train_opts *o, train_cmdline *c) {
   return 0;
 }
 
-static int cannot(const char *dir, const char *what) {
-  fprintf(stderr, "loom train: --save %s: %s: %s\n", dir, what, strerror(errno));
+static int cannot(const char *opt, const char *dir, const char *what) {
+  fprintf(stderr, "loom train: --%s %s: %s: %s\n", opt, dir, what, strerror(errno));
   return 1;
 }
 
@@ -159,8 +205,8 @@ int train_save_check(const train_opts *o, bool overwrite) {
   const char *d = o->save;
   if (!d) return 0;
   struct stat st;
-  if (mkdir(d, 0777) != 0 && errno != EEXIST) return cannot(d, "cannot create the folder");
-  if (stat(d, &st) != 0) return cannot(d, "cannot use the folder");
+  if (mkdir(d, 0777) != 0 && errno != EEXIST) return cannot("save", d, "cannot create the folder");
+  if (stat(d, &st) != 0) return cannot("save", d, "cannot use the folder");
   if (!S_ISDIR(st.st_mode)) {
     fprintf(stderr, "loom train: --save %s: not a folder\n", d);
     return 1;
@@ -178,11 +224,23 @@ int train_save_check(const train_opts *o, bool overwrite) {
   }
   snprintf(p, sizeof p, "%s/.loom-write-test-XXXXXX", d);
   int fd = mkstemp(p);
-  if (fd < 0) return cannot(d, "cannot write in the folder");
+  if (fd < 0) return cannot("save", d, "cannot write in the folder");
   ssize_t w = write(fd, "loom", 4);
   int e = w == 4 ? 0 : w < 0 ? errno : ENOSPC;
   if (close(fd) != 0 && !e) e = errno;
   unlink(p);
   errno = e;
-  return e ? cannot(d, "cannot write in the folder") : 0;
+  return e ? cannot("save", d, "cannot write in the folder") : 0;
+}
+
+int train_offload_dir_check(const train_opts *o) {
+  const char *d = o->offload_dir;
+  struct stat st;
+  if (!d) return 0;
+  if (stat(d, &st) != 0) return cannot("offload-dir", d, "cannot use the folder");
+  if (!S_ISDIR(st.st_mode)) {
+    fprintf(stderr, "loom train: --offload-dir %s: not a folder\n", d);
+    return 1;
+  }
+  return access(d, W_OK | X_OK) != 0 ? cannot("offload-dir", d, "cannot write in the folder") : 0;
 }

@@ -1,8 +1,8 @@
 /* train_opts.h: the checks of `loom train`'s options that go beyond one value (train_opts.c):
  * the size lists, options that contradict each other or would do nothing in this run, bounds
- * that depend on other options or on the machine, folder names, and the --save folder before a
- * run starts. Each failure prints one message naming the option ("loom train: --hidden: ...")
- * to stderr. */
+ * that depend on other options or on the machine, folder names, and the --save and
+ * --offload-dir folders before a run starts. Each failure prints one message naming the option
+ * ("loom train: --hidden: ...") to stderr. */
 #ifndef LOOM_TOOLS_TRAIN_OPTS_H
 #define LOOM_TOOLS_TRAIN_OPTS_H
 
@@ -17,15 +17,17 @@ typedef struct train_cmdline {
   const char *hidden, *channels;  /* "1024,1024", "32,64" */
   bool no_shuffle, overwrite;
   bool seen_hidden, seen_channels, seen_fc, seen_momentum, seen_loss_scale, seen_scaler,
-      seen_warmup, seen_wrap, seen_unit_min, seen_reshard, seen_gather_prefetch;
+      seen_warmup, seen_wrap, seen_unit_min, seen_reshard, seen_gather_prefetch, seen_offload,
+      seen_offload_tier, seen_offload_dir, seen_prefetch;
   char dirs[3][PATH_MAX];         /* --save, --resume, --data without trailing slashes */
 } train_cmdline;
 
 /* The largest width of a layer (--hidden, --channels, --fc). */
 #define TRAIN_MAX_WIDTH (1L << 20)
 
-/* Fill the sizes, the scaler default and the normalised folders of o from c, and check the
- * options against each other. 0, or -1 after the message (a usage error: exit 2). */
+/* Fill the sizes, the scaler default, the offload flags and the normalised folders of o from
+ * c, and check the options against each other. 0, or -1 after the message (a usage error:
+ * exit 2). */
 int train_opts_check(train_opts *o, train_cmdline *c);
 
 /* Before a run that saves: DIR is created if missing and must take a file (a probe is written
@@ -33,5 +35,10 @@ int train_opts_check(train_opts *o, train_cmdline *c);
  * of the same folder) is given. Returns the exit code: 0, 1 (the folder cannot be used) or 2
  * (an existing checkpoint), after the message. */
 int train_save_check(const train_opts *o, bool overwrite);
+
+/* Before a run with --offload-dir DIR (on every process: the folder may be a node's own): DIR
+ * must be an existing folder this process can write in (the offload files are made there).
+ * Returns the exit code: 0, or 1 after the message naming the option and the path. */
+int train_offload_dir_check(const train_opts *o);
 
 #endif

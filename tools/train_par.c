@@ -4,8 +4,9 @@
  * other forever; then, with --strategy ddp, the model's parameters are wrapped by DDP (rank 0's
  * initial values broadcast, gradients as bucket views reduced while backward runs), or, with
  * --strategy fsdp, the model is sharded by FSDP (--amp through the FSDP mixed-precision
- * configuration); each rank computes with its share of the machine's cores, and the AMP
- * overflow flag is combined over the ranks. */
+ * configuration, --offload through its offload configuration: train_offload.c); each rank
+ * computes with its share of the machine's cores, and the AMP overflow flag is combined over
+ * the ranks. */
 #include "train_api.h"
 
 #include <loom/ddp.h>
@@ -16,6 +17,7 @@
 #include <string.h>
 
 struct train_par {
+  const train_opts *o;
   loom_pg *pg;
   int rank, size;
   loom_ddp *ddp;
@@ -120,7 +122,7 @@ int train_par_cfg(const train_opts *o, double timeout, loom_pg_cfg *cfg) {
   return 0;
 }
 
-/* FSDP over the model with the options' policy, resharding and prefetch; --amp bf16|f16 is the
+/* FSDP over the model with the options' policy, resharding, prefetch and offload; --amp bf16|f16 is the
  * specification's mixed precision for that dtype (bf16 without loss scaling, f16 with the
  * dynamic scale starting at --loss-scale; --scaler off turns it off). */
 static int make_fsdp(loom_pg *pg, const train_opts *o, train_model *m, loom_fsdp **out) {
@@ -130,6 +132,7 @@ static int make_fsdp(loom_pg *pg, const train_opts *o, train_model *m, loom_fsdp
   c.min_unit_numel = (size_t)o->unit_min;
   c.reshard_after_forward = strcmp(o->reshard, "yes") == 0;
   c.forward_prefetch = c.backward_prefetch = (int)o->gather_prefetch;
+  train_offload_cfg(o, &c.offload);
   loom_dtype dt = LOOM_F32;
   if (strcmp(o->amp, "off") != 0 && loom_dtype_parse(o->amp, &dt) == LOOM_OK) {
     loom_fsdp_mp_cfg_for(dt, &c.mp);
@@ -147,6 +150,7 @@ int train_par_create(loom_pg *pg, const train_opts *o, train_model *m, train_par
   *out = NULL;
   train_par *p = calloc(1, sizeof *p);
   if (!p) return train_fail(LOOM_ENOMEM, "train: out of memory");
+  p->o = o;
   p->size = 1;
   if (pg) {
     p->pg = pg;
@@ -220,13 +224,15 @@ void train_par_json(const train_par *p, char *buf, size_t cap) {
   const char *sep = n ? ", " : "";
   loom_fsdp_stats f;
   if (p->fsdp && !loom_fsdp_stats_get(p->fsdp, &f)) {
-    snprintf(buf + n, cap - (size_t)n,
+    int m = snprintf(buf + n, cap - (size_t)n,
              "%s\"fsdp_units\": %zu, \"fsdp_shard_elements\": %zu, \"fsdp_gathers\": %llu, "
              "\"fsdp_reduce_scatters\": %llu, \"fsdp_gather_bytes\": %llu, "
              "\"fsdp_reduce_bytes\": %llu, \"fsdp_comm_s\": %.6f, \"fsdp_exposed_s\": %.6f",
              sep, f.units, f.shard_numel, (unsigned long long)f.gathers,
              (unsigned long long)f.reduce_scatters, (unsigned long long)f.gather_bytes,
              (unsigned long long)f.reduce_bytes, f.comm_s, f.exposed_s);
+    size_t used = (size_t)n + (size_t)(m > 0 ? m : 0);
+    if (m > 0 && used < cap) train_offload_json(p->o, &f, buf + used, cap - used);
     return;
   }
   loom_ddp_stats s;

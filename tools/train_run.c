@@ -4,7 +4,8 @@
  * (flag combined over ranks), optimizer step unless the step overflowed, scaler update. The
  * learning rate is a function of the step index and the data of (seed, epoch, index), so a run
  * resumed from a checkpoint takes exactly the steps an uninterrupted one would. After each
- * epoch: test accuracy, checkpoint. At the end: a one-line summary. */
+ * epoch: test accuracy, checkpoint. At the end: a one-line summary (and one about FSDP
+ * offload when it is on). */
 #include "progress.h"
 #include "train_api.h"
 
@@ -114,11 +115,13 @@ static int make_optimizer(trainer *t) {
   if (strcmp(o->optim, "sgd") == 0) {
     loom_sgd_cfg c = loom_sgd_cfg_default();
     c.lr = o->lr, c.momentum = o->momentum, c.weight_decay = o->weight_decay;
+    c.state_pool = train_offload_state_pool(o);
     TRY(loom_optim_create_sgd(segs, nseg, &c, &t->opt), "--optim sgd");
   } else {
     bool w = strcmp(o->optim, "adamw") == 0;
     loom_adam_cfg c = w ? loom_adamw_cfg_default() : loom_adam_cfg_default();
     c.lr = o->lr, c.weight_decay = o->weight_decay;
+    c.state_pool = train_offload_state_pool(o);
     TRY((w ? loom_optim_create_adamw : loom_optim_create_adam)(segs, nseg, &c, &t->opt),
         w ? "--optim adamw" : "--optim adam");
   }
@@ -264,7 +267,9 @@ static int step(trainer *t, double *loss_value, bool *overflow) {
                       isfinite(*loss_value) ? "not finite on another rank"
                       : isnan(*loss_value) ? "nan" : "inf");
   TRY(loom_optim_set_lr(t->opt, loom_lr_at(&t->sched, s)), "learning rate");
-  if (!*overflow) TRY(loom_optim_step(t->opt), "optimizer step");
+  if (!*overflow) /* FSDP: the shards' step, streamed through the tier with offload */
+    TRY(t->fsdp ? loom_fsdp_optim_step(t->fsdp, t->opt, 1.0f) : loom_optim_step(t->opt),
+        "optimizer step");
   if (t->scaler) TRY(loom_scaler_update(t->scaler, *overflow), "scaler update");
   t->overflows += *overflow;
   t->st.step++;
@@ -325,17 +330,8 @@ static void fmt_rate(char *buf, size_t cap, double r) {
     snprintf(buf, cap, "%.0f", r);
 }
 
-static void fmt_bytes(char *buf, size_t cap, size_t b) {
-  if (b >= (size_t)1 << 30)
-    snprintf(buf, cap, "%.2f GiB", (double)b / (1 << 30));
-  else if (b >= (size_t)1 << 20)
-    snprintf(buf, cap, "%.1f MiB", (double)b / (1 << 20));
-  else
-    snprintf(buf, cap, "%zu B", b);
-}
-
 static int write_record(trainer *t, double loss, bool overflow, double step_s) {
-  char extra[1024];
+  char extra[2048];
   train_par_json(t->par, extra, sizeof extra);
   train_record r = {t->st.step, (t->st.step - 1) / t->st.steps_per_epoch, loss,
                     loom_lr_at(&t->sched, t->st.step - 1),
@@ -398,11 +394,11 @@ static void summary(trainer *t, double wall_s) {
   bool per_rank = t->nranks > 1 && loom_mem_account() > 0; /* ranks as threads: rank 0's own */
   if (per_rank) loom_mem_account_stats(loom_mem_account(), LOOM_POOL_COMPUTE, &ps);
   else loom_mem_stats(LOOM_POOL_COMPUTE, &ps);
-  fmt_bytes(peak, sizeof peak, ps.peak_bytes);
+  progress_bytes(peak, sizeof peak, ps.peak_bytes);
   char setup[80] = "";
   if (per_rank) {
     char b[32];
-    fmt_bytes(b, sizeof b, t->setup_peak);
+    progress_bytes(b, sizeof b, t->setup_peak);
     snprintf(setup, sizeof setup, " per rank (%s while building)", b);
   }
   fmt_rate(rate, sizeof rate, t->train_s > 0 ? (double)t->samples / t->train_s : 0);
@@ -414,6 +410,7 @@ static void summary(trainer *t, double wall_s) {
           (double)t->st.step / (double)t->st.steps_per_epoch, rate, wall_s, peak, setup);
   if (scales_loss(t)) fprintf(o->out, ", %lld overflow steps skipped", (long long)t->overflows);
   fputc('\n', o->out);
+  if (t->fsdp) train_offload_summary(o, t->fsdp, o->out);
   fflush(o->out);
 }
 
@@ -460,15 +457,17 @@ static int setup(trainer *t, loom_pg *pg) {
 static void fsdp_header(const trainer *t) {
   loom_fsdp_stats s;
   loom_fsdp_stats_get(t->fsdp, &s);
-  char shard[32];
-  fmt_bytes(shard, sizeof shard, s.shard_numel * sizeof(float));
+  char shard[32], offload[96];
+  progress_bytes(shard, sizeof shard, s.shard_numel * sizeof(float));
+  train_offload_describe(t->o, offload, sizeof offload);
   loom_fsdp_mp *mp = loom_fsdp_mp_manager(t->fsdp);
   const loom_fsdp_mp_cfg *mc = mp ? loom_fsdp_mp_config(mp) : NULL;
   fprintf(t->o->out, "loom train: fsdp: %zu units (--wrap %s), %zu elements per rank (%s of f32 "
-          "shards), reshard after forward %s, gather prefetch %ld, forward in %s%s\n",
+          "shards), reshard after forward %s, gather prefetch %ld, forward in %s%s%s\n",
           s.units, t->o->wrap, s.shard_numel, shard, t->o->reshard, t->o->gather_prefetch,
           mc ? loom_dtype_name(mc->forward_dtype) : "f32",
-          !mc ? "" : mc->use_loss_scaling ? " with loss scaling" : " without loss scaling");
+          !mc ? "" : mc->use_loss_scaling ? " with loss scaling" : " without loss scaling",
+          offload);
 }
 
 int train_run(const train_opts *o, loom_pg *pg) {

@@ -247,7 +247,9 @@ int loom_fsdp_unit_info_get(const loom_fsdp *f, size_t unit, loom_fsdp_unit_info
 
 /* One segment per unit: this rank's f32 shard of the flat parameter and of its averaged
  * gradient ("<unit>.flat_param"; "flat_param" for a root unit). *segs is borrowed, valid
- * while f lives. Give them to loom_optim_create_* : the optimizer state is sharded too. */
+ * while f lives. Give them to loom_optim_create_* : the optimizer state is sharded too. With
+ * offload, the buffers that live in the tier are NULL and the segment is LOOM_SEG_STREAMED:
+ * step with loom_fsdp_optim_step (which works for every wrapper). */
 int loom_fsdp_segments(const loom_fsdp *f, const loom_param_seg **segs, size_t *n);
 
 /* Gather unit's parameters on every rank in dtype dt (LOOM_F32, or a forward dtype: the shard

@@ -167,12 +167,15 @@ int loom__fsdp_stream(loom_fsdp *f, loom_optim *opt, unsigned read, unsigned wri
           (loom__ostore_tier(f->store) == LOOM__OTIER_DISK || !u->off.k[k].stored))
         any_streamed = true; /* the host tier's stored bytes are worked on in place */
   }
+  size_t ring_n = 0; /* a chunk, or the largest shard when that is smaller */
+  for (size_t i = 0; i < f->nunits; i++) ring_n = f->units[i].shard > ring_n ? f->units[i].shard : ring_n;
+  if (ring_n > f->chunk) ring_n = f->chunk;
   for (size_t i = 0; i < s.nsets && any_streamed && !rc; i++)
     for (int k = 0; k < OFF_KINDS && !rc; k++) {
       if (!((read | write) & (1u << k))) continue;
-      if (!(s.set[i].buf[k] = loom__malloc(LOOM_POOL_COMPUTE, f->chunk * sizeof(float))))
+      if (!(s.set[i].buf[k] = loom__malloc(LOOM_POOL_COMPUTE, (ring_n ? ring_n : 1) * sizeof(float))))
         rc = loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory for a %zu-byte chunk buffer",
-                        f->chunk * sizeof(float));
+                        ring_n * sizeof(float));
     }
   if (!rc && s.nitems) rc = issue_reads(&s, 0);
   for (size_t i = 0; i < s.nitems && !rc; i++) {

@@ -98,6 +98,7 @@ fsdp)
 fsdp-offload)
   n=$1
   run="train --strategy fsdp --amp bf16 --hidden 24,16 --threads 1 --limit 512 --batch 32 --epochs 2 --quiet"
+  # shellcheck disable=SC2086
   timeout 120 "$loom" $run --ranks "$n" --save "$dir/thr" >"$dir/out" 2>"$dir/err" ||
     fail "the threads run failed"
   mkdir "$dir/off"

@@ -1,8 +1,9 @@
 /* test_train_fsdp_offload.c: `loom train --strategy fsdp --offload ...` (ranks as threads).
  * Offload moves bytes and nothing else, so every run here ends with the model file, byte for
- * byte, of the same run without offload: host and disk tiers, prefetch 0 and 1, f32 and f16
- * mixed precision; a run interrupted without offload and resumed with it (the offload options
- * are not part of the resume fingerprint) ends as the uninterrupted run. The disk tier leaves
+ * byte, of the same run without offload: host and disk tiers, prefetch 0, 1 and 10, all kinds
+ * of bytes or some, f32 and f16 mixed precision; a run interrupted (--max-steps) without offload
+ * and resumed with it, or the reverse, ends as the uninterrupted run (the offload options are
+ * not part of the resume fingerprint). The disk tier leaves
  * no file in --offload-dir; the summary and the metrics report the offload figures; the
  * offload options are checked, each error naming the option (or the folder). */
 #include "lt.h"
@@ -74,8 +75,8 @@ LT_TEST(train_fsdp_offload_reports_its_figures) {
   char tier[512];
   snprintf(tier, sizeof tier, "%s/tier", d);
   LT_EQ(mkdir(tier, 0700), 0);
-  tt_run r = tt_train(RUN " --offload all --offload-tier disk --offload-dir %s --metrics %s/m.jsonl",
-                      tier, d);
+  tt_run r = tt_train(RUN " --offload all --offload-tier disk --offload-dir %s "
+                      "--metrics %s/m.jsonl", tier, d);
   LT_EQ(r.rc, 0);
   LT_TRUE(strstr(r.out, "loom train: offload: disk tier, ") != NULL);
   LT_TRUE(strstr(r.out, " moved, exposed wait ") != NULL);
