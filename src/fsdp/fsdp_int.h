@@ -168,6 +168,8 @@ int loom__fsdp_param_out(fsdp_unit *u);
 int loom__fsdp_state_out(fsdp_unit *u, loom_optim *opt);
 size_t loom__fsdp_slot(const fsdp_unit *u, int kind, unsigned gen, size_t c);
 int loom__fsdp_check_optim(const loom_fsdp *f, const loom_optim *opt, const char *who);
+/* The optimizer's state buffer k of unit's segment (NULL while released). */
+float *loom__fsdp_state_buf(loom_optim *opt, size_t unit, int k);
 
 /* fsdp_stream.c: a pass over every unit's shards chunk by chunk. `read` and `write` are masks
  * of (1 << OFF_*); kinds in the compute pool are used in place, offloaded ones stream through

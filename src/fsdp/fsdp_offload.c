@@ -71,10 +71,10 @@ size_t loom__fsdp_slot(const fsdp_unit *u, int kind, unsigned gen, size_t c) {
   return u->off.slot0 + ((size_t)gen * OFF_KINDS + (size_t)kind) * u->off.nchunks + c;
 }
 
-static loom_optim_state state_of(loom_optim *opt, size_t unit, int k) {
+float *loom__fsdp_state_buf(loom_optim *opt, size_t unit, int k) {
   loom_optim_state st = {0};
   (void)loom_optim_state_at(opt, unit * loom_optim_state_per_segment(opt) + (size_t)k, &st);
-  return st;
+  return st.data;
 }
 
 /* Copy the kind's buffer into the tier (current slot set), synchronously. */
@@ -86,6 +86,19 @@ static int put_all(fsdp_unit *u, int kind, const float *buf) {
     rc = loom__ostore_put(f->store, loom__fsdp_slot(u, kind, k->gen, c), buf + c * f->chunk,
                           loom__fsdp_chunk_len(u, c) * sizeof(float));
   k->stored = rc == LOOM_OK;
+  return rc;
+}
+
+/* Copy the kind's bytes from the tier into buf, synchronously (the time counts as exposed). */
+static int get_all(fsdp_unit *u, int kind, float *buf) {
+  loom_fsdp *f = u->f;
+  off_kind *k = &u->off.k[kind];
+  double t0 = loom__fsdp_now();
+  int rc = LOOM_OK;
+  for (size_t c = 0; c < u->off.nchunks && !rc; c++)
+    rc = loom__ostore_get(f->store, loom__fsdp_slot(u, kind, k->gen, c), buf + c * f->chunk,
+                          loom__fsdp_chunk_len(u, c) * sizeof(float));
+  f->off_wait_s += loom__fsdp_now() - t0;
   return rc;
 }
 
@@ -152,6 +165,21 @@ int loom__fsdp_arrive(fsdp_unit *u, int kind) {
   return LOOM_OK;
 }
 
+/* A transfer failed half-way through being queued (status rc): drop what is queued, wait for
+ * what had started, free the kind's compute buffer (the state's: both kinds), and return rc
+ * with its own message (the dropped jobs' waits set others). */
+static int abandon(fsdp_unit *u, int kind, int rc) {
+  loom__fsdp_err e;
+  loom__fsdp_err_save(&e, rc);
+  loom__ostore_clear(u->f->store);
+  if (kind >= OFF_STATE)
+    for (int s = OFF_STATE; s < OFF_KINDS; s++) (void)wait_jobs(u, s);
+  else
+    (void)wait_jobs(u, kind);
+  free_buffer(u, kind);
+  return loom__fsdp_err_restore(&e);
+}
+
 static float *alloc_shard(fsdp_unit *u, const char *what) {
   float *p = loom__malloc(LOOM_POOL_COMPUTE, (u->shard ? u->shard : 1) * sizeof(float));
   if (!p)
@@ -170,30 +198,16 @@ int loom__fsdp_param_prefetch(fsdp_unit *u) {
     return LOOM_OK;
   if (!(u->param_shard = alloc_shard(u, "parameter"))) return LOOM_ENOMEM;
   int rc = submit_gets(u, OFF_PARAM, u->param_shard);
-  if (rc) { /* what was queued may run: wait for it, then forget the buffer */
-    loom__fsdp_err e;
-    loom__fsdp_err_save(&e, rc);
-    loom__ostore_clear(f->store);
-    (void)wait_jobs(u, OFF_PARAM);
-    free_buffer(u, OFF_PARAM);
-    return loom__fsdp_err_restore(&e);
-  }
-  return rc;
+  return rc ? abandon(u, OFF_PARAM, rc) : LOOM_OK;
 }
 
 int loom__fsdp_param_need(fsdp_unit *u) {
   loom_fsdp *f = u->f;
   off_kind *k = &u->off.k[OFF_PARAM];
   if (!f->store || !k->offloaded) return LOOM_OK;
-  int rc = LOOM_OK;
-  double t0 = loom__fsdp_now();
   if (!k->arriving) {
     if (!(u->param_shard = alloc_shard(u, "parameter"))) return LOOM_ENOMEM;
-    for (size_t c = 0; c < u->off.nchunks && !rc; c++)
-      rc = loom__ostore_get(f->store, loom__fsdp_slot(u, OFF_PARAM, k->gen, c),
-                            u->param_shard + c * f->chunk,
-                            loom__fsdp_chunk_len(u, c) * sizeof(float));
-    f->off_wait_s += loom__fsdp_now() - t0;
+    int rc = get_all(u, OFF_PARAM, u->param_shard);
     if (rc) {
       free_buffer(u, OFF_PARAM);
       return rc;
@@ -306,7 +320,7 @@ int loom__fsdp_state_out(fsdp_unit *u, loom_optim *opt) {
   int rc = LOOM_OK;
   for (size_t s = 0; s < per && !rc; s++) {
     off_kind *k = &u->off.k[OFF_STATE + (int)s];
-    if (!k->stored) rc = put_all(u, OFF_STATE + (int)s, state_of(opt, u->index, (int)s).data);
+    if (!k->stored) rc = put_all(u, OFF_STATE + (int)s, loom__fsdp_state_buf(opt, u->index, (int)s));
   }
   u->f->off_wait_s += loom__fsdp_now() - t0;
   if (rc) return rc;
@@ -321,28 +335,15 @@ static int state_in(fsdp_unit *u, loom_optim *opt, bool async) {
   if (!per || !loom_optim_state_released(opt, u->index)) return LOOM_OK;
   int rc = loom_optim_restore_state(opt, u->index);
   if (rc) return rc;
-  double t0 = loom__fsdp_now();
   for (size_t s = 0; s < per && !rc; s++) {
     int kind = OFF_STATE + (int)s;
-    off_kind *k = &u->off.k[kind];
-    float *buf = state_of(opt, u->index, (int)s).data;
-    if (!k->stored) continue; /* never put: the restored zeros are its value */
-    if (async) {
-      rc = submit_gets(u, kind, buf);
-    } else {
-      for (size_t c = 0; c < u->off.nchunks && !rc; c++)
-        rc = loom__ostore_get(u->f->store, loom__fsdp_slot(u, kind, k->gen, c), buf + c * u->f->chunk,
-                              loom__fsdp_chunk_len(u, c) * sizeof(float));
-    }
+    float *buf = loom__fsdp_state_buf(opt, u->index, (int)s);
+    if (!u->off.k[kind].stored) continue; /* never put: the restored zeros are its value */
+    rc = async ? submit_gets(u, kind, buf) : get_all(u, kind, buf);
   }
-  if (!async) u->f->off_wait_s += loom__fsdp_now() - t0;
   if (rc) {
-    loom__fsdp_err e;
-    loom__fsdp_err_save(&e, rc);
-    loom__ostore_clear(u->f->store);
-    for (size_t s = 0; s < per; s++) (void)wait_jobs(u, OFF_STATE + (int)s);
-    (void)loom_optim_release_state(opt, u->index);
-    return loom__fsdp_err_restore(&e);
+    u->f->state_opt = opt;
+    return abandon(u, OFF_STATE, rc);
   }
   if (async) u->f->state_opt = opt;
   for (size_t s = 0; s < per; s++) {
@@ -499,15 +500,8 @@ int loom_fsdp_prefetch_gradient(loom_fsdp *f, size_t unit) {
   if ((rc = loom__fsdp_grad_settle(f))) return rc;
   if (!k->offloaded || k->arriving || !k->stored) return LOOM_OK; /* here, coming, or none yet */
   if (!(u->grad_shard = alloc_shard(u, "gradient"))) return LOOM_ENOMEM;
-  if ((rc = submit_gets(u, OFF_GRAD, u->grad_shard))) {
-    loom__fsdp_err e;
-    loom__fsdp_err_save(&e, rc);
-    loom__ostore_clear(f->store);
-    (void)wait_jobs(u, OFF_GRAD);
-    free_buffer(u, OFF_GRAD);
-    return loom__fsdp_err_restore(&e);
-  }
-  return rc;
+  rc = submit_gets(u, OFF_GRAD, u->grad_shard);
+  return rc ? abandon(u, OFF_GRAD, rc) : LOOM_OK;
 }
 
 int loom_fsdp_offload_optimizer_state(loom_fsdp *f, loom_optim *opt, size_t unit) {

@@ -75,10 +75,7 @@ static int wait_set(stream *s, ring_set *r, bool gets, bool puts) {
 static float *resident(stream *s, fsdp_unit *u, int kind) {
   if (kind == OFF_PARAM) return u->param_shard;
   if (kind == OFF_GRAD) return u->grad_shard;
-  loom_optim_state st = {0};
-  (void)loom_optim_state_at(s->opt, u->index * loom_optim_state_per_segment(s->opt) +
-                                        (size_t)(kind - OFF_STATE), &st);
-  return st.data;
+  return loom__fsdp_state_buf(s->opt, u->index, kind - OFF_STATE);
 }
 
 /* Start reading item i into its ring set (after the writes that last used the set). */

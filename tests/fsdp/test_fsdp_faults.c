@@ -638,6 +638,7 @@ typedef struct sweep_job {
                 save, 4 sharded load, 5 full state, 6 loading a full state */
   bool f16;
   const char *dir;
+  int offload; /* 0: none; 1: everything offloaded to the host tier; 2: to the disk tier */
   uint64_t nth;
   int rc;
   bool fired;
@@ -649,6 +650,12 @@ static int sweep_rank(loom_pg *pg, void *arg) {
   loom_fsdp_cfg cfg;
   loom_fsdp_cfg_default(&cfg);
   if (j->f16) loom_fsdp_mp_cfg_for(LOOM_F16, &cfg.mp);
+  if (j->offload) { /* 64-byte chunks: many transfers, each a place to fail */
+    loom_fsdp_offload_cfg_default(&cfg.offload);
+    cfg.offload.chunk_bytes = 64;
+    cfg.offload.tier = j->offload == 2 ? LOOM_FSDP_TIER_DISK : LOOM_FSDP_TIER_HOST;
+    cfg.offload.dir = "/tmp";
+  }
   loom_module *m = NULL;
   loom_fsdp *f = NULL;
   loom_optim *opt = NULL;
@@ -696,7 +703,7 @@ static int sweep_rank(loom_pg *pg, void *arg) {
     if (!rc) rc = rc2;
   } else if (j->which == 2) {
     rc = loom_fsdp_check_overflow(f, &ov);
-    if (!rc && !ov) rc = loom_optim_step(opt);
+    if (!rc && !ov) rc = loom_fsdp_optim_step(f, opt, 1.0f);
   } else if (j->which == 3) {
     rc = loom_fsdp_save_sharded(f, j->dir, opt, NULL, 0);
   } else if (j->which == 4) {
@@ -728,6 +735,7 @@ typedef struct sweep_state {
   int which;
   bool f16;
   const char *dir;
+  int offload;
   uint64_t n;   /* the next n to try */
   int failures; /* calls that failed as they should */
   bool done;    /* a call succeeded without an injected failure */
@@ -738,7 +746,8 @@ static int sweep_loop(loom_pg *pg, void *arg) {
   sweep_state *w = arg;
   for (; w->n < 5000 && !w->done && !w->bad; w->n++) {
     size_t c0 = pool_bytes(LOOM_POOL_COMPUTE), h0 = pool_bytes(LOOM_POOL_HOST);
-    sweep_job j = {.which = w->which, .f16 = w->f16, .dir = w->dir, .nth = w->n};
+    sweep_job j = {.which = w->which, .f16 = w->f16, .dir = w->dir, .offload = w->offload,
+                   .nth = w->n};
     sweep_rank(pg, &j);
     size_t c1 = pool_bytes(LOOM_POOL_COMPUTE), h1 = pool_bytes(LOOM_POOL_HOST);
     const char *what = w->f16 ? "f16" : "f32";
@@ -771,8 +780,8 @@ static int sweep_loop(loom_pg *pg, void *arg) {
   return LOOM_OK;
 }
 
-static void sweep(int which, bool f16, const char *dir) {
-  sweep_state w = {.which = which, .f16 = f16, .dir = dir, .n = 1};
+static void sweep_offload(int which, bool f16, const char *dir, int offload) {
+  sweep_state w = {.which = which, .f16 = f16, .dir = dir, .offload = offload, .n = 1};
   loom_pg_cfg pc = loom_pg_cfg_default();
   pc.cores = 1; /* one compute thread: hundreds of tiny steps, cheap on a busy machine too */
   for (int groups = 0; groups < 100 && !w.done && !w.bad && w.n < 5000; groups++) {
@@ -783,11 +792,13 @@ static void sweep(int which, bool f16, const char *dir) {
   LT_TRUE(!w.bad);
   LT_TRUE(w.done);
   /* a step allocates nothing at 1 rank, loading a full state one index */
-  int at_least = which == 2 ? 0 : which == 6 ? 1 : 3;
+  int at_least = which == 2 ? (offload ? 1 : 0) : which == 6 ? 1 : 3;
   if (w.failures < at_least)
     lt_fail_at(__FILE__, __LINE__, "call %d: %d failures injected, expected %d or more", which,
                w.failures, at_least);
 }
+
+static void sweep(int which, bool f16, const char *dir) { sweep_offload(which, f16, dir, 0); }
 
 LT_TEST(fsdp_alloc_failures_in_create) {
   sweep(0, false, NULL);
@@ -813,5 +824,24 @@ LT_TEST(fsdp_alloc_failures_in_checkpoints) {
   sweep(4, true, dir); /* loads what the last save wrote */
   sweep(5, false, NULL);
   sweep(6, false, NULL);
+  fm_rm_tree(dir);
+}
+
+/* With offload: every allocation of the offloader, the store's jobs and the streamed step. */
+LT_TEST(fsdp_alloc_failures_with_offload) {
+  char dir[64];
+  snprintf(dir, sizeof dir, "/dev/shm/loom_fsdp_oom_XXXXXX");
+  if (!mkdtemp(dir)) {
+    snprintf(dir, sizeof dir, "/tmp/loom_fsdp_oom_XXXXXX");
+    LT_TRUE(mkdtemp(dir) != NULL);
+  }
+  for (int tier = 1; tier <= 2; tier++) {
+    sweep_offload(0, false, NULL, tier);
+    sweep_offload(1, true, NULL, tier);
+    sweep_offload(2, true, NULL, tier);
+  }
+  sweep_offload(3, true, dir, 1);
+  sweep_offload(4, true, dir, 1);
+  sweep_offload(6, false, NULL, 1);
   fm_rm_tree(dir);
 }

@@ -500,3 +500,54 @@ LT_TEST(fsdp_offload_disk_faults_name_the_path_and_change_nothing) {
   LT_TRUE(memcmp(d.before, d.after, model_numel() * sizeof(float)) == 0);
   LT_EQ(files_in(d.dir), 0);
 }
+
+/* ---- misuse ------------------------------------------------------------------------------ */
+
+static int misuse_rank(loom_pg *pg, void *arg) {
+  (void)arg;
+  loom_module *m = NULL;
+  loom_fsdp *f = NULL;
+  loom_optim *opt = NULL, *other = NULL;
+  loom_fsdp_cfg cfg;
+  loom_fsdp_cfg_default(&cfg);
+  offload_cfg(&cfg, LOOM_FSDP_TIER_HOST, NULL);
+  LT_OK(fm_create(1, &m));
+  LT_OK(loom_fsdp_create(pg, m, &cfg, &f));
+  const loom_param_seg *segs;
+  size_t nseg;
+  LT_OK(loom_fsdp_segments(f, &segs, &nseg));
+  for (size_t i = 0; i < nseg; i++) LT_TRUE((segs[i].flags & LOOM_SEG_STREAMED) != 0);
+  loom_adam_cfg ac = fm_adam();
+  LT_OK(loom_optim_create_adamw(segs, nseg, &ac, &opt));
+  /* an optimizer that is not over this wrapper's segments */
+  float p[4] = {0}, g[4] = {0};
+  loom_param_seg one = {"x", p, g, 4, 0};
+  LT_OK(loom_optim_create_adamw(&one, 1, &ac, &other));
+  LT_EQ(loom_fsdp_optim_step(f, other, 1.0f), LOOM_EINVAL);
+  LT_TRUE(strstr(loom_last_error(), "loom_fsdp_segments") != NULL);
+  LT_EQ(loom_fsdp_offload_optimizer_state(f, other, 0), LOOM_EINVAL);
+  LT_EQ(loom_fsdp_optim_step(f, NULL, 1.0f), LOOM_EINVAL);
+  /* a streamed segment is refused by the plain step, which changes nothing */
+  LT_EQ(loom_optim_step(opt), LOOM_EMISUSE);
+  LT_TRUE(strstr(loom_last_error(), "streamed") != NULL);
+  LT_EQ(loom_optim_step_count(opt), 0);
+  /* a gathered unit's parameters cannot be offloaded */
+  LT_OK(loom_fsdp_gather_unit(f, 0, LOOM_F32));
+  LT_EQ(loom_fsdp_offload_parameter(f, 0), LOOM_EMISUSE);
+  LT_OK(loom_fsdp_reshard_unit(f, 0));
+  LT_OK(loom_fsdp_offload_parameter(f, 0));
+  LT_EQ(loom_fsdp_schedule_prefetch(f, NULL, 2, true), LOOM_EINVAL);
+  LT_EQ(loom_fsdp_prefetch_gradient(f, 99), LOOM_EINVAL);
+  LT_EQ(loom_fsdp_offload_optimizer_state(NULL, opt, 0), LOOM_EINVAL);
+  LT_TRUE(!loom_fsdp_is_offloaded(f, 99, LOOM_FSDP_OFFLOAD_PARAMS));
+  LT_TRUE(!loom_fsdp_is_offloaded(NULL, 0, LOOM_FSDP_OFFLOAD_PARAMS));
+  loom_optim_free(other);
+  loom_optim_free(opt);
+  loom_fsdp_free(f);
+  loom_module_free(m);
+  return LOOM_OK;
+}
+
+LT_TEST(fsdp_offload_misuse_is_refused_with_a_message) {
+  LT_OK(loom_threads_run(1, NULL, misuse_rank, NULL));
+}
