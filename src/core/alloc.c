@@ -7,6 +7,7 @@
 #include "core/alloc_cache.h"
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -165,7 +166,10 @@ bool loom__alloc_should_fail(loom_pool pool) {
   return false;
 }
 
-void *loom__malloc(loom_pool pool, size_t size) {
+/* The allocation behind loom__malloc and loom__calloc; *fresh_zero: the block is newly mapped
+ * zero pages (nothing to clear). */
+static void *alloc_block(loom_pool pool, size_t size, bool *fresh_zero) {
+  *fresh_zero = false;
   if ((unsigned)pool >= LOOM_POOL_COUNT) pool = LOOM_POOL_COMPUTE;
   if (loom__alloc_should_fail(pool)) return NULL;
   if (size > SIZE_MAX - 2 * HEADER) {
@@ -176,10 +180,10 @@ void *loom__malloc(loom_pool pool, size_t size) {
   if (hook.alloc == default_alloc) {
     size_t bytes = loom__cache_round(size + HEADER);
     raw = loom__cache_take(bytes);
-    if (!raw) raw = default_alloc(NULL, bytes, HEADER);
+    if (!raw) raw = loom__raw_alloc(bytes, fresh_zero);
     if (!raw && loom_mem_cached_bytes()) { /* out of memory: give the cache back, try again */
       loom_mem_release_cache();
-      raw = default_alloc(NULL, bytes, HEADER);
+      raw = loom__raw_alloc(bytes, fresh_zero);
     }
   } else {
     raw = hook.alloc(hook.ctx, size + HEADER, HEADER);
@@ -197,10 +201,17 @@ void *loom__malloc(loom_pool pool, size_t size) {
   return raw + HEADER;
 }
 
+void *loom__malloc(loom_pool pool, size_t size) {
+  bool fresh_zero;
+  return alloc_block(pool, size, &fresh_zero);
+}
+
+/* A large fresh block is untouched zero pages: clearing it would only make them resident. */
 void *loom__calloc(loom_pool pool, size_t count, size_t elem) {
   if (elem && count > SIZE_MAX / elem) return NULL;
-  void *p = loom__malloc(pool, count * elem);
-  if (p) memset(p, 0, count * elem);
+  bool fresh_zero;
+  void *p = alloc_block(pool, count * elem, &fresh_zero);
+  if (p && !fresh_zero) memset(p, 0, count * elem);
   return p;
 }
 
@@ -211,8 +222,11 @@ void loom__free(void *p) {
   if (h->magic != BLOCK_MAGIC) return; /* not ours, or freed twice: leave it alone */
   h->magic = 0;
   loom__mem_account_to((loom_pool)h->pool, h->account, -(ptrdiff_t)h->size);
-  if (hook.free == default_free && loom__cache_put(raw, loom__cache_round(h->size + HEADER)))
+  if (hook.free == default_free) {
+    size_t bytes = loom__cache_round(h->size + HEADER);
+    if (!loom__cache_put(raw, bytes)) loom__raw_free(raw, bytes);
     return;
+  }
   hook.free(hook.ctx, raw);
 }
 

@@ -11,6 +11,7 @@
 #include "core/alloc_cache.h"
 
 #include <pthread.h>
+#include <sys/mman.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -23,8 +24,10 @@
 #endif
 #if defined(__SANITIZE_ADDRESS__) || defined(LOOM__ASAN)
 #define DEFAULT_LIMIT ((size_t)0)
+#define MAP_MIN SIZE_MAX /* every block through malloc, where the sanitizer watches it */
 #else
 #define DEFAULT_LIMIT ((size_t)256 << 20)
+#define MAP_MIN LOOM__MAP_MIN_BYTES
 #endif
 
 typedef struct slot {
@@ -47,6 +50,23 @@ static void init_limit(void) {
   char *end = NULL;
   unsigned long long mb = e ? strtoull(e, &end, 10) : 0;
   if (e && end != e && *end == '\0' && mb <= (SIZE_MAX >> 20)) limit = (size_t)mb << 20;
+}
+
+void *loom__raw_alloc(size_t bytes, bool *fresh_zero) {
+  *fresh_zero = false;
+  if (bytes >= MAP_MIN) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    *fresh_zero = true;
+    return p;
+  }
+  return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+}
+
+void loom__raw_free(void *raw, size_t bytes) {
+  if (!raw) return;
+  if (bytes >= MAP_MIN) munmap(raw, bytes);
+  else free(raw);
 }
 
 size_t loom__cache_round(size_t bytes) {
@@ -90,7 +110,7 @@ static void shrink(size_t keep) {
   while (used && cached > keep) {
     slot s = slots[--used];
     cached -= s.bytes;
-    free(s.raw);
+    loom__raw_free(s.raw, s.bytes);
   }
 }
 

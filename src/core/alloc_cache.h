@@ -9,6 +9,18 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* Raw blocks of the default allocator of at least this many (rounded) bytes are mapped from
+ * the kernel (mmap) rather than taken from malloc: a fresh one is zero pages not yet resident,
+ * so a zeroed allocation need not write them (loom__calloc), and a freed one goes back to the
+ * kernel at once. (Not in address-sanitizer builds: there every block goes through malloc.) */
+#define LOOM__MAP_MIN_BYTES ((size_t)1 << 20)
+
+/* A raw block of `bytes` (a rounded size) from the system, 64-byte aligned; *fresh_zero says
+ * it is newly mapped (all zero, untouched). NULL if out of memory. */
+void *loom__raw_alloc(size_t bytes, bool *fresh_zero);
+/* Give a raw block of `bytes` back to the system. */
+void loom__raw_free(void *raw, size_t bytes);
+
 /* Smallest block the cache keeps. */
 #define LOOM__CACHE_MIN_BYTES ((size_t)256 << 10)
 

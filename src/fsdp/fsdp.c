@@ -93,8 +93,9 @@ static int check_peers(loom_fsdp *f) {
 /* This rank's part of unit u's flat layout, from the module's parameter values. */
 static int make_shards(fsdp_unit *u, int rank) {
   u->param_shard = loom__calloc(LOOM_POOL_COMPUTE, u->shard ? u->shard : 1, sizeof(float));
-  u->grad_shard = loom__calloc(LOOM_POOL_COMPUTE, u->shard ? u->shard : 1, sizeof(float));
-  if (!u->param_shard || !u->grad_shard)
+  if (!loom__fsdp_offloading(u->f, OFF_GRAD)) /* offloaded: made by the first reduce-scatter */
+    u->grad_shard = loom__calloc(LOOM_POOL_COMPUTE, u->shard ? u->shard : 1, sizeof(float));
+  if (!u->param_shard || (!u->grad_shard && !loom__fsdp_offloading(u->f, OFF_GRAD)))
     return loom__fail(LOOM_ENOMEM, "fsdp: out of memory for the shards of unit '%s' (%zu "
                       "elements)", u->name, u->shard);
   size_t lo = (size_t)rank * u->shard, hi = lo + u->shard;
@@ -118,7 +119,10 @@ static int make_segments(loom_fsdp *f) {
     f->seg_names[i] = loom__malloc(LOOM_POOL_HOST, len);
     if (!f->seg_names[i]) return loom__fail(LOOM_ENOMEM, "fsdp: out of memory");
     snprintf(f->seg_names[i], len, "%s%sflat_param", u->name, *u->name ? "." : "");
-    f->segs[i] = (loom_param_seg){f->seg_names[i], u->param_shard, u->grad_shard, u->shard, 0};
+    /* buffers in the offload tier are given to the optimizer chunk by chunk */
+    bool streamed = !u->param_shard || !u->grad_shard;
+    f->segs[i] = (loom_param_seg){f->seg_names[i], u->param_shard, u->grad_shard, u->shard,
+                                  streamed ? LOOM_SEG_STREAMED : 0u};
   }
   return LOOM_OK;
 }
@@ -206,9 +210,12 @@ int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
     void *data = loom_tensor_data(a);
     rc = loom_pg_broadcast(pg, data, data, loom_tensor_numel(a), LOOM_F32, 0, NULL);
   }
-  for (size_t u = 0; u < f->nunits && !rc; u++) rc = make_shards(&f->units[u], f->rank);
-  if (!rc) rc = make_segments(f);
   if (!rc) rc = loom__fsdp_offload_init(f);
+  /* unit by unit, each parameter shard to the offload tier before the next is made: they never
+   * all exist at once in the compute pool */
+  for (size_t u = 0; u < f->nunits && !rc; u++)
+    if (!(rc = make_shards(&f->units[u], f->rank))) rc = loom__fsdp_param_done(&f->units[u]);
+  if (!rc) rc = make_segments(f);
   if (!rc) rc = loom__fsdp_install_hooks(f);
   if (rc) {
     loom_fsdp_free(f);

@@ -139,7 +139,7 @@ int loom__fsdp_err_restore(const loom__fsdp_err *e);
 
 /* fsdp_offload.c: the offloader (no-ops without offload) */
 bool loom__fsdp_offloading(const loom_fsdp *f, int kind);
-int loom__fsdp_offload_init(loom_fsdp *f);   /* at create: the store, parameters out */
+int loom__fsdp_offload_init(loom_fsdp *f);   /* at create: the store and the chunk layout */
 void loom__fsdp_offload_free(loom_fsdp *f);
 /* the unit's parameter shard in the compute pool (waiting for it, or reading it now) */
 int loom__fsdp_param_need(fsdp_unit *u);

@@ -361,6 +361,7 @@ static int state_wait(fsdp_unit *u) {
 
 /* ---- create, free, everything in and out ------------------------------------------------ */
 
+/* The store and each unit's chunk layout (before the shards exist). */
 int loom__fsdp_offload_init(loom_fsdp *f) {
   const loom_fsdp_offload_cfg *c = &f->cfg.offload;
   if (!c->enabled) return LOOM_OK;
@@ -383,19 +384,10 @@ int loom__fsdp_offload_init(loom_fsdp *f) {
       if (!u->off.k[k].jobs) return loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory");
     }
   }
-  for (size_t i = 0; i < f->nunits && !rc; i++) {
-    fsdp_unit *u = &f->units[i];
-    if (c->offload_parameters) rc = loom__fsdp_param_out(u);
-    if (!rc && c->offload_gradients) { /* no gradient yet: nothing to keep */
-      loom__free(u->grad_shard);
-      u->grad_shard = NULL;
-      u->off.k[OFF_GRAD].offloaded = true;
-    }
-    /* the optimizer gets these buffers chunk by chunk from loom_fsdp_optim_step */
-    if (c->offload_parameters) f->segs[i].param = NULL;
-    if (c->offload_gradients) f->segs[i].grad = NULL;
-    if (c->offload_parameters || c->offload_gradients) f->segs[i].flags |= LOOM_SEG_STREAMED;
-  }
+  /* no gradient yet: nothing to keep (create makes no gradient shard when they are offloaded;
+   * it offloads each parameter shard as it makes it) */
+  for (size_t i = 0; i < f->nunits && c->offload_gradients; i++)
+    f->units[i].off.k[OFF_GRAD].offloaded = true;
   return rc;
 }
 

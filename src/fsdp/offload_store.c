@@ -8,6 +8,7 @@
  * worker may both change at once (each giving a different slot its range). Bytes of a slot are
  * only ever moved by one party at a time: jobs run one by one in order, and a synchronous call
  * on a slot first waits until no job of that slot is queued or running. */
+#define _GNU_SOURCE /* sync_file_range */
 #include "fsdp/offload_store.h"
 
 #include <errno.h>
@@ -204,9 +205,17 @@ static int disk_write(loom__ostore *s, const char *who, size_t slot, size_t off,
     }
     done += n;
   }
-  /* start writeback and let the kernel drop the pages: the caller holds these bytes (or chose
-   * to put them away), a second copy in the page cache is memory a cgroup limit counts */
-  if (bytes) (void)posix_fadvise(s->fd, (off_t)off, (off_t)bytes, POSIX_FADV_DONTNEED);
+  /* write the range out and let the kernel drop its pages: the caller holds these bytes (or
+   * chose to put them away), and a second copy in the page cache is memory a cgroup limit
+   * counts. Dirty pages cannot be dropped, so the writeback is waited for first (on the
+   * worker, in the background of the compute, for every put but a synchronous one); without
+   * it a memory limit fills with dirty pages faster than the kernel writes them */
+  if (bytes) {
+    (void)sync_file_range(s->fd, (off_t)off, (off_t)bytes,
+                          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                              SYNC_FILE_RANGE_WAIT_AFTER);
+    (void)posix_fadvise(s->fd, (off_t)off, (off_t)bytes, POSIX_FADV_DONTNEED);
+  }
   *crc_out = (uint32_t)crc;
   return LOOM_OK;
 }

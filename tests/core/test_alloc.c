@@ -6,7 +6,10 @@
 #include "core/core_int.h"
 
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static size_t current(loom_pool p) {
   loom_pool_stats s;
@@ -377,4 +380,46 @@ LT_TEST(account_bad_arguments_are_refused) {
   loom_mem_account_reset_peak(-1, LOOM_POOL_HOST);
   loom_mem_account_reset_peak(LOOM_MEM_ACCOUNTS, LOOM_POOL_HOST);
   loom_mem_account_reset_peak(0, (loom_pool)9);
+}
+
+/* VmRSS of this process, bytes (0 if unknown). */
+static size_t rss_now(void) {
+  FILE *p = fopen("/proc/self/status", "r");
+  char line[256];
+  size_t kb = 0;
+  while (p && fgets(line, sizeof line, p))
+    if (!strncmp(line, "VmRSS:", 6)) kb = (size_t)strtoull(line + 6, NULL, 10);
+  if (p) fclose(p);
+  return kb * 1024;
+}
+
+LT_TEST(calloc_is_zero_fresh_and_reused_and_leaves_fresh_pages_untouched) {
+  size_t limit = loom_mem_cache_limit();
+  const size_t n = (size_t)64 << 20;
+  for (int pass = 0; pass < 2; pass++) { /* with the cache, and without */
+    loom_mem_set_cache_limit(pass == 0 ? (size_t)256 << 20 : 0);
+    unsigned char *a = loom__calloc(LOOM_POOL_COMPUTE, n, 1);
+    LT_TRUE(a != NULL);
+    for (size_t i = 0; i < n; i += 4093) LT_EQ(a[i], 0);
+    memset(a, 0xab, n);
+    loom__free(a);
+    unsigned char *b = loom__calloc(LOOM_POOL_COMPUTE, n, 1); /* the cached block, or a new one */
+    LT_TRUE(b != NULL);
+    bool zero = true;
+    for (size_t i = 0; i < n; i++) zero = zero && b[i] == 0;
+    LT_TRUE(zero);
+    loom__free(b);
+  }
+#ifndef LOOM_SANITIZED
+  /* a fresh large zeroed block is not written: its pages do not become resident */
+  loom_mem_set_cache_limit(0);
+  size_t r0 = rss_now();
+  unsigned char *c = loom__calloc(LOOM_POOL_HOST, n, 1);
+  LT_TRUE(c != NULL);
+  size_t r1 = rss_now();
+  if (r0 && !(r1 < r0 + n / 4))
+    lt_fail_at(__FILE__, __LINE__, "RSS grew by %zu bytes for an untouched %zu-byte calloc", r1 - r0, n);
+  loom__free(c);
+#endif
+  loom_mem_set_cache_limit(limit);
 }
