@@ -13,6 +13,8 @@
  * of the old shards that its new shard covers, so the world size may change between save and
  * load (resharding). */
 #include "fsdp/fsdp_int.h"
+#include "fsdp/offload_store.h"
+#include "io/io_int.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -86,8 +88,9 @@ static int file_size_crc(const char *path, int64_t *size, int64_t *crc) {
   if (stat(path, &st) != 0)
     return loom__fail(LOOM_EIO, "fsdp checkpoint: cannot stat %s: %s", path, strerror(errno));
   *size = (int64_t)st.st_size;
-  loom_safetensors *f = NULL;
-  int rc = loom_checkpoint_open(path, &f);
+  loom_safetensors *f = NULL; /* read back and verified through the page cache: the file may be
+                                 larger than the memory a run has (offload) */
+  int rc = loom__checkpoint_open_flags(path, LOOM_SAFETENSORS_MMAP, &f);
   const char *c = rc ? NULL : loom_safetensors_meta(f, "loom.crc32");
   if (!rc && !c) rc = loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s has no CRC", path);
   if (!rc) *crc = (int64_t)strtoull(c, NULL, 16);
@@ -97,20 +100,40 @@ static int file_size_crc(const char *path, int64_t *size, int64_t *crc) {
 
 /* ---- save -------------------------------------------------------------------------------- */
 
+/* An entry from the kind's buffer, or (offloaded) through a reader of the tier. */
+static void add_entry(fsdp_unit *u, int kind, const loom_optim *opt, const char *name, size_t len,
+                      loom__fsdp_chunk_cache *cache, loom_checkpoint_entry *e, loom__reader *rd,
+                      loom__fsdp_reader *ctx) {
+  float *data = loom__fsdp_resident(u, kind, (loom_optim *)opt); /* read only */
+  *e = (loom_checkpoint_entry){name, LOOM_F32, 1, {(int64_t)len}, data, 0};
+  if (data || !len) return;
+  *ctx = (loom__fsdp_reader){u, kind, cache};
+  *rd = (loom__reader){loom__fsdp_read_bytes, ctx};
+}
+
+/* The rank's file: parameter shards and optimizer state from wherever they are (offloaded ones
+ * are read from the tier chunk by chunk as the file is written: a save never brings a rank's
+ * whole state back). */
 static int write_rank_file(loom_fsdp *f, const char *path, const loom_optim *opt) {
   size_t nstate = opt ? loom_optim_state_count(opt) : 0;
+  size_t per = opt ? loom_optim_state_per_segment(opt) : 0;
   size_t cap = f->nunits + nstate + 1;
   loom_checkpoint_entry *e = loom__calloc(LOOM_POOL_HOST, cap, sizeof *e);
-  if (!e) return loom__fail(LOOM_ENOMEM, "fsdp checkpoint: out of memory");
+  loom__reader *rd = loom__calloc(LOOM_POOL_HOST, cap, sizeof *rd);
+  loom__fsdp_reader *ctx = loom__calloc(LOOM_POOL_HOST, cap, sizeof *ctx);
+  loom__fsdp_chunk_cache cache = {NULL, SIZE_MAX, 0, 0};
+  int rc = !e || !rd || !ctx ? loom__fail(LOOM_ENOMEM, "fsdp checkpoint: out of memory") : LOOM_OK;
+  if (!rc && f->store && !(cache.buf = loom__malloc(LOOM_POOL_HOST, f->chunk * sizeof(float))))
+    rc = loom__fail(LOOM_ENOMEM, "fsdp checkpoint: out of memory for a chunk buffer");
   size_t n = 0;
-  for (size_t u = 0; u < f->nunits; u++)
-    e[n++] = (loom_checkpoint_entry){f->segs[u].name, LOOM_F32, 1, {(int64_t)f->units[u].shard},
-                                     f->units[u].param_shard, 0};
-  int rc = LOOM_OK;
+  for (size_t u = 0; u < f->nunits && !rc; u++)
+    add_entry(&f->units[u], OFF_PARAM, opt, f->segs[u].name, f->units[u].shard, &cache, &e[n],
+              &rd[n], &ctx[n]), n++;
   for (size_t i = 0; i < nstate && !rc; i++) {
     loom_optim_state s;
     if (!(rc = loom_optim_state_at(opt, i, &s)))
-      e[n++] = (loom_checkpoint_entry){s.name, LOOM_F32, 1, {(int64_t)s.n}, s.data, 0};
+      add_entry(&f->units[i / per], OFF_STATE + (int)(i % per), opt, s.name, s.n, &cache, &e[n],
+                &rd[n], &ctx[n]), n++;
   }
   int64_t words[LOOM_SCALER_STATE_WORDS];
   loom_scaler *sc = f->mp ? loom_fsdp_mp_scaler(f->mp) : NULL;
@@ -126,7 +149,10 @@ static int write_rank_file(loom_fsdp *f, const char *path, const loom_optim *opt
   snprintf(world, sizeof world, "%d", f->world);
   loom_safetensors_meta_kv meta[] = {{"fsdp.format", FORMAT}, {"fsdp.rank", rank},
                                      {"fsdp.world", world}, {"optim.step", step}};
-  if (!rc) rc = loom_checkpoint_save(path, e, n, meta, sizeof meta / sizeof *meta);
+  if (!rc) rc = loom__checkpoint_save_read(path, e, rd, n, meta, sizeof meta / sizeof *meta);
+  loom__free(cache.buf);
+  loom__free(ctx);
+  loom__free(rd);
   loom__free(e);
   return rc;
 }
@@ -196,13 +222,8 @@ int loom_fsdp_save_sharded(loom_fsdp *f, const char *dir, const loom_optim *opt,
   snprintf(sub, sizeof sub, "%s/gen-%lld", dir, (long long)gen);
   rc = make_dir(sub);
   rank_path(dir, gen, f->rank, f->world, path, sizeof path);
-  /* offloaded shards come back for the write (the optimizer's buffers are restored, not its
-   * values changed: hence the cast) */
-  loom_optim *o = (loom_optim *)opt;
-  if (!rc) rc = loom__fsdp_onload_all(f, o);
+  if (!rc) rc = loom__fsdp_settle_all(f); /* transfers in flight land first */
   if (!rc) rc = write_rank_file(f, path, opt);
-  int rc_off = loom__fsdp_offload_all(f, o, false);
-  if (!rc) rc = rc_off;
   int64_t mine[2] = {-1, 0};
   if (!rc) rc = file_size_crc(path, &mine[0], &mine[1]);
   if (rc) mine[0] = -1;

@@ -158,6 +158,24 @@ int loom__fsdp_grad_settle(loom_fsdp *f);
  * the compute pool were written, the tier's copies are stale) */
 int loom__fsdp_onload_all(loom_fsdp *f, loom_optim *opt);
 int loom__fsdp_offload_all(loom_fsdp *f, loom_optim *opt, bool changed);
+/* Checkpoints read offloaded bytes where they are: a reader per (unit, kind), sharing one chunk
+ * buffer (the last chunk read stays in it). loom__fsdp_read_bytes is an io reader
+ * (loom__tensor_reader) over ctx = a loom__fsdp_reader. */
+typedef struct loom__fsdp_chunk_cache {
+  float *buf;   /* f->chunk elements */
+  size_t unit, chunk;
+  int kind;
+} loom__fsdp_chunk_cache;
+typedef struct loom__fsdp_reader {
+  fsdp_unit *u;
+  int kind;
+  loom__fsdp_chunk_cache *shared;
+} loom__fsdp_reader;
+int loom__fsdp_read_bytes(void *ctx, size_t offset, void *dst, size_t bytes);
+/* The kind's buffer in the compute pool (the optimizer's, for state), NULL while offloaded. */
+float *loom__fsdp_resident(fsdp_unit *u, int kind, loom_optim *opt);
+/* Every transfer in flight finished (arrivals landed, gradients out). */
+int loom__fsdp_settle_all(loom_fsdp *f);
 /* transfers of one kind of one unit (fsdp_offload.c), used by the stream */
 size_t loom__fsdp_chunk_len(const fsdp_unit *u, size_t c);
 /* wait for a kind's gets in flight: in the compute pool, or offloaded still (the failure) */

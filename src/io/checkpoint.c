@@ -15,6 +15,12 @@
 
 int loom_checkpoint_save(const char *path, const loom_checkpoint_entry *e, size_t n,
                          const loom_safetensors_meta_kv *meta, size_t nmeta) {
+  return loom__checkpoint_save_read(path, e, NULL, n, meta, nmeta);
+}
+
+int loom__checkpoint_save_read(const char *path, const loom_checkpoint_entry *e,
+                               const loom__reader *readers, size_t n,
+                               const loom_safetensors_meta_kv *meta, size_t nmeta) {
   const char *who = "loom_checkpoint_save";
   if (n && !e) return loom__fail(LOOM_EINVAL, "%s: entries is NULL", who);
   if (nmeta && !meta) return loom__fail(LOOM_EINVAL, "%s: meta is NULL", who);
@@ -34,7 +40,7 @@ int loom_checkpoint_save(const char *path, const loom_checkpoint_entry *e, size_
                                      .shape = e[i].shape, .data = e[i].data};
   kv[0] = (loom_safetensors_meta_kv){"loom.format", FORMAT};
   if (nmeta) memcpy(kv + 1, meta, nmeta * sizeof *kv);
-  rc = loom__st_write(who, path, st, n, kv, nmeta + 1, true);
+  rc = loom__st_write_read(who, path, st, readers, n, kv, nmeta + 1, true);
 done:
   loom__free(st);
   loom__free(kv);
@@ -76,11 +82,15 @@ static int verify(const loom_safetensors *f, const char *who) {
 }
 
 int loom_checkpoint_open(const char *path, loom_safetensors **out) {
+  return loom__checkpoint_open_flags(path, 0, out);
+}
+
+int loom__checkpoint_open_flags(const char *path, unsigned flags, loom_safetensors **out) {
   const char *who = "loom_checkpoint_open";
   if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
   *out = NULL;
   loom_safetensors *f = NULL;
-  int rc = loom_safetensors_open(path, 0, &f);
+  int rc = loom_safetensors_open(path, flags, &f);
   if (!rc) rc = verify(f, who);
   if (rc) loom_safetensors_free(f);
   else *out = f;

@@ -1,6 +1,7 @@
 /* file.c: the io layer's file primitives: opening untrusted files without blocking (a FIFO,
  * a device), sizes and exact reads, and the atomic writer (temporary in the same folder,
  * fsync, rename, fsync of the folder). */
+#define _GNU_SOURCE /* sync_file_range */
 #include "io/io_int.h"
 
 #include <errno.h>
@@ -10,6 +11,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#define FLUSH_BYTES ((size_t)64 << 20)
 
 int loom__file_size(const char *who, const char *path, int fd, size_t *size) {
   struct stat st;
@@ -67,6 +70,7 @@ void loom__afile_abort(loom__afile *a) {
 int loom__afile_open(const char *who, const char *path, loom__afile *a) {
   a->fd = -1;
   a->tmp = a->path = NULL;
+  a->written = a->flushed = 0;
   if (!path || !path[0]) return loom__fail(LOOM_EINVAL, "%s: empty path", who);
   a->path = loom__strdup(LOOM_POOL_HOST, path);
   size_t len = strlen(path) + sizeof LOOM__AFILE_SUFFIX + LOOM__AFILE_RANDOM;
@@ -101,6 +105,15 @@ int loom__afile_write(const char *who, loom__afile *a, const void *buf, size_t n
                         w < 0 ? strerror(errno) : "no progress");
     p += w;
     n -= (size_t)w;
+    a->written += (size_t)w;
+  }
+  if (a->written - a->flushed >= FLUSH_BYTES) {
+    off_t from = (off_t)a->flushed, len = (off_t)(a->written - a->flushed);
+    (void)sync_file_range(a->fd, from, len,
+                          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                              SYNC_FILE_RANGE_WAIT_AFTER);
+    (void)posix_fadvise(a->fd, from, len, POSIX_FADV_DONTNEED);
+    a->flushed = a->written;
   }
   return LOOM_OK;
 }

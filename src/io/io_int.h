@@ -52,11 +52,15 @@ typedef struct loom__afile {
   int fd;
   char *path;
   char *tmp;
+  size_t written, flushed; /* bytes written; bytes already written back and dropped */
 } loom__afile;
 
-#define LOOM__AFILE_INIT {.fd = -1, .path = NULL, .tmp = NULL}
+#define LOOM__AFILE_INIT {.fd = -1, .path = NULL, .tmp = NULL, .written = 0, .flushed = 0}
 
 int loom__afile_open(const char *who, const char *path, loom__afile *a);
+/* Append; every 64 MiB the bytes so far are written back and dropped from the page cache (the
+ * file is synced at commit anyway): a large checkpoint does not fill a memory limit with dirty
+ * pages. */
 int loom__afile_write(const char *who, loom__afile *a, const void *buf, size_t n);
 /* fsync, close, rename over path, fsync the folder. On failure the temporary is removed. */
 int loom__afile_commit(const char *who, loom__afile *a);
@@ -110,5 +114,25 @@ typedef struct loom__st_dtype {
 const loom__st_dtype *loom__st_dtype_find(const char *name, size_t len);
 /* The entry for a loom dtype. */
 const loom__st_dtype *loom__st_dtype_of(loom_dtype dt);
+
+/* Tensors that are not in memory (FSDP's offloaded shards) are saved through a reader: copy
+ * bytes [offset, offset + bytes) of the tensor into dst and return LOOM_OK, or a status (with its
+ * message) that fails the save. The writer asks for the pieces in order, each at most 1 MiB,
+ * from 0 to the end, twice (the checkpoint's CRC, then the write); the bytes must not change. */
+typedef int (*loom__tensor_reader)(void *ctx, size_t offset, void *dst, size_t bytes);
+typedef struct loom__reader {
+  loom__tensor_reader read; /* NULL: the entry's data is in memory */
+  void *ctx;
+} loom__reader;
+
+/* loom_checkpoint_save with readers[i] giving the bytes of entry i whose data is NULL
+ * (readers may be NULL: every entry in memory). */
+int loom__checkpoint_save_read(const char *path, const loom_checkpoint_entry *e,
+                               const loom__reader *readers, size_t n,
+                               const loom_safetensors_meta_kv *meta, size_t nmeta);
+
+/* loom_checkpoint_open with loom_safetensors_open's flags (LOOM_SAFETENSORS_MMAP: verify a
+ * large file through the page cache, not a buffer of its size). */
+int loom__checkpoint_open_flags(const char *path, unsigned flags, loom_safetensors **out);
 
 #endif

@@ -55,6 +55,10 @@ int loom__st_check(const loom_safetensors *f, const char *who, const char *name,
 
 int loom__st_write(const char *who, const char *path, const loom_safetensors_entry *tensors,
                    size_t n, const loom_safetensors_meta_kv *meta, size_t nmeta, bool add_crc);
+/* The same with readers (io_int.h; NULL: none) for the entries whose data is NULL. */
+int loom__st_write_read(const char *who, const char *path, const loom_safetensors_entry *tensors,
+                        const loom__reader *readers, size_t n, const loom_safetensors_meta_kv *meta,
+                        size_t nmeta, bool add_crc);
 
 /* CRC-32 (zlib's) of n bytes, continuing from crc (start with 0). */
 uint32_t loom__crc32(uint32_t crc, const void *p, size_t n);

@@ -16,9 +16,13 @@ typedef struct item {
   int ndim;
   int64_t shape[LOOM_MAX_DIMS];
   const void *data;
+  loom__tensor_reader read; /* when data is NULL */
+  void *read_ctx;
   size_t nbytes;
   loom_tensor *contig; /* a contiguous copy we own, if the tensor was strided */
 } item;
+
+#define PIECE ((size_t)1 << 20) /* what a reader is asked for at a time */
 
 static int by_dtype_then_name(const void *a, const void *b) {
   const item *x = a, *y = b;
@@ -45,7 +49,8 @@ static int check_name(const char *who, const char *what, const char *s, size_t i
   return LOOM_OK;
 }
 
-static int prepare(const char *who, const loom_safetensors_entry *e, size_t n, item *it) {
+static int prepare(const char *who, const loom_safetensors_entry *e, const loom__reader *rd,
+                   size_t n, item *it) {
   for (size_t i = 0; i < n; i++) {
     int rc = check_name(who, "tensor name", e[i].name, i);
     if (rc) return rc;
@@ -72,7 +77,9 @@ static int prepare(const char *who, const loom_safetensors_entry *e, size_t n, i
       it[i].ndim = e[i].ndim;
       if (e[i].ndim) memcpy(it[i].shape, e[i].shape, (size_t)e[i].ndim * sizeof(int64_t));
       it[i].data = e[i].data;
-      if (numel && !e[i].data)
+      it[i].read = e[i].data || !rd ? NULL : rd[i].read;
+      it[i].read_ctx = rd ? rd[i].ctx : NULL;
+      if (numel && !e[i].data && !it[i].read)
         return loom__fail(LOOM_EINVAL, "%s: tensor \"%s\" has NULL data", who, e[i].name);
     }
     it[i].dt = loom__st_dtype_of(dt);
@@ -148,24 +155,56 @@ static int check_meta(const char *who, const loom_safetensors_meta_kv *meta, siz
   return unique(who, "metadata key", meta, sizeof *meta, nmeta);
 }
 
+/* An item's bytes into the CRC c (a NULL: the file a), from its data, or piece by piece from its
+ * reader through buf (PIECE bytes). */
+static int feed(const char *who, const item *t, uint32_t *c, loom__afile *a, unsigned char *buf) {
+  if (!t->read) {
+    if (!a) *c = loom__crc32(*c, t->data, t->nbytes);
+    return a ? loom__afile_write(who, a, t->data, t->nbytes) : LOOM_OK;
+  }
+  for (size_t at = 0; at < t->nbytes; at += PIECE) {
+    size_t n = t->nbytes - at < PIECE ? t->nbytes - at : PIECE;
+    int rc = t->read(t->read_ctx, at, buf, n);
+    if (rc) return rc;
+    if (a) {
+      if ((rc = loom__afile_write(who, a, buf, n))) return rc;
+    } else {
+      *c = loom__crc32(*c, buf, n);
+    }
+  }
+  return LOOM_OK;
+}
+
 int loom__st_write(const char *who, const char *path, const loom_safetensors_entry *tensors,
                    size_t n, const loom_safetensors_meta_kv *meta, size_t nmeta, bool add_crc) {
+  return loom__st_write_read(who, path, tensors, NULL, n, meta, nmeta, add_crc);
+}
+
+int loom__st_write_read(const char *who, const char *path, const loom_safetensors_entry *tensors,
+                        const loom__reader *readers, size_t n, const loom_safetensors_meta_kv *meta,
+                        size_t nmeta, bool add_crc) {
   if (!path) return loom__fail(LOOM_EINVAL, "%s: path is NULL", who);
   if (n && !tensors) return loom__fail(LOOM_EINVAL, "%s: tensors is NULL", who);
   int rc = check_meta(who, meta, nmeta);
   if (rc) return rc;
   loom__vec h = {.elem = 1};
   loom__afile a = LOOM__AFILE_INIT;
+  unsigned char *piece = NULL;
   item *it = loom__calloc(LOOM_POOL_HOST, n ? n : 1, sizeof *it);
   LOOM_TRY_ALLOC(it, "the tensor list");
-  LOOM_TRY(prepare(who, tensors, n, it));
+  LOOM_TRY(prepare(who, tensors, readers, n, it));
   LOOM_TRY(unique(who, "tensor name", it, sizeof *it, n));
   size_t crc_at = 0;
   LOOM_TRY(header(who, it, n, meta, nmeta, add_crc ? &crc_at : NULL, &h));
+  for (size_t i = 0; i < n && !piece; i++)
+    if (it[i].read) {
+      piece = loom__malloc(LOOM_POOL_HOST, PIECE);
+      LOOM_TRY_ALLOC(piece, "a staging buffer");
+    }
   uint64_t len = h.len;
   if (add_crc) { /* the whole file, the digits read as the placeholder (safetensors_int.h) */
     uint32_t c = loom__crc32(loom__crc32(0, &len, 8), h.p, h.len);
-    for (size_t i = 0; i < n; i++) c = loom__crc32(c, it[i].data, it[i].nbytes);
+    for (size_t i = 0; i < n; i++) LOOM_TRY(feed(who, &it[i], &c, NULL, piece));
     char digits[16];
     snprintf(digits, sizeof digits, "%08x", c);
     memcpy((char *)h.p + crc_at, digits, 8);
@@ -173,10 +212,11 @@ int loom__st_write(const char *who, const char *path, const loom_safetensors_ent
   LOOM_TRY(loom__afile_open(who, path, &a));
   LOOM_TRY(loom__afile_write(who, &a, &len, 8));
   LOOM_TRY(loom__afile_write(who, &a, h.p, h.len));
-  for (size_t i = 0; i < n; i++) LOOM_TRY(loom__afile_write(who, &a, it[i].data, it[i].nbytes));
+  for (size_t i = 0; i < n; i++) LOOM_TRY(feed(who, &it[i], NULL, &a, piece));
   rc = loom__afile_commit(who, &a);
 done:
   loom__afile_abort(&a);
+  loom__free(piece);
   for (size_t i = 0; it && i < n; i++) loom_tensor_free(it[i].contig);
   loom__free(it);
   loom__vec_free(&h);

@@ -398,6 +398,8 @@ typedef struct fault_ctx {
   char msg[512];
   float before[2048], after[2048];
   int64_t steps_before, steps_after;
+  int save_rc;
+  bool index_written;
 } fault_ctx;
 
 static void flatten_full(loom_fsdp *f, float *out) {
@@ -454,6 +456,15 @@ static int fault_rank(loom_pg *pg, void *arg) {
   }
   snprintf(c->msg, sizeof c->msg, "%s", loom_last_error());
   setrlimit(RLIMIT_FSIZE, &old);
+  if (c->mode == 0) { /* a checkpoint reads the offloaded bytes where they are: the flip too */
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s-ckpt", c->dir);
+    c->save_rc = loom_fsdp_save_sharded(f, ck, opt, NULL, 0);
+    char idx[700];
+    snprintf(idx, sizeof idx, "%s/fsdp-index.safetensors", ck);
+    c->index_written = access(idx, F_OK) == 0;
+    fm_rm_tree(ck);
+  }
   c->steps_after = loom_optim_step_count(opt);
   flatten_full(f, c->after); /* the weights in the tier are intact: they read */
   LT_TRUE(strstr(c->msg, path) != NULL);
@@ -490,6 +501,8 @@ LT_TEST(fsdp_offload_disk_faults_name_the_path_and_change_nothing) {
   LT_EQ(c.steps_after, c.steps_before);
   LT_TRUE(memcmp(c.before, c.after, model_numel() * sizeof(float)) == 0);
   LT_EQ(files_in(c.dir), 0);
+  LT_EQ(c.save_rc, LOOM_EFORMAT); /* never written into a checkpoint either */
+  LT_TRUE(!c.index_written);
 
   /* the disk fills during the step */
   fault_ctx d = {.dir = tmp_dir("full"), .mode = 1};
