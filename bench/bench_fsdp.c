@@ -284,14 +284,14 @@ static double rank_max(const double *v, int ranks) {
 static double worst_peak(const result *r, int ranks) { return rank_max(r->peak, ranks); }
 
 /* The FSDP model of the peak (see the file comment), bytes; the parts into the out pointers.
- * as_run adds, under bf16, temporaries loom makes beyond that design: the cast shard a
- * prefetched gather sends (shard x 2 bytes, until waited); an f32 weight-gradient temporary
+ * as_run adds, under bf16, temporaries loom makes beyond that design: an f32 weight-gradient
+ * temporary
  * (a bf16 parameter is not an f32 leaf, so linear's gradient sink does not write into the local
  * gradient); and, without AVX512-BF16, the widened f32 copy of the weight each product runs on
  * (README, "GEMM"). */
 static double fsdp_model(const result *r, const config *c, bool as_run, double *state,
                          double *act, double *fwd, double *bwd) {
-  double es = c->bf16 ? 2 : 4, n = c->ranks;
+  double es = c->bf16 ? 2 : 4;
   *state = 16.0 * (double)r->shard_numel;
   /* kept for backward: the input and each layer's ReLU output (linear saves its input), the
    * logits; plus one pre-ReLU output alive at a time */
@@ -307,7 +307,6 @@ static double fsdp_model(const result *r, const config *c, bool as_run, double *
   for (size_t k = 0; k < nu; k++) {
     double g = 0; /* forward: k and the prefetched units after it */
     for (size_t i = k; i < nu && i <= k + p; i++) g += es * (double)pd[i];
-    if (lowp && p && k + 1 < nu) g += es * (double)pd[k + 1] / n; /* k+1's cast shard */
     fw = maxd(fw, g + widen * (double)pd[k]);
     double b = 0; /* backward (reverse order): k and the prefetched units before it */
     for (size_t i = k + 1; i-- > 0 && i + p >= k;) b += es * (double)pd[i];
@@ -315,10 +314,7 @@ static double fsdp_model(const result *r, const config *c, bool as_run, double *
     /* k+1's, while its reduce-scatter is in flight; with limit_reduce_scatters FSDP waits for
      * it before it makes k's */
     if (k + 1 < nu && !r->limit_rs) b += 4.0 * (double)pd[k + 1];
-    if (lowp) {
-      b += 4.0 * (double)pd[k];                         /* weight gradient temporary */
-      if (p && k >= 1) b += es * (double)pd[k - 1] / n; /* k-1's cast shard */
-    }
+    if (lowp) b += 4.0 * (double)pd[k]; /* weight gradient temporary */
     bw = maxd(bw, b + widen * (double)pd[k]);
   }
   *fwd = fw, *bwd = bw;

@@ -5,6 +5,7 @@
  * and frees the buffer. */
 #include "fsdp/fsdp_int.h"
 
+#include <string.h>
 #include <time.h>
 
 double loom__fsdp_now(void) {
@@ -27,9 +28,28 @@ static void unbind_params(fsdp_unit *u) {
 static void drop_buffers(fsdp_unit *u) {
   loom_tensor_free(u->gathered);
   u->gathered = NULL;
-  loom__free(u->send);
-  u->send = NULL;
   u->state = UNIT_RESHARDED;
+}
+
+/* This rank's part of the gathered buffer, written in place (the all-gather then sends from
+ * it): cast into it under mixed precision, read into it from the offload tier, or copied into
+ * it from a prefetched shard; NULL for plain f32 without offload, which sends the shard itself.
+ * Either way the parameter shard need not outlive the issue (offload: it leaves at once). */
+static int fill_own_part(fsdp_unit *u, loom_dtype dt, void **own) {
+  loom_fsdp *f = u->f;
+  *own = (char *)loom_tensor_data(u->gathered) + (size_t)f->rank * u->shard * loom_dtype_size(dt);
+  bool offloading = loom__fsdp_offloading(f, OFF_PARAM);
+  if (dt == LOOM_F32 && !offloading) {
+    *own = NULL;
+    return loom__fsdp_param_need(u);
+  }
+  bool read = false;
+  int rc = dt == LOOM_F32 ? loom__fsdp_param_into(u, *own, &read) : LOOM_OK;
+  if (rc || read) return rc;
+  if ((rc = loom__fsdp_param_need(u))) return rc;
+  if (dt == LOOM_F32) memcpy(*own, u->param_shard, u->shard * sizeof(float));
+  else if ((rc = loom_convert(u->param_shard, LOOM_F32, *own, dt, u->shard))) return rc;
+  return loom__fsdp_param_done(u);
 }
 
 int loom__fsdp_issue_gather(fsdp_unit *u, loom_dtype dt) {
@@ -39,28 +59,17 @@ int loom__fsdp_issue_gather(fsdp_unit *u, loom_dtype dt) {
     int rc = loom__fsdp_reshard(u);
     if (rc) return rc;
   }
-  int rc = loom__fsdp_param_need(u);
-  if (rc) return rc;
   int64_t len = (int64_t)u->padded;
-  if ((rc = loom_tensor_empty(dt, 1, &len, &u->gathered))) return rc;
-  const void *send = u->param_shard;
-  if (dt != LOOM_F32) {
-    u->send = loom__malloc(LOOM_POOL_COMPUTE, u->shard * loom_dtype_size(dt));
-    if (!u->send) {
-      drop_buffers(u);
-      return loom__fail(LOOM_ENOMEM, "fsdp: out of memory casting unit '%s' to %s", u->name,
-                        loom_dtype_name(dt));
-    }
-    if ((rc = loom_convert(u->param_shard, LOOM_F32, u->send, dt, u->shard)) ||
-        (rc = loom__fsdp_param_done(u))) { /* the cast copy travels: the shard may go */
-      drop_buffers(u);
-      return rc;
-    }
-    send = u->send;
+  int rc = loom_tensor_empty(dt, 1, &len, &u->gathered);
+  if (rc) return rc;
+  void *own = NULL;
+  if ((rc = fill_own_part(u, dt, &own))) {
+    drop_buffers(u);
+    return rc;
   }
   u->gather_issued = loom__fsdp_now();
-  rc = loom_pg_allgather(f->pg, send, loom_tensor_data(u->gathered), u->shard, dt,
-                         &u->gather_work);
+  rc = loom_pg_allgather(f->pg, own ? own : u->param_shard, loom_tensor_data(u->gathered),
+                         u->shard, dt, &u->gather_work);
   if (rc) {
     drop_buffers(u);
     return rc;
@@ -80,8 +89,6 @@ int loom__fsdp_wait_gather(fsdp_unit *u) {
   double t1 = loom__fsdp_now();
   f->stats.exposed_s += t1 - t0;
   f->stats.comm_s += t1 - u->gather_issued;
-  loom__free(u->send);
-  u->send = NULL;
   if (rc) {
     drop_buffers(u);
     return rc;

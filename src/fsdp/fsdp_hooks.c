@@ -119,17 +119,23 @@ static int make_local_grad(fsdp_unit *u) {
   return rc;
 }
 
-static void drop_local_grad(fsdp_unit *u) {
+static void unbind_local_grad(fsdp_unit *u) {
   for (size_t i = 0; i < u->nparams; i++) (void)loom__tensor_set_grad_f32(u->params[i].p->value, NULL);
+}
+
+static void drop_local_grad(fsdp_unit *u) {
+  unbind_local_grad(u);
   loom_tensor_free(u->full_grad);
   u->full_grad = NULL;
 }
 
-/* The unit's reduce-scatter has completed (status rc): its local gradient goes, its gradient
- * shard may leave for the offload tier. */
+/* The unit's reduce-scatter has completed (status rc): its gradient leaves for the offload tier
+ * (which takes the local gradient when it was reduced in place), the local gradient goes. */
 static int reduced(fsdp_unit *u, int rc) {
-  drop_local_grad(u);
-  return rc ? rc : loom__fsdp_grad_done(u);
+  unbind_local_grad(u);
+  if (!rc) rc = loom__fsdp_grad_done(u);
+  drop_local_grad(u); /* NULL if the offloader took it */
+  return rc;
 }
 
 int loom__fsdp_reap(fsdp_unit *u) {
@@ -165,10 +171,11 @@ static int post_backward(fsdp_unit *u) {
   u->reduced = true;
   int rc = loom_fsdp_apply_gradient_fp32(f, u->index);
   if (rc || !f->sync) return rc;
-  if ((rc = loom__fsdp_grad_target(u))) return rc;
+  float *recv = NULL;
+  if ((rc = loom__fsdp_grad_target(u, &recv))) return rc;
   u->rs_issued = loom__fsdp_now();
-  rc = loom_pg_reduce_scatter(f->pg, loom_tensor_data(u->full_grad), u->grad_shard, u->shard,
-                              LOOM_F32, LOOM_AVG, &u->rs_work);
+  rc = loom_pg_reduce_scatter(f->pg, loom_tensor_data(u->full_grad), recv, u->shard, LOOM_F32,
+                              LOOM_AVG, &u->rs_work);
   if (rc) return rc;
   f->stats.reduce_scatters++;
   f->stats.reduce_bytes += (uint64_t)(u->padded * sizeof(float));
@@ -242,9 +249,12 @@ int loom_fsdp_finish(loom_fsdp *f) {
     if (u->full_grad) {
       for (size_t k = 0; k < u->nparams; k++) (void)loom_tensor_grad(u->params[k].p->value);
       rc = post_backward(u);
-    } else if (f->sync && !(rc = loom__fsdp_grad_target(u))) {
-      memset(u->grad_shard, 0, u->shard * sizeof(float));
-      rc = loom__fsdp_grad_done(u);
+    } else if (f->sync) {
+      float *zero = NULL; /* no local gradient: a zero shard */
+      if (!(rc = loom__fsdp_grad_target(u, &zero))) {
+        memset(zero, 0, u->shard * sizeof(float));
+        rc = loom__fsdp_grad_done(u);
+      }
     }
   }
   for (size_t i = f->nunits; i-- > 0;) {

@@ -34,6 +34,7 @@ typedef struct off_kind {
 } off_kind;
 
 typedef struct off_unit {
+  loom_tensor *grad_src; /* the local gradient whose slice (reduced in place) is on its way out */
   size_t nchunks;     /* chunks of the shard */
   size_t slot0;       /* first store slot: slot = slot0 + (gen * OFF_KINDS + kind) * nchunks + c */
   off_kind k[OFF_KINDS];
@@ -64,7 +65,6 @@ struct fsdp_unit {
   unit_state state;
   loom_dtype gathered_dtype;
   loom_tensor *gathered; /* padded elements of gathered_dtype, while gathered */
-  void *send;            /* the cast shard on loan to the all-gather (NULL when f32) */
   loom_work *gather_work;
   double gather_issued;
   /* backward */
@@ -143,15 +143,23 @@ int loom__fsdp_offload_init(loom_fsdp *f);   /* at create: the store and the chu
 void loom__fsdp_offload_free(loom_fsdp *f);
 /* the unit's parameter shard in the compute pool (waiting for it, or reading it now) */
 int loom__fsdp_param_need(fsdp_unit *u);
+/* With parameters offloaded and not on their way back: read them straight into dst (this
+ * rank's part of a gathered buffer), *done = true; else *done = false. */
+int loom__fsdp_param_into(fsdp_unit *u, float *dst, bool *done);
 /* the gather has its bytes: the parameter shard may leave */
 int loom__fsdp_param_done(fsdp_unit *u);
 /* start bringing the parameter shard back (with prefetch on) */
 int loom__fsdp_param_prefetch(fsdp_unit *u);
-/* a gradient shard to reduce-scatter into (its old bytes are not needed) */
-int loom__fsdp_grad_target(fsdp_unit *u);
-/* the gradient shard holds this step's gradient: it may leave */
+/* Where to reduce-scatter the unit's gradient (its old bytes are not needed): the gradient
+ * shard, or, with gradients offloaded, this rank's slice of the local gradient itself (in
+ * place: no shard buffer exists at all) */
+int loom__fsdp_grad_target(fsdp_unit *u, float **recv);
+/* The reduce-scatter has completed: the gradient leaves for the tier. With the in-place
+ * reduce-scatter the offloader takes the local gradient u->full_grad (its views already
+ * unbound from the parameters) and frees it once its slice is out. */
 int loom__fsdp_grad_done(fsdp_unit *u);
-/* wait for gradient shards on their way out and free them */
+/* wait for gradient shards on their way out and free them (one unit, or all) */
+int loom__fsdp_grad_settle_unit(fsdp_unit *u);
 int loom__fsdp_grad_settle(loom_fsdp *f);
 /* every unit's parameter shard and optimizer state (opt may be NULL) back in the compute pool
  * (checkpoints), and every offloaded kind out again (`changed`: the parameters and state in

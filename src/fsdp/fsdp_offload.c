@@ -218,11 +218,18 @@ int loom__fsdp_param_need(fsdp_unit *u) {
   return loom__fsdp_arrive(u, OFF_PARAM);
 }
 
+int loom__fsdp_param_into(fsdp_unit *u, float *dst, bool *done) {
+  off_kind *k = &u->off.k[OFF_PARAM];
+  *done = false;
+  if (!u->f->store || !k->offloaded || k->arriving) return LOOM_OK;
+  int rc = get_all(u, OFF_PARAM, dst);
+  *done = rc == LOOM_OK;
+  return rc;
+}
+
 int loom__fsdp_param_out(fsdp_unit *u) {
   off_kind *k = &u->off.k[OFF_PARAM];
   if (k->offloaded) return LOOM_OK;
-  if (u->state == UNIT_GATHERING && u->gathered_dtype == LOOM_F32)
-    return LOOM_OK; /* on loan to the all-gather: param_done lets it go once it is done */
   double t0 = loom__fsdp_now();
   int rc = k->stored ? LOOM_OK : put_all(u, OFF_PARAM, u->param_shard);
   u->f->off_wait_s += loom__fsdp_now() - t0;
@@ -239,27 +246,41 @@ int loom__fsdp_param_done(fsdp_unit *u) {
 
 /* ---- gradients -------------------------------------------------------------------------- */
 
-int loom__fsdp_grad_target(fsdp_unit *u) {
+int loom__fsdp_grad_target(fsdp_unit *u, float **recv) {
   loom_fsdp *f = u->f;
   off_kind *k = &u->off.k[OFF_GRAD];
+  *recv = u->grad_shard;
   if (!loom__fsdp_offloading(f, OFF_GRAD)) return LOOM_OK;
   int rc = LOOM_OK;
-  if (k->leaving || k->arriving) rc = wait_jobs(u, OFF_GRAD);
+  if (k->leaving || k->arriving) rc = loom__fsdp_grad_settle_unit(u);
   k->arriving = k->leaving = false;
-  if (!u->grad_shard && !(u->grad_shard = alloc_shard(u, "gradient"))) return LOOM_ENOMEM;
   k->offloaded = false;
   k->stored = false;
-  return rc;
+  if (rc) return rc;
+  if (u->full_grad) { /* in place: this rank's slice of the local gradient */
+    free_buffer(u, OFF_GRAD);
+    *recv = (float *)loom_tensor_data(u->full_grad) + (size_t)f->rank * u->shard;
+    return LOOM_OK;
+  }
+  if (!u->grad_shard && !(u->grad_shard = alloc_shard(u, "gradient"))) return LOOM_ENOMEM;
+  *recv = u->grad_shard;
+  return LOOM_OK;
 }
 
 int loom__fsdp_grad_done(fsdp_unit *u) {
   loom_fsdp *f = u->f;
   off_kind *k = &u->off.k[OFF_GRAD];
-  if (!loom__fsdp_offloading(f, OFF_GRAD) || k->offloaded || !u->grad_shard) return LOOM_OK;
+  if (!loom__fsdp_offloading(f, OFF_GRAD) || k->offloaded) return LOOM_OK;
+  const float *src = u->grad_shard;
+  if (u->full_grad) { /* reduced in place: the offloader keeps the local gradient until out */
+    u->off.grad_src = u->full_grad;
+    u->full_grad = NULL;
+    src = (const float *)loom_tensor_data(u->off.grad_src) + (size_t)f->rank * u->shard;
+  }
+  if (!src) return LOOM_OK;
   int rc = LOOM_OK;
   for (size_t c = 0; c < u->off.nchunks && !rc; c++)
-    rc = loom__ostore_submit_put(f->store, loom__fsdp_slot(u, OFF_GRAD, 0, c),
-                                 u->grad_shard + c * f->chunk,
+    rc = loom__ostore_submit_put(f->store, loom__fsdp_slot(u, OFF_GRAD, 0, c), src + c * f->chunk,
                                  loom__fsdp_chunk_len(u, c) * sizeof(float), &k->jobs[c]);
   k->leaving = true;
   k->offloaded = true; /* its bytes are on their way: nobody reads the buffer any more */
@@ -267,28 +288,41 @@ int loom__fsdp_grad_done(fsdp_unit *u) {
     loom__fsdp_err e;
     loom__fsdp_err_save(&e, rc);
     loom__ostore_clear(f->store);
-    (void)wait_jobs(u, OFF_GRAD);
-    k->offloaded = false; /* the buffer is still the good copy */
+    (void)loom__fsdp_grad_settle_unit(u); /* keeps the bytes in a gradient shard */
     return loom__fsdp_err_restore(&e);
   }
+  return rc;
+}
+
+int loom__fsdp_grad_settle_unit(fsdp_unit *u) {
+  off_kind *k = &u->off.k[OFF_GRAD];
+  if (!k->leaving) return LOOM_OK;
+  int rc = wait_jobs(u, OFF_GRAD);
+  if (rc) { /* the tier lost it: the compute pool's copy is the one left */
+    k->offloaded = false;
+    if (u->off.grad_src) { /* out of the local gradient into a shard of its own */
+      loom__fsdp_err e;
+      loom__fsdp_err_save(&e, rc);
+      if ((u->grad_shard = alloc_shard(u, "gradient")))
+        memcpy(u->grad_shard,
+               (const float *)loom_tensor_data(u->off.grad_src) + (size_t)u->f->rank * u->shard,
+               u->shard * sizeof(float));
+      rc = loom__fsdp_err_restore(&e);
+    }
+  } else {
+    k->stored = true;
+    free_buffer(u, OFF_GRAD);
+  }
+  loom_tensor_free(u->off.grad_src);
+  u->off.grad_src = NULL;
   return rc;
 }
 
 int loom__fsdp_grad_settle(loom_fsdp *f) {
   int rc = LOOM_OK;
   for (size_t i = 0; f->store && i < f->nunits; i++) {
-    fsdp_unit *u = &f->units[i];
-    off_kind *k = &u->off.k[OFF_GRAD];
-    if (!k->leaving) continue;
-    int rc2 = wait_jobs(u, OFF_GRAD);
-    if (rc2) { /* the tier lost it; the buffer still holds it */
-      k->offloaded = false;
-      if (!rc) rc = rc2;
-      continue;
-    }
-    k->stored = true;
-    loom__free(u->grad_shard);
-    u->grad_shard = NULL;
+    int rc2 = loom__fsdp_grad_settle_unit(&f->units[i]);
+    if (!rc) rc = rc2;
   }
   return rc;
 }
@@ -399,6 +433,10 @@ void loom__fsdp_offload_free(loom_fsdp *f) {
         if (f->units[i].off.k[k].jobs) (void)wait_jobs(&f->units[i], k);
     loom__ostore_free(f->store);
     f->store = NULL;
+  }
+  for (size_t i = 0; f->units && i < f->nunits; i++) {
+    loom_tensor_free(f->units[i].off.grad_src);
+    f->units[i].off.grad_src = NULL;
   }
   for (size_t i = 0; f->units && i < f->nunits; i++)
     for (int k = 0; k < OFF_KINDS; k++) {

@@ -24,6 +24,7 @@
 
 #define SLOT_ALIGN ((size_t)4096) /* each slot's range in the file starts on a page */
 #define IO_CHUNK ((size_t)1 << 20) /* CRC and pread/pwrite one cache-warm MiB at a time */
+#define WRITEBACK_BYTES ((size_t)64 << 20) /* dirty bytes of the file at most */
 
 typedef struct oslot {
   size_t bytes;     /* the slot's size, fixed by its first put (meaningful if declared) */
@@ -70,6 +71,7 @@ struct loom__ostore {
 
   pthread_mutex_t space_mu;
   size_t end; /* disk: the file's used length (under space_mu) */
+  _Atomic size_t unsynced; /* disk: bytes written since the last wait for writeback */
 };
 
 static double now_s(void) {
@@ -205,16 +207,20 @@ static int disk_write(loom__ostore *s, const char *who, size_t slot, size_t off,
     }
     done += n;
   }
-  /* write the range out and let the kernel drop its pages: the caller holds these bytes (or
-   * chose to put them away), and a second copy in the page cache is memory a cgroup limit
-   * counts. Dirty pages cannot be dropped, so the writeback is waited for first (on the
-   * worker, in the background of the compute, for every put but a synchronous one); without
-   * it a memory limit fills with dirty pages faster than the kernel writes them */
+  /* start writing the range out; every WRITEBACK_BYTES wait for what was written and let the
+   * kernel drop those pages: the caller holds these bytes (or chose to put them away), and a
+   * second copy in the page cache is memory a cgroup limit counts. Dirty pages cannot be
+   * dropped, and without the wait a memory limit fills with them faster than the kernel writes
+   * them back (the run is killed); waiting after every put instead stalls the worker's reads
+   * behind the disk's writes */
   if (bytes) {
-    (void)sync_file_range(s->fd, (off_t)off, (off_t)bytes,
-                          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
-                              SYNC_FILE_RANGE_WAIT_AFTER);
-    (void)posix_fadvise(s->fd, (off_t)off, (off_t)bytes, POSIX_FADV_DONTNEED);
+    (void)sync_file_range(s->fd, (off_t)off, (off_t)bytes, SYNC_FILE_RANGE_WRITE);
+    if (atomic_fetch_add(&s->unsynced, bytes) + bytes >= WRITEBACK_BYTES) {
+      atomic_store(&s->unsynced, 0);
+      (void)sync_file_range(s->fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                             SYNC_FILE_RANGE_WAIT_AFTER);
+      (void)posix_fadvise(s->fd, 0, 0, POSIX_FADV_DONTNEED);
+    }
   }
   *crc_out = (uint32_t)crc;
   return LOOM_OK;
