@@ -25,9 +25,11 @@
  * Compute pool: each rank's peak on its account over the timed steps (reset after warm-up),
  * the largest over the ranks. What offload has to keep in the compute pool ("in flight"): the
  * no-offload run's peak less its state between steps (the gathered units, local gradients and
- * activations of the step, which offload does not change), plus one parameter shard on its way
- * to a gather and one gradient shard being reduce-scattered (a unit's shard each), plus the
- * optimizer's chunk ring (3 sets of 4 chunks of chunk_bytes). Targets (the offload issue):
+ * activations of the step, which offload does not change), plus, with prefetch, the parameter
+ * shard brought back ahead of its gather (gathers read straight into their buffer, and
+ * gradients are reduce-scattered in place, so nothing else of a shard is in the compute pool),
+ * plus on the disk tier the optimizer's chunk ring (3 sets of 4 chunks of chunk_bytes; the
+ * host tier's step works on the tier's buffers). Targets (the offload issue):
  * compute peak <= 1.1 x that, and <= 0.4 x the no-offload peak; disk RSS <= 35% of the training
  * state; step host p1 <= 1.2 x fsdp, disk p1 <= 2 x; exposed wait <= 30% of the transfer time.
  * Speed: `rounds` rounds of every configuration (default 3), rank 0's median step time per run,
@@ -288,18 +290,20 @@ int main(int argc, char **argv) {
       printf("  disk rd %.0f MB/step", MB(r->disk_read));
     printf("\n");
   }
-  const result *base = &rs[rounds - 1][0], *h1 = &rs[rounds - 1][1];
-  double state_all = 16.0 * base->params;
-  double in_flight = worst(base->peak) - worst(base->state) + 2 * base->shard_max +
-                     3.0 * 4.0 * (double)CHUNK_BYTES;
-  double hp = worst(h1->peak);
-  printf("\ntraining state (16 B x %.1f M params): %.0f MB; largest unit shard %.1f MB\n",
-         base->params / 1e6, MB(state_all), MB(base->shard_max));
-  printf("compute peak, host p1: %.0f MB; in flight (fsdp's step transient %.0f + a parameter and "
-         "a gradient shard %.0f + chunk ring %.0f) %.0f MB: peak / that %.2f (target <= 1.10); "
-         "peak / fsdp %.2f (target <= 0.40)\n",
-         MB(hp), MB(worst(base->peak) - worst(base->state)), MB(2 * base->shard_max),
-         MB(12.0 * (double)CHUNK_BYTES), MB(in_flight), hp / in_flight, hp / worst(base->peak));
+  const result *base = &rs[rounds - 1][0];
+  double state_all = 16.0 * base->params, transient = worst(base->peak) - worst(base->state);
+  printf("\ntraining state (16 B x %.1f M params): %.0f MB; largest unit shard %.1f MB; fsdp's "
+         "step transient %.0f MB\n", base->params / 1e6, MB(state_all), MB(base->shard_max),
+         MB(transient));
+  for (int i = 1; i < NC; i++) {
+    double prefetched = cs[i].prefetch ? base->shard_max : 0;
+    double ring = cs[i].tier == LOOM_FSDP_TIER_DISK ? 12.0 * (double)CHUNK_BYTES : 0;
+    double in_flight = transient + prefetched + ring, p = worst(rs[rounds - 1][i].peak);
+    printf("compute peak, %s: %.0f MB; in flight (transient %.0f + prefetched shard %.0f + chunk "
+           "ring %.0f) %.0f MB: peak / that %.2f (target <= 1.10); peak / fsdp %.2f (target <= "
+           "0.40)\n", cs[i].name, MB(p), MB(transient), MB(prefetched), MB(ring), MB(in_flight),
+           p / in_flight, p / worst(base->peak));
+  }
   for (int i = 3; i < NC; i++)
     printf("RSS, %s: %.0f MB = %.0f%% of the training state (target <= 35%%)\n", cs[i].name,
            MB(rs[rounds - 1][i].rss_train), 100 * rs[rounds - 1][i].rss_train / state_all);
