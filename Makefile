@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 BUILD ?= build
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo check check-avx2 check-asan check-tsan check-layers bench clean
+.PHONY: all deps build demo check check-avx2 check-asan check-tsan check-layers bench install clean
 
 all: build
 
@@ -50,6 +50,12 @@ check-layers:
 
 bench: deps build
 	@cd $(BUILD) && ctest -L bench -V
+
+# Install headers, libloom (shared and static), the loom tool, the CMake package and loom.pc
+# under PREFIX (default /usr/local).
+PREFIX ?= /usr/local
+install: deps build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
 	rm -rf build build-asan build-tsan
