@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 BUILD ?= build
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo check check-avx2 check-asan check-tsan check-layers bench install clean
+.PHONY: all deps build demo check check-avx2 check-asan check-tsan check-layers check-fuzz fuzz fuzz-build bench install clean
 
 all: build
 
@@ -50,6 +50,21 @@ check-layers:
 
 bench: deps build
 	@cd $(BUILD) && ctest -L bench -V
+
+# Fuzzing (fuzz/, scripts/fuzz.sh): libFuzzer harnesses of every parser of untrusted bytes, built
+# with clang under ASan + UBSan in $(FUZZ_BUILD); `make fuzz` runs each for FUZZ_SECONDS,
+# `make check-fuzz` (CI) for 20 s each after replaying the seed corpus and past crashes.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 300
+fuzz-build:
+	@LOOM_WITH_FUZZ=1 scripts/deps.sh
+	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Release -DLOOM_FUZZ=ON \
+	  -DLOOM_SANITIZE=address,undefined >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_all
+fuzz: fuzz-build
+	@scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+check-fuzz: fuzz-build
+	@scripts/fuzz.sh $(FUZZ_BUILD) 20
 
 # Install headers, libloom (shared and static), the loom tool, the CMake package and loom.pc
 # under PREFIX (default /usr/local).

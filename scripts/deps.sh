@@ -5,6 +5,8 @@
 set -eu
 need=(build-essential cmake pkg-config zlib1g-dev libdnnl-dev libopenblas-dev
       openmpi-bin libopenmpi-dev dataset-fashion-mnist)
+# Fuzzing (make fuzz, make check-fuzz): Debian's clang and its libFuzzer runtime.
+[ "${LOOM_WITH_FUZZ:-0}" = 1 ] && need+=(clang libclang-rt-14-dev)
 # Optional: PyTorch is the side-by-side baseline of the benchmarks (never a dependency of loom).
 [ "${LOOM_WITH_TORCH:-0}" = 1 ] && need+=(python3-torch)
 missing=()

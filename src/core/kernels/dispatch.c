@@ -1,5 +1,6 @@
 /* dispatch.c: picks the core kernel table once from the CPU's features and LOOM_CPU. The only
  * file (with its SIMD kernels) that knows which instruction sets exist. */
+#include <cpuid.h>
 #include "core/kernels/kernels.h"
 
 #include <pthread.h>
@@ -24,11 +25,17 @@ static loom__core_kernels merged(const loom__core_kernels *t) {
   return m;
 }
 
+/* F16C from CPUID directly: clang's __builtin_cpu_supports does not know "f16c". */
+static bool has_f16c(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
 static void init(void) {
   __builtin_cpu_init();
   supported[LOOM_CPU_SCALAR] = true;
   supported[LOOM_CPU_AVX2] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                             __builtin_cpu_supports("f16c");
+                             has_f16c();
   supported[LOOM_CPU_AVX512] = supported[LOOM_CPU_AVX2] && __builtin_cpu_supports("avx512f") &&
                                __builtin_cpu_supports("avx512bw") &&
                                __builtin_cpu_supports("avx512vl");
