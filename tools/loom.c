@@ -17,6 +17,7 @@ static const struct {
 } commands[] = {
     {"train", "train a classifier on Fashion-MNIST (loom train --help)", cmd_train},
     {"bench", "run a benchmark (loom bench --help lists them)", cmd_bench},
+    {"plot", "draw the metrics of loom train runs as an SVG (loom plot --help)", cmd_plot},
 };
 
 static void usage(FILE *f) {

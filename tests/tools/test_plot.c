@@ -1,0 +1,193 @@
+/* test_plot.c: `loom plot` as a process. The SVG it writes from two metrics files (one with
+ * overflow steps) is well-formed XML (a checker below: every tag closed in order, attributes
+ * quoted, only the five entities XML knows), has its five panels, one polyline per run for each
+ * series (two for the loss: raw and smoothed) whose points are the records, one mark per skipped
+ * step, and the runs' names escaped in the legend. Bad input fails with the file and line named,
+ * and writes no output file. */
+#include "lt.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "tool_run.h"
+
+/* Well-formed XML, enough for an SVG: a prolog, elements properly nested and closed,
+ * attribute values quoted, & only in &amp; &lt; &gt; &quot; &apos;, no < in text. NULL if it
+ * is, else what is wrong. */
+static const char *xml_problem(const char *s) {
+  static char why[160];
+  const char *stack[64];
+  size_t depth = 0, lens[64];
+  int roots = 0;
+  if (!strncmp(s, "<?xml", 5)) {
+    s = strstr(s, "?>");
+    if (!s) return "unterminated prolog";
+    s += 2;
+  }
+  while (*s) {
+    if (*s == '&') {
+      static const char *const ents[] = {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;"};
+      bool ok = false;
+      for (int i = 0; i < 5 && !ok; i++) ok = !strncmp(s, ents[i], strlen(ents[i]));
+      if (!ok) return "a bare & in text";
+      s++;
+      continue;
+    }
+    if (*s != '<') {
+      s++;
+      continue;
+    }
+    if (s[1] == '/') { /* closing tag */
+      const char *name = s + 2;
+      size_t n = strcspn(name, " >");
+      if (!depth || n != lens[depth - 1] || strncmp(name, stack[depth - 1], n)) {
+        snprintf(why, sizeof why, "</%.*s> does not close the open element", (int)n, name);
+        return why;
+      }
+      depth--;
+      s = strchr(s, '>');
+      if (!s) return "unterminated closing tag";
+      s++;
+      continue;
+    }
+    const char *name = s + 1;
+    size_t n = strcspn(name, " />\n");
+    if (!n) return "an empty tag name";
+    const char *p = name + n;
+    for (;;) { /* attributes */
+      while (*p == ' ' || *p == '\n') p++;
+      if (*p == '>' || (*p == '/' && p[1] == '>')) break;
+      size_t an = strcspn(p, "= >");
+      if (!an || p[an] != '=' || p[an + 1] != '"') {
+        snprintf(why, sizeof why, "an attribute of <%.*s> is not name=\"value\"", (int)n, name);
+        return why;
+      }
+      const char *v = p + an + 2, *e = strchr(v, '"');
+      if (!e) return "an unterminated attribute value";
+      for (const char *c = v; c < e; c++)
+        if (*c == '<') return "a < inside an attribute value";
+      p = e + 1;
+    }
+    bool empty = *p == '/';
+    if (!empty) {
+      if (depth == 64) return "nesting too deep";
+      if (depth == 0) roots++;
+      stack[depth] = name, lens[depth++] = n;
+    } else if (depth == 0) {
+      roots++;
+    }
+    s = p + (empty ? 2 : 1);
+  }
+  if (depth) return "an element left open";
+  if (roots != 1) return "not exactly one root element";
+  return NULL;
+}
+
+static size_t count(const char *s, const char *what) {
+  size_t n = 0;
+  for (const char *p = s; (p = strstr(p, what)); p++) n++;
+  return n;
+}
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = malloc((size_t)n + 1);
+  if (b && fread(b, 1, (size_t)n, f) != (size_t)n) n = 0;
+  if (b) b[n] = 0;
+  fclose(f);
+  return b;
+}
+
+/* A metrics file of `steps` records; every 7th step an overflow (scale halved). */
+static void write_run(const char *path, int steps, bool overflows) {
+  FILE *f = fopen(path, "w");
+  double scale = 65536;
+  for (int s = 1; s <= steps; s++) {
+    bool ov = overflows && s % 7 == 0;
+    if (ov) scale /= 2;
+    fprintf(f, "{\"step\": %d, \"epoch\": 0, \"loss\": %.6f, \"lr\": %g, \"scale\": %g, "
+            "\"overflow\": %s, \"samples_per_s\": %.1f, \"mem\": {\"compute\": {\"current_bytes\": "
+            "%d, \"peak_bytes\": 0}}}\n", s, 2.3 / (1 + 0.05 * s), 0.001 * (1 - s / 100.0), scale,
+            ov ? "true" : "false", 1000.0 + s, 1000000 + 1000 * s);
+  }
+  fclose(f);
+}
+
+LT_TEST(plot_writes_well_formed_svg_with_every_panel_and_the_skipped_steps) {
+  char dir[] = "/tmp/loom_plot_XXXXXX";
+  LT_TRUE(mkdtemp(dir) != NULL);
+  char a[96], b[96], out[96];
+  snprintf(a, sizeof a, "%s/f16 <run>&a.jsonl", dir); /* a name that needs escaping */
+  snprintf(b, sizeof b, "%s/b.jsonl", dir);
+  snprintf(out, sizeof out, "%s/run.svg", dir);
+  write_run(a, 40, true);
+  write_run(b, 25, false);
+  const char *args[] = {"plot", a, b, "-o", out, NULL};
+  tool_run r = tool_loom(args, NULL, NULL);
+  if (r.code) fprintf(stderr, "%s", r.err);
+  LT_EQ(r.code, 0);
+  tool_run_free(&r);
+  char *svg = slurp(out);
+  LT_TRUE(svg != NULL);
+  const char *bad = xml_problem(svg);
+  if (bad) lt_fail_at(__FILE__, __LINE__, "the SVG is not well-formed XML: %s", bad);
+  LT_TRUE(strstr(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\"") != NULL);
+  LT_EQ(count(svg, "class=\"panel\""), 5);
+  LT_TRUE(strstr(svg, "loss scale") && strstr(svg, "learning rate") && strstr(svg, "samples/s"));
+  LT_EQ(count(svg, "<polyline"), 2 * 6); /* 2 runs: loss twice, lr, scale, samples/s, memory */
+  LT_EQ(count(svg, "class=\"overflow\""), 40 / 7); /* one mark per skipped step */
+  LT_TRUE(strstr(svg, "f16 &lt;run&gt;&amp;a.jsonl (40 steps, 5 skipped)") != NULL);
+  LT_TRUE(strstr(svg, "b.jsonl (25 steps, 0 skipped)") != NULL);
+  /* the first polyline (run a's raw loss) has one point per record */
+  const char *pts = strstr(strstr(svg, "<polyline"), "points=\"") + 8;
+  size_t n = 0;
+  for (const char *c = pts; *c != '"'; c++) n += *c == ',';
+  LT_EQ(n, 40);
+  free(svg);
+  unlink(a), unlink(b), unlink(out), rmdir(dir);
+}
+
+LT_TEST(plot_bad_input_names_the_file_and_writes_nothing) {
+  char dir[] = "/tmp/loom_plot_XXXXXX";
+  LT_TRUE(mkdtemp(dir) != NULL);
+  char a[96], out[96];
+  snprintf(a, sizeof a, "%s/a.jsonl", dir);
+  snprintf(out, sizeof out, "%s/out.svg", dir);
+  FILE *f = fopen(a, "w");
+  fprintf(f, "{\"step\": 1, \"loss\": 2.0}\n\nnot json at all\n");
+  fclose(f);
+  const char *bad_line[] = {"plot", a, "-o", out, NULL};
+  tool_run r = tool_loom(bad_line, NULL, NULL);
+  LT_EQ(r.code, 1);
+  LT_TRUE(strstr(r.err, "a.jsonl:3: not a loom train metrics record") != NULL);
+  tool_run_free(&r);
+  LT_TRUE(access(out, F_OK) != 0);
+  const char *missing[] = {"plot", "/nonexistent/run.jsonl", "-o", out, NULL};
+  r = tool_loom(missing, NULL, NULL);
+  LT_EQ(r.code, 1);
+  LT_TRUE(strstr(r.err, "/nonexistent/run.jsonl") != NULL);
+  tool_run_free(&r);
+  const char *no_out[] = {"plot", a, NULL};
+  r = tool_loom(no_out, NULL, NULL);
+  LT_EQ(r.code, 2);
+  LT_TRUE(strstr(r.err, "-o OUT.svg") != NULL);
+  tool_run_free(&r);
+  const char *bad_opt[] = {"plot", a, "--frobnicate", "-o", out, NULL};
+  r = tool_loom(bad_opt, NULL, NULL);
+  LT_EQ(r.code, 2);
+  tool_run_free(&r);
+  f = fopen(a, "w"); /* empty file */
+  fclose(f);
+  r = tool_loom(bad_line, NULL, NULL);
+  LT_EQ(r.code, 1);
+  LT_TRUE(strstr(r.err, "no records") != NULL);
+  tool_run_free(&r);
+  LT_TRUE(access(out, F_OK) != 0);
+  unlink(a), rmdir(dir);
+}
