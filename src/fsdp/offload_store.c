@@ -11,9 +11,11 @@
 #define _GNU_SOURCE /* sync_file_range */
 #include "fsdp/offload_store.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -257,19 +259,59 @@ static int disk_read(loom__ostore *s, const char *who, size_t slot, size_t off, 
 }
 
 /* Create the store's file in dir, naming the folder in every error. */
+/* This machine's name for file names: the hostname with anything but [A-Za-z0-9.] as '_'. */
+static void host_name(char *buf, size_t cap) {
+  if (gethostname(buf, cap) != 0) snprintf(buf, cap, "host");
+  buf[cap - 1] = 0;
+  for (char *c = buf; *c; c++)
+    if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+          *c == '.'))
+      *c = '_';
+}
+
+/* Remove the files a process of this machine and user left in dir when it died without
+ * cleaning up (killed by a signal or the OOM killer): loom-offload-<host>-<pid>-<rank>-<n>.bin
+ * whose pid no longer exists. Files of other machines (a shared folder), of other users and of
+ * live processes stay. */
+static void sweep_stale(const char *dir, const char *host) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  char prefix[300];
+  int plen = snprintf(prefix, sizeof prefix, "loom-offload-%s-", host);
+  for (struct dirent *e; (e = readdir(d));) {
+    if (plen <= 0 || (size_t)plen >= sizeof prefix || strncmp(e->d_name, prefix, (size_t)plen))
+      continue;
+    long pid;
+    int rank, used = 0;
+    unsigned n;
+    if (sscanf(e->d_name + plen, "%ld-%d-%u.bin%n", &pid, &rank, &n, &used) != 3 || !used ||
+        e->d_name[plen + used] != 0 || pid <= 0 || pid == (long)getpid())
+      continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */
+    struct stat st;
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+        st.st_uid == geteuid())
+      (void)unlinkat(dirfd(d), e->d_name, 0);
+  }
+  closedir(d);
+}
+
 static int disk_open(loom__ostore *s, const char *dir) {
   static _Atomic unsigned counter; /* stores made by this process */
   const char *who = "loom__ostore_create";
   size_t len = strlen(dir);
   const char *sep = len && dir[len - 1] == '/' ? "" : "/";
+  char host[256];
+  host_name(host, sizeof host);
+  sweep_stale(dir, host);
   for (int attempt = 0; attempt < 100; attempt++) {
     unsigned n = atomic_fetch_add(&counter, 1);
-    int need = snprintf(NULL, 0, "%s%sloom-offload-%ld-%d-%u.bin", dir, sep, (long)getpid(),
-                        s->rank, n);
+    int need = snprintf(NULL, 0, "%s%sloom-offload-%s-%ld-%d-%u.bin", dir, sep, host,
+                        (long)getpid(), s->rank, n);
     char *path = need < 0 ? NULL : loom__malloc(LOOM_POOL_HOST, (size_t)need + 1);
     if (!path) return loom__fail(LOOM_ENOMEM, "%s: out of memory for a path in '%s'", who, dir);
-    snprintf(path, (size_t)need + 1, "%s%sloom-offload-%ld-%d-%u.bin", dir, sep, (long)getpid(),
-             s->rank, n);
+    snprintf(path, (size_t)need + 1, "%s%sloom-offload-%s-%ld-%d-%u.bin", dir, sep, host,
+             (long)getpid(), s->rank, n);
     int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0600);
     if (fd >= 0) {
       s->path = path;

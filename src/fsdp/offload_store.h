@@ -67,8 +67,11 @@ typedef enum loom__otier { LOOM__OTIER_HOST = 0, LOOM__OTIER_DISK = 1 } loom__ot
 typedef struct loom__ostore loom__ostore;
 
 /* Make a store on `tier`. The host tier ignores dir (may be NULL). The disk tier creates one
- * file, dir/loom-offload-<pid>-<rank>-<n>.bin (n counts the stores of this process), with
+ * file, dir/loom-offload-<host>-<pid>-<rank>-<n>.bin (n counts the stores of this process), with
  * O_EXCL and mode 0600, and keeps it open read-write until loom__ostore_free unlinks it.
+ * First it removes such files that a process of this host and user left when it died without
+ * cleaning up (its pid no longer exists: a SIGKILL, the OOM killer), which can be as large as
+ * a rank's training state.
  * Errors: LOOM_EINVAL for a tier out of range, out == NULL, or the disk tier without a
  * folder; LOOM_EIO naming the folder if it does not exist, is not a folder, or cannot be
  * written (read-only filesystem, permissions); LOOM_ENOMEM. On failure *out is NULL and

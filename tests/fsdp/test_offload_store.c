@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/wait.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -174,9 +175,11 @@ LT_TEST(ostore_disk_round_trip_and_layout) {
   LT_OK(loom__ostore_create(LOOM__OTIER_DISK, dir, 3, &s));
   LT_EQ(loom__ostore_tier(s), LOOM__OTIER_DISK);
   const char *path = loom__ostore_path(s);
-  char want[300];
-  snprintf(want, sizeof want, "%s/loom-offload-%ld-3-", dir, (long)getpid());
+  char want[300], mid[64];
+  snprintf(want, sizeof want, "%s/loom-offload-", dir);
+  snprintf(mid, sizeof mid, "-%ld-3-", (long)getpid()); /* after the host's name */
   LT_TRUE(strncmp(path, want, strlen(want)) == 0);
+  LT_TRUE(strstr(path + strlen(want), mid) != NULL);
   LT_TRUE(strcmp(path + strlen(path) - 4, ".bin") == 0);
   struct stat st;
   LT_TRUE(stat(path, &st) == 0 && S_ISREG(st.st_mode));
@@ -715,4 +718,43 @@ LT_TEST(ostore_alloc_failure_sweep_disk) {
   tmp_dir(dir, sizeof dir);
   alloc_sweep(LOOM__OTIER_DISK, dir);
   fm_rm_tree(dir);
+}
+
+/* A process killed mid-run leaves its file; the next store of this host removes it if that
+ * process is gone, and leaves files of live processes, of other hosts, and other names. */
+LT_TEST(ostore_disk_removes_files_left_by_dead_processes_only) {
+  char dir[256];
+  tmp_dir(dir, sizeof dir);
+  loom__ostore *s = NULL;
+  LT_OK(loom__ostore_create(LOOM__OTIER_DISK, dir, 0, &s)); /* learn this host's file prefix */
+  const char *mine = strrchr(loom__ostore_path(s), '/') + 1;
+  char host_prefix[300], self[64];
+  snprintf(self, sizeof self, "-%ld-0-", (long)getpid());
+  size_t hp = (size_t)(strstr(mine, self) - mine); /* "loom-offload-<host>" */
+  snprintf(host_prefix, sizeof host_prefix, "%.*s", (int)hp, mine);
+  loom__ostore_free(s);
+  pid_t dead = fork(); /* a pid that surely existed and no longer does */
+  if (dead == 0) _exit(0);
+  waitpid(dead, NULL, 0);
+  char stale[1024], live[1024], other_host[1024], other_name[1024];
+  snprintf(stale, sizeof stale, "%s/%s-%ld-0-0.bin", dir, host_prefix, (long)dead);
+  snprintf(live, sizeof live, "%s/%s-%ld-1-0.bin", dir, host_prefix, (long)getppid());
+  snprintf(other_host, sizeof other_host, "%s/loom-offload-elsewhere.example-%ld-0-0.bin", dir,
+           (long)dead);
+  snprintf(other_name, sizeof other_name, "%s/%s-%ld-0-0.bin.keep", dir, host_prefix, (long)dead);
+  const char *files[] = {stale, live, other_host, other_name};
+  for (int i = 0; i < 4; i++) {
+    FILE *f = fopen(files[i], "w");
+    LT_TRUE(f != NULL);
+    fputs("x", f);
+    fclose(f);
+  }
+  LT_OK(loom__ostore_create(LOOM__OTIER_DISK, dir, 0, &s));
+  LT_TRUE(access(stale, F_OK) != 0); /* its process is gone: removed */
+  LT_TRUE(access(live, F_OK) == 0);
+  LT_TRUE(access(other_host, F_OK) == 0);
+  LT_TRUE(access(other_name, F_OK) == 0);
+  loom__ostore_free(s);
+  for (int i = 1; i < 4; i++) unlink(files[i]);
+  rmdir(dir);
 }
