@@ -36,7 +36,7 @@ static int mgr_fn(loom_pg *pg, void *arg) {
   loom_bucket_manager *m = NULL;
   if (!rc) rc = loom_bucket_manager_create(pg, g, NG, &cfg, &m);
   if (!rc) {
-    r->nbuckets = loom_bucket_manager_count(m);
+    if (rank == 0) r->nbuckets = loom_bucket_manager_count(m); /* one writer: the ranks are threads */
     /* bucket 0 alone through the single-bucket calls, the rest through reduce_all */
     rc = loom_bucket_prepare(m, 0);
     if (!rc) rc = loom_bucket_reduce_async(m, 0, LOOM_SUM);
