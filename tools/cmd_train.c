@@ -104,64 +104,82 @@ static int run_mpi(const train_opts *o, bool overwrite, const loom_pg_cfg *cfg) 
   return code ? code : finish(rc);
 }
 
-int cmd_train(int argc, char **argv) {
-  train_opts o = {.model = "mlp", .epochs = 10, .batch = 256, .lr = 1e-3, .weight_decay = 0.01,
+void train_cli_defaults(train_opts *o, train_cmdline *c) {
+  *o = (train_opts){.model = "mlp", .epochs = 10, .batch = 256, .lr = 1e-3, .weight_decay = 0.01,
                   .momentum = 0.9, .loss_scale = 65536, .optim = "adamw",
                   .schedule = "cosine", .amp = "off", .scaler = NULL, .fc = 128,
                   .eval_batch = 1000, .out = stdout, .ranks = 1, .backend = "threads",
                   .strategy = "none", .wrap = "children", .unit_min = 100000000,
                   .reshard = "yes", .gather_prefetch = 1, .offload = "none",
                   .offload_tier = "host", .prefetch = 1};
-  static train_cmdline c; /* its folder buffers are large */
-  c = (train_cmdline){.hidden = "1024,1024", .channels = "32,64"};
+  *c = (train_cmdline){.hidden = "1024,1024", .channels = "32,64"};
+}
+
+size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *timeout_seen,
+                       cli_option *out, size_t cap) {
   /* Bounds: every product the trainer forms fits in 64 bits (epochs x steps per epoch, batch x
    * ranks, --limit + batch); the data's own limits (batch <= samples, warmup <= steps) are
    * checked once the data is loaded. */
   const double steps_max = 1e15, batch_max = 1 << 24;
+  const cli_option table[] = {
+      {"model", CLI_CHOICE, &o->model, NULL, "the network", "mlp|cnn", 0, 0, NULL},
+      {"hidden", CLI_STRING, &c->hidden, "N,N,...", "MLP hidden layer widths", NULL, 0, 0, &c->seen_hidden},
+      {"channels", CLI_STRING, &c->channels, "C1,C2", "CNN conv channels (3x3, pad 1, each + ReLU + 2x2 max-pool)", NULL, 0, 0, &c->seen_channels},
+      {"fc", CLI_POS_INT, &o->fc, "N", "CNN fully connected width", NULL, 1, TRAIN_MAX_WIDTH, &c->seen_fc},
+      {"epochs", CLI_POS_INT, &o->epochs, "N", "passes over the training set", NULL, 1, 1e6, NULL},
+      {"batch", CLI_POS_INT, &o->batch, "N", "samples per step (per rank)", NULL, 1, batch_max, NULL},
+      {"optim", CLI_CHOICE, &o->optim, NULL, "optimizer (PyTorch's formulas)", "sgd|adam|adamw", 0, 0, NULL},
+      {"lr", CLI_F32, &o->lr, "X", "peak learning rate", NULL, 0, FLT_MAX, NULL},
+      {"schedule", CLI_CHOICE, &o->schedule, NULL, "learning-rate schedule over all the epochs' steps", "constant|warmup|cosine", 0, 0, NULL},
+      {"warmup", CLI_INT, &o->warmup, "N", "linear warmup steps (warmup, cosine)", NULL, 0, steps_max, &c->seen_warmup},
+      {"weight-decay", CLI_F32, &o->weight_decay, "X", "weight decay (AdamW decoupled, SGD/Adam L2)", NULL, 0, FLT_MAX, NULL},
+      {"momentum", CLI_F32, &o->momentum, "X", "SGD momentum", NULL, 0, FLT_MAX, &c->seen_momentum},
+      {"amp", CLI_CHOICE, &o->amp, NULL, "autocast: matmul/conv in bf16 or f16, f32 master weights", "off|bf16|f16", 0, 0, NULL},
+      {"scaler", CLI_CHOICE, &o->scaler, NULL, "loss scaling (default dynamic for --amp f16, else off; static|dynamic also with bf16)", "dynamic|static|off", 0, 0, &c->seen_scaler},
+      {"loss-scale", CLI_POS_DOUBLE, &o->loss_scale, "X", "static scale / dynamic initial scale", NULL, 0, 0, &c->seen_loss_scale},
+      {"seed", CLI_INT, &o->seed, "N", "seed of the initial weights and the data order", NULL, 0, 0, NULL},
+      {"init", CLI_STRING, &o->init, "FILE", "initial weights from a safetensors file, by PyTorch name", NULL, 0, 0, NULL},
+      {"no-shuffle", CLI_FLAG, &c->no_shuffle, NULL, "batches in file order", NULL, 0, 0, NULL},
+      {"data", CLI_STRING, &o->data, "DIR", "MNIST-format dataset folder (default " LOOM_FASHION_MNIST_DIR ")", NULL, 0, 0, NULL},
+      {"limit", CLI_INT, &o->limit, "N", "use only N training samples per epoch (whole batches) and N test samples; 0: all", NULL, 0, 4294967296.0, NULL},
+      {"max-steps", CLI_INT, &o->max_steps, "N", "stop after N steps in all (as if interrupted); 0: no limit", NULL, 0, steps_max, NULL},
+      {"metrics", CLI_STRING, &o->metrics, "FILE", "one JSON object per step (loss, lr, scale, overflow, samples/s, memory)", NULL, 0, 0, NULL},
+      {"save", CLI_STRING, &o->save, "DIR", "write DIR/checkpoint.safetensors and DIR/model.safetensors after each epoch and at the end", NULL, 0, 0, NULL},
+      {"overwrite", CLI_FLAG, &c->overwrite, NULL, "let --save replace a checkpoint already in DIR (not needed with --resume DIR)", NULL, 0, 0, NULL},
+      {"resume", CLI_STRING, &o->resume, "DIR", "continue from DIR/checkpoint.safetensors (same options)", NULL, 0, 0, NULL},
+      {"threads", CLI_INT, &o->threads, "N", "compute threads per rank (at most 4 per online CPU, 1024 in all); 0: OpenMP's default", NULL, 0, (double)LONG_MAX, NULL},
+      {"eval-batch", CLI_POS_INT, &o->eval_batch, "N", "samples per evaluation batch", NULL, 1, batch_max, NULL},
+      {"quiet", CLI_FLAG, &o->quiet, NULL, "print only the summary line", NULL, 0, 0, NULL},
+      {"ranks", CLI_POS_INT, &o->ranks, "N", "data-parallel ranks (threads backend; each gets --batch samples of every step)", NULL, 1, TRAIN_MAX_RANKS, NULL},
+      {"backend", CLI_CHOICE, &o->backend, NULL, "process groups: ranks as threads, or MPI processes (mpirun -n N loom train --backend mpi ...)", "threads|mpi", 0, 0, NULL},
+      {"timeout", CLI_POS_DOUBLE, timeout, "SECONDS", "seconds a rank waits for its peers before it fails (LOOM_TIMEOUT sets the default)", NULL, 1e-3, 1e9, timeout_seen},
+      {"strategy", CLI_CHOICE, &o->strategy, NULL, "data parallelism: none, DDP (bucketed all-reduce overlapped with backward) or FSDP (parameters, gradients and optimizer state sharded over the ranks)", "none|ddp|fsdp", 0, 0, NULL},
+      {"wrap", CLI_CHOICE, &o->wrap, NULL, "FSDP units: each layer of the model, or layers grouped until --unit-min elements", "children|size", 0, 0, &c->seen_wrap},
+      {"unit-min", CLI_POS_INT, &o->unit_min, "N", "FSDP --wrap size: parameter elements a unit reaches", NULL, 1, 1e15, &c->seen_unit_min},
+      {"reshard-after-forward", CLI_CHOICE, &o->reshard, NULL, "FSDP: free each unit's gathered parameters after its forward (yes), or keep them until its backward (no: ZeRO-2)", "yes|no", 0, 0, &c->seen_reshard},
+      {"gather-prefetch", CLI_INT, &o->gather_prefetch, "N", "FSDP: all-gathers issued ahead of the running unit", NULL, 0, 8, &c->seen_gather_prefetch},
+      {"offload", CLI_STRING, &o->offload, "LIST", "FSDP: keep these shards out of the compute pool between uses: a comma list of params,grads,optim, or all, or none (results are bit-identical)", NULL, 0, 0, &c->seen_offload},
+      {"offload-tier", CLI_CHOICE, &o->offload_tier, NULL, "FSDP --offload: where the offloaded bytes live: host memory, or one file per rank in --offload-dir", "host|disk", 0, 0, &c->seen_offload_tier},
+      {"offload-dir", CLI_STRING, &o->offload_dir, "DIR", "FSDP --offload-tier disk: an existing folder for the offload files (removed at the end)", NULL, 0, 0, &c->seen_offload_dir},
+      {"prefetch", CLI_INT, &o->prefetch, "N", "FSDP --offload: units whose offloaded bytes are brought back ahead of use (0: each waits when needed)", NULL, 0, 10, &c->seen_prefetch},
+      {0}};
+  size_t n = 0;
+  while (table[n].name && n + 1 < cap) {
+    out[n] = table[n];
+    n++;
+  }
+  out[n] = (cli_option){0};
+  return n;
+}
+
+int cmd_train(int argc, char **argv) {
+  train_opts o;
+  static train_cmdline c; /* its folder buffers are large */
+  train_cli_defaults(&o, &c);
   double timeout = loom_pg_cfg_default().timeout_s; /* LOOM_TIMEOUT or 300 */
   bool timeout_seen = false;
-  const cli_option table[] = {
-      {"model", CLI_CHOICE, &o.model, NULL, "the network", "mlp|cnn", 0, 0, NULL},
-      {"hidden", CLI_STRING, &c.hidden, "N,N,...", "MLP hidden layer widths", NULL, 0, 0, &c.seen_hidden},
-      {"channels", CLI_STRING, &c.channels, "C1,C2", "CNN conv channels (3x3, pad 1, each + ReLU + 2x2 max-pool)", NULL, 0, 0, &c.seen_channels},
-      {"fc", CLI_POS_INT, &o.fc, "N", "CNN fully connected width", NULL, 1, TRAIN_MAX_WIDTH, &c.seen_fc},
-      {"epochs", CLI_POS_INT, &o.epochs, "N", "passes over the training set", NULL, 1, 1e6, NULL},
-      {"batch", CLI_POS_INT, &o.batch, "N", "samples per step (per rank)", NULL, 1, batch_max, NULL},
-      {"optim", CLI_CHOICE, &o.optim, NULL, "optimizer (PyTorch's formulas)", "sgd|adam|adamw", 0, 0, NULL},
-      {"lr", CLI_F32, &o.lr, "X", "peak learning rate", NULL, 0, FLT_MAX, NULL},
-      {"schedule", CLI_CHOICE, &o.schedule, NULL, "learning-rate schedule over all the epochs' steps", "constant|warmup|cosine", 0, 0, NULL},
-      {"warmup", CLI_INT, &o.warmup, "N", "linear warmup steps (warmup, cosine)", NULL, 0, steps_max, &c.seen_warmup},
-      {"weight-decay", CLI_F32, &o.weight_decay, "X", "weight decay (AdamW decoupled, SGD/Adam L2)", NULL, 0, FLT_MAX, NULL},
-      {"momentum", CLI_F32, &o.momentum, "X", "SGD momentum", NULL, 0, FLT_MAX, &c.seen_momentum},
-      {"amp", CLI_CHOICE, &o.amp, NULL, "autocast: matmul/conv in bf16 or f16, f32 master weights", "off|bf16|f16", 0, 0, NULL},
-      {"scaler", CLI_CHOICE, &o.scaler, NULL, "loss scaling (default dynamic for --amp f16, else off; static|dynamic also with bf16)", "dynamic|static|off", 0, 0, &c.seen_scaler},
-      {"loss-scale", CLI_POS_DOUBLE, &o.loss_scale, "X", "static scale / dynamic initial scale", NULL, 0, 0, &c.seen_loss_scale},
-      {"seed", CLI_INT, &o.seed, "N", "seed of the initial weights and the data order", NULL, 0, 0, NULL},
-      {"init", CLI_STRING, &o.init, "FILE", "initial weights from a safetensors file, by PyTorch name", NULL, 0, 0, NULL},
-      {"no-shuffle", CLI_FLAG, &c.no_shuffle, NULL, "batches in file order", NULL, 0, 0, NULL},
-      {"data", CLI_STRING, &o.data, "DIR", "MNIST-format dataset folder (default " LOOM_FASHION_MNIST_DIR ")", NULL, 0, 0, NULL},
-      {"limit", CLI_INT, &o.limit, "N", "use only N training samples per epoch (whole batches) and N test samples; 0: all", NULL, 0, 4294967296.0, NULL},
-      {"max-steps", CLI_INT, &o.max_steps, "N", "stop after N steps in all (as if interrupted); 0: no limit", NULL, 0, steps_max, NULL},
-      {"metrics", CLI_STRING, &o.metrics, "FILE", "one JSON object per step (loss, lr, scale, overflow, samples/s, memory)", NULL, 0, 0, NULL},
-      {"save", CLI_STRING, &o.save, "DIR", "write DIR/checkpoint.safetensors and DIR/model.safetensors after each epoch and at the end", NULL, 0, 0, NULL},
-      {"overwrite", CLI_FLAG, &c.overwrite, NULL, "let --save replace a checkpoint already in DIR (not needed with --resume DIR)", NULL, 0, 0, NULL},
-      {"resume", CLI_STRING, &o.resume, "DIR", "continue from DIR/checkpoint.safetensors (same options)", NULL, 0, 0, NULL},
-      {"threads", CLI_INT, &o.threads, "N", "compute threads per rank (at most 4 per online CPU, 1024 in all); 0: OpenMP's default", NULL, 0, (double)LONG_MAX, NULL},
-      {"eval-batch", CLI_POS_INT, &o.eval_batch, "N", "samples per evaluation batch", NULL, 1, batch_max, NULL},
-      {"quiet", CLI_FLAG, &o.quiet, NULL, "print only the summary line", NULL, 0, 0, NULL},
-      {"ranks", CLI_POS_INT, &o.ranks, "N", "data-parallel ranks (threads backend; each gets --batch samples of every step)", NULL, 1, TRAIN_MAX_RANKS, NULL},
-      {"backend", CLI_CHOICE, &o.backend, NULL, "process groups: ranks as threads, or MPI processes (mpirun -n N loom train --backend mpi ...)", "threads|mpi", 0, 0, NULL},
-      {"timeout", CLI_POS_DOUBLE, &timeout, "SECONDS", "seconds a rank waits for its peers before it fails (LOOM_TIMEOUT sets the default)", NULL, 1e-3, 1e9, &timeout_seen},
-      {"strategy", CLI_CHOICE, &o.strategy, NULL, "data parallelism: none, DDP (bucketed all-reduce overlapped with backward) or FSDP (parameters, gradients and optimizer state sharded over the ranks)", "none|ddp|fsdp", 0, 0, NULL},
-      {"wrap", CLI_CHOICE, &o.wrap, NULL, "FSDP units: each layer of the model, or layers grouped until --unit-min elements", "children|size", 0, 0, &c.seen_wrap},
-      {"unit-min", CLI_POS_INT, &o.unit_min, "N", "FSDP --wrap size: parameter elements a unit reaches", NULL, 1, 1e15, &c.seen_unit_min},
-      {"reshard-after-forward", CLI_CHOICE, &o.reshard, NULL, "FSDP: free each unit's gathered parameters after its forward (yes), or keep them until its backward (no: ZeRO-2)", "yes|no", 0, 0, &c.seen_reshard},
-      {"gather-prefetch", CLI_INT, &o.gather_prefetch, "N", "FSDP: all-gathers issued ahead of the running unit", NULL, 0, 8, &c.seen_gather_prefetch},
-      {"offload", CLI_STRING, &o.offload, "LIST", "FSDP: keep these shards out of the compute pool between uses: a comma list of params,grads,optim, or all, or none (results are bit-identical)", NULL, 0, 0, &c.seen_offload},
-      {"offload-tier", CLI_CHOICE, &o.offload_tier, NULL, "FSDP --offload: where the offloaded bytes live: host memory, or one file per rank in --offload-dir", "host|disk", 0, 0, &c.seen_offload_tier},
-      {"offload-dir", CLI_STRING, &o.offload_dir, "DIR", "FSDP --offload-tier disk: an existing folder for the offload files (removed at the end)", NULL, 0, 0, &c.seen_offload_dir},
-      {"prefetch", CLI_INT, &o.prefetch, "N", "FSDP --offload: units whose offloaded bytes are brought back ahead of use (0: each waits when needed)", NULL, 0, 10, &c.seen_prefetch},
-      {0}};
+  cli_option table[TRAIN_CLI_MAX];
+  train_cli_table(&o, &c, &timeout, &timeout_seen, table, TRAIN_CLI_MAX);
   int rc = cli_parse("loom train", table, argc, argv, NULL, 0, NULL);
   if (rc == 1) {
     cli_help(stdout, "loom train", usage, table);

@@ -16,6 +16,7 @@ static const struct {
   int (*fn)(int, char **);
 } commands[] = {
     {"train", "train a classifier on Fashion-MNIST (loom train --help)", cmd_train},
+    {"plan", "the memory a loom train run will need per rank (loom plan --help)", cmd_plan},
     {"bench", "run a benchmark (loom bench --help lists them)", cmd_bench},
     {"plot", "draw the metrics of loom train runs as an SVG (loom plot --help)", cmd_plot},
 };

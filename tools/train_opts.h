@@ -6,6 +6,7 @@
 #ifndef LOOM_TOOLS_TRAIN_OPTS_H
 #define LOOM_TOOLS_TRAIN_OPTS_H
 
+#include "cli.h"
 #include "train_api.h"
 
 #include <limits.h>
@@ -21,6 +22,14 @@ typedef struct train_cmdline {
       seen_offload_tier, seen_offload_dir, seen_prefetch;
   char dirs[3][PATH_MAX];         /* --save, --resume, --data without trailing slashes */
 } train_cmdline;
+
+/* The options of `loom train`, which `loom plan` takes too (cmd_train.c): the defaults into o
+ * and c, and the option table (pointing into o, c, *timeout and *timeout_seen) into out[0..cap),
+ * ending with a zeroed entry; returns the number of options. TRAIN_CLI_MAX holds them all. */
+#define TRAIN_CLI_MAX 64
+void train_cli_defaults(train_opts *o, train_cmdline *c);
+size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *timeout_seen,
+                       cli_option *out, size_t cap);
 
 /* The largest width of a layer (--hidden, --channels, --fc). */
 #define TRAIN_MAX_WIDTH (1L << 20)

@@ -477,6 +477,7 @@ int train_run(const train_opts *o, loom_pg *pg) {
   t.o = o;
   int rc = o->threads > 0 ? loom_set_num_threads((int)o->threads) : LOOM_OK;
   if (rc) return train_fail_loom(rc, "--threads");
+  if (!pg) loom_mem_reset_peak(LOOM_POOL_COMPUTE); /* this run's peak, not an earlier one's */
   rc = setup(&t, pg);
   if (!rc && t.nranks > 1 && loom_mem_account() > 0) { /* the training peak, apart */
     loom_pool_stats ps = {0};

@@ -22,12 +22,8 @@ static char *slurp(FILE *f) {
   return s;
 }
 
-tt_run tt_train(const char *fmt, ...) {
-  char line[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
+/* Run a subcommand on the words of line, its output captured. */
+static tt_run run_command(int (*cmd)(int, char **), char *line) {
   char *argv[128];
   int argc = 0;
   for (char *tok = strtok(line, " "); tok && argc < 127; tok = strtok(NULL, " ")) argv[argc++] = tok;
@@ -36,13 +32,28 @@ tt_run tt_train(const char *fmt, ...) {
   stdout = out;
   stderr = err;
   tt_run r = {0};
-  r.rc = cmd_train(argc, argv);
+  r.rc = cmd(argc, argv);
   stdout = saved_out;
   stderr = saved_err;
   r.out = slurp(out);
   r.err = slurp(err);
   return r;
 }
+
+/* The command line of a printf-style call, then the command. */
+#define RUN_FORMATTED(cmd, fmt)                                                               \
+  do {                                                                                        \
+    char line[4096];                                                                          \
+    va_list ap;                                                                               \
+    va_start(ap, fmt);                                                                        \
+    vsnprintf(line, sizeof line, fmt, ap);                                                    \
+    va_end(ap);                                                                               \
+    return run_command(cmd, line);                                                            \
+  } while (0)
+
+tt_run tt_train(const char *fmt, ...) { RUN_FORMATTED(cmd_train, fmt); }
+
+tt_run tt_plan(const char *fmt, ...) { RUN_FORMATTED(cmd_plan, fmt); }
 
 void tt_run_free(tt_run *r) {
   free(r->out);

@@ -1,4 +1,4 @@
-/* train_test.h: running `loom train` in process for the tests: argv from a string, stdout and
+/* train_test.h: running `loom train` (and `loom plan`) in process for the tests: argv from a string, stdout and
  * stderr captured, scratch folders, whole-file reads. */
 #ifndef LOOM_TESTS_TRAIN_TEST_H
 #define LOOM_TESTS_TRAIN_TEST_H
@@ -12,6 +12,8 @@ typedef struct tt_run {
 
 /* Run `loom train` with the space-separated arguments of fmt (printf-style; no quoting). */
 tt_run tt_train(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The same for `loom plan`. */
+tt_run tt_plan(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void tt_run_free(tt_run *r);
 /* A new empty folder under $TMPDIR (or /tmp); the path lives until tt_cleanup. */
 const char *tt_tempdir(void);

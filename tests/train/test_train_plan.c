@@ -1,0 +1,146 @@
+/* test_train_plan.c: `loom plan` against what `loom train` measures. Each configuration (one
+ * rank, DDP on 2 ranks, bf16 and f16 autocast, a wide MLP, the CNN in f32 and bf16, FSDP on 2
+ * ranks in f32 and bf16, FSDP with offload) trains for two steps with --metrics (the `loom`
+ * tool, run as a process); the plan of
+ * the same options must be within 10% of the compute-pool peak the run measured (per rank:
+ * rank_compute_peak_bytes with ranks, which counts from the end of building; the process's
+ * peak with one rank, which includes building). Also the --fit-memory search (its answer fits
+ * and one more does not), the JSON form, and bad --fit-memory values. */
+#include "lt.h"
+#include "train_test.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The number after `"key": ` in s (the last occurrence), -1 if absent. */
+static double json_number(const char *s, const char *key) {
+  char pat[96];
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  const char *p = NULL, *q = s;
+  while ((q = strstr(q, pat))) p = q++;
+  return p ? strtod(p + strlen(pat), NULL) : -1;
+}
+
+/* The number after the first `"key": ` in s, -1 if absent. */
+static double json_first(const char *s, const char *key) {
+  char pat[96];
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  const char *p = s ? strstr(s, pat) : NULL;
+  return p ? strtod(p + strlen(pat), NULL) : -1;
+}
+
+/* The measured peak of the metrics file's last record (see the header). */
+static double measured_peak(const char *path) {
+  size_t n = 0;
+  char *text = tt_read_file(path, &n);
+  if (!text) return -1;
+  double v = json_number(text, "rank_compute_peak_bytes");
+  if (v < 0) { /* one process: mem.compute.peak_bytes, the first peak_bytes of the record */
+    const char *last = text, *nl;
+    while ((nl = strchr(last, '\n')) && nl[1]) last = nl + 1;
+    v = json_first(strstr(last, "\"compute\": "), "peak_bytes");
+  }
+  free(text);
+  return v;
+}
+
+/* Train `opts` for two steps and compare the plan of the same options. The run is the `loom`
+ * tool in a process of its own, as a user runs it: in this process, earlier runs would leave
+ * state (oneDNN's primitive caches, the allocator's) that changes what a run allocates. */
+static void check_plan(const char *opts, int ranks, int64_t batch) {
+  const char *d = tt_tempdir();
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "%s train %s --max-steps 2 --epochs 1 --limit %lld --eval-batch 100 "
+           "--quiet --metrics %s/m.jsonl > %s/out.txt 2>&1", LOOM_TOOL_BIN, opts,
+           (long long)(2 * batch * ranks), d, d);
+  int status = system(cmd);
+  if (status != 0) fprintf(stderr, "%s: exit status %d\n", cmd, status);
+  LT_EQ(status, 0);
+  char path[512];
+  snprintf(path, sizeof path, "%s/m.jsonl", d);
+  double measured = measured_peak(path);
+  tt_run p = tt_plan("%s --json", opts);
+  LT_EQ(p.rc, 0);
+  double train = json_first(strstr(p.out, "\"train\""), "peak_bytes");
+  double build = json_first(strstr(p.out, "\"build\""), "peak_bytes");
+  double planned = ranks > 1 || build < train ? train : build;
+  double err = fabs(planned - measured) / measured;
+  fprintf(stderr, "  %-60s measured %9.0f planned %9.0f (%+.1f%%)\n", opts, measured, planned,
+          100.0 * (planned - measured) / measured);
+  if (!(measured > 0) || !(err <= 0.10))
+    lt_fail_at(__FILE__, __LINE__, "%s: planned %.0f bytes, measured %.0f (%.1f%% off)", opts,
+               planned, measured, 100.0 * err);
+  tt_run_free(&p);
+  tt_cleanup();
+}
+
+LT_TEST(plan_matches_the_measured_peak_mlp) {
+  check_plan("--batch 256", 1, 256);
+  check_plan("--batch 128 --ranks 2 --strategy ddp", 2, 128);
+  check_plan("--batch 256 --amp bf16", 1, 256);
+  check_plan("--batch 256 --amp f16", 1, 256);
+  check_plan("--batch 64 --hidden 2048,2048,2048 --optim sgd", 1, 64);
+}
+
+LT_TEST(plan_matches_the_measured_peak_cnn) {
+  check_plan("--model cnn --batch 128", 1, 128);
+  check_plan("--model cnn --batch 128 --amp bf16", 1, 128);
+}
+
+LT_TEST(plan_matches_the_measured_peak_fsdp) {
+  check_plan("--batch 128 --ranks 2 --strategy fsdp", 2, 128);
+  check_plan("--batch 128 --ranks 2 --strategy fsdp --amp bf16", 2, 128);
+  check_plan("--batch 64 --hidden 2048,2048 --ranks 2 --strategy fsdp --gather-prefetch 0", 2, 64);
+  check_plan("--batch 128 --ranks 2 --strategy fsdp --offload all", 2, 128);
+}
+
+LT_TEST(plan_fit_memory_finds_the_largest_batch) {
+  tt_run p = tt_plan("--model cnn --fit-memory 256MiB --json");
+  LT_EQ(p.rc, 0);
+  double best = json_number(p.out, "largest"), peak = json_first(p.out, "peak_bytes");
+  LT_TRUE(best > 1);
+  LT_TRUE(peak > 0 && peak <= 256.0 * 1048576);
+  tt_run_free(&p);
+  tt_run a = tt_plan("--model cnn --batch %.0f --json", best);
+  tt_run b = tt_plan("--model cnn --batch %.0f --json", best + 1);
+  LT_EQ(a.rc, 0);
+  LT_EQ(b.rc, 0);
+  LT_TRUE(json_first(a.out, "peak_bytes") <= 256.0 * 1048576);
+  LT_TRUE(json_first(b.out, "peak_bytes") > 256.0 * 1048576);
+  tt_run_free(&a);
+  tt_run_free(&b);
+  /* the hidden width: the answer fits, and 1 GiB fits a wider one than 256 MiB */
+  tt_run h1 = tt_plan("--hidden 100,100 --fit-memory 256MiB --fit hidden --json");
+  tt_run h2 = tt_plan("--hidden 100,100 --fit-memory 1GiB --fit hidden --json");
+  LT_EQ(h1.rc, 0);
+  LT_EQ(h2.rc, 0);
+  LT_TRUE(json_number(h2.out, "largest") > json_number(h1.out, "largest"));
+  LT_TRUE(json_first(h1.out, "peak_bytes") <= 256.0 * 1048576);
+  tt_run_free(&h1);
+  tt_run_free(&h2);
+  /* nothing fits: exit 1 with a message */
+  tt_run none = tt_plan("--hidden 4096 --fit-memory 1MiB");
+  LT_EQ(none.rc, 1);
+  LT_TRUE(strstr(none.out, "nothing fits") != NULL);
+  tt_run_free(&none);
+}
+
+LT_TEST(plan_table_and_bad_options) {
+  tt_run t = tt_plan("--ranks 2 --strategy ddp --amp bf16");
+  LT_EQ(t.rc, 0);
+  LT_TRUE(strstr(t.out, "DDP buckets") && strstr(t.out, "peak per rank"));
+  tt_run_free(&t);
+  const char *bad[] = {"--fit-memory 0", "--fit-memory lots", "--fit-memory 8XB", "--fit width"};
+  for (int i = 0; i < 4; i++) {
+    tt_run b = tt_plan("%s", bad[i]);
+    LT_EQ(b.rc, 2);
+    LT_TRUE(strstr(b.err, "loom plan: --fit") != NULL);
+    tt_run_free(&b);
+  }
+  tt_run o = tt_plan("--hidden 0");
+  LT_EQ(o.rc, 2);
+  LT_TRUE(strstr(o.err, "--hidden") != NULL);
+  tt_run_free(&o);
+}

@@ -1,0 +1,136 @@
+/* cmd_plan.c: `loom plan`: the compute-pool memory a `loom train` run with the same options
+ * will need per rank (train_plan.h), as a table or JSON, and the largest batch or hidden width
+ * that fits in a given amount of memory. Exit codes: 0 done, 1 nothing fits, 2 bad usage. */
+#include "cli.h"
+#include "commands.h"
+#include "train_opts.h"
+#include "train_plan.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage[] = "[OPTIONS]\n\n"
+    "The memory a `loom train` run with the same options needs per rank, before it starts:\n"
+    "parameters, gradients, optimizer state, buckets, low-precision copies and FSDP units,\n"
+    "batch, activations and workspace, at the peak of building, of a training step and of an\n"
+    "evaluation batch. Examples:\n"
+    "  loom plan --hidden 4096,4096 --amp bf16\n"
+    "  loom plan --ranks 2 --strategy fsdp --json\n"
+    "  loom plan --model cnn --fit-memory 2GiB --fit batch   # the largest --batch that fits";
+
+/* "8GiB", "512MiB", "100MB", "1e9": bytes; -1 if not a size. */
+static double parse_size(const char *s) {
+  char *end = NULL;
+  double v = strtod(s, &end);
+  if (end == s || !isfinite(v) || v <= 0) return -1;
+  static const struct {
+    const char *suffix;
+    double scale;
+  } units[] = {{"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+               {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (strcmp(end, units[i].suffix) == 0) return v * units[i].scale;
+  return -1;
+}
+
+static int plan_of(const train_opts *o, plan_result *r) {
+  loom_dtype dt = LOOM_F32;
+  if (strcmp(o->amp, "off") != 0) loom_dtype_parse(o->amp, &dt);
+  return train_plan(o, loom_ops_native_dtype(dt), r);
+}
+
+/* The largest value of *knob in [1, hi] whose plan's peak is at most limit (0: none fits). */
+static long largest_fit(train_opts *o, long *knob, long hi, double limit) {
+  long keep = *knob, lo = 0;
+  plan_result r;
+  while (lo < hi) {
+    long mid = lo + (hi - lo + 1) / 2;
+    *knob = mid;
+    bool fits = !plan_of(o, &r) && (double)r.peak <= limit;
+    if (fits) lo = mid;
+    else hi = mid - 1;
+  }
+  *knob = keep;
+  return lo;
+}
+
+/* --fit hidden: every hidden width of the MLP (the CNN's --fc) set to one value. */
+static long fit_hidden(train_opts *o, double limit) {
+  long lo = 0, hi = TRAIN_MAX_WIDTH;
+  int64_t keep[TRAIN_MAX_HIDDEN];
+  memcpy(keep, o->hidden, sizeof keep);
+  int64_t keep_fc = o->fc;
+  plan_result r;
+  while (lo < hi) {
+    long mid = lo + (hi - lo + 1) / 2;
+    for (int i = 0; i < o->nhidden; i++) o->hidden[i] = mid;
+    if (strcmp(o->model, "cnn") == 0) o->fc = mid;
+    bool fits = !plan_of(o, &r) && (double)r.peak <= limit;
+    if (fits) lo = mid;
+    else hi = mid - 1;
+  }
+  memcpy(o->hidden, keep, sizeof keep);
+  o->fc = keep_fc;
+  return lo;
+}
+
+int cmd_plan(int argc, char **argv) {
+  train_opts o;
+  static train_cmdline c;
+  train_cli_defaults(&o, &c);
+  double timeout = 0;
+  bool timeout_seen = false, json = false;
+  const char *fit_memory = NULL, *fit = "batch";
+  cli_option table[TRAIN_CLI_MAX + 4];
+  size_t n = train_cli_table(&o, &c, &timeout, &timeout_seen, table, TRAIN_CLI_MAX);
+  table[n++] = (cli_option){"json", CLI_FLAG, &json, NULL, "print the plan as one JSON object", NULL, 0, 0, NULL};
+  table[n++] = (cli_option){"fit-memory", CLI_STRING, &fit_memory, "SIZE", "find the largest --fit value whose peak per rank fits in SIZE (8GiB, 512MiB, 1e9)", NULL, 0, 0, NULL};
+  table[n++] = (cli_option){"fit", CLI_CHOICE, &fit, NULL, "what --fit-memory searches: --batch, or one width for every hidden layer (the CNN's --fc)", "batch|hidden", 0, 0, NULL};
+  table[n] = (cli_option){0};
+  int rc = cli_parse("loom plan", table, argc, argv, NULL, 0, NULL);
+  if (rc == 1) {
+    cli_help(stdout, "loom plan", usage, table);
+    return 0;
+  }
+  if (rc < 0 || train_opts_check(&o, &c)) return 2;
+  double limit = fit_memory ? parse_size(fit_memory) : 0;
+  if (fit_memory && limit <= 0) {
+    fprintf(stderr, "loom plan: --fit-memory: expected a size such as 8GiB, 512MiB or 1e9, got '%s'\n",
+            fit_memory);
+    return 2;
+  }
+  plan_result r;
+  if (plan_of(&o, &r)) {
+    fprintf(stderr, "loom plan: %s\n", train_last_error());
+    return 1;
+  }
+  if (!fit_memory) {
+    if (json) train_plan_print_json(stdout, &o, &r);
+    else train_plan_print(stdout, &o, &r);
+    return 0;
+  }
+  bool by_batch = strcmp(fit, "batch") == 0;
+  long best = by_batch ? largest_fit(&o, &o.batch, 1L << 24, limit) : fit_hidden(&o, limit);
+  if (best > 0) {
+    if (by_batch) o.batch = best;
+    else {
+      for (int i = 0; i < o.nhidden; i++) o.hidden[i] = best;
+      if (strcmp(o.model, "cnn") == 0) o.fc = best;
+    }
+    plan_of(&o, &r);
+  }
+  if (json) {
+    printf("{\"fit\": \"%s\", \"memory_bytes\": %.0f, \"largest\": %ld, \"peak_bytes\": %lld}\n",
+           fit, limit, best, best > 0 ? (long long)r.peak : 0LL);
+  } else if (best > 0) {
+    printf("largest %s that fits in %s per rank: %ld (peak %.1f MiB)\n",
+           by_batch ? "--batch" : strcmp(o.model, "cnn") == 0 ? "--fc" : "hidden width", fit_memory,
+           best, (double)r.peak / 1048576.0);
+  } else {
+    printf("nothing fits in %s per rank: even %s 1 needs more\n", fit_memory,
+           by_batch ? "--batch" : "width");
+  }
+  return best > 0 ? 0 : 1;
+}
