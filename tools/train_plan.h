@@ -12,6 +12,10 @@
  * moment, by part, come out. tests/tools/test_plan.c holds it to the peak `loom train`
  * measures.
  *
+ * Where the library's timing decides, the plan takes the highest peak a run can reach: an FSDP
+ * unit's full-size gradient is counted until the next unit starts (a reduce-scatter that
+ * completes at once frees it earlier).
+ *
  * Not counted: oneDNN's scratchpads (under 2 MB for these models) and allocator headers. */
 #ifndef LOOM_TOOLS_TRAIN_PLAN_H
 #define LOOM_TOOLS_TRAIN_PLAN_H

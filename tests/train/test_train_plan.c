@@ -46,34 +46,46 @@ static double measured_peak(const char *path) {
   return v;
 }
 
-/* Train `opts` for two steps and compare the plan of the same options. The run is the `loom`
- * tool in a process of its own, as a user runs it: in this process, earlier runs would leave
- * state (oneDNN's primitive caches, the allocator's) that changes what a run allocates. */
-static void check_plan(const char *opts, int ranks, int64_t batch) {
+/* Train `opts` for two steps as the `loom` tool in a process of its own, as a user runs it (in
+ * this process, earlier runs would leave state, such as oneDNN's primitive caches, that changes
+ * what a run allocates); its measured peak, -1 on failure. */
+static double measure(const char *opts, int ranks, int64_t batch) {
   const char *d = tt_tempdir();
-  char cmd[2048];
+  char cmd[2048], path[512];
   snprintf(cmd, sizeof cmd, "%s train %s --max-steps 2 --epochs 1 --limit %lld --eval-batch 100 "
            "--quiet --metrics %s/m.jsonl > %s/out.txt 2>&1", LOOM_TOOL_BIN, opts,
            (long long)(2 * batch * ranks), d, d);
   int status = system(cmd);
   if (status != 0) fprintf(stderr, "%s: exit status %d\n", cmd, status);
-  LT_EQ(status, 0);
-  char path[512];
   snprintf(path, sizeof path, "%s/m.jsonl", d);
-  double measured = measured_peak(path);
+  double v = status == 0 ? measured_peak(path) : -1;
+  tt_cleanup();
+  return v;
+}
+
+/* The plan of `opts` against the measured peak. With ranks, when a unit's gradient is freed
+ * depends on when its reduce-scatter completes (at once when the peer is ready, else when the
+ * next unit starts): the plan counts the later, the highest peak a run can reach, so a run
+ * measured more than 10% under it is run again (up to three in all) and the highest taken. */
+static void check_plan(const char *opts, int ranks, int64_t batch) {
   tt_run p = tt_plan("%s --json", opts);
   LT_EQ(p.rc, 0);
   double train = json_first(strstr(p.out, "\"train\""), "peak_bytes");
   double build = json_first(strstr(p.out, "\"build\""), "peak_bytes");
   double planned = ranks > 1 || build < train ? train : build;
+  tt_run_free(&p);
+  double measured = -1;
+  for (int tries = 0; tries < (ranks > 1 ? 3 : 1) && !(measured >= 0.9 * planned); tries++) {
+    double m = measure(opts, ranks, batch);
+    LT_TRUE(m > 0);
+    if (m > measured) measured = m;
+  }
   double err = fabs(planned - measured) / measured;
   fprintf(stderr, "  %-60s measured %9.0f planned %9.0f (%+.1f%%)\n", opts, measured, planned,
           100.0 * (planned - measured) / measured);
-  if (!(measured > 0) || !(err <= 0.10))
+  if (!(err <= 0.10))
     lt_fail_at(__FILE__, __LINE__, "%s: planned %.0f bytes, measured %.0f (%.1f%% off)", opts,
                planned, measured, 100.0 * err);
-  tt_run_free(&p);
-  tt_cleanup();
 }
 
 LT_TEST(plan_matches_the_measured_peak_mlp) {
