@@ -462,10 +462,15 @@ static void train_step(run *r) {
     r->local_grad[u] = NULL;
     release_unit(r, u);
   }
-  /* the optimizer step: on the disk tier, offloaded kinds stream through three chunk sets */
-  if (r->fsdp && r->disk) {
-    int kinds = r->off_params + r->off_grads + (r->off_optim ? r->state_kinds : 0);
-    sim_blip(s, PLAN_WORKSPACE, (int64_t)3 * kinds * (4 << 20));
+  /* the optimizer step on the disk tier streams every kind it touches (parameters, gradients,
+   * state) through chunk buffers: three sets with prefetch, else one; a chunk is 4 MiB or the
+   * largest shard when that is smaller (src/fsdp/fsdp_stream.c) */
+  if (r->fsdp && r->disk && (r->off_params || r->off_grads || r->off_optim)) {
+    int64_t ring = 0, chunk = (4 << 20) / 4;
+    for (int u = 0; u < r->nunits; u++) ring = r->shard[u] > ring ? r->shard[u] : ring;
+    if (ring > chunk) ring = chunk;
+    int64_t sets = r->prefetch > 0 ? 3 : 1;
+    sim_blip(s, PLAN_WORKSPACE, sets * (2 + r->state_kinds) * ring * 4);
   }
 }
 

@@ -1,11 +1,13 @@
-/* test_train_plan.c: `loom plan` against what `loom train` measures. Each configuration (one
- * rank, DDP on 2 ranks, bf16 and f16 autocast, a wide MLP, the CNN in f32 and bf16, FSDP on 2
- * ranks in f32 and bf16, FSDP with offload) trains for two steps with --metrics (the `loom`
- * tool, run as a process); the plan of
- * the same options must be within 10% of the compute-pool peak the run measured (per rank:
+/* test_train_plan.c: `loom plan` against what `loom train` measures. Each configuration trains
+ * for two steps with --metrics (the `loom` tool, run as a process), and the plan of the same
+ * options must be within 10% of the compute-pool peak the run measured (per rank:
  * rank_compute_peak_bytes with ranks, which counts from the end of building; the process's
- * peak with one rank, which includes building). Also the --fit-memory search (its answer fits
- * and one more does not), the JSON form, and bad --fit-memory values. */
+ * peak with one rank, which includes building). Configurations: one rank; DDP on 2 and 3 ranks;
+ * bf16 and f16 autocast; a wide MLP with SGD; SGD without momentum; the CNN in f32 and bf16;
+ * FSDP in f32 and bf16, the size policy, no prefetch, 3 ranks without resharding, the CNN, and
+ * offload of everything or some (host tier) and of everything to the disk tier. Also the
+ * --fit-memory search (its answer fits and one more does not), the JSON form, and bad
+ * --fit-memory values. */
 #include "lt.h"
 #include "train_test.h"
 
@@ -58,9 +60,7 @@ static double measure(const char *opts, int ranks, int64_t batch) {
   int status = system(cmd);
   if (status != 0) fprintf(stderr, "%s: exit status %d\n", cmd, status);
   snprintf(path, sizeof path, "%s/m.jsonl", d);
-  double v = status == 0 ? measured_peak(path) : -1;
-  tt_cleanup();
-  return v;
+  return status == 0 ? measured_peak(path) : -1;
 }
 
 /* The plan of `opts` against the measured peak. With ranks, when a unit's gradient is freed
@@ -80,6 +80,7 @@ static void check_plan(const char *opts, int ranks, int64_t batch) {
     LT_TRUE(m > 0);
     if (m > measured) measured = m;
   }
+  tt_cleanup();
   double err = fabs(planned - measured) / measured;
   fprintf(stderr, "  %-60s measured %9.0f planned %9.0f (%+.1f%%)\n", opts, measured, planned,
           100.0 * (planned - measured) / measured);
@@ -94,6 +95,8 @@ LT_TEST(plan_matches_the_measured_peak_mlp) {
   check_plan("--batch 256 --amp bf16", 1, 256);
   check_plan("--batch 256 --amp f16", 1, 256);
   check_plan("--batch 64 --hidden 2048,2048,2048 --optim sgd", 1, 64);
+  check_plan("--batch 64 --ranks 3 --strategy ddp --amp f16", 3, 64);
+  check_plan("--batch 64 --optim sgd --momentum 0 --amp bf16", 1, 64);
 }
 
 LT_TEST(plan_matches_the_measured_peak_cnn) {
@@ -106,6 +109,18 @@ LT_TEST(plan_matches_the_measured_peak_fsdp) {
   check_plan("--batch 128 --ranks 2 --strategy fsdp --amp bf16", 2, 128);
   check_plan("--batch 64 --hidden 2048,2048 --ranks 2 --strategy fsdp --gather-prefetch 0", 2, 64);
   check_plan("--batch 128 --ranks 2 --strategy fsdp --offload all", 2, 128);
+  check_plan("--batch 64 --ranks 2 --strategy fsdp --wrap size --unit-min 1000000", 2, 64);
+  check_plan("--batch 64 --ranks 3 --strategy fsdp --reshard-after-forward no", 3, 64);
+  check_plan("--batch 64 --ranks 2 --strategy fsdp --model cnn --amp bf16", 2, 64);
+  check_plan("--batch 64 --ranks 2 --strategy fsdp --offload grads,optim --prefetch 0", 2, 64);
+}
+
+LT_TEST(plan_matches_the_measured_peak_fsdp_disk_tier) {
+  const char *d = tt_tempdir();
+  char opts[700];
+  snprintf(opts, sizeof opts, "--batch 64 --ranks 2 --strategy fsdp --offload all "
+           "--offload-tier disk --offload-dir %s", d);
+  check_plan(opts, 2, 64);
 }
 
 LT_TEST(plan_fit_memory_finds_the_largest_batch) {
