@@ -18,7 +18,8 @@ static const char usage[] = "[OPTIONS]\n\n"
     "evaluation batch. Examples:\n"
     "  loom plan --hidden 4096,4096 --amp bf16\n"
     "  loom plan --ranks 2 --strategy fsdp --json\n"
-    "  loom plan --model cnn --fit-memory 2GiB --fit batch   # the largest --batch that fits";
+    "  loom plan --model cnn --fit-memory 2GiB --fit batch   # the largest --batch that fits\n"
+    "A run under mpirun (--backend mpi) has one process per rank: give --ranks N for its N ranks.";
 
 /* "8GiB", "512MiB", "100MB", "1e9": bytes; -1 if not a size. */
 static double parse_size(const char *s) {
@@ -80,6 +81,7 @@ int cmd_plan(int argc, char **argv) {
   train_opts o;
   static train_cmdline c;
   train_cli_defaults(&o, &c);
+  c.cmd = "loom plan";
   double timeout = 0;
   bool timeout_seen = false, json = false;
   const char *fit_memory = NULL, *fit = "batch";
@@ -94,6 +96,9 @@ int cmd_plan(int argc, char **argv) {
     cli_help(stdout, "loom plan", usage, table);
     return 0;
   }
+  /* under mpirun each rank is a process with the same pools as a thread rank: --ranks N says
+   * how many processes the run will have */
+  if (rc == 0 && strcmp(o.backend, "mpi") == 0) o.backend = "threads";
   if (rc < 0 || train_opts_check(&o, &c)) return 2;
   double limit = fit_memory ? parse_size(fit_memory) : 0;
   if (fit_memory && limit <= 0) {

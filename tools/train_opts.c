@@ -12,11 +12,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+static const char *usage_cmd = "loom train"; /* the command named in usage errors */
+
 static int usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int usage(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fputs("loom train: ", stderr);
+  fprintf(stderr, "%s: ", usage_cmd);
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
   va_end(ap);
@@ -156,6 +158,7 @@ static int unused(const train_opts *o, const train_cmdline *c) {
 }
 
 int train_opts_check(train_opts *o, train_cmdline *c) {
+  usage_cmd = c->cmd ? c->cmd : "loom train";
   if (folder("save", &o->save, c->dirs[0]) || folder("resume", &o->resume, c->dirs[1]) ||
       folder("data", &o->data, c->dirs[2]))
     return -1;

@@ -15,6 +15,7 @@
 /* What the command line said besides the values: the options given explicitly, and the text
  * of the size lists. */
 typedef struct train_cmdline {
+  const char *cmd;                /* named in the messages: "loom train" (NULL) or "loom plan" */
   const char *hidden, *channels;  /* "1024,1024", "32,64" */
   bool no_shuffle, overwrite;
   bool seen_hidden, seen_channels, seen_fc, seen_momentum, seen_loss_scale, seen_scaler,

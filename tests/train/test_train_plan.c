@@ -168,6 +168,14 @@ LT_TEST(plan_table_and_bad_options) {
   }
   tt_run o = tt_plan("--hidden 0");
   LT_EQ(o.rc, 2);
-  LT_TRUE(strstr(o.err, "--hidden") != NULL);
+  LT_TRUE(strstr(o.err, "loom plan: --hidden") != NULL);
   tt_run_free(&o);
+  /* under mpirun, --ranks N plans each of the N processes as a thread rank */
+  tt_run m = tt_plan("--backend mpi --ranks 3 --strategy fsdp --json");
+  tt_run th = tt_plan("--ranks 3 --strategy fsdp --json");
+  LT_EQ(m.rc, 0);
+  LT_EQ(th.rc, 0);
+  LT_TRUE(strcmp(m.out, th.out) == 0);
+  tt_run_free(&m);
+  tt_run_free(&th);
 }
