@@ -88,7 +88,6 @@ const char *train_error_hint(const char *message);
 typedef struct train_model {
   loom_module *root;
   bool cnn;
-  loom_module *conv[2], *fc[2]; /* CNN: borrowed children of root, run by train_model_forward */
   size_t nparams;
   loom_param *params;           /* nparams entries, PyTorch names */
 } train_model;

@@ -1,11 +1,10 @@
 /* train_model.c: the models of `loom train` with PyTorch's parameter names and initialisation:
- * the MLP (loom_nn_mlp_create: "layers.0.weight", ...) and a small CNN laid out as PyTorch's
+ * the MLP (loom_nn_mlp_create: "layers.0.weight", ...) and a small CNN, PyTorch's
  *   nn.Sequential(Conv2d(1,C1,3,padding=1), ReLU(), MaxPool2d(2), Conv2d(C1,C2,3,padding=1),
  *                 ReLU(), MaxPool2d(2), Flatten(), Linear(C2*7*7,F), ReLU(), Linear(F,10))
- * whose parameters are "0.weight", "3.weight", "7.weight", "9.weight" (and biases). Pooling
- * and flattening are ops, not modules, so the Sequential holds ReLU placeholders at their
- * indices (1, 2, 4, 5, 6, 8: parameterless, never run) to keep PyTorch's numbering, and
- * train_model_forward runs the layers itself. Also loading (--init) and saving parameters. */
+ * module for module, so its parameters are "0.weight", "3.weight", "7.weight", "9.weight" (and
+ * biases) and one forward of the root runs it (FSDP's hooks on the root see it). Also loading
+ * (--init) and saving parameters. */
 #include "train_api.h"
 
 #include <stdlib.h>
@@ -15,25 +14,27 @@
 #define SIDE 28
 
 static int make_cnn(const train_opts *o, train_model *m) {
-  const int64_t k3[2] = {3, 3}, s1[2] = {1, 1}, p1[2] = {1, 1};
+  const int64_t k3[2] = {3, 3}, s1[2] = {1, 1}, p1[2] = {1, 1}, k2[2] = {2, 2};
   const uint64_t seed = (uint64_t)o->seed;
   loom_module *ch[10] = {0};
-  int rc = LOOM_OK;
-  rc = loom_nn_conv2d_create(1, o->channels[0], k3, s1, p1, true, LOOM_F32, seed, &ch[0]);
+  int rc = loom_nn_conv2d_create(1, o->channels[0], k3, s1, p1, true, LOOM_F32, seed, &ch[0]);
+  if (!rc) rc = loom_nn_activation_create(LOOM_ACT_RELU, &ch[1]);
+  if (!rc) rc = loom_nn_max_pool2d_create(k2, NULL, NULL, &ch[2]);
   if (!rc)
     rc = loom_nn_conv2d_create(o->channels[0], o->channels[1], k3, s1, p1, true, LOOM_F32,
                                seed + 1, &ch[3]);
+  if (!rc) rc = loom_nn_activation_create(LOOM_ACT_RELU, &ch[4]);
+  if (!rc) rc = loom_nn_max_pool2d_create(k2, NULL, NULL, &ch[5]);
+  if (!rc) rc = loom_nn_flatten_create(1, -1, &ch[6]);
   if (!rc)
     rc = loom_nn_linear_create(o->channels[1] * (SIDE / 4) * (SIDE / 4), o->fc, true, LOOM_F32,
                                seed + 2, &ch[7]);
+  if (!rc) rc = loom_nn_activation_create(LOOM_ACT_RELU, &ch[8]);
   if (!rc) rc = loom_nn_linear_create(o->fc, CLASSES, true, LOOM_F32, seed + 3, &ch[9]);
-  for (int i = 0; i < 10 && !rc; i++)
-    if (!ch[i]) rc = loom_nn_activation_create(LOOM_ACT_RELU, &ch[i]);
   if (rc) {
     for (int i = 0; i < 10; i++) loom_module_free(ch[i]);
     return rc;
   }
-  m->conv[0] = ch[0], m->conv[1] = ch[3], m->fc[0] = ch[7], m->fc[1] = ch[9];
   return loom_nn_sequential_create(ch, 10, &m->root); /* takes the children, also on failure */
 }
 
@@ -70,33 +71,8 @@ void train_model_free(train_model *m) {
 
 bool train_model_flat_input(const train_model *m) { return !m->cnn; }
 
-/* y = maxpool2(relu(conv(x))) */
-static int conv_block(loom_module *conv, loom_tensor *x, loom_tensor **y) {
-  const int64_t k2[2] = {2, 2}, p0[2] = {0, 0};
-  loom_tensor *c = NULL, *r = NULL;
-  int rc = loom_module_forward(conv, x, &c);
-  if (!rc) rc = loom_relu(c, &r);
-  if (!rc) rc = loom_max_pool2d(r, k2, k2, p0, y);
-  loom_tensor_free(c);
-  loom_tensor_free(r);
-  return rc;
-}
-
 int train_model_forward(train_model *m, loom_tensor *x, loom_tensor **logits) {
-  if (!m->cnn) return loom_module_forward(m->root, x, logits);
-  loom_tensor *a = NULL, *b = NULL, *f = NULL, *h = NULL, *r = NULL;
-  int rc = conv_block(m->conv[0], x, &a);
-  if (!rc) rc = conv_block(m->conv[1], a, &b);
-  if (!rc) rc = loom_flatten(b, 1, -1, &f);
-  if (!rc) rc = loom_module_forward(m->fc[0], f, &h);
-  if (!rc) rc = loom_relu(h, &r);
-  if (!rc) rc = loom_module_forward(m->fc[1], r, logits);
-  loom_tensor_free(a);
-  loom_tensor_free(b);
-  loom_tensor_free(f);
-  loom_tensor_free(h);
-  loom_tensor_free(r);
-  return rc;
+  return loom_module_forward(m->root, x, logits);
 }
 
 int train_model_load(train_model *m, const char *path) {

@@ -64,6 +64,14 @@ int loom_nn_embedding_create(int64_t num, int64_t dim, loom_dtype dt, uint64_t s
 int loom_nn_dropout_create(double p, uint64_t seed, loom_module **m);
 /* A parameterless activation. */
 int loom_nn_activation_create(loom_activation act, loom_module **m);
+/* MaxPool2d over NCHW input (loom_max_pool2d): window kernel (h, w); stride NULL means the
+ * window (PyTorch's default); padding NULL means 0. LOOM_EINVAL for a window or stride < 1 or a
+ * padding outside 0..kernel/2 (PyTorch's rule), naming the dim. No parameters. */
+int loom_nn_max_pool2d_create(const int64_t kernel[2], const int64_t stride[2],
+                              const int64_t padding[2], loom_module **m);
+/* Flatten dims start_dim..end_dim (negative: from the end) into one (loom_flatten; a view when
+ * the input is contiguous). PyTorch's nn.Flatten is (1, -1). No parameters. */
+int loom_nn_flatten_create(int start_dim, int end_dim, loom_module **m);
 /* Sequential: children run in order, named "0", "1", ... Takes ownership of the n children. */
 int loom_nn_sequential_create(loom_module **children, int n, loom_module **m);
 /* MLP sizes[0] -> sizes[1] -> ... -> sizes[n-1]: Linear layers with `act` between them (none

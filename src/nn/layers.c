@@ -161,6 +161,57 @@ int loom_nn_embedding_create(int64_t num, int64_t dim, loom_dtype dt, uint64_t s
   return finish(m, rc, out);
 }
 
+/* ---- Pooling and flattening --------------------------------------------------------------- */
+
+static int max_pool_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {
+  const int64_t *c = m->cfg;
+  const int64_t k[2] = {c[0], c[1]}, s[2] = {c[2], c[3]}, p[2] = {c[4], c[5]};
+  return loom_max_pool2d(x, k, s, p, out);
+}
+
+int loom_nn_max_pool2d_create(const int64_t kernel[2], const int64_t stride[2],
+                              const int64_t padding[2], loom_module **out) {
+  static const char *who = "loom_nn_max_pool2d_create";
+  int rc = check_out(who, out);
+  if (rc) return rc;
+  if (!kernel) return loom__fail(LOOM_EINVAL, "%s: kernel is NULL", who);
+  const int64_t *st = stride ? stride : kernel; /* PyTorch: stride defaults to the window */
+  for (int i = 0; i < 2; i++) {
+    int64_t pd = padding ? padding[i] : 0;
+    if (kernel[i] < 1 || st[i] < 1 || pd < 0 || 2 * pd > kernel[i])
+      return loom__fail(LOOM_EINVAL, "%s: kernel %lld, stride %lld, padding %lld (dim %d): the "
+                        "window and stride must be >= 1 and the padding within 0..kernel/2", who,
+                        (long long)kernel[i], (long long)st[i], (long long)pd, i);
+  }
+  loom_module *m = NULL;
+  if ((rc = loom__module_new("MaxPool2d", max_pool_forward, &m))) return rc;
+  for (int i = 0; i < 2; i++) {
+    m->cfg[i] = kernel[i];
+    m->cfg[2 + i] = st[i];
+    m->cfg[4 + i] = padding ? padding[i] : 0;
+  }
+  return finish(m, LOOM_OK, out);
+}
+
+static int flatten_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {
+  return loom_flatten(x, (int)m->cfg[0], (int)m->cfg[1], out);
+}
+
+int loom_nn_flatten_create(int start_dim, int end_dim, loom_module **out) {
+  static const char *who = "loom_nn_flatten_create";
+  int rc = check_out(who, out);
+  if (rc) return rc;
+  if (start_dim < -LOOM_MAX_DIMS || start_dim >= LOOM_MAX_DIMS || end_dim < -LOOM_MAX_DIMS ||
+      end_dim >= LOOM_MAX_DIMS)
+    return loom__fail(LOOM_EINVAL, "%s: dims %d..%d out of range (at most %d dims)", who,
+                      start_dim, end_dim, LOOM_MAX_DIMS);
+  loom_module *m = NULL;
+  if ((rc = loom__module_new("Flatten", flatten_forward, &m))) return rc;
+  m->cfg[0] = start_dim;
+  m->cfg[1] = end_dim;
+  return finish(m, LOOM_OK, out);
+}
+
 /* ---- Dropout and activations ------------------------------------------------------------ */
 
 static int dropout_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {

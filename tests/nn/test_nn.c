@@ -5,6 +5,7 @@
 #include "lt.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static size_t compute_bytes(void) {
   loom_pool_stats s;
@@ -298,4 +299,60 @@ LT_TEST(nn_zero_grad_resets_gradient_bounds) {
     LT_OK(loom_module_zero_grad(seq));
   }
   loom_module_free(seq);
+}
+
+/* MaxPool2d and Flatten modules run their ops: the same values, and gradients through them
+ * match the ops'; they hold no parameters and refuse bad windows. */
+LT_TEST(nn_max_pool_and_flatten_modules_run_their_ops) {
+  const int64_t k2[2] = {2, 2}, s1[2] = {1, 1}, p1[2] = {1, 1};
+  loom_module *pool = NULL, *flat = NULL, *bad = NULL;
+  LT_OK(loom_nn_max_pool2d_create(k2, NULL, NULL, &pool));
+  LT_OK(loom_nn_flatten_create(1, -1, &flat));
+  LT_TRUE(strcmp(loom_module_type(pool), "MaxPool2d") == 0);
+  LT_TRUE(strcmp(loom_module_type(flat), "Flatten") == 0);
+  LT_EQ(loom_module_param_count(pool), 0);
+  LT_EQ(loom_module_param_count(flat), 0);
+  loom_tensor *x = NULL, *a = NULL, *b = NULL, *fa = NULL, *fb = NULL;
+  LT_OK(loom_tensor_empty(LOOM_F32, 4, (int64_t[]){2, 3, 6, 6}, &x));
+  float *d = loom_tensor_data(x);
+  for (int i = 0; i < 2 * 3 * 36; i++) d[i] = (float)((i * 37) % 101) - 50.0f;
+  LT_OK(loom_tensor_set_requires_grad(x, true));
+  LT_OK(loom_module_forward(pool, x, &a));
+  LT_OK(loom_module_forward(flat, a, &fa));
+  LT_OK(loom_max_pool2d(x, k2, k2, (int64_t[]){0, 0}, &b));
+  LT_OK(loom_flatten(b, 1, -1, &fb));
+  LT_EQ(loom_tensor_ndim(fa), 2);
+  LT_EQ(loom_tensor_dim(fa, 1), 3 * 3 * 3);
+  LT_TRUE(memcmp(loom_tensor_data(fa), loom_tensor_data(fb), 2 * 27 * sizeof(float)) == 0);
+  /* the module's gradient with respect to x is the op's */
+  loom_tensor *sa = NULL, *sb = NULL;
+  LT_OK(loom_sum(fa, NULL, 0, false, &sa));
+  LT_OK(loom_backward(sa, NULL, false));
+  float *g1 = malloc(2 * 3 * 36 * sizeof(float));
+  LT_TRUE(g1 != NULL);
+  memcpy(g1, loom_tensor_data(loom_tensor_grad(x)), 2 * 3 * 36 * sizeof(float));
+  LT_OK(loom_tensor_zero_grad(x));
+  LT_OK(loom_sum(fb, NULL, 0, false, &sb));
+  LT_OK(loom_backward(sb, NULL, false));
+  LT_TRUE(memcmp(g1, loom_tensor_data(loom_tensor_grad(x)), 2 * 3 * 36 * sizeof(float)) == 0);
+  double nonzero = 0;
+  for (int i = 0; i < 2 * 3 * 36; i++) nonzero += g1[i] != 0;
+  LT_EQ(nonzero, 2 * 27); /* one winner per window */
+  free(g1);
+  /* bad windows, strides and paddings are refused, naming the dim */
+  LT_ERR(loom_nn_max_pool2d_create((int64_t[]){0, 2}, NULL, NULL, &bad), LOOM_EINVAL, "dim 0");
+  LT_ERR(loom_nn_max_pool2d_create(k2, (int64_t[]){1, 0}, NULL, &bad), LOOM_EINVAL, "dim 1");
+  LT_ERR(loom_nn_max_pool2d_create(k2, s1, (int64_t[]){2, 0}, &bad), LOOM_EINVAL, "kernel/2");
+  LT_ERR(loom_nn_max_pool2d_create(NULL, s1, p1, &bad), LOOM_EINVAL, "kernel is NULL");
+  LT_ERR(loom_nn_flatten_create(9, -1, &bad), LOOM_EINVAL, "out of range");
+  LT_TRUE(bad == NULL);
+  loom_tensor *t4 = NULL, *y = NULL;
+  LT_OK(loom_tensor_zeros(LOOM_F32, 2, (int64_t[]){2, 3}, &t4));
+  LT_TRUE(loom_module_forward(pool, t4, &y) != LOOM_OK); /* a 2-D input: the op's own error */
+  loom_tensor_free(t4);
+  loom_tensor_free(sa), loom_tensor_free(sb);
+  loom_tensor_free(a), loom_tensor_free(b), loom_tensor_free(fa), loom_tensor_free(fb);
+  loom_tensor_free(x);
+  loom_module_free(pool);
+  loom_module_free(flat);
 }

@@ -122,3 +122,29 @@ LT_TEST(train_fsdp_options) {
   LT_TRUE(strstr(r.err, "--scaler static") != NULL);
   tt_run_free(&r);
 }
+
+/* The CNN is one Sequential of modules (pooling and flattening too), so FSDP's size policy,
+ * which puts every parameter in the root's unit, sees its forward: it trains, as the
+ * per-layer units do, to the same model as DDP. */
+LT_TEST(train_fsdp_cnn_with_either_wrap_policy_matches_ddp) {
+  const char *d = tt_tempdir();
+  const char *common = "--model cnn --channels 4,8 --fc 16 --limit 256 --epochs 1 --threads 1 "
+                       "--seed 3 --quiet --batch 32 --ranks 2";
+  const char *runs[3][2] = {{"ddp", "--strategy ddp"},
+                            {"size", "--strategy fsdp --wrap size"},
+                            {"children", "--strategy fsdp --wrap children"}};
+  char model[3][512];
+  for (int i = 0; i < 3; i++) {
+    tt_run r = tt_train("%s %s --save %s/%s", common, runs[i][1], d, runs[i][0]);
+    if (r.rc) fprintf(stderr, "%s: %s", runs[i][1], r.err);
+    LT_EQ(r.rc, 0);
+    tt_run_free(&r);
+    snprintf(model[i], sizeof model[i], "%s/%s/model.safetensors", d, runs[i][0]);
+  }
+  for (int i = 1; i < 3; i++) {
+    double diff = file_diff(model[0], model[i]);
+    if (!(diff <= 1e-4))
+      lt_fail_at(__FILE__, __LINE__, "%s: parameters differ from DDP's by %g", runs[i][1], diff);
+  }
+  tt_cleanup();
+}
