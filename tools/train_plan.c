@@ -201,6 +201,14 @@ static int unit_of_op(const run *r, const op *o) {
   return o->unit < 0 ? -1 : r->unit_of_layer[o->unit];
 }
 
+/* Whether op i is the last op of unit u in forward order (a unit's gathered parameters stay
+ * until its module's forward ends). */
+static bool last_op_of_unit(const run *r, int i, int u) {
+  for (int j = i + 1; j < r->n.nops; j++)
+    if (unit_of_op(r, &r->n.ops[j]) == u) return false;
+  return true;
+}
+
 static void gather(run *r, int u) {
   if (u < 0 || u >= r->nunits || r->gathered[u]) return;
   int es = r->fsdp_mp ? r->amp_es : 4;
@@ -425,8 +433,7 @@ static void train_step(run *r) {
     int u = r->fsdp ? unit_of_op(r, o) : -1;
     if (u >= 0 && u != prev_unit) fsdp_pre_forward(r, u);
     a[i + 1] = op_forward(r, o, a[i], &sv[i], cache[i]);
-    if (u >= 0 && r->reshard && (i + 1 >= n->nops || unit_of_op(r, &n->ops[i + 1]) != u))
-      release_unit(r, u);
+    if (u >= 0 && r->reshard && last_op_of_unit(r, i, u)) release_unit(r, u);
     if (u >= 0) prev_unit = u;
     if (i > 0) sim_drop(s, a[i].v); /* the caller drops its input (the batch: after the loss) */
   }
@@ -490,7 +497,7 @@ static void eval_batch(run *r, int64_t rows) {
     int u = r->fsdp ? unit_of_op(r, o) : -1;
     if (u >= 0) fsdp_pre_forward(r, u);
     act b = op_forward(r, o, a, NULL, cache[i]);
-    if (u >= 0 && (i + 1 >= n->nops || unit_of_op(r, &n->ops[i + 1]) != u)) release_unit(r, u);
+    if (u >= 0 && last_op_of_unit(r, i, u)) release_unit(r, u);
     if (i > 0) sim_drop(s, a.v);
     a = b;
   }

@@ -4,7 +4,8 @@
  * rank_compute_peak_bytes with ranks, which counts from the end of building; the process's
  * peak with one rank, which includes building). Configurations: one rank; DDP on 2 and 3 ranks;
  * bf16 and f16 autocast; a wide MLP with SGD; SGD without momentum; the CNN in f32 and bf16;
- * FSDP in f32 and bf16, the size policy, no prefetch, 3 ranks without resharding, the CNN, and
+ * FSDP in f32 and bf16, the size policy, no prefetch, 3 ranks without resharding, the CNN with
+ * either policy, and
  * offload of everything or some (host tier) and of everything to the disk tier. Also the
  * --fit-memory search (its answer fits and one more does not), the JSON form, and bad
  * --fit-memory values. */
@@ -112,6 +113,7 @@ LT_TEST(plan_matches_the_measured_peak_fsdp) {
   check_plan("--batch 64 --ranks 2 --strategy fsdp --wrap size --unit-min 1000000", 2, 64);
   check_plan("--batch 64 --ranks 3 --strategy fsdp --reshard-after-forward no", 3, 64);
   check_plan("--batch 64 --ranks 2 --strategy fsdp --model cnn --amp bf16", 2, 64);
+  check_plan("--batch 64 --ranks 2 --strategy fsdp --model cnn --wrap size", 2, 64);
   check_plan("--batch 64 --ranks 2 --strategy fsdp --offload grads,optim --prefetch 0", 2, 64);
 }
 
