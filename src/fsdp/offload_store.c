@@ -298,7 +298,7 @@ static void sweep_stale(const char *dir, const char *host) {
 
 static int disk_open(loom__ostore *s, const char *dir) {
   static _Atomic unsigned counter; /* stores made by this process */
-  const char *who = "loom__ostore_create";
+  const char *who = "fsdp offload (disk tier)"; /* the user meets these: loom_fsdp_create */
   size_t len = strlen(dir);
   const char *sep = len && dir[len - 1] == '/' ? "" : "/";
   char host[256];
