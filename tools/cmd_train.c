@@ -160,7 +160,7 @@ int cmd_train(int argc, char **argv) {
       {"offload", CLI_STRING, &o.offload, "LIST", "FSDP: keep these shards out of the compute pool between uses: a comma list of params,grads,optim, or all, or none (results are bit-identical)", NULL, 0, 0, &c.seen_offload},
       {"offload-tier", CLI_CHOICE, &o.offload_tier, NULL, "FSDP --offload: where the offloaded bytes live: host memory, or one file per rank in --offload-dir", "host|disk", 0, 0, &c.seen_offload_tier},
       {"offload-dir", CLI_STRING, &o.offload_dir, "DIR", "FSDP --offload-tier disk: an existing folder for the offload files (removed at the end)", NULL, 0, 0, &c.seen_offload_dir},
-      {"prefetch", CLI_INT, &o.prefetch, "N", "FSDP --offload: units whose offloaded bytes are brought back ahead of use (0: each waits when needed)", NULL, 0, 10, &c.seen_prefetch},
+      {"prefetch", CLI_INT, &o.prefetch, "N", "FSDP --offload: units whose offloaded bytes are brought back ahead of use (0: each waits when needed; host-tier parameters are read in place)", NULL, 0, 10, &c.seen_prefetch},
       {0}};
   int rc = cli_parse("loom train", table, argc, argv, NULL, 0, NULL);
   if (rc == 1) {
