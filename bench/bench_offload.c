@@ -25,11 +25,12 @@
  * Compute pool: each rank's peak on its account over the timed steps (reset after warm-up),
  * the largest over the ranks. What offload has to keep in the compute pool ("in flight"): the
  * no-offload run's peak less its state between steps (the gathered units, local gradients and
- * activations of the step, which offload does not change), plus, with prefetch, the parameter
- * shard brought back ahead of its gather (gathers read straight into their buffer, and
- * gradients are reduce-scattered in place, so nothing else of a shard is in the compute pool),
- * plus on the disk tier the optimizer's chunk ring (3 sets of 4 chunks of chunk_bytes; the
- * host tier's step works on the tier's buffers). Targets (the offload issue):
+ * activations of the step, which offload does not change), plus, with prefetch on the disk
+ * tier, the parameter shard brought back ahead of its gather (gathers read straight into their
+ * buffer, and gradients are reduce-scattered in place, so nothing else of a shard is in the
+ * compute pool; on the host tier nothing comes back ahead: gathers read the tier's buffers),
+ * plus on the disk tier the optimizer's chunk ring (3 sets of 4 chunks of chunk_bytes; the host
+ * tier's step works on the tier's buffers). Targets (the offload issue):
  * compute peak <= 1.1 x that, and <= 0.4 x the no-offload peak; disk RSS <= 35% of the training
  * state; step host p1 <= 1.2 x fsdp, disk p1 <= 2 x; exposed wait <= 30% of the transfer time.
  * Speed: `rounds` rounds of every configuration (default 3), rank 0's median step time per run,
@@ -296,8 +297,9 @@ int main(int argc, char **argv) {
          "step transient %.0f MB\n", base->params / 1e6, MB(state_all), MB(base->shard_max),
          MB(transient));
   for (int i = 1; i < NC; i++) {
-    double prefetched = cs[i].prefetch ? base->shard_max : 0;
-    double ring = cs[i].tier == LOOM_FSDP_TIER_DISK ? 12.0 * (double)CHUNK_BYTES : 0;
+    bool disk = cs[i].tier == LOOM_FSDP_TIER_DISK;
+    double prefetched = disk && cs[i].prefetch ? base->shard_max : 0;
+    double ring = disk ? 12.0 * (double)CHUNK_BYTES : 0;
     double in_flight = transient + prefetched + ring, p = worst(rs[rounds - 1][i].peak);
     printf("compute peak, %s: %.0f MB; in flight (transient %.0f + prefetched shard %.0f + chunk "
            "ring %.0f) %.0f MB: peak / that %.2f (target <= 1.10); peak / fsdp %.2f (target <= "

@@ -161,7 +161,7 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
       {"offload", CLI_STRING, &o->offload, "LIST", "FSDP: keep these shards out of the compute pool between uses: a comma list of params,grads,optim, or all, or none (results are bit-identical)", NULL, 0, 0, &c->seen_offload},
       {"offload-tier", CLI_CHOICE, &o->offload_tier, NULL, "FSDP --offload: where the offloaded bytes live: host memory, or one file per rank in --offload-dir", "host|disk", 0, 0, &c->seen_offload_tier},
       {"offload-dir", CLI_STRING, &o->offload_dir, "DIR", "FSDP --offload-tier disk: an existing folder for the offload files (removed at the end)", NULL, 0, 0, &c->seen_offload_dir},
-      {"prefetch", CLI_INT, &o->prefetch, "N", "FSDP --offload: units whose offloaded bytes are brought back ahead of use (0: each waits when needed)", NULL, 0, 10, &c->seen_prefetch},
+      {"prefetch", CLI_INT, &o->prefetch, "N", "FSDP --offload: units whose offloaded bytes are brought back ahead of use (0: each waits when needed; host-tier parameters are read in place)", NULL, 0, 10, &c->seen_prefetch},
       {0}};
   size_t n = 0;
   while (table[n].name && n + 1 < cap) {

@@ -163,7 +163,8 @@ typedef struct loom_fsdp_offload_cfg {
   bool offload_parameters;       /* OffloadParameters: each parameter shard leaves once its
                                     gather is done; default true */
   bool prefetch_parameters;      /* PrefetchParameters: bring parameter shards back ahead of
-                                    the gathers; false: when needed, waiting; default true */
+                                    the gathers (disk tier; the host tier's gathers read its
+                                    buffers); false: when needed, waiting; default true */
   bool prefetch_gradients;       /* PrefetchGradients: stream gradients and optimizer state
                                     into the step ahead of it (double buffered); default true */
   int prefetch_steps;            /* PrefetchSteps: units ahead, 0..10 (0: no prefetch at all);
@@ -301,8 +302,11 @@ int loom_fsdp_check_overflow(loom_fsdp *f, bool *overflow);
 /* ---- offload (cfg.offload) ------------------------------------------------------------- */
 
 /* With offload on, the step's bytes live in the tier between uses:
- *   - parameter shards are put there by create and come back for each gather (prefetched
- *     prefetch_steps units ahead of it), leaving once the gather is done;
+ *   - parameter shards are put there by create and come back for each gather, leaving once
+ *     the gather is done: from the disk tier prefetched prefetch_steps units ahead of it; from
+ *     the host tier read (or cast) by the gather straight out of the tier's buffers into its
+ *     own part of the gathered buffer, with no prefetch (on a CPU that would be a second copy,
+ *     taking its cycles from the computation, and a shard in the compute pool);
  *   - gradient shards leave (asynchronously) as each reduce-scatter completes;
  *   - the optimizer's state never needs to be whole in the compute pool: the optimizer step
  *     (loom_fsdp_optim_step) streams every unit's parameters, gradients and state through a
@@ -343,8 +347,9 @@ bool loom_fsdp_is_offloaded(const loom_fsdp *f, size_t unit, loom_fsdp_offload_k
 
 /* The prefetch manager: schedule the parameters (forward true) or the gradients (forward false)
  * of units[0..n) to come back, in that order. A no-op with prefetch_steps 0 (the
- * specification's rule). The hooks and loom_fsdp_optim_step schedule by themselves; this is for
- * callers that drive units by hand. */
+ * specification's rule). The hooks and loom_fsdp_optim_step schedule by themselves (parameters
+ * on the disk tier only: the host tier's gathers read the tier's buffers); this is for callers
+ * that drive units by hand. */
 int loom_fsdp_schedule_prefetch(loom_fsdp *f, const size_t *units, size_t n, bool forward);
 /* Wait until everything scheduled has arrived: the first failure of a transfer, naming it. */
 int loom_fsdp_prefetch_wait(loom_fsdp *f);

@@ -32,9 +32,10 @@ static void drop_buffers(fsdp_unit *u) {
 }
 
 /* This rank's part of the gathered buffer, written in place (the all-gather then sends from
- * it): cast into it under mixed precision, read into it from the offload tier, or copied into
- * it from a prefetched shard; NULL for plain f32 without offload, which sends the shard itself.
- * Either way the parameter shard need not outlive the issue (offload: it leaves at once). */
+ * it): cast into it under mixed precision, read (or cast) into it from the offload tier, or
+ * copied (cast) into it from a prefetched shard; NULL for plain f32 without offload, which sends
+ * the shard itself. Either way the parameter shard need not outlive the issue (offload: it
+ * leaves at once). */
 static int fill_own_part(fsdp_unit *u, loom_dtype dt, void **own) {
   loom_fsdp *f = u->f;
   *own = (char *)loom_tensor_data(u->gathered) + (size_t)f->rank * u->shard * loom_dtype_size(dt);
@@ -44,7 +45,7 @@ static int fill_own_part(fsdp_unit *u, loom_dtype dt, void **own) {
     return loom__fsdp_param_need(u);
   }
   bool read = false;
-  int rc = dt == LOOM_F32 ? loom__fsdp_param_into(u, *own, &read) : LOOM_OK;
+  int rc = loom__fsdp_param_into(u, *own, dt, &read);
   if (rc || read) return rc;
   if ((rc = loom__fsdp_param_need(u))) return rc;
   if (dt == LOOM_F32) memcpy(*own, u->param_shard, u->shard * sizeof(float));

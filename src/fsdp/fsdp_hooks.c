@@ -49,7 +49,7 @@ static int fwd_pre(loom_module *m, void *ctx) {
   for (int k = 1; k <= f->cfg.offload.prefetch_steps && f->store && !rc; k++) {
     size_t j = u->index + (size_t)f->cfg.forward_prefetch + (size_t)k;
     if (j >= f->nunits) break;
-    rc = loom__fsdp_param_prefetch(&f->units[j]);
+    rc = loom__fsdp_param_ahead(&f->units[j]);
   }
   if (!rc) rc = loom__fsdp_wait_gather(u);
   if (!rc && f->mp && !loom_autocast_enabled()) {
@@ -225,7 +225,7 @@ static int pre_backward(loom_tensor *grad, void *ctx) {
     size_t back = (size_t)f->cfg.backward_prefetch + (size_t)k;
     if (pos < back) break;
     fsdp_unit *o = &f->units[f->order[pos - back]];
-    if (!o->in_backward) rc = loom__fsdp_param_prefetch(o);
+    if (!o->in_backward) rc = loom__fsdp_param_ahead(o);
   }
   if (!rc) rc = loom__fsdp_wait_gather(u);
   /* one local gradient at a time: the previous unit's reduce-scatter (which ran while that

@@ -144,12 +144,21 @@ void loom__fsdp_offload_free(loom_fsdp *f);
 /* the unit's parameter shard in the compute pool (waiting for it, or reading it now) */
 int loom__fsdp_param_need(fsdp_unit *u);
 /* With parameters offloaded and not on their way back: read them straight into dst (this
- * rank's part of a gathered buffer), *done = true; else *done = false. */
-int loom__fsdp_param_into(fsdp_unit *u, float *dst, bool *done);
+ * rank's part of a gathered buffer, of dtype dt), *done = true; else *done = false. f32 is
+ * read from either tier; f16 / bf16 are cast from the host tier's buffers where they are (the
+ * disk tier's come into the shard first, *done = false). */
+int loom__fsdp_param_into(fsdp_unit *u, void *dst, loom_dtype dt, bool *done);
 /* the gather has its bytes: the parameter shard may leave */
 int loom__fsdp_param_done(fsdp_unit *u);
 /* start bringing the parameter shard back (with prefetch on) */
 int loom__fsdp_param_prefetch(fsdp_unit *u);
+/* The hooks' prefetch ahead of a gather: loom__fsdp_param_prefetch on the disk tier, nothing on
+ * the host tier. There the tier's buffers are directly readable and the gather reads (or casts)
+ * them straight into its own part of the gathered buffer (loom__fsdp_param_into: one pass, by
+ * the rank); bringing the shard back first would add a second copy, on the worker, whose cycles
+ * on a CPU come out of the ranks' GEMMs, and a shard in the compute pool. The shard stays
+ * offloaded throughout (loom_fsdp_is_offloaded true): the gather reads it where it is. */
+int loom__fsdp_param_ahead(fsdp_unit *u);
 /* Where to reduce-scatter the unit's gradient (its old bytes are not needed): the gradient
  * shard, or, with gradients offloaded, this rank's slice of the local gradient itself (in
  * place: no shard buffer exists at all) */

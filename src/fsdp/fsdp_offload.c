@@ -201,6 +201,15 @@ int loom__fsdp_param_prefetch(fsdp_unit *u) {
   return rc ? abandon(u, OFF_PARAM, rc) : LOOM_OK;
 }
 
+/* The tier's bytes are host memory the ranks can read where they are. */
+static bool host_tier(const loom_fsdp *f) {
+  return f->store && loom__ostore_tier(f->store) == LOOM__OTIER_HOST;
+}
+
+int loom__fsdp_param_ahead(fsdp_unit *u) {
+  return host_tier(u->f) ? LOOM_OK : loom__fsdp_param_prefetch(u);
+}
+
 int loom__fsdp_param_need(fsdp_unit *u) {
   loom_fsdp *f = u->f;
   off_kind *k = &u->off.k[OFF_PARAM];
@@ -218,11 +227,29 @@ int loom__fsdp_param_need(fsdp_unit *u) {
   return loom__fsdp_arrive(u, OFF_PARAM);
 }
 
-int loom__fsdp_param_into(fsdp_unit *u, float *dst, bool *done) {
+/* Cast the host tier's own buffers of the parameter shard into dst (dt), chunk by chunk, with
+ * no copy in between: what a gather without offload casts from the shard. */
+static int cast_from_host(fsdp_unit *u, void *dst, loom_dtype dt) {
+  loom_fsdp *f = u->f;
+  int rc = LOOM_OK;
+  for (size_t c = 0; c < u->off.nchunks && !rc; c++) {
+    size_t n = loom__fsdp_chunk_len(u, c);
+    const float *src = loom__ostore_host_buffer(
+        f->store, loom__fsdp_slot(u, OFF_PARAM, u->off.k[OFF_PARAM].gen, c), n * sizeof(float));
+    if (!src)
+      return loom__fail(LOOM_EINVAL, "fsdp offload: unit '%s' has no parameter chunk %zu in the "
+                        "host tier", u->name, c);
+    rc = loom_convert(src, LOOM_F32, (char *)dst + c * f->chunk * loom_dtype_size(dt), dt, n);
+  }
+  return rc;
+}
+
+int loom__fsdp_param_into(fsdp_unit *u, void *dst, loom_dtype dt, bool *done) {
   off_kind *k = &u->off.k[OFF_PARAM];
   *done = false;
   if (!u->f->store || !k->offloaded || k->arriving) return LOOM_OK;
-  int rc = get_all(u, OFF_PARAM, dst);
+  if (dt != LOOM_F32 && !host_tier(u->f)) return LOOM_OK;
+  int rc = dt == LOOM_F32 ? get_all(u, OFF_PARAM, dst) : cast_from_host(u, dst, dt);
   *done = rc == LOOM_OK;
   return rc;
 }

@@ -231,13 +231,14 @@ static int step_chunk(void *ctx, fsdp_unit *u, size_t at, size_t n, float *k[OFF
                                c->per ? state : NULL);
 }
 
-/* The units the next forward gathers first: their parameters start coming back now. */
+/* The units the next forward gathers first: their parameters start coming back now (from the
+ * disk tier; the host tier's gathers read its buffers: loom__fsdp_param_ahead). */
 static int prefetch_next_forward(loom_fsdp *f) {
   if (!loom__fsdp_offloading(f, OFF_PARAM)) return LOOM_OK;
   size_t ahead = (size_t)f->cfg.forward_prefetch + (size_t)f->cfg.offload.prefetch_steps;
   int rc = LOOM_OK;
   for (size_t i = 0; i < ahead && i < f->nunits && !rc; i++)
-    rc = loom__fsdp_param_prefetch(&f->units[f->n_order == f->nunits ? f->order[i] : i]);
+    rc = loom__fsdp_param_ahead(&f->units[f->n_order == f->nunits ? f->order[i] : i]);
   return rc;
 }
 

@@ -37,6 +37,7 @@ typedef struct orun {
   loom_fsdp_stats stats[MAXR];
   size_t compute_in_use[MAXR]; /* the rank's compute pool after the last step */
   size_t shard_bytes[MAXR];
+  size_t params_back[MAXR];    /* units whose parameters the last step brought back */
 } orun;
 
 static char tmp_root[256];
@@ -95,7 +96,12 @@ static int orun_rank(loom_pg *pg, void *arg) {
     if (!rc && r->clip) rc = loom_fsdp_clip_grad_norm(f, 0.05, NULL);
     if (!rc && !overflow) rc = loom_fsdp_optim_step(f, opt, 1.0f);
   }
-  /* the step brought the next forward's first parameter shards back: send them out again */
+  /* the step brought the next forward's first parameter shards back (disk tier): send them
+   * out again */
+  if (!rc) rc = loom_fsdp_prefetch_wait(f);
+  r->params_back[rank] = 0;
+  for (size_t u = 0; u < loom_fsdp_unit_count(f); u++)
+    r->params_back[rank] += !loom_fsdp_is_offloaded(f, u, LOOM_FSDP_OFFLOAD_PARAMS);
   for (size_t u = 0; u < loom_fsdp_unit_count(f) && !rc; u++) rc = loom_fsdp_offload_parameter(f, u);
   if (!rc) {
     loom_pool_stats ps;
@@ -262,6 +268,9 @@ LT_TEST(fsdp_offload_prefetch_depths_and_amp_clip_bit_identical) {
       snprintf(name, sizeof name, "%s, prefetch %d", amp ? "f16" : "f32", depth[d]);
       expect_identical(&base, &o, name);
       if (amp) LT_TRUE(o.stats[0].offload_wait_s >= 0);
+      /* the host tier's gathers read its buffers: nothing is brought back ahead of them */
+      bool ahead = d % 2 && depth[d] > 0;
+      LT_EQ(o.params_back[0] > 0, ahead);
       free(o.params);
     }
     free(base.params);
