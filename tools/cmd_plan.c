@@ -6,7 +6,6 @@
 #include "train_opts.h"
 #include "train_plan.h"
 
-#include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,59 +20,55 @@ static const char usage[] = "[OPTIONS]\n\n"
     "  loom plan --model cnn --fit-memory 2GiB --fit batch   # the largest --batch that fits\n"
     "A run under mpirun (--backend mpi) has one process per rank: give --ranks N for its N ranks.";
 
-/* "8GiB", "512MiB", "100MB", "1e9": bytes; -1 if not a size. */
+/* "8GiB", "512MiB", "100MB", "1e9": whole bytes in [1, 2^63); -1 if not such a size. */
 static double parse_size(const char *s) {
   char *end = NULL;
   double v = strtod(s, &end);
-  if (end == s || !isfinite(v) || v <= 0) return -1;
+  if (end == s) return -1;
   static const struct {
     const char *suffix;
     double scale;
   } units[] = {{"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
                {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
   for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-    if (strcmp(end, units[i].suffix) == 0) return v * units[i].scale;
+    if (strcmp(end, units[i].suffix) == 0) {
+      double b = floor(v * units[i].scale);
+      return isfinite(b) && b >= 1 && b < 9.2e18 ? b : -1;
+    }
   return -1;
 }
 
-static int plan_of(const train_opts *o, plan_result *r) {
+static void plan_of(const train_opts *o, plan_result *r) {
   loom_dtype dt = LOOM_F32;
   if (strcmp(o->amp, "off") != 0) loom_dtype_parse(o->amp, &dt);
-  return train_plan(o, loom_ops_native_dtype(dt), r);
+  train_plan(o, loom_ops_native_dtype(dt), r);
 }
 
-/* The largest value of *knob in [1, hi] whose plan's peak is at most limit (0: none fits). */
-static long largest_fit(train_opts *o, long *knob, long hi, double limit) {
-  long keep = *knob, lo = 0;
+/* What --fit searches: the batch, or one width for every hidden layer (the CNN's --fc). */
+static void set_knob(train_opts *o, bool batch, long v) {
+  if (batch) {
+    o->batch = v;
+    return;
+  }
+  for (int i = 0; i < o->nhidden; i++) o->hidden[i] = v;
+  if (strcmp(o->model, "cnn") == 0) o->fc = v;
+}
+
+/* The largest value in [1, hi] whose plan's peak is at most limit (0: none), by bisection: the
+ * peak grows with the batch and the width (with --wrap size it can dip where a layer crosses
+ * --unit-min, so the answer fits but a larger one might too). o is left as it was. */
+static long largest_fit(train_opts *o, bool batch, long hi, double limit) {
+  train_opts keep = *o;
+  long lo = 0;
   plan_result r;
   while (lo < hi) {
     long mid = lo + (hi - lo + 1) / 2;
-    *knob = mid;
-    bool fits = !plan_of(o, &r) && (double)r.peak <= limit;
-    if (fits) lo = mid;
+    set_knob(o, batch, mid);
+    plan_of(o, &r);
+    if ((double)r.peak <= limit) lo = mid;
     else hi = mid - 1;
   }
-  *knob = keep;
-  return lo;
-}
-
-/* --fit hidden: every hidden width of the MLP (the CNN's --fc) set to one value. */
-static long fit_hidden(train_opts *o, double limit) {
-  long lo = 0, hi = TRAIN_MAX_WIDTH;
-  int64_t keep[TRAIN_MAX_HIDDEN];
-  memcpy(keep, o->hidden, sizeof keep);
-  int64_t keep_fc = o->fc;
-  plan_result r;
-  while (lo < hi) {
-    long mid = lo + (hi - lo + 1) / 2;
-    for (int i = 0; i < o->nhidden; i++) o->hidden[i] = mid;
-    if (strcmp(o->model, "cnn") == 0) o->fc = mid;
-    bool fits = !plan_of(o, &r) && (double)r.peak <= limit;
-    if (fits) lo = mid;
-    else hi = mid - 1;
-  }
-  memcpy(o->hidden, keep, sizeof keep);
-  o->fc = keep_fc;
+  *o = keep;
   return lo;
 }
 
@@ -83,13 +78,13 @@ int cmd_plan(int argc, char **argv) {
   train_cli_defaults(&o, &c);
   c.cmd = "loom plan";
   double timeout = 0;
-  bool timeout_seen = false, json = false;
+  bool timeout_seen = false, json = false, fit_seen = false;
   const char *fit_memory = NULL, *fit = "batch";
   cli_option table[TRAIN_CLI_MAX + 4];
   size_t n = train_cli_table(&o, &c, &timeout, &timeout_seen, table, TRAIN_CLI_MAX);
   table[n++] = (cli_option){"json", CLI_FLAG, &json, NULL, "print the plan as one JSON object", NULL, 0, 0, NULL};
   table[n++] = (cli_option){"fit-memory", CLI_STRING, &fit_memory, "SIZE", "find the largest --fit value whose peak per rank fits in SIZE (8GiB, 512MiB, 1e9)", NULL, 0, 0, NULL};
-  table[n++] = (cli_option){"fit", CLI_CHOICE, &fit, NULL, "what --fit-memory searches: --batch, or one width for every hidden layer (the CNN's --fc)", "batch|hidden", 0, 0, NULL};
+  table[n++] = (cli_option){"fit", CLI_CHOICE, &fit, NULL, "what --fit-memory searches: --batch, or one width for every hidden layer (the CNN's --fc)", "batch|hidden", 0, 0, &fit_seen};
   table[n] = (cli_option){0};
   int rc = cli_parse("loom plan", table, argc, argv, NULL, 0, NULL);
   if (rc == 1) {
@@ -102,40 +97,39 @@ int cmd_plan(int argc, char **argv) {
   if (rc < 0 || train_opts_check(&o, &c)) return 2;
   double limit = fit_memory ? parse_size(fit_memory) : 0;
   if (fit_memory && limit <= 0) {
-    fprintf(stderr, "loom plan: --fit-memory: expected a size such as 8GiB, 512MiB or 1e9, got '%s'\n",
-            fit_memory);
+    fprintf(stderr, "loom plan: --fit-memory: expected a size from 1 byte to 8 EiB such as 8GiB, "
+            "512MiB or 1e9, got '%s'\n", fit_memory);
+    return 2;
+  }
+  if (fit_seen && !fit_memory) {
+    fprintf(stderr, "loom plan: --fit: it says what --fit-memory searches; give --fit-memory\n");
     return 2;
   }
   plan_result r;
-  if (plan_of(&o, &r)) {
-    fprintf(stderr, "loom plan: %s\n", train_last_error());
-    return 1;
-  }
   if (!fit_memory) {
+    plan_of(&o, &r);
     if (json) train_plan_print_json(stdout, &o, &r);
     else train_plan_print(stdout, &o, &r);
     return 0;
   }
   bool by_batch = strcmp(fit, "batch") == 0;
-  long best = by_batch ? largest_fit(&o, &o.batch, 1L << 24, limit) : fit_hidden(&o, limit);
+  /* a batch (x the ranks) no larger than the samples an epoch has (--limit) */
+  long hi = by_batch ? TRAIN_MAX_BATCH : TRAIN_MAX_WIDTH;
+  if (by_batch && o.limit > 0 && o.limit / o.ranks < hi) hi = o.limit / o.ranks;
+  long best = hi > 0 ? largest_fit(&o, by_batch, hi, limit) : 0;
   if (best > 0) {
-    if (by_batch) o.batch = best;
-    else {
-      for (int i = 0; i < o.nhidden; i++) o.hidden[i] = best;
-      if (strcmp(o.model, "cnn") == 0) o.fc = best;
-    }
+    set_knob(&o, by_batch, best);
     plan_of(&o, &r);
   }
+  const char *what = by_batch ? "--batch" : strcmp(o.model, "cnn") == 0 ? "--fc" : "hidden width";
   if (json) {
-    printf("{\"fit\": \"%s\", \"memory_bytes\": %.0f, \"largest\": %ld, \"peak_bytes\": %lld}\n",
-           fit, limit, best, best > 0 ? (long long)r.peak : 0LL);
+    printf("{\"fit\": \"%s\", \"memory_bytes\": %.0f, \"largest\": %ld, \"at_most\": %ld, "
+           "\"peak_bytes\": %lld}\n", fit, limit, best, hi, best > 0 ? (long long)r.peak : 0LL);
   } else if (best > 0) {
-    printf("largest %s that fits in %s per rank: %ld (peak %.1f MiB)\n",
-           by_batch ? "--batch" : strcmp(o.model, "cnn") == 0 ? "--fc" : "hidden width", fit_memory,
-           best, (double)r.peak / 1048576.0);
+    printf("largest %s that fits in %s per rank: %ld (peak %.1f MiB)%s\n", what, fit_memory, best,
+           (double)r.peak / 1048576.0, best == hi ? ", the most the option allows here" : "");
   } else {
-    printf("nothing fits in %s per rank: even %s 1 needs more\n", fit_memory,
-           by_batch ? "--batch" : "width");
+    printf("nothing fits in %s per rank: even %s 1 needs more\n", fit_memory, what);
   }
   return best > 0 ? 0 : 1;
 }

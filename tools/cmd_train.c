@@ -120,7 +120,7 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
   /* Bounds: every product the trainer forms fits in 64 bits (epochs x steps per epoch, batch x
    * ranks, --limit + batch); the data's own limits (batch <= samples, warmup <= steps) are
    * checked once the data is loaded. */
-  const double steps_max = 1e15, batch_max = 1 << 24;
+  const double steps_max = 1e15, batch_max = TRAIN_MAX_BATCH;
   const cli_option table[] = {
       {"model", CLI_CHOICE, &o->model, NULL, "the network", "mlp|cnn", 0, 0, NULL},
       {"hidden", CLI_STRING, &c->hidden, "N,N,...", "MLP hidden layer widths", NULL, 0, 0, &c->seen_hidden},

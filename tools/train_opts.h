@@ -32,6 +32,8 @@ void train_cli_defaults(train_opts *o, train_cmdline *c);
 size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *timeout_seen,
                        cli_option *out, size_t cap);
 
+/* The largest --batch and --eval-batch. */
+#define TRAIN_MAX_BATCH (1L << 24)
 /* The largest width of a layer (--hidden, --channels, --fc). */
 #define TRAIN_MAX_WIDTH (1L << 20)
 

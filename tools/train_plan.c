@@ -40,7 +40,8 @@ static sim_val *sim_new(sim *s, plan_part p, int64_t bytes) {
   sim_val *v = NULL;
   for (int i = 0; i < s->nv && !v; i++)
     if (s->v[i].refs == 0) v = &s->v[i];
-  if (!v) v = s->nv < SIM_VALUES ? &s->v[s->nv++] : &s->v[SIM_VALUES - 1]; /* never for chains */
+  /* never full: the largest option set holds under 40 values at once */
+  if (!v) v = s->nv < SIM_VALUES ? &s->v[s->nv++] : &s->v[SIM_VALUES - 1];
   *v = (sim_val){bytes, p, 1};
   sim_count(s, p, bytes);
   return v;
@@ -158,11 +159,23 @@ typedef struct run {
   bool off_params, off_grads, off_optim, disk;
   int prefetch;
   int state_kinds;      /* optimizer state buffers per element */
+  int span_first[MAX_UNITS], span_last[MAX_UNITS]; /* ops a unit's forward covers */
+  int first_layer_op[MAX_UNITS]; /* the first op using the unit's own parameters */
   /* FSDP state while a pass runs */
-  sim_val *gathered[MAX_UNITS], *local_grad[MAX_UNITS];
+  sim_val *gathered[MAX_UNITS], *local_grad[MAX_UNITS], *ahead[MAX_UNITS];
 } run;
 
 static const int64_t ALIGN = 16;
+
+_Static_assert(MAX_OPS >= 2 * TRAIN_MAX_HIDDEN + 1 && MAX_OPS >= 10, "an op per layer and ReLU");
+_Static_assert(MAX_UNITS >= TRAIN_MAX_HIDDEN + 1, "a unit per layer");
+
+/* Elements of this rank's shards, all units. */
+static int64_t shard_total(const run *r) {
+  int64_t t = 0;
+  for (int u = 0; u < r->nunits; u++) t += r->shard[u];
+  return t;
+}
 
 static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
@@ -173,30 +186,38 @@ static const op *layer_op(const net *n, int l) {
   return &n->ops[0]; /* not reached: every layer has its op */
 }
 
-/* FSDP's units: each layer (--wrap children, as the library cuts these models); with --wrap
- * size, consecutive layers grouped until a unit holds --unit-min elements. The library's size
- * policy instead wraps each layer that reaches --unit-min alone and puts the rest in the root's
- * unit; for the configurations the test measures the peaks agree within 0.3%. A flat parameter
- * puts each parameter at a 16-element offset and pads the whole to ranks x 16 elements. */
+/* FSDP's units as the library cuts these models (src/fsdp/fsdp_units.c): --wrap children, each
+ * layer; --wrap size, each layer of --unit-min elements or more on its own and the rest in one
+ * unit for the model (its Sequential or the root), which comes first and whose forward spans the
+ * model's. A flat parameter puts each parameter at a 16-element offset and pads the whole to
+ * ranks x 16 elements. */
 static void make_units(run *r, const train_opts *o) {
+  const net *n = &r->n;
   bool by_size = strcmp(o->wrap, "size") == 0;
-  int64_t flat[MAX_UNITS] = {0}, filled = 0; /* filled: parameters of the unit being filled */
-  r->nunits = 0;
-  for (int l = 0; l < r->n.nlayers; l++) {
-    if (!(by_size && r->nunits > 0 && filled < o->unit_min)) {
-      r->nunits++;
-      filled = 0;
-    }
-    int u = r->unit_of_layer[l] = r->nunits - 1;
-    const op *lo = layer_op(&r->n, l);
-    int64_t weight = layer_numel(lo) - lo->out;
-    flat[u] += round_up(weight, ALIGN) + round_up(lo->out, ALIGN);
-    filled += layer_numel(lo);
+  int rest = -1; /* the model's unit (size policy), if some layer is below --unit-min */
+  for (int l = 0; l < n->nlayers && by_size; l++)
+    if (n->numel[l] < o->unit_min) rest = 0;
+  int64_t flat[MAX_UNITS] = {0};
+  r->nunits = rest + 1;
+  for (int l = 0; l < n->nlayers; l++) {
+    int u = by_size && n->numel[l] < o->unit_min ? rest : r->nunits++;
+    r->unit_of_layer[l] = u;
+    const op *lo = layer_op(n, l);
+    flat[u] += round_up(n->numel[l] - lo->out, ALIGN) + round_up(lo->out, ALIGN);
   }
   for (int u = 0; u < r->nunits; u++) {
     r->padded[u] = round_up(flat[u], (int64_t)r->ranks * ALIGN);
     r->shard[u] = r->padded[u] / r->ranks;
+    r->span_first[u] = r->first_layer_op[u] = n->nops;
+    r->span_last[u] = -1;
   }
+  for (int i = 0; i < n->nops; i++) {
+    int u = n->ops[i].layer < 0 ? -1 : r->unit_of_layer[n->ops[i].layer];
+    if (u < 0) continue;
+    if (i < r->first_layer_op[u]) r->first_layer_op[u] = r->span_first[u] = i;
+    if (i > r->span_last[u]) r->span_last[u] = i;
+  }
+  if (rest == 0) r->span_first[0] = 0, r->span_last[0] = n->nops - 1;
 }
 
 /* ---- FSDP's gathers and unit gradients ------------------------------------------------------ */
@@ -205,18 +226,22 @@ static int unit_of_op(const run *r, const op *o) {
   return o->layer < 0 ? -1 : r->unit_of_layer[o->layer];
 }
 
-/* Whether op i is the last op of unit u in forward order (a unit's gathered parameters stay
- * until its module's forward ends). */
-static bool last_op_of_unit(const run *r, int i, int u) {
-  for (int j = i + 1; j < r->n.nops; j++)
-    if (unit_of_op(r, &r->n.ops[j]) == u) return false;
-  return true;
-}
-
+/* A unit's parameters come back: its gathered buffer (in the forward dtype), filled from this
+ * rank's shard; a shard the disk tier brought ahead is then freed. */
 static void gather(run *r, int u) {
   if (u < 0 || u >= r->nunits || r->gathered[u]) return;
   int es = r->fsdp_mp ? r->amp_es : 4;
   r->gathered[u] = sim_new(&r->s, PLAN_LOWP, r->padded[u] * es);
+  sim_drop(&r->s, r->ahead[u]);
+  r->ahead[u] = NULL;
+}
+
+/* The disk tier reads a unit's parameter shard into the compute pool ahead of its gather
+ * (--prefetch); the host tier's gathers read the tier in place. */
+static void param_ahead(run *r, int u) {
+  if (!r->disk || !r->off_params || u < 0 || u >= r->nunits || r->gathered[u] || r->ahead[u])
+    return;
+  r->ahead[u] = sim_new(&r->s, PLAN_PARAMS, r->shard[u] * 4);
 }
 
 static void release_unit(run *r, int u) {
@@ -224,22 +249,38 @@ static void release_unit(run *r, int u) {
   r->gathered[u] = NULL;
 }
 
-/* Unit u's forward starts: it and the next --gather-prefetch units are gathered. */
+/* Unit u's forward starts: it and the next --gather-prefetch units are gathered, and the disk
+ * tier starts reading the --prefetch units after those. */
 static void fsdp_pre_forward(run *r, int u) {
   for (int k = u; k <= u + r->gather_prefetch && k < r->nunits; k++) gather(r, k);
+  for (int k = 1; k <= r->prefetch; k++) param_ahead(r, u + r->gather_prefetch + k);
 }
 
-/* Unit u's backward starts: the unit before finishes (its gradient is reduce-scattered and
- * freed, its parameters dropped), u and the --gather-prefetch units below are gathered, and
- * u's full-size gradient is made. */
-static void fsdp_pre_backward(run *r, int u, int prev) {
-  if (prev >= 0) {
-    release_unit(r, prev);
-    sim_drop(&r->s, r->local_grad[prev]);
-    r->local_grad[prev] = NULL;
-  }
+/* Unit u's backward starts at op i: each unit whose backward is over (all its layers are past)
+ * is resharded and its gradient reduce-scattered and freed; u and the --gather-prefetch units
+ * before it are gathered, the disk tier reads ahead, and u's full-size gradient is made. */
+static void fsdp_pre_backward(run *r, int u, int i) {
+  for (int o = 0; o < r->nunits; o++)
+    if (o != u && r->local_grad[o] && r->first_layer_op[o] > i) {
+      release_unit(r, o);
+      sim_drop(&r->s, r->local_grad[o]);
+      r->local_grad[o] = NULL;
+    }
   for (int k = u; k >= u - r->gather_prefetch && k >= 0; k--) gather(r, k);
+  for (int k = 1; k <= r->prefetch; k++) param_ahead(r, u - r->gather_prefetch - k);
   if (!r->local_grad[u]) r->local_grad[u] = sim_new(&r->s, PLAN_GRADS, r->padded[u] * 4);
+}
+
+/* The units whose forward starts at op i, in order. */
+static void fsdp_forward_starts(run *r, int i) {
+  for (int u = 0; u < r->nunits; u++)
+    if (r->span_first[u] == i) fsdp_pre_forward(r, u);
+}
+
+/* After op i: the units whose forward ends there are resharded (with --reshard-after-forward). */
+static void fsdp_forward_ends(run *r, int i, bool reshard) {
+  for (int u = 0; u < r->nunits; u++)
+    if (r->span_last[u] == i && reshard) release_unit(r, u);
 }
 
 /* ---- forward ---------------------------------------------------------------------------- */
@@ -312,7 +353,7 @@ static act op_forward(run *r, const op *o, act x, saved *sv, sim_val **cache) {
     sim_val *in32 = x.es != 4 ? sim_new(s, PLAN_WORKSPACE, nin * 4) : NULL;
     y.v = sim_new(s, PLAN_ACTIVATIONS, nout * x.es);
     sim_val *out32 = x.es != 4 ? sim_new(s, PLAN_WORKSPACE, nout * 4) : NULL;
-    sim_val *idx = sv ? sim_new(s, PLAN_ACTIVATIONS, nout * 8) : NULL;
+    sim_val *idx = sim_new(s, PLAN_ACTIVATIONS, nout * 8); /* also without autograd */
     sim_drop(s, out32), sim_drop(s, in32);
     if (sv) save(sv, x.v), save(sv, idx);
     sim_drop(s, idx);
@@ -398,8 +439,7 @@ static void persistent(run *r) {
   sim *s = &r->s;
   int64_t P = net_params(&r->n);
   if (r->fsdp) {
-    int64_t shards = 0;
-    for (int u = 0; u < r->nunits; u++) shards += r->shard[u];
+    int64_t shards = shard_total(r);
     if (!r->off_params) sim_new(s, PLAN_PARAMS, shards * 4);
     if (!r->off_grads) sim_new(s, PLAN_GRADS, shards * 4);
     if (!r->off_optim) sim_new(s, PLAN_OPTIM, shards * 4 * r->state_kinds);
@@ -431,14 +471,12 @@ static void train_step(run *r) {
   a[0] = (act){x, 4};
   sim_val *cache[MAX_OPS][2];
   memset(cache, 0, sizeof cache);
-  int prev_unit = -1;
+  for (int u = 0; r->fsdp && u < r->gather_prefetch + r->prefetch; u++)
+    param_ahead(r, u); /* what the last step's end brought back for this forward */
   for (int i = 0; i < n->nops; i++) {
-    const op *o = &n->ops[i];
-    int u = r->fsdp ? unit_of_op(r, o) : -1;
-    if (u >= 0 && u != prev_unit) fsdp_pre_forward(r, u);
-    a[i + 1] = op_forward(r, o, a[i], &sv[i], cache[i]);
-    if (u >= 0 && r->reshard && last_op_of_unit(r, i, u)) release_unit(r, u);
-    if (u >= 0) prev_unit = u;
+    if (r->fsdp) fsdp_forward_starts(r, i);
+    a[i + 1] = op_forward(r, &n->ops[i], a[i], &sv[i], cache[i]);
+    if (r->fsdp) fsdp_forward_ends(r, i, r->reshard);
     if (i > 0) sim_drop(s, a[i].v); /* the caller drops its input (the batch: after the loss) */
   }
   loss_forward(r, a[n->nops], &sv[n->nops]);
@@ -455,14 +493,10 @@ static void train_step(run *r) {
     sim_drop(s, g);
     g = g2;
   }
-  int cur_unit = -1;
   for (int i = n->nops - 1; i >= 0; i--) {
     const op *o = &n->ops[i];
     int u = r->fsdp ? unit_of_op(r, o) : -1;
-    if (u >= 0 && u != cur_unit) {
-      fsdp_pre_backward(r, u, cur_unit);
-      cur_unit = u;
-    }
+    if (u >= 0) fsdp_pre_backward(r, u, i);
     sim_val *gx = op_backward(r, o, g, i == 0, &sv[i]);
     sim_drop(s, g);
     g = gx;
@@ -496,12 +530,12 @@ static void eval_batch(run *r, int64_t rows) {
   act a = {x, 4};
   sim_val *cache[MAX_OPS][2];
   memset(cache, 0, sizeof cache);
+  for (int u = 0; r->fsdp && u < r->gather_prefetch + r->prefetch; u++) param_ahead(r, u);
   for (int i = 0; i < n->nops; i++) {
     const op *o = &n->ops[i];
-    int u = r->fsdp ? unit_of_op(r, o) : -1;
-    if (u >= 0) fsdp_pre_forward(r, u);
+    if (r->fsdp) fsdp_forward_starts(r, i);
     act b = op_forward(r, o, a, NULL, cache[i]);
-    if (u >= 0 && last_op_of_unit(r, i, u)) release_unit(r, u);
+    if (r->fsdp) fsdp_forward_ends(r, i, true);
     if (i > 0) sim_drop(s, a.v);
     a = b;
   }
@@ -522,8 +556,7 @@ static void build(run *r) {
   sim_val *p2 = sim_new(s, PLAN_PARAMS, P * 4), *g2 = sim_new(s, PLAN_GRADS, P * 4);
   sim_drop(s, p1), sim_drop(s, g1);
   if (r->fsdp) {
-    int64_t shards = 0;
-    for (int u = 0; u < r->nunits; u++) shards += r->shard[u];
+    int64_t shards = shard_total(r);
     sim_val *ps = r->off_params ? NULL : sim_new(s, PLAN_PARAMS, shards * 4);
     sim_val *gs = r->off_grads ? NULL : sim_new(s, PLAN_GRADS, shards * 4);
     sim_drop(s, p2), sim_drop(s, g2);
@@ -540,6 +573,7 @@ static void phase(run *r, plan_phase *ph, void (*fn)(run *), int64_t eval_rows) 
   memset(&r->s, 0, sizeof r->s);
   memset(r->gathered, 0, sizeof r->gathered);
   memset(r->local_grad, 0, sizeof r->local_grad);
+  memset(r->ahead, 0, sizeof r->ahead);
   memset(ph, 0, sizeof *ph);
   r->s.ph = ph;
   if (fn == build) {
@@ -551,7 +585,7 @@ static void phase(run *r, plan_phase *ph, void (*fn)(run *), int64_t eval_rows) 
   else eval_batch(r, eval_rows);
 }
 
-int train_plan(const train_opts *o, bool native, plan_result *out) {
+void train_plan(const train_opts *o, bool native, plan_result *out) {
   static run r; /* large: the simulator's values */
   memset(&r, 0, sizeof r);
   memset(out, 0, sizeof *out);
@@ -575,20 +609,18 @@ int train_plan(const train_opts *o, bool native, plan_result *out) {
   if (r.fsdp) make_units(&r, o);
   phase(&r, &out->build, build, 0);
   phase(&r, &out->train, train_step, 0);
-  phase(&r, &out->eval, NULL, o->eval_batch);
+  int64_t test_n = o->limit > 0 ? o->limit : 10000; /* the loader yields no more */
+  phase(&r, &out->eval, NULL, o->eval_batch < test_n ? o->eval_batch : test_n);
   out->peak = out->build.peak;
   if (out->train.peak > out->peak) out->peak = out->train.peak;
   if (out->eval.peak > out->peak) out->peak = out->eval.peak;
   out->params = net_params(&r.n);
   out->widened = r.widen;
   if (r.fsdp) {
-    int64_t shards = 0, off = 0;
-    for (int u = 0; u < r.nunits; u++) shards += r.shard[u];
-    off = shards * 4 * (r.off_params + r.off_grads + (r.off_optim ? r.state_kinds : 0));
+    int64_t off = shard_total(&r) * 4 * (r.off_params + r.off_grads + (r.off_optim ? r.state_kinds : 0));
     if (r.disk) out->file_bytes = off;
     else out->host_bytes = off;
   }
-  return LOOM_OK;
 }
 
 /* ---- output ----------------------------------------------------------------------------- */
@@ -599,10 +631,6 @@ static const char *const part_names[PLAN_PARTS] = {
 static const char *const part_keys[PLAN_PARTS] = {
     "parameters", "gradients", "optimizer_state", "buckets", "low_precision", "batch",
     "activations", "activation_grads", "workspace"};
-
-const char *train_plan_part_name(plan_part p) {
-  return (unsigned)p < PLAN_PARTS ? part_names[p] : "?";
-}
 
 static void mib(char *buf, size_t cap, int64_t b) {
   snprintf(buf, cap, "%.1f MiB", (double)b / (1024.0 * 1024.0));

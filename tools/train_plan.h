@@ -9,7 +9,7 @@
  * on a CPU without a native low-precision kernel, the int64 indices of max-pooling, the
  * gradient buffers, DDP's buckets, FSDP's shards, gathered units and unit gradients, and what
  * offload moves out of the compute pool). The peak of each phase and what is live at that
- * moment, by part, come out. tests/tools/test_plan.c holds it to the peak `loom train`
+ * moment, by part, come out. tests/train/test_train_plan.c holds it to the peak `loom train`
  * measures.
  *
  * Where the library's timing decides, the plan takes the highest peak a run can reach: an FSDP
@@ -58,12 +58,10 @@ typedef struct plan_result {
 } plan_result;
 
 /* The plan of the run the (checked) options describe, with `native` telling whether this CPU
- * has native kernels for the --amp dtype (loom_ops_native_dtype). LOOM_EINVAL (with
- * train_last_error) for an option the plan does not model. */
-int train_plan(const train_opts *o, bool native, plan_result *r);
-
-/* The part's name ("parameters", ...). */
-const char *train_plan_part_name(plan_part p);
+ * has native kernels for the --amp dtype (loom_ops_native_dtype). The evaluation batch is
+ * --eval-batch, at most the test samples (--limit, else Fashion-MNIST's 10000). Not reentrant
+ * (the simulator's tables are static). */
+void train_plan(const train_opts *o, bool native, plan_result *r);
 
 /* Print the plan as a table, or as one JSON object. */
 void train_plan_print(FILE *f, const train_opts *o, const plan_result *r);
