@@ -179,6 +179,7 @@ LT_TEST(plan_fit_memory_finds_the_largest_batch) {
   tt_run capped = tt_plan("--limit 1000 --ranks 2 --strategy ddp --fit-memory 8GiB --json");
   LT_EQ(capped.rc, 0);
   LT_EQ(json_number(capped.out, "largest"), 500);
+  tt_run_free(&capped);
   tt_run_free(&h1);
   tt_run_free(&h2);
   /* nothing fits: exit 1 with a message */
