@@ -335,10 +335,8 @@ static act op_forward(run *r, const op *o, act x, saved *sv, sim_val **cache) {
     y.es = lowp ? 2 : 4;
     y.v = sim_new(s, PLAN_ACTIVATIONS, nout * y.es);
     if (lowp && r->widen) { /* the f32 operands and result of the widened product */
-      sim_val *a = sim_new(s, PLAN_WORKSPACE, nin * 4);
-      sim_val *b = o->kind == OP_LINEAR ? sim_new(s, PLAN_WORKSPACE, w * 4) : NULL;
-      sim_val *c = sim_new(s, PLAN_WORKSPACE, nout * 4);
-      if (o->kind == OP_CONV) b = sim_new(s, PLAN_WORKSPACE, w * 4);
+      sim_val *a = sim_new(s, PLAN_WORKSPACE, nin * 4), *b = sim_new(s, PLAN_WORKSPACE, w * 4),
+              *c = sim_new(s, PLAN_WORKSPACE, nout * 4);
       sim_drop(s, a), sim_drop(s, b), sim_drop(s, c);
     }
     if (sv) save(sv, cx), save(sv, cw);
