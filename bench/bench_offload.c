@@ -36,11 +36,14 @@
  * Speed: `rounds` rounds of every configuration (default 3), rank 0's median step time per run,
  * the ratio to the round's fsdp run, median over rounds.
  *
- * Usage: bench_offload [dir] [steps] [rounds]. */
+ * Usage: bench_offload [dir] [steps] [rounds]. Under MPI, one rank per process (how a site runs
+ * it, and where "the process's peak RSS" is one rank's): mpirun -n 2 bench_offload --mpi CONFIG
+ * [dir] [steps], CONFIG one of the names above; each process reports its own RSS. */
 #include "bench_util.h"
 
 #include <loom/cpu.h>
 #include <loom/dist.h>
+#include <loom/dist_mpi.h>
 #include <loom/fsdp.h>
 
 #include <fcntl.h>
@@ -72,6 +75,7 @@ typedef struct result {
   double rss_build, rss_train;    /* bytes: VmHWM before and after the reset */
   double disk_read;               /* bytes read from storage per step (whole process) */
   double shard_max;               /* largest unit shard, bytes */
+  double rss_anon, rss_file, rss_shmem; /* after the timed steps: what the resident bytes are */
   double params;
   int ok;
 } result;
@@ -80,9 +84,15 @@ typedef struct job {
   const config *c;
   const char *dir;
   int steps;
+  bool mpi; /* one rank per process (mpirun): every rank measures its own process */
   result r;
   pthread_barrier_t bar;
 } job;
+
+static void sync_ranks(job *j, loom_pg *pg) {
+  if (j->mpi) BENCH_CHECK(loom_pg_barrier(pg, NULL));
+  else sync_ranks(j, pg);
+}
 
 static double proc_status_kb(const char *key) {
   FILE *p = fopen("/proc/self/status", "r");
@@ -134,7 +144,8 @@ static double pool_now(int acct, loom_pool pool) {
 static int rank_main(loom_pg *pg, void *arg) {
   job *j = arg;
   const config *c = j->c;
-  int rank = loom_pg_rank(pg), acct = rank + 1;
+  int rank = loom_pg_rank(pg), acct = loom_mem_account();
+  bool measures_process = rank == 0 || j->mpi; /* VmHWM, page cache, read bytes */
   loom_set_num_threads(loom_pg_compute_threads(pg));
   loom_module *m = NULL;
   BENCH_CHECK(loom_nn_mlp_create(sizes, NSIZES, LOOM_ACT_RELU, LOOM_F32, 1, &m));
@@ -149,7 +160,7 @@ static int rank_main(loom_pg *pg, void *arg) {
     fc.offload.chunk_bytes = CHUNK_BYTES;
     ac.state_pool = LOOM_POOL_HOST;
   }
-  if (rank == 0) j->r.params = (double)loom_module_numel(m);
+  j->r.params = (double)loom_module_numel(m);
   loom_fsdp *f = NULL;
   loom_optim *opt = NULL;
   BENCH_CHECK(loom_fsdp_create(pg, m, &fc, &f));
@@ -171,14 +182,15 @@ static int rank_main(loom_pg *pg, void *arg) {
   for (int s = 0; s < 1 + j->steps; s++) {
     bool timed = s > 0;
     if (s == 1) {
-      r->state[rank] = pool_now(acct, LOOM_POOL_COMPUTE);
-      r->host[rank] = pool_now(acct, LOOM_POOL_HOST);
-      r->file[rank] = pool_now(acct, LOOM_POOL_FILE);
+      int slot = j->mpi ? 0 : rank;
+      r->state[slot] = pool_now(acct, LOOM_POOL_COMPUTE);
+      r->host[slot] = pool_now(acct, LOOM_POOL_HOST);
+      r->file[slot] = pool_now(acct, LOOM_POOL_FILE);
       loom_mem_account_reset_peak(acct, LOOM_POOL_COMPUTE);
       BENCH_CHECK(loom_fsdp_stats_get(f, &before));
     }
-    pthread_barrier_wait(&j->bar);
-    if (rank == 0 && timed) {
+    sync_ranks(j, pg);
+    if (measures_process && timed) {
       if (s == 1) { /* the training's own peak RSS from here */
         r->rss_build = proc_status_kb("VmHWM:");
         write_file("/proc/self/clear_refs", "5");
@@ -187,7 +199,7 @@ static int rank_main(loom_pg *pg, void *arg) {
       if (c->offload && c->tier == LOOM_FSDP_TIER_DISK) drop_page_cache();
       io0 = io_read_bytes();
     }
-    pthread_barrier_wait(&j->bar);
+    sync_ranks(j, pg);
     double t0 = bench_now();
     loom_tensor *logits = NULL, *loss = NULL;
     BENCH_CHECK(loom_module_forward(m, x, &logits));
@@ -198,18 +210,21 @@ static int rank_main(loom_pg *pg, void *arg) {
     loom_tensor_free(loss);
     BENCH_CHECK(loom_fsdp_optim_step(f, opt, 1.0f));
     double t1 = bench_now();
-    pthread_barrier_wait(&j->bar);
-    if (rank == 0 && timed) io_sum += io_read_bytes() - io0;
+    sync_ranks(j, pg);
+    if (measures_process && timed) io_sum += io_read_bytes() - io0;
     if (timed) step_t[s - 1] = t1 - t0;
   }
   loom_pool_stats ps;
   BENCH_CHECK(loom_mem_account_stats(acct, LOOM_POOL_COMPUTE, &ps));
-  r->peak[rank] = (double)ps.peak_bytes;
-  if (rank == 0) {
+  r->peak[j->mpi ? 0 : rank] = (double)ps.peak_bytes;
+  if (measures_process) {
     int n = j->steps;
     r->step_s = bench_median(step_t, n);
     r->cpu_s = (cpu_now() - cpu0) / n;
     r->rss_train = proc_status_kb("VmHWM:");
+    r->rss_anon = proc_status_kb("RssAnon:");
+    r->rss_file = proc_status_kb("RssFile:");
+    r->rss_shmem = proc_status_kb("RssShmem:");
     r->disk_read = io_sum / n;
     BENCH_CHECK(loom_fsdp_stats_get(f, &after));
     r->wait_s = (after.offload_wait_s - before.offload_wait_s) / n;
@@ -254,18 +269,53 @@ static result run(const config *c, const char *dir, int steps) {
 static double maxd(double a, double b) { return a > b ? a : b; }
 static double worst(const double *v) { return maxd(v[0], v[1]); }
 
+static const config configs[] = {
+    {"fsdp", false, LOOM_FSDP_TIER_HOST, 1},  {"host p1", true, LOOM_FSDP_TIER_HOST, 1},
+    {"host p0", true, LOOM_FSDP_TIER_HOST, 0}, {"disk p1", true, LOOM_FSDP_TIER_DISK, 1},
+    {"disk p0", true, LOOM_FSDP_TIER_DISK, 0}};
+enum { NC = sizeof configs / sizeof configs[0] };
+
+/* `mpirun -n 2 bench_offload --mpi CONFIG [dir] [steps]`: one configuration, one rank per
+ * process; each process prints its own peak RSS (the training's, VmHWM reset after the warm-up
+ * step), compute-pool peak and step time. */
+static int main_mpi(int argc, char **argv) {
+  const config *c = NULL;
+  for (int i = 0; i < NC && argc > 2; i++)
+    if (!strcmp(argv[2], configs[i].name)) c = &configs[i];
+  const char *dir = argc > 3 ? argv[3] : "/var/tmp";
+  int steps = argc > 4 ? atoi(argv[4]) : 3;
+  if (!c || steps < 1 || steps > MAXSTEPS) {
+    fprintf(stderr, "usage: mpirun -n 2 bench_offload --mpi 'fsdp'|'host p1'|'host p0'|'disk "
+            "p1'|'disk p0' [dir] [steps 1..%d]\n", MAXSTEPS);
+    return 2;
+  }
+  if (c->offload && c->tier == LOOM_FSDP_TIER_DISK) loom_mem_set_cache_limit(0);
+  loom_pg *pg = NULL;
+  BENCH_CHECK(loom_mpi_pg_create(NULL, NULL, &pg));
+  job j = {.c = c, .dir = dir, .steps = steps, .mpi = true};
+  int rc = rank_main(pg, &j);
+  const result *r = &j.r;
+  double state_all = 16.0 * r->params;
+  printf("mpi %-8s rank %d of %d: peak RSS %.0f MB = %.0f%% of the training state %.0f MB "
+         "(build %.0f MB; now anon %.0f, file %.0f, shmem %.0f MB); compute peak %.0f MB; step %.3f "
+         "s; wait %.3f of %.3f s transfer%s\n",
+         c->name, loom_pg_rank(pg), loom_pg_size(pg), MB(r->rss_train),
+         100 * r->rss_train / (state_all > 0 ? state_all : 1), MB(state_all), MB(r->rss_build),
+         MB(r->rss_anon), MB(r->rss_file), MB(r->rss_shmem), MB(r->peak[0]), r->step_s, r->wait_s, r->transfer_s, rc ? " FAILED" : "");
+  loom_pg_free(pg);
+  loom_mpi_finalize();
+  return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "--mpi")) return main_mpi(argc, argv);
   const char *dir = argc > 1 ? argv[1] : "/var/tmp";
   int steps = argc > 2 ? atoi(argv[2]) : 3, rounds = argc > 3 ? atoi(argv[3]) : 3;
   if (steps < 1 || steps > MAXSTEPS || rounds < 1 || rounds > 16) {
     fprintf(stderr, "usage: bench_offload [dir] [steps 1..%d] [rounds 1..16]\n", MAXSTEPS);
     return 2;
   }
-  static const config cs[] = {
-      {"fsdp", false, LOOM_FSDP_TIER_HOST, 1},  {"host p1", true, LOOM_FSDP_TIER_HOST, 1},
-      {"host p0", true, LOOM_FSDP_TIER_HOST, 0}, {"disk p1", true, LOOM_FSDP_TIER_DISK, 1},
-      {"disk p0", true, LOOM_FSDP_TIER_DISK, 0}};
-  enum { NC = sizeof cs / sizeof cs[0] };
+  const config *cs = configs;
   printf("bench_offload: MLP 784-4096x4-10, FSDP %d ranks (threads), batch %d per rank, AdamW, "
          "%d timed steps after 1 warm-up, %d rounds; disk tier in %s; CPU level %s\n",
          NR, BATCH, steps, rounds, dir, loom_cpu_level_name(loom_cpu_level_active()));

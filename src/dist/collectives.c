@@ -45,7 +45,8 @@ int loom_pg_allreduce(loom_pg *pg, const void *send, void *recv, size_t count, l
   if (rc) return rc;
   if (send != recv && overlaps(send, sb, recv, rb))
     return loom__fail(LOOM_EINVAL, "%s: send and recv overlap without being equal", who);
-  loom__coll c = {LOOM__ALLREDUCE, send, recv, count, dt, op, 0, 0};
+  loom__coll c = {.kind = LOOM__ALLREDUCE, .send = send, .recv = recv, .count = count, .dt = dt,
+                  .op = op};
   return loom__pg_issue(pg, &c, out);
 }
 
@@ -61,12 +62,19 @@ int loom_pg_broadcast(loom_pg *pg, const void *send, void *recv, size_t count, l
   if (rc) return rc;
   if (is_root && send != recv && overlaps(send, sb, recv, rb))
     return loom__fail(LOOM_EINVAL, "%s: send and recv overlap without being equal", who);
-  loom__coll c = {LOOM__BROADCAST, is_root ? send : NULL, recv, count, dt, LOOM_SUM, root, 0};
+  loom__coll c = {.kind = LOOM__BROADCAST, .send = is_root ? send : NULL, .recv = recv,
+                  .count = count, .dt = dt, .op = LOOM_SUM, .root = root};
   return loom__pg_issue(pg, &c, out);
 }
 
 int loom_pg_allgather(loom_pg *pg, const void *send, void *recv, size_t count, loom_dtype dt,
                       loom_work **out) {
+  return loom__pg_allgather_prepared(pg, send, recv, count, dt, NULL, NULL, out);
+}
+
+int loom__pg_allgather_prepared(loom_pg *pg, const void *send, void *recv, size_t count,
+                                loom_dtype dt, loom__coll_prepare_fn prepare, void *ctx,
+                                loom_work **out) {
   const char *who = "loom_pg_allgather";
   if (out) *out = NULL;
   size_t sb, rb;
@@ -77,7 +85,8 @@ int loom_pg_allgather(loom_pg *pg, const void *send, void *recv, size_t count, l
     return loom__fail(LOOM_EINVAL,
                       "%s: send overlaps recv but is not recv + rank*count (the in-place rule)",
                       who);
-  loom__coll c = {LOOM__ALLGATHER, send, recv, count, dt, LOOM_SUM, 0, 0};
+  loom__coll c = {.kind = LOOM__ALLGATHER, .send = send, .recv = recv, .count = count, .dt = dt,
+                  .op = LOOM_SUM, .prepare = prepare, .prepare_ctx = ctx};
   return loom__pg_issue(pg, &c, out);
 }
 
@@ -94,13 +103,14 @@ int loom_pg_reduce_scatter(loom_pg *pg, const void *send, void *recv, size_t cou
     return loom__fail(LOOM_EINVAL,
                       "%s: recv overlaps send but is not send + rank*count (the in-place rule)",
                       who);
-  loom__coll c = {LOOM__REDUCE_SCATTER, send, recv, count, dt, op, 0, 0};
+  loom__coll c = {.kind = LOOM__REDUCE_SCATTER, .send = send, .recv = recv, .count = count,
+                  .dt = dt, .op = op};
   return loom__pg_issue(pg, &c, out);
 }
 
 int loom_pg_barrier(loom_pg *pg, loom_work **out) {
   if (out) *out = NULL;
   if (!pg) return loom__fail(LOOM_EINVAL, "loom_pg_barrier: pg is NULL");
-  loom__coll c = {LOOM__BARRIER, NULL, NULL, 0, LOOM_F32, LOOM_SUM, 0, 0};
+  loom__coll c = {.kind = LOOM__BARRIER, .dt = LOOM_F32, .op = LOOM_SUM};
   return loom__pg_issue(pg, &c, out);
 }

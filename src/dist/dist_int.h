@@ -5,6 +5,7 @@
 #define LOOM_DIST_INT_H
 
 #include "core/core_int.h"
+#include "dist/prepared.h"
 #include "loom/dist.h"
 
 #include <pthread.h>
@@ -33,6 +34,8 @@ typedef struct loom__coll {
   loom_redop op;
   int root;
   uint64_t seq;
+  loom__coll_prepare_fn prepare; /* optional: run first, where the collective runs */
+  void *prepare_ctx;
 } loom__coll;
 
 /* Backend operations. Each runs one collective to completion on the calling thread (the

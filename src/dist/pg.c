@@ -115,26 +115,29 @@ int loom__pg_check(loom_pg *pg, const char *who) {
   return loom__fail(err, "%s: rank %d: the group failed earlier: %s", who, pg->rank, msg);
 }
 
+/* The backend's operation for c. */
+static int run_backend(loom_pg *pg, const loom__coll *c) {
+  const loom__pg_ops *o = pg->ops;
+  switch (c->kind) {
+  case LOOM__ALLREDUCE: return o->allreduce(pg, c);
+  case LOOM__BROADCAST: return o->broadcast(pg, c);
+  case LOOM__ALLGATHER: return o->allgather(pg, c);
+  case LOOM__REDUCE_SCATTER: return o->reduce_scatter(pg, c);
+  case LOOM__BARRIER:
+    if (o->barrier) return o->barrier(pg, c);
+    loom__coll b = *c;
+    b.kind = LOOM__ALLREDUCE;
+    b.count = 0;
+    return o->allreduce(pg, &b);
+  }
+  return loom__fail(LOOM_EINVAL, "loom_pg: unknown collective %d", (int)c->kind);
+}
+
 int loom__pg_execute(loom_pg *pg, const loom__coll *c) {
   int rc = loom__pg_check(pg, loom__coll_name(c->kind));
   if (rc) return rc;
-  const loom__pg_ops *o = pg->ops;
-  switch (c->kind) {
-  case LOOM__ALLREDUCE: rc = o->allreduce(pg, c); break;
-  case LOOM__BROADCAST: rc = o->broadcast(pg, c); break;
-  case LOOM__ALLGATHER: rc = o->allgather(pg, c); break;
-  case LOOM__REDUCE_SCATTER: rc = o->reduce_scatter(pg, c); break;
-  case LOOM__BARRIER:
-    if (o->barrier) {
-      rc = o->barrier(pg, c);
-    } else {
-      loom__coll b = *c;
-      b.kind = LOOM__ALLREDUCE;
-      b.count = 0;
-      rc = o->allreduce(pg, &b);
-    }
-    break;
-  }
+  if (c->prepare) rc = c->prepare(c->prepare_ctx); /* a failure fails the group, as below */
+  if (!rc) rc = run_backend(pg, c);
   if (rc) {
     char msg[512];
     snprintf(msg, sizeof msg, "%s", loom_last_error());

@@ -4,6 +4,7 @@
  * every parameter of the unit at its offset in the buffer. Resharding points them at nothing
  * and frees the buffer. */
 #include "fsdp/fsdp_int.h"
+#include "dist/prepared.h"
 
 #include <string.h>
 #include <time.h>
@@ -31,23 +32,50 @@ static void drop_buffers(fsdp_unit *u) {
   u->state = UNIT_RESHARDED;
 }
 
+static void *own_part(const fsdp_unit *u, loom_dtype dt) {
+  size_t at = (size_t)u->f->rank * u->shard * loom_dtype_size(dt);
+  return (char *)loom_tensor_data(u->gathered) + at;
+}
+
+/* The all-gather's first step when this rank's part comes straight out of the offload tier: run
+ * on the group's progress thread, so the read overlaps the rank's compute until it waits for
+ * the unit (loom__fsdp_wait_gather counts only the part of the read it waited for as exposed). */
+static int read_own_part(void *ctx) {
+  fsdp_unit *u = ctx;
+  u->read_begin = loom__fsdp_now();
+  int rc = loom__fsdp_param_into(u, own_part(u, u->gathered_dtype), u->gathered_dtype);
+  u->read_end = loom__fsdp_now();
+  return rc;
+}
+
 /* This rank's part of the gathered buffer, written in place (the all-gather then sends from
- * it): cast into it under mixed precision, read (or cast) into it from the offload tier, or
- * copied (cast) into it from a prefetched shard; NULL for plain f32 without offload, which sends
- * the shard itself. Either way the parameter shard need not outlive the issue (offload: it
- * leaves at once). */
+ * it): cast into it under mixed precision, or copied (cast) into it from a prefetched shard;
+ * NULL for plain f32 without offload, which sends the shard itself. Either way the parameter
+ * shard need not outlive the issue (offload: it leaves at once). A part read straight from the
+ * offload tier is read now, by the rank, with prefetch off, and with it on is left to the
+ * all-gather's first step (read_own_part). */
 static int fill_own_part(fsdp_unit *u, loom_dtype dt, void **own) {
   loom_fsdp *f = u->f;
-  *own = (char *)loom_tensor_data(u->gathered) + (size_t)f->rank * u->shard * loom_dtype_size(dt);
-  bool offloading = loom__fsdp_offloading(f, OFF_PARAM);
-  if (dt == LOOM_F32 && !offloading) {
+  *own = own_part(u, dt);
+  u->reads_tier = false;
+  if (dt == LOOM_F32 && !loom__fsdp_offloading(f, OFF_PARAM)) {
     *own = NULL;
     return loom__fsdp_param_need(u);
   }
-  bool read = false;
-  int rc = loom__fsdp_param_into(u, *own, dt, &read);
-  if (rc || read) return rc;
-  if ((rc = loom__fsdp_param_need(u))) return rc;
+  u->read_begin = u->read_end = 0;
+  if (loom__fsdp_param_readable(u, dt)) {
+    const loom_fsdp_offload_cfg *c = &f->cfg.offload;
+    if (c->prefetch_parameters && c->prefetch_steps > 0) {
+      u->reads_tier = true;
+      return LOOM_OK;
+    }
+    double t0 = loom__fsdp_now(); /* no prefetch: read now, by the rank, all of it exposed */
+    int rc = loom__fsdp_param_into(u, *own, dt);
+    f->off_wait_s += loom__fsdp_now() - t0;
+    return rc;
+  }
+  int rc = loom__fsdp_param_need(u);
+  if (rc) return rc;
   if (dt == LOOM_F32) memcpy(*own, u->param_shard, u->shard * sizeof(float));
   else if ((rc = loom_convert(u->param_shard, LOOM_F32, *own, dt, u->shard))) return rc;
   return loom__fsdp_param_done(u);
@@ -68,18 +96,26 @@ int loom__fsdp_issue_gather(fsdp_unit *u, loom_dtype dt) {
     drop_buffers(u);
     return rc;
   }
+  u->gathered_dtype = dt;
   u->gather_issued = loom__fsdp_now();
-  rc = loom_pg_allgather(f->pg, own ? own : u->param_shard, loom_tensor_data(u->gathered),
-                         u->shard, dt, &u->gather_work);
+  rc = loom__pg_allgather_prepared(f->pg, own ? own : u->param_shard,
+                                   loom_tensor_data(u->gathered), u->shard, dt,
+                                   u->reads_tier ? read_own_part : NULL, u, &u->gather_work);
   if (rc) {
     drop_buffers(u);
     return rc;
   }
   u->state = UNIT_GATHERING;
-  u->gathered_dtype = dt;
   f->stats.gathers++;
   f->stats.gather_bytes += (uint64_t)(u->padded * loom_dtype_size(dt));
   return LOOM_OK;
+}
+
+/* The seconds of [t0, t1] the rank spent waiting while its part was being read from the tier. */
+static double read_waited(const fsdp_unit *u, double t0, double t1) {
+  if (!u->reads_tier) return 0;
+  double a = t0 > u->read_begin ? t0 : u->read_begin, b = t1 < u->read_end ? t1 : u->read_end;
+  return b > a ? b - a : 0;
 }
 
 int loom__fsdp_wait_gather(fsdp_unit *u) {
@@ -90,6 +126,7 @@ int loom__fsdp_wait_gather(fsdp_unit *u) {
   double t1 = loom__fsdp_now();
   f->stats.exposed_s += t1 - t0;
   f->stats.comm_s += t1 - u->gather_issued;
+  f->off_wait_s += read_waited(u, t0, t1);
   if (rc) {
     drop_buffers(u);
     return rc;

@@ -67,6 +67,8 @@ struct fsdp_unit {
   loom_tensor *gathered; /* padded elements of gathered_dtype, while gathered */
   loom_work *gather_work;
   double gather_issued;
+  bool reads_tier;       /* the gather's first step reads this rank's part out of the tier */
+  double read_begin, read_end; /* when it did (written by the thread that ran it) */
   /* backward */
   bool in_backward;      /* its pre-backward ran in this backward */
   bool reduced;          /* its reduce-scatter was issued (or, with sync off, the gradient kept) */
@@ -143,11 +145,16 @@ int loom__fsdp_offload_init(loom_fsdp *f);   /* at create: the store and the chu
 void loom__fsdp_offload_free(loom_fsdp *f);
 /* the unit's parameter shard in the compute pool (waiting for it, or reading it now) */
 int loom__fsdp_param_need(fsdp_unit *u);
-/* With parameters offloaded and not on their way back: read them straight into dst (this
- * rank's part of a gathered buffer, of dtype dt), *done = true; else *done = false. f32 is
- * read from either tier; f16 / bf16 are cast from the host tier's buffers where they are (the
- * disk tier's come into the shard first, *done = false). */
-int loom__fsdp_param_into(fsdp_unit *u, void *dst, loom_dtype dt, bool *done);
+/* With parameters offloaded and not on their way back, a gather reads them straight into its
+ * own part of the gathered buffer (loom__fsdp_param_into): true for f32 from either tier, and
+ * for f16 / bf16 from the host tier, cast from its buffers where they are (the disk tier's
+ * come into the shard first). */
+bool loom__fsdp_param_readable(const fsdp_unit *u, loom_dtype dt);
+/* Read (or cast) them into dst, of dtype dt, when loom__fsdp_param_readable. Safe on another
+ * thread (the group's progress thread, as the all-gather's first step) while the rank computes:
+ * it writes nothing of the wrapper, and nothing changes the unit's parameter kind while its
+ * gather is in flight. */
+int loom__fsdp_param_into(fsdp_unit *u, void *dst, loom_dtype dt);
 /* the gather has its bytes: the parameter shard may leave */
 int loom__fsdp_param_done(fsdp_unit *u);
 /* start bringing the parameter shard back (with prefetch on) */

@@ -89,16 +89,23 @@ static int put_all(fsdp_unit *u, int kind, const float *buf) {
   return rc;
 }
 
-/* Copy the kind's bytes from the tier into buf, synchronously (the time counts as exposed). */
-static int get_all(fsdp_unit *u, int kind, float *buf) {
+/* Copy the kind's bytes from the tier into buf, synchronously, on any thread: nothing of the
+ * wrapper is written (the store's calls lock). */
+static int read_all(fsdp_unit *u, int kind, float *buf) {
   loom_fsdp *f = u->f;
   off_kind *k = &u->off.k[kind];
-  double t0 = loom__fsdp_now();
   int rc = LOOM_OK;
   for (size_t c = 0; c < u->off.nchunks && !rc; c++)
     rc = loom__ostore_get(f->store, loom__fsdp_slot(u, kind, k->gen, c), buf + c * f->chunk,
                           loom__fsdp_chunk_len(u, c) * sizeof(float));
-  f->off_wait_s += loom__fsdp_now() - t0;
+  return rc;
+}
+
+/* read_all by the rank, the time counting as exposed. */
+static int get_all(fsdp_unit *u, int kind, float *buf) {
+  double t0 = loom__fsdp_now();
+  int rc = read_all(u, kind, buf);
+  u->f->off_wait_s += loom__fsdp_now() - t0;
   return rc;
 }
 
@@ -244,14 +251,14 @@ static int cast_from_host(fsdp_unit *u, void *dst, loom_dtype dt) {
   return rc;
 }
 
-int loom__fsdp_param_into(fsdp_unit *u, void *dst, loom_dtype dt, bool *done) {
-  off_kind *k = &u->off.k[OFF_PARAM];
-  *done = false;
-  if (!u->f->store || !k->offloaded || k->arriving) return LOOM_OK;
-  if (dt != LOOM_F32 && !host_tier(u->f)) return LOOM_OK;
-  int rc = dt == LOOM_F32 ? get_all(u, OFF_PARAM, dst) : cast_from_host(u, dst, dt);
-  *done = rc == LOOM_OK;
-  return rc;
+bool loom__fsdp_param_readable(const fsdp_unit *u, loom_dtype dt) {
+  const off_kind *k = &u->off.k[OFF_PARAM];
+  if (!u->f->store || !k->offloaded || k->arriving) return false;
+  return dt == LOOM_F32 || host_tier(u->f);
+}
+
+int loom__fsdp_param_into(fsdp_unit *u, void *dst, loom_dtype dt) {
+  return dt == LOOM_F32 ? read_all(u, OFF_PARAM, dst) : cast_from_host(u, dst, dt);
 }
 
 int loom__fsdp_param_out(fsdp_unit *u) {

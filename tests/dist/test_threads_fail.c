@@ -1,7 +1,9 @@
 /* test_threads_fail.c: failure, never a hang, on the threads backend: timeouts, abort, a rank
  * that returns an error or returns early, mismatched collectives, the sticky error, and bad
- * arguments. Every path uses a short timeout and must finish well within it plus slack. */
+ * arguments; an all-gather's first step (dist/prepared.h), and its failure. Every path uses a
+ * short timeout and must finish well within it plus slack. */
 #include "dist_test.h"
+#include "dist/prepared.h"
 
 #include <pthread.h>
 
@@ -263,4 +265,68 @@ LT_TEST(threads_run_and_cfg_errors) {
   LT_EQ(loom_pg_rank(NULL), -1);
   LT_STREQ(loom_redop_name(LOOM_PROD), "prod");
   LT_STREQ(loom_redop_name((loom_redop)42), "?");
+}
+
+/* An all-gather with a first step (dist/prepared.h, FSDP's read of its part out of the offload
+ * tier): the step fills the send buffer on the thread that runs the collective, and what it
+ * wrote is what the peers receive; a step that fails fails the group, naming its error on
+ * every rank, never a hang. */
+typedef struct prep_ctx {
+  int32_t *send;
+  int rank, fail;
+  pthread_t ran_on;
+  int ran;
+} prep_ctx;
+
+static int prepare_part(void *arg) {
+  prep_ctx *c = arg;
+  c->ran_on = pthread_self();
+  c->ran++;
+  if (c->fail) return loom__fail(LOOM_EIO, "prepared step of rank %d: the disk is gone", c->rank);
+  for (int i = 0; i < 1000; i++) c->send[i] = c->rank * 1000 + i;
+  return LOOM_OK;
+}
+
+static int prepared_gather(loom_pg *pg, void *arg) {
+  result *res = arg;
+  int r = loom_pg_rank(pg), size = loom_pg_size(pg);
+  int32_t *all = calloc((size_t)size * 1000, sizeof(int32_t));
+  prep_ctx c = {.send = all + (size_t)r * 1000, .rank = r, .fail = res->rc[3] == r + 1};
+  loom_work *w = NULL;
+  double t0 = dt_now();
+  int rc = loom__pg_allgather_prepared(pg, c.send, all, 1000, LOOM_I32, prepare_part, &c, &w);
+  if (rc == LOOM_OK) rc = loom_work_wait(&w); /* a peer's failure shows at issue or at wait */
+  /* it ran once if the collective went through or it failed itself; a peer whose collective
+   * the group's failure stopped may or may not have run it */
+  DT_CHECK(c.ran <= 1 && (c.ran == 1 || (rc != LOOM_OK && !c.fail)), "rank %d: the step ran %d "
+           "times", r, c.ran);
+  DT_CHECK(!c.ran || !pthread_equal(c.ran_on, pthread_self()), "it runs on the progress thread");
+  if (rc == LOOM_OK)
+    for (int j = 0; j < size * 1000; j++)
+      DT_CHECK(all[j] == (j / 1000) * 1000 + j % 1000, "rank %d: element %d: %d", r, j, all[j]);
+  note(res, pg, rc, t0);
+  free(all);
+  return LOOM_OK;
+}
+
+LT_TEST(threads_prepared_allgather_fills_then_sends_or_fails_the_group) {
+  for (int n = 1; n <= 3; n++) {
+    result res = {0};
+    atomic_store(&dt_failures, 0);
+    LT_OK(loom_threads_run(n, NULL, prepared_gather, &res));
+    LT_EQ(atomic_load(&dt_failures), 0);
+    for (int r = 0; r < n; r++) LT_EQ(res.rc[r], LOOM_OK);
+  }
+  result res = {0};
+  res.rc[3] = 2; /* rank 1's step fails */
+  loom_pg_cfg cfg = loom_pg_cfg_default(); /* long timeout: the failure must not need it */
+  atomic_store(&dt_failures, 0);
+  LT_OK(loom_threads_run(3, &cfg, prepared_gather, &res));
+  LT_EQ(atomic_load(&dt_failures), 0);
+  for (int r = 0; r < 3; r++) {
+    LT_TRUE(res.rc[r] != LOOM_OK);
+    LT_TRUE(strstr(res.msg[r], "the disk is gone") != NULL);
+    LT_TRUE(res.secs[r] < 2.0);
+  }
+  LT_EQ(res.rc[1], LOOM_EIO);
 }

@@ -406,11 +406,55 @@ static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
   return LOOM_OK;
 }
 
+/* ---- reduce-scatter in pieces (large buffers) ----
+ * MPI_Ireduce_scatter_block (Open MPI's libnbc) reduces the whole buffer to rank 0 first, into
+ * a temporary buffer as large as every rank's blocks together, then scatters; and an in-place
+ * or f16/bf16 call needs a scratch the size of the result (or of the whole f32-widened send
+ * buffer) besides. For an FSDP unit of 67 MB that is 67 MB more resident memory on rank 0 and
+ * a 34 MB scratch kept on every rank. Above PIECE_ELEMS per block, the blocks go through MPI in
+ * pieces instead: piece k packs elements [k*m, k*m + len) of every rank-block into a scratch
+ * (widening f16/bf16 to f32 as it packs), reduce-scatters that, and writes the result straight
+ * into recv (safe in place: the piece was packed before). MPI's temporary and loom's scratch
+ * are then a few pieces, whatever the buffer. */
+#define PIECE_ELEMS ((size_t)1 << 20)
+
+static int pieces_reduce_scatter(mpi_pg *m, const loom__coll *c) {
+  int p = m->pg.size, rc;
+  size_t n = c->count, es = loom_dtype_size(c->dt);
+  bool widen = half(c->dt);
+  loom_dtype wt = widen ? LOOM_F32 : c->dt;
+  size_t ws = loom_dtype_size(wt);
+  char *tmp;
+  if ((rc = scratch(m, ((size_t)p + 1) * PIECE_ELEMS * ws, c, (void **)&tmp))) return rc;
+  for (size_t at = 0; at < n; at += PIECE_ELEMS) {
+    size_t len = n - at < PIECE_ELEMS ? n - at : PIECE_ELEMS;
+    for (int j = 0; j < p; j++) {
+      const char *src = (const char *)c->send + ((size_t)j * n + at) * es;
+      if (widen) loom__widen(c->dt, src, (float *)(tmp + (size_t)j * len * ws), len);
+      else loom__copy(tmp + (size_t)j * len * ws, src, len * ws);
+    }
+    char *out = tmp + (size_t)p * len * ws;
+    MPI_Request req;
+    int err = MPI_Ireduce_scatter_block(tmp, widen ? out : (char *)c->recv + at * es, (int)len,
+                                        mpi_type(wt), mpi_op(c->op), m->comm, &req);
+    if (err) return mpi_err(err, "reduce-scatter", "MPI_Ireduce_scatter_block");
+    if ((rc = wait_req(m, &req, c, -1))) return rc;
+    if (!widen) {
+      if (c->op == LOOM_AVG) avg_div((char *)c->recv + at * es, wt, len, p);
+      continue;
+    }
+    if (c->op == LOOM_AVG) avg_div(out, LOOM_F32, len, p);
+    loom__narrow(c->dt, (const float *)out, (char *)c->recv + at * es, len);
+  }
+  return LOOM_OK;
+}
+
 static int mpi_reduce_scatter(loom_pg *pg, const loom__coll *c) {
   mpi_pg *m = of(pg);
   int rc = start(m, c);
   if (rc) return rc;
   size_t n = c->count, total = n * (size_t)pg->size, es = loom_dtype_size(c->dt);
+  if (n > PIECE_ELEMS && pg->size > 1) return pieces_reduce_scatter(m, c);
   MPI_Request req;
   int err;
   if (half(c->dt)) { /* widen all blocks, reduce in f32 into the scratch's tail */

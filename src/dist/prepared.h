@@ -1,0 +1,22 @@
+/* prepared.h: collectives with a first step of the caller's, run where the collective runs
+ * (the group's progress thread for an async one), for layers above dist that fill a send
+ * buffer late: FSDP reads its part of a gathered buffer out of the offload tier this way, so
+ * the read overlaps the rank's compute until it waits for the work. */
+#ifndef LOOM_DIST_PREPARED_H
+#define LOOM_DIST_PREPARED_H
+
+#include "loom/dist.h"
+
+/* Fills the collective's send data; runs once, before the collective, on the thread that runs
+ * it. A status other than LOOM_OK (with loom__fail's message) fails the group, as a failed
+ * collective does, so peers waiting in it return that error rather than hang; the work's wait
+ * returns it. */
+typedef int (*loom__coll_prepare_fn)(void *ctx);
+
+/* loom_pg_allgather (same arguments and checks), with `prepare(ctx)` run first. send's bytes
+ * may be written by prepare; they are read only after it returns. */
+int loom__pg_allgather_prepared(loom_pg *pg, const void *send, void *recv, size_t count,
+                                loom_dtype dt, loom__coll_prepare_fn prepare, void *ctx,
+                                loom_work **out);
+
+#endif
