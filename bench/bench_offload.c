@@ -34,11 +34,15 @@
  * compute peak <= 1.1 x that, and <= 0.4 x the no-offload peak; disk RSS <= 35% of the training
  * state; step host p1 <= 1.2 x fsdp, disk p1 <= 2 x; exposed wait <= 30% of the transfer time.
  * Speed: `rounds` rounds of every configuration (default 3), rank 0's median step time per run,
- * the ratio to the round's fsdp run, median over rounds.
+ * the ratio to the round's fsdp run, median over rounds. The step's floor on the disk tier is
+ * measured at the end: each disk configuration's traffic per step (bytes read and written per
+ * rank) replayed with plain pread/pwrite and no compute, 2 streams at once as the ranks' workers
+ * run.
  *
  * Usage: bench_offload [dir] [steps] [rounds]. Under MPI, one rank per process (how a site runs
  * it, and where "the process's peak RSS" is one rank's): mpirun -n 2 bench_offload --mpi CONFIG
  * [dir] [steps], CONFIG one of the names above; each process reports its own RSS. */
+#define _GNU_SOURCE /* sync_file_range */
 #include "bench_util.h"
 
 #include <loom/cpu.h>
@@ -57,6 +61,8 @@
 #define MB(x) ((double)(x) / 1e6)
 #define CHUNK_BYTES ((size_t)4 << 20)
 
+static double maxd(double a, double b) { return a > b ? a : b; }
+
 static const int64_t sizes[] = {784, 4096, 4096, 4096, 4096, 10};
 #define NSIZES 6
 
@@ -72,6 +78,7 @@ typedef struct result {
   double host[NR], file[NR];      /* host and file pools between steps, bytes */
   double step_s, cpu_s;           /* rank 0, median step; process CPU per step */
   double wait_s, transfer_s, moved; /* rank 0 per step: exposed wait, transfer time, bytes */
+  double to_tier;                   /* rank 0 per step: of those bytes, written to the tier */
   double rss_build, rss_train;    /* bytes: VmHWM before and after the reset */
   double disk_read;               /* bytes read from storage per step (whole process) */
   double shard_max;               /* largest unit shard, bytes */
@@ -79,6 +86,8 @@ typedef struct result {
   double params;
   int ok;
 } result;
+
+static double worst(const double *v) { return maxd(v[0], v[1]); }
 
 typedef struct job {
   const config *c;
@@ -229,6 +238,7 @@ static int rank_main(loom_pg *pg, void *arg) {
     BENCH_CHECK(loom_fsdp_stats_get(f, &after));
     r->wait_s = (after.offload_wait_s - before.offload_wait_s) / n;
     r->transfer_s = (after.offload_transfer_s - before.offload_transfer_s) / n;
+    r->to_tier = (double)(after.offload_to_bytes - before.offload_to_bytes) / n;
     r->moved = (double)(after.offload_to_bytes + after.offload_from_bytes -
                         before.offload_to_bytes - before.offload_from_bytes) / n;
   }
@@ -238,6 +248,81 @@ static int rank_main(loom_pg *pg, void *arg) {
   loom_tensor_free(y);
   loom_module_free(m);
   return LOOM_OK;
+}
+
+/* ---- the disk's own floor for a disk-tier step ----------------------------------------- */
+
+#define PROBE_BLOCK ((size_t)4 << 20)
+
+typedef struct probe {
+  char path[512];
+  size_t file_bytes, read_bytes, write_bytes; /* one rank's tier file and step traffic */
+  double seconds;                             /* < 0: failed */
+} probe;
+
+/* One rank's step traffic with no compute: a file of the rank's tier size, written and synced
+ * untimed; then, timed, reads and writes of 4 MiB blocks interleaved in the step's proportion,
+ * as the store's worker moves them (pread; pwrite with writeback started at once and the pages
+ * dropped, as loom's store does), ending with fdatasync. */
+static void *probe_stream(void *arg) {
+  probe *p = arg;
+  int fd = open(p->path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  char *buf = malloc(PROBE_BLOCK);
+  size_t blocks = p->file_bytes / PROBE_BLOCK;
+  if (fd < 0 || !buf || blocks == 0) goto fail;
+  memset(buf, 0x5a, PROBE_BLOCK);
+  for (size_t b = 0; b < blocks; b++)
+    if (pwrite(fd, buf, PROBE_BLOCK, (off_t)(b * PROBE_BLOCK)) != (ssize_t)PROBE_BLOCK) goto fail;
+  if (fdatasync(fd)) goto fail;
+  (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  size_t nr = p->read_bytes / PROBE_BLOCK, nw = p->write_bytes / PROBE_BLOCK, r = 0, w = 0;
+  double t0 = bench_now();
+  while (r < nr || w < nw) {
+    bool do_read = w >= nw || (r < nr && r * nw <= w * nr); /* keep the proportion */
+    size_t b = (do_read ? r : w) % blocks;
+    off_t at = (off_t)(b * PROBE_BLOCK);
+    if (do_read) {
+      if (pread(fd, buf, PROBE_BLOCK, at) != (ssize_t)PROBE_BLOCK) goto fail;
+      (void)posix_fadvise(fd, at, (off_t)PROBE_BLOCK, POSIX_FADV_DONTNEED);
+      r++;
+    } else {
+      if (pwrite(fd, buf, PROBE_BLOCK, at) != (ssize_t)PROBE_BLOCK) goto fail;
+      (void)sync_file_range(fd, at, (off_t)PROBE_BLOCK, SYNC_FILE_RANGE_WRITE);
+      w++;
+    }
+  }
+  if (fdatasync(fd)) goto fail;
+  p->seconds = bench_now() - t0;
+  close(fd);
+  free(buf);
+  return NULL;
+fail:
+  p->seconds = -1;
+  if (fd >= 0) close(fd);
+  free(buf);
+  return NULL;
+}
+
+/* Seconds for NR ranks' step traffic at once (each rank's worker is one stream), the page
+ * cache dropped first; -1 if the folder cannot be used. */
+static double disk_floor(const char *dir, const result *r) {
+  probe ps[NR];
+  pthread_t th[NR];
+  double worst_s = 0;
+  drop_page_cache();
+  for (int i = 0; i < NR; i++) {
+    ps[i] = (probe){.file_bytes = (size_t)(worst(r->file)),
+                    .read_bytes = (size_t)(r->moved - r->to_tier),
+                    .write_bytes = (size_t)r->to_tier};
+    snprintf(ps[i].path, sizeof ps[i].path, "%s/bench_offload_probe.%d.%d", dir, (int)getpid(), i);
+    pthread_create(&th[i], NULL, probe_stream, &ps[i]);
+  }
+  for (int i = 0; i < NR; i++) {
+    pthread_join(th[i], NULL);
+    worst_s = ps[i].seconds < 0 || worst_s < 0 ? -1 : maxd(worst_s, ps[i].seconds);
+    unlink(ps[i].path);
+  }
+  return worst_s;
 }
 
 /* One configuration in a child process; its result through a pipe. */
@@ -266,8 +351,6 @@ static result run(const config *c, const char *dir, int steps) {
   return r;
 }
 
-static double maxd(double a, double b) { return a > b ? a : b; }
-static double worst(const double *v) { return maxd(v[0], v[1]); }
 
 static const config configs[] = {
     {"fsdp", false, LOOM_FSDP_TIER_HOST, 1},  {"host p1", true, LOOM_FSDP_TIER_HOST, 1},
@@ -373,6 +456,15 @@ int main(int argc, char **argv) {
     printf("step %s / fsdp: %s -> median %.2f%s; exposed wait / transfer %.2f%s\n", cs[i].name,
            list, med, cs[i].prefetch ? (med <= target ? " (target met)" : " (target NOT met)") : "",
            wmed, cs[i].prefetch ? (wmed <= 0.30 ? " (target <= 0.30 met)" : " (target <= 0.30 NOT met)") : "");
+  }
+  for (int i = 3; i < NC; i++) {
+    const result *r = &rs[rounds - 1][i];
+    double floor_s = disk_floor(dir, r);
+    printf("floor, %s: the step's traffic alone (%d ranks at once, each %.0f MB read + %.0f MB "
+           "written, 4 MiB blocks interleaved, page cache dropped, no compute) takes %.2f s = "
+           "%.2f x the fsdp step (%.3f s); the step took %.3f s\n", cs[i].name, NR,
+           MB(r->moved - r->to_tier), MB(r->to_tier), floor_s, floor_s / base->step_s,
+           base->step_s, r->step_s);
   }
   return 0;
 }

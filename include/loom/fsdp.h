@@ -417,6 +417,9 @@ typedef struct loom_fsdp_stats {
   uint64_t offload_from_bytes; /* bytes moved back */
   double offload_transfer_s; /* seconds the worker and synchronous transfers spent moving bytes */
   double offload_wait_s;     /* exposed: seconds the compute waited for a transfer */
+  uint64_t offload_gathers_overlapped; /* gathers whose part was read out of the tier as the
+                                        * all-gather's first step, on the group's progress
+                                        * thread (prefetch on), beside the rank's compute */
 } loom_fsdp_stats;
 
 int loom_fsdp_stats_get(const loom_fsdp *f, loom_fsdp_stats *out);

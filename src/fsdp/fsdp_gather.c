@@ -106,6 +106,7 @@ int loom__fsdp_issue_gather(fsdp_unit *u, loom_dtype dt) {
     return rc;
   }
   u->state = UNIT_GATHERING;
+  if (u->reads_tier) f->stats.offload_gathers_overlapped++;
   f->stats.gathers++;
   f->stats.gather_bytes += (uint64_t)(u->padded * loom_dtype_size(dt));
   return LOOM_OK;

@@ -271,6 +271,10 @@ LT_TEST(fsdp_offload_prefetch_depths_and_amp_clip_bit_identical) {
       /* the host tier's gathers read its buffers: nothing is brought back ahead of them */
       bool ahead = d % 2 && depth[d] > 0;
       LT_EQ(o.params_back[0] > 0, ahead);
+      /* with prefetch on, the host tier's gathers read it on the progress thread, beside the
+       * rank's compute; with it off, never (the rank reads at the gather) */
+      if (!(d % 2)) LT_EQ(o.stats[0].offload_gathers_overlapped > 0, depth[d] > 0);
+      if (depth[d] < 0) LT_EQ(o.stats[0].offload_gathers_overlapped, 0);
       free(o.params);
     }
     free(base.params);
