@@ -15,9 +15,10 @@
 #                          disk tier (one folder for every rank) end with the model file of the
 #                          same run on NP threads without offload (byte for byte), and leave no
 #                          file in --offload-dir
-# Usage: mpi_ranks.sh LOOM MPIEXEC NP_FLAG "LAUNCHER FLAGS" CASE [ARGS...]
+# Usage: mpi_ranks.sh LOOM MPIEXEC NP_FLAG "flags=LAUNCHER FLAGS" CASE [ARGS...] (the flags
+# after "flags=", which may be empty, as MPICH's are)
 set -u
-loom=$1 mpiexec=$2 np=$3 flags=$4 case=$5
+loom=$1 mpiexec=$2 np=$3 flags=${4#flags=} case=$5
 shift 5
 dir=$(mktemp -d)
 trap 'kill -CONT $(cat "$dir/pid1" 2>/dev/null) 2>/dev/null; rm -rf "$dir"' EXIT
