@@ -150,6 +150,17 @@ int loom__fsdp_reshard(fsdp_unit *u) {
   return rc;
 }
 
+int loom__fsdp_settle_tier_reads(loom_fsdp *f) {
+  int rc = LOOM_OK;
+  for (size_t i = 0; i < f->nunits; i++) {
+    fsdp_unit *u = &f->units[i];
+    if (u->state != UNIT_GATHERING || !u->reads_tier) continue;
+    int rc2 = loom__fsdp_reshard(u);
+    if (!rc) rc = rc2;
+  }
+  return rc;
+}
+
 /* ---- the public calls ------------------------------------------------------------------- */
 
 static int unit_arg(const loom_fsdp *f, size_t unit, const char *who) {

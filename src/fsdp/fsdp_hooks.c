@@ -171,6 +171,11 @@ static int post_backward(fsdp_unit *u) {
   u->reduced = true;
   int rc = loom_fsdp_apply_gradient_fp32(f, u->index);
   if (rc || !f->sync) return rc;
+  /* earlier units' reduce-scatters that have completed are reaped first; this unit's is reaped
+   * at the next unit's pre-backward (or a later reap), never at once: its local gradient then
+   * lives while the unit's input gradient is computed whatever the peers' timing, so the peak
+   * is the same in every run (loom plan's figure) */
+  if ((rc = reap_done(f))) return rc;
   float *recv = NULL;
   if ((rc = loom__fsdp_grad_target(u, &recv))) return rc;
   u->rs_issued = loom__fsdp_now();
@@ -179,7 +184,7 @@ static int post_backward(fsdp_unit *u) {
   if (rc) return rc;
   f->stats.reduce_scatters++;
   f->stats.reduce_bytes += (uint64_t)(u->padded * sizeof(float));
-  return reap_done(f);
+  return LOOM_OK;
 }
 
 static int on_param_grad(loom_tensor *grad, void *ctx) {

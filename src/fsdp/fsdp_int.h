@@ -120,6 +120,10 @@ void loom__fsdp_free_units(loom_fsdp *f);
 int loom__fsdp_issue_gather(fsdp_unit *u, loom_dtype dt);
 int loom__fsdp_wait_gather(fsdp_unit *u);
 int loom__fsdp_reshard(fsdp_unit *u);
+/* Reshard every unit whose gather is still reading its part out of the offload tier on the
+ * progress thread (loom__fsdp_param_into), before anything rewrites the tier's parameter
+ * bytes: the optimizer's pass, a load. The first failure. */
+int loom__fsdp_settle_tier_reads(loom_fsdp *f);
 /* The unit's parameters as views of the gathered buffer. */
 int loom__fsdp_bind_params(fsdp_unit *u);
 

@@ -482,7 +482,8 @@ void loom__fsdp_offload_free(loom_fsdp *f) {
 }
 
 int loom__fsdp_onload_all(loom_fsdp *f, loom_optim *opt) {
-  int rc = f->store ? loom__fsdp_grad_settle(f) : LOOM_OK;
+  int rc = f->store ? loom__fsdp_settle_tier_reads(f) : LOOM_OK;
+  if (!rc && f->store) rc = loom__fsdp_grad_settle(f);
   for (size_t i = 0; f->store && i < f->nunits && !rc; i++) {
     fsdp_unit *u = &f->units[i];
     rc = loom__fsdp_param_need(u);
@@ -492,7 +493,7 @@ int loom__fsdp_onload_all(loom_fsdp *f, loom_optim *opt) {
 }
 
 int loom__fsdp_offload_all(loom_fsdp *f, loom_optim *opt, bool changed) {
-  int rc = LOOM_OK;
+  int rc = f->store ? loom__fsdp_settle_tier_reads(f) : LOOM_OK;
   for (size_t i = 0; f->store && i < f->nunits && !rc; i++) {
     fsdp_unit *u = &f->units[i];
     for (int k = 0; changed && k < OFF_KINDS; k++)

@@ -138,11 +138,9 @@ int loom__fsdp_stream(loom_fsdp *f, loom_optim *opt, unsigned read, unsigned wri
   if (!f->store) return loom__fail(LOOM_EMISUSE, "fsdp: a streamed pass without offload");
   s.nsets = c->prefetch_gradients && c->prefetch_steps > 0 ? RING : 1;
   int rc = LOOM_OK;
-  /* a gather still reading its part out of the tier, and kinds still arriving from a
+  /* gathers still reading their part out of the tier, and kinds still arriving from a
    * prefetch: let them land first (the pass may rewrite those bytes) */
-  for (size_t i = 0; i < f->nunits && !rc; i++)
-    if (f->units[i].state == UNIT_GATHERING && f->units[i].reads_tier)
-      rc = loom__fsdp_wait_gather(&f->units[i]);
+  rc = loom__fsdp_settle_tier_reads(f);
   for (size_t i = 0; i < f->nunits && !rc; i++)
     for (int k = 0; k < OFF_KINDS && !rc; k++)
       if ((read | write) & (1u << k)) rc = loom__fsdp_arrive(&f->units[i], k);

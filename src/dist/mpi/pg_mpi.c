@@ -411,23 +411,31 @@ static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
  * a temporary buffer as large as every rank's blocks together, then scatters; and an in-place
  * or f16/bf16 call needs a scratch the size of the result (or of the whole f32-widened send
  * buffer) besides. For an FSDP unit of 67 MB that is 67 MB more resident memory on rank 0 and
- * a 34 MB scratch kept on every rank. Above PIECE_ELEMS per block, the blocks go through MPI in
- * pieces instead: piece k packs elements [k*m, k*m + len) of every rank-block into a scratch
- * (widening f16/bf16 to f32 as it packs), reduce-scatters that, and writes the result straight
- * into recv (safe in place: the piece was packed before). MPI's temporary and loom's scratch
- * are then a few pieces, whatever the buffer. */
-#define PIECE_ELEMS ((size_t)1 << 20)
+ * a 34 MB scratch kept on every rank. Above one piece per block (2^20 elements over the ranks),
+ * the blocks go through MPI in pieces instead: piece k packs elements [k*m, k*m + len) of every
+ * rank-block into a scratch (widening f16/bf16 to f32 as it packs), reduce-scatters that, and
+ * writes the result straight into recv (safe in place: the piece was packed before). MPI's
+ * temporary and loom's scratch are then about 4 MiB each, whatever the buffer and the ranks. */
+#define PIECE_ELEMS ((size_t)1 << 20) /* of all the blocks together (4 MiB of f32) */
+#define PIECE_MIN ((size_t)1 << 14)    /* per block, however many ranks */
+
+/* Elements per block in one piece: PIECE_ELEMS over the ranks, so the scratch ((p + 1) pieces)
+ * stays near 4 MiB whatever the group's size. */
+static size_t piece_len(int p) {
+  size_t len = PIECE_ELEMS / (size_t)p;
+  return len < PIECE_MIN ? PIECE_MIN : len;
+}
 
 static int pieces_reduce_scatter(mpi_pg *m, const loom__coll *c) {
   int p = m->pg.size, rc;
-  size_t n = c->count, es = loom_dtype_size(c->dt);
+  size_t n = c->count, es = loom_dtype_size(c->dt), piece = piece_len(p);
   bool widen = half(c->dt);
   loom_dtype wt = widen ? LOOM_F32 : c->dt;
   size_t ws = loom_dtype_size(wt);
   char *tmp;
-  if ((rc = scratch(m, ((size_t)p + 1) * PIECE_ELEMS * ws, c, (void **)&tmp))) return rc;
-  for (size_t at = 0; at < n; at += PIECE_ELEMS) {
-    size_t len = n - at < PIECE_ELEMS ? n - at : PIECE_ELEMS;
+  if ((rc = scratch(m, ((size_t)p + 1) * piece * ws, c, (void **)&tmp))) return rc;
+  for (size_t at = 0; at < n; at += piece) {
+    size_t len = n - at < piece ? n - at : piece;
     for (int j = 0; j < p; j++) {
       const char *src = (const char *)c->send + ((size_t)j * n + at) * es;
       if (widen) loom__widen(c->dt, src, (float *)(tmp + (size_t)j * len * ws), len);
@@ -454,7 +462,7 @@ static int mpi_reduce_scatter(loom_pg *pg, const loom__coll *c) {
   int rc = start(m, c);
   if (rc) return rc;
   size_t n = c->count, total = n * (size_t)pg->size, es = loom_dtype_size(c->dt);
-  if (n > PIECE_ELEMS && pg->size > 1) return pieces_reduce_scatter(m, c);
+  if (n > piece_len(pg->size) && pg->size > 1) return pieces_reduce_scatter(m, c);
   MPI_Request req;
   int err;
   if (half(c->dt)) { /* widen all blocks, reduce in f32 into the scratch's tail */
