@@ -1,8 +1,10 @@
 /* fsdp_gather.c: a unit's parameters in and out of existence. Gathering casts this rank's f32
  * shard to the wanted dtype (so a low-precision forward moves half the bytes), all-gathers it
  * asynchronously into one buffer of the unit's padded length, and, once that completes, points
- * every parameter of the unit at its offset in the buffer. Resharding points them at nothing
- * and frees the buffer. */
+ * every parameter of the unit at its offset in the buffer. With the shard offloaded, this
+ * rank's part is read (or cast) straight out of the tier, with prefetch as the all-gather's
+ * first step on the group's progress thread. Resharding points them at nothing and frees the
+ * buffer. */
 #include "fsdp/fsdp_int.h"
 #include "dist/prepared.h"
 
