@@ -165,10 +165,10 @@ int loom__fsdp_param_done(fsdp_unit *u);
 int loom__fsdp_param_prefetch(fsdp_unit *u);
 /* The hooks' prefetch ahead of a gather: loom__fsdp_param_prefetch on the disk tier, nothing on
  * the host tier. There the tier's buffers are directly readable and the gather reads (or casts)
- * them straight into its own part of the gathered buffer (loom__fsdp_param_into: one pass, by
- * the rank); bringing the shard back first would add a second copy, on the worker, whose cycles
- * on a CPU come out of the ranks' GEMMs, and a shard in the compute pool. The shard stays
- * offloaded throughout (loom_fsdp_is_offloaded true): the gather reads it where it is. */
+ * them straight into its own part of the gathered buffer (loom__fsdp_param_into: one pass, as
+ * the all-gather's first step on the progress thread); bringing the shard back first would add
+ * a second copy, whose cycles on a CPU come out of the ranks' GEMMs, and a shard in the compute
+ * pool. The shard stays offloaded throughout (loom_fsdp_is_offloaded true). */
 int loom__fsdp_param_ahead(fsdp_unit *u);
 /* Where to reduce-scatter the unit's gradient (its old bytes are not needed): the gradient
  * shard, or, with gradients offloaded, this rank's slice of the local gradient itself (in

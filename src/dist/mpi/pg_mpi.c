@@ -419,8 +419,8 @@ static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
 #define PIECE_ELEMS ((size_t)1 << 20) /* of all the blocks together (4 MiB of f32) */
 #define PIECE_MIN ((size_t)1 << 14)    /* per block, however many ranks */
 
-/* Elements per block in one piece: PIECE_ELEMS over the ranks, so the scratch ((p + 1) pieces)
- * stays near 4 MiB whatever the group's size. */
+/* Elements per block in one piece: PIECE_ELEMS over the ranks, so the scratch (p pieces, one
+ * more when widened) stays near 4 MiB whatever the group's size. */
 static size_t piece_len(int p) {
   size_t len = PIECE_ELEMS / (size_t)p;
   return len < PIECE_MIN ? PIECE_MIN : len;
@@ -432,8 +432,8 @@ static int pieces_reduce_scatter(mpi_pg *m, const loom__coll *c) {
   bool widen = half(c->dt);
   loom_dtype wt = widen ? LOOM_F32 : c->dt;
   size_t ws = loom_dtype_size(wt);
-  char *tmp;
-  if ((rc = scratch(m, ((size_t)p + 1) * piece * ws, c, (void **)&tmp))) return rc;
+  char *tmp; /* the packed piece of every block, then (widened) the f32 result */
+  if ((rc = scratch(m, ((size_t)p + widen) * piece * ws, c, (void **)&tmp))) return rc;
   for (size_t at = 0; at < n; at += piece) {
     size_t len = n - at < piece ? n - at : piece;
     for (int j = 0; j < p; j++) {
@@ -441,18 +441,14 @@ static int pieces_reduce_scatter(mpi_pg *m, const loom__coll *c) {
       if (widen) loom__widen(c->dt, src, (float *)(tmp + (size_t)j * len * ws), len);
       else loom__copy(tmp + (size_t)j * len * ws, src, len * ws);
     }
-    char *out = tmp + (size_t)p * len * ws;
+    char *dst = (char *)c->recv + at * es, *res = widen ? tmp + (size_t)p * len * ws : dst;
     MPI_Request req;
-    int err = MPI_Ireduce_scatter_block(tmp, widen ? out : (char *)c->recv + at * es, (int)len,
-                                        mpi_type(wt), mpi_op(c->op), m->comm, &req);
+    int err = MPI_Ireduce_scatter_block(tmp, res, (int)len, mpi_type(wt), mpi_op(c->op), m->comm,
+                                        &req);
     if (err) return mpi_err(err, "reduce-scatter", "MPI_Ireduce_scatter_block");
     if ((rc = wait_req(m, &req, c, -1))) return rc;
-    if (!widen) {
-      if (c->op == LOOM_AVG) avg_div((char *)c->recv + at * es, wt, len, p);
-      continue;
-    }
-    if (c->op == LOOM_AVG) avg_div(out, LOOM_F32, len, p);
-    loom__narrow(c->dt, (const float *)out, (char *)c->recv + at * es, len);
+    if (c->op == LOOM_AVG) avg_div(res, wt, len, p);
+    if (widen) loom__narrow(c->dt, (const float *)res, dst, len);
   }
   return LOOM_OK;
 }

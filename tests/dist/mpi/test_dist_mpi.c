@@ -1,7 +1,7 @@
 /* test_dist_mpi.c: the mpi backend under mpiexec (-n 2 and -n 3): every collective x dtype x
- * op x in-place against the sequential reference, async collectives in flight, mismatch, a
- * peer's abort, a peer's timeout, a stalled peer (named, waited for without spinning), and bad
- * arguments. Each rank runs the same program; the exit status is non-zero on any rank that saw
+ * op x in-place against the sequential reference (and reduce-scatters large enough to go in
+ * pieces), async collectives in flight, mismatch, a peer's abort, a peer's timeout, a stalled
+ * peer (named, waited for without spinning), and bad arguments. Each rank runs the same program; the exit status is non-zero on any rank that saw
  * a failed check. Failure paths run last, each on its own group, and end with the ranks back
  * in step so MPI_Finalize is clean. */
 #include "dist_test.h"
@@ -32,6 +32,7 @@ static void test_collectives(void) {
   DT_CHECK(loom_pg_rank(pg) == rank_ && loom_pg_size(pg) == size_, "rank/size");
   DT_CHECK(strcmp(loom_pg_backend(pg), "mpi") == 0, "backend");
   dt_all_cases(pg, NULL);
+  dt_large_reduce_scatters(pg);
   CHECK_RC(loom_pg_free(pg), LOOM_OK);
 }
 
