@@ -391,9 +391,14 @@ int loom_fsdp_save_sharded(loom_fsdp *f, const char *dir, const loom_optim *opt,
  * shards its new shard covers (resharding). Units must match by name and length (LOOM_EINVAL
  * naming the unit); no index is LOOM_ENOTFOUND, a missing, truncated or changed file
  * LOOM_EFORMAT / LOOM_EIO naming it; values that are not finite (or negative second moments) are
- * refused. Nothing changes unless everything reads. Not a collective: a rank may fail where
- * others succeed (a corrupt file only some ranks read), so combine the outcome over the ranks
- * (loom_fsdp_any) before training on. */
+ * refused. Nothing changes unless everything reads: every value is checked first, then read
+ * straight to where it lives, with no copy of the rank's state (the files are mapped; offloaded
+ * kinds go chunk by chunk into their tier, the disk tier's into its other slot set, switched
+ * once all are in), so a run whose state is larger than its memory resumes under that memory.
+ * With offloaded optimizer state, opt must be over loom_fsdp_segments (LOOM_EINVAL). A full
+ * offload disk is LOOM_EIO naming its file, with nothing changed. Not a collective: a rank may
+ * fail where others succeed (a corrupt file only some ranks read), so combine the outcome over
+ * the ranks (loom_fsdp_any) before training on. */
 int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt);
 /* The metadata value `key` of dir/fsdp-index.safetensors into buf (LOOM_ENOTFOUND if absent,
  * LOOM_EINVAL if it does not fit in cap bytes). */

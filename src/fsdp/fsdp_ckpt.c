@@ -11,7 +11,9 @@
  * A save writes a new generation, then the index, then removes older generations: until the
  * index is renamed into place the previous set is the one a load finds. A load reads the parts
  * of the old shards that its new shard covers, so the world size may change between save and
- * load (resharding). */
+ * load (resharding). It checks every value first and then reads each straight to where it
+ * lives (offloaded kinds through loom__fsdp_stream into their tier): no copy of a rank's state
+ * is ever staged, since with offload that state may be larger than the run's memory. */
 #include "fsdp/fsdp_int.h"
 #include "fsdp/offload_store.h"
 #include "io/io_int.h"
@@ -83,17 +85,29 @@ static void remove_old_generations(const char *dir, int64_t keep) {
   closedir(d);
 }
 
-static int file_size_crc(const char *path, int64_t *size, int64_t *crc) {
+/* Open path through the page cache (mapped: the file may be larger than the memory a run has,
+ * with offload) and verify its CRC over every byte; *size and *crc are the file's. The caller
+ * frees *out. */
+static int open_verified(const char *path, loom_safetensors **out, int64_t *size, int64_t *crc) {
   struct stat st;
+  *out = NULL;
   if (stat(path, &st) != 0)
     return loom__fail(LOOM_EIO, "fsdp checkpoint: cannot stat %s: %s", path, strerror(errno));
   *size = (int64_t)st.st_size;
-  loom_safetensors *f = NULL; /* read back and verified through the page cache: the file may be
-                                 larger than the memory a run has (offload) */
-  int rc = loom__checkpoint_open_flags(path, LOOM_SAFETENSORS_MMAP, &f);
-  const char *c = rc ? NULL : loom_safetensors_meta(f, "loom.crc32");
+  int rc = loom__checkpoint_open_flags(path, LOOM_SAFETENSORS_MMAP, out);
+  const char *c = rc ? NULL : loom_safetensors_meta(*out, "loom.crc32");
   if (!rc && !c) rc = loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s has no CRC", path);
   if (!rc) *crc = (int64_t)strtoull(c, NULL, 16);
+  if (rc) {
+    loom_safetensors_free(*out);
+    *out = NULL;
+  }
+  return rc;
+}
+
+static int file_size_crc(const char *path, int64_t *size, int64_t *crc) {
+  loom_safetensors *f = NULL;
+  int rc = open_verified(path, &f, size, crc);
   loom_safetensors_free(f);
   return rc;
 }
@@ -312,23 +326,27 @@ static int old_file(const char *dir, old_set *s, int r, loom_safetensors **out) 
   char path[4200];
   rank_path(dir, s->gen, r, s->world, path, sizeof path);
   int64_t size = 0, crc = 0;
-  int rc = file_size_crc(path, &size, &crc);
+  loom_safetensors *fl = NULL;
+  int rc = open_verified(path, &fl, &size, &crc);
   if (!rc && (size != s->files[2 * r] || crc != s->files[2 * r + 1]))
     rc = loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s is not the file the index names (size "
                     "%lld, CRC %08llx; the index says %lld, %08llx)", path, (long long)size,
                     (unsigned long long)crc, (long long)s->files[2 * r],
                     (unsigned long long)s->files[2 * r + 1]);
-  if (!rc) rc = loom_checkpoint_open(path, &s->open[r]);
+  if (rc) loom_safetensors_free(fl);
+  else s->open[r] = fl;
   *out = s->open[r];
   return rc;
 }
 
 /* dst[0..len) = elements [lo, lo + len) of the flat tensor `name` (unit u's, padded layout),
- * read from the old ranks' files that hold them; beyond the old numel: zeros. */
+ * read from the old ranks' files that hold them; beyond the old numel: zeros. dst == NULL
+ * only checks: that each of those files is the one the index names, holds `name` as f32 of
+ * the old shard's length, and (checks) that its values pass loom_safetensors_check_values. */
 static int read_range(const char *dir, old_set *s, size_t u, const char *name, size_t lo,
                       size_t len, float *dst, unsigned checks) {
   size_t numel = (size_t)s->units[2 * u], sh = (size_t)s->units[2 * u + 1];
-  memset(dst, 0, len * sizeof *dst);
+  if (dst) memset(dst, 0, len * sizeof *dst);
   size_t hi = lo + len < numel ? lo + len : numel;
   for (size_t at = lo; at < hi;) {
     int r = (int)(at / sh);
@@ -343,16 +361,112 @@ static int read_range(const char *dir, old_set *s, size_t u, const char *name, s
                       in.numel, sh);
     if (!rc && checks) rc = loom_safetensors_check_values(fl, name, checks);
     if (rc) return rc;
-    memcpy(dst + (at - lo), (const float *)in.data + (at - (size_t)r * sh), (end - at) * sizeof(float));
+    if (dst)
+      memcpy(dst + (at - lo), (const float *)in.data + (at - (size_t)r * sh),
+             (end - at) * sizeof(float));
     at = end;
   }
   return LOOM_OK;
+}
+
+/* The unit of optimizer state i (the order loom_fsdp_segments gives: per states for each
+ * segment), checked against its name and length. */
+static int state_unit(const loom_fsdp *f, const loom_optim *opt, size_t i, loom_optim_state *st,
+                      size_t *unit) {
+  size_t per = loom_optim_state_per_segment(opt), u = i / per;
+  int rc = loom_optim_state_at(opt, i, st);
+  if (rc) return rc;
+  size_t L = u < f->nunits ? strlen(f->segs[u].name) : 0;
+  if (u >= f->nunits || strncmp(st->name, f->segs[u].name, L) != 0 || st->name[L] != '.' ||
+      st->n != f->units[u].shard)
+    return loom__fail(LOOM_EINVAL, "loom_fsdp_load_sharded: optimizer state %s is not over this "
+                      "FSDP's segments", st->name);
+  *unit = u;
+  return LOOM_OK;
+}
+
+/* Every value this rank will read, checked before anything changes: the files, the names,
+ * the lengths and the values (finite; second moments not negative). */
+static int check_all(const char *dir, old_set *s, const loom_fsdp *f, const loom_optim *opt) {
+  int rc = LOOM_OK;
+  for (size_t u = 0; u < f->nunits && !rc; u++)
+    rc = read_range(dir, s, u, f->segs[u].name, (size_t)f->rank * f->units[u].shard,
+                    f->units[u].shard, NULL, LOOM_CHECK_FINITE);
+  size_t nstate = opt ? loom_optim_state_count(opt) : 0;
+  for (size_t i = 0; i < nstate && !rc; i++) {
+    loom_optim_state st;
+    size_t u = 0;
+    if ((rc = state_unit(f, opt, i, &st, &u))) break;
+    unsigned checks = LOOM_CHECK_FINITE;
+    if (strstr(st.name, "exp_avg_sq")) checks |= LOOM_CHECK_NONNEG;
+    rc = read_range(dir, s, u, st.name, (size_t)f->rank * st.n, st.n, NULL, checks);
+  }
+  return rc;
+}
+
+/* The commit, after check_all: every value read straight into where it lives. */
+typedef struct load_ctx {
+  const char *dir;
+  old_set *s;
+  const loom_fsdp *f;
+  const loom_optim *opt;
+} load_ctx;
+
+/* Elements [at, at + n) of unit u's shard: each kind the pass writes (k[kind] not NULL). */
+static int load_chunk(void *ctx, fsdp_unit *u, size_t at, size_t n, float *k[OFF_KINDS]) {
+  load_ctx *c = ctx;
+  size_t lo = (size_t)c->f->rank * u->shard + at;
+  int rc = LOOM_OK;
+  if (k[OFF_PARAM])
+    rc = read_range(c->dir, c->s, u->index, c->f->segs[u->index].name, lo, n, k[OFF_PARAM], 0);
+  size_t per = c->opt ? loom_optim_state_per_segment(c->opt) : 0;
+  for (size_t j = 0; j < per && !rc; j++) {
+    loom_optim_state st;
+    size_t unit = 0;
+    if (!k[OFF_STATE + (int)j]) continue;
+    rc = state_unit(c->f, c->opt, u->index * per + j, &st, &unit);
+    if (!rc) rc = read_range(c->dir, c->s, u->index, st.name, lo, n, k[OFF_STATE + (int)j], 0);
+  }
+  return rc;
+}
+
+/* The kinds offloaded go first, through loom__fsdp_stream chunk by chunk into the tier (each
+ * unit's bytes are sent out to it beforehand, so the pass writes nothing in place but the host
+ * tier's own buffers; the disk tier's writes go to the other slot set, switched only once every
+ * chunk is in); the optimizer must then be over every segment, as its step needs. Then the
+ * kinds that stay in memory (no offload, or that kind's flag off), straight into the shards and
+ * the optimizer's buffers (it may cover only some of the segments): after check_all, those
+ * reads cannot fail, so a failure leaves everything as it was. */
+static int commit_all(const char *dir, old_set *s, loom_fsdp *f, loom_optim *opt) {
+  load_ctx c = {dir, s, f, opt};
+  size_t per = opt ? loom_optim_state_per_segment(opt) : 0;
+  unsigned states = per == 2 ? 3u << OFF_STATE : per == 1 ? 1u << OFF_STATE : 0, tier = 0;
+  if (loom__fsdp_offloading(f, OFF_PARAM)) tier |= 1u << OFF_PARAM;
+  if (loom__fsdp_offloading(f, OFF_STATE)) tier |= states;
+  int rc = LOOM_OK;
+  if (tier && !(rc = loom__fsdp_offload_all(f, opt, false)))
+    rc = loom__fsdp_stream(f, opt, 0, tier, load_chunk, &c);
+  for (size_t u = 0; u < f->nunits && !rc && !(tier & (1u << OFF_PARAM)); u++)
+    rc = read_range(dir, s, u, f->segs[u].name, (size_t)f->rank * f->units[u].shard,
+                    f->units[u].shard, f->units[u].param_shard, 0);
+  size_t nstate = opt && !(tier & states) ? loom_optim_state_count(opt) : 0;
+  for (size_t i = 0; i < nstate && !rc; i++) {
+    loom_optim_state st;
+    size_t u = 0;
+    if (!(rc = state_unit(f, opt, i, &st, &u)))
+      rc = read_range(dir, s, u, st.name, (size_t)f->rank * st.n, st.n, st.data, 0);
+  }
+  return rc;
 }
 
 int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt) {
   static const char *who = "loom_fsdp_load_sharded";
   if (!f || !dir) return loom__fail(LOOM_EINVAL, "%s: fsdp or dir is NULL", who);
   if (f->in_step) return loom__fail(LOOM_EMISUSE, "%s: a backward is running", who);
+  if (opt && loom__fsdp_offloading(f, OFF_STATE)) { /* its state streams unit by unit */
+    int rc = loom__fsdp_check_optim(f, opt, who);
+    if (rc) return rc;
+  }
   old_set s = {0};
   int rc = open_index(dir, &s);
   /* unit by unit, so that the message names the first unit that differs, even when the
@@ -384,42 +498,12 @@ int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt) {
                       who, u, (long long)s.units[2 * u + 1]);
     }
   }
-  /* stage everything, then commit: nothing changes unless all of it reads. The optimizer's
-   * buffers need not be one per unit and kind (an optimizer over some of the segments): the
-   * stage holds the shards and then every state buffer, sized from the buffers themselves. */
-  size_t nstate = opt ? loom_optim_state_count(opt) : 0, total = 0;
-  for (size_t u = 0; u < f->nunits; u++) total += f->units[u].shard;
-  for (size_t i = 0; i < nstate && !rc; i++) {
-    loom_optim_state st;
-    if (!(rc = loom_optim_state_at(opt, i, &st))) total += st.n;
-  }
-  float *stage = rc ? NULL : loom__malloc(LOOM_POOL_HOST, (total + 1) * sizeof(float));
-  if (!rc && !stage) rc = loom__fail(LOOM_ENOMEM, "%s: out of memory staging the checkpoint", who);
-  size_t at = 0;
-  for (size_t u = 0; u < f->nunits && !rc; u++) {
-    fsdp_unit *un = &f->units[u];
-    rc = read_range(dir, &s, u, f->segs[u].name, (size_t)f->rank * un->shard, un->shard,
-                    stage + at, LOOM_CHECK_FINITE);
-    at += un->shard;
-  }
-  for (size_t i = 0; i < nstate && !rc; i++) {
-    loom_optim_state st;
-    rc = loom_optim_state_at(opt, i, &st);
-    size_t u = f->nunits;
-    for (size_t k = 0; k < f->nunits && !rc; k++) {
-      size_t L = strlen(f->segs[k].name);
-      if (strncmp(st.name, f->segs[k].name, L) == 0 && st.name[L] == '.') u = k;
-    }
-    if (!rc && (u == f->nunits || st.n != f->units[u].shard))
-      rc = loom__fail(LOOM_EINVAL, "%s: optimizer state %s is not over this FSDP's segments",
-                      who, st.name);
-    unsigned checks = LOOM_CHECK_FINITE;
-    if (!rc && strstr(st.name, "exp_avg_sq")) checks |= LOOM_CHECK_NONNEG;
-    if (!rc) rc = read_range(dir, &s, u, st.name, (size_t)f->rank * st.n, st.n, stage + at, checks);
-    at += st.n;
-  }
+  /* check everything, then commit: nothing changes unless all of it reads. No copy of the
+   * rank's state is staged (the files are mapped, and with offload that state may be larger
+   * than the memory the run has). */
+  if (!rc) rc = check_all(dir, &s, f, opt);
   int64_t step = 0;
-  loom_scaler_state sst;
+  loom_scaler_state sst, before;
   loom_scaler *sc = f->mp ? loom_fsdp_mp_scaler(f->mp) : NULL;
   loom_safetensors *f0 = NULL;
   if (!rc) rc = old_file(dir, &s, 0, &f0);
@@ -432,27 +516,19 @@ int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt) {
   }
   if (!rc && opt && step < 0)
     rc = loom__fail(LOOM_EFORMAT, "%s: optimizer step %lld is negative", who, (long long)step);
-  /* commit (offloaded shards back first, then the scaler: the calls here that can still
-   * refuse) */
-  if (!rc) rc = loom__fsdp_onload_all(f, opt);
-  if (!rc && sc) rc = loom_scaler_restore(sc, &sst);
+  /* commit: the scaler first (it may refuse the state; it is put back should the shards fail
+   * to go in), then the shards, which fail as a whole or not at all */
+  if (!rc && sc && !(rc = loom_scaler_save(sc, &before))) rc = loom_scaler_restore(sc, &sst);
   if (!rc) {
-    at = 0;
-    for (size_t u = 0; u < f->nunits; u++) {
-      memcpy(f->units[u].param_shard, stage + at, f->units[u].shard * sizeof(float));
-      at += f->units[u].shard;
+    rc = commit_all(dir, &s, f, opt);
+    if (rc && sc) {
+      loom__fsdp_err e;
+      loom__fsdp_err_save(&e, rc);
+      (void)loom_scaler_restore(sc, &before); /* a state it held: accepted */
+      rc = loom__fsdp_err_restore(&e);
     }
-    for (size_t i = 0; i < nstate; i++) {
-      loom_optim_state st;
-      loom_optim_state_at(opt, i, &st);
-      memcpy(st.data, stage + at, st.n * sizeof(float));
-      at += st.n;
-    }
-    if (opt) rc = loom_optim_set_step_count(opt, step);
   }
-  int rc_off = loom__fsdp_offload_all(f, opt, rc == LOOM_OK);
-  if (!rc) rc = rc_off;
-  loom__free(stage);
+  if (!rc && opt) rc = loom_optim_set_step_count(opt, step);
   close_set(&s);
   return rc;
 }

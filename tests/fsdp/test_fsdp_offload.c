@@ -71,31 +71,44 @@ static int files_in(const char *dir) {
   return n;
 }
 
+/* Training step s: each rank's B rows of batch s, loss scaling with AMP, clipping if asked. */
+static int orun_step(loom_module *m, loom_fsdp *f, loom_optim *opt, int s, int rank, int n,
+                     loom_autocast_mode amp, bool clip, double *loss) {
+  loom_fsdp_mp *mp = loom_fsdp_mp_manager(f);
+  float scale = mp ? loom_fsdp_mp_current_loss_scale(mp) : 1.0f;
+  int64_t row0 = (int64_t)s * n * B + (int64_t)rank * B;
+  int rc = fm_backward(m, row0, B, amp, scale, loss);
+  bool overflow = false;
+  if (!rc) rc = loom_fsdp_finish(f);
+  if (!rc) rc = loom_fsdp_check_overflow(f, &overflow);
+  if (!rc && clip) rc = loom_fsdp_clip_grad_norm(f, 0.05, NULL);
+  if (!rc && !overflow) rc = loom_fsdp_optim_step(f, opt, 1.0f);
+  return rc;
+}
+
+/* The seeded model, its FSDP wrapper and AdamW over its segments (state in the host pool). */
+static int orun_setup(loom_pg *pg, uint64_t seed, const loom_fsdp_cfg *cfg, loom_module **m,
+                      loom_fsdp **f, loom_optim **opt) {
+  int rc = fm_create(seed, m);
+  if (!rc) rc = loom_fsdp_create(pg, *m, cfg, f);
+  const loom_param_seg *segs = NULL;
+  size_t nseg = 0;
+  loom_adam_cfg ac = fm_adam();
+  ac.state_pool = LOOM_POOL_HOST;
+  if (!rc) rc = loom_fsdp_segments(*f, &segs, &nseg);
+  if (!rc) rc = loom_optim_create_adamw(segs, nseg, &ac, opt);
+  return rc;
+}
+
 static int orun_rank(loom_pg *pg, void *arg) {
   orun *r = arg;
   int rank = loom_pg_rank(pg), n = loom_pg_size(pg);
   loom_module *m = NULL;
   loom_fsdp *f = NULL;
   loom_optim *opt = NULL;
-  int rc = fm_create(1 + (uint64_t)rank, &m);
-  if (!rc) rc = loom_fsdp_create(pg, m, &r->cfg, &f);
-  const loom_param_seg *segs = NULL;
-  size_t nseg = 0;
-  loom_adam_cfg ac = fm_adam();
-  ac.state_pool = LOOM_POOL_HOST;
-  if (!rc) rc = loom_fsdp_segments(f, &segs, &nseg);
-  if (!rc) rc = loom_optim_create_adamw(segs, nseg, &ac, &opt);
-  for (int s = 0; s < STEPS && !rc; s++) {
-    loom_fsdp_mp *mp = loom_fsdp_mp_manager(f);
-    float scale = mp ? loom_fsdp_mp_current_loss_scale(mp) : 1.0f;
-    int64_t row0 = (int64_t)s * n * B + (int64_t)rank * B;
-    rc = fm_backward(m, row0, B, r->amp, scale, &r->loss[rank][s]);
-    bool overflow = false;
-    if (!rc) rc = loom_fsdp_finish(f);
-    if (!rc) rc = loom_fsdp_check_overflow(f, &overflow);
-    if (!rc && r->clip) rc = loom_fsdp_clip_grad_norm(f, 0.05, NULL);
-    if (!rc && !overflow) rc = loom_fsdp_optim_step(f, opt, 1.0f);
-  }
+  int rc = orun_setup(pg, 1 + (uint64_t)rank, &r->cfg, &m, &f, &opt);
+  for (int s = 0; s < STEPS && !rc; s++)
+    rc = orun_step(m, f, opt, s, rank, n, r->amp, r->clip, &r->loss[rank][s]);
   /* the step brought the next forward's first parameter shards back (disk tier): send them
    * out again */
   if (!rc) rc = loom_fsdp_prefetch_wait(f);
@@ -402,6 +415,228 @@ static int plain_rank(loom_pg *pg, void *arg) {
 
 LT_TEST(fsdp_offload_disabled_is_plain_fsdp) { LT_OK(loom_threads_run(1, NULL, plain_rank, NULL)); }
 
+/* ---- resuming from a sharded checkpoint ---------------------------------------------------- */
+
+enum { RESUME_AT = 2, RESUME_END = 4 };
+
+typedef struct resume_run {
+  int nranks;
+  int tier;             /* -1: no offload; else everything offloaded to this tier */
+  const char *tier_dir; /* the disk tier's folder */
+  bool amp;
+  const char *mid;      /* without load: saved here after RESUME_AT steps */
+  const char *load;     /* resumed from this set (fresh weights before: another seed) */
+  const char *corrupt;  /* a copy of the set with a byte flipped: its load is refused first */
+  bool full_disk;       /* disk tier, one rank: a load that finds the disk full half-way */
+  const char *before, *after; /* saved before and after the refused loads */
+  const char *end;      /* saved at the end */
+  float *params;        /* rank 0's full state at the end */
+  double loss[MAXR][RESUME_END];
+  int bad_rc[2];
+  char bad_msg[2][512];
+  bool bad_changed[2][MAXR];
+  size_t compute_rise[MAXR], state_bytes[MAXR];
+} resume_run;
+
+static void flatten_full(loom_fsdp *f, float *out) {
+  loom_named_tensor *st = NULL;
+  size_t n = 0;
+  LT_OK(loom_fsdp_full_state(f, &st, &n));
+  fm_flatten_state(st, n, out);
+  loom_fsdp_state_free(st, n);
+}
+
+static size_t account_in_use(int rank, loom_pool pool, bool peak) {
+  loom_pool_stats ps;
+  loom_mem_account_stats(rank + 1, pool, &ps);
+  return peak ? ps.peak_bytes : ps.current_bytes;
+}
+
+/* A load that must be refused: its status and message (rank 0's), and whether it went in or
+ * moved the rank's step count or (rank 0, which holds the full state) the weights. */
+static int refused_load(loom_fsdp *f, loom_optim *opt, const char *dir, resume_run *r, int i,
+                        int rank) {
+  float before[2048] = {0}, after[2048] = {0};
+  flatten_full(f, before);
+  int64_t steps = loom_optim_step_count(opt);
+  int rc = loom_fsdp_load_sharded(f, dir, opt);
+  if (rank == 0) {
+    r->bad_rc[i] = rc;
+    snprintf(r->bad_msg[i], sizeof r->bad_msg[i], "%s", loom_last_error());
+  }
+  flatten_full(f, after);
+  bool moved = steps != loom_optim_step_count(opt) || rc == LOOM_OK;
+  if (rank == 0) moved = moved || memcmp(before, after, model_numel() * sizeof(float)) != 0;
+  r->bad_changed[i][rank] = moved;
+  return LOOM_OK;
+}
+
+static int resume_rank(loom_pg *pg, void *arg) {
+  resume_run *r = arg;
+  int rank = loom_pg_rank(pg), n = loom_pg_size(pg);
+  loom_module *m = NULL;
+  loom_fsdp *f = NULL;
+  loom_optim *opt = NULL;
+  loom_fsdp_cfg cfg;
+  loom_fsdp_cfg_default(&cfg);
+  if (r->amp) loom_fsdp_mp_cfg_for(LOOM_F16, &cfg.mp);
+  if (r->tier >= 0) offload_cfg(&cfg, (loom_fsdp_tier)r->tier, r->tier_dir);
+  loom_autocast_mode amp = r->amp ? LOOM_AUTOCAST_F16 : LOOM_AUTOCAST_OFF;
+  int rc = orun_setup(pg, (r->load ? 40u : 1u) + (uint64_t)rank, &cfg, &m, &f, &opt);
+  if (rc) goto out;
+  int s = 0;
+  if (r->load) {
+    if (r->before) rc = loom_fsdp_save_sharded(f, r->before, opt, NULL, 0);
+    if (!rc && r->corrupt) rc = refused_load(f, opt, r->corrupt, r, 0, rank);
+    if (!rc && r->full_disk) {
+      /* the state goes to the tier first; then the file may grow by 8 pages only, while the
+       * load's new slot set needs one per chunk and kind */
+      for (size_t u = 0; u < loom_fsdp_unit_count(f) && !rc; u++)
+        rc = loom_fsdp_offload_optimizer_state(f, opt, u);
+      struct stat sb;
+      struct rlimit old, lim;
+      getrlimit(RLIMIT_FSIZE, &old);
+      LT_TRUE(stat(loom__ostore_path(f->store), &sb) == 0);
+      lim = (struct rlimit){(rlim_t)sb.st_size + 8 * 4096, old.rlim_max};
+      signal(SIGXFSZ, SIG_IGN);
+      setrlimit(RLIMIT_FSIZE, &lim);
+      if (!rc) rc = refused_load(f, opt, r->load, r, 1, rank);
+      setrlimit(RLIMIT_FSIZE, &old);
+    }
+    if (!rc && r->after) rc = loom_fsdp_save_sharded(f, r->after, opt, NULL, 0);
+    for (size_t u = 0; u < loom_fsdp_unit_count(f); u++) {
+      loom_fsdp_unit_info ui;
+      loom_fsdp_unit_info_get(f, u, &ui);
+      r->state_bytes[rank] += 3 * ui.shard_numel * sizeof(float); /* parameters, 2 moments */
+    }
+    size_t c0 = account_in_use(rank, LOOM_POOL_COMPUTE, false);
+    loom_mem_account_reset_peak(rank + 1, LOOM_POOL_COMPUTE);
+    if (!rc) rc = loom_fsdp_load_sharded(f, r->load, opt);
+    r->compute_rise[rank] = account_in_use(rank, LOOM_POOL_COMPUTE, true) - c0;
+    s = RESUME_AT;
+  }
+  for (; s < RESUME_END && !rc; s++) {
+    rc = orun_step(m, f, opt, s, rank, n, amp, false, &r->loss[rank][s]);
+    if (!rc && !r->load && s + 1 == RESUME_AT && r->mid)
+      rc = loom_fsdp_save_sharded(f, r->mid, opt, NULL, 0);
+  }
+  if (!rc && r->end) rc = loom_fsdp_save_sharded(f, r->end, opt, NULL, 0);
+  loom_named_tensor *st = NULL;
+  size_t nst = 0;
+  if (!rc) rc = loom_fsdp_full_state(f, &st, &nst);
+  if (!rc && rank == 0) fm_flatten_state(st, nst, r->params);
+  loom_fsdp_state_free(st, nst);
+out:
+  loom_optim_free(opt);
+  loom_fsdp_free(f);
+  loom_module_free(m);
+  return rc;
+}
+
+static void copy_file(const char *from, const char *to) {
+  FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+  LT_TRUE(a && b);
+  int c;
+  while (a && b && (c = fgetc(a)) != EOF) fputc(c, b);
+  if (a) fclose(a);
+  if (b) fclose(b);
+}
+
+/* A set like `from` whose rank-0 file has one byte flipped in its data. */
+static void corrupt_copy(const char *from, const char *to, int nranks) {
+  char a[700], b[700];
+  mkdir(to, 0700);
+  snprintf(a, sizeof a, "%s/gen-1", to);
+  mkdir(a, 0700);
+  snprintf(a, sizeof a, "%s/fsdp-index.safetensors", from);
+  snprintf(b, sizeof b, "%s/fsdp-index.safetensors", to);
+  copy_file(a, b);
+  for (int r = 0; r < nranks; r++) {
+    snprintf(a, sizeof a, "%s/gen-1/rank-%d-of-%d.safetensors", from, r, nranks);
+    snprintf(b, sizeof b, "%s/gen-1/rank-%d-of-%d.safetensors", to, r, nranks);
+    copy_file(a, b);
+  }
+  snprintf(b, sizeof b, "%s/gen-1/rank-0-of-%d.safetensors", to, nranks);
+  FILE *fl = fopen(b, "r+b");
+  LT_TRUE(fl != NULL);
+  if (!fl) return;
+  fseek(fl, -5, SEEK_END);
+  int c = fgetc(fl);
+  fseek(fl, -5, SEEK_END);
+  fputc(c ^ 0x10, fl);
+  fclose(fl);
+}
+
+/* Interrupted without offload at step 2, resumed with everything offloaded (either tier, 1 and
+ * 2 ranks, f32 and f16): the same losses, weights and final checkpoint as the uninterrupted
+ * run. The load reads straight into the tier: the compute pool holds the chunk ring only, not
+ * the rank's state (bench/offload_memlimit.sh resumes an 858 MB state under a 760 MiB limit). Before it, a corrupt set and (disk tier) a disk that fills
+ * half-way are refused, naming the problem, with nothing changed: weights, step count and the
+ * optimizer state (a save before and after is the same file). */
+LT_TEST(fsdp_offload_resume_from_sharded_checkpoint_bit_identical) {
+  for (int amp = 0; amp < 2; amp++)
+    for (int n = 1; n <= 2; n++) {
+      char name[64];
+      snprintf(name, sizeof name, "r-mid-%d-%d", amp, n);
+      resume_run base = {.nranks = n, .tier = -1, .amp = amp, .mid = tmp_dir(name)};
+      snprintf(name, sizeof name, "r-end-%d-%d", amp, n);
+      base.end = tmp_dir(name);
+      base.params = calloc(model_numel(), sizeof(float));
+      LT_OK(loom_threads_run(n, NULL, resume_rank, &base));
+      snprintf(name, sizeof name, "r-bad-%d-%d", amp, n);
+      const char *bad = tmp_dir(name);
+      corrupt_copy(base.mid, bad, n);
+      for (int tier = 0; tier < 2; tier++) {
+        resume_run o = {.nranks = n, .tier = tier, .tier_dir = tmp_dir("rtier"), .amp = amp,
+                        .load = base.mid, .corrupt = bad, .full_disk = tier == 1 && n == 1};
+        snprintf(name, sizeof name, "r-o-%d-%d-%d", amp, n, tier);
+        o.end = tmp_dir(name);
+        snprintf(name, sizeof name, "r-b-%d-%d-%d", amp, n, tier);
+        o.before = tmp_dir(name);
+        snprintf(name, sizeof name, "r-a-%d-%d-%d", amp, n, tier);
+        o.after = tmp_dir(name);
+        o.params = calloc(model_numel(), sizeof(float));
+        LT_OK(loom_threads_run(n, NULL, resume_rank, &o));
+        snprintf(name, sizeof name, "%s, %d ranks, %s tier", amp ? "f16" : "f32", n,
+                 tier ? "disk" : "host");
+        if (memcmp(base.params, o.params, model_numel() * sizeof(float)) != 0)
+          lt_fail_at(__FILE__, __LINE__, "%s: weights differ from the uninterrupted run", name);
+        for (int r = 0; r < n; r++)
+          if (memcmp(base.loss[r] + RESUME_AT, o.loss[r] + RESUME_AT,
+                     (RESUME_END - RESUME_AT) * sizeof(double)) != 0)
+            lt_fail_at(__FILE__, __LINE__, "%s: rank %d's losses differ", name, r);
+        for (int r = 0; r < n; r++) {
+          char pa[700], pb[700];
+          snprintf(pa, sizeof pa, "%s/gen-1/rank-%d-of-%d.safetensors", base.end, r, n);
+          snprintf(pb, sizeof pb, "%s/gen-1/rank-%d-of-%d.safetensors", o.end, r, n);
+          if (!same_file(pa, pb))
+            lt_fail_at(__FILE__, __LINE__, "%s: rank %d's final checkpoint differs", name, r);
+          snprintf(pa, sizeof pa, "%s/gen-1/rank-%d-of-%d.safetensors", o.before, r, n);
+          snprintf(pb, sizeof pb, "%s/gen-1/rank-%d-of-%d.safetensors", o.after, r, n);
+          if (!same_file(pa, pb))
+            lt_fail_at(__FILE__, __LINE__, "%s: a refused load changed rank %d's state", name, r);
+          /* nothing comes back into the compute pool but the disk tier's chunk ring (3 sets
+           * of 3 kinds of 64-byte chunks); the host tier is written where it is */
+          size_t ring = tier == 1 ? 3 * 3 * 64 : 0;
+          if (o.compute_rise[r] > ring)
+            lt_fail_at(__FILE__, __LINE__, "%s: rank %d's load took %zu compute bytes (%zu of "
+                       "state, ring %zu)", name, r, o.compute_rise[r], o.state_bytes[r], ring);
+        }
+        LT_EQ(o.bad_rc[0], LOOM_EFORMAT);
+        LT_TRUE(strstr(o.bad_msg[0], bad) != NULL);
+        for (int r = 0; r < n; r++) LT_TRUE(!o.bad_changed[0][r]);
+        if (o.full_disk) {
+          LT_EQ(o.bad_rc[1], LOOM_EIO);
+          LT_TRUE(strstr(o.bad_msg[1], "full") != NULL);
+          LT_TRUE(!o.bad_changed[1][0]);
+        }
+        LT_EQ(files_in(o.tier_dir), 0);
+        free(o.params);
+      }
+      free(base.params);
+    }
+}
+
 /* ---- faults ------------------------------------------------------------------------------ */
 
 typedef struct fault_ctx {
@@ -414,14 +649,6 @@ typedef struct fault_ctx {
   int save_rc;
   bool index_written;
 } fault_ctx;
-
-static void flatten_full(loom_fsdp *f, float *out) {
-  loom_named_tensor *st = NULL;
-  size_t n = 0;
-  LT_OK(loom_fsdp_full_state(f, &st, &n));
-  fm_flatten_state(st, n, out);
-  loom_fsdp_state_free(st, n);
-}
 
 static int fault_rank(loom_pg *pg, void *arg) {
   fault_ctx *c = arg;
