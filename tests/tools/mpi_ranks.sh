@@ -12,9 +12,10 @@
 #                          --max-steps and resumed from the sharded checkpoint, end with the
 #                          model file of the same run on NP threads (byte for byte)
 #   fsdp-offload NP        NP MPI processes with --strategy fsdp --amp bf16 --offload all on the
-#                          disk tier (one folder for every rank) end with the model file of the
-#                          same run on NP threads without offload (byte for byte), and leave no
-#                          file in --offload-dir
+#                          disk tier (one folder for every rank), interrupted after 5 steps and
+#                          resumed with offload from the sharded checkpoint, end with the model
+#                          file of the same run on NP threads without offload (byte for byte), and
+#                          leave no file in --offload-dir
 # Usage: mpi_ranks.sh LOOM MPIEXEC NP_FLAG "flags=LAUNCHER FLAGS" CASE [ARGS...] (the flags
 # after "flags=", which may be empty, as MPICH's are)
 set -u
@@ -104,10 +105,13 @@ fsdp-offload)
     fail "the threads run failed"
   mkdir "$dir/off"
   # shellcheck disable=SC2086
-  timeout 120 "$mpiexec" $flags $np "$n" "$loom" $run --backend mpi --offload all \
-    --offload-tier disk --offload-dir "$dir/off" --save "$dir/mpi" >"$dir/out" 2>"$dir/err" ||
-    fail "the MPI run with offload failed"
+  off="--offload all --offload-tier disk --offload-dir $dir/off"
+  timeout 120 "$mpiexec" $flags $np "$n" "$loom" $run --backend mpi $off --max-steps 5 \
+    --save "$dir/mpi" >"$dir/out" 2>"$dir/err" || fail "the MPI run with offload failed"
   grep -q "loom train: offload: disk tier, " "$dir/out" || fail "no offload line in the summary"
+  # shellcheck disable=SC2086
+  timeout 120 "$mpiexec" $flags $np "$n" "$loom" $run --backend mpi $off --resume "$dir/mpi" \
+    --save "$dir/mpi" >"$dir/out" 2>"$dir/err" || fail "the resumed MPI run with offload failed"
   cmp -s "$dir/thr/model.safetensors" "$dir/mpi/model.safetensors" ||
     fail "the MPI run's model (offload on disk) differs from the threads run's (no offload)"
   [ -z "$(ls -A "$dir/off")" ] || fail "files left in --offload-dir: $(ls -A "$dir/off")"
