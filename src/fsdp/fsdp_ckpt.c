@@ -373,12 +373,14 @@ static int read_range(const char *dir, old_set *s, size_t u, const char *name, s
  * segment), checked against its name and length. */
 static int state_unit(const loom_fsdp *f, const loom_optim *opt, size_t i, loom_optim_state *st,
                       size_t *unit) {
-  size_t per = loom_optim_state_per_segment(opt), u = i / per;
   int rc = loom_optim_state_at(opt, i, st);
   if (rc) return rc;
-  size_t L = u < f->nunits ? strlen(f->segs[u].name) : 0;
-  if (u >= f->nunits || strncmp(st->name, f->segs[u].name, L) != 0 || st->name[L] != '.' ||
-      st->n != f->units[u].shard)
+  size_t u = f->nunits;
+  for (size_t k = 0; k < f->nunits && u == f->nunits; k++) {
+    size_t L = strlen(f->segs[k].name);
+    if (strncmp(st->name, f->segs[k].name, L) == 0 && st->name[L] == '.') u = k;
+  }
+  if (u == f->nunits || st->n != f->units[u].shard)
     return loom__fail(LOOM_EINVAL, "loom_fsdp_load_sharded: optimizer state %s is not over this "
                       "FSDP's segments", st->name);
   *unit = u;
@@ -444,7 +446,7 @@ static int commit_all(const char *dir, old_set *s, loom_fsdp *f, loom_optim *opt
   if (loom__fsdp_offloading(f, OFF_PARAM)) tier |= 1u << OFF_PARAM;
   if (loom__fsdp_offloading(f, OFF_STATE)) tier |= states;
   int rc = LOOM_OK;
-  if (tier && !(rc = loom__fsdp_offload_all(f, opt, false)))
+  if (tier && !(rc = loom__fsdp_settle_all(f)) && !(rc = loom__fsdp_offload_all(f, opt, false)))
     rc = loom__fsdp_stream(f, opt, 0, tier, load_chunk, &c);
   for (size_t u = 0; u < f->nunits && !rc && !(tier & (1u << OFF_PARAM)); u++)
     rc = read_range(dir, s, u, f->segs[u].name, (size_t)f->rank * f->units[u].shard,
@@ -492,7 +494,7 @@ int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt) {
                       name ? name : "?", (long long)s.units[2 * u],
                       s.nunits != f->nunits ? " (which has another number of units: is the "
                                               "wrap policy the same?)" : "");
-    } else if (s.units[2 * u + 1] <= 0 ||
+    } else if (s.units[2 * u + 1] < 0 || (s.units[2 * u + 1] == 0 && f->units[u].numel) ||
                (size_t)s.units[2 * u + 1] * (size_t)s.world < f->units[u].numel) {
       rc = loom__fail(LOOM_EFORMAT, "%s: unit %zu's shard length %lld in the index is wrong",
                       who, u, (long long)s.units[2 * u + 1]);
@@ -518,9 +520,13 @@ int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt) {
     rc = loom__fail(LOOM_EFORMAT, "%s: optimizer step %lld is negative", who, (long long)step);
   /* commit: the scaler first (it may refuse the state; it is put back should the shards fail
    * to go in), then the shards, which fail as a whole or not at all */
+  int64_t old_step = opt ? loom_optim_step_count(opt) : 0;
+  if (!rc && opt) rc = loom_optim_set_step_count(opt, step);
   if (!rc && sc && !(rc = loom_scaler_save(sc, &before))) rc = loom_scaler_restore(sc, &sst);
+  if (rc && opt) (void)loom_optim_set_step_count(opt, old_step);
   if (!rc) {
     rc = commit_all(dir, &s, f, opt);
+    if (rc && opt) (void)loom_optim_set_step_count(opt, old_step);
     if (rc && sc) {
       loom__fsdp_err e;
       loom__fsdp_err_save(&e, rc);
@@ -528,7 +534,6 @@ int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt) {
       rc = loom__fsdp_err_restore(&e);
     }
   }
-  if (!rc && opt) rc = loom_optim_set_step_count(opt, step);
   close_set(&s);
   return rc;
 }

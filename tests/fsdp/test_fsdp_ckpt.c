@@ -741,10 +741,11 @@ typedef struct frozen_job {
   uint64_t seed;
   int first_step, pre_steps, post_steps;
   float *end;
+  bool skip_first;
 } frozen_job;
 
-/* AdamW over units 0 and 1 only (the last layer frozen), momentum SGD would be the same: fewer
- * state buffers than units x 2. */
+/* AdamW over units 0 and 1 only (the last layer frozen), or over 1 and 2 (skip_first: the first
+ * frozen); momentum SGD would be the same: fewer state buffers than units x 2. */
 static int frozen_rank(loom_pg *pg, void *arg) {
   frozen_job *j = arg;
   int rank = loom_pg_rank(pg), world = loom_pg_size(pg);
@@ -757,7 +758,7 @@ static int frozen_rank(loom_pg *pg, void *arg) {
   int rc = fm_create(j->seed + (uint64_t)rank, &m);
   if (!rc) rc = loom_fsdp_create(pg, m, NULL, &f);
   if (!rc) rc = loom_fsdp_segments(f, &segs, &nseg);
-  if (!rc) rc = loom_optim_create_adamw(segs, nseg - 1, &ac, &opt);
+  if (!rc) rc = loom_optim_create_adamw(segs + (j->skip_first ? 1 : 0), nseg - 1, &ac, &opt);
   int s = j->first_step;
   if (!rc && j->load_dir) rc = loom_fsdp_load_sharded(f, j->load_dir, opt);
   for (int k = 0; k < j->pre_steps && !rc; k++) rc = train_step(m, f, opt, s++, rank, world);
@@ -986,5 +987,23 @@ LT_TEST(fsdp_ckpt_refuses_non_finite_values_and_negative_moments) {
   free(good1);
   free(goodi);
   free(a.mid);
+  fm_rm_tree(dir);
+}
+
+/* AdamW over the later units (the first layer frozen): state found by its name on load. */
+LT_TEST(fsdp_ckpt_optimizer_over_later_units_resumes_bit_identical) {
+  char dir[64];
+  tmp_dir(dir, sizeof dir);
+  size_t np = model_numel();
+  for (int w = 1; w <= 2; w++) {
+    frozen_job a = {.save_dir = dir, .seed = 1, .pre_steps = 2, .post_steps = 2, .end = fbuf(),
+                    .skip_first = true};
+    LT_OK(loom_threads_run(w, NULL, frozen_rank, &a));
+    frozen_job b = {.load_dir = dir, .seed = 30, .first_step = 2, .post_steps = 2, .end = fbuf(),
+                    .skip_first = true};
+    LT_OK(loom_threads_run(w, NULL, frozen_rank, &b));
+    LT_TRUE(memcmp(a.end, b.end, np * sizeof(float)) == 0);
+    free(a.end), free(b.end);
+  }
   fm_rm_tree(dir);
 }

@@ -570,9 +570,10 @@ static void corrupt_copy(const char *from, const char *to, int nranks) {
 /* Interrupted without offload at step 2, resumed with everything offloaded (either tier, 1 and
  * 2 ranks, f32 and f16): the same losses, weights and final checkpoint as the uninterrupted
  * run. The load reads straight into the tier: the compute pool holds the chunk ring only, not
- * the rank's state (bench/offload_memlimit.sh resumes an 858 MB state under a 760 MiB limit). Before it, a corrupt set and (disk tier) a disk that fills
- * half-way are refused, naming the problem, with nothing changed: weights, step count and the
- * optimizer state (a save before and after is the same file). */
+ * the rank's state (bench/offload_memlimit.sh resumes an 858 MB state under a 760 MiB limit).
+ * Before it, a corrupt set and (disk tier) a disk that fills half-way are refused, naming the
+ * problem, with nothing changed: weights, step count and the optimizer state (a save before
+ * and after is the same file). */
 LT_TEST(fsdp_offload_resume_from_sharded_checkpoint_bit_identical) {
   for (int amp = 0; amp < 2; amp++)
     for (int n = 1; n <= 2; n++) {
@@ -803,4 +804,191 @@ static int misuse_rank(loom_pg *pg, void *arg) {
 
 LT_TEST(fsdp_offload_misuse_is_refused_with_a_message) {
   LT_OK(loom_threads_run(1, NULL, misuse_rank, NULL));
+}
+
+/* ---- sharded loads: in-flight transfers, an open step, an empty unit, resharding ----------- */
+
+/* A set saved without offload (seed 1), then loaded into a fresh model (seed 40):
+ *   mode 0: disk tier, unit 0's parameters on their way back (as loom_fsdp_optim_step leaves
+ *           them) and a disk that fills half-way through the load: refused, nothing changed;
+ *   mode 1: disk tier, every unit's optimizer state being prefetched: the load waits for those
+ *           reads (they write into buffers it releases) and the offload flags stay true;
+ *   mode 2: no offload, a chunked optimizer step open: refused before anything changes;
+ *   mode 3: no offload, a unit with no parameters (the ReLU named as a unit): loads. */
+typedef struct probe {
+  const char *set;
+  int mode;
+  int rc;
+  char msg[512];
+  bool changed;
+  bool state_flag_ok;
+  int64_t step_after;
+} probe;
+
+static int probe_rank(loom_pg *pg, void *arg) {
+  probe *p = arg;
+  loom_module *m = NULL;
+  loom_fsdp *f = NULL;
+  loom_optim *opt = NULL;
+  loom_fsdp_cfg cfg;
+  loom_fsdp_cfg_default(&cfg);
+  static const char *names[] = {"layers.0", "layers.1", "layers.2"};
+  if (p->mode == 3) {
+    cfg.wrap = LOOM_FSDP_WRAP_LIST;
+    cfg.unit_names = names;
+    cfg.n_unit_names = 3;
+  }
+  /* the set: another seed, no offload */
+  int rc = orun_setup(pg, 1, &cfg, &m, &f, &opt);
+  if (!rc) rc = loom_fsdp_save_sharded(f, p->set, opt, NULL, 0);
+  loom_optim_free(opt);
+  loom_fsdp_free(f);
+  loom_module_free(m);
+  m = NULL, f = NULL, opt = NULL;
+  if (rc) return rc;
+  if (p->mode == 3) {
+    rc = orun_setup(pg, 40, &cfg, &m, &f, &opt);
+    if (!rc) rc = p->rc = loom_fsdp_load_sharded(f, p->set, opt);
+    snprintf(p->msg, sizeof p->msg, "%s", loom_last_error());
+    goto out;
+  }
+  if (p->mode == 2) {
+    rc = orun_setup(pg, 40, &cfg, &m, &f, &opt);
+    float before[2048] = {0}, after[2048] = {0};
+    flatten_full(f, before);
+    if (!rc) rc = loom_optim_step_begin(opt, 1.0f);
+    if (!rc) p->rc = loom_fsdp_load_sharded(f, p->set, opt);
+    snprintf(p->msg, sizeof p->msg, "%s", loom_last_error());
+    (void)loom_optim_step_end(opt, false);
+    flatten_full(f, after);
+    p->changed = memcmp(before, after, model_numel() * sizeof(float)) != 0;
+    goto out;
+  }
+  offload_cfg(&cfg, LOOM_FSDP_TIER_DISK, tmp_dir("probe-tier"));
+  rc = orun_setup(pg, 40, &cfg, &m, &f, &opt);
+  for (size_t u = 0; u < loom_fsdp_unit_count(f) && !rc; u++)
+    rc = loom_fsdp_offload_optimizer_state(f, opt, u);
+  if (rc) goto out;
+  if (p->mode == 0) {
+    float before[2048] = {0}, after[2048] = {0};
+    flatten_full(f, before);
+    /* as loom_fsdp_optim_step leaves it on the disk tier: the next forward's first unit's
+     * parameters on their way back */
+    rc = loom_fsdp_prefetch_parameter(f, 0);
+    struct stat sb;
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_FSIZE, &old);
+    stat(loom__ostore_path(f->store), &sb);
+    lim = (struct rlimit){(rlim_t)sb.st_size + 8 * 4096, old.rlim_max};
+    signal(SIGXFSZ, SIG_IGN);
+    setrlimit(RLIMIT_FSIZE, &lim);
+    if (!rc) p->rc = loom_fsdp_load_sharded(f, p->set, opt);
+    snprintf(p->msg, sizeof p->msg, "%s", loom_last_error());
+    setrlimit(RLIMIT_FSIZE, &old);
+    flatten_full(f, after);
+    p->changed = memcmp(before, after, model_numel() * sizeof(float)) != 0;
+  } else if (p->mode == 1) {
+    for (size_t u = 0; u < loom_fsdp_unit_count(f) && !rc; u++)
+      rc = loom_fsdp_prefetch_optimizer_state(f, opt, u);
+    if (!rc) p->rc = loom_fsdp_load_sharded(f, p->set, opt);
+    snprintf(p->msg, sizeof p->msg, "%s", loom_last_error());
+    p->state_flag_ok = true;
+    for (size_t u = 0; u < loom_fsdp_unit_count(f); u++)
+      if (loom_optim_state_released(opt, u) !=
+          loom_fsdp_is_offloaded(f, u, LOOM_FSDP_OFFLOAD_OPTIM))
+        p->state_flag_ok = false;
+  }
+out:
+  loom_optim_free(opt);
+  loom_fsdp_free(f);
+  loom_module_free(m);
+  return rc;
+}
+
+LT_TEST(fsdp_offload_load_with_parameters_arriving_fails_whole_on_a_full_disk) {
+  probe p = {.set = tmp_dir("probe0"), .mode = 0};
+  LT_OK(loom_threads_run(1, NULL, probe_rank, &p));
+  LT_EQ(p.rc, LOOM_EIO);
+  LT_TRUE(strstr(p.msg, "full") != NULL);
+  LT_TRUE(!p.changed);
+}
+
+LT_TEST(fsdp_offload_load_while_optimizer_state_is_prefetched) {
+  probe p = {.set = tmp_dir("probe1"), .mode = 1};
+  LT_OK(loom_threads_run(1, NULL, probe_rank, &p));
+  LT_OK(p.rc);
+  LT_TRUE(p.state_flag_ok);
+}
+
+LT_TEST(fsdp_load_during_an_open_step_is_refused_before_any_change) {
+  probe p = {.set = tmp_dir("probe2"), .mode = 2};
+  LT_OK(loom_threads_run(1, NULL, probe_rank, &p));
+  LT_EQ(p.rc, LOOM_EMISUSE);
+  LT_TRUE(!p.changed);
+}
+
+LT_TEST(fsdp_load_with_a_unit_without_parameters) {
+  probe p = {.set = tmp_dir("probe3"), .mode = 3};
+  LT_OK(loom_threads_run(1, NULL, probe_rank, &p));
+  LT_OK(p.rc);
+}
+
+/* Saved at one world size without offload, loaded at the other with offload on either tier
+ * (reads spanning several old rank files, chunk tails): the same as loading without it. */
+typedef struct rs_probe {
+  const char *set;
+  int tier; /* -1 none */
+  bool save;
+  float *out;
+} rs_probe;
+
+static int rs_rank(loom_pg *pg, void *arg) {
+  rs_probe *p = arg;
+  loom_module *m = NULL;
+  loom_fsdp *f = NULL;
+  loom_optim *opt = NULL;
+  loom_fsdp_cfg cfg;
+  loom_fsdp_cfg_default(&cfg);
+  if (p->tier >= 0) offload_cfg(&cfg, (loom_fsdp_tier)p->tier, tmp_dir("rs-tier"));
+  int rc = orun_setup(pg, p->save ? 1 : 40, &cfg, &m, &f, &opt);
+  int rank = loom_pg_rank(pg), n = loom_pg_size(pg);
+  double loss;
+  if (p->save) {
+    for (int s = 0; s < 2 && !rc; s++)
+      rc = orun_step(m, f, opt, s, rank, n, LOOM_AUTOCAST_OFF, false, &loss);
+    if (!rc) rc = loom_fsdp_save_sharded(f, p->set, opt, NULL, 0);
+  } else {
+    if (!rc) rc = loom_fsdp_load_sharded(f, p->set, opt);
+    for (int s = 0; s < 2 && !rc; s++)
+      rc = orun_step(m, f, opt, s, rank, n, LOOM_AUTOCAST_OFF, false, &loss);
+    float mine[2048];
+    if (!rc) flatten_full(f, rank == 0 ? p->out : mine); /* a collective; rank 0 keeps it */
+  }
+  loom_optim_free(opt);
+  loom_fsdp_free(f);
+  loom_module_free(m);
+  return rc;
+}
+
+LT_TEST(fsdp_offload_load_reshards_as_without_offload) {
+  for (int ws = 1; ws <= 2; ws++)
+    for (int wl = 1; wl <= 2; wl++) {
+      if (ws == wl) continue;
+      char name[64];
+      snprintf(name, sizeof name, "rs-%d-%d", ws, wl);
+      rs_probe sv = {.set = tmp_dir(name), .tier = -1, .save = true};
+      LT_OK(loom_threads_run(ws, NULL, rs_rank, &sv));
+      float *ref = calloc(2048, sizeof(float));
+      rs_probe a = {.set = sv.set, .tier = -1, .out = ref};
+      LT_OK(loom_threads_run(wl, NULL, rs_rank, &a));
+      for (int tier = 0; tier < 2; tier++) {
+        float *o = calloc(2048, sizeof(float));
+        rs_probe b = {.set = sv.set, .tier = tier, .out = o};
+        LT_OK(loom_threads_run(wl, NULL, rs_rank, &b));
+        if (memcmp(ref, o, model_numel() * sizeof(float)) != 0)
+          lt_fail_at(__FILE__, __LINE__, "save %d load %d tier %d differs", ws, wl, tier);
+        free(o);
+      }
+      free(ref);
+    }
 }
