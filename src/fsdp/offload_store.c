@@ -1,5 +1,5 @@
 /* offload_store.c: the offload store of offload_store.h. Owns the slot table, the two tiers
- * (host-pool buffers; one scratch file read and written with pread/pwrite, a CRC-32 per slot),
+ * (host-pool buffers; one scratch file read and written with pread/pwrite, a CRC-32C per slot),
  * the synchronous put/get, the job queue with its worker thread, and the statistics.
  *
  * Locking: `mu` guards the slot table, the queue, the job records' states and the statistics;
@@ -10,6 +10,7 @@
  * on a slot first waits until no job of that slot is queued or running. */
 #define _GNU_SOURCE /* sync_file_range */
 #include "fsdp/offload_store.h"
+#include "core/kernels/kernels.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -22,7 +23,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #define SLOT_ALIGN ((size_t)4096) /* each slot's range in the file starts on a page */
 #define IO_CHUNK ((size_t)1 << 20) /* CRC and pread/pwrite one cache-warm MiB at a time */
@@ -32,7 +32,7 @@ typedef struct oslot {
   size_t bytes;     /* the slot's size, fixed by its first put (meaningful if declared) */
   size_t off;       /* disk: where its range starts (if space) */
   void *buf;        /* host: its buffer (if space and bytes > 0) */
-  uint32_t crc;     /* disk: CRC-32 of what the last put wrote (if data) */
+  uint32_t crc;     /* disk: CRC-32C of what the last put wrote (if data) */
   uint32_t pending; /* queued or running jobs on this slot */
   bool declared;    /* it has a size: it has space, or a job of it is pending */
   bool space;       /* it has its buffer / file range */
@@ -184,15 +184,16 @@ static void disk_unreserve(loom__ostore *s, size_t off, size_t bytes) {
   loom__mem_account_to(LOOM_POOL_FILE, s->account, -(ptrdiff_t)bytes);
 }
 
-/* Write src to the slot's range, computing its CRC-32 on the way (chunk by chunk, while the
+/* Write src to the slot's range, computing its CRC-32C on the way (chunk by chunk, while the
  * chunk is in cache). */
 static int disk_write(loom__ostore *s, const char *who, size_t slot, size_t off,
                       const void *src, size_t bytes, uint32_t *crc_out) {
   const unsigned char *p = src;
-  uLong crc = crc32(0L, Z_NULL, 0);
+  const loom__core_kernels *k = loom__k();
+  uint32_t crc = 0;
   for (size_t done = 0; done < bytes;) {
     size_t n = bytes - done < IO_CHUNK ? bytes - done : IO_CHUNK;
-    crc = crc32(crc, p + done, (uInt)n);
+    crc = k->crc32c(crc, p + done, n);
     for (size_t w = 0; w < n;) {
       ssize_t r = pwrite(s->fd, p + done + w, n - w, (off_t)(off + done + w));
       if (r < 0 && errno == EINTR) continue;
@@ -224,15 +225,16 @@ static int disk_write(loom__ostore *s, const char *who, size_t slot, size_t off,
       (void)posix_fadvise(s->fd, 0, 0, POSIX_FADV_DONTNEED);
     }
   }
-  *crc_out = (uint32_t)crc;
+  *crc_out = crc;
   return LOOM_OK;
 }
 
-/* Read the slot's range into dst and check it against the size and CRC-32 of its put. */
+/* Read the slot's range into dst and check it against the size and CRC-32C of its put. */
 static int disk_read(loom__ostore *s, const char *who, size_t slot, size_t off, void *dst,
                      size_t bytes, uint32_t want) {
   unsigned char *p = dst;
-  uLong crc = crc32(0L, Z_NULL, 0);
+  const loom__core_kernels *k = loom__k();
+  uint32_t crc = 0;
   for (size_t done = 0; done < bytes;) {
     size_t n = bytes - done < IO_CHUNK ? bytes - done : IO_CHUNK;
     for (size_t r = 0; r < n;) {
@@ -247,13 +249,13 @@ static int disk_read(loom__ostore *s, const char *who, size_t slot, size_t off, 
                           done + r, bytes);
       r += (size_t)got;
     }
-    crc = crc32(crc, p + done, (uInt)n);
+    crc = k->crc32c(crc, p + done, n);
     done += n;
   }
   if (bytes) (void)posix_fadvise(s->fd, (off_t)off, (off_t)bytes, POSIX_FADV_DONTNEED);
-  if ((uint32_t)crc != want)
+  if (crc != want)
     return loom__fail(LOOM_EFORMAT, "%s: '%s' slot %zu: the bytes changed behind loom's back "
-                      "(CRC-32 %08x, %08x when put)", who, s->path, slot, (unsigned)crc,
+                      "(CRC-32C %08x, %08x when put)", who, s->path, slot, (unsigned)crc,
                       (unsigned)want);
   return LOOM_OK;
 }

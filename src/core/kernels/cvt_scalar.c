@@ -83,4 +83,5 @@ const loom__core_kernels loom__core_kernels_scalar = {
     .cvt_bf16_to_f32 = bf16_to_f32,
     .cvt_f32_to_f16 = f32_to_f16,
     .cvt_f16_to_f32 = f16_to_f32,
+    .crc32c = loom__crc32c_scalar,
 };

@@ -22,6 +22,7 @@ static loom__core_kernels merged(const loom__core_kernels *t) {
   if (!m.cvt_bf16_to_f32) m.cvt_bf16_to_f32 = s->cvt_bf16_to_f32;
   if (!m.cvt_f32_to_f16) m.cvt_f32_to_f16 = s->cvt_f32_to_f16;
   if (!m.cvt_f16_to_f32) m.cvt_f16_to_f32 = s->cvt_f16_to_f32;
+  if (!m.crc32c) m.crc32c = s->crc32c;
   return m;
 }
 
@@ -44,6 +45,9 @@ static void init(void) {
   tables[LOOM_CPU_AVX2] = merged(&loom__core_kernels_avx2);
   tables[LOOM_CPU_AVX512] = merged(&loom__core_kernels_avx512);
   if (has_bf16) tables[LOOM_CPU_AVX512].cvt_f32_to_bf16 = loom__cvt_f32_to_bf16_avx512bf16;
+  if (__builtin_cpu_supports("sse4.2")) /* x86-64-v2 and up: every CPU of the avx2 level */
+    for (int l = LOOM_CPU_AVX2; l < LOOM_CPU_LEVEL_COUNT; l++)
+      tables[l].crc32c = loom__crc32c_sse42;
 
   int level = LOOM_CPU_SCALAR;
   for (int l = LOOM_CPU_LEVEL_COUNT - 1; l >= 0; l--)

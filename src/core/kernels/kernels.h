@@ -16,6 +16,9 @@ typedef struct loom__core_kernels {
   void (*cvt_bf16_to_f32)(const uint16_t *src, float *dst, size_t n);
   void (*cvt_f32_to_f16)(const float *src, uint16_t *dst, size_t n);
   void (*cvt_f16_to_f32)(const uint16_t *src, float *dst, size_t n);
+  /* CRC-32C of data[0..n) continuing from crc (0 to start): crc32c(crc32c(0, a), b) is the
+   * CRC of a followed by b. */
+  uint32_t (*crc32c)(uint32_t crc, const void *data, size_t n);
 } loom__core_kernels;
 
 extern const loom__core_kernels loom__core_kernels_scalar;
@@ -24,6 +27,10 @@ extern const loom__core_kernels loom__core_kernels_avx512;
 /* The avx512 f32->bf16 kernel that uses VCVTNEPS2BF16 (needs AVX512-BF16); dispatch.c puts
  * it in the table only on CPUs that have the instruction. */
 void loom__cvt_f32_to_bf16_avx512bf16(const float *src, uint16_t *dst, size_t n);
+
+/* CRC-32C: portable (crc32c_scalar.c, the reference) and with SSE4.2 (crc32c_sse42.c). */
+uint32_t loom__crc32c_scalar(uint32_t crc, const void *data, size_t n);
+uint32_t loom__crc32c_sse42(uint32_t crc, const void *data, size_t n);
 
 /* The active table (picked on first call). */
 const loom__core_kernels *loom__k(void);
