@@ -353,7 +353,7 @@ static int read_range(const char *dir, old_set *s, size_t u, const char *name, s
     size_t end = ((size_t)r + 1) * sh < hi ? ((size_t)r + 1) * sh : hi;
     loom_safetensors *fl = NULL;
     int rc = old_file(dir, s, r, &fl);
-    loom_safetensors_info in;
+    loom_safetensors_info in = {0};
     if (!rc) rc = loom_safetensors_find(fl, name, &in);
     if (!rc && (in.dtype != LOOM_F32 || in.numel != sh))
       rc = loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s in rank %d's file is %s of %zu "

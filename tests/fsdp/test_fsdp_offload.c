@@ -816,7 +816,7 @@ LT_TEST(fsdp_offload_misuse_is_refused_with_a_message) {
  *   mode 2: no offload, a chunked optimizer step open: refused before anything changes;
  *   mode 3: no offload, a unit with no parameters (the ReLU named as a unit): loads. */
 typedef struct probe {
-  const char *set;
+  const char *set, *tier_dir; /* tier_dir: made by the test's thread (tmp_dir is not shared) */
   int mode;
   int rc;
   char msg[512];
@@ -864,7 +864,7 @@ static int probe_rank(loom_pg *pg, void *arg) {
     p->changed = memcmp(before, after, model_numel() * sizeof(float)) != 0;
     goto out;
   }
-  offload_cfg(&cfg, LOOM_FSDP_TIER_DISK, tmp_dir("probe-tier"));
+  offload_cfg(&cfg, LOOM_FSDP_TIER_DISK, p->tier_dir);
   rc = orun_setup(pg, 40, &cfg, &m, &f, &opt);
   for (size_t u = 0; u < loom_fsdp_unit_count(f) && !rc; u++)
     rc = loom_fsdp_offload_optimizer_state(f, opt, u);
@@ -906,7 +906,7 @@ out:
 }
 
 LT_TEST(fsdp_offload_load_with_parameters_arriving_fails_whole_on_a_full_disk) {
-  probe p = {.set = tmp_dir("probe0"), .mode = 0};
+  probe p = {.set = tmp_dir("probe0"), .tier_dir = tmp_dir("probe-tier"), .mode = 0};
   LT_OK(loom_threads_run(1, NULL, probe_rank, &p));
   LT_EQ(p.rc, LOOM_EIO);
   LT_TRUE(strstr(p.msg, "full") != NULL);
@@ -914,21 +914,21 @@ LT_TEST(fsdp_offload_load_with_parameters_arriving_fails_whole_on_a_full_disk) {
 }
 
 LT_TEST(fsdp_offload_load_while_optimizer_state_is_prefetched) {
-  probe p = {.set = tmp_dir("probe1"), .mode = 1};
+  probe p = {.set = tmp_dir("probe1"), .tier_dir = tmp_dir("probe-tier"), .mode = 1};
   LT_OK(loom_threads_run(1, NULL, probe_rank, &p));
   LT_OK(p.rc);
   LT_TRUE(p.state_flag_ok);
 }
 
 LT_TEST(fsdp_load_during_an_open_step_is_refused_before_any_change) {
-  probe p = {.set = tmp_dir("probe2"), .mode = 2};
+  probe p = {.set = tmp_dir("probe2"), .tier_dir = tmp_dir("probe-tier"), .mode = 2};
   LT_OK(loom_threads_run(1, NULL, probe_rank, &p));
   LT_EQ(p.rc, LOOM_EMISUSE);
   LT_TRUE(!p.changed);
 }
 
 LT_TEST(fsdp_load_with_a_unit_without_parameters) {
-  probe p = {.set = tmp_dir("probe3"), .mode = 3};
+  probe p = {.set = tmp_dir("probe3"), .tier_dir = tmp_dir("probe-tier"), .mode = 3};
   LT_OK(loom_threads_run(1, NULL, probe_rank, &p));
   LT_OK(p.rc);
 }
@@ -936,7 +936,7 @@ LT_TEST(fsdp_load_with_a_unit_without_parameters) {
 /* Saved at one world size without offload, loaded at the other with offload on either tier
  * (reads spanning several old rank files, chunk tails): the same as loading without it. */
 typedef struct rs_probe {
-  const char *set;
+  const char *set, *tier_dir;
   int tier; /* -1 none */
   bool save;
   float *out;
@@ -949,7 +949,7 @@ static int rs_rank(loom_pg *pg, void *arg) {
   loom_optim *opt = NULL;
   loom_fsdp_cfg cfg;
   loom_fsdp_cfg_default(&cfg);
-  if (p->tier >= 0) offload_cfg(&cfg, (loom_fsdp_tier)p->tier, tmp_dir("rs-tier"));
+  if (p->tier >= 0) offload_cfg(&cfg, (loom_fsdp_tier)p->tier, p->tier_dir);
   int rc = orun_setup(pg, p->save ? 1 : 40, &cfg, &m, &f, &opt);
   int rank = loom_pg_rank(pg), n = loom_pg_size(pg);
   double loss;
@@ -983,7 +983,7 @@ LT_TEST(fsdp_offload_load_reshards_as_without_offload) {
       LT_OK(loom_threads_run(wl, NULL, rs_rank, &a));
       for (int tier = 0; tier < 2; tier++) {
         float *o = calloc(2048, sizeof(float));
-        rs_probe b = {.set = sv.set, .tier = tier, .out = o};
+        rs_probe b = {.set = sv.set, .tier_dir = tmp_dir("rs-tier"), .tier = tier, .out = o};
         LT_OK(loom_threads_run(wl, NULL, rs_rank, &b));
         if (memcmp(ref, o, model_numel() * sizeof(float)) != 0)
           lt_fail_at(__FILE__, __LINE__, "save %d load %d tier %d differs", ws, wl, tier);
