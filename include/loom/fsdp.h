@@ -152,7 +152,7 @@ loom_scaler *loom_fsdp_mp_scaler(loom_fsdp_mp *m);
  * machine the process's memory stays the same, the compute pool's peak drops);
  * LOOM_FSDP_TIER_DISK (beyond the specification: DeepSpeed ZeRO-Infinity's NVMe tier) keeps
  * them in one file per rank in `dir`, which really cuts the process's memory.
- * Bytes move in chunks of chunk_bytes, each with its size and (disk) CRC-32. */
+ * Bytes move in chunks of chunk_bytes, each with its size and (disk) CRC-32C. */
 typedef enum loom_fsdp_tier { LOOM_FSDP_TIER_HOST = 0, LOOM_FSDP_TIER_DISK = 1 } loom_fsdp_tier;
 
 typedef struct loom_fsdp_offload_cfg {
