@@ -422,11 +422,10 @@ static int load_chunk(void *ctx, fsdp_unit *u, size_t at, size_t n, float *k[OFF
   if (k[OFF_PARAM])
     rc = read_range(c->dir, c->s, u->index, c->f->segs[u->index].name, lo, n, k[OFF_PARAM], 0);
   size_t per = c->opt ? loom_optim_state_per_segment(c->opt) : 0;
-  for (size_t j = 0; j < per && !rc; j++) {
+  for (size_t j = 0; j < per && !rc; j++) { /* the optimizer is over loom_fsdp_segments here */
     loom_optim_state st;
-    size_t unit = 0;
     if (!k[OFF_STATE + (int)j]) continue;
-    rc = state_unit(c->f, c->opt, u->index * per + j, &st, &unit);
+    rc = loom_optim_state_at(c->opt, u->index * per + j, &st);
     if (!rc) rc = read_range(c->dir, c->s, u->index, st.name, lo, n, k[OFF_STATE + (int)j], 0);
   }
   return rc;

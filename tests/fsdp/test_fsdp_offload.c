@@ -419,6 +419,20 @@ LT_TEST(fsdp_offload_disabled_is_plain_fsdp) { LT_OK(loom_threads_run(1, NULL, p
 
 enum { RESUME_AT = 2, RESUME_END = 4 };
 
+/* What a load may not move when refused: the full state (rank 0's) and the step count. */
+typedef struct load_before {
+  float weights[2048];
+  int64_t steps;
+} load_before;
+
+/* A load's status and message, and whether it moved the rank's step count or (rank 0, which
+ * holds the full state) the weights. */
+typedef struct load_outcome {
+  int rc;
+  char msg[512];
+  bool moved;
+} load_outcome;
+
 typedef struct resume_run {
   int nranks;
   int tier;             /* -1: no offload; else everything offloaded to this tier */
@@ -432,9 +446,7 @@ typedef struct resume_run {
   const char *end;      /* saved at the end */
   float *params;        /* rank 0's full state at the end */
   double loss[MAXR][RESUME_END];
-  int bad_rc[2];
-  char bad_msg[2][512];
-  bool bad_changed[2][MAXR];
+  load_outcome bad[2][MAXR]; /* the corrupt set's load, the full disk's */
   size_t compute_rise[MAXR], state_bytes[MAXR];
 } resume_run;
 
@@ -452,23 +464,40 @@ static size_t account_in_use(int rank, loom_pool pool, bool peak) {
   return peak ? ps.peak_bytes : ps.current_bytes;
 }
 
-/* A load that must be refused: its status and message (rank 0's), and whether it went in or
- * moved the rank's step count or (rank 0, which holds the full state) the weights. */
-static int refused_load(loom_fsdp *f, loom_optim *opt, const char *dir, resume_run *r, int i,
-                        int rank) {
-  float before[2048] = {0}, after[2048] = {0};
-  flatten_full(f, before);
-  int64_t steps = loom_optim_step_count(opt);
-  int rc = loom_fsdp_load_sharded(f, dir, opt);
-  if (rank == 0) {
-    r->bad_rc[i] = rc;
-    snprintf(r->bad_msg[i], sizeof r->bad_msg[i], "%s", loom_last_error());
-  }
+static void take_before(loom_fsdp *f, loom_optim *opt, load_before *b) {
+  memset(b, 0, sizeof *b);
+  flatten_full(f, b->weights); /* a collective: every rank takes part, rank 0 gets the state */
+  b->steps = loom_optim_step_count(opt);
+}
+
+/* Load dir against b (taken before whatever the test set up for the load: the full state is a
+ * gather, which would land a prefetch the load must meet in flight). */
+static void load_against(loom_fsdp *f, loom_optim *opt, const char *dir, int rank,
+                         const load_before *b, load_outcome *o) {
+  float after[2048] = {0};
+  o->rc = loom_fsdp_load_sharded(f, dir, opt);
+  snprintf(o->msg, sizeof o->msg, "%s", loom_last_error());
   flatten_full(f, after);
-  bool moved = steps != loom_optim_step_count(opt) || rc == LOOM_OK;
-  if (rank == 0) moved = moved || memcmp(before, after, model_numel() * sizeof(float)) != 0;
-  r->bad_changed[i][rank] = moved;
-  return LOOM_OK;
+  o->moved = b->steps != loom_optim_step_count(opt) ||
+             (rank == 0 && memcmp(b->weights, after, model_numel() * sizeof(float)) != 0);
+}
+
+static void load_and_compare(loom_fsdp *f, loom_optim *opt, const char *dir, int rank,
+                             load_outcome *o) {
+  load_before b;
+  take_before(f, opt, &b);
+  load_against(f, opt, dir, rank, &b, o);
+}
+
+/* From now on the file at path may grow by `extra` bytes only (RLIMIT_FSIZE; SIGXFSZ ignored, so
+ * a write past it fails with EFBIG): a disk that is full. *old gets the limit to put back. */
+static void file_may_grow(const char *path, size_t extra, struct rlimit *old) {
+  struct stat sb;
+  getrlimit(RLIMIT_FSIZE, old);
+  LT_TRUE(stat(path, &sb) == 0);
+  struct rlimit lim = {(rlim_t)sb.st_size + extra, old->rlim_max};
+  signal(SIGXFSZ, SIG_IGN);
+  setrlimit(RLIMIT_FSIZE, &lim);
 }
 
 static int resume_rank(loom_pg *pg, void *arg) {
@@ -487,20 +516,15 @@ static int resume_rank(loom_pg *pg, void *arg) {
   int s = 0;
   if (r->load) {
     if (r->before) rc = loom_fsdp_save_sharded(f, r->before, opt, NULL, 0);
-    if (!rc && r->corrupt) rc = refused_load(f, opt, r->corrupt, r, 0, rank);
+    if (!rc && r->corrupt) load_and_compare(f, opt, r->corrupt, rank, &r->bad[0][rank]);
     if (!rc && r->full_disk) {
       /* the state goes to the tier first; then the file may grow by 8 pages only, while the
        * load's new slot set needs one per chunk and kind */
       for (size_t u = 0; u < loom_fsdp_unit_count(f) && !rc; u++)
         rc = loom_fsdp_offload_optimizer_state(f, opt, u);
-      struct stat sb;
-      struct rlimit old, lim;
-      getrlimit(RLIMIT_FSIZE, &old);
-      LT_TRUE(stat(loom__ostore_path(f->store), &sb) == 0);
-      lim = (struct rlimit){(rlim_t)sb.st_size + 8 * 4096, old.rlim_max};
-      signal(SIGXFSZ, SIG_IGN);
-      setrlimit(RLIMIT_FSIZE, &lim);
-      if (!rc) rc = refused_load(f, opt, r->load, r, 1, rank);
+      struct rlimit old;
+      file_may_grow(loom__ostore_path(f->store), 8 * 4096, &old);
+      if (!rc) load_and_compare(f, opt, r->load, rank, &r->bad[1][rank]);
       setrlimit(RLIMIT_FSIZE, &old);
     }
     if (!rc && r->after) rc = loom_fsdp_save_sharded(f, r->after, opt, NULL, 0);
@@ -623,13 +647,15 @@ LT_TEST(fsdp_offload_resume_from_sharded_checkpoint_bit_identical) {
             lt_fail_at(__FILE__, __LINE__, "%s: rank %d's load took %zu compute bytes (%zu of "
                        "state, ring %zu)", name, r, o.compute_rise[r], o.state_bytes[r], ring);
         }
-        LT_EQ(o.bad_rc[0], LOOM_EFORMAT);
-        LT_TRUE(strstr(o.bad_msg[0], bad) != NULL);
-        for (int r = 0; r < n; r++) LT_TRUE(!o.bad_changed[0][r]);
+        for (int r = 0; r < n; r++) {
+          LT_EQ(o.bad[0][r].rc, LOOM_EFORMAT);
+          LT_TRUE(!o.bad[0][r].moved);
+        }
+        LT_TRUE(strstr(o.bad[0][0].msg, bad) != NULL);
         if (o.full_disk) {
-          LT_EQ(o.bad_rc[1], LOOM_EIO);
-          LT_TRUE(strstr(o.bad_msg[1], "full") != NULL);
-          LT_TRUE(!o.bad_changed[1][0]);
+          LT_EQ(o.bad[1][0].rc, LOOM_EIO);
+          LT_TRUE(strstr(o.bad[1][0].msg, "full") != NULL);
+          LT_TRUE(!o.bad[1][0].moved);
         }
         LT_EQ(files_in(o.tier_dir), 0);
         free(o.params);
@@ -687,9 +713,7 @@ static int fault_rank(loom_pg *pg, void *arg) {
         LT_TRUE(pwrite(fd, &b, 1, at) == 1);
         close(fd);
       } else { /* the file may not grow: the state's first puts find the disk full */
-        struct rlimit lim = {(rlim_t)sb.st_size, old.rlim_max};
-        signal(SIGXFSZ, SIG_IGN);
-        setrlimit(RLIMIT_FSIZE, &lim);
+        file_may_grow(path, 0, &old);
       }
     }
     c->step_rc = loom_fsdp_optim_step(f, opt, 1.0f);
@@ -780,6 +804,8 @@ static int misuse_rank(loom_pg *pg, void *arg) {
   LT_EQ(loom_fsdp_optim_step(f, other, 1.0f), LOOM_EINVAL);
   LT_TRUE(strstr(loom_last_error(), "loom_fsdp_segments") != NULL);
   LT_EQ(loom_fsdp_offload_optimizer_state(f, other, 0), LOOM_EINVAL);
+  LT_EQ(loom_fsdp_load_sharded(f, "/nonexistent", other), LOOM_EINVAL); /* before any file */
+  LT_TRUE(strstr(loom_last_error(), "loom_fsdp_segments") != NULL);
   LT_EQ(loom_fsdp_optim_step(f, NULL, 1.0f), LOOM_EINVAL);
   /* a streamed segment is refused by the plain step, which changes nothing */
   LT_EQ(loom_optim_step(opt), LOOM_EMISUSE);
@@ -818,11 +844,8 @@ LT_TEST(fsdp_offload_misuse_is_refused_with_a_message) {
 typedef struct probe {
   const char *set, *tier_dir; /* tier_dir: made by the test's thread (tmp_dir is not shared) */
   int mode;
-  int rc;
-  char msg[512];
-  bool changed;
+  load_outcome out;
   bool state_flag_ok;
-  int64_t step_after;
 } probe;
 
 static int probe_rank(loom_pg *pg, void *arg) {
@@ -848,20 +871,14 @@ static int probe_rank(loom_pg *pg, void *arg) {
   if (rc) return rc;
   if (p->mode == 3) {
     rc = orun_setup(pg, 40, &cfg, &m, &f, &opt);
-    if (!rc) rc = p->rc = loom_fsdp_load_sharded(f, p->set, opt);
-    snprintf(p->msg, sizeof p->msg, "%s", loom_last_error());
+    if (!rc) rc = p->out.rc = loom_fsdp_load_sharded(f, p->set, opt);
     goto out;
   }
   if (p->mode == 2) {
     rc = orun_setup(pg, 40, &cfg, &m, &f, &opt);
-    float before[2048] = {0}, after[2048] = {0};
-    flatten_full(f, before);
     if (!rc) rc = loom_optim_step_begin(opt, 1.0f);
-    if (!rc) p->rc = loom_fsdp_load_sharded(f, p->set, opt);
-    snprintf(p->msg, sizeof p->msg, "%s", loom_last_error());
+    if (!rc) load_and_compare(f, opt, p->set, 0, &p->out);
     (void)loom_optim_step_end(opt, false);
-    flatten_full(f, after);
-    p->changed = memcmp(before, after, model_numel() * sizeof(float)) != 0;
     goto out;
   }
   offload_cfg(&cfg, LOOM_FSDP_TIER_DISK, p->tier_dir);
@@ -870,28 +887,19 @@ static int probe_rank(loom_pg *pg, void *arg) {
     rc = loom_fsdp_offload_optimizer_state(f, opt, u);
   if (rc) goto out;
   if (p->mode == 0) {
-    float before[2048] = {0}, after[2048] = {0};
-    flatten_full(f, before);
     /* as loom_fsdp_optim_step leaves it on the disk tier: the next forward's first unit's
      * parameters on their way back */
+    load_before b;
+    take_before(f, opt, &b);
     rc = loom_fsdp_prefetch_parameter(f, 0);
-    struct stat sb;
-    struct rlimit old, lim;
-    getrlimit(RLIMIT_FSIZE, &old);
-    stat(loom__ostore_path(f->store), &sb);
-    lim = (struct rlimit){(rlim_t)sb.st_size + 8 * 4096, old.rlim_max};
-    signal(SIGXFSZ, SIG_IGN);
-    setrlimit(RLIMIT_FSIZE, &lim);
-    if (!rc) p->rc = loom_fsdp_load_sharded(f, p->set, opt);
-    snprintf(p->msg, sizeof p->msg, "%s", loom_last_error());
+    struct rlimit old;
+    file_may_grow(loom__ostore_path(f->store), 8 * 4096, &old);
+    if (!rc) load_against(f, opt, p->set, 0, &b, &p->out);
     setrlimit(RLIMIT_FSIZE, &old);
-    flatten_full(f, after);
-    p->changed = memcmp(before, after, model_numel() * sizeof(float)) != 0;
   } else if (p->mode == 1) {
     for (size_t u = 0; u < loom_fsdp_unit_count(f) && !rc; u++)
       rc = loom_fsdp_prefetch_optimizer_state(f, opt, u);
-    if (!rc) p->rc = loom_fsdp_load_sharded(f, p->set, opt);
-    snprintf(p->msg, sizeof p->msg, "%s", loom_last_error());
+    if (!rc) p->out.rc = loom_fsdp_load_sharded(f, p->set, opt);
     p->state_flag_ok = true;
     for (size_t u = 0; u < loom_fsdp_unit_count(f); u++)
       if (loom_optim_state_released(opt, u) !=
@@ -908,29 +916,30 @@ out:
 LT_TEST(fsdp_offload_load_with_parameters_arriving_fails_whole_on_a_full_disk) {
   probe p = {.set = tmp_dir("probe0"), .tier_dir = tmp_dir("probe-tier"), .mode = 0};
   LT_OK(loom_threads_run(1, NULL, probe_rank, &p));
-  LT_EQ(p.rc, LOOM_EIO);
-  LT_TRUE(strstr(p.msg, "full") != NULL);
-  LT_TRUE(!p.changed);
+  LT_EQ(p.out.rc, LOOM_EIO);
+  LT_TRUE(strstr(p.out.msg, "full") != NULL);
+  LT_TRUE(!p.out.moved);
 }
 
 LT_TEST(fsdp_offload_load_while_optimizer_state_is_prefetched) {
   probe p = {.set = tmp_dir("probe1"), .tier_dir = tmp_dir("probe-tier"), .mode = 1};
   LT_OK(loom_threads_run(1, NULL, probe_rank, &p));
-  LT_OK(p.rc);
+  LT_OK(p.out.rc);
   LT_TRUE(p.state_flag_ok);
 }
 
 LT_TEST(fsdp_load_during_an_open_step_is_refused_before_any_change) {
   probe p = {.set = tmp_dir("probe2"), .tier_dir = tmp_dir("probe-tier"), .mode = 2};
   LT_OK(loom_threads_run(1, NULL, probe_rank, &p));
-  LT_EQ(p.rc, LOOM_EMISUSE);
-  LT_TRUE(!p.changed);
+  LT_EQ(p.out.rc, LOOM_EMISUSE);
+  LT_TRUE(strstr(p.out.msg, "step") != NULL);
+  LT_TRUE(!p.out.moved);
 }
 
 LT_TEST(fsdp_load_with_a_unit_without_parameters) {
   probe p = {.set = tmp_dir("probe3"), .tier_dir = tmp_dir("probe-tier"), .mode = 3};
   LT_OK(loom_threads_run(1, NULL, probe_rank, &p));
-  LT_OK(p.rc);
+  LT_OK(p.out.rc);
 }
 
 /* Saved at one world size without offload, loaded at the other with offload on either tier
