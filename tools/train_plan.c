@@ -165,8 +165,6 @@ typedef struct run {
   sim_val *gathered[MAX_UNITS], *local_grad[MAX_UNITS], *ahead[MAX_UNITS];
 } run;
 
-static const int64_t ALIGN = 16;
-
 _Static_assert(MAX_OPS >= 2 * TRAIN_MAX_HIDDEN + 1 && MAX_OPS >= 10, "an op per layer and ReLU");
 _Static_assert(MAX_UNITS >= TRAIN_MAX_HIDDEN + 1, "a unit per layer");
 
@@ -177,7 +175,6 @@ static int64_t shard_total(const run *r) {
   return t;
 }
 
-static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 /* The op of layer l (a linear or conv). */
 static const op *layer_op(const net *n, int l) {
@@ -189,25 +186,29 @@ static const op *layer_op(const net *n, int l) {
 /* FSDP's units as the library cuts these models (src/fsdp/fsdp_units.c): --wrap children, each
  * layer; --wrap size, each layer of --unit-min elements or more on its own and the rest in one
  * unit for the model (its Sequential or the root), which comes first and whose forward spans the
- * model's. A flat parameter puts each parameter at a 16-element offset and pads the whole to
- * ranks x 16 elements. */
+ * model's. A unit's flat parameter is the library's layout (loom_layout_plan) of its layers'
+ * weights and biases. */
 static void make_units(run *r, const train_opts *o) {
   const net *n = &r->n;
   bool by_size = strcmp(o->wrap, "size") == 0;
   int rest = -1; /* the model's unit (size policy), if some layer is below --unit-min */
   for (int l = 0; l < n->nlayers && by_size; l++)
     if (n->numel[l] < o->unit_min) rest = 0;
-  int64_t flat[MAX_UNITS] = {0};
+  size_t sizes[MAX_UNITS][2 * MAX_UNITS]; /* each unit's weights and biases, in order */
+  size_t nsizes[MAX_UNITS] = {0};
   r->nunits = rest + 1;
   for (int l = 0; l < n->nlayers; l++) {
     int u = by_size && n->numel[l] < o->unit_min ? rest : r->nunits++;
     r->unit_of_layer[l] = u;
     const op *lo = layer_op(n, l);
-    flat[u] += round_up(n->numel[l] - lo->out, ALIGN) + round_up(lo->out, ALIGN);
+    sizes[u][nsizes[u]++] = (size_t)(n->numel[l] - lo->out);
+    sizes[u][nsizes[u]++] = (size_t)lo->out;
   }
   for (int u = 0; u < r->nunits; u++) {
-    r->padded[u] = round_up(flat[u], (int64_t)r->ranks * ALIGN);
-    r->shard[u] = r->padded[u] / r->ranks;
+    loom_layout_info li = {0};
+    if (loom_layout_plan(LOOM_F32, sizes[u], nsizes[u], (size_t)r->ranks, NULL, &li)) li.shard = 0;
+    r->padded[u] = (int64_t)li.padded;
+    r->shard[u] = (int64_t)li.shard;
     r->span_first[u] = r->first_layer_op[u] = n->nops;
     r->span_last[u] = -1;
   }

@@ -8,6 +8,7 @@
 #include "loom/autocast.h"
 #include "loom/cpu.h"
 #include "loom/dtype.h"
+#include "loom/layout.h"
 #include "loom/status.h"
 #include "loom/tensor.h"
 #include "loom/ops.h"

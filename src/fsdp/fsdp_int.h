@@ -43,7 +43,7 @@ typedef struct off_unit {
 /* A parameter of a unit: the module's parameter and where it sits in the unit's flat layout. */
 typedef struct fsdp_param {
   loom__param *p;    /* the module's parameter (value retained by the fsdp) */
-  size_t offset;     /* element offset in the unit's flat parameter (16-element aligned) */
+  size_t offset;     /* element offset in the unit's flat parameter (core/layout.h) */
   size_t numel;
   size_t index;      /* position in the module's parameter list */
   fsdp_unit *unit;

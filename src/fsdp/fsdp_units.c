@@ -5,14 +5,13 @@
  * modules named in a list). Every parameter belongs to the innermost selected module above it,
  * or, if there is none, to a unit for the root (PyTorch's root FSDP unit). Units are numbered
  * in the order their modules start forward (pre-order). A unit's flat parameter holds its
- * parameters in the module's order, each at a 16-element (64-byte) aligned offset; it is
- * padded so that every rank's shard has the same, 16-element aligned, length. */
+ * parameters in the module's order in core's flat layout (f32: each at a 64-byte aligned offset,
+ * padded so that every rank's shard has the same aligned length). */
 #include "fsdp/fsdp_int.h"
+#include "core/layout.h"
 
 #include <stdio.h>
 #include <string.h>
-
-#define ALIGN_ELEMS 16
 
 typedef struct walk_mod {
   loom_module *m;
@@ -157,22 +156,21 @@ static int layout(loom_fsdp *f, walk *w, const size_t *owner_of_mod) {
       rc = loom__fail(LOOM_ENOMEM, "fsdp: out of memory for the units");
       break;
     }
-    size_t off = 0;
+    loom__layout lay;
+    loom__layout_init(&lay, LOOM_F32);
     for (size_t i = 0; i < f->nparams; i++) {
       if (unit_of_param[i] != u) continue;
       fsdp_param *fp = &un->params[un->nparams++];
       fp->p = root->flat[i];
       fp->numel = loom_tensor_numel(fp->p->value);
-      fp->offset = off;
+      fp->offset = loom__layout_add(&lay, fp->numel);
       fp->index = i;
       fp->hook_id = -1; /* none registered yet */
       fp->unit = un;
       f->by_index[i] = fp;
-      off += (fp->numel + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
     }
-    un->numel = un->nparams ? un->params[un->nparams - 1].offset + un->params[un->nparams - 1].numel : 0;
-    size_t per = (size_t)f->world * ALIGN_ELEMS;
-    un->padded = (un->numel + per - 1) / per * per;
+    un->numel = lay.end;
+    un->padded = loom__layout_padded(&lay, (size_t)f->world);
     un->shard = un->padded / (size_t)f->world;
   }
   loom__free(unit_of_param);

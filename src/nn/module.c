@@ -1,13 +1,12 @@
 /* module.c: what every module shares: creation, local parameters, the flat per-dtype arenas
- * (llm.c's malloc_and_point_parameters: one buffer per dtype, each parameter a view at a
- * 64-byte aligned offset, gradients at the same offsets in a second buffer), dotted names,
+ * (llm.c's malloc_and_point_parameters: one buffer per dtype, each parameter a view at its
+ * offset in core's flat layout, gradients at the same offsets in a second buffer), dotted names,
  * parameter lookup, forward, training mode and freeing. */
 #include "nn/nn_int.h"
+#include "core/layout.h"
 
 #include <stdio.h>
 #include <string.h>
-
-#define ALIGN_BYTES 64
 
 int loom__module_new(const char *type, int (*forward)(loom_module *, loom_tensor *, loom_tensor **),
                      loom_module **out) {
@@ -108,15 +107,14 @@ int loom__module_pack(loom_module *m) {
   LOOM_TRY_ALLOC(m->flat, "the parameter list");
   m->n_flat = 0;
   LOOM_TRY(collect(m, "", m->flat, &m->n_flat));
+  loom__layout lay[LOOM_DTYPE_COUNT];
   size_t total[LOOM_DTYPE_COUNT] = {0};
-  for (size_t i = 0; i < n; i++) { /* offsets, each aligned to 64 bytes */
+  for (int d = 0; d < LOOM_DTYPE_COUNT; d++) loom__layout_init(&lay[d], (loom_dtype)d);
+  for (size_t i = 0; i < n; i++) { /* one flat layout per dtype, in parameter order */
     loom__param *p = m->flat[i];
-    loom_dtype dt = loom_tensor_dtype(p->value);
-    size_t align = ALIGN_BYTES / loom_dtype_size(dt);
-    total[dt] = (total[dt] + align - 1) / align * align;
-    p->offset = total[dt];
-    total[dt] += loom_tensor_numel(p->value);
+    p->offset = loom__layout_add(&lay[loom_tensor_dtype(p->value)], loom_tensor_numel(p->value));
   }
+  for (int d = 0; d < LOOM_DTYPE_COUNT; d++) total[d] = lay[d].end;
   for (int d = 0; d < LOOM_DTYPE_COUNT; d++) {
     if (!total[d]) continue;
     int64_t len = (int64_t)total[d];
