@@ -28,7 +28,6 @@ static int train_rank(loom_pg *pg, void *arg) {
   loom_dataset *data = NULL;
   loom_loader *loader = NULL;
   loom_tensor *params[8] = {0};
-  loom_param_seg segs[8];
   const int64_t sizes[] = {784, 256, 10};
 
   TRY(loom_nn_mlp_create(sizes, 3, LOOM_ACT_RELU, LOOM_F32, /*seed*/ 1, &model));
@@ -38,15 +37,18 @@ static int train_rank(loom_pg *pg, void *arg) {
     TRY(loom_module_param(model, i, &p));
     params[i] = p.value;
   }
-  /* DDP: checks the ranks agree, broadcasts rank 0's weights, and turns each gradient into a
-   * view of its bucket, all-reduced while backward still runs. */
-  TRY(loom_ddp_create(pg, params, NULL, np, NULL, &ddp));
-  for (size_t i = 0; i < np; i++) /* so the optimizer reads the gradients where DDP puts them */
-    segs[i] = (loom_param_seg){NULL, loom_tensor_data(params[i]),
-                               loom_tensor_data(loom_tensor_grad(params[i])),
-                               loom_tensor_numel(params[i]), 0};
+  /* The optimizer runs over the model's flat arena: all weights and all gradients, one buffer
+   * each. */
+  loom_tensor *weights = NULL, *grads = NULL;
+  size_t numel = 0;
+  TRY(loom_module_arena(model, LOOM_F32, &weights, &grads, &numel));
+  loom_param_seg seg = {"mlp", loom_tensor_data(weights), loom_tensor_data(grads), numel, 0};
   loom_adam_cfg ac = loom_adamw_cfg_default();
-  TRY(loom_optim_create_adamw(segs, np, &ac, &opt));
+  TRY(loom_optim_create_adamw(&seg, 1, &ac, &opt));
+  /* DDP: checks the ranks agree, broadcasts rank 0's weights, and makes its buckets views of
+   * the gradient arena, each all-reduced while backward still runs: the optimizer reads the
+   * averaged gradients where it always did. */
+  TRY(loom_ddp_create(pg, params, NULL, np, NULL, &ddp));
 
   TRY(loom_mnist_load(NULL, LOOM_SPLIT_TRAIN, &data));
   loom_loader_cfg lc = loom_loader_cfg_default();
@@ -60,7 +62,7 @@ static int train_rank(loom_pg *pg, void *arg) {
     rc = loom_loader_batch(loader, 0, b, &x, &y);
     if (!rc) rc = loom_tensor_narrow(x, 0, (int64_t)rank * BATCH, BATCH, &xr);
     if (!rc) rc = loom_tensor_narrow(y, 0, (int64_t)rank * BATCH, BATCH, &yr);
-    for (size_t i = 0; !rc && i < np; i++) rc = loom_tensor_zero_grad(params[i]);
+    if (!rc) rc = loom_module_zero_grad(model);
     if (!rc) rc = loom_module_forward(model, xr, &logits);
     if (!rc) rc = loom_cross_entropy(logits, yr, LOOM_REDUCTION_MEAN, -100, &loss);
     if (!rc) rc = loom_backward(loss, NULL, false);

@@ -433,7 +433,8 @@ static sim_val *op_backward(run *r, const op *o, sim_val *g, bool first, saved *
 
 /* ---- phases ----------------------------------------------------------------------------- */
 
-/* What lives through a step: parameters, gradients, optimizer state, buckets, shards. */
+/* What lives through a step: parameters, gradients (DDP's buckets are views of them),
+ * optimizer state, shards. */
 static void persistent(run *r) {
   sim *s = &r->s;
   int64_t P = net_params(&r->n);
@@ -447,7 +448,6 @@ static void persistent(run *r) {
   sim_new(s, PLAN_PARAMS, P * 4);
   sim_new(s, PLAN_GRADS, P * 4);
   sim_new(s, PLAN_OPTIM, P * 4 * r->state_kinds);
-  if (r->ddp) sim_new(s, PLAN_BUCKETS, P * 4);
 }
 
 /* The cross-entropy of logits (f32, or cast to f32 under autocast): its saved values. */
@@ -563,9 +563,8 @@ static void build(run *r) {
     sim_drop(s, ps), sim_drop(s, gs), sim_drop(s, st);
     return;
   }
-  sim_val *b = r->ddp ? sim_new(s, PLAN_BUCKETS, P * 4) : NULL;
   sim_val *st = sim_new(s, PLAN_OPTIM, P * 4 * r->state_kinds);
-  sim_drop(s, p2), sim_drop(s, g2), sim_drop(s, b), sim_drop(s, st);
+  sim_drop(s, p2), sim_drop(s, g2), sim_drop(s, st);
 }
 
 static void phase(run *r, plan_phase *ph, void (*fn)(run *), int64_t eval_rows) {
@@ -625,10 +624,10 @@ void train_plan(const train_opts *o, bool native, plan_result *out) {
 /* ---- output ----------------------------------------------------------------------------- */
 
 static const char *const part_names[PLAN_PARTS] = {
-    "parameters", "gradients", "optimizer state", "DDP buckets", "low-precision copies",
+    "parameters", "gradients", "optimizer state", "low-precision copies",
     "batch", "activations", "activation gradients", "workspace"};
 static const char *const part_keys[PLAN_PARTS] = {
-    "parameters", "gradients", "optimizer_state", "buckets", "low_precision", "batch",
+    "parameters", "gradients", "optimizer_state", "low_precision", "batch",
     "activations", "activation_grads", "workspace"};
 
 static void mib(char *buf, size_t cap, int64_t b) {

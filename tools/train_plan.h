@@ -29,9 +29,9 @@
 /* What the bytes are. */
 typedef enum plan_part {
   PLAN_PARAMS,      /* f32 parameters (FSDP: this rank's parameter shards) */
-  PLAN_GRADS,       /* parameter gradients (FSDP: gradient shards and a unit's full gradient) */
+  PLAN_GRADS,       /* parameter gradients (DDP: its buckets are views of them; FSDP: gradient
+                     * shards and a unit's full gradient) */
   PLAN_OPTIM,       /* optimizer state (Adam's two moments, SGD's momentum) */
-  PLAN_BUCKETS,     /* DDP's gradient buckets */
   PLAN_LOWP,        /* low-precision weight copies (autocast's casts), FSDP's gathered units */
   PLAN_BATCH,       /* the input batch and labels */
   PLAN_ACTIVATIONS, /* activations saved for backward (and live outputs) */

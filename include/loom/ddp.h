@@ -9,10 +9,17 @@
  *   - the bucket manager (the specification's GradientBucket / GradientBucketManager): buckets
  *     over a list of gradient tensors, with prepare (flatten into the bucket buffer),
  *     asynchronous reduce, is-reduced, copy back, reduce-all, wait-all and copy-back-all;
- *   - loom_ddp: parameters + process group + options. It makes each parameter's gradient a view
- *     into its bucket buffer (no prepare or copy-back copies; buffers reused every iteration),
- *     registers a gradient hook on each parameter, launches each bucket in bucket-index order
- *     the moment it is complete, and waits for the last one when backward ends.
+ *   - loom_ddp: parameters + process group + options. One gradient storage: where the
+ *     parameters' gradients already lie in a flat buffer (a module's gradient arena,
+ *     loom_module_arena), each bucket is a view of its run of that buffer (PyTorch's
+ *     gradient_as_bucket_view, llm.c's grads_memory), so backward writes into the bucket and
+ *     an optimizer over the arena, over per-parameter buffers or over anything else pointing at
+ *     the gradients reads the averaged values; a parameter with no gradient yet gets a view of
+ *     its bucket as its gradient; a gradient elsewhere is never re-pointed, only copied into
+ *     its bucket and back (the one case that costs a copy: the largest-first policy over an
+ *     arena). It registers a gradient hook on each parameter, launches each bucket in
+ *     bucket-index order the moment it is complete, and waits for the last one when backward
+ *     ends.
  *
  * Bucket assignment, two policies:
  *   - LOOM_BUCKET_REVERSE_ORDER (default, as PyTorch): parameters in reverse order (the order
@@ -71,7 +78,9 @@ typedef struct loom_bucket_info {
 } loom_bucket_info;
 
 /* Buckets over grads[0..n) (retained; contiguous, floating; distinct tensors). Each bucket gets
- * a flat buffer with each gradient at its offset. cfg NULL: the defaults. */
+ * a flat buffer with each gradient at its offset in loom's flat layout (loom/layout.h: aligned
+ * to 64 bytes, so a bucket's numel counts the padding between gradients; the padding stays
+ * zero). cfg NULL: the defaults. */
 int loom_bucket_manager_create(loom_pg *pg, loom_tensor *const *grads, size_t n,
                                const loom_bucket_cfg *cfg, loom_bucket_manager **out);
 void loom_bucket_manager_free(loom_bucket_manager *m);
@@ -88,9 +97,12 @@ int loom_bucket_manager_index_of(const loom_bucket_manager *m, const loom_tensor
 int loom_bucket_prepare(loom_bucket_manager *m, size_t bucket);
 /* Start the all-reduce of the bucket's buffer (op over ranks). LOOM_EBUSY if it is running. */
 int loom_bucket_reduce_async(loom_bucket_manager *m, size_t bucket, loom_redop op);
-/* True once the bucket's last reduction has completed (tests it without blocking). */
-bool loom_bucket_is_reduced(loom_bucket_manager *m, size_t bucket);
-/* Wait for the bucket's reduction; LOOM_OK at once if none is running. */
+/* Tests the bucket's reduction without blocking: *reduced = true once the last reduction has
+ * completed (or none was started). A failed reduction is returned as its status, with its
+ * message, by this and every later test or wait of the bucket until a new reduction starts
+ * (*reduced stays false). LOOM_EINVAL for a NULL argument or a bucket out of range. */
+int loom_bucket_test(loom_bucket_manager *m, size_t bucket, bool *reduced);
+/* Wait for the bucket's reduction; the status of the last one (LOOM_OK if none ran). */
 int loom_bucket_wait(loom_bucket_manager *m, size_t bucket);
 /* Copy the reduced buffer back into the gradients (skipped for views). Waits first. */
 int loom_bucket_copy_back(loom_bucket_manager *m, size_t bucket);
@@ -137,8 +149,10 @@ typedef struct loom_ddp_stats {
 /* Wrap params[0..n) (leaf tensors requiring grad, retained) of this rank's model replica.
  * Checks with the peers that every rank has the same parameter count, shapes and dtypes in the
  * same order (LOOM_ESHAPE / LOOM_EDTYPE / LOOM_EMISUSE naming the first difference), broadcasts
- * rank 0's values (cfg.broadcast_params), and makes each parameter's gradient a view into its
- * bucket (loom_tensor_set_grad). names may be NULL (used in messages). cfg NULL: defaults. */
+ * rank 0's values (cfg.broadcast_params), and lays out the buckets over the gradients as the
+ * top of this header says (a parameter without a gradient gets one: loom_tensor_set_grad; an
+ * existing gradient keeps its buffer and its values). names may be NULL (used in messages).
+ * cfg NULL: defaults. */
 int loom_ddp_create(loom_pg *pg, loom_tensor *const *params, const char *const *names, size_t n,
                     const loom_ddp_cfg *cfg, loom_ddp **out);
 void loom_ddp_free(loom_ddp *d);

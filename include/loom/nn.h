@@ -9,9 +9,11 @@
  *
  * Flat arenas (llm.c). A root module (one not inside another) holds all its parameters in one
  * flat buffer per dtype, and their gradients in a second buffer with the same offsets: each
- * parameter is a view at its offset (64-byte aligned), a leaf with requires_grad whose
- * gradient (loom_tensor_grad) is the matching view of the gradient arena. Backward writes
- * straight into the gradient arena; an optimizer can run over the whole arena at once.
+ * parameter is a view at its offset (loom's flat layout, loom/layout.h: 64-byte aligned), a
+ * leaf with requires_grad whose gradient (loom_tensor_grad) is the matching view of the
+ * gradient arena. Backward writes straight into the gradient arena; an optimizer can run over
+ * the whole arena at once, and still can under DDP: DDP's buckets are views of this arena
+ * (loom/ddp.h), so the gradients it averages are the arena's.
  *
  * Ownership: loom_nn_*_create gives a module the caller frees with loom_module_free (NULL ok).
  * loom_nn_sequential_create takes ownership of its children (also on failure) and re-packs

@@ -3,7 +3,11 @@
  * and the all-buckets forms. Gradients that are views of their bucket at their offset (DDP's
  * layout) skip the prepare and copy-back copies. */
 #include "ddp/ddp_int.h"
+#include "core/layout.h"
+#include "core/tensor_int.h"
+#include "loom/autograd.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -29,7 +33,7 @@ void loom_bucket_manager_free(loom_bucket_manager *m) {
   loom__free(m);
 }
 
-/* Allocate the manager and its buckets for gradients of these sizes and dtypes. */
+/* Allocate the manager and its plan for gradients of these sizes and dtypes; no buffers yet. */
 static int alloc_manager(loom_pg *pg, const size_t *numel, const loom_dtype *dtype, size_t n,
                          const loom_bucket_cfg *cfg, bool wire_set, loom_dtype wire,
                          loom_bucket_manager **out) {
@@ -50,18 +54,25 @@ static int alloc_manager(loom_pg *pg, const size_t *numel, const loom_dtype *dty
   LOOM_TRY(loom__bucket_plan_make(numel, dtype, n, cfg, &m->plan));
   m->b = loom__calloc(LOOM_POOL_HOST, m->plan.nbuckets ? m->plan.nbuckets : 1, sizeof *m->b);
   LOOM_TRY_ALLOC(m->b, "the buckets");
-  for (size_t b = 0; b < m->plan.nbuckets; b++) {
-    int64_t len = (int64_t)m->plan.numel[b];
-    LOOM_TRY(loom_tensor_zeros(m->plan.dtype[b], 1, &len, &m->b[b].buffer));
-    if (wire_set && wire != m->plan.dtype[b]) {
-      m->b[b].wire = loom__malloc(LOOM_POOL_COMPUTE, m->plan.numel[b] * loom_dtype_size(wire) + 1);
-      LOOM_TRY_ALLOC(m->b[b].wire, "a bucket's wire buffer");
-    }
-  }
   *out = m;
   return LOOM_OK;
 done:
   loom_bucket_manager_free(m);
+  return rc;
+}
+
+/* A buffer of its own for every bucket that is not a view yet, and the wire buffers. */
+static int make_buffers(loom_bucket_manager *m) {
+  int rc = LOOM_OK;
+  for (size_t b = 0; b < m->plan.nbuckets; b++) {
+    int64_t len = (int64_t)m->plan.numel[b];
+    if (!m->b[b].buffer) LOOM_TRY(loom_tensor_zeros(m->plan.dtype[b], 1, &len, &m->b[b].buffer));
+    if (m->wire_set && m->wire != m->plan.dtype[b]) {
+      m->b[b].wire = loom__malloc(LOOM_POOL_COMPUTE, m->plan.numel[b] * loom_dtype_size(m->wire) + 1);
+      LOOM_TRY_ALLOC(m->b[b].wire, "a bucket's wire buffer");
+    }
+  }
+done:
   return rc;
 }
 
@@ -105,6 +116,10 @@ int loom_bucket_manager_create(loom_pg *pg, loom_tensor *const *grads, size_t n,
         rc = loom__fail(LOOM_EINVAL, "%s: gradient %zu is not contiguous", who, i);
   }
   if (!rc) rc = alloc_manager(pg, numel, dtype, n, cfg, false, LOOM_F32, out);
+  if (!rc && (rc = make_buffers(*out))) {
+    loom_bucket_manager_free(*out);
+    *out = NULL;
+  }
   if (!rc)
     for (size_t i = 0; i < n; i++) (*out)->grads[i] = loom_tensor_retain(grads[i]);
   loom__free(numel);
@@ -112,17 +127,80 @@ int loom_bucket_manager_create(loom_pg *pg, loom_tensor *const *grads, size_t n,
   return rc;
 }
 
-int loom__bucket_manager_create_views(loom_pg *pg, loom_tensor *const *params, size_t n,
-                                      const loom_bucket_cfg *cfg, bool wire_set, loom_dtype wire,
-                                      loom_bucket_manager **out) {
+/* Member k of a bucket and where its gradient lies in its storage, for sorting by place. */
+typedef struct member {
+  size_t k, offset;
+} member;
+
+static int cmp_member(const void *a, const void *b) {
+  const member *x = a, *y = b;
+  return (x->offset > y->offset) - (x->offset < y->offset);
+}
+
+/* If bucket b's current gradients (cur, by gradient index) lie one after another in one
+ * storage, in core's flat layout, make the bucket a view of that run (*view) and move the
+ * plan's offsets there; otherwise *view stays NULL. */
+static int arena_run(loom_bucket_manager *m, size_t b, loom_tensor *const *cur, loom_tensor **view) {
+  loom__bucket_plan *p = &m->plan;
+  const size_t k0 = p->first[b], count = p->count[b];
+  *view = NULL;
+  const loom_tensor *t0 = cur[p->order[k0]];
+  for (size_t k = 0; k < count; k++) {
+    const loom_tensor *t = cur[p->order[k0 + k]];
+    if (!t || !t0 || t->storage != t0->storage || t->dtype != p->dtype[b] ||
+        !loom_tensor_is_contiguous(t))
+      return LOOM_OK;
+  }
+  int rc = LOOM_OK;
+  member *mem = loom__calloc(LOOM_POOL_HOST, count, sizeof *mem);
+  size_t *offset = loom__calloc(LOOM_POOL_HOST, count, sizeof *offset);
+  LOOM_TRY_ALLOC(mem && offset ? mem : NULL, "a bucket's gradient places");
+  for (size_t k = 0; k < count; k++) mem[k] = (member){k, cur[p->order[k0 + k]]->offset};
+  qsort(mem, count, sizeof *mem, cmp_member);
+  loom__layout lay;
+  loom__layout_init(&lay, p->dtype[b]);
+  const size_t start = mem[0].offset;
+  bool run = start % lay.align == 0;
+  lay.end = start;
+  for (size_t k = 0; k < count && run; k++) {
+    size_t numel = loom_tensor_numel(cur[p->order[k0 + mem[k].k]]);
+    run = loom__layout_add(&lay, numel) == mem[k].offset && !lay.overflow;
+    offset[mem[k].k] = mem[k].offset - start;
+  }
+  if (run) {
+    int64_t len = (int64_t)(lay.end - start), stride = 1;
+    LOOM_TRY(loom__tensor_view(t0, 1, &len, &stride, start, view));
+    loom__bucket_plan_move(p, b, offset, lay.end - start);
+  }
+done:
+  loom__free(mem);
+  loom__free(offset);
+  return rc;
+}
+
+int loom__bucket_manager_create_ddp(loom_pg *pg, loom_tensor *const *params, size_t n,
+                                    const loom_bucket_cfg *cfg, bool wire_set, loom_dtype wire,
+                                    loom_bucket_manager **out) {
   static const char *who = "ddp buckets";
   *out = NULL;
   size_t *numel = NULL;
   loom_dtype *dtype = NULL;
   loom_bucket_manager *m = NULL;
-  int rc = describe(who, params, n, &numel, &dtype);
+  loom_tensor **cur = loom__calloc(LOOM_POOL_HOST, n ? n : 1, sizeof *cur);
+  int rc = cur ? describe(who, params, n, &numel, &dtype)
+               : loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
+  for (size_t i = 0; !rc && i < n; i++) { /* a gradient that exists is reduced in its dtype */
+    cur[i] = loom_tensor_grad(params[i]);
+    if (cur[i]) dtype[i] = loom_tensor_dtype(cur[i]);
+  }
   if (!rc) rc = alloc_manager(pg, numel, dtype, n, cfg, wire_set, wire, &m);
+  for (size_t b = 0; !rc && m && b < m->plan.nbuckets; b++) rc = arena_run(m, b, cur, &m->b[b].buffer);
+  if (!rc) rc = make_buffers(m);
   for (size_t i = 0; !rc && i < n; i++) {
+    if (cur[i]) { /* viewed by its bucket, or copied in and out: never re-pointed */
+      m->grads[i] = loom_tensor_retain(cur[i]);
+      continue;
+    }
     size_t b = m->plan.bucket_of[i];
     loom_tensor *flat = NULL;
     rc = loom_tensor_narrow(m->b[b].buffer, 0, (int64_t)m->plan.offset[i], (int64_t)numel[i], &flat);
@@ -131,6 +209,7 @@ int loom__bucket_manager_create_views(loom_pg *pg, loom_tensor *const *params, s
                                &m->grads[i]);
     loom_tensor_free(flat);
   }
+  loom__free(cur);
   loom__free(numel);
   loom__free(dtype);
   if (rc) {
@@ -238,6 +317,7 @@ int loom_bucket_reduce_async(loom_bucket_manager *m, size_t bucket, loom_redop o
     data = b->wire;
     dt = m->wire;
   }
+  b->status = LOOM_OK;
   b->t_launch = loom__ddp_now();
   rc = loom_pg_allreduce(m->pg, data, data, n, dt, op, &b->work);
   if (rc) return rc;
@@ -246,32 +326,52 @@ int loom_bucket_reduce_async(loom_bucket_manager *m, size_t bucket, loom_redop o
   return LOOM_OK;
 }
 
-/* The reduction of bucket b has completed (successfully or not): bring a wire buffer back. */
-static void finish(loom_bucket_manager *m, size_t bucket) {
+/* The reduction of bucket b has ended with status rc: bring a wire buffer back, and keep a
+ * failure (with its message) for every later test or wait of the bucket. */
+static int finish(loom_bucket_manager *m, size_t bucket, int rc) {
   loom__bucket *b = &m->b[bucket];
   m->comm_s += loom__ddp_now() - b->t_launch;
+  b->status = rc;
+  if (rc) {
+    snprintf(b->error, sizeof b->error, "%s", loom_last_error());
+    return rc;
+  }
   if (b->wire)
     loom_convert(b->wire, m->wire, loom_tensor_data(b->buffer), m->plan.dtype[bucket],
                  m->plan.numel[bucket]);
+  return LOOM_OK;
 }
 
-bool loom_bucket_is_reduced(loom_bucket_manager *m, size_t bucket) {
-  if (check_bucket(m, bucket, "loom_bucket_is_reduced")) return false;
+/* The kept failure of the bucket's last reduction, raised again with its message. */
+static int last_status(const loom_bucket_manager *m, size_t bucket, const char *who) {
+  const loom__bucket *b = &m->b[bucket];
+  if (!b->status) return LOOM_OK;
+  return loom__fail(b->status, "%s: bucket %zu's reduction failed: %s", who, bucket, b->error);
+}
+
+int loom_bucket_test(loom_bucket_manager *m, size_t bucket, bool *reduced) {
+  static const char *who = "loom_bucket_test";
+  int rc = check_bucket(m, bucket, who);
+  if (rc) return rc;
+  if (!reduced) return loom__fail(LOOM_EINVAL, "%s: reduced is NULL", who);
+  *reduced = false;
   loom__bucket *b = &m->b[bucket];
-  if (!b->work) return true;
-  int done = 0;
-  int rc = loom_work_test(&b->work, &done);
-  if (done) finish(m, bucket);
-  return done && rc == LOOM_OK;
+  if (b->work) {
+    int done = 0;
+    rc = loom_work_test(&b->work, &done);
+    if (!done) return rc;
+    finish(m, bucket, rc);
+  }
+  if ((rc = last_status(m, bucket, who))) return rc;
+  *reduced = true;
+  return LOOM_OK;
 }
 
 int loom_bucket_wait(loom_bucket_manager *m, size_t bucket) {
   int rc = check_bucket(m, bucket, "loom_bucket_wait");
   if (rc) return rc;
-  if (!m->b[bucket].work) return LOOM_OK;
-  rc = loom_work_wait(&m->b[bucket].work);
-  finish(m, bucket);
-  return rc;
+  if (m->b[bucket].work) finish(m, bucket, loom_work_wait(&m->b[bucket].work));
+  return last_status(m, bucket, "loom_bucket_wait");
 }
 
 int loom_bucket_copy_back(loom_bucket_manager *m, size_t bucket) {

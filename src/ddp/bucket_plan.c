@@ -1,7 +1,9 @@
 /* bucket_plan.c: which gradient goes in which bucket, at which offset, under the two
  * assignment policies (reverse parameter order with a small first bucket, as PyTorch; or the
- * specification's largest-first greedy fill). Pure arithmetic on sizes: no buffers here. */
+ * specification's largest-first greedy fill), each bucket laid out in core's flat layout. Pure
+ * arithmetic on sizes: no buffers here. */
 #include "ddp/ddp_int.h"
+#include "core/layout.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +57,7 @@ int loom__bucket_plan_make(const size_t *numel, const loom_dtype *dtype, size_t 
   by_size *seq = NULL;
   size_t *open = NULL; /* per dtype: the open bucket index + 1, 0 if none */
   size_t *fill = NULL; /* per bucket: gradients placed in `order` so far (nbuckets <= n) */
+  loom__layout *lay = NULL; /* per bucket: its flat layout so far */
   out->n = n;
   size_t cap = n ? n : 1;
   out->bucket_of = loom__calloc(LOOM_POOL_HOST, cap, sizeof(size_t));
@@ -69,7 +72,8 @@ int loom__bucket_plan_make(const size_t *numel, const loom_dtype *dtype, size_t 
   seq = loom__calloc(LOOM_POOL_HOST, cap, sizeof *seq);
   open = loom__calloc(LOOM_POOL_HOST, LOOM_DTYPE_COUNT, sizeof *open);
   fill = loom__calloc(LOOM_POOL_HOST, cap, sizeof *fill);
-  if (!out->bucket_of || !out->offset || !out->order || !out->order_offset || !out->first || !out->count ||
+  lay = loom__calloc(LOOM_POOL_HOST, cap, sizeof *lay);
+  if (!lay || !out->bucket_of || !out->offset || !out->order || !out->order_offset || !out->first || !out->count ||
       !out->numel || !out->bytes || !out->dtype || !seq || !open || !fill) {
     rc = loom__fail(LOOM_ENOMEM, "bucket plan: out of memory for %zu gradients", n);
     goto done;
@@ -95,12 +99,13 @@ int loom__bucket_plan_make(const size_t *numel, const loom_dtype *dtype, size_t 
       open[dt] = 0; /* would overflow a non-empty bucket: start a new one */
     if (!open[dt]) {
       out->dtype[nb] = dt;
+      loom__layout_init(&lay[nb], dt);
       open[dt] = ++nb;
     }
     size_t b = open[dt] - 1;
     out->bucket_of[g] = b;
-    out->offset[g] = out->numel[b];
-    out->numel[b] += numel[g];
+    out->offset[g] = loom__layout_add(&lay[b], numel[g]);
+    out->numel[b] = lay[b].end;
     out->bytes[b] += bytes;
     out->count[b]++;
     if (cfg->policy == LOOM_BUCKET_REVERSE_ORDER) {
@@ -123,6 +128,15 @@ done:
   loom__free(seq);
   loom__free(open);
   loom__free(fill);
+  loom__free(lay);
   if (rc) loom__bucket_plan_free(out);
   return rc;
+}
+
+void loom__bucket_plan_move(loom__bucket_plan *p, size_t bucket, const size_t *offset, size_t numel) {
+  for (size_t k = p->first[bucket]; k < p->first[bucket] + p->count[bucket]; k++) {
+    p->offset[p->order[k]] = offset[k - p->first[bucket]];
+    p->order_offset[k] = offset[k - p->first[bucket]];
+  }
+  p->numel[bucket] = numel;
 }

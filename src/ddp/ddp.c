@@ -1,5 +1,5 @@
 /* ddp.c: the DDP wrapper: checks that every rank has the same parameters, broadcasts rank 0's
- * values, points each parameter's gradient into its bucket, and launches each bucket's
+ * values, lays the buckets over the gradients (one storage: ddp_int.h), and launches each bucket's
  * all-reduce from the gradient hooks as soon as the bucket is complete, in bucket order; the
  * end of backward waits for the last one. */
 #include "ddp/ddp_int.h"
@@ -92,7 +92,8 @@ static int launch_ready(loom_ddp *d) {
       loom__bucket_scale(d->m, b, inv);
       op = LOOM_SUM;
     }
-    int rc = loom_bucket_reduce_async(d->m, b, op);
+    int rc = loom_bucket_prepare(d->m, b); /* copies only gradients its buffer does not view */
+    if (!rc) rc = loom_bucket_reduce_async(d->m, b, op);
     if (rc) return rc;
   }
   return LOOM_OK;
@@ -143,6 +144,7 @@ int loom_ddp_finish(loom_ddp *d) {
   for (size_t b = d->next_launch; b < nb; b++) d->pending[b] = 0;
   int rc = launch_ready(d);
   int rc2 = loom_bucket_manager_wait_all(d->m);
+  if (!rc2) rc2 = loom_bucket_manager_copy_back_all(d->m); /* gradients its buffers do not view */
   double t_done = loom__ddp_now();
   if (!rc) rc = rc2;
   d->stats.steps++;
@@ -258,15 +260,13 @@ int loom_ddp_create(loom_pg *pg, loom_tensor *const *params, const char *const *
   }
   LOOM_TRY(check_peers(d));
   if (cfg->broadcast_params) LOOM_TRY(broadcast_params(d));
-  LOOM_TRY(loom__bucket_manager_create_views(pg, params, n, &cfg->buckets, cfg->wire_dtype_set,
-                                             cfg->wire_dtype, &d->m));
+  LOOM_TRY(loom__bucket_manager_create_ddp(pg, params, n, &cfg->buckets, cfg->wire_dtype_set,
+                                           cfg->wire_dtype, &d->m));
   d->pending = loom__calloc(LOOM_POOL_HOST, loom_bucket_manager_count(d->m) + 1, sizeof *d->pending);
   LOOM_TRY_ALLOC(d->pending, "the bucket counters");
   for (size_t i = 0; i < n; i++) {
-    /* the bucket view starts from the parameter's current gradient, if it has one */
-    loom_tensor *old = loom_tensor_grad(params[i]);
-    if (old) LOOM_TRY(loom_tensor_copy(d->m->grads[i], old));
-    LOOM_TRY(loom_tensor_set_grad(params[i], d->m->grads[i]));
+    if (loom_tensor_grad(params[i]) != d->m->grads[i]) /* it had none: its bucket's view */
+      LOOM_TRY(loom_tensor_set_grad(params[i], d->m->grads[i]));
     d->slots[i] = (param_slot){d, i};
     LOOM_TRY(loom_tensor_register_hook(params[i], on_grad_ready, &d->slots[i], &d->hook_ids[i]));
   }

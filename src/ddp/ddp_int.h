@@ -23,11 +23,16 @@ typedef struct loom__bucket_plan {
 int loom__bucket_plan_make(const size_t *numel, const loom_dtype *dtype, size_t n,
                            const loom_bucket_cfg *cfg, loom__bucket_plan *out);
 void loom__bucket_plan_free(loom__bucket_plan *p);
+/* Give bucket `bucket` new offsets (offset[k] for its k-th gradient in `order`) and length:
+ * DDP's buckets that are views of a module's gradient arena take the arena's offsets. */
+void loom__bucket_plan_move(loom__bucket_plan *p, size_t bucket, const size_t *offset, size_t numel);
 
 typedef struct loom__bucket {
   loom_tensor *buffer; /* flat [numel] of the bucket's dtype */
   void *wire;          /* scratch in the wire dtype (NULL when the wire is the bucket's dtype) */
   loom_work *work;     /* running reduction, or NULL */
+  int status;          /* how the last reduction ended (LOOM_OK before any) */
+  char error[256];     /* its message, when it failed */
   double t_launch;     /* when the running reduction started */
 } loom__bucket;
 
@@ -43,9 +48,16 @@ struct loom_bucket_manager {
   double comm_s;
 };
 
-/* A manager whose gradients are made here, as views into the bucket buffers, with the shapes
- * and dtypes of params[0..n) (DDP's layout: no prepare or copy-back copies). */
-int loom__bucket_manager_create_views(loom_pg *pg, loom_tensor *const *params, size_t n,
+/* DDP's manager over the gradients of params[0..n): one gradient storage, never two.
+ *   - A bucket whose parameters' gradients already lie one after another in one buffer, in
+ *     core's flat layout (a module's gradient arena: llm.c's grads_memory), is a view of that
+ *     run of the buffer (PyTorch's gradient_as_bucket_view): backward writes straight into the
+ *     bucket, and an optimizer over the arena sees the reduced gradients.
+ *   - Otherwise the bucket has a buffer of its own. A parameter without a gradient gets a view
+ *     of it as its gradient; a gradient that exists elsewhere is never re-pointed (whoever holds
+ *     its buffer, an optimizer segment, would go on reading a dead copy): it is copied into the
+ *     bucket before the reduction and back after it. */
+int loom__bucket_manager_create_ddp(loom_pg *pg, loom_tensor *const *params, size_t n,
                                       const loom_bucket_cfg *cfg, bool wire_set, loom_dtype wire,
                                       loom_bucket_manager **out);
 /* True if bucket b goes on the wire in a narrower dtype than its own (f32 sent as f16/bf16, or

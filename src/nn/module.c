@@ -279,8 +279,8 @@ size_t loom_module_numel(const loom_module *m) {
 
 /* Each parameter's gradient through loom_tensor_zero_grad, so that autograd knows it is zero
  * (its gradient bound, loom_tensor_grad_bound: a bound that said non-finite must not outlive
- * the zeroing), and its arena view too when the gradient was pointed elsewhere (DDP's bucket
- * views). The arena's padding is never written: it stays zero. */
+ * the zeroing), and its arena view too when the user pointed the gradient elsewhere
+ * (loom_tensor_set_grad). The arena's padding is never written: it stays zero. */
 int loom_module_zero_grad(loom_module *m) {
   if (!m) return loom__fail(LOOM_EINVAL, "loom_module_zero_grad: module is NULL");
   for (size_t i = 0, c = loom_module_param_count(m); i < c; i++) {

@@ -42,7 +42,9 @@ static int mgr_fn(loom_pg *pg, void *arg) {
     if (!rc) rc = loom_bucket_reduce_async(m, 0, LOOM_SUM);
     if (!rc && loom_bucket_reduce_async(m, 0, LOOM_SUM) != LOOM_EBUSY) rc = LOOM_EINVAL;
     if (!rc) rc = loom_bucket_wait(m, 0);
-    if (!rc && !loom_bucket_is_reduced(m, 0)) rc = LOOM_EINVAL;
+    bool reduced = false;
+    if (!rc) rc = loom_bucket_test(m, 0, &reduced);
+    if (!rc && !reduced) rc = LOOM_EINVAL;
     if (!rc) rc = loom_bucket_copy_back(m, 0);
   }
   /* the gradients of bucket 0 now hold the sum; reduce everything again with AVG: bucket 0's
@@ -94,13 +96,14 @@ static int info_fn(loom_pg *pg, void *arg) {
   loom_bucket_cfg cfg;
   loom_bucket_cfg_default(&cfg);
   cfg.policy = LOOM_BUCKET_LARGEST_FIRST;
-  cfg.bucket_bytes = 150; /* 30 floats = 120 B alone; 20 + 10 floats = 120 B together */
+  cfg.bucket_bytes = 150; /* 30 floats = 120 B alone; 20 + 10 floats = 120 B together (in the
+                           * buffer, 10 after 20 at the next 64-byte offset, 32: 42 elements) */
   loom_bucket_manager *m = NULL;
   if (!rc) rc = loom_bucket_manager_create(pg, g, 3, &cfg, &m);
   loom_bucket_info info;
   if (!rc) rc = loom_bucket_manager_info(m, 1, &info);
   if (!rc && (info.count != 2 || info.size_bytes != 120 || info.grads[0] != 1 || info.grads[1] != 0 ||
-              info.offsets[1] != 20 || loom_tensor_numel(info.buffer) != 30 || info.dtype != LOOM_F32))
+              info.offsets[1] != 32 || loom_tensor_numel(info.buffer) != 42 || info.dtype != LOOM_F32))
     rc = loom__fail(LOOM_EINVAL, "bucket 1 info is wrong");
   size_t idx;
   if (!rc && loom_bucket_manager_index_of(m, other, &idx) != LOOM_ENOTFOUND)

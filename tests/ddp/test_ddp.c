@@ -29,6 +29,7 @@ typedef struct run {
   bool accumulate; /* two micro-batches per step, the first under no_sync */
   float *params[MAXR];
   loom_ddp_stats stats[MAXR];
+  size_t bucket_numel[MAXR]; /* the buckets' elements: the gradients and the layout's padding */
 } run;
 
 static int rank_fn(loom_pg *pg, void *arg) {
@@ -51,6 +52,12 @@ static int rank_fn(loom_pg *pg, void *arg) {
   if (!rc) {
     model_flatten(&m, r->params[rank], false);
     rc = loom_ddp_stats_get(d, &r->stats[rank]);
+    loom_bucket_manager *bm = loom_ddp_buckets(d);
+    for (size_t b = 0; !rc && b < loom_bucket_manager_count(bm); b++) {
+      loom_bucket_info info;
+      rc = loom_bucket_manager_info(bm, b, &info);
+      if (!rc) r->bucket_numel[rank] += loom_tensor_numel(info.buffer);
+    }
   }
   loom_ddp_free(d);
   model_free(&m);
@@ -142,7 +149,7 @@ LT_TEST(ddp_bf16_wire) {
   r.cfg.wire_dtype_set = true;
   r.cfg.wire_dtype = LOOM_BF16;
   check_run(&r, 2e-3f);
-  LT_EQ(r.stats[0].bytes, (uint64_t)STEPS * model_numel() * 2); /* half the bytes of f32 */
+  LT_EQ(r.stats[0].bytes, (uint64_t)STEPS * r.bucket_numel[0] * 2); /* half the bytes of f32 */
 }
 
 LT_TEST(ddp_stats_count_one_collective_per_bucket) {
@@ -153,7 +160,10 @@ LT_TEST(ddp_stats_count_one_collective_per_bucket) {
   check_run(&r, 2e-6f);
   uint64_t control = 2 + MODEL_NPARAMS; /* parameter check (2) + broadcasts */
   LT_EQ(r.stats[0].collectives, control + STEPS * r.stats[0].buckets);
-  LT_EQ(r.stats[0].bytes, (uint64_t)STEPS * model_numel() * 4);
+  LT_EQ(r.stats[0].bytes, (uint64_t)STEPS * r.bucket_numel[0] * 4);
+  /* the buckets hold the gradients and at most an alignment's padding after each */
+  LT_TRUE(r.bucket_numel[0] >= model_numel());
+  LT_TRUE(r.bucket_numel[0] < model_numel() + MODEL_NPARAMS * (LOOM_LAYOUT_ALIGN_BYTES / 4));
   LT_TRUE(r.stats[0].buckets < MODEL_NPARAMS + 1);
 }
 
