@@ -487,11 +487,11 @@ int loom_amp_unscale_hooks_create(loom_scaler *s, loom_tensor *const *params, si
  * gradient written since loom_tensor_zero_grad is known finite (|x * 1/scale| <= bound / scale)
  * and not read; anything else (unknown, or said to hold inf/NaN) is read as loom_scaler_check
  * would. So do not write values into a gradient's memory between zero_grad and finish other
- * than through loom's backward (such a write would not be seen). With loom_ddp, create the
- * hooks before loom_ddp_create: hooks run in registration order, so they check each rank's
- * local gradients before DDP's hook starts the bucket's all-reduce (created after it, they
- * would read while the all-reduce writes); combine the flag with loom_ddp_any (all ranks then
- * skip the same steps: tests/ddp/test_ddp_amp.c). Arm, finish and free as above:
+ * than through loom's backward (such a write would not be seen). With loom_ddp, before or
+ * after loom_ddp_create: the hooks run in the LOCAL phase (loom_hook_phase, loom/autograd.h),
+ * so they check each rank's own gradients before DDP's REDUCE-phase hook starts the bucket's
+ * all-reduce; combine the flag with loom_ddp_any (all ranks then skip the same steps:
+ * tests/ddp/test_ddp_amp.c). Arm, finish and free as above:
  *   arm; forward; loom_backward_amp; finish(h, &found); loom_scaler_grad_scale(s, &gs);
  *   if (!found) loom_optim_step_scaled(opt, gs);  loom_scaler_update(s, found) */
 int loom_amp_check_hooks_create(loom_scaler *s, loom_tensor *const *params, size_t n,

@@ -10,9 +10,10 @@
  * Order. Backward runs nodes in a deterministic order: among the nodes whose gradient is
  * complete, the one recorded last goes first (the reverse of recording order, restricted to
  * what is ready). A leaf's gradient is complete when every path from the loss to it has been
- * run; at that moment its hooks fire, in registration order. An op that writes a leaf's
- * gradient in place (below) completes it as soon as that write is done: linear fires its
- * weight's and bias' hooks before it computes its input's gradient. So hooks fire in the same
+ * run; at that moment its hooks fire, by phase, then in registration order (loom_hook_phase).
+ * An op that writes a leaf's gradient in place (below) completes it as soon as that write is
+ * done: linear fires its weight's and bias' hooks before it computes its input's gradient.
+ * So hooks fire in the same
  * order on every rank that runs the same program (DDP launches bucket all-reduces from them),
  * and as early as the gradient is ready.
  *
@@ -138,10 +139,22 @@ const char *loom_tensor_grad_fn_name(const loom_tensor *t);
  * a message with it) to stop backward. */
 typedef int (*loom_grad_hook_fn)(loom_tensor *grad, void *ctx);
 
-/* Register a hook on t (which must require grad: LOOM_EMISUSE otherwise). Hooks on one tensor
- * run in registration order. *id (may be NULL) receives an id for loom_tensor_remove_hook.
- * The hook stays until removed or until t (a leaf) or t's node (an op output) is freed. */
+/* When a hook runs among the hooks of one tensor: phase by phase, and within a phase in
+ * registration order. So the order of creation does not matter: AMP's checking hooks read a
+ * rank's own gradient before DDP's hook hands it to the all-reduce, whichever was made first. */
+typedef enum loom_hook_phase {
+  LOOM_HOOK_LOCAL = 0,  /* the gradient as this rank computed it: checks, logging, edits */
+  LOOM_HOOK_REDUCE = 1, /* hands the gradient to communication (DDP's buckets, FSDP's
+                         * reduce-scatter): after every LOCAL hook of the tensor */
+} loom_hook_phase;
+
+/* Register a LOOM_HOOK_LOCAL hook on t (which must require grad: LOOM_EMISUSE otherwise).
+ * *id (may be NULL) receives an id for loom_tensor_remove_hook. The hook stays until removed
+ * or until t (a leaf) or t's node (an op output) is freed. */
 int loom_tensor_register_hook(loom_tensor *t, loom_grad_hook_fn fn, void *ctx, int *id);
+/* The same in a given phase (LOOM_EINVAL for a phase not in the enum). */
+int loom_tensor_register_hook_phase(loom_tensor *t, loom_hook_phase phase, loom_grad_hook_fn fn,
+                                    void *ctx, int *id);
 /* Remove a hook by the id register gave. LOOM_ENOTFOUND if there is none with that id. */
 int loom_tensor_remove_hook(loom_tensor *t, int id);
 

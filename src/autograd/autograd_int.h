@@ -35,6 +35,7 @@ typedef struct loom__hook {
   loom_grad_hook_fn fn;
   void *ctx;
   int id;
+  loom_hook_phase phase;
 } loom__hook;
 
 typedef struct loom__hooks {
@@ -125,7 +126,8 @@ static inline bool loom__node_needs(const loom__node *n, int i) {
 }
 
 /* Hook lists. */
-int loom__hooks_add(loom__hooks *h, loom_grad_hook_fn fn, void *ctx, int *id);
+int loom__hooks_add(loom__hooks *h, loom_hook_phase phase, loom_grad_hook_fn fn, void *ctx,
+                    int *id);
 int loom__hooks_remove(loom__hooks *h, int id);
 int loom__hooks_run(const loom__hooks *h, loom_tensor *grad);
 void loom__hooks_free(loom__hooks *h);

@@ -226,15 +226,22 @@ int loom_tensor_detach(loom_tensor *t, loom_tensor **out) {
   return loom__tensor_view(t, t->ndim, t->shape, t->strides, t->offset, out);
 }
 
-int loom_tensor_register_hook(loom_tensor *t, loom_grad_hook_fn fn, void *ctx, int *id) {
+int loom_tensor_register_hook_phase(loom_tensor *t, loom_hook_phase phase, loom_grad_hook_fn fn,
+                                    void *ctx, int *id) {
   static const char *who = "loom_tensor_register_hook";
   int rc = loom_tensor_check(t, who);
   if (rc) return rc;
   if (!fn) return loom__fail(LOOM_EINVAL, "%s: fn is NULL", who);
+  if (phase != LOOM_HOOK_LOCAL && phase != LOOM_HOOK_REDUCE)
+    return loom__fail(LOOM_EINVAL, "%s: phase %d is not a loom_hook_phase", who, (int)phase);
   loom__meta *m = t->autograd;
   if (!m || !m->requires_grad)
     return loom__fail(LOOM_EMISUSE, "%s: the tensor does not require grad", who);
-  return loom__hooks_add(m->grad_fn ? &m->grad_fn->hooks : &m->hooks, fn, ctx, id);
+  return loom__hooks_add(m->grad_fn ? &m->grad_fn->hooks : &m->hooks, phase, fn, ctx, id);
+}
+
+int loom_tensor_register_hook(loom_tensor *t, loom_grad_hook_fn fn, void *ctx, int *id) {
+  return loom_tensor_register_hook_phase(t, LOOM_HOOK_LOCAL, fn, ctx, id);
 }
 
 int loom_tensor_remove_hook(loom_tensor *t, int id) {
@@ -248,7 +255,9 @@ int loom_tensor_remove_hook(loom_tensor *t, int id) {
 
 /* ---- hook lists ---------------------------------------------------------------------- */
 
-int loom__hooks_add(loom__hooks *h, loom_grad_hook_fn fn, void *ctx, int *id) {
+/* Kept sorted by phase; within a phase, in registration order. */
+int loom__hooks_add(loom__hooks *h, loom_hook_phase phase, loom_grad_hook_fn fn, void *ctx,
+                    int *id) {
   if (h->n == h->cap) {
     int cap = h->cap ? 2 * h->cap : 4;
     loom__hook *v = loom__malloc(LOOM_POOL_COMPUTE, (size_t)cap * sizeof *v);
@@ -258,8 +267,11 @@ int loom__hooks_add(loom__hooks *h, loom_grad_hook_fn fn, void *ctx, int *id) {
     h->v = v;
     h->cap = cap;
   }
-  int hid = ++h->next_id;
-  h->v[h->n++] = (loom__hook){fn, ctx, hid};
+  int hid = ++h->next_id, at = h->n;
+  while (at > 0 && h->v[at - 1].phase > phase) at--;
+  memmove(&h->v[at + 1], &h->v[at], (size_t)(h->n - at) * sizeof *h->v);
+  h->v[at] = (loom__hook){fn, ctx, hid, phase};
+  h->n++;
   if (id) *id = hid;
   return LOOM_OK;
 }

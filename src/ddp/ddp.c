@@ -268,7 +268,8 @@ int loom_ddp_create(loom_pg *pg, loom_tensor *const *params, const char *const *
     if (loom_tensor_grad(params[i]) != d->m->grads[i]) /* it had none: its bucket's view */
       LOOM_TRY(loom_tensor_set_grad(params[i], d->m->grads[i]));
     d->slots[i] = (param_slot){d, i};
-    LOOM_TRY(loom_tensor_register_hook(params[i], on_grad_ready, &d->slots[i], &d->hook_ids[i]));
+    LOOM_TRY(loom_tensor_register_hook_phase(params[i], LOOM_HOOK_REDUCE, on_grad_ready, &d->slots[i],
+                                             &d->hook_ids[i]));
   }
   *out = d;
   return LOOM_OK;

@@ -302,7 +302,8 @@ int loom__fsdp_install_hooks(loom_fsdp *f) {
     for (size_t k = 0; k < u->nparams; k++) {
       fsdp_param *fp = &u->params[k];
       fp->hook_id = -1;
-      int rc = loom_tensor_register_hook(fp->p->value, on_param_grad, fp, &fp->hook_id);
+      int rc = loom_tensor_register_hook_phase(fp->p->value, LOOM_HOOK_REDUCE, on_param_grad, fp,
+                                               &fp->hook_id);
       if (rc) return rc;
     }
   }

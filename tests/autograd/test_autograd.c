@@ -218,6 +218,41 @@ LT_TEST(autograd_hook_removal_and_errors) {
   loom_tensor_free(c);
 }
 
+/* Hooks run phase by phase, in registration order within a phase: a REDUCE hook registered
+ * first (DDP made before AMP's checks) still runs after the LOCAL ones, on a leaf and on an
+ * op's output; removing one keeps the others' order. */
+LT_TEST(autograd_hook_phases_order_hooks_whatever_the_registration_order) {
+  float v[] = {1, 2};
+  loom_tensor *a = leaf(2, v), *y = NULL, *l = NULL;
+  hook_log log = {0};
+  hook_arg r1 = {&log, 1}, l2 = {&log, 2}, r3 = {&log, 3}, l4 = {&log, 4};
+  int id2 = 0;
+  LT_OK(loom_tensor_register_hook_phase(a, LOOM_HOOK_REDUCE, log_hook, &r1, NULL));
+  LT_OK(loom_tensor_register_hook(a, log_hook, &l2, &id2));
+  LT_OK(loom_tensor_register_hook_phase(a, LOOM_HOOK_REDUCE, log_hook, &r3, NULL));
+  LT_OK(loom_tensor_register_hook_phase(a, LOOM_HOOK_LOCAL, log_hook, &l4, NULL));
+  LT_ERR(loom_tensor_register_hook_phase(a, (loom_hook_phase)7, log_hook, &l4, NULL), LOOM_EINVAL,
+         "not a loom_hook_phase");
+  LT_OK(loom_mul_scalar(a, 3.0, &y));
+  LT_OK(loom_tensor_register_hook_phase(y, LOOM_HOOK_REDUCE, log_hook, &r1, NULL));
+  LT_OK(loom_tensor_register_hook(y, log_hook, &l2, NULL));
+  LT_OK(loom_sum(y, NULL, 0, false, &l));
+  LT_OK(loom_backward(l, NULL, true));
+  int want[] = {2, 1, 2, 4, 1, 3}; /* y: LOCAL 2, REDUCE 1; then a: LOCAL 2, 4, REDUCE 1, 3 */
+  LT_EQ(log.n, 6);
+  for (int i = 0; i < 6 && i < log.n; i++) LT_EQ(log.order[i], want[i]);
+  log.n = 0;
+  LT_OK(loom_tensor_remove_hook(a, id2));
+  LT_OK(loom_tensor_zero_grad(a));
+  LT_OK(loom_backward(l, NULL, false));
+  int want2[] = {2, 1, 4, 1, 3};
+  LT_EQ(log.n, 5);
+  for (int i = 0; i < 5 && i < log.n; i++) LT_EQ(log.order[i], want2[i]);
+  loom_tensor_free(l);
+  loom_tensor_free(y);
+  loom_tensor_free(a);
+}
+
 /* ---- gradient buffers, non-leaf hooks, callbacks, custom functions --------------------- */
 
 LT_TEST(autograd_grad_into_caller_buffer) {

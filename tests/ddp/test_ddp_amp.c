@@ -14,14 +14,15 @@ enum { STEPS = 6, BAD_STEP = 3, B = 8, NR = 3 };
 
 typedef struct amp_run {
   bool hooks; /* the fast check: the scaler's check hooks (see the second test) */
+  bool hooks_after_ddp; /* made after loom_ddp_create: the hook phases keep them first */
   float scale[NR];
   int skipped[NR];
   float *params[NR];
 } amp_run;
 
 /* Six steps on one rank. The plain way: unscale after loom_ddp_finish, rank 1's gradients get an
- * inf after the all-reduce at BAD_STEP. With hooks: the check hooks, created before
- * loom_ddp_create so that they run before DDP's hook launches each bucket, check each rank's
+ * inf after the all-reduce at BAD_STEP. With hooks: the check hooks, which run before DDP's hook
+ * launches each bucket (hook phases) whether made before or after loom_ddp_create, check each rank's
  * local gradients (from their bounds, reading nothing, or reading before the all-reduce
  * starts); the optimizer folds 1/scale in; rank 1's loss overflows f16 at BAD_STEP (a local
  * fault before the all-reduce). Either way loom_ddp_any spreads the flag. */
@@ -34,8 +35,11 @@ static int amp_rank(loom_pg *pg, void *arg) {
   loom_amp_unscale_hooks *h = NULL;
   int rc = model_init(&m, 5);
   if (!rc) rc = loom_scaler_create_dynamic(NULL, &sc);
-  if (!rc && r->hooks) rc = loom_amp_check_hooks_create(sc, m.p, MODEL_NPARAMS, &h);
+  if (!rc && r->hooks && !r->hooks_after_ddp)
+    rc = loom_amp_check_hooks_create(sc, m.p, MODEL_NPARAMS, &h);
   if (!rc) rc = loom_ddp_create(pg, m.p, model_names, MODEL_NPARAMS, NULL, &d);
+  if (!rc && r->hooks && r->hooks_after_ddp)
+    rc = loom_amp_check_hooks_create(sc, m.p, MODEL_NPARAMS, &h);
   for (int i = 0; i < MODEL_NPARAMS && !rc; i++) rc = loom_tensor_zero_grad(m.p[i]);
   for (int s = 0; s < STEPS && !rc; s++) {
     bool fault = s == BAD_STEP && rank == 1; /* on this rank only */
@@ -74,8 +78,8 @@ static int amp_rank(loom_pg *pg, void *arg) {
 
 /* Every rank skipped the one bad step, halved its scale once and holds the same parameters,
  * which moved from their initial values (the other steps trained). */
-static void run_and_check(bool hooks) {
-  amp_run r = {.hooks = hooks};
+static void run_and_check(bool hooks, bool hooks_after_ddp, float *out) {
+  amp_run r = {.hooks = hooks, .hooks_after_ddp = hooks_after_ddp};
   size_t np = model_numel();
   for (int k = 0; k < NR; k++) r.params[k] = calloc(np, sizeof(float));
   LT_OK(loom_threads_run(NR, NULL, amp_rank, &r));
@@ -95,8 +99,19 @@ static void run_and_check(bool hooks) {
   LT_TRUE(moved > np / 2);
   free(p0);
   model_free(&m0);
+  if (out) memcpy(out, r.params[0], np * sizeof(float));
   for (int k = 0; k < NR; k++) free(r.params[k]);
 }
 
-LT_TEST(ddp_amp_every_rank_skips_the_same_step) { run_and_check(false); }
-LT_TEST(ddp_amp_check_hooks_before_ddp_skip_the_same_step) { run_and_check(true); }
+LT_TEST(ddp_amp_every_rank_skips_the_same_step) { run_and_check(false, false, NULL); }
+
+/* The check hooks made before or after loom_ddp_create: the same steps skipped, the same bits. */
+LT_TEST(ddp_amp_check_hooks_before_or_after_ddp_skip_the_same_step) {
+  size_t np = model_numel();
+  float *before = calloc(np, sizeof(float)), *after = calloc(np, sizeof(float));
+  run_and_check(true, false, before);
+  run_and_check(true, true, after);
+  LT_TRUE(memcmp(before, after, np * sizeof(float)) == 0);
+  free(before);
+  free(after);
+}
