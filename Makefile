@@ -43,7 +43,7 @@ check-asan: deps
 check-tsan: deps
 	@$(MAKE) --no-print-directory build BUILD=build-tsan CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=thread"
 	@cd build-tsan && TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $(TSAN_OPTIONS)" ctest -L "$(TSAN_LABELS)" --output-on-failure -j $(JOBS)
-TSAN_LABELS ?= core|amp|autograd|nn|dist|ddp|fsdp
+TSAN_LABELS ?= core|amp|autograd|nn|dist|ddp|fsdp|step
 
 check-layers:
 	@scripts/check_layers.sh

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 declare -A header_layer=(
   [status]=core [layout]=core [alloc]=core [dtype]=core [cpu]=core [tensor]=core [rng]=core [threadpool]=core
   [autocast]=autocast [ops]=ops [autograd]=autograd [amp]=amp [nn]=nn [optim]=optim
-  [dist]=dist [dist_mpi]=dist [ddp]=ddp [fsdp]=fsdp [io]=io [loom]=all
+  [dist]=dist [dist_mpi]=dist [ddp]=ddp [fsdp]=fsdp [io]=io [step]=step [loom]=all
 )
 # The layers each layer may include (itself included).
 declare -A allowed=(
@@ -25,6 +25,7 @@ declare -A allowed=(
   [ddp]="core autocast ops autograd amp nn optim dist ddp"
   [fsdp]="core autocast ops autograd amp nn optim dist io fsdp"
   [io]="core io"
+  [step]="core autocast ops autograd amp nn optim dist ddp fsdp io step"
 )
 
 layer_of_file() { # path -> layer

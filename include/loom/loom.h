@@ -17,5 +17,6 @@
 #include "loom/rng.h"
 #include "loom/optim.h"
 #include "loom/io.h"
+#include "loom/step.h"
 
 #endif

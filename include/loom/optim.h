@@ -177,6 +177,9 @@ int loom_optim_step_end(loom_optim *o, bool completed);
 /* "sgd", "adam", "adamw". */
 const char *loom_optim_name(const loom_optim *o);
 size_t loom_optim_segments(const loom_optim *o);
+/* Segment i as the optimizer holds it (name borrowed from the optimizer). LOOM_EINVAL for i out
+ * of range or out NULL. */
+int loom_optim_segment(const loom_optim *o, size_t i, loom_param_seg *out);
 /* Point segment i at other buffers of the same length (an FSDP shard moved, an offloaded
  * buffer brought back). LOOM_EINVAL for i out of range or NULL buffers. */
 int loom_optim_rebind(loom_optim *o, size_t i, float *param, const float *grad);

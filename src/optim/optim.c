@@ -204,6 +204,18 @@ const char *loom_optim_name(const loom_optim *o) {
 
 size_t loom_optim_segments(const loom_optim *o) { return o ? o->nseg : 0; }
 
+int loom_optim_segment(const loom_optim *o, size_t i, loom_param_seg *out) {
+  int rc = loom__optim_check(o, "loom_optim_segment");
+  if (rc) return rc;
+  if (!out) return loom__fail(LOOM_EINVAL, "loom_optim_segment: out is NULL");
+  if (i >= o->nseg)
+    return loom__fail(LOOM_EINVAL, "loom_optim_segment: segment %zu out of range (%zu segments)",
+                      i, o->nseg);
+  const loom__seg *g = &o->seg[i];
+  *out = (loom_param_seg){g->name, g->param, g->grad, g->n, g->flags};
+  return LOOM_OK;
+}
+
 int loom_optim_rebind(loom_optim *o, size_t i, float *param, const float *grad) {
   int rc = loom__optim_check(o, "loom_optim_rebind");
   if (rc) return rc;
