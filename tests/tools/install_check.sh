@@ -33,7 +33,7 @@ ldd "$work/consumer/demo" | grep -q "$prefix/lib/libloom.so" || fail "demo does 
 
 # 2. pkg-config
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
-for ex in demo ddp_mlp fsdp_mlp; do
+for ex in demo train_mlp; do
   cc -Wall -Werror -o "$work/pc_$ex" "$src/examples/$ex.c" $(pkg-config --cflags --libs loom) ||
     fail "cc \$(pkg-config --cflags --libs loom) $ex.c failed"
 done
