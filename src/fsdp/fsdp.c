@@ -291,8 +291,9 @@ int loom_fsdp_any(loom_fsdp *f, bool local, bool *global) {
   return rc;
 }
 
-/* The squared norm of the gradient shards: per unit in 16 double lanes (as loom_grad_sumsq:
- * chunks start on a multiple of 16, so the lanes get the same sums), the units added in order. */
+/* The squared norm of the gradient shards: per unit in 16 double lanes, chunk by chunk when
+ * streamed (each chunk at its offset's lane: the bits of loom_grad_sumsq over the whole shard),
+ * folded at the unit's end, the units added in order. */
 typedef struct sumsq_ctx {
   double lane[16];
   double sq;
@@ -300,11 +301,7 @@ typedef struct sumsq_ctx {
 
 static int sumsq_chunk(void *ctx, fsdp_unit *u, size_t at, size_t n, float *k[OFF_KINDS]) {
   sumsq_ctx *c = ctx;
-  if (at == 0 && n == u->shard) {
-    c->sq += loom_grad_sumsq(k[OFF_GRAD], n);
-    return LOOM_OK;
-  }
-  loom__sumsq_lanes(c->lane, k[OFF_GRAD], n, at);
+  loom__sumsq_add(c->lane, k[OFF_GRAD], n, at);
   if (at + n == u->shard) {
     c->sq += loom__sumsq_fold(c->lane);
     memset(c->lane, 0, sizeof c->lane);

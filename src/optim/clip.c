@@ -6,9 +6,18 @@
 
 #include <math.h>
 
+void loom__sumsq_add(double lane[16], const float *x, size_t n, size_t start) {
+  size_t head = (16 - start % 16) % 16;
+  if (head > n) head = n;
+  loom__sumsq_lanes(lane, x, head, start);
+  if (n > head) loom__optim_k()->sumsq(lane, x + head, n - head);
+}
+
 double loom_grad_sumsq(const float *g, size_t n) {
   if (!g || !n) return 0.0;
-  return loom__optim_k()->sumsq(g, n);
+  double lane[16] = {0};
+  loom__sumsq_add(lane, g, n, 0);
+  return loom__sumsq_fold(lane);
 }
 
 void loom_grad_scale(float *g, size_t n, float coef) {
