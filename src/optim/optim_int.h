@@ -66,6 +66,18 @@ double loom__sumsq_fold(double lane[16]);
  * offset as start, then folding, gives the bits of loom_grad_sumsq over the whole buffer. */
 void loom__sumsq_add(double lane[16], const float *x, size_t n, size_t start);
 
+/* ---- gradient clipping: the one rule (clip.c, documented in loom/optim.h) ---------------- */
+
+/* LOOM_EINVAL, naming `who`, for a max_norm that is NaN or negative. */
+int loom__clip_check(const char *who, double max_norm);
+/* The coefficient from a total norm: LOOM_EINVAL for a bad max_norm, and with
+ * error_if_nonfinite for a NaN or infinite total ("total norm is nan"); else *coef. */
+int loom__clip_coef(const char *who, double total_norm, double max_norm, bool error_if_nonfinite,
+                    float *coef);
+/* loom_grad_sumsq / loom_grad_scale with `who` in their messages. */
+int loom__grad_sumsq(const char *who, const loom_grad_buf *bufs, size_t nbuf, double *out);
+int loom__grad_scale(const char *who, const loom_grad_buf *bufs, size_t nbuf, float coef);
+
 /* ---- the optimizer object ------------------------------------------------------------- */
 
 typedef enum loom__optim_kind { LOOM__SGD, LOOM__ADAM, LOOM__ADAMW } loom__optim_kind;
