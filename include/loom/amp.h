@@ -267,11 +267,11 @@ int loom_amp_has_nonfinite_tensors(loom_tensor *const *ts, size_t n, bool *out);
  *
  * Gradient accumulation over k micro-batches: loom_backward_amp on each micro-batch's loss
  * (each scaled by the same scale; the gradients add up scaled), then one prepare (one unscale)
- * and one update. Clipping: loom_amp_clip_grad_norm after prepare (the norm of the unscaled
- * gradients; clipping scaled gradients would clip at max_norm * scale). With the deferred
- * unscale (loom_scaler_check), loom_clip_grad_norm_scaled (loom/optim.h) takes the norm of the
- * scaled gradients times 1/scale and folds the clip coefficient into the optimizer's
- * grad_scale: the same bits as unscale + clip for power-of-two scales.
+ * and one update. Clipping: loom_clip_grad_norm_tensors (loom/optim.h) after prepare (the
+ * norm of the unscaled gradients; clipping scaled gradients would clip at max_norm * scale).
+ * With the deferred unscale (loom_scaler_check), loom_clip_grad_norm_scaled (loom/optim.h)
+ * takes the norm of the scaled gradients times 1/scale and folds the clip coefficient into the
+ * optimizer's grad_scale: the same bits as unscale + clip for power-of-two scales.
  *
  * Ownership: tensors passed in are borrowed unless a call says it retains them; tensors
  * returned through `out` arrays are new references the caller frees. Threads: like ops, each
@@ -354,15 +354,6 @@ int loom_amp_convert_gradients(const loom_named_tensor *grads, size_t n, loom_dt
 int loom_amp_ensure_gradient_compatibility(const loom_named_tensor *params, size_t n_params,
                                            const loom_named_tensor *grads, size_t n_grads,
                                            bool *compatible);
-
-/* Gradient clipping after unscaling (clip_grad_norm_): total = sqrt(sum of squares of every
- * gradient, f32 / f16 / bf16, accumulated in double), each gradient multiplied in place by
- * min(max_norm / (total + 1e-6), 1) in f32 (optim's loom_clip_coef formula). NULL entries
- * skipped. *total_norm (may be NULL) gets the norm before clipping. A non-finite norm leaves
- * the gradients alone and returns LOOM_OK (the step is skipped anyway: its gradients
- * overflowed). max_norm >= 0 and finite. */
-int loom_amp_clip_grad_norm(loom_tensor *const *grads, size_t n, double max_norm,
-                            float *total_norm);
 
 /* ---- AMP graphs (CreateAmpGraph / RunAmpBackward; the spec's ComputationGraph) ------------- */
 

@@ -273,10 +273,15 @@ int loom_fsdp_finish(loom_fsdp *f);
 /* A flag true on any rank (one all-reduce, MAX). */
 int loom_fsdp_any(loom_fsdp *f, bool local, bool *global);
 
-/* Global gradient-norm clipping over the shards: one all-reduce of the squared norm; every
- * shard gradient is multiplied by max_norm / (norm + 1e-6) when norm > max_norm (PyTorch's
- * FSDP.clip_grad_norm_). *total_norm (may be NULL) gets the norm before clipping. */
-int loom_fsdp_clip_grad_norm(loom_fsdp *f, double max_norm, double *total_norm);
+/* Global gradient-norm clipping over the shards (PyTorch's FSDP.clip_grad_norm_), with
+ * loom_clip_grad_norm's rule (loom/optim.h: the norm, the coefficient, NaN / inf / max_norm 0,
+ * error_if_nonfinite): each rank sums its shards' squares (streamed chunk by chunk when
+ * offloaded, the same bits), one collective adds the sums over the ranks (in rank order, so
+ * every rank gets the same bits and the same status), then the same coefficient and scaling.
+ * *total_norm (may be NULL) gets the norm before clipping. A collective: every rank calls it
+ * with the same max_norm and error_if_nonfinite. */
+int loom_fsdp_clip_grad_norm(loom_fsdp *f, double max_norm, bool error_if_nonfinite,
+                             double *total_norm);
 
 /* ---- mixed precision integration (the specification's FSDPAmpIntegration) ---------------- */
 

@@ -28,6 +28,7 @@
 
 #include "loom/alloc.h"
 #include "loom/dtype.h"
+#include "loom/tensor.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -216,39 +217,81 @@ int loom_optim_state_find(const loom_optim *o, const char *name, loom_optim_stat
 
 /* ---- gradient clipping (torch.nn.utils.clip_grad_norm_, L2) ---------------------------- */
 
-/* Sum of squares of n gradients, accumulated in double in a fixed order (the same bits on
- * every CPU level). Under FSDP each rank sums its shards, the sums are all-reduced, and the
- * total norm is sqrt of the sum. */
-double loom_grad_sumsq(const float *g, size_t n);
-/* Multiply n gradients by `coef` (in place). */
-void loom_grad_scale(float *g, size_t n, float coef);
-/* The factor clip_grad_norm_ scales by: min(max_norm / (total_norm + 1e-6), 1), in f32 as
- * PyTorch computes it (NaN for a NaN norm, 0 for an infinite one). */
-float loom_clip_coef(float total_norm, double max_norm);
+/* One rule, whatever holds the gradients (segments, tensors, an FSDP wrapper's shards:
+ * loom_fsdp_clip_grad_norm) and whatever the strategy (none, DDP, FSDP):
+ *   total = sqrt(sum of the squares of every gradient), the squares summed in double (exact
+ *           for f32, f16 and bf16 values), reported as a double;
+ *   coef  = min(max_norm / (total + 1e-6), 1), computed as PyTorch computes it on an f32 norm:
+ *           (1 / ((float)total + 1e-6f)) * (float)max_norm, then clamped to 1 (NaN stays NaN);
+ *   every gradient is multiplied by coef in f32 (nothing is written when coef is 1).
+ * So, as PyTorch:
+ *   - max_norm == 0 zeroes the gradients (coef 0); max_norm = +inf clips nothing and only
+ *     reports the norm (coef 1), unless the norm is not finite (below);
+ *   - a NaN or infinite total poisons: coef is NaN (NaN total) or 0 (infinite total), so every
+ *     gradient becomes NaN, or the finite ones +-0 and the infinite ones NaN. LOOM_OK;
+ *   - with error_if_nonfinite, a NaN or infinite total is an error instead: LOOM_EINVAL with
+ *     "total norm is nan" / "total norm is inf" in the message, no gradient changed (the norm
+ *     is still reported);
+ *   - max_norm NaN or negative: LOOM_EINVAL, nothing read or changed.
+ * The result is the same bits on every CPU level. Strategies: under DDP the gradients are
+ * averaged and identical on every rank after loom_ddp_finish, so each rank calls
+ * loom_clip_grad_norm (or _tensors) on them; under FSDP each rank sums its shards' squares,
+ * the sums are added over ranks in rank order and the same coefficient and scaling follow.
+ * Summation order is the only difference between strategies: the same gradients give the same
+ * bits whenever the double sums are exact, and the norm agrees to a double's rounding otherwise.
+ * Threads: the functions below are thread-safe on disjoint gradients. */
 
-/* Clip the gradients of all segments to a global L2 norm of max_norm, as clip_grad_norm_:
- * total = sqrt(sum of squares) (in double, rounded to f32), every gradient multiplied by
- * loom_clip_coef(total, max_norm). *total_norm (may be NULL) gets the norm before clipping.
- * A NaN or infinite norm: with error_if_nonfinite, LOOM_EINVAL ("total norm is nan") and the
- * gradients are left untouched; without, the gradients are scaled as PyTorch does (by NaN or
- * 0) and LOOM_OK is returned with the norm. max_norm must be >= 0. The gradients are written
- * through the segments' grad pointers (cast away const: clipping owns the gradients). */
+/* A flat buffer of gradients: n values of dtype, contiguous. */
+typedef struct loom_grad_buf {
+  void *data;       /* may be NULL when n == 0; written by scaling */
+  size_t n;
+  loom_dtype dtype; /* LOOM_F32, LOOM_F16 or LOOM_BF16 */
+} loom_grad_buf;
+
+/* The pieces, for a caller that holds gradients its own way (a sharded one all-reduces the sum
+ * between the first two):
+ * the local sum of squares of bufs[0..nbuf): each buffer's element i goes into double lane
+ * i % 16, the 16 lanes are folded pairwise (8, 4, 2, 1), the buffers are added in order; an
+ * f16 or bf16 buffer gives the bits of its f32 widening. LOOM_EINVAL for NULL bufs or out, or
+ * a NULL data with n > 0; LOOM_EDTYPE for a dtype that is not f32, f16 or bf16. */
+int loom_grad_sumsq(const loom_grad_buf *bufs, size_t nbuf, double *out);
+/* The coefficient from a total norm (the rule above): LOOM_EINVAL for a bad max_norm, and with
+ * error_if_nonfinite for a NaN or infinite total; else *coef. */
+int loom_clip_coef(double total_norm, double max_norm, bool error_if_nonfinite, float *coef);
+/* Multiply every gradient of bufs in place by coef, in f32 (f16 / bf16: widened, multiplied,
+ * rounded back to nearest even). Errors as loom_grad_sumsq; checks every buffer first, so a
+ * failure writes nothing. */
+int loom_grad_scale(const loom_grad_buf *bufs, size_t nbuf, float coef);
+
+/* Clip the f32 gradients of segments (an optimizer's: a module's arena, per-parameter
+ * segments, DDP gradients) by the rule above; the segments are summed in order. *total_norm
+ * (may be NULL) gets the norm before clipping. The gradients are written through the segments'
+ * grad pointers (cast away const: clipping owns the gradients). LOOM_EINVAL for segs NULL with
+ * nseg > 0 or a segment with n > 0 and a NULL grad, besides the rule's errors. */
 int loom_clip_grad_norm(const loom_param_seg *segs, size_t nseg, double max_norm,
-                        bool error_if_nonfinite, float *total_norm);
+                        bool error_if_nonfinite, double *total_norm);
+
+/* The same over gradient tensors (loom_tensor_grad of the parameters: after
+ * loom_amp_prepare_gradients, or under DDP), f32, f16 or bf16, each contiguous; NULL entries
+ * are skipped. The tensors are borrowed. LOOM_EINVAL for a non-contiguous tensor or one without
+ * data, LOOM_EDTYPE for an integer one, each naming its index. */
+int loom_clip_grad_norm_tensors(loom_tensor *const *grads, size_t n, double max_norm,
+                                bool error_if_nonfinite, double *total_norm);
 
 /* Clipping folded into a deferred unscale: the segments' gradients are still multiplied by a
- * loss scale (1/inv_scale). Computes the norm of the unscaled gradients, inv_scale x the norm
- * of the stored ones, into *total_norm (may be NULL), and sets *grad_scale = inv_scale x
- * loom_clip_coef(norm, max_norm) (in f32) for loom_optim_step_scaled; writes no gradient.
+ * loss scale (1/inv_scale). The total is inv_scale x the norm of the stored gradients (the
+ * norm of the unscaled ones) into *total_norm (may be NULL), the rule's coefficient from it,
+ * and *grad_scale = inv_scale x coef (in f32) for loom_optim_step_scaled; writes no gradient.
  *   float gs;  loom_clip_grad_norm_scaled(segs, n, max_norm, inv, false, NULL, &gs);
  *   loom_optim_step_scaled(o, gs);
  * equals unscaling by inv, loom_clip_grad_norm, loom_optim_step bit for bit when inv_scale is
  * a power of two (every scale of loom's scaler presets: products by it are exact) and no
  * unscaled gradient or norm is subnormal; for other scales they differ by rounding. Errors as
  * loom_clip_grad_norm, plus LOOM_EINVAL for inv_scale not finite and > 0 or grad_scale NULL;
- * a nonfinite norm without error_if_nonfinite gives *grad_scale NaN or 0 as PyTorch would. */
+ * a nonfinite norm without error_if_nonfinite gives *grad_scale NaN or 0 as PyTorch would
+ * scale by. */
 int loom_clip_grad_norm_scaled(const loom_param_seg *segs, size_t nseg, double max_norm,
-                               float inv_scale, bool error_if_nonfinite, float *total_norm,
+                               float inv_scale, bool error_if_nonfinite, double *total_norm,
                                float *grad_scale);
 
 /* ---- learning-rate schedules ---------------------------------------------------------- */

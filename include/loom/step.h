@@ -58,6 +58,8 @@ typedef struct loom_step_cfg {
   loom_scaler *scaler; /* loss scaling (f16), or NULL; with FSDP NULL: its cfg.mp scaler */
   bool clip;           /* clip the gradients' global L2 norm (default false) */
   double max_norm;     /* the norm to clip to, >= 0 (default 1.0) */
+  bool error_if_nonfinite; /* a NaN/inf norm fails apply (LOOM_EINVAL, nothing stepped) instead
+                            * of poisoning the gradients (default false, as PyTorch) */
 } loom_step_cfg;
 
 void loom_step_cfg_default(loom_step_cfg *cfg);

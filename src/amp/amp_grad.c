@@ -1,10 +1,9 @@
 /* amp_grad.c: gradients on their way to the optimizer (AmpAutogradHelper): preparation
- * (unscale + inf/NaN check in one pass, then f32), dtype conversion, the compatibility check of
- * gradients against parameters, and clipping of the unscaled gradients by their global norm. */
+ * (unscale + inf/NaN check in one pass, then f32), dtype conversion and the compatibility check
+ * of gradients against parameters. Clipping is optim's (loom_clip_grad_norm_tensors). */
 #include "amp/amp_int.h"
 #include "core/tensor_int.h"
 
-#include <math.h>
 #include <string.h>
 
 /* The tensors of a named list as a plain array (a small one on the stack). */
@@ -156,71 +155,5 @@ int loom_amp_ensure_gradient_compatibility(const loom_named_tensor *params, size
     }
   }
   if (compatible) *compatible = true;
-  return LOOM_OK;
-}
-
-/* ---- clipping after unscaling ------------------------------------------------------------- */
-
-typedef struct clip_ctx {
-  unsigned char *base;
-  loom_dtype dt;
-  double sumsq;
-  float coef;
-} clip_ctx;
-
-static void sq_one(size_t off, void *ctx) {
-  clip_ctx *c = ctx;
-  double v = loom__load_f64(c->base, c->dt, off);
-  c->sumsq += v * v;
-}
-
-static void mul_one(size_t off, void *ctx) {
-  clip_ctx *c = ctx;
-  loom__store_f64(c->base, c->dt, off, (float)loom__load_f64(c->base, c->dt, off) * c->coef);
-}
-
-static void for_each(loom_tensor *t, void (*fn)(size_t, void *), clip_ctx *c) {
-  c->base = t->storage->data;
-  c->dt = t->dtype;
-  loom__for_each_offset(t->ndim, t->shape, t->strides, t->offset, fn, c);
-}
-
-int loom_amp_clip_grad_norm(loom_tensor *const *grads, size_t n, double max_norm,
-                            float *total_norm) {
-  static const char *who = "loom_amp_clip_grad_norm";
-  if (!(max_norm >= 0) || isinf(max_norm))
-    return loom__fail(LOOM_EINVAL, "%s: max_norm = %g must be finite and >= 0", who, max_norm);
-  int rc = loom__amp_check_tensors(who, grads, n);
-  if (rc) return rc;
-  clip_ctx c = {0};
-  for (size_t i = 0; i < n; i++) {
-    loom_tensor *g = grads[i];
-    if (!g) continue;
-    if (g->dtype == LOOM_F32 && loom_tensor_is_contiguous(g)) { /* the common case, fast */
-      const float *p = loom_tensor_data(g);
-      size_t m = loom_tensor_numel(g);
-      double s = 0;
-      for (size_t j = 0; j < m; j++) s += (double)p[j] * p[j];
-      c.sumsq += s;
-    } else {
-      for_each(g, sq_one, &c);
-    }
-  }
-  float total = (float)sqrt(c.sumsq);
-  if (total_norm) *total_norm = total;
-  if (!isfinite(total)) return LOOM_OK;
-  c.coef = (1.0f / (total + 1e-6f)) * (float)max_norm; /* as optim's loom_clip_coef */
-  if (c.coef >= 1.0f) return LOOM_OK;
-  for (size_t i = 0; i < n; i++) {
-    loom_tensor *g = grads[i];
-    if (!g) continue;
-    if (g->dtype == LOOM_F32 && loom_tensor_is_contiguous(g)) {
-      float *p = loom_tensor_data(g);
-      size_t m = loom_tensor_numel(g);
-      for (size_t j = 0; j < m; j++) p[j] *= c.coef;
-    } else {
-      for_each(g, mul_one, &c);
-    }
-  }
   return LOOM_OK;
 }

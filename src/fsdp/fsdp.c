@@ -291,8 +291,9 @@ int loom_fsdp_any(loom_fsdp *f, bool local, bool *global) {
   return rc;
 }
 
-/* The squared norm of the gradient shards: per unit in 16 double lanes (as loom_grad_sumsq:
- * chunks start on a multiple of 16, so the lanes get the same sums), the units added in order. */
+/* The local sum of squares of the gradient shards, as loom_grad_sumsq over one buffer per
+ * unit: each unit in its own 16 double lanes, chunk by chunk when streamed (a chunk starts at
+ * its offset's lane), folded at the unit's end; the units added in order. */
 typedef struct sumsq_ctx {
   double lane[16];
   double sq;
@@ -300,11 +301,7 @@ typedef struct sumsq_ctx {
 
 static int sumsq_chunk(void *ctx, fsdp_unit *u, size_t at, size_t n, float *k[OFF_KINDS]) {
   sumsq_ctx *c = ctx;
-  if (at == 0 && n == u->shard) {
-    c->sq += loom_grad_sumsq(k[OFF_GRAD], n);
-    return LOOM_OK;
-  }
-  loom__sumsq_lanes(c->lane, k[OFF_GRAD], n, at);
+  loom__sumsq_add(c->lane, k[OFF_GRAD], n, at);
   if (at + n == u->shard) {
     c->sq += loom__sumsq_fold(c->lane);
     memset(c->lane, 0, sizeof c->lane);
@@ -315,29 +312,42 @@ static int sumsq_chunk(void *ctx, fsdp_unit *u, size_t at, size_t n, float *k[OF
 static int scale_chunk(void *ctx, fsdp_unit *u, size_t at, size_t n, float *k[OFF_KINDS]) {
   (void)u;
   (void)at;
-  loom_grad_scale(k[OFF_GRAD], n, *(const float *)ctx);
-  return LOOM_OK;
+  loom_grad_buf b = {k[OFF_GRAD], n, LOOM_F32};
+  return loom__grad_scale("loom_fsdp_clip_grad_norm", &b, 1, *(const float *)ctx);
 }
 
-int loom_fsdp_clip_grad_norm(loom_fsdp *f, double max_norm, double *total_norm) {
-  if (!f) return loom__fail(LOOM_EINVAL, "loom_fsdp_clip_grad_norm: fsdp is NULL");
-  if (!(max_norm > 0) || !isfinite(max_norm))
-    return loom__fail(LOOM_EINVAL, "loom_fsdp_clip_grad_norm: max_norm %g must be finite and > 0",
-                      max_norm);
+/* The sum of every rank's `local`, the same bits on every rank: one all-gather of the doubles
+ * (the process group reduces no f64), added in rank order. */
+static int sum_over_ranks(loom_pg *pg, double local, double *sum) {
+  int n = loom_pg_size(pg);
+  double small[64], *all = small;
+  if (n > 64) all = loom__malloc(LOOM_POOL_COMPUTE, (size_t)n * sizeof *all);
+  if (!all) return loom__fail(LOOM_ENOMEM, "loom_fsdp_clip_grad_norm: out of memory");
+  int rc = loom_pg_allgather(pg, &local, all, 1, LOOM_I64, NULL); /* 8 bytes, moved as bits */
+  double s = 0.0;
+  for (int r = 0; r < n && !rc; r++) s += all[r];
+  if (all != small) loom__free(all);
+  if (!rc) *sum = s;
+  return rc;
+}
+
+int loom_fsdp_clip_grad_norm(loom_fsdp *f, double max_norm, bool error_if_nonfinite,
+                             double *total_norm) {
+  static const char *who = "loom_fsdp_clip_grad_norm";
+  if (!f) return loom__fail(LOOM_EINVAL, "%s: fsdp is NULL", who);
+  int rc = loom__clip_check(who, max_norm);
+  if (rc) return rc;
   sumsq_ctx c = {{0}, 0};
   unsigned g = 1u << OFF_GRAD;
-  int rc = loom__fsdp_each(f, g, 0, sumsq_chunk, &c);
-  if (rc) return rc;
-  float sq32 = (float)c.sq; /* summed over ranks in f32, as PyTorch's FSDP does */
-  rc = loom_pg_allreduce(f->pg, &sq32, &sq32, 1, LOOM_F32, LOOM_SUM, NULL);
-  if (rc) return rc;
-  double norm = sqrt((double)sq32);
-  if (total_norm) *total_norm = norm;
-  if (norm > max_norm) {
-    float coef = (float)(max_norm / (norm + 1e-6));
-    rc = loom__fsdp_each(f, g, g, scale_chunk, &coef);
-  }
-  return rc;
+  if ((rc = loom__fsdp_each(f, g, 0, sumsq_chunk, &c))) return rc;
+  double sum = 0.0;
+  if ((rc = sum_over_ranks(f->pg, c.sq, &sum))) return rc;
+  double total = sqrt(sum);
+  if (total_norm) *total_norm = total;
+  float coef;
+  if ((rc = loom__clip_coef(who, total, max_norm, error_if_nonfinite, &coef))) return rc;
+  if (coef == 1.0f) return LOOM_OK; /* x 1 changes no value */
+  return loom__fsdp_each(f, g, g, scale_chunk, &coef);
 }
 
 int loom_fsdp_stats_get(const loom_fsdp *f, loom_fsdp_stats *out) {

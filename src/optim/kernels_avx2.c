@@ -61,19 +61,17 @@ AVX2 static void sgd_avx2(const loom__sgd_args *a, float *p, const float *g, flo
 }
 
 /* Lanes 0-3, 4-7, 8-11, 12-15 in four registers; squares of f32 are exact in double. */
-AVX2 static double sumsq_avx2(const float *x, size_t n) {
-  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
-                    _mm256_setzero_pd()};
+AVX2 static void sumsq_avx2(double lane[16], const float *x, size_t n) {
+  __m256d acc[4];
+  for (int k = 0; k < 4; k++) acc[k] = _mm256_loadu_pd(lane + 4 * k);
   size_t i = 0;
   for (; i + 16 <= n; i += 16)
     for (int k = 0; k < 4; k++) {
       __m256d d = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4 * k));
       acc[k] = _mm256_add_pd(acc[k], _mm256_mul_pd(d, d));
     }
-  double lane[16];
   for (int k = 0; k < 4; k++) _mm256_storeu_pd(lane + 4 * k, acc[k]);
   loom__sumsq_lanes(lane, x + i, n - i, i);
-  return loom__sumsq_fold(lane);
 }
 
 AVX2 static void scale_avx2(float *x, float s, size_t n) {

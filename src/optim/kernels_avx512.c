@@ -67,8 +67,8 @@ AVX512 static void sgd_avx512(const loom__sgd_args *a, float *p, const float *g,
 
 /* Lanes 0-7 and 8-15 in two registers; squares of f32 are exact in double, so the fused
  * multiply-add rounds exactly as the scalar multiply-then-add. */
-AVX512 static double sumsq_avx512(const float *x, size_t n) {
-  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+AVX512 static void sumsq_avx512(double lane[16], const float *x, size_t n) {
+  __m512d lo = _mm512_loadu_pd(lane), hi = _mm512_loadu_pd(lane + 8);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m512d a = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
@@ -76,11 +76,9 @@ AVX512 static double sumsq_avx512(const float *x, size_t n) {
     lo = _mm512_fmadd_pd(a, a, lo);
     hi = _mm512_fmadd_pd(b, b, hi);
   }
-  double lane[16];
   _mm512_storeu_pd(lane, lo);
   _mm512_storeu_pd(lane + 8, hi);
   loom__sumsq_lanes(lane, x + i, n - i, i);
-  return loom__sumsq_fold(lane);
 }
 
 AVX512 static void scale_avx512(float *x, float s, size_t n) {

@@ -55,10 +55,8 @@ double loom__sumsq_fold(double lane[16]) {
   return lane[0];
 }
 
-static double sumsq_scalar(const float *x, size_t n) {
-  double lane[16] = {0};
+static void sumsq_scalar(double lane[16], const float *x, size_t n) {
   loom__sumsq_lanes(lane, x, n, 0);
-  return loom__sumsq_fold(lane);
 }
 
 const loom__optim_kernels loom__optim_kernels_scalar = {

@@ -37,8 +37,9 @@ typedef struct loom__sgd_args {
 typedef struct loom__optim_kernels {
   void (*adam)(const loom__adam_args *a, float *p, const float *g, float *m, float *v, size_t n);
   void (*sgd)(const loom__sgd_args *a, float *p, const float *g, float *buf, size_t n);
-  /* Sum of squares into 16 double lanes (element i into lane i % 16, then loom__sumsq_fold). */
-  double (*sumsq)(const float *x, size_t n);
+  /* Adds x[i]^2 (in double: exact) into lane[i % 16], i < n; the lanes carry on from earlier
+   * calls (loom__sumsq_add, folded by loom__sumsq_fold). */
+  void (*sumsq)(double lane[16], const float *x, size_t n);
   void (*scale)(float *x, float s, size_t n);
 } loom__optim_kernels;
 
@@ -60,6 +61,22 @@ void loom__scale_scalar(float *x, float s, size_t n);
 void loom__sumsq_lanes(double lane[16], const float *x, size_t n, size_t start);
 /* The fixed reduction of 16 lanes: pairwise halves (8, 4, 2, 1). */
 double loom__sumsq_fold(double lane[16]);
+/* Adds x[i]^2 into lane[(start + i) % 16] for i < n, on the active CPU level (a scalar head up
+ * to a lane-0 boundary, then the kernel): summing a buffer chunk by chunk, each chunk with its
+ * offset as start, then folding, gives the bits of loom_grad_sumsq over the whole buffer. */
+void loom__sumsq_add(double lane[16], const float *x, size_t n, size_t start);
+
+/* ---- gradient clipping: the one rule (clip.c, documented in loom/optim.h) ---------------- */
+
+/* LOOM_EINVAL, naming `who`, for a max_norm that is NaN or negative. */
+int loom__clip_check(const char *who, double max_norm);
+/* The coefficient from a total norm: LOOM_EINVAL for a bad max_norm, and with
+ * error_if_nonfinite for a NaN or infinite total ("total norm is nan"); else *coef. */
+int loom__clip_coef(const char *who, double total_norm, double max_norm, bool error_if_nonfinite,
+                    float *coef);
+/* loom_grad_sumsq / loom_grad_scale with `who` in their messages. */
+int loom__grad_sumsq(const char *who, const loom_grad_buf *bufs, size_t nbuf, double *out);
+int loom__grad_scale(const char *who, const loom_grad_buf *bufs, size_t nbuf, float coef);
 
 /* ---- the optimizer object ------------------------------------------------------------- */
 

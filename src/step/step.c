@@ -154,10 +154,8 @@ static int clip_replicated(loom_step *st, double *norm) {
     int rc = loom_optim_segment(st->cfg.optim, i, &st->segs[i]);
     if (rc) return rc;
   }
-  float total = 0;
-  int rc = loom_clip_grad_norm(st->segs, st->nseg, st->cfg.max_norm, false, &total);
-  *norm = total;
-  return rc;
+  return loom_clip_grad_norm(st->segs, st->nseg, st->cfg.max_norm, st->cfg.error_if_nonfinite,
+                             norm);
 }
 
 int loom_step_apply(loom_step *st, loom_step_result *out) {
@@ -171,7 +169,7 @@ int loom_step_apply(loom_step *st, loom_step_result *out) {
   else rc = unscale_replicated(st, &r.skipped);
   /* 2. clipping */
   if (!rc && st->cfg.clip && !r.skipped)
-    rc = f ? loom_fsdp_clip_grad_norm(f, st->cfg.max_norm, &r.grad_norm)
+    rc = f ? loom_fsdp_clip_grad_norm(f, st->cfg.max_norm, st->cfg.error_if_nonfinite, &r.grad_norm)
            : clip_replicated(st, &r.grad_norm);
   /* 3. the optimizer step */
   if (!rc && !r.skipped) rc = f ? loom_fsdp_optim_step(f, st->cfg.optim, 1.0f)

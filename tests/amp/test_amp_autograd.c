@@ -510,30 +510,17 @@ LT_TEST(amp_clip_after_unscaling_matches_optim_clipping) {
   }
   bool found;
   LT_OK(loom_scaler_unscale(s, g, 2, &found));
-  float norm = 0, norm2 = 0;
-  LT_OK(loom_amp_clip_grad_norm(g, 2, 1.0, &norm));
-  /* the optim path on the unscaled f32 copies */
+  LT_TRUE(!found);
+  double norm = 0, norm2 = 0;
+  LT_OK(loom_clip_grad_norm_tensors(g, 2, 1.0, false, &norm));
+  /* the same clipping of segments over unscaled f32 copies: the same bits (1024 is a power of
+   * two, so unscaling is exact) */
   loom_param_seg seg[2] = {{"a", NULL, loom_tensor_data(a2), 128, 0},
                            {"b", NULL, loom_tensor_data(b2), 8, 0}};
   LT_OK(loom_clip_grad_norm(seg, 2, 1.0, false, &norm2));
-  LT_NEAR(norm, norm2, 1e-5 * norm2);
-  LT_TRUE(norm > 1);
-  LT_TRUE(rel_err(a, a2, 1) < 1e-6);
-  LT_TRUE(rel_err(b, b2, 1) < 1e-6);
-  /* a bf16 gradient and a strided view are clipped too */
-  loom_tensor *h = rand_tensor(LOOM_BF16, 2, (int64_t[]){4, 4}, 8, false), *ht = NULL;
-  LT_OK(loom_tensor_transpose(h, 0, 1, &ht));
-  LT_OK(loom_amp_clip_grad_norm(&ht, 1, 0.5, &norm));
-  loom_tensor *g3[1] = {h};
-  LT_OK(loom_amp_clip_grad_norm(g3, 1, 1e9, &norm2));
-  LT_NEAR(norm2, 0.5, 0.01);
-  LT_ERR(loom_amp_clip_grad_norm(g, 2, -1, NULL), LOOM_EINVAL, "max_norm");
-  loom_tensor *i32 = NULL;
-  LT_OK(loom_tensor_zeros(LOOM_I32, 1, (int64_t[]){2}, &i32));
-  LT_ERR(loom_amp_clip_grad_norm(&i32, 1, 1, NULL), LOOM_EDTYPE, "i32");
-  loom_tensor_free(i32);
-  loom_tensor_free(ht);
-  loom_tensor_free(h);
+  LT_TRUE(norm == norm2 && norm > 1); /* it clipped */
+  LT_TRUE(memcmp(loom_tensor_data(a), loom_tensor_data(a2), 128 * sizeof(float)) == 0);
+  LT_TRUE(memcmp(loom_tensor_data(b), loom_tensor_data(b2), 8 * sizeof(float)) == 0);
   loom_tensor_free(a);
   loom_tensor_free(b);
   loom_tensor_free(a2);

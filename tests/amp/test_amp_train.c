@@ -260,13 +260,14 @@ static loom_amp_unscale_hooks *deferred_matches_separate(way w, bool clip, loom_
     for (int i = 0; i < NPARAM && w == UNSCALE_HOOKS; i++) /* unscaled in place alike */
       LT_TRUE(memcmp(loom_tensor_data(a.g[i]), loom_tensor_data(b.g[i]),
                      loom_tensor_nbytes(a.g[i])) == 0);
-    float gs = 0, na = 0, nb = 0;
+    float gs = 0;
+    double na = 0, nb = 0;
     LT_OK(loom_scaler_grad_scale(sb, &gs));
     LT_TRUE(gs == (w == UNSCALE_HOOKS ? 1.0f : (float)(1.0 / (double)loom_scaler_get_scale(sb))));
     if (clip && !fa) {
       LT_OK(loom_clip_grad_norm(sega, NPARAM, 0.05, true, &na));
       LT_OK(loom_clip_grad_norm_scaled(segb, NPARAM, 0.05, gs, true, &nb, &gs));
-      LT_TRUE(na == nb && na > 0.05f); /* it clips */
+      LT_TRUE(na == nb && na > 0.05); /* it clips */
     }
     if (!fa) LT_OK(loom_optim_step(a.opt));
     if (!fb) LT_OK(loom_optim_step_scaled(b.opt, gs));

@@ -130,7 +130,8 @@ static void reference(int n, loom_autocast_mode amp, float scale, int micro, flo
     LT_OK(loom_module_zero_grad(m));
     for (int k = 0; k < micro; k++)
       LT_OK(fm_backward(m, ((int64_t)s * micro + k) * n * B, (int64_t)n * B, amp, scale, NULL));
-    if (scale != 1.0f) loom_grad_scale(loom_tensor_data(grads), numel, 1.0f / scale);
+    loom_grad_buf gb = {loom_tensor_data(grads), numel, LOOM_F32};
+    if (scale != 1.0f) LT_OK(loom_grad_scale(&gb, 1, 1.0f / scale));
     LT_OK(loom_optim_step(opt));
   }
   fm_flatten_module(m, out);

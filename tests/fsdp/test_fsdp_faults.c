@@ -468,7 +468,7 @@ static int misuse_rank(loom_pg *pg, void *arg) {
   EXPECT(j, loom_fsdp_load_full_state(NULL, NULL, 0), LOOM_EINVAL, "NULL");
   EXPECT(j, loom_fsdp_save_sharded(f, NULL, NULL, NULL, 0), LOOM_EINVAL, "NULL");
   EXPECT(j, loom_fsdp_load_sharded(f, NULL, NULL), LOOM_EINVAL, "NULL");
-  EXPECT(j, loom_fsdp_clip_grad_norm(f, -1.0, NULL), LOOM_EINVAL, "max_norm");
+  EXPECT(j, loom_fsdp_clip_grad_norm(f, -1.0, false, NULL), LOOM_EINVAL, "max_norm");
   EXPECT(j, loom_fsdp_stats_get(f, NULL), LOOM_EINVAL, "NULL");
   CHECK_ON_RANK(j, loom_fsdp_mp_manager(NULL) == NULL && loom_fsdp_unit_count(NULL) == 0);
   CHECK_ON_RANK(j, loom_fsdp_mp_manager(f) != NULL);

@@ -81,7 +81,7 @@ static int orun_step(loom_module *m, loom_fsdp *f, loom_optim *opt, int s, int r
   bool overflow = false;
   if (!rc) rc = loom_fsdp_finish(f);
   if (!rc) rc = loom_fsdp_check_overflow(f, &overflow);
-  if (!rc && clip) rc = loom_fsdp_clip_grad_norm(f, 0.05, NULL);
+  if (!rc && clip) rc = loom_fsdp_clip_grad_norm(f, 0.05, false, NULL);
   if (!rc && !overflow) rc = loom_fsdp_optim_step(f, opt, 1.0f);
   return rc;
 }

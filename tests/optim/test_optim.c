@@ -1,8 +1,8 @@
 /* test_optim.c: the optimizers' own properties: hand-computed updates from the formulas, every
  * SIMD level bit-identical to the scalar reference (random data, ragged lengths, every flag),
  * segments (one arena = its pieces), state save/restore continuing bit-identically, config
- * validation messages, clipping of non-finite norms, schedules, f32 master weights, and
- * out-of-memory sweeps of the create paths. */
+ * validation messages, schedules, f32 master weights, and out-of-memory sweeps of the create
+ * paths. Clipping is test_clip.c's. */
 #include "lt.h"
 #include "optim/optim_int.h"
 
@@ -105,8 +105,10 @@ LT_TEST(kernels_every_level_bitwise_equal_to_scalar) {
           (r ? k : ref)->sgd(&s, p[r] + off, g + off, m[r] + off, n);
         }
         LT_TRUE(memcmp(p[0], p[1], sizeof p0) == 0 && memcmp(m[0], m[1], sizeof m0) == 0);
-        double s0 = ref->sumsq(g + off, n), s1 = k->sumsq(g + off, n);
-        LT_TRUE(memcmp(&s0, &s1, sizeof s0) == 0);
+        double l0[16], l1[16]; /* the lanes carry on from what they hold */
+        for (int j = 0; j < 16; j++) l0[j] = l1[j] = 0.25 * j;
+        ref->sumsq(l0, g + off, n), k->sumsq(l1, g + off, n);
+        LT_TRUE(memcmp(l0, l1, sizeof l0) == 0);
         for (int r = 0; r < 2; r++) {
           memcpy(p[r], p0, sizeof p0);
           (r ? k : ref)->scale(p[r] + off, 0.37f, n);
@@ -115,16 +117,6 @@ LT_TEST(kernels_every_level_bitwise_equal_to_scalar) {
       }
   }
   if (!tested) lt_skip("no SIMD level on this CPU");
-}
-
-LT_TEST(sumsq_close_to_double_reference) {
-  enum { N = 4099 };
-  static float g[N];
-  fill(g, N, 3);
-  double want = 0;
-  for (int i = 0; i < N; i++) want += (double)g[i] * g[i];
-  LT_NEAR(loom_grad_sumsq(g, N), want, 1e-12 * want);
-  LT_NEAR(loom_grad_sumsq(NULL, 0), 0, 0);
 }
 
 /* Stepping two segments equals stepping their concatenation: a shard is a shorter buffer. */
@@ -295,32 +287,6 @@ LT_TEST(create_and_call_errors) {
   LT_OK(loom_optim_create_sgd(NULL, 0, &(loom_sgd_cfg){.lr = 0.1}, &o));
   LT_OK(loom_optim_step(o));
   loom_optim_free(o);
-}
-
-LT_TEST(clip_nonfinite_norm) {
-  float p[3] = {0}, g[3] = {1.0f, INFINITY, 2.0f};
-  loom_param_seg s = {.param = p, .grad = g, .n = 3};
-  float norm = 0;
-  LT_ERR(loom_clip_grad_norm(&s, 1, 1.0, true, &norm), LOOM_EINVAL, "total norm is inf");
-  LT_TRUE(isinf(norm));
-  LT_NEAR(g[0], 1.0, 0); /* untouched */
-  /* as PyTorch: coef = 1/(inf) * max = 0, so finite grads go to 0 and inf to nan */
-  LT_OK(loom_clip_grad_norm(&s, 1, 1.0, false, &norm));
-  LT_NEAR(g[0], 0, 0);
-  LT_TRUE(isnan(g[1]));
-  g[0] = NAN, g[1] = 1, g[2] = 1;
-  LT_ERR(loom_clip_grad_norm(&s, 1, 1.0, true, &norm), LOOM_EINVAL, "total norm is nan");
-  LT_TRUE(isnan(norm));
-  LT_TRUE(isnan(loom_clip_coef(NAN, 1.0)));
-  LT_NEAR(loom_clip_coef(0.5f, 1.0), 1.0, 0);  /* clamped */
-  LT_NEAR(loom_clip_coef(4.0f, 1.0), 0.25, 1e-7);
-  LT_ERR(loom_clip_grad_norm(&s, 1, -1.0, false, NULL), LOOM_EINVAL, "max_norm = -1");
-  /* a norm below max_norm leaves gradients bit for bit (coef 1) */
-  float h[2] = {0.3f, 0.4f};
-  loom_param_seg t = {.param = p, .grad = h, .n = 2};
-  LT_OK(loom_clip_grad_norm(&t, 1, 10.0, true, &norm));
-  LT_NEAR(norm, 0.5, 1e-7);
-  LT_NEAR(h[0], 0.3f, 0);
 }
 
 LT_TEST(lr_schedules) {

@@ -160,7 +160,8 @@ LT_TEST(clip_scaled_equals_clip_after_unscale) {
           for (int i = 0; i < N; i++) gun[i] = graw[i] * inv;
           loom_param_seg sa = {.param = pa, .grad = gun, .n = N};
           loom_param_seg sb = {.param = pb, .grad = graw, .n = N};
-          float na = 0, nb = 0, gs = 0;
+          double na = 0, nb = 0;
+          float gs = 0;
           LT_OK(loom_clip_grad_norm(&sa, 1, max_norms[mi], true, &na));
           LT_OK(loom_clip_grad_norm_scaled(&sb, 1, max_norms[mi], inv, true, &nb, &gs));
           LT_TRUE(memcmp(&na, &nb, sizeof na) == 0);
@@ -177,7 +178,8 @@ LT_TEST(clip_scaled_equals_clip_after_unscale) {
 }
 
 LT_TEST(clip_scaled_errors_and_nonfinite) {
-  float g[3] = {3.0f * 1024, 4.0f * 1024, 0.0f}, norm = 0, gs = 0;
+  float g[3] = {3.0f * 1024, 4.0f * 1024, 0.0f}, gs = 0;
+  double norm = 0;
   loom_param_seg s = {.grad = g, .n = 3};
   LT_OK(loom_clip_grad_norm_scaled(&s, 1, 1.0, 1.0f / 1024, true, &norm, &gs));
   LT_NEAR(norm, 5.0, 0);

@@ -119,7 +119,7 @@ LT_TEST(clip_grad_norm_matches_torch) {
   float pa[3] = {0}, pb[2] = {0};
   float a[3] = {3.0f, -4.0f, 1.0f}, b[2] = {0.5f, 2.0f};
   loom_param_seg segs[2] = {{.param = pa, .grad = a, .n = 3}, {.param = pb, .grad = b, .n = 2}};
-  float norm = 0;
+  double norm = 0;
   LT_OK(loom_clip_grad_norm(segs, 2, 2.0, false, &norm));
   LT_NEAR(norm, clip_norm, 0);
   for (int i = 0; i < 3; i++) LT_NEAR(a[i], clip_a[i], 1e-7);
