@@ -168,9 +168,10 @@ int loom_step_apply(loom_step *st, loom_step_result *out) {
   if (f) rc = mp && loom_fsdp_mp_scaler(mp) ? loom_fsdp_check_overflow(f, &r.skipped) : LOOM_OK;
   else rc = unscale_replicated(st, &r.skipped);
   /* 2. clipping */
-  if (!rc && st->cfg.clip && !r.skipped)
-    rc = f ? loom_fsdp_clip_grad_norm(f, st->cfg.max_norm, st->cfg.error_if_nonfinite, &r.grad_norm)
-           : clip_replicated(st, &r.grad_norm);
+  if (!rc && st->cfg.clip && !r.skipped && f)
+    rc = loom_fsdp_clip_grad_norm(f, st->cfg.max_norm, st->cfg.error_if_nonfinite, &r.grad_norm);
+  else if (!rc && st->cfg.clip && !r.skipped)
+    rc = clip_replicated(st, &r.grad_norm);
   /* 3. the optimizer step */
   if (!rc && !r.skipped) rc = f ? loom_fsdp_optim_step(f, st->cfg.optim, 1.0f)
                                 : loom_optim_step(st->cfg.optim);
