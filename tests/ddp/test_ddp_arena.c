@@ -112,7 +112,7 @@ static int rank_fn(loom_pg *pg, void *arg) {
     loom_tensor_free(x), loom_tensor_free(y), loom_tensor_free(logits), loom_tensor_free(loss);
     if (rc) goto done;
   }
-  r->nweights = numel;
+  if (rank == 0) r->nweights = numel; /* one writer: the ranks are threads */
   r->weights[rank] = malloc(numel * sizeof(float));
   if (!r->weights[rank]) TRY(LOOM_ENOMEM);
   memcpy(r->weights[rank], loom_tensor_data(wa), numel * sizeof(float));
