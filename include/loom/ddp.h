@@ -38,6 +38,7 @@
 #define LOOM_DDP_H
 
 #include "loom/dist.h"
+#include "loom/optim.h"
 #include "loom/tensor.h"
 
 #include <stdbool.h>
@@ -174,6 +175,15 @@ int loom_ddp_any(loom_ddp *d, bool local, bool *global);
 int loom_ddp_stats_get(const loom_ddp *d, loom_ddp_stats *out);
 /* The bucket manager DDP runs on (borrowed). */
 loom_bucket_manager *loom_ddp_buckets(loom_ddp *d);
+
+/* One optimizer segment per bucket, as loom_fsdp_segments gives one per unit: the bucket's
+ * gradient buffer and the run of the parameters that matches it ("bucket.<i>"; *segs borrowed,
+ * valid while d lives). They exist when every bucket is f32 and its parameters lie at the same
+ * offsets as its gradients (a module's arenas under the default bucket policy: the buckets are
+ * views of the gradient arena); the alignment padding inside them is zero in both and stays
+ * zero. LOOM_ENOSYS otherwise (build the optimizer over loom_module_arena or the parameters),
+ * naming the first bucket that does not fit. */
+int loom_ddp_segments(loom_ddp *d, const loom_param_seg **segs, size_t *n);
 
 #ifdef __cplusplus
 }

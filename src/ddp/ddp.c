@@ -7,6 +7,7 @@
 #include "core/tensor_int.h"
 #include "loom/autograd.h"
 
+#include <stdio.h>
 #include <string.h>
 
 typedef struct param_slot {
@@ -31,6 +32,8 @@ struct loom_ddp {
   double t_first_launch;
   uint64_t control_collectives;
   loom_ddp_stats stats;
+  loom_param_seg *segs; /* loom_ddp_segments, made at the first call */
+  char (*seg_names)[32];
 };
 
 void loom_ddp_cfg_default(loom_ddp_cfg *cfg) {
@@ -195,6 +198,54 @@ int loom_ddp_stats_get(const loom_ddp *d, loom_ddp_stats *out) {
 
 loom_bucket_manager *loom_ddp_buckets(loom_ddp *d) { return d ? d->m : NULL; }
 
+/* Bucket b as a segment: its gradients, and the parameters that sit at the same offsets. */
+static int bucket_segment(loom_ddp *d, size_t b, loom_param_seg *out) {
+  static const char *who = "loom_ddp_segments";
+  loom_bucket_info info;
+  int rc = loom_bucket_manager_info(d->m, b, &info);
+  if (rc) return rc;
+  if (info.dtype != LOOM_F32)
+    return loom__fail(LOOM_ENOSYS, "%s: bucket %zu holds %s gradients; optimizers step f32", who,
+                      b, loom_dtype_name(info.dtype));
+  float *grad = loom_tensor_data(info.buffer), *param = NULL;
+  for (size_t k = 0; k < info.count; k++) {
+    size_t g = info.grads[k], off = info.offsets[k];
+    float *p = (float *)loom_tensor_data(d->params[g]) - off;
+    if ((k && p != param) || (float *)loom_tensor_data(d->m->grads[g]) != grad + off)
+      return loom__fail(LOOM_ENOSYS, "%s: bucket %zu: parameter %zu%s%s%s does not sit at its "
+                        "gradient's offset in one parameter buffer; build the optimizer over "
+                        "loom_module_arena or the parameters", who, b, g,
+                        d->names[g] ? " (" : "", d->names[g] ? d->names[g] : "",
+                        d->names[g] ? ")" : "");
+    param = p;
+  }
+  snprintf(d->seg_names[b], sizeof d->seg_names[b], "bucket.%zu", b);
+  *out = (loom_param_seg){d->seg_names[b], param, grad, loom_tensor_numel(info.buffer), 0};
+  return LOOM_OK;
+}
+
+int loom_ddp_segments(loom_ddp *d, const loom_param_seg **segs, size_t *n) {
+  if (!d || !segs || !n) return loom__fail(LOOM_EINVAL, "loom_ddp_segments: NULL argument");
+  size_t nb = loom_bucket_manager_count(d->m);
+  int rc = LOOM_OK;
+  if (!d->segs) {
+    loom_param_seg *v = loom__calloc(LOOM_POOL_HOST, nb ? nb : 1, sizeof *v);
+    d->seg_names = loom__calloc(LOOM_POOL_HOST, nb ? nb : 1, sizeof *d->seg_names);
+    if (!v || !d->seg_names) rc = loom__fail(LOOM_ENOMEM, "loom_ddp_segments: out of memory");
+    for (size_t b = 0; b < nb && !rc; b++) rc = bucket_segment(d, b, &v[b]);
+    if (rc) {
+      loom__free(v);
+      loom__free(d->seg_names);
+      d->seg_names = NULL;
+      return rc;
+    }
+    d->segs = v;
+  }
+  *segs = d->segs;
+  *n = nb;
+  return LOOM_OK;
+}
+
 void loom_ddp_free(loom_ddp *d) {
   if (!d) return;
   if (d->m) loom_bucket_manager_wait_all(d->m);
@@ -211,6 +262,8 @@ void loom_ddp_free(loom_ddp *d) {
   loom__free(d->hook_ids);
   loom__free(d->pending);
   loom__free(d->ready);
+  loom__free(d->segs);
+  loom__free(d->seg_names);
   loom_bucket_manager_free(d->m);
   loom__free(d);
 }

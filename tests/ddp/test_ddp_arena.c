@@ -2,7 +2,8 @@
  * arena (loom_module_arena, the recipe nn.h recommends) trains under DDP, and ends with the
  * same bits as one built over per-parameter segments, under both bucket policies: with the
  * default policy each bucket is a view of the module's gradient arena (no second buffer),
- * with largest-first the gradients stay where they are and are copied in and out. A failed
+ * with largest-first the gradients stay where they are and are copied in and out; and as one
+ * built over loom_ddp_segments (a segment per bucket). A failed
  * bucket reduction is reported by every later test and wait of the bucket. */
 #include "lt.h"
 #include "loom/ddp.h"
@@ -23,7 +24,7 @@
 enum { RANKS = 2, ROWS = 8, STEPS = 12, IN = 12, CLASSES = 4 };
 static const int64_t SIZES[] = {IN, 24, 16, CLASSES};
 
-typedef enum opt_over { OVER_ARENA, OVER_PARAMS } opt_over;
+typedef enum opt_over { OVER_ARENA, OVER_PARAMS, OVER_BUCKETS } opt_over;
 
 typedef struct run {
   opt_over over;
@@ -32,6 +33,7 @@ typedef struct run {
   size_t nweights;
   double loss_first, loss_last; /* rank 0 */
   bool buckets_in_arena;        /* rank 0: every bucket's buffer lies inside the gradient arena */
+  int segments_rc;              /* OVER_BUCKETS: what loom_ddp_segments said */
 } run;
 
 /* This rank's batch of step s: a deterministic pattern, different on each rank. */
@@ -78,13 +80,21 @@ static int rank_fn(loom_pg *pg, void *arg) {
   }
   loom_adam_cfg ac = loom_adam_cfg_default();
   ac.lr = 0.01;
-  TRY(loom_optim_create_adam(segs, nseg, &ac, &opt));
+  if (r->over != OVER_BUCKETS) TRY(loom_optim_create_adam(segs, nseg, &ac, &opt));
   loom_ddp_cfg dc;
   loom_ddp_cfg_default(&dc);
   dc.buckets.policy = r->policy;
   dc.buckets.first_bucket_bytes = 512; /* several buckets for this small model */
   dc.buckets.bucket_bytes = 1024;
   TRY(loom_ddp_create(pg, params, NULL, np, &dc, &ddp));
+  if (r->over == OVER_BUCKETS) { /* one segment per bucket, as FSDP gives one per unit */
+    const loom_param_seg *bsegs = NULL;
+    size_t nb = 0;
+    rc = loom_ddp_segments(ddp, &bsegs, &nb);
+    if (rank == 0) r->segments_rc = rc;
+    TRY(rc);
+    TRY(loom_optim_create_adam(bsegs, nb, &ac, &opt));
+  }
   if (rank == 0) { /* where the buckets live */
     loom_bucket_manager *bm = loom_ddp_buckets(ddp);
     const char *lo = loom_tensor_data(ga), *hi = lo + numel * sizeof(float);
@@ -129,6 +139,15 @@ static run train(opt_over over, loom_bucket_policy policy) {
   return r;
 }
 
+/* Largest-first buckets over an arena are buffers of their own (gradients copied in and out):
+ * no bucket segments, and a message that says what to use instead. */
+LT_TEST(ddp_segments_refused_where_buckets_are_not_views_of_the_arena) {
+  run r = {.over = OVER_BUCKETS, .policy = LOOM_BUCKET_LARGEST_FIRST};
+  LT_ERR(loom_threads_run(RANKS, NULL, rank_fn, &r), LOOM_ENOSYS, "loom_module_arena");
+  LT_EQ(r.segments_rc, LOOM_ENOSYS);
+  for (int k = 0; k < RANKS; k++) free(r.weights[k]);
+}
+
 static void run_free(run *r) {
   for (int k = 0; k < RANKS; k++) free(r->weights[k]);
 }
@@ -145,6 +164,7 @@ LT_TEST(ddp_optimizer_over_the_arena_trains_and_matches_per_parameter_segments) 
     opt_over over;
     loom_bucket_policy policy;
   } cases[] = {{OVER_ARENA, LOOM_BUCKET_REVERSE_ORDER},
+               {OVER_BUCKETS, LOOM_BUCKET_REVERSE_ORDER},
                {OVER_ARENA, LOOM_BUCKET_LARGEST_FIRST},
                {OVER_PARAMS, LOOM_BUCKET_LARGEST_FIRST}};
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
