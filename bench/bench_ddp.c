@@ -1,13 +1,15 @@
 /* bench_ddp.c: DDP on the threads backend, 2 ranks, in two parts.
  *
  * Overlap (MLP 784-4096-4096-4096-10, batch 64 per rank, f32): the same training step with
- *   - DDP as loom runs it (reverse-order buckets launched from the gradient hooks, gradients
- *     views into the bucket buffers),
+ *   - DDP as loom runs it (reverse-order buckets launched from the gradient hooks, the buckets
+ *     views of the module's gradient arena),
  *   - the specification's eager path as it is written (its Option 1 and usage example): a
  *     bucket manager over the parameters' own gradients, largest-first buckets; after
  *     backward, prepare (copy in) and reduce every bucket, wait for all, copy back all,
- *   - the same eager order on loom's views (loom_ddp with overlap off, largest-first buckets):
- *     no copies, so against the overlapped path it isolates what overlap alone gains,
+ *   - loom's buckets reduced eagerly (loom_ddp with overlap off, the same reverse-order buckets,
+ *     views of the arena): no copies, so against the overlapped path it isolates what overlap
+ *     alone gains (before loom's buckets were views of the arena this line used largest-first
+ *     buckets; over an arena those are copied in and out now, ddp.h),
  *   - no bucketing (a bucket per parameter, launched from the hooks),
  * reporting collectives per step, the step time, the communication time, the exposed
  * communication (waiting after backward's compute ended) and when the first bucket was
@@ -207,9 +209,9 @@ static void overlap_part(int steps) {
   eager.spec_eager = true;
   eager.ddp.overlap = false;
   eager.ddp.buckets.policy = LOOM_BUCKET_LARGEST_FIRST;
-  config eager_views = eager;
+  config eager_views = overlap;
   eager_views.name = "eager (loom views)";
-  eager_views.spec_eager = false;
+  eager_views.ddp.overlap = false;
   config unbucketed = overlap;
   unbucketed.name = "unbucketed (per param)";
   unbucketed.ddp.buckets.bucket_bytes = 1;

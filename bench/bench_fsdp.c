@@ -6,7 +6,8 @@
  * batch 64 per rank of seeded random data, cross-entropy (mean), AdamW (loom_adamw_cfg_default),
  * each rank on one compute thread (loom_pg_compute_threads: 2 cores shared out). A step:
  *   DDP:  zero grads (lazy, as bench_ddp), forward, loss, backward, loom_ddp_finish, AdamW over
- *         each parameter's data and loom_tensor_grad (the bucket views loom_ddp_create made);
+ *         each parameter's data and loom_tensor_grad (in the module's gradient arena, which DDP's
+ *         buckets are views of);
  *   FSDP: forward, loss, backward, loom_fsdp_finish, AdamW over loom_fsdp_segments (the shards).
  * FSDP runs with its defaults (one unit per Linear, reshard after forward, one local gradient
  * at a time) with prefetch 1 (the default: forward_prefetch = backward_prefetch = 1) and
@@ -172,7 +173,7 @@ static int rank_main(loom_pg *pg, void *arg) {
     loom_ddp_cfg dc;
     loom_ddp_cfg_default(&dc);
     BENCH_CHECK(loom_ddp_create(pg, params, NULL, np, &dc, &d));
-    for (size_t i = 0; i < np; i++) /* after loom_ddp_create: the gradients are bucket views */
+    for (size_t i = 0; i < np; i++) /* the arena's gradients: DDP's buckets view them */
       segs[i] = (loom_param_seg){NULL, loom_tensor_data(params[i]),
                                  loom_tensor_data(loom_tensor_grad(params[i])),
                                  loom_tensor_numel(params[i]), 0};
