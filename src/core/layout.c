@@ -38,6 +38,12 @@ size_t loom__layout_padded(loom__layout *l, size_t world) {
   return padded;
 }
 
+bool loom__layout_slice(size_t offset, size_t numel, size_t lo, size_t hi, size_t *a, size_t *b) {
+  *a = offset > lo ? offset : lo;
+  *b = offset + numel < hi ? offset + numel : hi;
+  return *a < *b;
+}
+
 int loom_layout_plan(loom_dtype dt, const size_t *numel, size_t n, size_t world, size_t *offsets,
                      loom_layout_info *out) {
   static const char *who = "loom_layout_plan";

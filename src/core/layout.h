@@ -23,4 +23,10 @@ size_t loom__layout_add(loom__layout *l, size_t numel);
  * l->overflow on overflow). */
 size_t loom__layout_padded(loom__layout *l, size_t world);
 
+/* Rank r's shard of a layout of `padded` elements is [r * shard, (r + 1) * shard). The part of a
+ * tensor placed at [offset, offset + numel) that falls in the shard [lo, hi): true with
+ * [*a, *b) its range in the layout (elements *a - offset of the tensor sit at *a - lo of the
+ * shard), false if the shard holds none of it. */
+bool loom__layout_slice(size_t offset, size_t numel, size_t lo, size_t hi, size_t *a, size_t *b);
+
 #endif

@@ -3,6 +3,7 @@
  * back), free, and the per-shard services the optimizer step needs (segments, a flag over
  * ranks, global gradient-norm clipping, statistics). */
 #include "fsdp/fsdp_int.h"
+#include "core/layout.h"
 #include "dist/peers.h"
 #include "fsdp/offload_store.h"
 
@@ -101,8 +102,8 @@ static int make_shards(fsdp_unit *u, int rank) {
   size_t lo = (size_t)rank * u->shard, hi = lo + u->shard;
   for (size_t i = 0; i < u->nparams; i++) {
     const fsdp_param *fp = &u->params[i];
-    size_t a = fp->offset > lo ? fp->offset : lo, b = fp->offset + fp->numel < hi ? fp->offset + fp->numel : hi;
-    if (a >= b) continue;
+    size_t a, b;
+    if (!loom__layout_slice(fp->offset, fp->numel, lo, hi, &a, &b)) continue;
     const float *src = loom_tensor_data(fp->p->value);
     memcpy(u->param_shard + (a - lo), src + (a - fp->offset), (b - a) * sizeof(float));
   }

@@ -2,6 +2,7 @@
  * and copied out on rank 0 with the module's PyTorch names (what model.safetensors holds), and
  * the way back: each rank takes its shard's part of every parameter from a full state. */
 #include "fsdp/fsdp_int.h"
+#include "core/layout.h"
 
 #include <string.h>
 
@@ -84,9 +85,8 @@ int loom_fsdp_load_full_state(loom_fsdp *f, const loom_named_tensor *state, size
     fsdp_param *fp = f->by_index[i];
     fsdp_unit *u = fp->unit;
     size_t lo = (size_t)f->rank * u->shard, hi = lo + u->shard;
-    size_t a = fp->offset > lo ? fp->offset : lo;
-    size_t b = fp->offset + fp->numel < hi ? fp->offset + fp->numel : hi;
-    if (a >= b) continue;
+    size_t a, b;
+    if (!loom__layout_slice(fp->offset, fp->numel, lo, hi, &a, &b)) continue;
     loom_tensor *src = by_param[i]->tensor, *c = NULL;
     rc = loom_tensor_contiguous(src, &c);
     if (!rc) rc = loom_convert((const char *)loom_tensor_data(c) + (a - fp->offset) * loom_dtype_size(loom_tensor_dtype(c)),
