@@ -48,22 +48,9 @@ int loom_backward_queue_callback(int (*fn)(void *ctx), void *ctx) {
 /* ---- helpers ------------------------------------------------------------------------- */
 
 void loom__accumulate_f32(loom_tensor *dst, const float *src, size_t n) {
-  void *d = loom_tensor_data(dst);
-  if (dst->dtype == LOOM_F32) {
-    float *f = d;
-    for (size_t i = 0; i < n; i++) f[i] += src[i];
-    return;
-  }
-  float buf[512];
-  uint16_t *h = d;
-  for (size_t i = 0; i < n; i += 512) {
-    size_t k = n - i < 512 ? n - i : 512;
-    if (dst->dtype == LOOM_BF16) loom_cvt_bf16_to_f32(h + i, buf, k);
-    else loom_cvt_f16_to_f32(h + i, buf, k);
-    for (size_t j = 0; j < k; j++) buf[j] += src[i + j];
-    if (dst->dtype == LOOM_BF16) loom_cvt_f32_to_bf16(buf, h + i, k);
-    else loom_cvt_f32_to_f16(buf, h + i, k);
-  }
+  loom__f32_iter it;
+  for (loom__f32_begin(&it, loom_tensor_data(dst), dst->dtype, n); loom__f32_next(&it);)
+    for (size_t j = 0; j < it.k; j++) it.p[j] += src[it.off + j];
 }
 
 /* Add gradient g (f32, contiguous, retained by the caller's reference which this takes) into

@@ -4,7 +4,6 @@
 #include "autograd/autograd_int.h"
 
 #include <string.h>
-#include <time.h>
 
 static _Thread_local int no_grad_depth;
 
@@ -176,12 +175,6 @@ void loom__bound_zero(loom__meta *m) {
 
 static _Thread_local double bound_seconds;
 static _Thread_local uint64_t bound_count;
-
-double loom__bound_clock(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 void loom__bound_spent(double seconds) {
   bound_seconds += seconds;

@@ -17,15 +17,6 @@ const loom__reduce_kernels *loom__reduce_kernels_for(loom_cpu_level level) {
   }
 }
 
-void loom__widen(loom_dtype dt, const void *src, float *dst, size_t n) {
-  if (dt == LOOM_F16) loom_cvt_f16_to_f32(src, dst, n);
-  else loom_cvt_bf16_to_f32(src, dst, n);
-}
-void loom__narrow(loom_dtype dt, const float *src, void *dst, size_t n) {
-  if (dt == LOOM_F16) loom_cvt_f32_to_f16(src, dst, n);
-  else loom_cvt_f32_to_bf16(src, dst, n);
-}
-
 void loom__reduce(void *dst, const void *const *srcs, int nsrc, size_t n, loom_dtype dt,
                   loom_redop op) {
   loom__reduce_to_all(&dst, 1, srcs, nsrc, n, dt, op);

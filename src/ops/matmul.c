@@ -190,7 +190,7 @@ __attribute__((optimize("O3"))) static void col_sums(const float *restrict g, in
  * t0, as the cost of tracking (loom_grad_bound_cost). */
 static void bound_written(const loom__sink *s, double t0, double r, double a, double b) {
   loom__sink_bound(s, a == INFINITY || b == INFINITY ? INFINITY : r * a * b);
-  loom__bound_spent(loom__bound_clock() - t0);
+  loom__bound_spent(loom__now() - t0);
 }
 
 static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
@@ -210,7 +210,7 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
     LOOM_TRY(loom__grad_dst_sink(n, 2, gin, &dst, &beta, &sb));
     col_sums(loom__f(g), R, O, dst, beta);
     if (sb.bound_wanted) { /* each sum adds at most R * max|G| */
-      double t0 = loom__bound_clock();
+      double t0 = loom__now();
       gmax = loom__absmax(loom__f(g), LOOM_F32, (size_t)(R * O));
       bound_written(&sb, t0, (double)R, gmax, 1.0);
     }
@@ -221,7 +221,7 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
                   false, 0, dst, 0, beta));
     if (sw.bound_wanted) { /* each element adds at most R * max|X| * max|G| (as the GEMM saw
                               them, in dt); an inf/NaN in either makes a column or row non-finite */
-      double t0 = loom__bound_clock();
+      double t0 = loom__now();
       double gm = dt == LOOM_F32 && gmax >= 0 ? gmax
                                               : loom__absmax(loom_tensor_data(gd), dt, (size_t)(R * O));
       double xm = loom__absmax(loom_tensor_data(x), dt, (size_t)(R * I));
