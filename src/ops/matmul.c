@@ -154,14 +154,10 @@ int loom_matmul(loom_tensor *a, loom_tensor *b, loom_tensor **out) {
     LOOM_TRY(loom__node_save(nd, 0, ca));
     LOOM_TRY(loom__node_save(nd, 1, cb));
   }
-  *out = y;
-  y = NULL;
 done:
   loom_tensor_free(ca);
   loom_tensor_free(cb);
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }
 
 /* ---- linear --------------------------------------------------------------------------- */
@@ -288,13 +284,9 @@ int loom_linear(loom_tensor *x, loom_tensor *w, loom_tensor *b, loom_tensor **ou
     LOOM_TRY(loom__node_save(nd, 0, cx));
     LOOM_TRY(loom__node_save(nd, 1, cw));
   }
-  *out = y;
-  y = NULL;
 done:
   loom__fbuf_free(&fb);
   loom_tensor_free(cx);
   loom_tensor_free(cw);
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }

@@ -193,6 +193,13 @@ void loom__op_end(loom__op *c) {
   c->n = 0;
 }
 
+int loom__op_finish(loom__op *c, int rc, loom_tensor *y, loom_tensor **out) {
+  if (rc) loom_tensor_free(y);
+  else *out = y;
+  loom__op_end(c);
+  return rc;
+}
+
 int loom__op_record(loom__op *c, loom_tensor *out, loom__backward_fn bwd, loom__node **node) {
   *node = NULL;
   if (!loom__ag_needs(c->in, c->n)) return LOOM_OK;

@@ -38,6 +38,9 @@ typedef struct loom__op {
 
 int loom__op_begin(loom__op *c, loom_op_kind kind, loom_tensor *const *in, int n);
 void loom__op_end(loom__op *c);
+/* An op's single exit (after `done:` and its own frees): on success (rc == LOOM_OK) *out
+ * receives y, else y is freed; then the op ends. Returns rc. */
+int loom__op_finish(loom__op *c, int rc, loom_tensor *y, loom_tensor **out);
 
 /* Checks: required tensor (NULL -> EINVAL naming `arg`), floating dtype, same dtype. */
 int loom__check_in(const char *op, const loom_tensor *t, const char *arg);

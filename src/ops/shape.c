@@ -196,12 +196,8 @@ static int join(const char *name, loom_op_kind kind, loom_tensor *const *xs, int
     nd->i[0] = d;
     nd->i[1] = stack;
   }
-  *out = y;
-  y = NULL;
 done:
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }
 
 int loom_cat(loom_tensor *const *xs, int n, int dim, loom_tensor **out) {
