@@ -1,7 +1,7 @@
 /* op_common.c: the single dispatch point every op goes through (input checks and the
  * autocast hook), argument checks with messages, f32 staging of inputs and outputs, NumPy
  * broadcasting and the strided iteration the elementwise and reduction ops share. */
-#include "amp/autocast_int.h"
+#include "autocast/autocast_int.h"
 #include "loom/autocast.h"
 #include "ops/ops_int.h"
 

@@ -2,7 +2,7 @@
  * with saved-state tokens, the outermost region's generation (what keys the ops layer's cast
  * cache) and the hook that ends that cache; and the dispatch lookup with the thread's state.
  * Part of the autocast layer: includes only core. */
-#include "amp/autocast_int.h"
+#include "autocast/autocast_int.h"
 #include "core/core_int.h"
 
 #include <stdatomic.h>

@@ -3,7 +3,7 @@
  * time (one atomic byte per kind), the two process-wide default registries, and the lookup that
  * turns (policy, mode, input dtypes) into a target dtype. Part of the autocast layer: includes
  * only core. */
-#include "amp/autocast_int.h"
+#include "autocast/autocast_int.h"
 #include "core/core_int.h"
 
 #include <stdatomic.h>
