@@ -73,7 +73,7 @@ const loom_amp_registry *loom_autocast_get_registry(void) { return tls.registry;
 int loom_autocast_depth(void) { return tls.depth; }
 uint64_t loom_autocast_generation(void) { return tls.generation; }
 
-bool loom_autocast_dtype_for(loom_amp_op op, const loom_dtype *in, int n, loom_dtype *out) {
+bool loom_autocast_dtype_for(loom_amp_op op, const loom_dtype *in, size_t n, loom_dtype *out) {
   if (tls.mode == LOOM_AUTOCAST_OFF) return false;
   return loom_amp_registry_dtype_for(tls.registry, tls.mode, op, in, n, out);
 }
