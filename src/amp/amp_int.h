@@ -71,6 +71,11 @@ typedef struct loom__amp_kernels {
   bool (*nonfinite_bf16)(const uint16_t *x, size_t n);
 } loom__amp_kernels;
 
+/* A level's table (unscale_<level>.c), from the kernels every level's file names alike. */
+#define LOOM__AMP_KERNELS(NAME)                                                                \
+  const loom__amp_kernels NAME = {unscale_f32,   unscale_f16,   unscale_bf16,                  \
+                                  nonfinite_f32, nonfinite_f16, nonfinite_bf16}
+
 extern const loom__amp_kernels loom__amp_kernels_scalar;
 extern const loom__amp_kernels loom__amp_kernels_avx2;
 extern const loom__amp_kernels loom__amp_kernels_avx512;
@@ -78,7 +83,8 @@ extern const loom__amp_kernels loom__amp_kernels_avx512;
 /* The table of the active CPU level (loom_cpu_level_active). */
 const loom__amp_kernels *loom__amp_k(void);
 
-/* The table for a given level (tests compare each level against scalar). */
+/* The table for a given level (tests compare each level against scalar); scalar for a level
+ * the CPU lacks (core_int.h, loom__kernel_level). */
 const loom__amp_kernels *loom__amp_kernels_for(loom_cpu_level level);
 
 /* Checks a gradient list: LOOM_EINVAL for a NULL list with n > 0, each non-NULL entry a live

@@ -7,11 +7,9 @@
 #include <math.h>
 
 const loom__amp_kernels *loom__amp_kernels_for(loom_cpu_level level) {
-  switch (level) {
-  case LOOM_CPU_AVX512: return &loom__amp_kernels_avx512;
-  case LOOM_CPU_AVX2: return &loom__amp_kernels_avx2;
-  default: return &loom__amp_kernels_scalar;
-  }
+  static const loom__amp_kernels *const tables[LOOM_CPU_LEVEL_COUNT] = {
+      &loom__amp_kernels_scalar, &loom__amp_kernels_avx2, &loom__amp_kernels_avx512};
+  return tables[loom__kernel_level(level)];
 }
 
 const loom__amp_kernels *loom__amp_k(void) { return loom__amp_kernels_for(loom_cpu_level_active()); }

@@ -92,6 +92,15 @@ typedef struct loom__f32_iter {
 void loom__f32_begin(loom__f32_iter *it, void *x, loom_dtype dt, size_t n);
 bool loom__f32_next(loom__f32_iter *it);
 
+/* The kernel-table pattern of every layer with SIMD kernels: one const table per CPU level
+ * (scalar, avx2, avx512), each level's kernels in their own file compiled with that level's
+ * ISA flags (CMakeLists.txt, set_source_files_properties; no target attributes or pragmas),
+ * and one picker, tables[loom__kernel_level(level)] for a given level and
+ * tables[loom__kernel_level(loom_cpu_level_active())] for the active one. loom__kernel_level
+ * (kernels/dispatch.c) is `level` where the CPU has it, else scalar, so a level's table is
+ * never called on a CPU without its instructions. */
+loom_cpu_level loom__kernel_level(loom_cpu_level level);
+
 /* a * b into *out; false if it overflows size_t. */
 static inline bool loom__mul_ok(size_t a, size_t b, size_t *out) {
   return !__builtin_mul_overflow(a, b, out);

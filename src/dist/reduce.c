@@ -10,11 +10,9 @@
 #define BLK LOOM__REDUCE_BLK
 
 const loom__reduce_kernels *loom__reduce_kernels_for(loom_cpu_level level) {
-  switch (level) {
-  case LOOM_CPU_AVX512: return &loom__reduce_kernels_avx512;
-  case LOOM_CPU_AVX2: return &loom__reduce_kernels_avx2;
-  default: return &loom__reduce_kernels_scalar;
-  }
+  static const loom__reduce_kernels *const tables[LOOM_CPU_LEVEL_COUNT] = {
+      &loom__reduce_kernels_scalar, &loom__reduce_kernels_avx2, &loom__reduce_kernels_avx512};
+  return tables[loom__kernel_level(level)];
 }
 
 void loom__reduce(void *dst, const void *const *srcs, int nsrc, size_t n, loom_dtype dt,

@@ -42,7 +42,8 @@ extern const loom__reduce_kernels loom__reduce_kernels_scalar;
 extern const loom__reduce_kernels loom__reduce_kernels_avx2;
 extern const loom__reduce_kernels loom__reduce_kernels_avx512;
 
-/* The table of a level (scalar for anything unknown); tests compare levels with it. */
+/* The table of a level (scalar for a level the CPU lacks: core_int.h, loom__kernel_level);
+ * tests compare levels with it. */
 const loom__reduce_kernels *loom__reduce_kernels_for(loom_cpu_level level);
 
 /* a[i] = EXPR(x = a[i], y = b[i]): a full block (constant trip count, so the compiler

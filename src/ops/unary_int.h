@@ -55,7 +55,12 @@ typedef struct loom__unary_kernels_t {
   loom__relu16_bwd_fn relu16_bwd;
 } loom__unary_kernels_t;
 
-/* The table for the active CPU level, and for a given level (tests). */
+/* One table per level (unary_scalar.c, unary_avx2.c, unary_avx512.c: unary_body.h compiled
+ * three times), and the table for the active CPU level, and for a given level (tests; scalar
+ * for a level the CPU lacks). */
+extern const loom__unary_kernels_t loom__unary_kernels_scalar;
+extern const loom__unary_kernels_t loom__unary_kernels_avx2;
+extern const loom__unary_kernels_t loom__unary_kernels_avx512;
 const loom__unary_kernels_t *loom__unary_kernels(void);
 const loom__unary_kernels_t *loom__unary_kernels_level(loom_cpu_level level);
 

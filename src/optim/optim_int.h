@@ -46,9 +46,9 @@ extern const loom__optim_kernels loom__optim_kernels_scalar;
 extern const loom__optim_kernels loom__optim_kernels_avx2;
 extern const loom__optim_kernels loom__optim_kernels_avx512;
 
-/* The table of the active CPU level (loom_cpu_level_active), NULL entries filled from scalar. */
+/* The table of the active CPU level (loom_cpu_level_active); every table is full. */
 const loom__optim_kernels *loom__optim_k(void);
-/* The table of a given level (tests compare levels); scalar for a level out of range. */
+/* The table of a given level (tests compare levels); scalar for a level the CPU lacks. */
 const loom__optim_kernels *loom__optim_k_level(loom_cpu_level level);
 
 /* Scalar kernels, also used by the SIMD kernels for their ragged tails. */
