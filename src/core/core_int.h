@@ -100,6 +100,21 @@ bool loom__f32_next(loom__f32_iter *it);
  * (kernels/dispatch.c) is `level` where the CPU has it, else scalar, so a level's table is
  * never called on a CPU without its instructions. */
 loom_cpu_level loom__kernel_level(loom_cpu_level level);
+/* A layer's tables of type T, NAME_scalar, NAME_avx2 and NAME_avx512, and its two pickers,
+ * `const T *FOR(loom_cpu_level)` (scalar for a level the CPU lacks) and, for the active level,
+ * `const T *ACTIVE(void)`: declared in the layer's header with LOOM__KERNEL_TABLES, the pickers
+ * defined once in a .c file with LOOM__KERNEL_PICKERS. */
+#define LOOM__KERNEL_TABLES(T, NAME, FOR, ACTIVE)                                              \
+  extern const T NAME##_scalar, NAME##_avx2, NAME##_avx512;                                    \
+  const T *FOR(loom_cpu_level level);                                                          \
+  const T *ACTIVE(void)
+#define LOOM__KERNEL_PICKERS(T, NAME, FOR, ACTIVE)                                             \
+  const T *FOR(loom_cpu_level level) {                                                         \
+    static const T *const tables[LOOM_CPU_LEVEL_COUNT] = {&NAME##_scalar, &NAME##_avx2,        \
+                                                          &NAME##_avx512};                     \
+    return tables[loom__kernel_level(level)];                                                  \
+  }                                                                                            \
+  const T *ACTIVE(void) { return FOR(loom_cpu_level_active()); }
 
 /* a * b into *out; false if it overflows size_t. */
 static inline bool loom__mul_ok(size_t a, size_t b, size_t *out) {

@@ -26,35 +26,34 @@ static double of_bits16(uint32_t m, loom_dtype dt) {
   return f;
 }
 
-uint32_t loom__absmax32_scalar(const uint32_t *x, size_t n) {
+/* The largest sign-cleared element: one loop, for 32-bit (w32) or 16-bit elements. */
+static inline uint32_t max_scalar(const void *x, size_t n, bool w32) {
   uint32_t m = 0;
   for (size_t i = 0; i < n; i++) {
-    uint32_t v = x[i] & 0x7fffffffu;
+    uint32_t v = w32 ? ((const uint32_t *)x)[i] & 0x7fffffffu : ((const uint16_t *)x)[i] & 0x7fffu;
     m = v > m ? v : m;
   }
   return m;
 }
 
-uint32_t loom__absmax16_scalar(const uint16_t *x, size_t n) {
-  uint32_t m = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint32_t v = x[i] & 0x7fffu;
-    m = v > m ? v : m;
-  }
-  return m;
-}
+uint32_t loom__absmax32_scalar(const uint32_t *x, size_t n) { return max_scalar(x, n, true); }
+uint32_t loom__absmax16_scalar(const uint16_t *x, size_t n) { return max_scalar(x, n, false); }
 
 const loom__absmax_kernels loom__absmax_kernels_scalar = {loom__absmax32_scalar,
                                                           loom__absmax16_scalar};
 
-double loom__absmax_level(const void *p, loom_dtype dt, size_t n, loom_cpu_level level) {
-  static const loom__absmax_kernels *const tables[LOOM_CPU_LEVEL_COUNT] = {
-      &loom__absmax_kernels_scalar, &loom__absmax_kernels_avx2, &loom__absmax_kernels_avx512};
-  const loom__absmax_kernels *k = tables[loom__kernel_level(level)];
+LOOM__KERNEL_PICKERS(loom__absmax_kernels, loom__absmax_kernels, loom__absmax_kernels_for,
+                     loom__absmax_k)
+
+static double absmax(const loom__absmax_kernels *k, const void *p, loom_dtype dt, size_t n) {
   if (dt == LOOM_F32) return of_bits32(k->max32(p, n));
   return of_bits16(k->max16(p, n), dt);
 }
 
+double loom__absmax_level(const void *p, loom_dtype dt, size_t n, loom_cpu_level level) {
+  return absmax(loom__absmax_kernels_for(level), p, dt, n);
+}
+
 double loom__absmax(const void *p, loom_dtype dt, size_t n) {
-  return loom__absmax_level(p, dt, n, loom_cpu_level_active());
+  return absmax(loom__absmax_k(), p, dt, n);
 }

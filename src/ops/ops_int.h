@@ -123,9 +123,8 @@ typedef struct loom__absmax_kernels {
   uint32_t (*max32)(const uint32_t *x, size_t n);
   uint32_t (*max16)(const uint16_t *x, size_t n);
 } loom__absmax_kernels;
-extern const loom__absmax_kernels loom__absmax_kernels_scalar;
-extern const loom__absmax_kernels loom__absmax_kernels_avx2;
-extern const loom__absmax_kernels loom__absmax_kernels_avx512;
+LOOM__KERNEL_TABLES(loom__absmax_kernels, loom__absmax_kernels, loom__absmax_kernels_for,
+                    loom__absmax_k);
 uint32_t loom__absmax32_scalar(const uint32_t *x, size_t n);
 uint32_t loom__absmax16_scalar(const uint16_t *x, size_t n);
 

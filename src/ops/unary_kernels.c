@@ -3,7 +3,6 @@
  * reference, never vectorized), and with the AVX2 and AVX-512 instruction sets and the
  * vectorizer on (unary_avx2.c, unary_avx512.c). Only the table matching
  * loom_cpu_level_active() is used; tests compare every level with scalar. */
-#include "core/core_int.h"
 #include "ops/unary_int.h"
 
 static const loom__unary_def defs[LOOM__U_COUNT] = {
@@ -24,12 +23,5 @@ static const loom__unary_def defs[LOOM__U_COUNT] = {
 
 const loom__unary_def *loom__unary_def_get(loom__unary u) { return &defs[u]; }
 
-const loom__unary_kernels_t *loom__unary_kernels_level(loom_cpu_level level) {
-  static const loom__unary_kernels_t *const tables[LOOM_CPU_LEVEL_COUNT] = {
-      &loom__unary_kernels_scalar, &loom__unary_kernels_avx2, &loom__unary_kernels_avx512};
-  return tables[loom__kernel_level(level)];
-}
-
-const loom__unary_kernels_t *loom__unary_kernels(void) {
-  return loom__unary_kernels_level(loom_cpu_level_active());
-}
+LOOM__KERNEL_PICKERS(loom__unary_kernels_t, loom__unary_kernels, loom__unary_kernels_level,
+                     loom__unary_kernels)
