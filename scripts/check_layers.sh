@@ -31,7 +31,6 @@ declare -A allowed=(
 layer_of_file() { # path -> layer
   local f=$1
   case $f in
-    src/amp/autocast.c|src/amp/registry.c|src/amp/autocast_int.h) echo autocast ;;
     src/*) f=${f#src/}; echo "${f%%/*}" ;;
     include/loom/*) local h=${f#include/loom/}; echo "${header_layer[${h%.h}]:-unknown}" ;;
     *) echo public ;;
@@ -42,7 +41,6 @@ layer_of_include() { # include path -> layer
   local inc=$1
   case $inc in
     loom/*) local h=${inc#loom/}; echo "${header_layer[${h%.h}]:-unknown}" ;;
-    amp/autocast_int.h) echo autocast ;;
     */*) echo "${inc%%/*}" ;;
     *) echo local ;;
   esac

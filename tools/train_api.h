@@ -12,7 +12,6 @@
 #ifndef LOOM_TOOLS_TRAIN_API_H
 #define LOOM_TOOLS_TRAIN_API_H
 
-#include <loom/fsdp.h>
 #include <loom/loom.h>
 
 #include <stdbool.h>
@@ -21,9 +20,6 @@
 
 #define TRAIN_MAX_HIDDEN 8
 #define TRAIN_MAX_RANKS 64 /* --ranks on the threads backend */
-
-typedef struct loom_pg loom_pg; /* loom/dist.h's process group */
-typedef struct loom_pg_cfg loom_pg_cfg; /* and its configuration */
 
 typedef struct train_opts {
   const char *model;                   /* "mlp" or "cnn" */

@@ -35,27 +35,26 @@ typedef struct agree_entry {
   agree_text text;
 } agree_entry;
 
-static int64_t digest(const char *s) { /* FNV-1a */
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
-  return (int64_t)h;
-}
+/* A compared value as whole words: its text, zero-padded. */
+#define AGREE_WORDS ((sizeof ((agree_entry *)0)->value + 7) / 8)
+typedef int64_t agree_value[AGREE_WORDS];
 
-/* Compare every rank's e[0..n) with rank 0's: an all-gather of one digest per value; on a
- * difference (which every rank sees alike) an all-gather of the first differing entry's text,
- * and LOOM_EINVAL on every rank naming the lowest rank that differs and both phrases. */
+/* Compare every rank's e[0..n) with rank 0's: an all-gather of the values themselves (a few
+ * hundred bytes, compared exactly); on a difference (which every rank sees alike) an
+ * all-gather of the first differing entry's text, and LOOM_EINVAL on every rank naming the
+ * lowest rank that differs and both phrases. */
 static int agree(loom_pg *pg, const agree_entry *e, int n, const char *hint) {
   int size = loom_pg_size(pg);
-  int64_t *mine = calloc((size_t)n, sizeof *mine), *all = calloc((size_t)size * n, sizeof *all);
+  agree_value *mine = calloc((size_t)n, sizeof *mine), *all = calloc((size_t)size * n, sizeof *all);
   char *texts = NULL;
   int rc = mine && all ? LOOM_OK : train_fail(LOOM_ENOMEM, "train: out of memory");
-  for (int i = 0; !rc && i < n; i++) mine[i] = digest(e[i].value);
-  if (!rc && (rc = loom_pg_allgather(pg, mine, all, (size_t)n, LOOM_I64, NULL)))
+  for (int i = 0; !rc && i < n; i++) snprintf((char *)mine[i], sizeof mine[i], "%s", e[i].value);
+  if (!rc && (rc = loom_pg_allgather(pg, mine, all, (size_t)n * AGREE_WORDS, LOOM_I64, NULL)))
     train_fail_loom(rc, "comparing the ranks' options");
   int bad = -1, who = -1;
   for (int i = 0; !rc && bad < 0 && i < n; i++)
     for (int r = 1; who < 0 && r < size; r++)
-      if (all[(size_t)r * n + i] != all[i]) bad = i, who = r;
+      if (memcmp(all[(size_t)r * n + i], all[i], sizeof *all)) bad = i, who = r;
   if (!rc && bad >= 0) {
     int64_t send[AGREE_TEXT / 8]; /* whole aligned words (the callers zero past the text) */
     memcpy(send, e[bad].text, AGREE_TEXT);

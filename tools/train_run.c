@@ -147,7 +147,7 @@ static int make_scaler(trainer *t) {
   if (t->fsdp) return LOOM_OK; /* FSDP's mixed precision holds the scale */
   if (strcmp(o->scaler, "dynamic") == 0) {
     loom_dynamic_scaler_cfg c;
-    loom_dynamic_scaler_cfg_default(&c);
+    c = loom_dynamic_scaler_cfg_default();
     c.initial_scale = (float)o->loss_scale;
     TRY(loom_scaler_create_dynamic(&c, &t->scaler), "--scaler dynamic");
   } else if (strcmp(o->scaler, "static") == 0) {

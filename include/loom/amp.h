@@ -81,14 +81,14 @@ typedef struct loom_dynamic_scaler_cfg {
 } loom_dynamic_scaler_cfg;
 
 /* The spec's defaults (DynamicScalerConfig.CreateDefault). */
-void loom_dynamic_scaler_cfg_default(loom_dynamic_scaler_cfg *cfg);
+loom_dynamic_scaler_cfg loom_dynamic_scaler_cfg_default(void);
 /* Slower growth, lower ceiling (CreateConservative): initial 2^15, growth 2, backoff 0.5,
  * interval 5000, min 1, max 2^20. For models that overflow often: fewer skipped steps. */
-void loom_dynamic_scaler_cfg_conservative(loom_dynamic_scaler_cfg *cfg);
+loom_dynamic_scaler_cfg loom_dynamic_scaler_cfg_conservative(void);
 /* Faster growth (CreateAggressive): initial 2^16, growth 2, backoff 0.5, interval 500, min 1,
  * max 2^24. Recovers the scale four times as fast after an overflow; more skipped steps.
  * Every preset uses powers of two, so the scale stays a power of two and unscaling is exact. */
-void loom_dynamic_scaler_cfg_aggressive(loom_dynamic_scaler_cfg *cfg);
+loom_dynamic_scaler_cfg loom_dynamic_scaler_cfg_aggressive(void);
 /* A preset by name: "default", "conservative", "aggressive". LOOM_ENOTFOUND for another name,
  * LOOM_EINVAL for NULL arguments. */
 int loom_dynamic_scaler_cfg_preset(const char *name, loom_dynamic_scaler_cfg *cfg);
@@ -312,7 +312,7 @@ int loom_backward_amp_ctx(loom_tensor *loss, loom_amp_context *ctx, bool retain_
  * zero on the way. Leaves' gradients are not touched. grads[k]: a new tensor of inputs[k]'s
  * dtype and shape, or NULL when output does not depend on it. *found_inf (may be NULL): some
  * gradient is inf or NaN (the caller decides; the scaler's step is not opened or closed). */
-int loom_grad_amp(loom_tensor *output, loom_tensor *const *inputs, int n, loom_scaler *scaler,
+int loom_grad_amp(loom_tensor *output, loom_tensor *const *inputs, size_t n, loom_scaler *scaler,
                   bool retain_graph, loom_tensor **grads, bool *found_inf);
 
 /* NeedsAmpBackward: true if t requires grad and its graph holds a low-precision (f16 / bf16)

@@ -174,7 +174,7 @@ int loom_amp_registry_reset(loom_amp_registry *reg);
  * *out is set to the target if the policy gives one and left alone otherwise. Non-floating
  * dtypes in `in` are ignored. Never fails; no allocation. */
 bool loom_amp_registry_dtype_for(const loom_amp_registry *reg, loom_autocast_mode mode,
-                                 loom_amp_op op, const loom_dtype *in, int n, loom_dtype *out);
+                                 loom_amp_op op, const loom_dtype *in, size_t n, loom_dtype *out);
 
 /* ---- the thread's region (AutoCast) -------------------------------------------------------- */
 
@@ -205,7 +205,7 @@ uint64_t loom_autocast_generation(void);
 
 /* loom_amp_registry_dtype_for with this thread's mode and registry: what an op dispatching on
  * this thread must cast its floating inputs to. Lock-free; the ops layer's dispatch hook. */
-bool loom_autocast_dtype_for(loom_amp_op op, const loom_dtype *in, int n, loom_dtype *out);
+bool loom_autocast_dtype_for(loom_amp_op op, const loom_dtype *in, size_t n, loom_dtype *out);
 
 #ifdef __cplusplus
 }

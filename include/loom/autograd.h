@@ -178,7 +178,7 @@ int loom_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain_graph
  * inputs[k] (torch's allow_unused). Inputs may be leaves or op outputs; each must require grad
  * (LOOM_EINVAL). On failure every grads[k] is NULL. */
 int loom_autograd_grad(loom_tensor *output, loom_tensor *grad_output, loom_tensor *const *inputs,
-                       int n, bool retain_graph, loom_tensor **grads);
+                       size_t n, bool retain_graph, loom_tensor **grads);
 
 /* ---- custom functions --------------------------------------------------------------- */
 

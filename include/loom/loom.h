@@ -1,5 +1,5 @@
-/* loom/loom.h: the whole public API of loom, one include. Each layer's header documents its
- * own ownership and error rules; DESIGN.md is the map. */
+/* loom/loom.h: the whole public API of loom, one include: every header of include/loom/. Each
+ * layer's header documents its own ownership and error rules; DESIGN.md is the map. */
 #ifndef LOOM_LOOM_H
 #define LOOM_LOOM_H
 
@@ -16,6 +16,10 @@
 #include "loom/nn.h"
 #include "loom/rng.h"
 #include "loom/optim.h"
+#include "loom/dist.h"
+#include "loom/dist_mpi.h"
+#include "loom/ddp.h"
+#include "loom/fsdp.h"
 #include "loom/io.h"
 #include "loom/step.h"
 

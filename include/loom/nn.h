@@ -75,11 +75,11 @@ int loom_nn_max_pool2d_create(const int64_t kernel[2], const int64_t stride[2],
  * the input is contiguous). PyTorch's nn.Flatten is (1, -1). No parameters. */
 int loom_nn_flatten_create(int start_dim, int end_dim, loom_module **m);
 /* Sequential: children run in order, named "0", "1", ... Takes ownership of the n children. */
-int loom_nn_sequential_create(loom_module **children, int n, loom_module **m);
+int loom_nn_sequential_create(loom_module **children, size_t n, loom_module **m);
 /* MLP sizes[0] -> sizes[1] -> ... -> sizes[n-1]: Linear layers with `act` between them (none
  * after the last), held in a Sequential named "layers": "layers.0.weight", "layers.2.weight".
  * Layer i is seeded with seed + i. */
-int loom_nn_mlp_create(const int64_t *sizes, int n, loom_activation act, loom_dtype dt,
+int loom_nn_mlp_create(const int64_t *sizes, size_t n, loom_activation act, loom_dtype dt,
                        uint64_t seed, loom_module **m);
 
 void loom_module_free(loom_module *m);

@@ -151,8 +151,8 @@ int loom_slice(loom_tensor *x, int dim, int64_t start, int64_t end, int64_t step
 int loom_flatten(loom_tensor *x, int start_dim, int end_dim, loom_tensor **out);
 /* n tensors joined along existing dim (cat) or a new dim (stack); same dtype, and the same
  * shape apart from dim for cat. */
-int loom_cat(loom_tensor *const *xs, int n, int dim, loom_tensor **out);
-int loom_stack(loom_tensor *const *xs, int n, int dim, loom_tensor **out);
+int loom_cat(loom_tensor *const *xs, size_t n, int dim, loom_tensor **out);
+int loom_stack(loom_tensor *const *xs, size_t n, int dim, loom_tensor **out);
 
 /* ---- threads ----------------------------------------------------------------------- */
 

@@ -76,19 +76,19 @@ int loom_backward_amp_ctx(loom_tensor *loss, loom_amp_context *ctx, bool retain_
 
 /* ---- gradients with respect to inputs, through the scale ---------------------------------- */
 
-int loom_grad_amp(loom_tensor *output, loom_tensor *const *inputs, int n, loom_scaler *scaler,
+int loom_grad_amp(loom_tensor *output, loom_tensor *const *inputs, size_t n, loom_scaler *scaler,
                   bool retain_graph, loom_tensor **grads, bool *found_inf) {
   static const char *who = "loom_grad_amp";
   if (!grads) return loom__fail(LOOM_EINVAL, "%s: grads is NULL", who);
-  for (int k = 0; k < n; k++) grads[k] = NULL;
-  if (n < 1 || !inputs) return loom__fail(LOOM_EINVAL, "%s: no inputs (n = %d)", who, n);
+  for (size_t k = 0; k < n; k++) grads[k] = NULL;
+  if (n < 1 || !inputs) return loom__fail(LOOM_EINVAL, "%s: no inputs (n = %zu)", who, n);
   int rc = check_scalar_output(output, who);
   if (!rc && scaler) rc = loom__scaler_check(scaler, who);
   if (rc) return rc;
   float scale = scaler ? loom_scaler_get_scale(scaler) : 1.0f;
   loom_tensor *s = NULL, *f32[LOOM_AMP_FUNCTION_MAX_IN] = {0}, **g = f32;
   if (n > LOOM_AMP_FUNCTION_MAX_IN) {
-    g = loom__calloc(LOOM_POOL_COMPUTE, (size_t)n, sizeof *g);
+    g = loom__calloc(LOOM_POOL_COMPUTE, n, sizeof *g);
     if (!g) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
   }
   /* the gradients come back scaled in each input's dtype (where an overflow shows as inf);
@@ -96,7 +96,7 @@ int loom_grad_amp(loom_tensor *output, loom_tensor *const *inputs, int n, loom_s
   if ((rc = scale == 1.0f ? LOOM_OK : scaled(output, scale, &s))) goto done;
   if ((rc = loom_autograd_grad(s ? s : output, NULL, inputs, n, retain_graph, g))) goto done;
   bool any = false;
-  for (int k = 0; k < n; k++) {
+  for (size_t k = 0; k < n; k++) {
     bool f = false;
     if (!g[k]) continue;
     if (scale != 1.0f) rc = loom_amp_unscale_tensors(&g[k], 1, 1.0 / (double)scale, &f);
@@ -105,12 +105,12 @@ int loom_grad_amp(loom_tensor *output, loom_tensor *const *inputs, int n, loom_s
     any |= f;
   }
   if (found_inf) *found_inf = any;
-  for (int k = 0; k < n; k++) {
+  for (size_t k = 0; k < n; k++) {
     grads[k] = g[k];
     g[k] = NULL;
   }
 done:
-  for (int k = 0; k < n; k++) loom_tensor_free(g[k]);
+  for (size_t k = 0; k < n; k++) loom_tensor_free(g[k]);
   if (g != f32) loom__free(g);
   loom_tensor_free(s);
   return rc;

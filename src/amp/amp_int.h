@@ -71,15 +71,14 @@ typedef struct loom__amp_kernels {
   bool (*nonfinite_bf16)(const uint16_t *x, size_t n);
 } loom__amp_kernels;
 
-extern const loom__amp_kernels loom__amp_kernels_scalar;
-extern const loom__amp_kernels loom__amp_kernels_avx2;
-extern const loom__amp_kernels loom__amp_kernels_avx512;
+/* A level's table (unscale_<level>.c), from the kernels every level's file names alike. */
+#define LOOM__AMP_KERNELS(NAME)                                                                \
+  const loom__amp_kernels NAME = {unscale_f32,   unscale_f16,   unscale_bf16,                  \
+                                  nonfinite_f32, nonfinite_f16, nonfinite_bf16}
 
-/* The table of the active CPU level (loom_cpu_level_active). */
-const loom__amp_kernels *loom__amp_k(void);
-
-/* The table for a given level (tests compare each level against scalar). */
-const loom__amp_kernels *loom__amp_kernels_for(loom_cpu_level level);
+/* The tables, the table for a given level (tests compare each level against scalar) and the
+ * active level's (core_int.h's kernel-table pattern). */
+LOOM__KERNEL_TABLES(loom__amp_kernels, loom__amp_kernels, loom__amp_kernels_for, loom__amp_k);
 
 /* Checks a gradient list: LOOM_EINVAL for a NULL list with n > 0, each non-NULL entry a live
  * tensor of dtype f32, f16 or bf16 (LOOM_EDTYPE naming its index). */

@@ -6,9 +6,8 @@
 #include <math.h>
 #include <string.h>
 
-void loom_dynamic_scaler_cfg_default(loom_dynamic_scaler_cfg *cfg) {
-  if (!cfg) return;
-  *cfg = (loom_dynamic_scaler_cfg){.initial_scale = 65536.0f,
+loom_dynamic_scaler_cfg loom_dynamic_scaler_cfg_default(void) {
+  return (loom_dynamic_scaler_cfg){.initial_scale = 65536.0f,
                                    .growth_factor = 2.0f,
                                    .backoff_factor = 0.5f,
                                    .growth_interval = 2000,
@@ -17,24 +16,24 @@ void loom_dynamic_scaler_cfg_default(loom_dynamic_scaler_cfg *cfg) {
                                    .enabled = true};
 }
 
-void loom_dynamic_scaler_cfg_conservative(loom_dynamic_scaler_cfg *cfg) {
-  if (!cfg) return;
-  loom_dynamic_scaler_cfg_default(cfg);
-  cfg->initial_scale = 32768.0f;
-  cfg->growth_interval = 5000;
-  cfg->max_scale = 1048576.0f;
+loom_dynamic_scaler_cfg loom_dynamic_scaler_cfg_conservative(void) {
+  loom_dynamic_scaler_cfg cfg = loom_dynamic_scaler_cfg_default();
+  cfg.initial_scale = 32768.0f;
+  cfg.growth_interval = 5000;
+  cfg.max_scale = 1048576.0f;
+  return cfg;
 }
 
-void loom_dynamic_scaler_cfg_aggressive(loom_dynamic_scaler_cfg *cfg) {
-  if (!cfg) return;
-  loom_dynamic_scaler_cfg_default(cfg);
-  cfg->growth_interval = 500;
+loom_dynamic_scaler_cfg loom_dynamic_scaler_cfg_aggressive(void) {
+  loom_dynamic_scaler_cfg cfg = loom_dynamic_scaler_cfg_default();
+  cfg.growth_interval = 500;
+  return cfg;
 }
 
 int loom_dynamic_scaler_cfg_preset(const char *name, loom_dynamic_scaler_cfg *cfg) {
   static const struct {
     const char *name;
-    void (*fill)(loom_dynamic_scaler_cfg *);
+    loom_dynamic_scaler_cfg (*make)(void);
   } presets[] = {{"default", loom_dynamic_scaler_cfg_default},
                  {"conservative", loom_dynamic_scaler_cfg_conservative},
                  {"aggressive", loom_dynamic_scaler_cfg_aggressive}};
@@ -43,7 +42,7 @@ int loom_dynamic_scaler_cfg_preset(const char *name, loom_dynamic_scaler_cfg *cf
                       !name ? "name" : "cfg");
   for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
     if (strcmp(name, presets[i].name) == 0) {
-      presets[i].fill(cfg);
+      *cfg = presets[i].make();
       return LOOM_OK;
     }
   return loom__fail(LOOM_ENOTFOUND,
@@ -115,7 +114,7 @@ const loom__scaler_ops loom__scaler_dynamic_ops = {LOOM_SCALER_DYNAMIC, dynamic_
 int loom_scaler_create_dynamic(const loom_dynamic_scaler_cfg *cfg, loom_scaler **out) {
   loom_dynamic_scaler_cfg def;
   if (!cfg) {
-    loom_dynamic_scaler_cfg_default(&def);
+    def = loom_dynamic_scaler_cfg_default();
     cfg = &def;
   }
   return loom__scaler_new(&loom__scaler_dynamic_ops, cfg, out);

@@ -6,15 +6,7 @@
 
 #include <math.h>
 
-const loom__amp_kernels *loom__amp_kernels_for(loom_cpu_level level) {
-  switch (level) {
-  case LOOM_CPU_AVX512: return &loom__amp_kernels_avx512;
-  case LOOM_CPU_AVX2: return &loom__amp_kernels_avx2;
-  default: return &loom__amp_kernels_scalar;
-  }
-}
-
-const loom__amp_kernels *loom__amp_k(void) { return loom__amp_kernels_for(loom_cpu_level_active()); }
+LOOM__KERNEL_PICKERS(loom__amp_kernels, loom__amp_kernels, loom__amp_kernels_for, loom__amp_k)
 
 static bool is_grad_dtype(loom_dtype dt) {
   return dt == LOOM_F32 || dt == LOOM_F16 || dt == LOOM_BF16;

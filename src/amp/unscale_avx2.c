@@ -148,11 +148,4 @@ static bool nonfinite_bf16(const uint16_t *x, size_t n) {
   return nonfinite_h(x, n, 0x7f80, loom__amp_kernels_scalar.nonfinite_bf16);
 }
 
-const loom__amp_kernels loom__amp_kernels_avx2 = {
-    .unscale_f32 = unscale_f32,
-    .unscale_f16 = unscale_f16,
-    .unscale_bf16 = unscale_bf16,
-    .nonfinite_f32 = nonfinite_f32,
-    .nonfinite_f16 = nonfinite_f16,
-    .nonfinite_bf16 = nonfinite_bf16,
-};
+LOOM__AMP_KERNELS(loom__amp_kernels_avx2);

@@ -71,11 +71,4 @@ static bool nonfinite_h(const uint16_t *x, size_t n, uint16_t exp) {
 static bool nonfinite_f16(const uint16_t *x, size_t n) { return nonfinite_h(x, n, 0x7c00u); }
 static bool nonfinite_bf16(const uint16_t *x, size_t n) { return nonfinite_h(x, n, 0x7f80u); }
 
-const loom__amp_kernels loom__amp_kernels_scalar = {
-    .unscale_f32 = unscale_f32,
-    .unscale_f16 = unscale_f16,
-    .unscale_bf16 = unscale_bf16,
-    .nonfinite_f32 = nonfinite_f32,
-    .nonfinite_f16 = nonfinite_f16,
-    .nonfinite_bf16 = nonfinite_bf16,
-};
+LOOM__AMP_KERNELS(loom__amp_kernels_scalar);

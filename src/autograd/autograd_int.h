@@ -168,9 +168,7 @@ void loom__sink_bound(const loom__sink *s, double added);
  * gradient's bucket while the op computes its other inputs' gradients). No-op when s was not
  * granted, through pass-through nodes, or in capture mode. A hook's error is returned. */
 int loom__sink_finish(loom__node *n, int i, const loom__sink *s);
-/* A monotonic clock (seconds) for ops to time their bound reads, and where they add them up
- * (loom_grad_bound_cost). */
-double loom__bound_clock(void);
+/* Where ops add up the time (core's loom__now) their bound reads take (loom_grad_bound_cost). */
 void loom__bound_spent(double seconds);
 
 /* True if gradient g (f32, contiguous) is held by nobody else and owns its whole buffer: a

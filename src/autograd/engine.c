@@ -4,6 +4,7 @@
  * complete; runs queued callbacks at the end. */
 #include "autograd/autograd_int.h"
 
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -48,22 +49,9 @@ int loom_backward_queue_callback(int (*fn)(void *ctx), void *ctx) {
 /* ---- helpers ------------------------------------------------------------------------- */
 
 void loom__accumulate_f32(loom_tensor *dst, const float *src, size_t n) {
-  void *d = loom_tensor_data(dst);
-  if (dst->dtype == LOOM_F32) {
-    float *f = d;
-    for (size_t i = 0; i < n; i++) f[i] += src[i];
-    return;
-  }
-  float buf[512];
-  uint16_t *h = d;
-  for (size_t i = 0; i < n; i += 512) {
-    size_t k = n - i < 512 ? n - i : 512;
-    if (dst->dtype == LOOM_BF16) loom_cvt_bf16_to_f32(h + i, buf, k);
-    else loom_cvt_f16_to_f32(h + i, buf, k);
-    for (size_t j = 0; j < k; j++) buf[j] += src[i + j];
-    if (dst->dtype == LOOM_BF16) loom_cvt_f32_to_bf16(buf, h + i, k);
-    else loom_cvt_f32_to_f16(buf, h + i, k);
-  }
+  loom__f32_iter it;
+  for (loom__f32_begin(&it, loom_tensor_data(dst), dst->dtype, n); loom__f32_next(&it);)
+    for (size_t j = 0; j < it.k; j++) it.p[j] += src[it.off + j];
 }
 
 /* Add gradient g (f32, contiguous, retained by the caller's reference which this takes) into
@@ -515,20 +503,21 @@ int loom_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain_graph
 }
 
 int loom_autograd_grad(loom_tensor *output, loom_tensor *grad_output, loom_tensor *const *inputs,
-                       int n, bool retain_graph, loom_tensor **grads) {
+                       size_t n, bool retain_graph, loom_tensor **grads) {
   static const char *who = "loom_autograd_grad";
   if (!grads) return loom__fail(LOOM_EINVAL, "%s: grads is NULL", who);
-  for (int k = 0; k < n && k >= 0; k++) grads[k] = NULL;
-  if (n < 1 || !inputs) return loom__fail(LOOM_EINVAL, "%s: no inputs (n = %d)", who, n);
-  for (int k = 0; k < n; k++) {
+  for (size_t k = 0; k < n; k++) grads[k] = NULL;
+  if (n < 1 || !inputs) return loom__fail(LOOM_EINVAL, "%s: no inputs (n = %zu)", who, n);
+  if (n > INT_MAX) return loom__fail(LOOM_EINVAL, "%s: %zu inputs is too many", who, n);
+  for (size_t k = 0; k < n; k++) {
     int rc = loom_tensor_check(inputs[k], who);
     if (rc) return rc;
     if (!loom_tensor_requires_grad(inputs[k]))
-      return loom__fail(LOOM_EINVAL, "%s: input %d does not require grad", who, k);
+      return loom__fail(LOOM_EINVAL, "%s: input %zu does not require grad", who, k);
   }
-  bwd_state st = {.cap_in = inputs, .cap_out = grads, .cap_n = n};
+  bwd_state st = {.cap_in = inputs, .cap_out = grads, .cap_n = (int)n};
   int rc = run_backward(output, grad_output, retain_graph, &st);
-  for (int k = 0; k < n && rc == LOOM_OK; k++) { /* f32 -> each input's dtype */
+  for (size_t k = 0; k < n && rc == LOOM_OK; k++) { /* f32 -> each input's dtype */
     loom_tensor *c = NULL;
     if (!grads[k] || inputs[k]->dtype == LOOM_F32) continue;
     if (!(rc = loom_tensor_cast(grads[k], inputs[k]->dtype, &c))) {
@@ -536,7 +525,7 @@ int loom_autograd_grad(loom_tensor *output, loom_tensor *grad_output, loom_tenso
       grads[k] = c;
     }
   }
-  for (int k = 0; k < n && rc; k++) {
+  for (size_t k = 0; k < n && rc; k++) {
     loom_tensor_free(grads[k]);
     grads[k] = NULL;
   }

@@ -4,7 +4,6 @@
 #include "autograd/autograd_int.h"
 
 #include <string.h>
-#include <time.h>
 
 static _Thread_local int no_grad_depth;
 
@@ -112,13 +111,20 @@ int loom__tensor_set_grad_f32(loom_tensor *t, loom_tensor *grad) {
   return set_grad(t, grad, true);
 }
 
-static int set_grad(loom_tensor *t, loom_tensor *grad, bool f32_ok) {
-  static const char *who = "loom_tensor_set_grad";
+/* A live leaf tensor (LOOM_EMISUSE naming the op that made it otherwise). */
+static int check_leaf(loom_tensor *t, const char *who) {
   int rc = loom_tensor_check(t, who);
   if (rc) return rc;
   if (!loom_tensor_is_leaf(t))
     return loom__fail(LOOM_EMISUSE, "%s: the tensor is the output of %s, not a leaf", who,
                       loom_tensor_grad_fn_name(t));
+  return LOOM_OK;
+}
+
+static int set_grad(loom_tensor *t, loom_tensor *grad, bool f32_ok) {
+  static const char *who = "loom_tensor_set_grad";
+  int rc = check_leaf(t, who);
+  if (rc) return rc;
   if (grad) {
     if ((rc = loom_tensor_check(grad, who))) return rc;
     if (grad->dtype != t->dtype && !(f32_ok && grad->dtype == LOOM_F32))
@@ -177,12 +183,6 @@ void loom__bound_zero(loom__meta *m) {
 static _Thread_local double bound_seconds;
 static _Thread_local uint64_t bound_count;
 
-double loom__bound_clock(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 void loom__bound_spent(double seconds) {
   bound_seconds += seconds;
   bound_count++;
@@ -195,11 +195,8 @@ void loom_grad_bound_cost(double *seconds, uint64_t *count) {
 
 int loom_tensor_track_grad_bound(loom_tensor *t, bool on) {
   static const char *who = "loom_tensor_track_grad_bound";
-  int rc = loom_tensor_check(t, who);
+  int rc = check_leaf(t, who);
   if (rc) return rc;
-  if (!loom_tensor_is_leaf(t))
-    return loom__fail(LOOM_EMISUSE, "%s: the tensor is the output of %s, not a leaf", who,
-                      loom_tensor_grad_fn_name(t));
   loom__meta *m = loom__meta_get(t);
   if (!m) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
   if (on) m->bound_track++;

@@ -53,17 +53,21 @@ const char *loom_pool_name(loom_pool pool) {
   return (unsigned)pool < LOOM_POOL_COUNT ? names[pool] : "?";
 }
 
-int loom_mem_stats(loom_pool pool, loom_pool_stats *out) {
-  if ((unsigned)pool >= LOOM_POOL_COUNT)
-    return loom__fail(LOOM_EINVAL, "loom_mem_stats: pool %d out of range", (int)pool);
-  if (!out) return loom__fail(LOOM_EINVAL, "loom_mem_stats: out is NULL");
-  pool_counters *c = &pools[pool];
+/* A pool's (or an account's pool's) counters as the public stats. */
+static int stats_of(pool_counters *c, loom_pool_stats *out) {
   out->current_bytes = atomic_load(&c->current);
   out->peak_bytes = atomic_load(&c->peak);
   out->allocs = atomic_load(&c->allocs);
   out->frees = atomic_load(&c->frees);
   out->failures = atomic_load(&c->failures);
   return LOOM_OK;
+}
+
+int loom_mem_stats(loom_pool pool, loom_pool_stats *out) {
+  if ((unsigned)pool >= LOOM_POOL_COUNT)
+    return loom__fail(LOOM_EINVAL, "loom_mem_stats: pool %d out of range", (int)pool);
+  if (!out) return loom__fail(LOOM_EINVAL, "loom_mem_stats: out is NULL");
+  return stats_of(&pools[pool], out);
 }
 
 void loom_mem_reset_peak(loom_pool pool) {
@@ -88,13 +92,7 @@ int loom_mem_account_stats(int account, loom_pool pool, loom_pool_stats *out) {
   if ((unsigned)pool >= LOOM_POOL_COUNT)
     return loom__fail(LOOM_EINVAL, "loom_mem_account_stats: pool %d out of range", (int)pool);
   if (!out) return loom__fail(LOOM_EINVAL, "loom_mem_account_stats: out is NULL");
-  pool_counters *c = &accounts[account].pool[pool];
-  out->current_bytes = atomic_load(&c->current);
-  out->peak_bytes = atomic_load(&c->peak);
-  out->allocs = atomic_load(&c->allocs);
-  out->frees = atomic_load(&c->frees);
-  out->failures = atomic_load(&c->failures);
-  return LOOM_OK;
+  return stats_of(&accounts[account].pool[pool], out);
 }
 
 void loom_mem_account_reset_peak(int account, loom_pool pool) {

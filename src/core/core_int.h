@@ -1,5 +1,6 @@
 /* core_int.h: what the core layer shares with the layers above it (never with users):
- * failure with a message, the allocation path, and the single-exit helper. */
+ * failure with a message, the allocation path, the single-exit helper, the monotonic clock,
+ * the FNV-1a hash, and f16/bf16 widen / narrow in f32 blocks. */
 #ifndef LOOM_CORE_INT_H
 #define LOOM_CORE_INT_H
 
@@ -10,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Set this thread's last-error message (printf-style) and return `code`:
  *   return loom__fail(LOOM_ESHAPE, "matmul: inner dims %lld vs %lld", a, b); */
@@ -58,6 +60,61 @@ bool loom__alloc_should_fail(loom_pool pool);
  * NaN gives 0). */
 double loom__load_f64(const void *p, loom_dtype dt, size_t i);
 void loom__store_f64(void *p, loom_dtype dt, size_t i, double v);
+
+/* Seconds on the monotonic clock (clock.c): for intervals only, never wall time. */
+double loom__now(void);
+
+/* 64-bit FNV-1a of n bytes at p, continuing from h (hash.c): start from LOOM__FNV1A_BASIS, feed
+ * the result back in to hash several pieces as one. Not for anything an attacker chooses. */
+#define LOOM__FNV1A_BASIS 14695981039346656037ull
+uint64_t loom__fnv1a(uint64_t h, const void *p, size_t n);
+
+/* f16 / bf16 (dt) to f32 and back, n elements (dtype.c; the dispatched conversion kernels, so
+ * the round trip is exact and the narrowing rounds to nearest even once). */
+void loom__widen(loom_dtype dt, const void *src, float *dst, size_t n);
+void loom__narrow(loom_dtype dt, const float *src, void *dst, size_t n);
+
+/* x[0..n) of dtype dt (f32, f16 or bf16) seen as f32, a block at a time (dtype.c): the one
+ * widen-apply-narrow loop. f32 is one block, x itself; f16 / bf16 come in blocks of at most
+ * LOOM__F32_BLOCK elements, each widened into the iterator's buffer and rounded back once
+ * when the next block is asked for (so finish the loop: a break leaves the block unwritten).
+ *   loom__f32_iter it;
+ *   for (loom__f32_begin(&it, x, dt, n); loom__f32_next(&it);)
+ *     for (size_t j = 0; j < it.k; j++) it.p[j] *= factor;   (element it.off + j of x) */
+#define LOOM__F32_BLOCK 512
+typedef struct loom__f32_iter {
+  void *x;
+  loom_dtype dt;
+  size_t n, off, k; /* the block is x[off, off + k) */
+  float *p;         /* its f32 values */
+  float buf[LOOM__F32_BLOCK];
+} loom__f32_iter;
+void loom__f32_begin(loom__f32_iter *it, void *x, loom_dtype dt, size_t n);
+bool loom__f32_next(loom__f32_iter *it);
+
+/* The kernel-table pattern of every layer with SIMD kernels: one const table per CPU level
+ * (scalar, avx2, avx512), each level's kernels in their own file compiled with that level's
+ * ISA flags (CMakeLists.txt, set_source_files_properties; no target attributes or pragmas),
+ * and one picker, tables[loom__kernel_level(level)] for a given level and
+ * tables[loom__kernel_level(loom_cpu_level_active())] for the active one. loom__kernel_level
+ * (kernels/dispatch.c) is `level` where the CPU has it, else scalar, so a level's table is
+ * never called on a CPU without its instructions. */
+loom_cpu_level loom__kernel_level(loom_cpu_level level);
+/* A layer's tables of type T, NAME_scalar, NAME_avx2 and NAME_avx512, and its two pickers,
+ * `const T *FOR(loom_cpu_level)` (scalar for a level the CPU lacks) and, for the active level,
+ * `const T *ACTIVE(void)`: declared in the layer's header with LOOM__KERNEL_TABLES, the pickers
+ * defined once in a .c file with LOOM__KERNEL_PICKERS. */
+#define LOOM__KERNEL_TABLES(T, NAME, FOR, ACTIVE)                                              \
+  extern const T NAME##_scalar, NAME##_avx2, NAME##_avx512;                                    \
+  const T *FOR(loom_cpu_level level);                                                          \
+  const T *ACTIVE(void)
+#define LOOM__KERNEL_PICKERS(T, NAME, FOR, ACTIVE)                                             \
+  const T *FOR(loom_cpu_level level) {                                                         \
+    static const T *const tables[LOOM_CPU_LEVEL_COUNT] = {&NAME##_scalar, &NAME##_avx2,        \
+                                                          &NAME##_avx512};                     \
+    return tables[loom__kernel_level(level)];                                                  \
+  }                                                                                            \
+  const T *ACTIVE(void) { return FOR(loom_cpu_level_active()); }
 
 /* a * b into *out; false if it overflows size_t. */
 static inline bool loom__mul_ok(size_t a, size_t b, size_t *out) {

@@ -1,5 +1,6 @@
 /* dtype.c: the dtype table (names, sizes), the public conversion entry points, which call the
- * dispatched kernels, and the general any-to-any element conversion. */
+ * dispatched kernels, the general any-to-any element conversion, and the private widen /
+ * narrow helpers (one widen-apply-narrow loop for every layer). */
 #include "core/kernels/kernels.h"
 
 #include <math.h>
@@ -53,6 +54,40 @@ void loom_cvt_f32_to_f16(const float *src, uint16_t *dst, size_t n) {
 }
 void loom_cvt_f16_to_f32(const uint16_t *src, float *dst, size_t n) {
   loom__k()->cvt_f16_to_f32(src, dst, n);
+}
+
+void loom__widen(loom_dtype dt, const void *src, float *dst, size_t n) {
+  if (dt == LOOM_F16) loom_cvt_f16_to_f32(src, dst, n);
+  else loom_cvt_bf16_to_f32(src, dst, n);
+}
+
+void loom__narrow(loom_dtype dt, const float *src, void *dst, size_t n) {
+  if (dt == LOOM_F16) loom_cvt_f32_to_f16(src, dst, n);
+  else loom_cvt_f32_to_bf16(src, dst, n);
+}
+
+void loom__f32_begin(loom__f32_iter *it, void *x, loom_dtype dt, size_t n) {
+  it->x = x;
+  it->dt = dt;
+  it->n = n;
+  it->off = it->k = 0;
+  it->p = dt == LOOM_F32 ? x : it->buf;
+}
+
+bool loom__f32_next(loom__f32_iter *it) {
+  bool f32 = it->dt == LOOM_F32;
+  if (it->k) { /* the block just applied: round it back, step past it */
+    if (!f32) loom__narrow(it->dt, it->buf, (uint16_t *)it->x + it->off, it->k);
+    it->off += it->k;
+  }
+  if (it->off >= it->n) {
+    it->k = 0;
+    return false;
+  }
+  size_t left = it->n - it->off;
+  it->k = f32 ? left : left < LOOM__F32_BLOCK ? left : LOOM__F32_BLOCK;
+  if (!f32) loom__widen(it->dt, (const uint16_t *)it->x + it->off, it->buf, it->k);
+  return true;
 }
 
 static float bits_to_f32(uint32_t b) {

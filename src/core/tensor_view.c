@@ -13,6 +13,14 @@ static int norm_dim(const char *who, const loom_tensor *t, int dim, int *out) {
   return LOOM_OK;
 }
 
+/* A view's checks: out non-NULL (set to NULL), t live, dim normalised into *d. */
+static int view_begin(const char *who, loom_tensor *t, int dim, loom_tensor **out, int *d) {
+  if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
+  *out = NULL;
+  int rc = loom_tensor_check(t, who);
+  return rc ? rc : norm_dim(who, t, dim, d);
+}
+
 /* Strides for `shape` viewing t's elements, or false if t's strides do not allow a view
  * (the algorithm of torch's computeStride: merge t's dims into contiguous chunks). */
 static bool view_strides(const loom_tensor *t, int ndim, const int64_t *shape, int64_t *strides) {
@@ -131,11 +139,8 @@ int loom_tensor_transpose(loom_tensor *t, int dim0, int dim1, loom_tensor **out)
 int loom_tensor_slice(loom_tensor *t, int dim, int64_t start, int64_t end, int64_t step,
                       loom_tensor **out) {
   static const char *who = "loom_tensor_slice";
-  if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
-  *out = NULL;
-  int rc = loom_tensor_check(t, who);
-  int d = 0;
-  if (rc || (rc = norm_dim(who, t, dim, &d))) return rc;
+  int d = 0, rc = view_begin(who, t, dim, out, &d);
+  if (rc) return rc;
   if (step < 1) return loom__fail(LOOM_EINVAL, "%s: step %lld must be >= 1", who, (long long)step);
   int64_t n = t->shape[d];
   if (start < 0) start += n;
@@ -156,11 +161,8 @@ int loom_tensor_slice(loom_tensor *t, int dim, int64_t start, int64_t end, int64
 int loom_tensor_narrow(loom_tensor *t, int dim, int64_t start, int64_t length,
                        loom_tensor **out) {
   static const char *who = "loom_tensor_narrow";
-  if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
-  *out = NULL;
-  int rc = loom_tensor_check(t, who);
-  int d = 0;
-  if (rc || (rc = norm_dim(who, t, dim, &d))) return rc;
+  int d = 0, rc = view_begin(who, t, dim, out, &d);
+  if (rc) return rc;
   if (start < 0 || length < 0 || start > t->shape[d] || length > t->shape[d] - start)
     return loom__fail(LOOM_EINVAL, "%s: range [%lld, %lld) out of bounds for dim %d of size %lld",
                       who, (long long)start, (long long)(start + length), d,

@@ -12,9 +12,7 @@
 #include <time.h>
 
 double loom__ddp_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+  return loom__now();
 }
 
 void loom_bucket_manager_free(loom_bucket_manager *m) {
@@ -285,21 +283,11 @@ bool loom__bucket_wire_narrows(const loom_bucket_manager *m, size_t bucket) {
 }
 
 void loom__bucket_scale(loom_bucket_manager *m, size_t bucket, float factor) {
-  loom_tensor *buf = m->b[bucket].buffer;
-  size_t n = m->plan.numel[bucket];
-  if (m->plan.dtype[bucket] == LOOM_F32) {
-    float *x = loom_tensor_data(buf);
-    for (size_t i = 0; i < n; i++) x[i] *= factor;
-    return;
-  }
-  uint16_t *h = loom_tensor_data(buf); /* f16 / bf16: in f32 blocks, rounded once */
-  float tmp[256];
-  for (size_t i = 0; i < n; i += 256) {
-    size_t k = n - i < 256 ? n - i : 256;
-    loom_convert(h + i, m->plan.dtype[bucket], tmp, LOOM_F32, k);
-    for (size_t j = 0; j < k; j++) tmp[j] *= factor;
-    loom_convert(tmp, LOOM_F32, h + i, m->plan.dtype[bucket], k);
-  }
+  loom__f32_iter it; /* f16 / bf16: in f32 blocks, rounded once */
+  loom__f32_begin(&it, loom_tensor_data(m->b[bucket].buffer), m->plan.dtype[bucket],
+                  m->plan.numel[bucket]);
+  while (loom__f32_next(&it))
+    for (size_t j = 0; j < it.k; j++) it.p[j] *= factor;
 }
 
 int loom_bucket_reduce_async(loom_bucket_manager *m, size_t bucket, loom_redop op) {

@@ -1,6 +1,6 @@
 /* dist_int.h: what the dist layer's generic part (pg.c, collectives.c, work.c, reduce.c,
- * clock.c, wait.c) shares with its backends (threads/, mpi/): the group object, the collective
- * descriptor, the backend vtable, reduction kernels and the clock. Private to src/dist/. */
+ * copy.c, wait.c) shares with its backends (threads/, mpi/): the group object, the collective
+ * descriptor, the backend vtable, reduction kernels and the bulk copy. Private to src/dist/. */
 #ifndef LOOM_DIST_INT_H
 #define LOOM_DIST_INT_H
 
@@ -137,13 +137,9 @@ void loom__reduce_to_all(void *const *dsts, int ndst, const void *const *srcs, i
                          size_t n, loom_dtype dt, loom_redop op);
 
 /* Widen n f16/bf16 elements to f32 (dt says which), and round f32 back to dt. */
-void loom__widen(loom_dtype dt, const void *src, float *dst, size_t n);
-void loom__narrow(loom_dtype dt, const float *src, void *dst, size_t n);
 
-/* ---- clock and spinning (clock.c) ---- */
+/* ---- spinning and copying (copy.c) ---- */
 
-/* Monotonic seconds. */
-double loom__now(void);
 /* A CPU hint inside spin loops. */
 static inline void loom__cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)

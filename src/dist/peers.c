@@ -23,12 +23,6 @@ int loom__pg_agree_i64(loom_pg *pg, const int64_t *v, size_t n, size_t *first) {
   return rc;
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-  const unsigned char *c = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
-  return h;
-}
-
 static const char *param_name(const char *const *names, size_t i, char *buf, size_t cap) {
   if (names && names[i]) snprintf(buf, cap, "%zu (%s)", i, names[i]);
   else snprintf(buf, cap, "%zu", i);
@@ -48,13 +42,14 @@ int loom__pg_check_same_tensors(loom_pg *pg, loom_tensor *const *ts, const char 
                       "%lld to %lld)", who, n, (long long)-count[1], (long long)count[0]);
   int64_t *v = loom__calloc(LOOM_POOL_HOST, 3 * (n ? n : 1), sizeof *v);
   if (!v) return loom__fail(LOOM_ENOMEM, "%s: out of memory checking parameters", who);
-  const uint64_t basis = 14695981039346656037ull;
   for (size_t i = 0; i < n; i++) {
     const loom_tensor *p = ts[i];
     int nd = loom_tensor_ndim(p);
-    uint64_t shape = fnv(basis, loom_tensor_shape(p), (size_t)nd * sizeof(int64_t));
-    shape = fnv(shape, &nd, sizeof nd);
-    uint64_t name = names && names[i] ? fnv(basis, names[i], strlen(names[i])) : 0;
+    uint64_t shape =
+        loom__fnv1a(LOOM__FNV1A_BASIS, loom_tensor_shape(p), (size_t)nd * sizeof(int64_t));
+    shape = loom__fnv1a(shape, &nd, sizeof nd);
+    uint64_t name =
+        names && names[i] ? loom__fnv1a(LOOM__FNV1A_BASIS, names[i], strlen(names[i])) : 0;
     v[3 * i] = loom_tensor_dtype(p); /* per parameter: dtype, shape, name */
     v[3 * i + 1] = (int64_t)(shape >> 1);
     v[3 * i + 2] = (int64_t)(name >> 1);

@@ -9,22 +9,8 @@
 
 #define BLK LOOM__REDUCE_BLK
 
-const loom__reduce_kernels *loom__reduce_kernels_for(loom_cpu_level level) {
-  switch (level) {
-  case LOOM_CPU_AVX512: return &loom__reduce_kernels_avx512;
-  case LOOM_CPU_AVX2: return &loom__reduce_kernels_avx2;
-  default: return &loom__reduce_kernels_scalar;
-  }
-}
-
-void loom__widen(loom_dtype dt, const void *src, float *dst, size_t n) {
-  if (dt == LOOM_F16) loom_cvt_f16_to_f32(src, dst, n);
-  else loom_cvt_bf16_to_f32(src, dst, n);
-}
-void loom__narrow(loom_dtype dt, const float *src, void *dst, size_t n) {
-  if (dt == LOOM_F16) loom_cvt_f32_to_f16(src, dst, n);
-  else loom_cvt_f32_to_bf16(src, dst, n);
-}
+LOOM__KERNEL_PICKERS(loom__reduce_kernels, loom__reduce_kernels, loom__reduce_kernels_for,
+                     loom__reduce_k)
 
 void loom__reduce(void *dst, const void *const *srcs, int nsrc, size_t n, loom_dtype dt,
                   loom_redop op) {
@@ -36,7 +22,7 @@ void loom__reduce_to_all(void *const *dsts, int ndst, const void *const *srcs, i
   size_t es = loom_dtype_size(dt);
   bool half = dt == LOOM_F16 || dt == LOOM_BF16;
   int kind = dt == LOOM_I32 ? 1 : dt == LOOM_I64 ? 2 : 0;
-  const loom__reduce_kernels *kt = loom__reduce_kernels_for(loom_cpu_level_active());
+  const loom__reduce_kernels *kt = loom__reduce_k();
   loom__combine_fn f = kt->combine[kind][op];
   if (kt->sum2_f32 && dt == LOOM_F32 && nsrc == 2 && (op == LOOM_SUM || op == LOOM_AVG)) {
     kt->sum2_f32((float *const *)dsts, ndst, srcs[0], srcs[1], n, op == LOOM_AVG ? 0.5f : 1.0f);

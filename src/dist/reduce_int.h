@@ -38,12 +38,10 @@ typedef struct loom__reduce_kernels {
   loom__sum2_fn sum2_f32;
 } loom__reduce_kernels;
 
-extern const loom__reduce_kernels loom__reduce_kernels_scalar;
-extern const loom__reduce_kernels loom__reduce_kernels_avx2;
-extern const loom__reduce_kernels loom__reduce_kernels_avx512;
-
-/* The table of a level (scalar for anything unknown); tests compare levels with it. */
-const loom__reduce_kernels *loom__reduce_kernels_for(loom_cpu_level level);
+/* The tables, the table of a level (tests compare levels with it) and the active level's
+ * (core_int.h's kernel-table pattern). */
+LOOM__KERNEL_TABLES(loom__reduce_kernels, loom__reduce_kernels, loom__reduce_kernels_for,
+                    loom__reduce_k);
 
 /* a[i] = EXPR(x = a[i], y = b[i]): a full block (constant trip count, so the compiler
  * vectorises it for the file's ISA) and a partial one. */

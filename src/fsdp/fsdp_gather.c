@@ -9,13 +9,6 @@
 #include "dist/prepared.h"
 
 #include <string.h>
-#include <time.h>
-
-double loom__fsdp_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int loom__fsdp_bind_params(fsdp_unit *u) {
   for (size_t i = 0; i < u->nparams; i++)
@@ -44,9 +37,9 @@ static void *own_part(const fsdp_unit *u, loom_dtype dt) {
  * the unit (loom__fsdp_wait_gather counts only the part of the read it waited for as exposed). */
 static int read_own_part(void *ctx) {
   fsdp_unit *u = ctx;
-  u->read_begin = loom__fsdp_now();
+  u->read_begin = loom__now();
   int rc = loom__fsdp_param_into(u, own_part(u, u->gathered_dtype), u->gathered_dtype);
-  u->read_end = loom__fsdp_now();
+  u->read_end = loom__now();
   return rc;
 }
 
@@ -71,9 +64,9 @@ static int fill_own_part(fsdp_unit *u, loom_dtype dt, void **own) {
       u->reads_tier = true;
       return LOOM_OK;
     }
-    double t0 = loom__fsdp_now(); /* no prefetch: read now, by the rank, all of it exposed */
+    double t0 = loom__now(); /* no prefetch: read now, by the rank, all of it exposed */
     int rc = loom__fsdp_param_into(u, *own, dt);
-    f->off_wait_s += loom__fsdp_now() - t0;
+    f->off_wait_s += loom__now() - t0;
     return rc;
   }
   int rc = loom__fsdp_param_need(u);
@@ -99,7 +92,7 @@ int loom__fsdp_issue_gather(fsdp_unit *u, loom_dtype dt) {
     return rc;
   }
   u->gathered_dtype = dt;
-  u->gather_issued = loom__fsdp_now();
+  u->gather_issued = loom__now();
   rc = loom__pg_allgather_prepared(f->pg, own ? own : u->param_shard,
                                    loom_tensor_data(u->gathered), u->shard, dt,
                                    u->reads_tier ? read_own_part : NULL, u, &u->gather_work);
@@ -124,9 +117,9 @@ static double read_waited(const fsdp_unit *u, double t0, double t1) {
 int loom__fsdp_wait_gather(fsdp_unit *u) {
   if (u->state != UNIT_GATHERING) return u->state == UNIT_GATHERED ? LOOM_OK : LOOM_EMISUSE;
   loom_fsdp *f = u->f;
-  double t0 = loom__fsdp_now();
+  double t0 = loom__now();
   int rc = loom_work_wait(&u->gather_work);
-  double t1 = loom__fsdp_now();
+  double t1 = loom__now();
   f->stats.exposed_s += t1 - t0;
   f->stats.comm_s += t1 - u->gather_issued;
   f->off_wait_s += read_waited(u, t0, t1);

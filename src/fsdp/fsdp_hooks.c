@@ -141,9 +141,9 @@ static int reduced(fsdp_unit *u, int rc) {
 int loom__fsdp_reap(fsdp_unit *u) {
   if (!u->rs_work) return LOOM_OK;
   loom_fsdp *f = u->f;
-  double t0 = loom__fsdp_now();
+  double t0 = loom__now();
   int rc = loom_work_wait(&u->rs_work);
-  double t1 = loom__fsdp_now();
+  double t1 = loom__now();
   f->stats.exposed_s += t1 - t0;
   f->stats.comm_s += t1 - u->rs_issued;
   return reduced(u, rc);
@@ -158,7 +158,7 @@ static int reap_done(loom_fsdp *f) {
     int done = 0;
     rc = loom_work_test(&u->rs_work, &done);
     if (done) {
-      f->stats.comm_s += loom__fsdp_now() - u->rs_issued;
+      f->stats.comm_s += loom__now() - u->rs_issued;
       rc = reduced(u, rc);
     }
   }
@@ -178,7 +178,7 @@ static int post_backward(fsdp_unit *u) {
   if ((rc = reap_done(f))) return rc;
   float *recv = NULL;
   if ((rc = loom__fsdp_grad_target(u, &recv))) return rc;
-  u->rs_issued = loom__fsdp_now();
+  u->rs_issued = loom__now();
   rc = loom_pg_reduce_scatter(f->pg, loom_tensor_data(u->full_grad), recv, u->shard, LOOM_F32,
                               LOOM_AVG, &u->rs_work);
   if (rc) return rc;

@@ -133,8 +133,6 @@ void loom__fsdp_remove_hooks(loom_fsdp *f);
 /* Wait for the unit's reduce-scatter and drop its local gradient. */
 int loom__fsdp_reap(fsdp_unit *u);
 
-double loom__fsdp_now(void);
-
 /* A failure kept across clean-up that sets the thread's message (waiting for dropped jobs). */
 typedef struct loom__fsdp_err {
   int rc;

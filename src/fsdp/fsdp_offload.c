@@ -103,9 +103,9 @@ static int read_all(fsdp_unit *u, int kind, float *buf) {
 
 /* read_all by the rank, the time counting as exposed. */
 static int get_all(fsdp_unit *u, int kind, float *buf) {
-  double t0 = loom__fsdp_now();
+  double t0 = loom__now();
   int rc = read_all(u, kind, buf);
-  u->f->off_wait_s += loom__fsdp_now() - t0;
+  u->f->off_wait_s += loom__now() - t0;
   return rc;
 }
 
@@ -264,9 +264,9 @@ int loom__fsdp_param_into(fsdp_unit *u, void *dst, loom_dtype dt) {
 int loom__fsdp_param_out(fsdp_unit *u) {
   off_kind *k = &u->off.k[OFF_PARAM];
   if (k->offloaded) return LOOM_OK;
-  double t0 = loom__fsdp_now();
+  double t0 = loom__now();
   int rc = k->stored ? LOOM_OK : put_all(u, OFF_PARAM, u->param_shard);
-  u->f->off_wait_s += loom__fsdp_now() - t0;
+  u->f->off_wait_s += loom__now() - t0;
   if (rc) return rc;
   loom__free(u->param_shard);
   u->param_shard = NULL;
@@ -384,13 +384,13 @@ int loom__fsdp_check_optim(const loom_fsdp *f, const loom_optim *opt, const char
 int loom__fsdp_state_out(fsdp_unit *u, loom_optim *opt) {
   size_t per = loom_optim_state_per_segment(opt);
   if (!per || loom_optim_state_released(opt, u->index)) return LOOM_OK;
-  double t0 = loom__fsdp_now();
+  double t0 = loom__now();
   int rc = LOOM_OK;
   for (size_t s = 0; s < per && !rc; s++) {
     off_kind *k = &u->off.k[OFF_STATE + (int)s];
     if (!k->stored) rc = put_all(u, OFF_STATE + (int)s, loom__fsdp_state_buf(opt, u->index, (int)s));
   }
-  u->f->off_wait_s += loom__fsdp_now() - t0;
+  u->f->off_wait_s += loom__now() - t0;
   if (rc) return rc;
   if ((rc = loom_optim_release_state(opt, u->index))) return rc;
   for (size_t s = 0; s < per; s++) u->off.k[OFF_STATE + (int)s].offloaded = true;
@@ -501,9 +501,9 @@ int loom__fsdp_offload_all(loom_fsdp *f, loom_optim *opt, bool changed) {
     if (loom__fsdp_offloading(f, OFF_PARAM)) rc = loom__fsdp_param_out(u);
     off_kind *g = &u->off.k[OFF_GRAD];
     if (!rc && loom__fsdp_offloading(f, OFF_GRAD) && !g->offloaded && u->grad_shard) {
-      double t0 = loom__fsdp_now();
+      double t0 = loom__now();
       if (!g->stored) rc = put_all(u, OFF_GRAD, u->grad_shard);
-      f->off_wait_s += loom__fsdp_now() - t0;
+      f->off_wait_s += loom__now() - t0;
       if (!rc) {
         loom__free(u->grad_shard);
         u->grad_shard = NULL;

@@ -21,7 +21,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #define SLOT_ALIGN ((size_t)4096) /* each slot's range in the file starts on a page */
@@ -76,12 +75,6 @@ struct loom__ostore {
   _Atomic size_t unsynced; /* disk: bytes written since the last wait for writeback */
 };
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static const char *tier_name(loom__otier t) { return t == LOOM__OTIER_DISK ? "disk" : "host"; }
 
 /* ---- the slot table (under mu) -------------------------------------------------------- */
@@ -122,9 +115,9 @@ static void slot_settle(oslot *o) {
 /* Wait (mu held) until no job of `slot` is queued or running; the time counts as exposed. */
 static void slot_wait_idle(loom__ostore *s, size_t slot) {
   if (slot >= s->nslots || s->slots[slot].pending == 0) return;
-  double t0 = now_s();
+  double t0 = loom__now();
   while (slot < s->nslots && s->slots[slot].pending) pthread_cond_wait(&s->cv_done, &s->mu);
-  s->st.wait_s += now_s() - t0;
+  s->st.wait_s += loom__now() - t0;
 }
 
 /* ---- the disk tier's file -------------------------------------------------------------- */
@@ -365,7 +358,7 @@ static int put_impl(loom__ostore *s, size_t slot, const void *src, size_t bytes,
   size_t off = o->off;
   pthread_mutex_unlock(&s->mu);
 
-  double t0 = now_s();
+  double t0 = loom__now();
   uint32_t crc = 0;
   if (!had_space) { /* the slot's first put: give it its space */
     if (s->tier == LOOM__OTIER_HOST) {
@@ -389,7 +382,7 @@ static int put_impl(loom__ostore *s, size_t slot, const void *src, size_t bytes,
     if (s->tier == LOOM__OTIER_HOST) loom__free(buf);
     else disk_unreserve(s, off, bytes);
   }
-  double dt = now_s() - t0;
+  double dt = loom__now() - t0;
 
   pthread_mutex_lock(&s->mu);
   o = &s->slots[slot]; /* the table may have moved */
@@ -431,13 +424,13 @@ static int get_impl(loom__ostore *s, size_t slot, void *dst, size_t bytes, const
   pthread_mutex_unlock(&s->mu);
   if (rc) return rc;
 
-  double t0 = now_s();
+  double t0 = loom__now();
   if (s->tier == LOOM__OTIER_HOST) {
     if (bytes) memcpy(dst, buf, bytes);
   } else {
     rc = disk_read(s, who, slot, off, dst, bytes, crc);
   }
-  double dt = now_s() - t0;
+  double dt = loom__now() - t0;
 
   pthread_mutex_lock(&s->mu);
   if (!rc) {
@@ -685,9 +678,9 @@ int loom__ostore_wait(loom__ostore *s, loom__ojob job, double *waited) {
     return LOOM_OK;
   }
   if (j->state != JOB_DONE) {
-    double t0 = now_s();
+    double t0 = loom__now();
     while (j->state != JOB_DONE) pthread_cond_wait(&s->cv_done, &s->mu);
-    double dt = now_s() - t0;
+    double dt = loom__now() - t0;
     s->st.wait_s += dt;
     s->st.waits_blocked++;
     if (waited) *waited = dt;

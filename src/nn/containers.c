@@ -2,6 +2,7 @@
  * activation between them, in a Sequential named "layers"), and the initialisers. */
 #include "nn/nn_int.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -19,44 +20,44 @@ static int seq_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {
 }
 
 /* Adopt n children under names (NULL: "0", "1", ...); frees them all on failure. */
-static int adopt(loom_module *m, loom_module **children, int n, const char *const *names) {
+static int adopt(loom_module *m, loom_module **children, size_t n, const char *const *names) {
   int rc = LOOM_OK;
-  m->children = loom__calloc(LOOM_POOL_COMPUTE, (size_t)n, sizeof *m->children);
-  m->child_names = loom__calloc(LOOM_POOL_COMPUTE, (size_t)n, sizeof *m->child_names);
+  m->children = loom__calloc(LOOM_POOL_COMPUTE, n, sizeof *m->children);
+  m->child_names = loom__calloc(LOOM_POOL_COMPUTE, n, sizeof *m->child_names);
   if (!m->children || !m->child_names) {
-    for (int i = 0; i < n; i++) loom_module_free(children[i]);
-    return loom__fail(LOOM_ENOMEM, "Sequential: out of memory for %d children", n);
+    for (size_t i = 0; i < n; i++) loom_module_free(children[i]);
+    return loom__fail(LOOM_ENOMEM, "Sequential: out of memory for %zu children", n);
   }
-  for (int i = 0; i < n; i++) {
+  for (size_t i = 0; i < n; i++) {
     char num[24];
-    snprintf(num, sizeof num, "%d", i);
+    snprintf(num, sizeof num, "%zu", i);
     m->children[i] = children[i];
-    m->n_children = i + 1;
+    m->n_children = (int)i + 1;
     children[i]->parent = m;
     m->child_names[i] = loom__strdup(LOOM_POOL_COMPUTE, names ? names[i] : num);
     if (!m->child_names[i] && !rc) rc = loom__fail(LOOM_ENOMEM, "Sequential: out of memory");
   }
-  for (int i = 0; i < n; i++) loom__module_drop_arenas(children[i]); /* the root's now */
+  for (size_t i = 0; i < n; i++) loom__module_drop_arenas(children[i]); /* the root's now */
   return rc;
 }
 
-int loom_nn_sequential_create(loom_module **children, int n, loom_module **out) {
+int loom_nn_sequential_create(loom_module **children, size_t n, loom_module **out) {
   static const char *who = "loom_nn_sequential_create";
   int rc = LOOM_OK;
   if (out) *out = NULL;
-  bool ok = out && n >= 1 && children;
-  for (int i = 0; ok && i < n; i++) ok = children[i] && !children[i]->parent;
+  bool ok = out && n >= 1 && n <= INT_MAX && children;
+  for (size_t i = 0; ok && i < n; i++) ok = children[i] && !children[i]->parent;
   if (!ok) {
-    for (int i = 0; children && i < n; i++)
+    for (size_t i = 0; children && i < n; i++)
       if (children[i] && !children[i]->parent) loom_module_free(children[i]);
     return loom__fail(LOOM_EINVAL,
-                      "%s: needs out and n >= 1 children, each non-NULL and not already in "
+                      "%s: needs out and n >= 1 children (at most INT_MAX), each non-NULL and not already in "
                       "another module",
                       who);
   }
   loom_module *m = NULL;
   if ((rc = loom__module_new("Sequential", seq_forward, &m))) {
-    for (int i = 0; i < n; i++) loom_module_free(children[i]);
+    for (size_t i = 0; i < n; i++) loom_module_free(children[i]);
     return rc;
   }
   rc = adopt(m, children, n, NULL);
@@ -73,17 +74,19 @@ static int mlp_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {
   return seq_forward(m, x, out);
 }
 
-int loom_nn_mlp_create(const int64_t *sizes, int n, loom_activation act, loom_dtype dt,
+int loom_nn_mlp_create(const int64_t *sizes, size_t n, loom_activation act, loom_dtype dt,
                        uint64_t seed, loom_module **out) {
   static const char *who = "loom_nn_mlp_create";
   if (out) *out = NULL;
   if (!out || !sizes || n < 2)
     return loom__fail(LOOM_EINVAL, "%s: needs out and at least 2 sizes", who);
-  int nl = 2 * (n - 1) - 1, rc = LOOM_OK, k = 0;
-  loom_module **layers = loom__calloc(LOOM_POOL_COMPUTE, (size_t)nl, sizeof *layers);
+  if (n > INT_MAX / 2) return loom__fail(LOOM_EINVAL, "%s: %zu sizes is too many", who, n);
+  size_t nl = 2 * (n - 1) - 1, k = 0;
+  int rc = LOOM_OK;
+  loom_module **layers = loom__calloc(LOOM_POOL_COMPUTE, nl, sizeof *layers);
   if (!layers) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
   loom_module *seq = NULL, *m = NULL;
-  for (int i = 0; i < n - 1; i++) {
+  for (size_t i = 0; i < n - 1; i++) {
     LOOM_TRY(loom_nn_linear_create(sizes[i], sizes[i + 1], true, dt, seed + (uint64_t)i,
                                    &layers[k++]));
     if (i < n - 2) LOOM_TRY(loom_nn_activation_create(act, &layers[k++]));
@@ -100,7 +103,7 @@ int loom_nn_mlp_create(const int64_t *sizes, int n, loom_activation act, loom_dt
   *out = m;
   m = NULL;
 done:
-  for (int i = 0; i < k; i++) loom_module_free(layers[i]);
+  for (size_t i = 0; i < k; i++) loom_module_free(layers[i]);
   loom__free(layers);
   loom_module_free(seq);
   loom_module_free(m);

@@ -133,15 +133,11 @@ static int binary(bop op, loom_tensor *a, loom_tensor *b, loom_tensor **out) {
       LOOM_TRY(loom__node_save(nd, 1, b));
     }
   }
-  *out = y;
-  y = NULL;
 done:
   loom__fbuf_free(&fa);
   loom__fbuf_free(&fb);
   loom__fbuf_free(&fy);
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }
 
 int loom_add(loom_tensor *a, loom_tensor *b, loom_tensor **out) { return binary(B_ADD, a, b, out); }

@@ -30,10 +30,6 @@ int loom_cast(loom_tensor *x, loom_dtype dt, loom_tensor **out) {
   LOOM_TRY(loom_tensor_cast(c.in[0], dt, &y));
   LOOM_TRY(loom__op_record(&c, y, cast_backward, &nd));
   if (nd) nd->passthrough = true; /* sinks may write into x's gradient past the rounding */
-  *out = y;
-  y = NULL;
 done:
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }

@@ -44,12 +44,8 @@ int loom_dropout(loom_tensor *x, double p, uint64_t seed, bool train, loom_tenso
     nd->i[0] = (int64_t)seed;
     nd->f[0] = p;
   }
-  *out = y;
-  y = NULL;
 done:
   loom__fbuf_free(&fx);
   loom__fbuf_free(&fy);
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }

@@ -66,12 +66,8 @@ int loom_embedding(loom_tensor *weight, loom_tensor *idx, loom_tensor **out) {
     memcpy(yp + i * (size_t)D * es, wp + (size_t)index_at(ci, i) * (size_t)D * es, (size_t)D * es);
   LOOM_TRY(loom__op_record(&c, y, embedding_backward, &nd));
   if (nd) LOOM_TRY(loom__node_save(nd, 0, ci));
-  *out = y;
-  y = NULL;
 done:
   loom_tensor_free(ci);
   loom_tensor_free(cw);
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }

@@ -138,10 +138,7 @@ static int64_t capacity = 256, entries;
 static uint64_t tick, hits, misses, evictions;
 
 static uint64_t key_hash(const loom__prim_key *k) { /* FNV-1a over the key's bytes */
-  const unsigned char *b = (const unsigned char *)k;
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < sizeof *k; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
+  return loom__fnv1a(LOOM__FNV1A_BASIS, k, sizeof *k);
 }
 
 static int find(const loom__prim_key *key, uint64_t h) {

@@ -111,14 +111,10 @@ int loom_cross_entropy(loom_tensor *logits, loom_tensor *labels, loom_reduction 
     LOOM_TRY(loom__node_save(nd, 0, logits));
     LOOM_TRY(loom__node_save(nd, 1, labels));
   }
-  *out = y;
-  y = NULL;
 done:
   loom__fbuf_free(&fx);
   loom__fbuf_free(&fy);
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }
 
 /* ---- mse ------------------------------------------------------------------------------ */
@@ -189,13 +185,9 @@ int loom_mse(loom_tensor *a, loom_tensor *b, loom_reduction reduction, loom_tens
     LOOM_TRY(loom__node_save(nd, 0, a));
     LOOM_TRY(loom__node_save(nd, 1, b));
   }
-  *out = y;
-  y = NULL;
 done:
   loom__fbuf_free(&fa);
   loom__fbuf_free(&fb);
   loom__fbuf_free(&fy);
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }

@@ -154,14 +154,10 @@ int loom_matmul(loom_tensor *a, loom_tensor *b, loom_tensor **out) {
     LOOM_TRY(loom__node_save(nd, 0, ca));
     LOOM_TRY(loom__node_save(nd, 1, cb));
   }
-  *out = y;
-  y = NULL;
 done:
   loom_tensor_free(ca);
   loom_tensor_free(cb);
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }
 
 /* ---- linear --------------------------------------------------------------------------- */
@@ -190,7 +186,7 @@ __attribute__((optimize("O3"))) static void col_sums(const float *restrict g, in
  * t0, as the cost of tracking (loom_grad_bound_cost). */
 static void bound_written(const loom__sink *s, double t0, double r, double a, double b) {
   loom__sink_bound(s, a == INFINITY || b == INFINITY ? INFINITY : r * a * b);
-  loom__bound_spent(loom__bound_clock() - t0);
+  loom__bound_spent(loom__now() - t0);
 }
 
 static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
@@ -210,7 +206,7 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
     LOOM_TRY(loom__grad_dst_sink(n, 2, gin, &dst, &beta, &sb));
     col_sums(loom__f(g), R, O, dst, beta);
     if (sb.bound_wanted) { /* each sum adds at most R * max|G| */
-      double t0 = loom__bound_clock();
+      double t0 = loom__now();
       gmax = loom__absmax(loom__f(g), LOOM_F32, (size_t)(R * O));
       bound_written(&sb, t0, (double)R, gmax, 1.0);
     }
@@ -221,7 +217,7 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
                   false, 0, dst, 0, beta));
     if (sw.bound_wanted) { /* each element adds at most R * max|X| * max|G| (as the GEMM saw
                               them, in dt); an inf/NaN in either makes a column or row non-finite */
-      double t0 = loom__bound_clock();
+      double t0 = loom__now();
       double gm = dt == LOOM_F32 && gmax >= 0 ? gmax
                                               : loom__absmax(loom_tensor_data(gd), dt, (size_t)(R * O));
       double xm = loom__absmax(loom_tensor_data(x), dt, (size_t)(R * I));
@@ -288,13 +284,9 @@ int loom_linear(loom_tensor *x, loom_tensor *w, loom_tensor *b, loom_tensor **ou
     LOOM_TRY(loom__node_save(nd, 0, cx));
     LOOM_TRY(loom__node_save(nd, 1, cw));
   }
-  *out = y;
-  y = NULL;
 done:
   loom__fbuf_free(&fb);
   loom_tensor_free(cx);
   loom_tensor_free(cw);
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }

@@ -109,15 +109,11 @@ int loom_layer_norm(loom_tensor *x, int normalized_ndim, loom_tensor *w, loom_te
     nd->saved[3] = stats;
     stats = NULL;
   }
-  *out = y;
-  y = NULL;
 done:
   loom__fbuf_free(&fx);
   loom__fbuf_free(&fw);
   loom__fbuf_free(&fb);
   loom__fbuf_free(&fy);
-  loom_tensor_free(y);
   loom_tensor_free(stats);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }

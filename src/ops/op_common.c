@@ -1,7 +1,7 @@
 /* op_common.c: the single dispatch point every op goes through (input checks and the
  * autocast hook), argument checks with messages, f32 staging of inputs and outputs, NumPy
  * broadcasting and the strided iteration the elementwise and reduction ops share. */
-#include "amp/autocast_int.h"
+#include "autocast/autocast_int.h"
 #include "loom/autocast.h"
 #include "ops/ops_int.h"
 
@@ -191,6 +191,13 @@ void loom__op_end(loom__op *c) {
   c->in = c->in_small;
   c->cast = c->cast_small;
   c->n = 0;
+}
+
+int loom__op_finish(loom__op *c, int rc, loom_tensor *y, loom_tensor **out) {
+  if (rc) loom_tensor_free(y);
+  else *out = y;
+  loom__op_end(c);
+  return rc;
 }
 
 int loom__op_record(loom__op *c, loom_tensor *out, loom__backward_fn bwd, loom__node **node) {

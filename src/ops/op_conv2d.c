@@ -104,13 +104,9 @@ int loom_conv2d(loom_tensor *x, loom_tensor *w, loom_tensor *b, const int64_t st
     LOOM_TRY(loom__node_save(nd, 0, cx));
     LOOM_TRY(loom__node_save(nd, 1, cw));
   }
-  *out = y;
-  y = NULL;
 done:
   loom_tensor_free(cx);
   loom_tensor_free(cw);
   loom_tensor_free(cb);
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }

@@ -38,6 +38,9 @@ typedef struct loom__op {
 
 int loom__op_begin(loom__op *c, loom_op_kind kind, loom_tensor *const *in, int n);
 void loom__op_end(loom__op *c);
+/* An op's single exit (after `done:` and its own frees): on success (rc == LOOM_OK) *out
+ * receives y, else y is freed; then the op ends. Returns rc. */
+int loom__op_finish(loom__op *c, int rc, loom_tensor *y, loom_tensor **out);
 
 /* Checks: required tensor (NULL -> EINVAL naming `arg`), floating dtype, same dtype. */
 int loom__check_in(const char *op, const loom_tensor *t, const char *arg);
@@ -107,11 +110,22 @@ void loom__reduce_to(const float *g, int nout, const int64_t *sout, float *dst, 
  * (else *node = NULL). The caller then saves what backward needs with loom__node_save. */
 int loom__op_record(loom__op *c, loom_tensor *out, loom__backward_fn bwd, loom__node **node);
 
-/* ---- magnitudes (absmax.c) ---------------------------------------------------------- */
+/* ---- magnitudes (absmax.c, absmax_avx2.c, absmax_avx512.c) ---------------------------- */
 
 /* max |p[i]| over n elements of dt (f32, f16, bf16), or INFINITY if one is inf or NaN; 0 for
  * n 0. _level runs the given CPU level's loop (tests compare levels with scalar). */
 double loom__absmax(const void *p, loom_dtype dt, size_t n);
 double loom__absmax_level(const void *p, loom_dtype dt, size_t n, loom_cpu_level level);
+
+/* One table per level: the largest sign-cleared 32-bit (f32) or 16-bit (f16, bf16) pattern
+ * of n elements; the scalar loops also finish the SIMD levels' ragged tails. */
+typedef struct loom__absmax_kernels {
+  uint32_t (*max32)(const uint32_t *x, size_t n);
+  uint32_t (*max16)(const uint16_t *x, size_t n);
+} loom__absmax_kernels;
+LOOM__KERNEL_TABLES(loom__absmax_kernels, loom__absmax_kernels, loom__absmax_kernels_for,
+                    loom__absmax_k);
+uint32_t loom__absmax32_scalar(const uint32_t *x, size_t n);
+uint32_t loom__absmax16_scalar(const uint16_t *x, size_t n);
 
 #endif

@@ -109,15 +109,11 @@ static int pool(loom_op_kind kind, loom_tensor *x, const int64_t kernel[2],
     nd->saved[0] = arg;
     arg = NULL;
   }
-  *out = y;
-  y = NULL;
 done:
   loom__fbuf_free(&fx);
   loom__fbuf_free(&fy);
-  loom_tensor_free(y);
   loom_tensor_free(arg);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }
 
 int loom_max_pool2d(loom_tensor *x, const int64_t kernel[2], const int64_t stride[2],

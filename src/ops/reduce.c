@@ -148,14 +148,10 @@ static int reduce(rop op, loom_tensor *x, const int *dims, int n_dims, bool keep
       LOOM_TRY(loom__tensor_view(y, x->ndim, keep, ks, y->offset, &nd->saved[1]));
     }
   }
-  *out = y;
-  y = NULL;
 done:
   loom__fbuf_free(&fx);
   loom__fbuf_free(&fy);
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }
 
 int loom_sum(loom_tensor *x, const int *dims, int n_dims, bool keepdim, loom_tensor **out) {

@@ -2,6 +2,7 @@
  * as in core's tensor views) and cat / stack (copies), forward and backward. */
 #include "ops/ops_int.h"
 
+#include <limits.h>
 #include <string.h>
 
 /* ---- views ---------------------------------------------------------------------------- */
@@ -141,11 +142,13 @@ static int cat_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   return LOOM_OK;
 }
 
-static int join(const char *name, loom_op_kind kind, loom_tensor *const *xs, int n, int dim,
-                bool stack, loom_tensor **out) {
+static int join(const char *name, loom_op_kind kind, loom_tensor *const *xs, size_t count,
+                int dim, bool stack, loom_tensor **out) {
   int rc = loom__check_out(name, out);
   if (rc) return rc;
-  if (!xs || n < 1) return loom__fail(LOOM_EINVAL, "%s: needs at least one tensor", name);
+  if (!xs || count < 1) return loom__fail(LOOM_EINVAL, "%s: needs at least one tensor", name);
+  if (count > INT_MAX) return loom__fail(LOOM_EINVAL, "%s: %zu tensors is too many", name, count);
+  int n = (int)count;
   for (int i = 0; i < n; i++) {
     char arg[32];
     snprintf(arg, sizeof arg, "tensor %d", i);
@@ -196,18 +199,14 @@ static int join(const char *name, loom_op_kind kind, loom_tensor *const *xs, int
     nd->i[0] = d;
     nd->i[1] = stack;
   }
-  *out = y;
-  y = NULL;
 done:
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }
 
-int loom_cat(loom_tensor *const *xs, int n, int dim, loom_tensor **out) {
+int loom_cat(loom_tensor *const *xs, size_t n, int dim, loom_tensor **out) {
   return join("cat", LOOM_OPK_CAT, xs, n, dim, false, out);
 }
 
-int loom_stack(loom_tensor *const *xs, int n, int dim, loom_tensor **out) {
+int loom_stack(loom_tensor *const *xs, size_t n, int dim, loom_tensor **out) {
   return join("stack", LOOM_OPK_STACK, xs, n, dim, true, out);
 }

@@ -91,14 +91,10 @@ static int softmax_op(loom_op_kind kind, loom_tensor *x, int dim, loom_tensor **
     nd->i[0] = d;
     LOOM_TRY(loom__node_save(nd, 0, y));
   }
-  *out = y;
-  y = NULL;
 done:
   loom__fbuf_free(&fx);
   loom__fbuf_free(&fy);
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }
 
 int loom_softmax(loom_tensor *x, int dim, loom_tensor **out) {

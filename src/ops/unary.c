@@ -66,14 +66,10 @@ int loom__unary_op(loom__unary u, loom_tensor *x, double p, loom_tensor **out) {
     if (d->saves_x) LOOM_TRY(loom__node_save(nd, 0, x));
     if (d->saves_y) LOOM_TRY(loom__node_save(nd, 1, y));
   }
-  *out = y;
-  y = NULL;
 done:
   loom__fbuf_free(&fx);
   loom__fbuf_free(&fy);
-  loom_tensor_free(y);
-  loom__op_end(&c);
-  return rc;
+  return loom__op_finish(&c, rc, y, out);
 }
 
 int loom_neg(loom_tensor *x, loom_tensor **out) { return loom__unary_op(LOOM__U_NEG, x, 0, out); }

@@ -1,6 +1,7 @@
-/* unary_body.h: the unary kernels' loops, included by unary_kernels.c once per CPU level with
- * UNARY_SFX set (and the level's target options in force), so each level is the same source
- * compiled for its instruction set. No include guard on purpose. */
+/* unary_body.h: the unary kernels' loops and their table loom__unary_kernels_<level>, included
+ * by unary_scalar.c, unary_avx2.c and unary_avx512.c with UNARY_SFX set, each compiled with its
+ * level's ISA flags (CMakeLists.txt), so each level is the same source compiled for its
+ * instruction set. No include guard on purpose. */
 #define UK_CAT2(a, b) a##_##b
 #define UK_CAT(a, b) UK_CAT2(a, b)
 #define UK(name) UK_CAT(name, UNARY_SFX)
@@ -132,7 +133,7 @@ static void UK(relu16_bwd)(float *gx, const float *g, const uint16_t *y, size_t 
   for (size_t i = 0; i < n; i++) gx[i] = (int16_t)y[i] > 0 && y[i] <= inf ? g[i] : 0.0f;
 }
 
-static const loom__unary_kernels_t UK(unary_table) = {
+const loom__unary_kernels_t UK(loom__unary_kernels) = {
     .fwd = {UK(f_neg), UK(f_relu), UK(f_gelu), UK(f_gelu_tanh), UK(f_tanh), UK(f_sigmoid),
             UK(f_exp), UK(f_log), UK(f_sqrt), UK(f_pow), UK(f_add_scalar), UK(f_mul_scalar),
             UK(f_div_scalar)},

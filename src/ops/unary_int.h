@@ -3,6 +3,7 @@
 #ifndef LOOM_OPS_UNARY_INT_H
 #define LOOM_OPS_UNARY_INT_H
 
+#include "core/core_int.h"
 #include "loom/cpu.h"
 #include "loom/ops.h"
 
@@ -55,9 +56,11 @@ typedef struct loom__unary_kernels_t {
   loom__relu16_bwd_fn relu16_bwd;
 } loom__unary_kernels_t;
 
-/* The table for the active CPU level, and for a given level (tests). */
-const loom__unary_kernels_t *loom__unary_kernels(void);
-const loom__unary_kernels_t *loom__unary_kernels_level(loom_cpu_level level);
+/* One table per level (unary_scalar.c, unary_avx2.c, unary_avx512.c: unary_body.h compiled
+ * three times), and the table for the active CPU level, and for a given level (tests; scalar
+ * for a level the CPU lacks). */
+LOOM__KERNEL_TABLES(loom__unary_kernels_t, loom__unary_kernels, loom__unary_kernels_level,
+                    loom__unary_kernels);
 
 /* The unary op u with parameter p (the public functions call this). */
 int loom__unary_op(loom__unary u, loom_tensor *x, double p, loom_tensor **out);

@@ -1,10 +1,9 @@
-/* unary_kernels.c: the unary kernel tables, one per CPU level. The loops (unary_body.h) are
- * compiled three times: plain (the scalar reference, never vectorized), and with the AVX2 and
- * AVX-512 instruction sets and the vectorizer on. Only the table matching
+/* unary_kernels.c: the unary ops' definitions and the pick of their kernel table by CPU level.
+ * The loops (unary_body.h) are compiled three times: plain (unary_scalar.c, the scalar
+ * reference, never vectorized), and with the AVX2 and AVX-512 instruction sets and the
+ * vectorizer on (unary_avx2.c, unary_avx512.c). Only the table matching
  * loom_cpu_level_active() is used; tests compare every level with scalar. */
 #include "ops/unary_int.h"
-
-#include <math.h>
 
 static const loom__unary_def defs[LOOM__U_COUNT] = {
     [LOOM__U_NEG] = {"neg", LOOM_OPK_NEG, false, false},
@@ -24,37 +23,5 @@ static const loom__unary_def defs[LOOM__U_COUNT] = {
 
 const loom__unary_def *loom__unary_def_get(loom__unary u) { return &defs[u]; }
 
-#pragma GCC push_options
-#pragma GCC optimize("no-tree-vectorize")
-#define UNARY_SFX scalar
-#include "ops/unary_body.h"
-#undef UNARY_SFX
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#pragma GCC optimize("O3")
-#define UNARY_SFX avx2
-#include "ops/unary_body.h"
-#undef UNARY_SFX
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
-#pragma GCC optimize("O3")
-#define UNARY_SFX avx512
-#include "ops/unary_body.h"
-#undef UNARY_SFX
-#pragma GCC pop_options
-
-const loom__unary_kernels_t *loom__unary_kernels_level(loom_cpu_level level) {
-  switch (level) {
-  case LOOM_CPU_AVX512: return &unary_table_avx512;
-  case LOOM_CPU_AVX2: return &unary_table_avx2;
-  default: return &unary_table_scalar;
-  }
-}
-
-const loom__unary_kernels_t *loom__unary_kernels(void) {
-  return loom__unary_kernels_level(loom_cpu_level_active());
-}
+LOOM__KERNEL_PICKERS(loom__unary_kernels_t, loom__unary_kernels, loom__unary_kernels_level,
+                     loom__unary_kernels)

@@ -1,13 +1,12 @@
 /* kernels_avx2.c: the optimizer kernels on AVX2, 8 floats at a time, bit-identical to
- * kernels_scalar.c: the same operations in the same order, no FMA (the target enables none,
- * so the compiler cannot fuse), and the ragged tail handed to the scalar kernel. */
+ * kernels_scalar.c: the same operations in the same order, no FMA (built with -mavx2 alone,
+ * CMakeLists.txt, so the compiler cannot fuse), and the ragged tail handed to the scalar
+ * kernel. */
 #include "optim/optim_int.h"
 
 #include <immintrin.h>
 
-#define AVX2 __attribute__((target("avx2")))
-
-AVX2 static void adam_avx2(const loom__adam_args *a, float *p, const float *g, float *m,
+static void adam_avx2(const loom__adam_args *a, float *p, const float *g, float *m,
                            float *v, size_t n) {
   const __m256 b1 = _mm256_set1_ps(a->beta1), omb1 = _mm256_set1_ps(a->omb1);
   const __m256 b2 = _mm256_set1_ps(a->beta2), omb2 = _mm256_set1_ps(a->omb2);
@@ -36,7 +35,7 @@ AVX2 static void adam_avx2(const loom__adam_args *a, float *p, const float *g, f
   loom__adam_scalar(a, p + i, g + i, m + i, v + i, n - i);
 }
 
-AVX2 static void sgd_avx2(const loom__sgd_args *a, float *p, const float *g, float *buf,
+static void sgd_avx2(const loom__sgd_args *a, float *p, const float *g, float *buf,
                           size_t n) {
   const __m256 wd = _mm256_set1_ps(a->wd), mom = _mm256_set1_ps(a->momentum);
   const __m256 omd = _mm256_set1_ps(a->omd), nlr = _mm256_set1_ps(a->neg_lr);
@@ -61,7 +60,7 @@ AVX2 static void sgd_avx2(const loom__sgd_args *a, float *p, const float *g, flo
 }
 
 /* Lanes 0-3, 4-7, 8-11, 12-15 in four registers; squares of f32 are exact in double. */
-AVX2 static void sumsq_avx2(double lane[16], const float *x, size_t n) {
+static void sumsq_avx2(double lane[16], const float *x, size_t n) {
   __m256d acc[4];
   for (int k = 0; k < 4; k++) acc[k] = _mm256_loadu_pd(lane + 4 * k);
   size_t i = 0;
@@ -74,7 +73,7 @@ AVX2 static void sumsq_avx2(double lane[16], const float *x, size_t n) {
   loom__sumsq_lanes(lane, x + i, n - i, i);
 }
 
-AVX2 static void scale_avx2(float *x, float s, size_t n) {
+static void scale_avx2(float *x, float s, size_t n) {
   const __m256 vs = _mm256_set1_ps(s);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vs));

@@ -1,23 +1,23 @@
 /* kernels_avx512.c: the optimizer kernels on AVX-512F, 16 floats at a time, bit-identical to
  * kernels_scalar.c. AVX-512F has FMA, so multiplies and adds use the explicit-rounding forms
  * (round to nearest, which is what MXCSR holds anyway): those are builtins the compiler never
- * contracts into a fused multiply-add. The ragged tail goes to the scalar kernel. */
+ * contracts into a fused multiply-add. The ragged tail goes to the scalar kernel. Built with
+ * -mavx512f (CMakeLists.txt). */
 #include "optim/optim_int.h"
 
 #include <immintrin.h>
 
-#define AVX512 __attribute__((target("avx512f")))
 #define RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
-AVX512 static inline __m512 mul(__m512 a, __m512 b) { return _mm512_mul_round_ps(a, b, RN); }
-AVX512 static inline __m512 add(__m512 a, __m512 b) { return _mm512_add_round_ps(a, b, RN); }
-AVX512 static inline __m512 dvd(__m512 a, __m512 b) { return _mm512_div_round_ps(a, b, RN); }
-AVX512 static inline __m512 neg(__m512 a) {
+static inline __m512 mul(__m512 a, __m512 b) { return _mm512_mul_round_ps(a, b, RN); }
+static inline __m512 add(__m512 a, __m512 b) { return _mm512_add_round_ps(a, b, RN); }
+static inline __m512 dvd(__m512 a, __m512 b) { return _mm512_div_round_ps(a, b, RN); }
+static inline __m512 neg(__m512 a) {
   return _mm512_castsi512_ps(
       _mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32((int)0x80000000u)));
 }
 
-AVX512 static void adam_avx512(const loom__adam_args *a, float *p, const float *g, float *m,
+static void adam_avx512(const loom__adam_args *a, float *p, const float *g, float *m,
                                float *v, size_t n) {
   const __m512 b1 = _mm512_set1_ps(a->beta1), omb1 = _mm512_set1_ps(a->omb1);
   const __m512 b2 = _mm512_set1_ps(a->beta2), omb2 = _mm512_set1_ps(a->omb2);
@@ -43,7 +43,7 @@ AVX512 static void adam_avx512(const loom__adam_args *a, float *p, const float *
   loom__adam_scalar(a, p + i, g + i, m + i, v + i, n - i);
 }
 
-AVX512 static void sgd_avx512(const loom__sgd_args *a, float *p, const float *g, float *buf,
+static void sgd_avx512(const loom__sgd_args *a, float *p, const float *g, float *buf,
                               size_t n) {
   const __m512 wd = _mm512_set1_ps(a->wd), mom = _mm512_set1_ps(a->momentum);
   const __m512 omd = _mm512_set1_ps(a->omd), nlr = _mm512_set1_ps(a->neg_lr);
@@ -67,7 +67,7 @@ AVX512 static void sgd_avx512(const loom__sgd_args *a, float *p, const float *g,
 
 /* Lanes 0-7 and 8-15 in two registers; squares of f32 are exact in double, so the fused
  * multiply-add rounds exactly as the scalar multiply-then-add. */
-AVX512 static void sumsq_avx512(double lane[16], const float *x, size_t n) {
+static void sumsq_avx512(double lane[16], const float *x, size_t n) {
   __m512d lo = _mm512_loadu_pd(lane), hi = _mm512_loadu_pd(lane + 8);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -81,7 +81,7 @@ AVX512 static void sumsq_avx512(double lane[16], const float *x, size_t n) {
   loom__sumsq_lanes(lane, x + i, n - i, i);
 }
 
-AVX512 static void scale_avx512(float *x, float s, size_t n) {
+static void scale_avx512(float *x, float s, size_t n) {
   const __m512 vs = _mm512_set1_ps(s);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, mul(_mm512_loadu_ps(x + i), vs));

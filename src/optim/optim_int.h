@@ -43,14 +43,9 @@ typedef struct loom__optim_kernels {
   void (*scale)(float *x, float s, size_t n);
 } loom__optim_kernels;
 
-extern const loom__optim_kernels loom__optim_kernels_scalar;
-extern const loom__optim_kernels loom__optim_kernels_avx2;
-extern const loom__optim_kernels loom__optim_kernels_avx512;
-
-/* The table of the active CPU level (loom_cpu_level_active), NULL entries filled from scalar. */
-const loom__optim_kernels *loom__optim_k(void);
-/* The table of a given level (tests compare levels); scalar for a level out of range. */
-const loom__optim_kernels *loom__optim_k_level(loom_cpu_level level);
+/* The tables (every one full), the table of a given level (tests compare levels) and the
+ * active level's (core_int.h's kernel-table pattern). */
+LOOM__KERNEL_TABLES(loom__optim_kernels, loom__optim_kernels, loom__optim_k_level, loom__optim_k);
 
 /* Scalar kernels, also used by the SIMD kernels for their ragged tails. */
 void loom__adam_scalar(const loom__adam_args *a, float *p, const float *g, float *m, float *v,

@@ -24,6 +24,13 @@ size_t loom_optim_state_per_segment(const loom_optim *o) {
   return o ? (size_t)o->nstate : 0;
 }
 
+/* A live optimizer, no chunked step open, seg in range: what a per-segment call needs. */
+static int check_seg_op(const loom_optim *o, size_t seg, const char *who) {
+  int rc = loom__optim_check(o, who);
+  if (!rc) rc = check_closed(o, who);
+  return rc ? rc : check_seg(o, seg, who);
+}
+
 bool loom_optim_state_released(const loom_optim *o, size_t seg) {
   if (!o || o->magic != LOOM__OPTIM_MAGIC || seg >= o->nseg) return false;
   return loom__seg_released(o, &o->seg[seg]);
@@ -31,9 +38,7 @@ bool loom_optim_state_released(const loom_optim *o, size_t seg) {
 
 int loom_optim_release_state(loom_optim *o, size_t seg) {
   const char *who = "loom_optim_release_state";
-  int rc = loom__optim_check(o, who);
-  if (!rc) rc = check_closed(o, who);
-  if (!rc) rc = check_seg(o, seg, who);
+  int rc = check_seg_op(o, seg, who);
   if (rc) return rc;
   loom__seg_state_free(o, &o->seg[seg]); /* no state, or already released: nothing to free */
   return LOOM_OK;
@@ -41,9 +46,7 @@ int loom_optim_release_state(loom_optim *o, size_t seg) {
 
 int loom_optim_restore_state(loom_optim *o, size_t seg) {
   const char *who = "loom_optim_restore_state";
-  int rc = loom__optim_check(o, who);
-  if (!rc) rc = check_closed(o, who);
-  if (!rc) rc = check_seg(o, seg, who);
+  int rc = check_seg_op(o, seg, who);
   if (rc) return rc;
   if (!loom__seg_released(o, &o->seg[seg])) return LOOM_OK;
   return loom__seg_state_alloc(o, &o->seg[seg], who); /* all or nothing: released on failure */

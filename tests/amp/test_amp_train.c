@@ -103,7 +103,7 @@ LT_TEST(amp_train_f16_dynamic_scaling_skips_exactly_the_overflowing_steps) {
   mlp m = {0};
   mlp_init(&m, 7);
   loom_dynamic_scaler_cfg cfg;
-  loom_dynamic_scaler_cfg_default(&cfg);
+  cfg = loom_dynamic_scaler_cfg_default();
   cfg.growth_interval = 1000; /* no growth in this run: every change of scale is a backoff */
   loom_scaler *s = NULL;
   LT_OK(loom_scaler_create_dynamic(&cfg, &s));

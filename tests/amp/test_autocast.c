@@ -5,7 +5,7 @@
  * hook; thread-locality (two threads in different modes at once); run-time policy changes on
  * created and default registries, with the errors of each. */
 #include "lt.h"
-#include "amp/autocast_int.h"
+#include "autocast/autocast_int.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

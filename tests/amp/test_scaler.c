@@ -39,7 +39,7 @@ static loom_scaler *dyn(float initial, float growth, float backoff, int64_t inte
 
 LT_TEST(scaler_defaults_are_the_specs) {
   loom_dynamic_scaler_cfg c;
-  loom_dynamic_scaler_cfg_default(&c);
+  c = loom_dynamic_scaler_cfg_default();
   LT_EQ(c.initial_scale, 65536);
   LT_EQ(c.growth_factor, 2);
   LT_EQ(c.backoff_factor * 2, 1);
@@ -212,7 +212,7 @@ LT_TEST(scaler_matches_the_spec_update_rule_on_random_sequences) {
 
 LT_TEST(scaler_disabled_keeps_scale_one) {
   loom_dynamic_scaler_cfg c;
-  loom_dynamic_scaler_cfg_default(&c);
+  c = loom_dynamic_scaler_cfg_default();
   c.enabled = false;
   loom_scaler *s = NULL;
   LT_OK(loom_scaler_create_dynamic(&c, &s));
@@ -294,9 +294,9 @@ LT_TEST(scaler_reset_returns_to_initial_state) {
 
 LT_TEST(scaler_presets) {
   loom_dynamic_scaler_cfg d, c, a, byname;
-  loom_dynamic_scaler_cfg_default(&d);
-  loom_dynamic_scaler_cfg_conservative(&c);
-  loom_dynamic_scaler_cfg_aggressive(&a);
+  d = loom_dynamic_scaler_cfg_default();
+  c = loom_dynamic_scaler_cfg_conservative();
+  a = loom_dynamic_scaler_cfg_aggressive();
   LT_OK(loom_dynamic_scaler_cfg_validate(&d));
   LT_OK(loom_dynamic_scaler_cfg_validate(&c));
   LT_OK(loom_dynamic_scaler_cfg_validate(&a));
@@ -331,7 +331,7 @@ LT_TEST(scaler_presets) {
 #define BAD(field, value, substr)                                                             \
   do {                                                                                        \
     loom_dynamic_scaler_cfg c;                                                                \
-    loom_dynamic_scaler_cfg_default(&c);                                                      \
+    c = loom_dynamic_scaler_cfg_default();                                                    \
     c.field = value;                                                                          \
     LT_ERR(loom_dynamic_scaler_cfg_validate(&c), LOOM_EINVAL, substr);                        \
     loom_scaler *s = (loom_scaler *)&c;                                                       \

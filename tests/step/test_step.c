@@ -113,8 +113,7 @@ static int rank_fn(loom_pg *pg, void *arg) {
     loom_param_seg seg = {"mlp", loom_tensor_data(w), loom_tensor_data(g), numel, 0};
     TRY(loom_optim_create_adam(&seg, 1, &ac, &opt));
     if (r->f16) {
-      loom_dynamic_scaler_cfg dc;
-      loom_dynamic_scaler_cfg_default(&dc);
+      loom_dynamic_scaler_cfg dc = loom_dynamic_scaler_cfg_default();
       dc.initial_scale = 1024;
       TRY(loom_scaler_create_dynamic(&dc, &scaler));
       sc.scaler = scaler;

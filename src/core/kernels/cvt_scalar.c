@@ -51,31 +51,32 @@ uint32_t loom__ref_f16_to_f32(uint16_t h) {
   return sign | ((exp + 112u) << 23) | (mant << 13);
 }
 
-static void f32_to_bf16(const float *src, uint16_t *dst, size_t n) {
+/* The buffer loops around the element references (inlined, one loop each way). */
+static inline void narrow(const float *src, uint16_t *dst, size_t n, uint16_t (*ref)(uint32_t)) {
   for (size_t i = 0; i < n; i++) {
     uint32_t b;
     memcpy(&b, &src[i], 4);
-    dst[i] = loom__ref_f32_to_bf16(b);
+    dst[i] = ref(b);
   }
+}
+static inline void widen(const uint16_t *src, float *dst, size_t n, uint32_t (*ref)(uint16_t)) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t b = ref(src[i]);
+    memcpy(&dst[i], &b, 4);
+  }
+}
+
+static void f32_to_bf16(const float *src, uint16_t *dst, size_t n) {
+  narrow(src, dst, n, loom__ref_f32_to_bf16);
 }
 static void bf16_to_f32(const uint16_t *src, float *dst, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    uint32_t b = loom__ref_bf16_to_f32(src[i]);
-    memcpy(&dst[i], &b, 4);
-  }
+  widen(src, dst, n, loom__ref_bf16_to_f32);
 }
 static void f32_to_f16(const float *src, uint16_t *dst, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    uint32_t b;
-    memcpy(&b, &src[i], 4);
-    dst[i] = loom__ref_f32_to_f16(b);
-  }
+  narrow(src, dst, n, loom__ref_f32_to_f16);
 }
 static void f16_to_f32(const uint16_t *src, float *dst, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    uint32_t b = loom__ref_f16_to_f32(src[i]);
-    memcpy(&dst[i], &b, 4);
-  }
+  widen(src, dst, n, loom__ref_f16_to_f32);
 }
 
 const loom__core_kernels loom__core_kernels_scalar = {

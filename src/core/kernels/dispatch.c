@@ -85,6 +85,10 @@ bool loom_cpu_supports(loom_cpu_level level) {
   return (unsigned)level < LOOM_CPU_LEVEL_COUNT && supported[level];
 }
 
+loom_cpu_level loom__kernel_level(loom_cpu_level level) {
+  return loom_cpu_supports(level) ? level : LOOM_CPU_SCALAR;
+}
+
 bool loom_cpu_has_avx512bf16(void) {
   pthread_once(&once, init);
   return has_bf16;

@@ -2,7 +2,7 @@
  * with saved-state tokens, the outermost region's generation (what keys the ops layer's cast
  * cache) and the hook that ends that cache; and the dispatch lookup with the thread's state.
  * Part of the autocast layer: includes only core. */
-#include "amp/autocast_int.h"
+#include "autocast/autocast_int.h"
 #include "core/core_int.h"
 
 #include <stdatomic.h>
@@ -73,7 +73,7 @@ const loom_amp_registry *loom_autocast_get_registry(void) { return tls.registry;
 int loom_autocast_depth(void) { return tls.depth; }
 uint64_t loom_autocast_generation(void) { return tls.generation; }
 
-bool loom_autocast_dtype_for(loom_amp_op op, const loom_dtype *in, int n, loom_dtype *out) {
+bool loom_autocast_dtype_for(loom_amp_op op, const loom_dtype *in, size_t n, loom_dtype *out) {
   if (tls.mode == LOOM_AUTOCAST_OFF) return false;
   return loom_amp_registry_dtype_for(tls.registry, tls.mode, op, in, n, out);
 }

@@ -3,7 +3,7 @@
  * time (one atomic byte per kind), the two process-wide default registries, and the lookup that
  * turns (policy, mode, input dtypes) into a target dtype. Part of the autocast layer: includes
  * only core. */
-#include "amp/autocast_int.h"
+#include "autocast/autocast_int.h"
 #include "core/core_int.h"
 
 #include <stdatomic.h>
@@ -221,28 +221,28 @@ int loom_amp_registry_reset(loom_amp_registry *reg) {
 /* ---- the lookup ---------------------------------------------------------------------------- */
 
 bool loom_amp_registry_dtype_for(const loom_amp_registry *reg, loom_autocast_mode mode,
-                                 loom_amp_op op, const loom_dtype *in, int n, loom_dtype *out) {
+                                 loom_amp_op op, const loom_dtype *in, size_t n, loom_dtype *out) {
   if (mode != LOOM_AUTOCAST_F16 && mode != LOOM_AUTOCAST_BF16) return false;
-  if ((unsigned)op >= LOOM_AMP_OP_COUNT || !in || n <= 0) return false;
+  if ((unsigned)op >= LOOM_AMP_OP_COUNT || !in || n == 0) return false;
   if (!reg) reg = loom_amp_registry_default(mode);
   loom_dtype target;
   switch (atomic_load_explicit(&reg->policy[op], memory_order_relaxed)) {
   case LOOM_AMP_LOWER: target = loom_autocast_mode_dtype(mode); break;
   case LOOM_AMP_FP32: target = LOOM_F32; break;
   case LOOM_AMP_PROMOTE: { /* the one floating dtype, or f32 when they differ */
-    int first = -1;
-    for (int i = 0; i < n && first < 0; i++)
+    size_t first = n;
+    for (size_t i = 0; i < n && first == n; i++)
       if (loom_dtype_is_float(in[i])) first = i;
-    if (first < 0) return false;
+    if (first == n) return false;
     target = in[first];
-    for (int i = first + 1; i < n; i++)
+    for (size_t i = first + 1; i < n; i++)
       if (loom_dtype_is_float(in[i]) && in[i] != target) target = LOOM_F32;
     break;
   }
   default: return false;
   }
   if (out) *out = target;
-  for (int i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++)
     if (loom_dtype_is_float(in[i]) && in[i] != target) return true;
   return false;
 }
