@@ -134,15 +134,18 @@ int loom_ddp_finish(loom_ddp *d) {
   double t_end = loom__ddp_now();
   size_t nb = loom_bucket_manager_count(d->m);
   size_t unused = d->n;
+  int rc = LOOM_OK;
   for (size_t i = 0; i < d->n; i++) {
     if (d->ready[i]) continue;
     if (unused == d->n) unused = i;
-    (void)loom_tensor_grad(d->params[i]); /* a lazily zeroed gradient is sent as zeros */
+    int zrc = loom_tensor_settle_grad(d->params[i]); /* a lazily zeroed gradient is sent as zeros */
+    if (!rc) rc = zrc;
   }
   /* Launch what is left (all of it on the eager path; with an unused parameter, its bucket and
    * those after it, so that every rank still issues the same collectives). */
   for (size_t b = d->next_launch; b < nb; b++) d->pending[b] = 0;
-  int rc = launch_ready(d);
+  int rc_launch = launch_ready(d);
+  if (!rc) rc = rc_launch;
   int rc2 = loom_bucket_manager_wait_all(d->m);
   if (!rc2) rc2 = loom_bucket_manager_copy_back_all(d->m); /* gradients its buffers do not view */
   double t_done = loom__ddp_now();

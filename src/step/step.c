@@ -138,9 +138,13 @@ int loom_step_backward(loom_step *st, loom_tensor *loss) {
 /* No strategy or DDP: unscale the gradients, the flag over the ranks. */
 static int unscale_replicated(loom_step *st, bool *overflow) {
   if (!st->cfg.scaler) return LOOM_OK;
-  for (size_t i = 0; i < st->nparams; i++) st->grads[i] = loom_tensor_grad(st->params[i]);
+  int rc = LOOM_OK;
+  for (size_t i = 0; i < st->nparams && !rc; i++) { /* a lazy zero backward missed: its zeros */
+    rc = loom_tensor_settle_grad(st->params[i]);
+    st->grads[i] = loom_tensor_grad(st->params[i]);
+  }
   bool found = false;
-  int rc = loom_scaler_unscale(st->cfg.scaler, st->grads, st->nparams, &found);
+  if (!rc) rc = loom_scaler_unscale(st->cfg.scaler, st->grads, st->nparams, &found);
   if (rc) return rc;
   if (!st->cfg.ddp) {
     *overflow = found;
