@@ -48,6 +48,7 @@ static int run_threads(const train_opts *o, const loom_pg_cfg *cfg) {
   rank_run *r = calloc(1, sizeof *r);
   if (!r) return train_fail(LOOM_ENOMEM, "train: out of memory");
   r->o = o;
+  for (int p = 0; p < LOOM_POOL_COUNT; p++) loom_mem_reset_peak((loom_pool)p); /* this run's */
   int rc = loom_threads_run((int)o->ranks, cfg, rank_main, r);
   if (rc) {
     int worst = 0;

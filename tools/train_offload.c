@@ -1,6 +1,7 @@
 /* train_offload.c: FSDP offload in `loom train` (--offload, --offload-tier, --offload-dir,
  * --prefetch): the library's offload configuration made from the options, and what the run
- * reports about it: the rank's host-pool and file-pool bytes (its memory account), the
+ * reports about it: the bytes in the tier, the rank's host-pool and file-pool bytes (its memory
+ * account; the host pool counts offloaded bytes and nothing else, loom/alloc.h), the
  * process's peak RSS, and the bytes moved to and from the tier with the time spent moving them
  * and the part of it the compute waited for. Offload moves bytes only (the results are
  * bit-identical without it), so none of this enters the resume fingerprint. */
@@ -77,12 +78,13 @@ void train_offload_json(const train_opts *o, const loom_fsdp_stats *s, char *buf
 void train_offload_summary(const train_opts *o, loom_fsdp *f, FILE *out) {
   loom_fsdp_stats s;
   if (!offload_on(o) || loom_fsdp_stats_get(f, &s)) return;
-  char moved[32], host[32], file[32], rss[32];
+  char moved[32], held[32], host[32], file[32], rss[32];
   progress_bytes(moved, sizeof moved, (size_t)(s.offload_to_bytes + s.offload_from_bytes));
+  progress_bytes(held, sizeof held, s.offload_bytes);
   progress_bytes(host, sizeof host, rank_pool(LOOM_POOL_HOST).peak_bytes);
   progress_bytes(file, sizeof file, rank_pool(LOOM_POOL_FILE).peak_bytes);
   progress_bytes(rss, sizeof rss, peak_rss());
-  fprintf(out, "loom train: offload: %s tier, %s moved, exposed wait %.2f s of %.2f s transfer, "
-          "host pool peak %s, file pool peak %s (rank 0); peak RSS %s\n", o->offload_tier,
-          moved, s.offload_wait_s, s.offload_transfer_s, host, file, rss);
+  fprintf(out, "loom train: offload: %s tier, %s offloaded, %s moved, exposed wait %.2f s of "
+          "%.2f s transfer, host pool peak %s, file pool peak %s (rank 0); peak RSS %s\n",
+          o->offload_tier, held, moved, s.offload_wait_s, s.offload_transfer_s, host, file, rss);
 }

@@ -477,7 +477,13 @@ int train_run(const train_opts *o, loom_pg *pg) {
   t.o = o;
   int rc = o->threads > 0 ? loom_set_num_threads((int)o->threads) : LOOM_OK;
   if (rc) return train_fail_loom(rc, "--threads");
-  if (!pg) loom_mem_reset_peak(LOOM_POOL_COMPUTE); /* this run's peak, not an earlier one's */
+  /* this run's peaks, not an earlier one's in the same process: the process's pools with one
+   * rank (with ranks as threads, cmd_train.c resets them before the ranks start), and the
+   * rank's own account */
+  for (int p = 0; p < LOOM_POOL_COUNT; p++) {
+    if (!pg) loom_mem_reset_peak((loom_pool)p);
+    if (loom_mem_account() > 0) loom_mem_account_reset_peak(loom_mem_account(), (loom_pool)p);
+  }
   rc = setup(&t, pg);
   if (!rc && t.nranks > 1 && loom_mem_account() > 0) { /* the training peak, apart */
     loom_pool_stats ps = {0};

@@ -1,11 +1,13 @@
 /* loom/alloc.h: memory pools, byte accounting, the allocator hook and failure injection.
  *
  * Every byte loom allocates goes through one hook and is counted against a pool: compute
- * (tensors, activations, gradients), host (pinned-style host staging and CPU offload) and
- * file (disk-backed offload). Each pool has current and peak byte counts that any thread may
- * read at any time, process-wide and per account (per rank of the threads backend). Tests
- * swap the hook or make the Nth allocation fail to prove that every create path cleans up
- * when memory runs out. */
+ * (tensors, activations, gradients, optimizer state, work buffers), host (FSDP's CPU offload:
+ * the host tier's copies of shards, gradients and optimizer state, and optimizer state made
+ * with state_pool LOOM_POOL_HOST; nothing else, so a run without offload keeps it at 0), file
+ * (the disk tier) and meta (loom's own bookkeeping and I/O staging). Each pool has current and
+ * peak byte counts that any thread may read at any time, process-wide and per account (per
+ * rank of the threads backend). Tests swap the hook or make the Nth allocation fail to prove
+ * that every create path cleans up when memory runs out. */
 #ifndef LOOM_ALLOC_H
 #define LOOM_ALLOC_H
 
@@ -18,9 +20,13 @@ extern "C" {
 
 typedef enum loom_pool {
   LOOM_POOL_COMPUTE = 0, /* tensors and work buffers in use by compute */
-  LOOM_POOL_HOST = 1,    /* host-side copies: CPU offload of shards and optimizer state */
-  LOOM_POOL_FILE = 2,    /* disk-backed memory (mapped files) */
-  LOOM_POOL_COUNT = 3
+  LOOM_POOL_HOST = 1,    /* host-side copies: CPU offload of shards, gradients and optimizer
+                            state, and nothing else (the offload figure) */
+  LOOM_POOL_FILE = 2,    /* disk-backed memory (mapped files, the disk tier) */
+  LOOM_POOL_META = 3,    /* bookkeeping (plans, lists, names, handles, object structs) and
+                            host staging of I/O and collectives (a file or a dataset read into
+                            memory, a write's pieces, a collective's scratch) */
+  LOOM_POOL_COUNT = 4
 } loom_pool;
 
 typedef struct loom_pool_stats {
@@ -61,7 +67,7 @@ int loom_mem_account_stats(int account, loom_pool pool, loom_pool_stats *out);
 /* Set one account's peak for a pool to its current value (a no-op out of range). */
 void loom_mem_account_reset_peak(int account, loom_pool pool);
 
-/* The pool's name: "compute", "host", "file"; "?" if out of range. */
+/* The pool's name: "compute", "host", "file", "meta"; "?" if out of range. */
 const char *loom_pool_name(loom_pool pool);
 
 /* The hook every allocation goes through. alloc returns `size` bytes aligned to `align` (a

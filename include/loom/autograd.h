@@ -72,11 +72,17 @@ int loom_tensor_set_requires_grad(loom_tensor *t, bool requires_grad);
 bool loom_tensor_requires_grad(const loom_tensor *t);
 /* True unless t was produced by a recorded op. */
 bool loom_tensor_is_leaf(const loom_tensor *t);
-/* The leaf's accumulated gradient (borrowed; NULL before the first backward that reaches it
- * and after loom_tensor_set_grad(t, NULL)). Same dtype and shape as t, contiguous. If the
- * gradient was zeroed lazily and nothing wrote it since, this writes its zeros first, so two
- * threads must not call it on the same leaf at once. */
+/* The leaf's gradient buffer (borrowed; NULL before the first backward that reaches it, after
+ * loom_tensor_set_grad(t, NULL), and for NULL or a tensor without autograd state). Same dtype
+ * and shape as t, contiguous. A pure getter: it writes nothing, so any number of threads may
+ * call it at once. While a lazy zero is pending (loom_tensor_zero_grad_lazy, and no backward
+ * has written the gradient since) the buffer still holds the old values: call
+ * loom_tensor_settle_grad(t) before reading it. */
 loom_tensor *loom_tensor_grad(const loom_tensor *t);
+/* Write a pending lazy zero (loom_tensor_zero_grad_lazy) into t's gradient buffer now and end
+ * it; a no-op when none is pending or t has no gradient. Afterwards the buffer holds what the
+ * gradient logically is. Two threads must not call it on the same leaf at once. */
+int loom_tensor_settle_grad(loom_tensor *t);
 /* Use `grad` as t's gradient buffer: backward accumulates into it in place. Retains grad.
  * It must have t's dtype and shape and be contiguous (LOOM_EDTYPE / LOOM_ESHAPE otherwise),
  * and t must be a leaf (LOOM_EMISUSE). NULL drops the gradient (the next backward allocates
@@ -87,10 +93,12 @@ int loom_tensor_zero_grad(loom_tensor *t);
 /* Zero t's gradient without writing it (what PyTorch's zero_grad(set_to_none=True) saves, with
  * the buffer kept, so DDP's bucket views and arenas stay in place): the next backward that
  * reaches t overwrites the buffer instead of adding to it (a GEMM with beta = 0, a copy), and
- * loom_tensor_grad(t) writes the zeros first if nothing did. Until one of them runs, the
- * buffer's memory still holds the old values: code that reads it through a pointer or tensor
- * taken earlier (an optimizer segment, a gradient list given to the AMP scaler) must do so
- * after a backward that reached t, or call loom_tensor_grad(t) first. A backward that fails
+ * loom_tensor_settle_grad(t) writes the zeros if nothing did. Until one of them runs, the
+ * buffer's memory still holds the old values: code that reads it (through loom_tensor_grad,
+ * or a pointer or tensor taken earlier: an optimizer segment, a gradient list given to the AMP
+ * scaler) must do so after a backward that reached t, or call loom_tensor_settle_grad(t)
+ * first. loom_ddp_finish, loom_fsdp_finish, loom_step_apply, the AMP unscale hooks and
+ * loom_amp_graph_backward settle the gradients they read. A backward that fails
  * leaves each such gradient complete (its hooks ran) or zero. DDP sends the gradient of a
  * parameter backward did not reach as zeros. No-op if t has no gradient buffer. */
 int loom_tensor_zero_grad_lazy(loom_tensor *t);

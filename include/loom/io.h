@@ -45,7 +45,7 @@ extern "C" {
 
 /* Open flags. */
 #define LOOM_SAFETENSORS_MMAP 1u /* map the file (counted in LOOM_POOL_FILE) instead of reading
-                                  * it into memory (LOOM_POOL_HOST) */
+                                  * it into memory (LOOM_POOL_META) */
 
 typedef struct loom_safetensors loom_safetensors;
 

@@ -85,7 +85,9 @@ int loom_amp_graph_backward(loom_amp_graph *g, loom_scaler *scaler, loom_named_t
   int rc = loom_backward_amp_ctx(g->root, &ctx, true);
   if (rc) return rc;
   g->ctx = ctx;
-  for (size_t i = 0; i < g->n; i++)
+  for (size_t i = 0; i < g->n; i++) { /* a lazily zeroed gradient backward missed: its zeros */
+    if ((rc = loom_tensor_settle_grad(g->params[i].tensor))) return rc;
     grads[i] = (loom_named_tensor){g->params[i].name, loom_tensor_grad(g->params[i].tensor)};
+  }
   return LOOM_OK;
 }

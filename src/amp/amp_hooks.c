@@ -141,8 +141,10 @@ int loom_amp_unscale_hooks_finish(loom_amp_unscale_hooks *h, bool *found_inf) {
   if (rc) return rc;
   for (size_t i = 0; i < h->n; i++) { /* gradients no hook reached (not used this step) */
     hook_slot *sl = &h->slots[i];
+    if (sl->done) continue;
+    if ((rc = loom_tensor_settle_grad(sl->param))) return rc; /* a lazy zero: zeros, checked */
     loom_tensor *g = loom_tensor_grad(sl->param);
-    if (sl->done || !g) continue;
+    if (!g) continue;
     if ((rc = pass(h, sl, g))) return rc;
   }
   if (h->defer) loom__scaler_mark_checked(h->scaler);

@@ -31,7 +31,7 @@ int loom__scaler_new(const loom__scaler_ops *ops, const loom_dynamic_scaler_cfg 
   *out = NULL;
   int rc = loom_dynamic_scaler_cfg_validate(cfg);
   if (rc) return rc;
-  loom_scaler *s = loom__calloc(LOOM_POOL_HOST, 1, sizeof *s);
+  loom_scaler *s = loom__calloc(LOOM_POOL_META, 1, sizeof *s);
   if (!s) return loom__fail(LOOM_ENOMEM, "loom_scaler_create: out of memory");
   s->magic = LOOM__SCALER_MAGIC;
   s->ops = ops;

@@ -144,7 +144,7 @@ int loom_amp_registry_create(loom_autocast_mode preset, loom_amp_registry **out)
   if (!preset_table(preset))
     return loom__fail(LOOM_EINVAL, "loom_amp_registry_create: preset %d is not f16 or bf16",
                       (int)preset);
-  loom_amp_registry *r = loom__calloc(LOOM_POOL_HOST, 1, sizeof *r);
+  loom_amp_registry *r = loom__calloc(LOOM_POOL_META, 1, sizeof *r);
   if (!r) return loom__fail(LOOM_ENOMEM, "loom_amp_registry_create: out of memory");
   r->magic = REGISTRY_MAGIC;
   r->preset = preset;

@@ -92,10 +92,16 @@ void loom__grad_settle_zero(loom__meta *m) {
 }
 
 loom_tensor *loom_tensor_grad(const loom_tensor *t) {
-  /* reading a lazily zeroed gradient writes its zeros first (the metadata is not const) */
-  loom__meta *m = (loom__meta *)meta_of(t);
-  if (m && m->grad && m->grad_lazy_zero) loom__grad_settle_zero(m);
+  const loom__meta *m = meta_of(t);
   return m ? m->grad : NULL;
+}
+
+int loom_tensor_settle_grad(loom_tensor *t) {
+  int rc = loom_tensor_check(t, "loom_tensor_settle_grad");
+  if (rc) return rc;
+  loom__meta *m = t->autograd;
+  if (m && m->grad && m->grad_lazy_zero) loom__grad_settle_zero(m);
+  return LOOM_OK;
 }
 
 const char *loom_tensor_grad_fn_name(const loom_tensor *t) {

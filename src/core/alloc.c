@@ -49,7 +49,7 @@ static void default_free(void *ctx, void *p) {
 static loom_allocator hook = {default_alloc, default_free, NULL};
 
 const char *loom_pool_name(loom_pool pool) {
-  static const char *names[LOOM_POOL_COUNT] = {"compute", "host", "file"};
+  static const char *names[LOOM_POOL_COUNT] = {"compute", "host", "file", "meta"};
   return (unsigned)pool < LOOM_POOL_COUNT ? names[pool] : "?";
 }
 

@@ -41,16 +41,16 @@ static int alloc_manager(loom_pg *pg, const size_t *numel, const loom_dtype *dty
     loom_bucket_cfg_default(&defaults);
     cfg = &defaults;
   }
-  loom_bucket_manager *m = loom__calloc(LOOM_POOL_HOST, 1, sizeof *m);
+  loom_bucket_manager *m = loom__calloc(LOOM_POOL_META, 1, sizeof *m);
   LOOM_TRY_ALLOC(m, "the bucket manager");
   m->pg = pg;
   m->n = n;
   m->wire_set = wire_set;
   m->wire = wire;
-  m->grads = loom__calloc(LOOM_POOL_HOST, n ? n : 1, sizeof *m->grads);
+  m->grads = loom__calloc(LOOM_POOL_META, n ? n : 1, sizeof *m->grads);
   LOOM_TRY_ALLOC(m->grads, "the gradient list");
   LOOM_TRY(loom__bucket_plan_make(numel, dtype, n, cfg, &m->plan));
-  m->b = loom__calloc(LOOM_POOL_HOST, m->plan.nbuckets ? m->plan.nbuckets : 1, sizeof *m->b);
+  m->b = loom__calloc(LOOM_POOL_META, m->plan.nbuckets ? m->plan.nbuckets : 1, sizeof *m->b);
   LOOM_TRY_ALLOC(m->b, "the buckets");
   *out = m;
   return LOOM_OK;
@@ -78,8 +78,8 @@ done:
 static int describe(const char *who, loom_tensor *const *ts, size_t n, size_t **numel,
                     loom_dtype **dtype) {
   int rc = LOOM_OK;
-  *numel = loom__calloc(LOOM_POOL_HOST, n ? n : 1, sizeof **numel);
-  *dtype = loom__calloc(LOOM_POOL_HOST, n ? n : 1, sizeof **dtype);
+  *numel = loom__calloc(LOOM_POOL_META, n ? n : 1, sizeof **numel);
+  *dtype = loom__calloc(LOOM_POOL_META, n ? n : 1, sizeof **dtype);
   if (!*numel || !*dtype) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
   for (size_t i = 0; i < n; i++) {
     if ((rc = loom_tensor_check(ts[i], who))) return rc;
@@ -150,8 +150,8 @@ static int arena_run(loom_bucket_manager *m, size_t b, loom_tensor *const *cur, 
       return LOOM_OK;
   }
   int rc = LOOM_OK;
-  member *mem = loom__calloc(LOOM_POOL_HOST, count, sizeof *mem);
-  size_t *offset = loom__calloc(LOOM_POOL_HOST, count, sizeof *offset);
+  member *mem = loom__calloc(LOOM_POOL_META, count, sizeof *mem);
+  size_t *offset = loom__calloc(LOOM_POOL_META, count, sizeof *offset);
   LOOM_TRY_ALLOC(mem && offset ? mem : NULL, "a bucket's gradient places");
   for (size_t k = 0; k < count; k++) mem[k] = (member){k, cur[p->order[k0 + k]]->offset};
   qsort(mem, count, sizeof *mem, cmp_member);
@@ -184,7 +184,7 @@ int loom__bucket_manager_create_ddp(loom_pg *pg, loom_tensor *const *params, siz
   size_t *numel = NULL;
   loom_dtype *dtype = NULL;
   loom_bucket_manager *m = NULL;
-  loom_tensor **cur = loom__calloc(LOOM_POOL_HOST, n ? n : 1, sizeof *cur);
+  loom_tensor **cur = loom__calloc(LOOM_POOL_META, n ? n : 1, sizeof *cur);
   int rc = cur ? describe(who, params, n, &numel, &dtype)
                : loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
   for (size_t i = 0; !rc && i < n; i++) { /* a gradient that exists is reduced in its dtype */

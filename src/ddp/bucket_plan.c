@@ -60,19 +60,19 @@ int loom__bucket_plan_make(const size_t *numel, const loom_dtype *dtype, size_t 
   loom__layout *lay = NULL; /* per bucket: its flat layout so far */
   out->n = n;
   size_t cap = n ? n : 1;
-  out->bucket_of = loom__calloc(LOOM_POOL_HOST, cap, sizeof(size_t));
-  out->offset = loom__calloc(LOOM_POOL_HOST, cap, sizeof(size_t));
-  out->order = loom__calloc(LOOM_POOL_HOST, cap, sizeof(size_t));
-  out->order_offset = loom__calloc(LOOM_POOL_HOST, cap, sizeof(size_t));
-  out->first = loom__calloc(LOOM_POOL_HOST, cap, sizeof(size_t));
-  out->count = loom__calloc(LOOM_POOL_HOST, cap, sizeof(size_t));
-  out->numel = loom__calloc(LOOM_POOL_HOST, cap, sizeof(size_t));
-  out->bytes = loom__calloc(LOOM_POOL_HOST, cap, sizeof(size_t));
-  out->dtype = loom__calloc(LOOM_POOL_HOST, cap, sizeof(loom_dtype));
-  seq = loom__calloc(LOOM_POOL_HOST, cap, sizeof *seq);
-  open = loom__calloc(LOOM_POOL_HOST, LOOM_DTYPE_COUNT, sizeof *open);
-  fill = loom__calloc(LOOM_POOL_HOST, cap, sizeof *fill);
-  lay = loom__calloc(LOOM_POOL_HOST, cap, sizeof *lay);
+  out->bucket_of = loom__calloc(LOOM_POOL_META, cap, sizeof(size_t));
+  out->offset = loom__calloc(LOOM_POOL_META, cap, sizeof(size_t));
+  out->order = loom__calloc(LOOM_POOL_META, cap, sizeof(size_t));
+  out->order_offset = loom__calloc(LOOM_POOL_META, cap, sizeof(size_t));
+  out->first = loom__calloc(LOOM_POOL_META, cap, sizeof(size_t));
+  out->count = loom__calloc(LOOM_POOL_META, cap, sizeof(size_t));
+  out->numel = loom__calloc(LOOM_POOL_META, cap, sizeof(size_t));
+  out->bytes = loom__calloc(LOOM_POOL_META, cap, sizeof(size_t));
+  out->dtype = loom__calloc(LOOM_POOL_META, cap, sizeof(loom_dtype));
+  seq = loom__calloc(LOOM_POOL_META, cap, sizeof *seq);
+  open = loom__calloc(LOOM_POOL_META, LOOM_DTYPE_COUNT, sizeof *open);
+  fill = loom__calloc(LOOM_POOL_META, cap, sizeof *fill);
+  lay = loom__calloc(LOOM_POOL_META, cap, sizeof *lay);
   if (!lay || !out->bucket_of || !out->offset || !out->order || !out->order_offset || !out->first || !out->count ||
       !out->numel || !out->bytes || !out->dtype || !seq || !open || !fill) {
     rc = loom__fail(LOOM_ENOMEM, "bucket plan: out of memory for %zu gradients", n);

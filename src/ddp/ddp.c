@@ -64,7 +64,7 @@ static int check_peers(loom_ddp *d) {
 }
 
 static int broadcast_params(loom_ddp *d) {
-  loom_work **w = loom__calloc(LOOM_POOL_HOST, d->n ? d->n : 1, sizeof *w);
+  loom_work **w = loom__calloc(LOOM_POOL_META, d->n ? d->n : 1, sizeof *w);
   if (!w) return loom__fail(LOOM_ENOMEM, "ddp: out of memory broadcasting parameters");
   int rc = LOOM_OK;
   for (size_t i = 0; i < d->n && !rc; i++) {
@@ -137,15 +137,18 @@ int loom_ddp_finish(loom_ddp *d) {
   double t_end = loom__ddp_now();
   size_t nb = loom_bucket_manager_count(d->m);
   size_t unused = d->n;
+  int rc = LOOM_OK;
   for (size_t i = 0; i < d->n; i++) {
     if (d->ready[i]) continue;
     if (unused == d->n) unused = i;
-    (void)loom_tensor_grad(d->params[i]); /* a lazily zeroed gradient is sent as zeros */
+    int zrc = loom_tensor_settle_grad(d->params[i]); /* a lazily zeroed gradient is sent as zeros */
+    if (!rc) rc = zrc;
   }
   /* Launch what is left (all of it on the eager path; with an unused parameter, its bucket and
    * those after it, so that every rank still issues the same collectives). */
   for (size_t b = d->next_launch; b < nb; b++) d->pending[b] = 0;
-  int rc = launch_ready(d);
+  int rc_launch = launch_ready(d);
+  if (!rc) rc = rc_launch;
   int rc2 = loom_bucket_manager_wait_all(d->m);
   if (!rc2) rc2 = loom_bucket_manager_copy_back_all(d->m); /* gradients its buffers do not view */
   double t_done = loom__ddp_now();
@@ -289,25 +292,25 @@ int loom_ddp_create(loom_pg *pg, loom_tensor *const *params, const char *const *
     if (!loom_tensor_is_contiguous(params[i]))
       return loom__fail(LOOM_EINVAL, "%s: parameter %zu is not contiguous", who, i);
   }
-  loom_ddp *d = loom__calloc(LOOM_POOL_HOST, 1, sizeof *d);
+  loom_ddp *d = loom__calloc(LOOM_POOL_META, 1, sizeof *d);
   LOOM_TRY_ALLOC(d, "the ddp object");
   d->pg = pg;
   d->n = n;
   d->cfg = *cfg;
   d->sync = true;
   size_t cap = n ? n : 1;
-  d->params = loom__calloc(LOOM_POOL_HOST, cap, sizeof *d->params);
-  d->names = loom__calloc(LOOM_POOL_HOST, cap, sizeof *d->names);
-  d->slots = loom__calloc(LOOM_POOL_HOST, cap, sizeof *d->slots);
-  d->hook_ids = loom__calloc(LOOM_POOL_HOST, cap, sizeof *d->hook_ids);
-  d->ready = loom__calloc(LOOM_POOL_HOST, cap, sizeof *d->ready);
+  d->params = loom__calloc(LOOM_POOL_META, cap, sizeof *d->params);
+  d->names = loom__calloc(LOOM_POOL_META, cap, sizeof *d->names);
+  d->slots = loom__calloc(LOOM_POOL_META, cap, sizeof *d->slots);
+  d->hook_ids = loom__calloc(LOOM_POOL_META, cap, sizeof *d->hook_ids);
+  d->ready = loom__calloc(LOOM_POOL_META, cap, sizeof *d->ready);
   LOOM_TRY_ALLOC(d->params && d->names && d->slots && d->hook_ids && d->ready ? d : NULL,
                  "the parameter tables");
   for (size_t i = 0; i < n; i++) {
     d->params[i] = loom_tensor_retain(params[i]);
     d->hook_ids[i] = -1;
     if (names && names[i]) {
-      d->names[i] = loom__strdup(LOOM_POOL_HOST, names[i]);
+      d->names[i] = loom__strdup(LOOM_POOL_META, names[i]);
       LOOM_TRY_ALLOC(d->names[i], "a parameter name");
     }
   }
@@ -315,7 +318,7 @@ int loom_ddp_create(loom_pg *pg, loom_tensor *const *params, const char *const *
   if (cfg->broadcast_params) LOOM_TRY(broadcast_params(d));
   LOOM_TRY(loom__bucket_manager_create_ddp(pg, params, n, &cfg->buckets, cfg->wire_dtype_set,
                                            cfg->wire_dtype, &d->m));
-  d->pending = loom__calloc(LOOM_POOL_HOST, loom_bucket_manager_count(d->m) + 1, sizeof *d->pending);
+  d->pending = loom__calloc(LOOM_POOL_META, loom_bucket_manager_count(d->m) + 1, sizeof *d->pending);
   LOOM_TRY_ALLOC(d->pending, "the bucket counters");
   for (size_t i = 0; i < n; i++) {
     if (loom_tensor_grad(params[i]) != d->m->grads[i]) /* it had none: its bucket's view */

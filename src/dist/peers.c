@@ -10,7 +10,7 @@
 
 int loom__pg_agree_i64(loom_pg *pg, const int64_t *v, size_t n, size_t *first) {
   *first = n;
-  int64_t *w = loom__calloc(LOOM_POOL_HOST, 2 * (n ? n : 1), sizeof *w);
+  int64_t *w = loom__calloc(LOOM_POOL_META, 2 * (n ? n : 1), sizeof *w);
   if (!w) return loom__fail(LOOM_ENOMEM, "out of memory comparing ranks");
   for (size_t i = 0; i < n; i++) w[i] = v[i], w[n + i] = -v[i];
   int rc = loom_pg_allreduce(pg, w, w, 2 * n, LOOM_I64, LOOM_MAX, NULL);
@@ -40,7 +40,7 @@ int loom__pg_check_same_tensors(loom_pg *pg, loom_tensor *const *ts, const char 
     return loom__fail(LOOM_EMISUSE,
                       "%s: ranks disagree on the parameter count (this rank %zu, others from "
                       "%lld to %lld)", who, n, (long long)-count[1], (long long)count[0]);
-  int64_t *v = loom__calloc(LOOM_POOL_HOST, 3 * (n ? n : 1), sizeof *v);
+  int64_t *v = loom__calloc(LOOM_POOL_META, 3 * (n ? n : 1), sizeof *v);
   if (!v) return loom__fail(LOOM_ENOMEM, "%s: out of memory checking parameters", who);
   for (size_t i = 0; i < n; i++) {
     const loom_tensor *p = ts[i];

@@ -90,7 +90,7 @@ int loom__pg_issue(loom_pg *pg, const loom__coll *c, loom_work **out) {
   loom_work *w = NULL;
   loom_work local;
   if (out) {
-    w = loom__calloc(LOOM_POOL_HOST, 1, sizeof *w);
+    w = loom__calloc(LOOM_POOL_META, 1, sizeof *w);
     if (!w) return loom__fail(LOOM_ENOMEM, "%s: out of memory for a work handle", who);
   } else {
     w = &local;

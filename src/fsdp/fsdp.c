@@ -58,8 +58,8 @@ int loom_fsdp_cfg_validate(const loom_fsdp_cfg *cfg) {
  * same units (a wrap policy that differs). */
 static int check_peers(loom_fsdp *f) {
   size_t n = f->nparams;
-  loom_tensor **ts = loom__calloc(LOOM_POOL_HOST, n ? n : 1, sizeof *ts);
-  const char **names = loom__calloc(LOOM_POOL_HOST, n ? n : 1, sizeof *names);
+  loom_tensor **ts = loom__calloc(LOOM_POOL_META, n ? n : 1, sizeof *ts);
+  const char **names = loom__calloc(LOOM_POOL_META, n ? n : 1, sizeof *names);
   int rc = !ts || !names ? loom__fail(LOOM_ENOMEM, "fsdp: out of memory checking peers") : 0;
   for (size_t i = 0; i < n && !rc; i++) {
     ts[i] = f->root->flat[i]->value;
@@ -75,7 +75,7 @@ static int check_peers(loom_fsdp *f) {
   if (first == 0)
     return loom__fail(LOOM_EMISUSE, "fsdp: ranks disagree on the number of units (%zu here): "
                       "is the wrap policy the same on every rank?", f->nunits);
-  int64_t *v = loom__calloc(LOOM_POOL_HOST, 2 * (f->nunits ? f->nunits : 1), sizeof *v);
+  int64_t *v = loom__calloc(LOOM_POOL_META, 2 * (f->nunits ? f->nunits : 1), sizeof *v);
   if (!v) return loom__fail(LOOM_ENOMEM, "fsdp: out of memory checking peers");
   for (size_t u = 0; u < f->nunits; u++) {
     v[2 * u] = (int64_t)f->units[u].numel;
@@ -111,13 +111,13 @@ static int make_shards(fsdp_unit *u, int rank) {
 }
 
 static int make_segments(loom_fsdp *f) {
-  f->segs = loom__calloc(LOOM_POOL_HOST, f->nunits ? f->nunits : 1, sizeof *f->segs);
-  f->seg_names = loom__calloc(LOOM_POOL_HOST, f->nunits ? f->nunits : 1, sizeof *f->seg_names);
+  f->segs = loom__calloc(LOOM_POOL_META, f->nunits ? f->nunits : 1, sizeof *f->segs);
+  f->seg_names = loom__calloc(LOOM_POOL_META, f->nunits ? f->nunits : 1, sizeof *f->seg_names);
   if (!f->segs || !f->seg_names) return loom__fail(LOOM_ENOMEM, "fsdp: out of memory");
   for (size_t i = 0; i < f->nunits; i++) {
     fsdp_unit *u = &f->units[i];
     size_t len = strlen(u->name) + sizeof ".flat_param";
-    f->seg_names[i] = loom__malloc(LOOM_POOL_HOST, len);
+    f->seg_names[i] = loom__malloc(LOOM_POOL_META, len);
     if (!f->seg_names[i]) return loom__fail(LOOM_ENOMEM, "fsdp: out of memory");
     snprintf(f->seg_names[i], len, "%s%sflat_param", u->name, *u->name ? "." : "");
     /* buffers in the offload tier are given to the optimizer chunk by chunk */
@@ -181,7 +181,7 @@ int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
   }
   int rc = loom_fsdp_cfg_validate(cfg);
   if (rc || (rc = check_module(module))) return rc;
-  loom_fsdp *f = loom__calloc(LOOM_POOL_HOST, 1, sizeof *f);
+  loom_fsdp *f = loom__calloc(LOOM_POOL_META, 1, sizeof *f);
   if (!f) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
   f->pg = pg;
   f->rank = loom_pg_rank(pg);
@@ -191,10 +191,10 @@ int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
   f->sync = true;
   f->fwd_dtype = LOOM_F32;
   if (cfg->wrap == LOOM_FSDP_WRAP_LIST) {
-    f->unit_names = loom__calloc(LOOM_POOL_HOST, cfg->n_unit_names, sizeof *f->unit_names);
+    f->unit_names = loom__calloc(LOOM_POOL_META, cfg->n_unit_names, sizeof *f->unit_names);
     if (!f->unit_names) rc = loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
     for (size_t i = 0; i < cfg->n_unit_names && !rc; i++)
-      if (!(f->unit_names[i] = loom__strdup(LOOM_POOL_HOST, cfg->unit_names[i])))
+      if (!(f->unit_names[i] = loom__strdup(LOOM_POOL_META, cfg->unit_names[i])))
         rc = loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
     f->cfg.unit_names = (const char *const *)f->unit_names;
   }
@@ -202,7 +202,7 @@ int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
     f->fwd_dtype = cfg->mp.forward_dtype;
   if (!rc) rc = loom__fsdp_make_units(f);
   if (!rc) {
-    f->order = loom__calloc(LOOM_POOL_HOST, f->nunits ? f->nunits : 1, sizeof *f->order);
+    f->order = loom__calloc(LOOM_POOL_META, f->nunits ? f->nunits : 1, sizeof *f->order);
     if (!f->order) rc = loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
   }
   if (!rc) rc = check_peers(f);

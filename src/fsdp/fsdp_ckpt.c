@@ -132,12 +132,12 @@ static int write_rank_file(loom_fsdp *f, const char *path, const loom_optim *opt
   size_t nstate = opt ? loom_optim_state_count(opt) : 0;
   size_t per = opt ? loom_optim_state_per_segment(opt) : 0;
   size_t cap = f->nunits + nstate + 1;
-  loom_checkpoint_entry *e = loom__calloc(LOOM_POOL_HOST, cap, sizeof *e);
-  loom__reader *rd = loom__calloc(LOOM_POOL_HOST, cap, sizeof *rd);
-  loom__fsdp_reader *ctx = loom__calloc(LOOM_POOL_HOST, cap, sizeof *ctx);
+  loom_checkpoint_entry *e = loom__calloc(LOOM_POOL_META, cap, sizeof *e);
+  loom__reader *rd = loom__calloc(LOOM_POOL_META, cap, sizeof *rd);
+  loom__fsdp_reader *ctx = loom__calloc(LOOM_POOL_META, cap, sizeof *ctx);
   loom__fsdp_chunk_cache cache = {NULL, SIZE_MAX, 0, 0};
   int rc = !e || !rd || !ctx ? loom__fail(LOOM_ENOMEM, "fsdp checkpoint: out of memory") : LOOM_OK;
-  if (!rc && f->store && !(cache.buf = loom__malloc(LOOM_POOL_HOST, f->chunk * sizeof(float))))
+  if (!rc && f->store && !(cache.buf = loom__malloc(LOOM_POOL_COMPUTE, f->chunk * sizeof(float))))
     rc = loom__fail(LOOM_ENOMEM, "fsdp checkpoint: out of memory for a chunk buffer");
   size_t n = 0;
   for (size_t u = 0; u < f->nunits && !rc; u++)
@@ -174,9 +174,9 @@ static int write_rank_file(loom_fsdp *f, const char *path, const loom_optim *opt
 static int write_index(loom_fsdp *f, const char *dir, int64_t gen, const int64_t *files,
                        const loom_safetensors_meta_kv *umeta, size_t numeta) {
   size_t nu = f->nunits, nm = 4 + nu + numeta;
-  int64_t *units = loom__calloc(LOOM_POOL_HOST, 2 * (nu ? nu : 1), sizeof *units);
-  loom_safetensors_meta_kv *meta = loom__calloc(LOOM_POOL_HOST, nm, sizeof *meta);
-  char *keys = loom__calloc(LOOM_POOL_HOST, nu ? nu : 1, 32);
+  int64_t *units = loom__calloc(LOOM_POOL_META, 2 * (nu ? nu : 1), sizeof *units);
+  loom_safetensors_meta_kv *meta = loom__calloc(LOOM_POOL_META, nm, sizeof *meta);
+  char *keys = loom__calloc(LOOM_POOL_META, nu ? nu : 1, 32);
   if (!units || !meta || !keys) {
     loom__free(units);
     loom__free(meta);
@@ -241,7 +241,7 @@ int loom_fsdp_save_sharded(loom_fsdp *f, const char *dir, const loom_optim *opt,
   int64_t mine[2] = {-1, 0};
   if (!rc) rc = file_size_crc(path, &mine[0], &mine[1]);
   if (rc) mine[0] = -1;
-  int64_t *files = loom__calloc(LOOM_POOL_HOST, 2 * (size_t)f->world, sizeof *files);
+  int64_t *files = loom__calloc(LOOM_POOL_META, 2 * (size_t)f->world, sizeof *files);
   if (!files) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
   int rc2 = loom_pg_allgather(f->pg, mine, files, 2, LOOM_I64, NULL);
   int bad = -1;

@@ -252,8 +252,8 @@ int loom_fsdp_finish(loom_fsdp *f) {
     fsdp_unit *u = &f->units[i];
     if (u->reduced) continue;
     if (u->full_grad) {
-      for (size_t k = 0; k < u->nparams; k++) (void)loom_tensor_grad(u->params[k].p->value);
-      rc = post_backward(u);
+      for (size_t k = 0; k < u->nparams && !rc; k++) rc = loom_tensor_settle_grad(u->params[k].p->value);
+      if (!rc) rc = post_backward(u);
     } else if (f->sync) {
       float *zero = NULL; /* no local gradient: a zero shard */
       if (!(rc = loom__fsdp_grad_target(u, &zero))) {

@@ -160,7 +160,7 @@ int loom_fsdp_mp_create(const loom_fsdp_mp_cfg *cfg, loom_fsdp_mp **out) {
   if (!cfg) return loom__fail(LOOM_EINVAL, "%s: cfg is NULL", who);
   int rc = loom_fsdp_mp_cfg_validate(cfg);
   if (rc) return rc;
-  loom_fsdp_mp *m = loom__calloc(LOOM_POOL_HOST, 1, sizeof *m);
+  loom_fsdp_mp *m = loom__calloc(LOOM_POOL_META, 1, sizeof *m);
   if (!m) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
   m->magic = MP_MAGIC;
   m->cfg = *cfg;

@@ -434,7 +434,7 @@ int loom__fsdp_offload_init(loom_fsdp *f) {
   const loom_fsdp_offload_cfg *c = &f->cfg.offload;
   if (!c->enabled) return LOOM_OK;
   f->chunk = c->chunk_bytes / sizeof(float);
-  if (c->dir && !(f->offload_dir = loom__strdup(LOOM_POOL_HOST, c->dir)))
+  if (c->dir && !(f->offload_dir = loom__strdup(LOOM_POOL_META, c->dir)))
     return loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory");
   f->cfg.offload.dir = f->offload_dir;
   int rc = loom__ostore_create(c->tier == LOOM_FSDP_TIER_DISK ? LOOM__OTIER_DISK : LOOM__OTIER_HOST,
@@ -447,7 +447,7 @@ int loom__fsdp_offload_init(loom_fsdp *f) {
     u->off.slot0 = slot;
     slot += 2 * OFF_KINDS * u->off.nchunks;
     for (int k = 0; k < OFF_KINDS; k++) {
-      u->off.k[k].jobs = loom__calloc(LOOM_POOL_HOST, u->off.nchunks ? u->off.nchunks : 1,
+      u->off.k[k].jobs = loom__calloc(LOOM_POOL_META, u->off.nchunks ? u->off.nchunks : 1,
                                       sizeof(uint64_t));
       if (!u->off.k[k].jobs) return loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory");
     }

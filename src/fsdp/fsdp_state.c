@@ -22,7 +22,7 @@ int loom_fsdp_full_state(loom_fsdp *f, loom_named_tensor **out, size_t *n) {
   loom_named_tensor *st = NULL;
   int rc = LOOM_OK;
   if (f->rank == 0) {
-    st = loom__calloc(LOOM_POOL_HOST, f->nparams ? f->nparams : 1, sizeof *st);
+    st = loom__calloc(LOOM_POOL_META, f->nparams ? f->nparams : 1, sizeof *st);
     if (!st) rc = loom__fail(LOOM_ENOMEM, "loom_fsdp_full_state: out of memory");
   }
   /* every rank takes part in every gather, even after a failure on rank 0 alone, so that the
@@ -59,7 +59,7 @@ int loom_fsdp_load_full_state(loom_fsdp *f, const loom_named_tensor *state, size
     return loom__fail(LOOM_EINVAL, "%s: %zu tensors given, the model has %zu parameters", who,
                       n, f->nparams);
   /* check everything first: nothing changes unless all of it fits */
-  const loom_named_tensor **by_param = loom__calloc(LOOM_POOL_HOST, n ? n : 1, sizeof *by_param);
+  const loom_named_tensor **by_param = loom__calloc(LOOM_POOL_META, n ? n : 1, sizeof *by_param);
   if (!by_param) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
   int rc = LOOM_OK;
   for (size_t i = 0; i < n && !rc; i++) {

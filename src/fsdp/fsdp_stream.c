@@ -150,8 +150,8 @@ int loom__fsdp_stream(loom_fsdp *f, loom_optim *opt, unsigned read, unsigned wri
     fsdp_unit *u = &f->units[i];
     s.nitems += u->off.nchunks;
   }
-  s.unit_of = loom__calloc(LOOM_POOL_HOST, s.nitems ? s.nitems : 1, sizeof(size_t));
-  s.chunk_of = loom__calloc(LOOM_POOL_HOST, s.nitems ? s.nitems : 1, sizeof(size_t));
+  s.unit_of = loom__calloc(LOOM_POOL_META, s.nitems ? s.nitems : 1, sizeof(size_t));
+  s.chunk_of = loom__calloc(LOOM_POOL_META, s.nitems ? s.nitems : 1, sizeof(size_t));
   if (!s.unit_of || !s.chunk_of) rc = loom__fail(LOOM_ENOMEM, "fsdp: out of memory for a pass");
   size_t item = 0;
   bool any_streamed = false;

@@ -30,7 +30,7 @@ static void walk_add(walk *w, loom_module *m, const char *name) {
   if (w->rc) return;
   if (w->n == w->cap) {
     size_t cap = w->cap ? 2 * w->cap : 16;
-    walk_mod *g = loom__calloc(LOOM_POOL_HOST, cap, sizeof *g);
+    walk_mod *g = loom__calloc(LOOM_POOL_META, cap, sizeof *g);
     if (!g) {
       w->rc = loom__fail(LOOM_ENOMEM, "fsdp: out of memory listing modules");
       return;
@@ -40,7 +40,7 @@ static void walk_add(walk *w, loom_module *m, const char *name) {
     w->mods = g;
     w->cap = cap;
   }
-  char *nm = loom__strdup(LOOM_POOL_HOST, name);
+  char *nm = loom__strdup(LOOM_POOL_META, name);
   if (!nm) {
     w->rc = loom__fail(LOOM_ENOMEM, "fsdp: out of memory listing modules");
     return;
@@ -135,10 +135,10 @@ static void owners(const loom_module *m, const walk *w, const size_t *unit_of_mo
 static int layout(loom_fsdp *f, walk *w, const size_t *owner_of_mod) {
   loom_module *root = f->root;
   f->nparams = root->n_flat;
-  f->by_index = loom__calloc(LOOM_POOL_HOST, f->nparams ? f->nparams : 1, sizeof *f->by_index);
+  f->by_index = loom__calloc(LOOM_POOL_META, f->nparams ? f->nparams : 1, sizeof *f->by_index);
   if (!f->by_index) return loom__fail(LOOM_ENOMEM, "fsdp: out of memory for the units");
   /* which module holds each flat parameter */
-  size_t *unit_of_param = loom__calloc(LOOM_POOL_HOST, f->nparams ? f->nparams : 1, sizeof(size_t));
+  size_t *unit_of_param = loom__calloc(LOOM_POOL_META, f->nparams ? f->nparams : 1, sizeof(size_t));
   if (!unit_of_param) return loom__fail(LOOM_ENOMEM, "fsdp: out of memory for the units");
   for (size_t i = 0; i < f->nparams; i++) {
     unit_of_param[i] = SIZE_MAX;
@@ -151,7 +151,7 @@ static int layout(loom_fsdp *f, walk *w, const size_t *owner_of_mod) {
     fsdp_unit *un = &f->units[u];
     size_t count = 0;
     for (size_t i = 0; i < f->nparams; i++) count += unit_of_param[i] == u;
-    un->params = loom__calloc(LOOM_POOL_HOST, count ? count : 1, sizeof *un->params);
+    un->params = loom__calloc(LOOM_POOL_META, count ? count : 1, sizeof *un->params);
     if (!un->params) {
       rc = loom__fail(LOOM_ENOMEM, "fsdp: out of memory for the units");
       break;
@@ -184,8 +184,8 @@ int loom__fsdp_make_units(loom_fsdp *f) {
   if (!rc) rc = select_units(f, &w);
   size_t *unit_of_mod = NULL, *owner_of_mod = NULL;
   if (!rc) {
-    unit_of_mod = loom__calloc(LOOM_POOL_HOST, w.n, sizeof *unit_of_mod);
-    owner_of_mod = loom__calloc(LOOM_POOL_HOST, w.n, sizeof *owner_of_mod);
+    unit_of_mod = loom__calloc(LOOM_POOL_META, w.n, sizeof *unit_of_mod);
+    owner_of_mod = loom__calloc(LOOM_POOL_META, w.n, sizeof *owner_of_mod);
     if (!unit_of_mod || !owner_of_mod) rc = loom__fail(LOOM_ENOMEM, "fsdp: out of memory");
   }
   if (!rc) {
@@ -206,13 +206,13 @@ int loom__fsdp_make_units(loom_fsdp *f) {
     size_t shift = root_unit ? 0 : 1;
     for (size_t i = 0; i < w.n; i++) owner_of_mod[i] -= owner_of_mod[i] >= shift ? shift : 0;
     size_t nunits = sel + (root_unit ? 1 : 0);
-    f->units = loom__calloc(LOOM_POOL_HOST, nunits ? nunits : 1, sizeof *f->units);
+    f->units = loom__calloc(LOOM_POOL_META, nunits ? nunits : 1, sizeof *f->units);
     if (!f->units) rc = loom__fail(LOOM_ENOMEM, "fsdp: out of memory for the units");
     else f->nunits = nunits;
     size_t u = 0;
     if (!rc && root_unit) {
       f->units[u] = (fsdp_unit){.f = f, .index = u, .module = f->root};
-      f->units[u].name = loom__strdup(LOOM_POOL_HOST, "");
+      f->units[u].name = loom__strdup(LOOM_POOL_META, "");
       if (!f->units[u].name) rc = loom__fail(LOOM_ENOMEM, "fsdp: out of memory");
       u++;
     }

@@ -91,7 +91,7 @@ static oslot *slot_at(loom__ostore *s, size_t slot, bool grow, int *rc) {
   }
   size_t cap = s->nslots ? s->nslots : 16;
   while (cap <= slot) cap *= 2;
-  oslot *t = loom__calloc(LOOM_POOL_HOST, cap, sizeof *t);
+  oslot *t = loom__calloc(LOOM_POOL_META, cap, sizeof *t);
   if (!t) {
     *rc = loom__fail(LOOM_ENOMEM, "loom__ostore: out of memory for a table of %zu slots", cap);
     return NULL;
@@ -303,7 +303,7 @@ static int disk_open(loom__ostore *s, const char *dir) {
     unsigned n = atomic_fetch_add(&counter, 1);
     int need = snprintf(NULL, 0, "%s%sloom-offload-%s-%ld-%d-%u.bin", dir, sep, host,
                         (long)getpid(), s->rank, n);
-    char *path = need < 0 ? NULL : loom__malloc(LOOM_POOL_HOST, (size_t)need + 1);
+    char *path = need < 0 ? NULL : loom__malloc(LOOM_POOL_META, (size_t)need + 1);
     if (!path) return loom__fail(LOOM_ENOMEM, "%s: out of memory for a path in '%s'", who, dir);
     snprintf(path, (size_t)need + 1, "%s%sloom-offload-%s-%ld-%d-%u.bin", dir, sep, host,
              (long)getpid(), s->rank, n);
@@ -452,7 +452,7 @@ int loom__ostore_create(loom__otier tier, const char *dir, int rank, loom__ostor
     return loom__fail(LOOM_EINVAL, "%s: tier %d is neither host (0) nor disk (1)", who, (int)tier);
   if (tier == LOOM__OTIER_DISK && (!dir || !dir[0]))
     return loom__fail(LOOM_EINVAL, "%s: the disk tier needs a folder", who);
-  loom__ostore *s = loom__calloc(LOOM_POOL_HOST, 1, sizeof *s);
+  loom__ostore *s = loom__calloc(LOOM_POOL_META, 1, sizeof *s);
   if (!s) return loom__fail(LOOM_ENOMEM, "%s: out of memory for the %s store", who, tier_name(tier));
   s->tier = tier;
   s->rank = rank;
@@ -622,7 +622,7 @@ static int submit(loom__ostore *s, int kind, size_t slot, void *buf, size_t byte
   }
   j = s->free_jobs;
   if (j) s->free_jobs = j->next;
-  else j = loom__malloc(LOOM_POOL_HOST, sizeof *j);
+  else j = loom__malloc(LOOM_POOL_META, sizeof *j);
   if (!j) {
     rc = loom__fail(LOOM_ENOMEM, "%s: out of memory for a job record", who);
     goto done;

@@ -8,7 +8,7 @@
  *
  * Ownership. loom__ostore_create makes the store, loom__ostore_free releases everything it
  * holds: host buffers (LOOM_POOL_HOST), the file (closed and unlinked), the worker thread and
- * the job records. Buffers passed to put/get belong to the caller; those passed to
+ * the job records (LOOM_POOL_META, with the store and its slot table). Buffers passed to put/get belong to the caller; those passed to
  * loom__ostore_submit_* are on loan to the store until the job is waited for (or the store is
  * freed): the caller must neither free nor touch them (nor read a get's destination) before.
  *
@@ -22,7 +22,8 @@
  *
  * Bytes and accounting. Host buffers count in LOOM_POOL_HOST, on the account of the thread
  * that made the store (the worker takes that account too); the disk tier counts
- * each slot's bytes in LOOM_POOL_FILE on the creator's account. Every counter is back where it
+ * each slot's bytes in LOOM_POOL_FILE on the creator's account. The host pool holds the slots'
+ * bytes and nothing else: the store's own records are in LOOM_POOL_META. Every counter is back where it
  * started once the store is freed. The disk tier asks the kernel (posix_fadvise DONTNEED)
  * to drop the file's pages from its cache after each transfer: the page cache is not the
  * process's RSS, but it is memory a cgroup limit counts, and keeping a second copy of bytes

@@ -29,8 +29,8 @@ int loom__checkpoint_save_read(const char *path, const loom_checkpoint_entry *e,
       return loom__fail(LOOM_EINVAL, "%s: metadata key \"%s\": the prefix \"loom.\" is reserved",
                         who, meta[i].key);
   int rc = LOOM_OK;
-  loom_safetensors_entry *st = loom__calloc(LOOM_POOL_HOST, n ? n : 1, sizeof *st);
-  loom_safetensors_meta_kv *kv = loom__calloc(LOOM_POOL_HOST, nmeta + 1, sizeof *kv);
+  loom_safetensors_entry *st = loom__calloc(LOOM_POOL_META, n ? n : 1, sizeof *st);
+  loom_safetensors_meta_kv *kv = loom__calloc(LOOM_POOL_META, nmeta + 1, sizeof *kv);
   if (!st || !kv) {
     rc = loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
     goto done;

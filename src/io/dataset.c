@@ -29,14 +29,14 @@ int loom_dataset_from_idx(const char *images_path, const char *labels_path, loom
   if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
   *out = NULL;
   int rc = LOOM_OK;
-  loom_dataset *d = loom__calloc(LOOM_POOL_HOST, 1, sizeof *d);
+  loom_dataset *d = loom__calloc(LOOM_POOL_META, 1, sizeof *d);
   LOOM_TRY_ALLOC(d, "the dataset");
   if (!images_path || !labels_path) {
     rc = loom__fail(LOOM_EINVAL, "%s: a path is NULL", who);
     goto done;
   }
-  d->images_path = loom__strdup(LOOM_POOL_HOST, images_path);
-  d->labels_path = loom__strdup(LOOM_POOL_HOST, labels_path);
+  d->images_path = loom__strdup(LOOM_POOL_META, images_path);
+  d->labels_path = loom__strdup(LOOM_POOL_META, labels_path);
   if (!d->images_path || !d->labels_path) {
     rc = loom__fail(LOOM_ENOMEM, "%s: out of memory for the paths", who);
     goto done;

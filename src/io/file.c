@@ -72,9 +72,9 @@ int loom__afile_open(const char *who, const char *path, loom__afile *a) {
   a->tmp = a->path = NULL;
   a->written = a->flushed = 0;
   if (!path || !path[0]) return loom__fail(LOOM_EINVAL, "%s: empty path", who);
-  a->path = loom__strdup(LOOM_POOL_HOST, path);
+  a->path = loom__strdup(LOOM_POOL_META, path);
   size_t len = strlen(path) + sizeof LOOM__AFILE_SUFFIX + LOOM__AFILE_RANDOM;
-  a->tmp = loom__malloc(LOOM_POOL_HOST, len);
+  a->tmp = loom__malloc(LOOM_POOL_META, len);
   if (!a->path || !a->tmp) {
     loom__free(a->tmp); /* not created yet: nothing to unlink */
     a->tmp = NULL;

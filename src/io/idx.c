@@ -93,7 +93,7 @@ int loom_idx_read(const char *path, loom_idx **out) {
     close(fd);
     return loom__fail(LOOM_ENOMEM, "%s: '%s': zlib could not start", who, path);
   }
-  loom_idx *x = loom__calloc(LOOM_POOL_HOST, 1, sizeof *x);
+  loom_idx *x = loom__calloc(LOOM_POOL_META, 1, sizeof *x);
   LOOM_TRY_ALLOC(x, "the IDX header");
   unsigned char magic[4];
   LOOM_TRY(gz_read(who, path, g, magic, 4, "magic number"));
@@ -132,7 +132,7 @@ int loom_idx_read(const char *path, loom_idx **out) {
                     path, bytes, plain ? "" : "gzip ", plain ? "" : "only ", plain ? fsize - head : fsize);
     goto done;
   }
-  x->data = loom__malloc(LOOM_POOL_HOST, bytes ? bytes : 1);
+  x->data = loom__malloc(LOOM_POOL_META, bytes ? bytes : 1);
   LOOM_TRY_ALLOC(x->data, "the IDX data");
   LOOM_TRY(gz_read(who, path, g, x->data, bytes, "data"));
   unsigned char extra;

@@ -54,9 +54,9 @@ int loom_loader_create(const loom_dataset *d, const loom_loader_cfg *cfg, loom_l
   size_t n = loom_dataset_size(d);
   if (n > UINT32_MAX)
     return loom__fail(LOOM_EOVERFLOW, "loom_loader_create: %zu samples exceed 2^32", n);
-  loom_loader *l = loom__calloc(LOOM_POOL_HOST, 1, sizeof *l);
+  loom_loader *l = loom__calloc(LOOM_POOL_META, 1, sizeof *l);
   if (!l) return loom__fail(LOOM_ENOMEM, "loom_loader_create: out of memory");
-  l->order = loom__malloc(LOOM_POOL_HOST, (n ? n : 1) * sizeof *l->order);
+  l->order = loom__malloc(LOOM_POOL_META, (n ? n : 1) * sizeof *l->order);
   if (!l->order) {
     loom_loader_free(l);
     return loom__fail(LOOM_ENOMEM, "loom_loader_create: out of memory for %zu indices", n);

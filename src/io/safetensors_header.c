@@ -177,7 +177,7 @@ static int unique_keys(const loom_safetensors *f, const char *who) {
   const loom__st_meta *m = f->meta.p;
   size_t n = f->meta.len;
   if (n < 2) return LOOM_OK;
-  const char **keys = loom__malloc(LOOM_POOL_HOST, n * sizeof *keys);
+  const char **keys = loom__malloc(LOOM_POOL_META, n * sizeof *keys);
   if (!keys) return loom__fail(LOOM_ENOMEM, "%s: out of memory for the metadata keys", who);
   for (size_t i = 0; i < n; i++) keys[i] = loom__st_str(f, m[i].key);
   const char *twice = loom__sort_find_repeat(keys, n);
@@ -246,7 +246,7 @@ static int validate(loom_safetensors *f, const char *who) {
     return loom__fail(LOOM_EFORMAT, "%s: %s: the tensors cover %llu bytes of the %zu-byte data section",
                       who, f->label, (unsigned long long)at, data);
   if (n) {
-    f->by_name = loom__malloc(LOOM_POOL_HOST, n * sizeof(size_t));
+    f->by_name = loom__malloc(LOOM_POOL_META, n * sizeof(size_t));
     if (!f->by_name) return loom__fail(LOOM_ENOMEM, "%s: out of memory for the name index", who);
     for (size_t i = 0; i < n; i++) f->by_name[i] = i;
     cmp_file = f;

@@ -36,13 +36,13 @@ void loom_safetensors_free(loom_safetensors *f) {
 }
 
 static loom_safetensors *alloc_file(const char *who, const char *label) {
-  loom_safetensors *f = loom__calloc(LOOM_POOL_HOST, 1, sizeof *f);
+  loom_safetensors *f = loom__calloc(LOOM_POOL_META, 1, sizeof *f);
   if (!f) {
     loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
     return NULL;
   }
   f->magic = LOOM__ST_MAGIC;
-  f->label = loom__strdup(LOOM_POOL_HOST, label);
+  f->label = loom__strdup(LOOM_POOL_META, label);
   if (!f->label) {
     loom__free(f);
     loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
@@ -59,7 +59,7 @@ int loom_safetensors_open_memory(const void *buf, size_t size, const char *label
   if (!buf && size) return loom__fail(LOOM_EINVAL, "%s: buf is NULL", who);
   loom_safetensors *f = alloc_file(who, label ? label : "(memory)");
   if (!f) return LOOM_ENOMEM;
-  f->buf = loom__malloc(LOOM_POOL_HOST, size ? size : 1);
+  f->buf = loom__malloc(LOOM_POOL_META, size ? size : 1);
   if (!f->buf) {
     loom_safetensors_free(f);
     return loom__fail(LOOM_ENOMEM, "%s: out of memory for %zu bytes", who, size);
@@ -106,7 +106,7 @@ int loom_safetensors_open(const char *path, unsigned flags, loom_safetensors **o
     f->account = loom_mem_account();
     loom__mem_account_to(LOOM_POOL_FILE, f->account, (ptrdiff_t)f->size);
   } else {
-    f->buf = loom__malloc(LOOM_POOL_HOST, f->size ? f->size : 1);
+    f->buf = loom__malloc(LOOM_POOL_META, f->size ? f->size : 1);
     if (!f->buf) {
       rc = loom__fail(LOOM_ENOMEM, "%s: out of memory reading '%s' (%zu bytes)", who, path, f->size);
       goto done;

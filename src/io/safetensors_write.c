@@ -92,7 +92,7 @@ static int prepare(const char *who, const loom_safetensors_entry *e, const loom_
 /* The strings that are the first member (a const char *) of n elements of `stride` bytes at
  * `base` must differ: O(n log n). */
 static int unique(const char *who, const char *what, const void *base, size_t stride, size_t n) {
-  const char **s = loom__malloc(LOOM_POOL_HOST, (n ? n : 1) * sizeof *s);
+  const char **s = loom__malloc(LOOM_POOL_META, (n ? n : 1) * sizeof *s);
   if (!s) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
   for (size_t i = 0; i < n; i++) memcpy(&s[i], (const char *)base + i * stride, sizeof *s);
   const char *twice = loom__sort_find_repeat(s, n);
@@ -190,7 +190,7 @@ int loom__st_write_read(const char *who, const char *path, const loom_safetensor
   loom__vec h = {.elem = 1};
   loom__afile a = LOOM__AFILE_INIT;
   unsigned char *piece = NULL;
-  item *it = loom__calloc(LOOM_POOL_HOST, n ? n : 1, sizeof *it);
+  item *it = loom__calloc(LOOM_POOL_META, n ? n : 1, sizeof *it);
   LOOM_TRY_ALLOC(it, "the tensor list");
   LOOM_TRY(prepare(who, tensors, readers, n, it));
   LOOM_TRY(unique(who, "tensor name", it, sizeof *it, n));
@@ -198,7 +198,7 @@ int loom__st_write_read(const char *who, const char *path, const loom_safetensor
   LOOM_TRY(header(who, it, n, meta, nmeta, add_crc ? &crc_at : NULL, &h));
   for (size_t i = 0; i < n && !piece; i++)
     if (it[i].read) {
-      piece = loom__malloc(LOOM_POOL_HOST, PIECE);
+      piece = loom__malloc(LOOM_POOL_META, PIECE);
       LOOM_TRY_ALLOC(piece, "a staging buffer");
     }
   uint64_t len = h.len;

@@ -10,7 +10,7 @@ static int grow(loom__vec *v, size_t need, const char *who) {
     if (cap > SIZE_MAX / 2 / v->elem) return loom__fail(LOOM_EOVERFLOW, "%s: array too large", who);
     cap *= 2;
   }
-  void *p = loom__malloc(LOOM_POOL_HOST, cap * v->elem);
+  void *p = loom__malloc(LOOM_POOL_META, cap * v->elem);
   if (!p) return loom__fail(LOOM_ENOMEM, "%s: out of memory growing an array to %zu", who, cap);
   if (v->len) memcpy(p, v->p, v->len * v->elem);
   loom__free(v->p);

@@ -31,7 +31,7 @@ int loom_master_create(loom_dtype dt, void *params, size_t n, loom_pool pool,
   if (n > SIZE_MAX / sizeof(float))
     return loom__fail(LOOM_EOVERFLOW, "loom_master_create: %zu elements overflow", n);
   int rc = LOOM_OK;
-  loom_master *m = loom__calloc(LOOM_POOL_HOST, 1, sizeof *m);
+  loom_master *m = loom__calloc(LOOM_POOL_META, 1, sizeof *m);
   LOOM_TRY_ALLOC(m, "the master header");
   m->dt = dt;
   m->model = params;

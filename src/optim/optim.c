@@ -53,7 +53,7 @@ static int check_segments(const char *who, const loom_param_seg *segs, size_t ns
 
 static char *format_name(const char *who, const char *a, const char *b) {
   size_t len = strlen(a) + (b ? strlen(b) + 1 : 0) + 1;
-  char *s = loom__malloc(LOOM_POOL_HOST, len);
+  char *s = loom__malloc(LOOM_POOL_META, len);
   if (!s) {
     loom__fail(LOOM_ENOMEM, "%s: out of memory for a state name", who);
     return NULL;
@@ -70,7 +70,7 @@ int loom__optim_create(const char *who, loom__optim_kind kind, const loom_param_
   size_t total = 0;
   int rc = check_segments(who, segs, nseg, &total);
   if (rc) return rc;
-  loom_optim *o = loom__calloc(LOOM_POOL_HOST, 1, sizeof *o);
+  loom_optim *o = loom__calloc(LOOM_POOL_META, 1, sizeof *o);
   if (!o) return loom__fail(LOOM_ENOMEM, "%s: out of memory for the optimizer", who);
   o->magic = LOOM__OPTIM_MAGIC;
   o->kind = kind;
@@ -78,7 +78,7 @@ int loom__optim_create(const char *who, loom__optim_kind kind, const loom_param_
   o->state_pool = pool;
   for (int k = 0; k < nstate; k++) o->state_kind[k] = state_kind[k];
   if (nseg) {
-    o->seg = loom__calloc(LOOM_POOL_HOST, nseg, sizeof *o->seg);
+    o->seg = loom__calloc(LOOM_POOL_META, nseg, sizeof *o->seg);
     LOOM_TRY_ALLOC(o->seg, "the segment table");
   }
   for (size_t i = 0; i < nseg; i++, o->nseg++) {
@@ -95,7 +95,7 @@ int loom__optim_create(const char *who, loom__optim_kind kind, const loom_param_
     o->seg[i].flags = segs[i].flags;
   }
   if (nstate && nseg) {
-    o->state_name = loom__calloc(LOOM_POOL_HOST, nseg * (size_t)nstate, sizeof(char *));
+    o->state_name = loom__calloc(LOOM_POOL_META, nseg * (size_t)nstate, sizeof(char *));
     LOOM_TRY_ALLOC(o->state_name, "the state names");
     for (size_t i = 0; i < nseg; i++)
       for (int k = 0; k < nstate; k++) {

@@ -91,16 +91,16 @@ int loom_step_create(const loom_step_cfg *cfg, loom_step **out) {
   *out = NULL;
   int rc = loom_step_cfg_validate(cfg);
   if (rc) return rc;
-  loom_step *st = loom__calloc(LOOM_POOL_HOST, 1, sizeof *st);
+  loom_step *st = loom__calloc(LOOM_POOL_META, 1, sizeof *st);
   LOOM_TRY_ALLOC(st, "the step");
   st->cfg = *cfg;
   st->nseg = loom_optim_segments(cfg->optim);
-  st->segs = loom__calloc(LOOM_POOL_HOST, st->nseg ? st->nseg : 1, sizeof *st->segs);
+  st->segs = loom__calloc(LOOM_POOL_META, st->nseg ? st->nseg : 1, sizeof *st->segs);
   LOOM_TRY_ALLOC(st->segs, "the segment list");
   if (!cfg->fsdp) {
     st->nparams = loom_module_param_count(cfg->module);
-    st->params = loom__calloc(LOOM_POOL_HOST, st->nparams ? st->nparams : 1, sizeof *st->params);
-    st->grads = loom__calloc(LOOM_POOL_HOST, st->nparams ? st->nparams : 1, sizeof *st->grads);
+    st->params = loom__calloc(LOOM_POOL_META, st->nparams ? st->nparams : 1, sizeof *st->params);
+    st->grads = loom__calloc(LOOM_POOL_META, st->nparams ? st->nparams : 1, sizeof *st->grads);
     LOOM_TRY_ALLOC(st->params && st->grads ? st : NULL, "the parameter list");
     for (size_t i = 0; i < st->nparams; i++) {
       loom_param p;
@@ -138,9 +138,13 @@ int loom_step_backward(loom_step *st, loom_tensor *loss) {
 /* No strategy or DDP: unscale the gradients, the flag over the ranks. */
 static int unscale_replicated(loom_step *st, bool *overflow) {
   if (!st->cfg.scaler) return LOOM_OK;
-  for (size_t i = 0; i < st->nparams; i++) st->grads[i] = loom_tensor_grad(st->params[i]);
+  int rc = LOOM_OK;
+  for (size_t i = 0; i < st->nparams && !rc; i++) { /* a lazy zero backward missed: its zeros */
+    rc = loom_tensor_settle_grad(st->params[i]);
+    st->grads[i] = loom_tensor_grad(st->params[i]);
+  }
   bool found = false;
-  int rc = loom_scaler_unscale(st->cfg.scaler, st->grads, st->nparams, &found);
+  if (!rc) rc = loom_scaler_unscale(st->cfg.scaler, st->grads, st->nparams, &found);
   if (rc) return rc;
   if (!st->cfg.ddp) {
     *overflow = found;

@@ -6,8 +6,8 @@
  * an explicit cast; a leaf's hook fires once, with the complete gradient; a hook on a cast's
  * output still sees its gradient; a backward that fails part-way leaves no half-written
  * gradient; zero_grad_lazy: the next write overwrites the kept buffer (sinks, an op without one,
- * autocast), a read of an unwritten one writes its zeros, and a failed backward leaves it zero
- * or complete. */
+ * autocast), loom_tensor_grad (a pure getter) writes nothing while loom_tensor_settle_grad
+ * writes an unwritten one's zeros, and a failed backward leaves it zero or complete. */
 #include "lt.h"
 #include "loom/autocast.h"
 
@@ -257,6 +257,8 @@ static void failure_sweep(bool lazy, int uses) {
       LT_EQ(rc, LOOM_ENOMEM);
     }
     if (lazy) { /* complete, or still zero */
+      LT_OK(loom_tensor_settle_grad(w));
+      LT_OK(loom_tensor_settle_grad(b));
       const float *pw = loom_tensor_data(loom_tensor_grad(w)), *pb = loom_tensor_data(loom_tensor_grad(b));
       if (memcmp(pw, zeros, sizeof gw) != 0) check_grad(w, gw, O * I, 1, 1e-5);
       if (memcmp(pb, zeros, sizeof gb) != 0) check_grad(b, gb, O, 1, 1e-5);
@@ -333,7 +335,7 @@ LT_TEST(sinks_linear_finishes_parameter_gradients_before_the_input_gradient) {
   for (int i = 0; i < 5; i++) loom_tensor_free(ts[i]);
 }
 
-/* A raw look at a gradient buffer, bypassing loom_tensor_grad (which would write a lazy zero). */
+/* A raw look at a gradient buffer: its memory, whatever a pending lazy zero says. */
 static const float *raw(const loom_tensor *g) { return loom_tensor_data(g); }
 
 /* zero_grad_lazy: the next backward overwrites the kept buffer, through linear's sinks (weight
@@ -348,7 +350,7 @@ LT_TEST(lazy_zero_next_backward_overwrites_the_kept_buffer) {
   loom_tensor *s = mk(1, sshape, (float[]){2, -3}, true); /* reached only through mul */
   seen sw = {0};
   LT_OK(loom_tensor_register_hook(w, keep, &sw, NULL));
-  const loom_tensor *kw = NULL, *kb = NULL, *ks = NULL; /* the buffers (no read: it would zero) */
+  const loom_tensor *kw = NULL, *kb = NULL, *ks = NULL; /* the buffers */
   for (int round = 0; round < 3; round++) {
     loom_autocast_token tok;
     LT_OK(loom_autocast_enter(round == 2 ? LOOM_AUTOCAST_BF16 : LOOM_AUTOCAST_OFF, NULL, &tok));
@@ -382,9 +384,10 @@ LT_TEST(lazy_zero_next_backward_overwrites_the_kept_buffer) {
   for (int i = 0; i < 6; i++) loom_tensor_free(ts[i]);
 }
 
-/* A leaf that the next backward does not reach reads as zeros, in its same buffer; one it
- * reaches with no gradient flowing (a node skipped) too; zero_grad_lazy on a leaf without a
- * buffer does nothing; loom_tensor_zero_grad and set_grad end a pending lazy zero. */
+/* A leaf that the next backward does not reach reads as zeros once settled, in its same
+ * buffer, and loom_tensor_grad alone writes nothing; one it reaches with no gradient flowing (a
+ * node skipped) too; zero_grad_lazy on a leaf without a buffer does nothing; settle is a no-op
+ * without a pending lazy zero; loom_tensor_zero_grad and set_grad end a pending lazy zero. */
 LT_TEST(lazy_zero_reads_as_zero_when_backward_does_not_write) {
   loom_tensor *x = mk(2, (int64_t[]){R, I}, xv, false), *c = mk(2, (int64_t[]){R, O}, cv, false);
   loom_tensor *w = mk(2, (int64_t[]){O, I}, wv, true), *b = mk(1, (int64_t[]){O}, bv, true);
@@ -406,7 +409,13 @@ LT_TEST(lazy_zero_reads_as_zero_when_backward_does_not_write) {
   const float ones[O * I] = {1, 1, 1, 1, 1, 1, 1, 1}, zeros[O * I] = {0};
   check_grad(b, ones, O, 1, 0); /* overwritten, not added to the old values */
   LT_TRUE(loom_tensor_grad(w) == gw);
-  check_grad(w, zeros, O * I, 1, 0); /* read: the zeros are written now */
+  LT_TRUE(raw(gw)[0] != 0.0f); /* the getter wrote nothing: the old values are still there */
+  LT_OK(loom_tensor_settle_grad(w));
+  check_grad(w, zeros, O * I, 1, 0); /* settled: the zeros are written now */
+  LT_OK(loom_tensor_settle_grad(b)); /* nothing pending: b keeps what backward wrote */
+  check_grad(b, ones, O, 1, 0);
+  LT_OK(loom_tensor_settle_grad(x)); /* no gradient at all: nothing to do */
+  LT_ERR(loom_tensor_settle_grad(NULL), LOOM_EINVAL, "");
   loom_grad_bound_kind kind;
   double bound = -1;
   LT_OK(loom_tensor_grad_bound(w, &kind, &bound));

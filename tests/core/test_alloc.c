@@ -35,6 +35,8 @@ LT_TEST(pool_accounting_current_and_peak) {
   LT_EQ(current(LOOM_POOL_HOST), base);
   LT_ERR(loom_mem_stats((loom_pool)9, &s), LOOM_EINVAL, "pool 9 out of range");
   LT_STREQ(loom_pool_name(LOOM_POOL_FILE), "file");
+  LT_STREQ(loom_pool_name(LOOM_POOL_META), "meta");
+  LT_STREQ(loom_pool_name(LOOM_POOL_COUNT), "?");
 }
 
 static int hook_allocs, hook_frees;
@@ -373,7 +375,7 @@ LT_TEST(account_bad_arguments_are_refused) {
   LT_ERR(loom_mem_account_stats(LOOM_MEM_ACCOUNTS, LOOM_POOL_HOST, &s), LOOM_EINVAL,
          "account 65 out of range");
   LT_ERR(loom_mem_account_stats(0, (loom_pool)9, &s), LOOM_EINVAL, "pool 9 out of range");
-  LT_ERR(loom_mem_account_stats(0, LOOM_POOL_COUNT, &s), LOOM_EINVAL, "pool 3 out of range");
+  LT_ERR(loom_mem_account_stats(0, LOOM_POOL_COUNT, &s), LOOM_EINVAL, "pool 4 out of range");
   LT_ERR(loom_mem_account_stats(0, LOOM_POOL_HOST, NULL), LOOM_EINVAL, "out is NULL");
   LT_OK(loom_mem_account_stats(LOOM_MEM_ACCOUNTS - 1, LOOM_POOL_FILE, &s));
   /* out of range: a no-op, not a crash */

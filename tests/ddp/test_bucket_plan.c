@@ -116,9 +116,9 @@ LT_TEST(bucket_cfg_validation) {
   LT_ERR(loom_ddp_cfg_validate(&dcfg), LOOM_EINVAL, "wire_dtype");
 }
 
-static size_t host_bytes(void) {
+static size_t meta_bytes(void) { /* the plan's arrays are bookkeeping: the meta pool */
   loom_pool_stats s;
-  loom_mem_stats(LOOM_POOL_HOST, &s);
+  loom_mem_stats(LOOM_POOL_META, &s);
   return s.current_bytes;
 }
 
@@ -132,7 +132,7 @@ LT_TEST(plan_bad_dtype_and_out_of_memory) {
   LT_EQ(p.nbuckets, 0);
   /* each allocation of the plan failing in turn: LOOM_ENOMEM and nothing left allocated */
   loom_dtype ok[] = {LOOM_F32, LOOM_BF16, LOOM_F32};
-  size_t before = host_bytes();
+  size_t before = meta_bytes();
   int failures = 0;
   for (uint64_t k = 1; k < 40; k++) {
     loom_alloc_fail_nth(k);
@@ -145,8 +145,8 @@ LT_TEST(plan_bad_dtype_and_out_of_memory) {
     }
     failures++;
     LT_EQ(rc, LOOM_ENOMEM);
-    LT_EQ(host_bytes(), before);
+    LT_EQ(meta_bytes(), before);
   }
   LT_TRUE(failures >= 10); /* every one of the plan's allocations was made to fail once */
-  LT_EQ(host_bytes(), before);
+  LT_EQ(meta_bytes(), before);
 }

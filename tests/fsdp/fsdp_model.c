@@ -66,6 +66,19 @@ loom_adam_cfg fm_adam(void) {
   return c;
 }
 
+int fm_setup(loom_pg *pg, uint64_t seed, const loom_fsdp_cfg *cfg, loom_pool state_pool,
+             loom_module **m, loom_fsdp **f, loom_optim **opt) {
+  const loom_param_seg *segs = NULL;
+  size_t nseg = 0;
+  loom_adam_cfg ac = fm_adam();
+  ac.state_pool = state_pool;
+  int rc = fm_create(seed, m);
+  if (!rc) rc = loom_fsdp_create(pg, *m, cfg, f);
+  if (!rc) rc = loom_fsdp_segments(*f, &segs, &nseg);
+  if (!rc) rc = loom_optim_create_adamw(segs, nseg, &ac, opt);
+  return rc;
+}
+
 void fm_flatten_module(loom_module *m, float *out) {
   size_t at = 0;
   for (size_t i = 0, n = loom_module_param_count(m); i < n; i++) {

@@ -21,6 +21,11 @@ int fm_backward(loom_module *m, int64_t row0, int64_t rows, loom_autocast_mode a
 /* AdamW used by every test (eps 1e-4: a gradient near zero whose sign two summation orders
  * could disagree on moves a weight by lr x g / (|g| + eps), not by lr). */
 loom_adam_cfg fm_adam(void);
+/* The model seeded with `seed`, its FSDP wrapper with `cfg` and fm_adam over its segments with
+ * its state in `state_pool`. On failure what was made is left in *m, *f, *opt for the caller
+ * to free. */
+int fm_setup(loom_pg *pg, uint64_t seed, const loom_fsdp_cfg *cfg, loom_pool state_pool,
+             loom_module **m, loom_fsdp **f, loom_optim **opt);
 /* Every parameter of a module with its own arena, in order, into out (loom_module_numel). */
 void fm_flatten_module(loom_module *m, float *out);
 /* The same from an FSDP full state (rank 0). */

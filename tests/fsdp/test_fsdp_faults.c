@@ -614,6 +614,7 @@ LT_TEST(fsdp_dead_rank_fails_its_peer_fast_naming_it) {
   pc.timeout_s = 2;
   for (int after = 0; after <= 1; after++) {
     size_t c0 = pool_bytes(LOOM_POOL_COMPUTE), h0 = pool_bytes(LOOM_POOL_HOST);
+    size_t m0 = pool_bytes(LOOM_POOL_META);
     dead_job j = {.after_forward = after};
     double t0 = now_s();
     int rc = loom_threads_run(2, &pc, dead_rank, &j);
@@ -628,6 +629,7 @@ LT_TEST(fsdp_dead_rank_fails_its_peer_fast_naming_it) {
       lt_fail_at(__FILE__, __LINE__, "took %.1f s (rank 0's step %.1f s)", took, j.took);
     LT_EQ(pool_bytes(LOOM_POOL_COMPUTE), c0);
     LT_EQ(pool_bytes(LOOM_POOL_HOST), h0);
+    LT_EQ(pool_bytes(LOOM_POOL_META), m0); /* the wrapper's and the groups' bookkeeping */
   }
 }
 
@@ -746,20 +748,22 @@ static int sweep_loop(loom_pg *pg, void *arg) {
   sweep_state *w = arg;
   for (; w->n < 5000 && !w->done && !w->bad; w->n++) {
     size_t c0 = pool_bytes(LOOM_POOL_COMPUTE), h0 = pool_bytes(LOOM_POOL_HOST);
+    size_t m0 = pool_bytes(LOOM_POOL_META);
     sweep_job j = {.which = w->which, .f16 = w->f16, .dir = w->dir, .offload = w->offload,
                    .nth = w->n};
     sweep_rank(pg, &j);
     size_t c1 = pool_bytes(LOOM_POOL_COMPUTE), h1 = pool_bytes(LOOM_POOL_HOST);
+    size_t m1 = pool_bytes(LOOM_POOL_META);
     const char *what = w->f16 ? "f16" : "f32";
     if (j.rc_setup) {
       if (loom_pg_async_error(pg) != LOOM_OK) return LOOM_EREMOTE; /* a new group, please */
       lt_fail_at(__FILE__, __LINE__, "call %d (%s): the setup failed: %s", w->which, what,
                  loom_last_error());
       w->bad = true;
-    } else if (c1 != c0 || h1 != h0) {
+    } else if (c1 != c0 || h1 != h0 || m1 != m0) {
       lt_fail_at(__FILE__, __LINE__, "call %d (%s), failure at allocation %llu (%s): compute "
-                 "%zu -> %zu bytes, host %zu -> %zu", w->which, what, (unsigned long long)w->n,
-                 loom_status_name(j.rc), c0, c1, h0, h1);
+                 "%zu -> %zu bytes, host %zu -> %zu, meta %zu -> %zu", w->which, what,
+                 (unsigned long long)w->n, loom_status_name(j.rc), c0, c1, h0, h1, m0, m1);
       w->bad = true;
     } else if (!j.fired) {
       if (j.rc != LOOM_OK) {

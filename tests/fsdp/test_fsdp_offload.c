@@ -89,15 +89,7 @@ static int orun_step(loom_module *m, loom_fsdp *f, loom_optim *opt, int s, int r
 /* The seeded model, its FSDP wrapper and AdamW over its segments (state in the host pool). */
 static int orun_setup(loom_pg *pg, uint64_t seed, const loom_fsdp_cfg *cfg, loom_module **m,
                       loom_fsdp **f, loom_optim **opt) {
-  int rc = fm_create(seed, m);
-  if (!rc) rc = loom_fsdp_create(pg, *m, cfg, f);
-  const loom_param_seg *segs = NULL;
-  size_t nseg = 0;
-  loom_adam_cfg ac = fm_adam();
-  ac.state_pool = LOOM_POOL_HOST;
-  if (!rc) rc = loom_fsdp_segments(*f, &segs, &nseg);
-  if (!rc) rc = loom_optim_create_adamw(segs, nseg, &ac, opt);
-  return rc;
+  return fm_setup(pg, seed, cfg, LOOM_POOL_HOST, m, f, opt);
 }
 
 static int orun_rank(loom_pg *pg, void *arg) {

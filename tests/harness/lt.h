@@ -108,4 +108,15 @@ int lt_failures(void);
     lt_stop_if_failed();                                                                      \
   } while (0)
 
+/* Every pool's counters on the calling thread's memory account (loom/alloc.h), at once. */
+typedef struct lt_pools {
+  loom_pool_stats pool[LOOM_POOL_COUNT];
+} lt_pools;
+static inline lt_pools lt_pools_now(void) {
+  lt_pools p = {0};
+  for (int k = 0; k < LOOM_POOL_COUNT; k++)
+    loom_mem_account_stats(loom_mem_account(), (loom_pool)k, &p.pool[k]);
+  return p;
+}
+
 #endif

@@ -112,6 +112,73 @@ LT_TEST(train_fsdp_offload_reports_its_figures) {
   tt_cleanup();
 }
 
+/* The number after the last `"key": ` in s, -1 if absent. */
+static double last_number(const char *s, const char *key) {
+  char pat[96];
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  const char *p = NULL, *q = s;
+  while (q && (q = strstr(q, pat))) p = q++;
+  return p ? strtod(p + strlen(pat), NULL) : -1;
+}
+
+/* Every record of a metrics file has the host pool (the offload figure) at exactly 0. */
+static void expect_host_pool_zero(const char *path) {
+  size_t n = 0;
+  char *m = tt_read_file(path, &n);
+  LT_TRUE(m != NULL);
+  const char *zero = "\"host\": {\"current_bytes\": 0, \"peak_bytes\": 0}";
+  int records = 0;
+  for (const char *line = m; line && *line; records++) {
+    const char *end = strchr(line, '\n'), *h = strstr(line, "\"host\": {");
+    if (!h || (end && h > end) || strncmp(h, zero, strlen(zero)) != 0) {
+      lt_fail_at(__FILE__, __LINE__, "%s, record %d: the host pool is not 0: %.80s", path,
+                 records + 1, h ? h : line);
+      break;
+    }
+    line = end ? end + 1 : NULL;
+  }
+  LT_TRUE(records > 0);
+  free(m);
+}
+
+/* The host pool counts offloaded bytes and nothing else (loom/alloc.h): 0 in every record of
+ * a run without offload (FSDP, DDP, one process); with everything offloaded to the host tier,
+ * each rank's host pool after the run holds exactly the tier's bytes, which are the plan's
+ * "offloaded per rank" figure, and the summary says so. */
+LT_TEST(train_host_pool_is_the_offload_figure) {
+  const char *d = tt_tempdir();
+  const char *plain[] = {RUN, "--hidden 48,32 --limit 768 --epochs 1 --threads 1 --seed 5 "
+                              "--quiet --batch 32 --ranks 2 --strategy ddp",
+                         "--hidden 48,32 --limit 256 --epochs 1 --threads 1 --seed 5 --quiet "
+                         "--batch 32"};
+  char path[600];
+  for (int i = 0; i < 3; i++) {
+    snprintf(path, sizeof path, "%s/plain%d.jsonl", d, i);
+    tt_run r = tt_train("%s --metrics %s", plain[i], path);
+    LT_EQ(r.rc, 0);
+    tt_run_free(&r);
+    expect_host_pool_zero(path);
+  }
+  snprintf(path, sizeof path, "%s/host.jsonl", d);
+  tt_run r = tt_train(RUN " --offload all --metrics %s", path);
+  LT_EQ(r.rc, 0);
+  size_t n = 0;
+  char *m = tt_read_file(path, &n);
+  double held = m ? last_number(m, "rank_host_bytes") : -1;
+  LT_TRUE(held > 0);
+  LT_EQ(held, last_number(m, "fsdp_offload_bytes"));
+  tt_run p = tt_plan(RUN " --offload all --json");
+  LT_EQ(p.rc, 0);
+  LT_EQ(held, last_number(p.out, "host_bytes"));
+  char said[64];
+  snprintf(said, sizeof said, "loom train: offload: host tier, %.0f B offloaded, ", held);
+  if (held < 1024 * 1024) LT_TRUE(strstr(r.out, said) != NULL);
+  free(m);
+  tt_run_free(&p);
+  tt_run_free(&r);
+  tt_cleanup();
+}
+
 /* Interrupted without offload, resumed with it (and the reverse): the uninterrupted run's model. */
 LT_TEST(train_fsdp_resume_with_offload_is_bitwise_f16) {
   const char *d = tt_tempdir();

@@ -224,7 +224,7 @@ static int scratch_i(mpi_pg *m, int i, size_t bytes, const loom__coll *c, void *
   if (m->tmp_bytes[i] < bytes) {
     loom__free(m->tmp[i]);
     m->tmp_bytes[i] = 0;
-    m->tmp[i] = loom__malloc(LOOM_POOL_HOST, bytes);
+    m->tmp[i] = loom__malloc(LOOM_POOL_META, bytes);
     if (!m->tmp[i])
       return loom__fail(LOOM_ENOMEM, "%s: out of memory for %zu bytes of scratch",
                         loom__coll_name(c->kind), bytes);
@@ -590,7 +590,7 @@ int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out) {
   int rank, size, err;
   if ((err = MPI_Comm_rank(user, &rank)) || (err = MPI_Comm_size(user, &size)))
     return mpi_err(err, who, "MPI_Comm_rank/size");
-  mpi_pg *m = loom__calloc(LOOM_POOL_HOST, 1, sizeof *m);
+  mpi_pg *m = loom__calloc(LOOM_POOL_META, 1, sizeof *m);
   if (!m) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
   m->comm = m->ctl = MPI_COMM_NULL;
   m->notice_req = MPI_REQUEST_NULL;
@@ -600,9 +600,9 @@ int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out) {
     loom__free(m);
     return rc;
   }
-  m->sends = loom__calloc(LOOM_POOL_HOST, (size_t)size, sizeof *m->sends);
-  m->hdrs = loom__calloc(LOOM_POOL_HOST, (size_t)size * HDR, sizeof *m->hdrs);
-  m->hreq = loom__calloc(LOOM_POOL_HOST, 2 * (size_t)size, sizeof *m->hreq);
+  m->sends = loom__calloc(LOOM_POOL_META, (size_t)size, sizeof *m->sends);
+  m->hdrs = loom__calloc(LOOM_POOL_META, (size_t)size * HDR, sizeof *m->hdrs);
+  m->hreq = loom__calloc(LOOM_POOL_META, 2 * (size_t)size, sizeof *m->hreq);
   LOOM_TRY_ALLOC(m->sends && m->hdrs && m->hreq ? m : NULL, "the group");
   if ((err = MPI_Comm_dup(user, &m->comm)) || (err = MPI_Comm_dup(user, &m->ctl))) {
     rc = mpi_err(err, who, "MPI_Comm_dup");

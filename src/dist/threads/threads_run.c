@@ -90,12 +90,12 @@ static void world_free(loom__thr_world *w, int inited) {
 static int world_create(int n, const loom_pg_cfg *cfg, loom__thr_world **out, int *inited) {
   int rc = LOOM_OK;
   *inited = 0;
-  loom__thr_world *w = loom__calloc(LOOM_POOL_HOST, 1, sizeof *w);
+  loom__thr_world *w = loom__calloc(LOOM_POOL_META, 1, sizeof *w);
   if (!w) return loom__fail(LOOM_ENOMEM, "loom_threads_run: out of memory for the world");
   pthread_mutex_init(&w->mu, NULL);
   w->n = n;
   atomic_init(&w->failed_rank, -1);
-  w->ranks = loom__calloc(LOOM_POOL_HOST, (size_t)n, sizeof *w->ranks);
+  w->ranks = loom__calloc(LOOM_POOL_META, (size_t)n, sizeof *w->ranks);
   LOOM_TRY_ALLOC(w->ranks, "the ranks");
   long online = sysconf(_SC_NPROCESSORS_ONLN);
   int cores = cfg->cores ? cfg->cores : (online > 0 ? (int)online : 1);
@@ -103,7 +103,7 @@ static int world_create(int n, const loom_pg_cfg *cfg, loom__thr_world **out, in
   for (int r = 0; r < n; r++) {
     loom__thr_rank *me = &w->ranks[r];
     me->world = w;
-    me->scratch[0] = loom__malloc(LOOM_POOL_HOST, 2 * LOOM__THR_SMALL_BYTES);
+    me->scratch[0] = loom__malloc(LOOM_POOL_META, 2 * LOOM__THR_SMALL_BYTES);
     LOOM_TRY_ALLOC(me->scratch[0], "scratch buffers");
     me->scratch[1] = me->scratch[0] + LOOM__THR_SMALL_BYTES;
     LOOM_TRY(loom__pg_init(&me->pg, &loom__thr_ops, me, r, n, cfg));
@@ -137,8 +137,8 @@ int loom_threads_run(int nranks, const loom_pg_cfg *cfg, int (*fn)(loom_pg *pg, 
   int inited = 0;
   rc = world_create(nranks, cfg, &w, &inited);
   if (rc) return rc;
-  rank_arg *args = loom__calloc(LOOM_POOL_HOST, (size_t)nranks, sizeof *args);
-  pthread_t *th = loom__calloc(LOOM_POOL_HOST, (size_t)nranks, sizeof *th);
+  rank_arg *args = loom__calloc(LOOM_POOL_META, (size_t)nranks, sizeof *args);
+  pthread_t *th = loom__calloc(LOOM_POOL_META, (size_t)nranks, sizeof *th);
   int started = 0;
   if (!args || !th) {
     rc = loom__fail(LOOM_ENOMEM, "loom_threads_run: out of memory for %d threads", nranks);
