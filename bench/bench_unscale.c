@@ -1,5 +1,5 @@
-/* bench_unscale.c: GB/s of the fused unscale + inf/NaN check (loom_amp_unscale) and of the
- * early-exit check alone (loom_amp_has_nonfinite) for f32, f16 and bf16 gradient buffers,
+/* bench_unscale.c: GB/s of the fused unscale + inf/NaN check (loom__amp_unscale) and of the
+ * early-exit check alone (loom__amp_has_nonfinite) for f32, f16 and bf16 gradient buffers,
  * beside memcpy of the same bytes and a plain in-place multiply of the same buffer, timed
  * interleaved in the same run (1 thread, median of 9); then PyTorch's
  * `torch.isfinite(x).all()` + `x.mul_(inv)` on the same sizes (through /usr/bin/python3, when
@@ -14,6 +14,7 @@
  * GB/s counts bytes read plus bytes written (unscale and multiply: 2x the buffer; the check:
  * 1x; memcpy: 2x). Usage: bench_unscale [elements (default 32M)] [step runs (default 15)]. */
 #include "bench_util.h"
+#include "amp/amp_int.h"
 
 #include <loom/loom.h>
 
@@ -130,11 +131,11 @@ static int bench_dtype(loom_dtype dt, size_t n, void *buf, void *copy, const flo
     tmc[r] = now() - t0;
     flush();
     t0 = now();
-    if (loom_amp_unscale(buf, dt, n, inv, &found)) return 1;
+    if (loom__amp_unscale(buf, dt, n, inv, &found)) return 1;
     tu[r] = now() - t0;
     flush();
     t0 = now();
-    if (loom_amp_has_nonfinite(buf, dt, n, &has)) return 1;
+    if (loom__amp_has_nonfinite(buf, dt, n, &has)) return 1;
     tc[r] = now() - t0;
     flush();
     t0 = now();
@@ -342,7 +343,7 @@ static int bench_real_step(int runs) {
   if (!rc) rc = loom_scaler_create_dynamic(&cfg, &s);
   /* timing hooks around both amp hook sets (only the armed one does anything) */
   for (int i = 0; i < NP && !rc; i++) rc = loom_tensor_register_hook(m.p[i], hook_begin, NULL, NULL);
-  if (!rc) rc = loom_amp_unscale_hooks_create(s, m.p, NP, &h[0]);
+  if (!rc) rc = loom__amp_unscale_hooks_create(s, m.p, NP, &h[0]);
   if (!rc) rc = loom_amp_check_hooks_create(s, m.p, NP, &h[1]);
   /* the check hooks turned bound tracking on; mlp_step turns it on for their variant only */
   for (int i = 0; i < NP && !rc; i++) rc = loom_tensor_track_grad_bound(m.p[i], false);

@@ -5,6 +5,7 @@
 
 #include "loom/alloc.h"
 #include "loom/amp.h"
+#include "loom/scaler.h"
 #include "loom/autocast.h"
 #include "loom/cpu.h"
 #include "loom/dtype.h"

@@ -113,7 +113,7 @@ int loom_optim_step(loom_optim *o);
  * anything else (maximize, weight decay): the deferred unscale of loom/amp.h (grad_scale =
  * 1/loss scale, possibly times a clip coefficient) without a pass that writes the gradients.
  * The gradients are only read. The result is bit for bit that of multiplying every gradient by
- * grad_scale in f32 (as loom_grad_scale and loom_amp_unscale do) and then loom_optim_step, on
+ * grad_scale in f32 (as loom_grad_scale and loom_scaler_unscale do) and then loom_optim_step, on
  * every CPU level; loom_optim_step is grad_scale 1. LOOM_EINVAL if grad_scale is NaN,
  * infinite or negative (0 is allowed: what clipping an infinite norm scales by). */
 int loom_optim_step_scaled(loom_optim *o, float grad_scale);

@@ -99,8 +99,8 @@ int loom_grad_amp(loom_tensor *output, loom_tensor *const *inputs, size_t n, loo
   for (size_t k = 0; k < n; k++) {
     bool f = false;
     if (!g[k]) continue;
-    if (scale != 1.0f) rc = loom_amp_unscale_tensors(&g[k], 1, 1.0 / (double)scale, &f);
-    else rc = loom_amp_has_nonfinite_tensors(&g[k], 1, &f);
+    if (scale != 1.0f) rc = loom__amp_unscale_tensors(&g[k], 1, 1.0 / (double)scale, &f);
+    else rc = loom__amp_has_nonfinite_tensors(&g[k], 1, &f);
     if (rc) goto done;
     any |= f;
   }

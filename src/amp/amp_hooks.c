@@ -34,7 +34,7 @@ static int pass(loom_amp_unscale_hooks *h, const hook_slot *sl, loom_tensor *g) 
   double inv = loom_scaler_get_inv_scale(h->scaler);
   if (!h->defer) {
     bool f = false;
-    int rc = loom_amp_unscale_tensors(&g, 1, inv, &f);
+    int rc = loom__amp_unscale_tensors(&g, 1, inv, &f);
     h->found |= f;
     return rc;
   }
@@ -111,9 +111,9 @@ static int create(const char *who, bool defer, loom_scaler *s, loom_tensor *cons
   return LOOM_OK;
 }
 
-int loom_amp_unscale_hooks_create(loom_scaler *s, loom_tensor *const *params, size_t n,
+int loom__amp_unscale_hooks_create(loom_scaler *s, loom_tensor *const *params, size_t n,
                                   loom_amp_unscale_hooks **out) {
-  return create("loom_amp_unscale_hooks_create", false, s, params, n, out);
+  return create("loom__amp_unscale_hooks_create", false, s, params, n, out);
 }
 
 int loom_amp_check_hooks_create(loom_scaler *s, loom_tensor *const *params, size_t n,

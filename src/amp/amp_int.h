@@ -9,6 +9,41 @@
 
 #include <stdint.h>
 
+/* ---- private unscale and check forms (the public ones: loom/scaler.h) ---------------------- */
+
+/* One raw gradient buffer (an FSDP shard, a DDP bucket). */
+typedef struct loom__amp_buffer {
+  void *data;
+  loom_dtype dtype; /* f32, f16, bf16 */
+  size_t n;         /* elements */
+} loom__amp_buffer;
+
+/* loom_scaler_unscale over raw buffers (the whole step's gradients in one call). */
+int loom__scaler_unscale_buffers(loom_scaler *s, const loom__amp_buffer *bufs, size_t n,
+                                 bool *found_inf);
+/* Whether any gradient holds inf or NaN (the spec's CheckOverflow), without unscaling: stops at
+ * the first one found. Does not change the step's state. */
+int loom__scaler_check_overflow(const loom_scaler *s, loom_tensor *const *grads, size_t n,
+                                bool *overflow);
+/* The kernels, without a scaler. */
+
+/* Unscale n values of a raw buffer in place by inv_scale (rounded once to f32) and report
+ * whether any result is inf or NaN. inv_scale must be finite and > 0. */
+int loom__amp_unscale(void *data, loom_dtype dt, size_t n, double inv_scale, bool *found_inf);
+/* The same over a list of tensors (NULL entries skipped, strided ok). */
+int loom__amp_unscale_tensors(loom_tensor *const *ts, size_t n, double inv_scale,
+                             bool *found_inf);
+/* Whether a raw buffer / any tensor of a list holds inf or NaN; stops at the first found. */
+int loom__amp_has_nonfinite(const void *data, loom_dtype dt, size_t n, bool *out);
+int loom__amp_has_nonfinite_tensors(loom_tensor *const *ts, size_t n, bool *out);
+
+/* The in-place form of the hooks (loom_amp_check_hooks_create's sibling): each hook unscales
+ * its gradient as backward completes it; finish closes the step as loom_scaler_unscale does.
+ * Not with loom_ddp (it writes the gradients DDP is about to reduce). Arm, finish and free as
+ * the checking hooks. params: leaves that require grad. */
+int loom__amp_unscale_hooks_create(loom_scaler *s, loom_tensor *const *params, size_t n,
+                                   loom_amp_unscale_hooks **out);
+
 /* ---- scalers ------------------------------------------------------------------------------ */
 
 #define LOOM__SCALER_MAGIC 0x53434c52u /* "SCLR" */
@@ -87,7 +122,7 @@ int loom__amp_check_tensors(const char *who, loom_tensor *const *ts, size_t n);
 /* Whether unscaling tensor t (f32, f16 or bf16, live) by inv would find inf or NaN, without
  * writing it: the early-exit check of its stored values, and, when inv > 1 (a scale below 1),
  * of every product x * inv in f32 (which can overflow). For f32 gradients this is exactly the
- * flag loom_amp_unscale_tensors would give. */
+ * flag loom__amp_unscale_tensors would give. */
 bool loom__amp_scaled_nonfinite(const loom_tensor *t, float inv);
 
 /* Elements the early-exit check scans between tests of its running flag. */

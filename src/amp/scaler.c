@@ -170,15 +170,15 @@ void loom__scaler_mark_checked(loom_scaler *s) { s->stage = LOOM__STAGE_CHECKED;
 int loom_scaler_unscale(loom_scaler *s, loom_tensor *const *grads, size_t n, bool *found_inf) {
   int rc = begin_unscale(s, "loom_scaler_unscale");
   if (rc) return rc;
-  if ((rc = loom_amp_unscale_tensors(grads, n, loom_scaler_get_inv_scale(s), found_inf)))
+  if ((rc = loom__amp_unscale_tensors(grads, n, loom_scaler_get_inv_scale(s), found_inf)))
     return rc;
   s->stage = LOOM__STAGE_UNSCALED;
   return LOOM_OK;
 }
 
-int loom_scaler_unscale_buffers(loom_scaler *s, const loom_amp_buffer *bufs, size_t n,
+int loom__scaler_unscale_buffers(loom_scaler *s, const loom__amp_buffer *bufs, size_t n,
                                 bool *found_inf) {
-  static const char *who = "loom_scaler_unscale_buffers";
+  static const char *who = "loom__scaler_unscale_buffers";
   int rc = begin_unscale(s, who);
   if (rc) return rc;
   if (n && !bufs) return loom__fail(LOOM_EINVAL, "%s: bufs is NULL", who);
@@ -192,7 +192,7 @@ int loom_scaler_unscale_buffers(loom_scaler *s, const loom_amp_buffer *bufs, siz
   bool any = false;
   for (size_t i = 0; i < n; i++) {
     bool f = false;
-    if ((rc = loom_amp_unscale(bufs[i].data, bufs[i].dtype, bufs[i].n,
+    if ((rc = loom__amp_unscale(bufs[i].data, bufs[i].dtype, bufs[i].n,
                                loom_scaler_get_inv_scale(s), &f)))
       return rc;
     any |= f;
@@ -230,11 +230,11 @@ int loom_scaler_grad_scale(const loom_scaler *s, float *out) {
   return LOOM_OK;
 }
 
-int loom_scaler_check_overflow(const loom_scaler *s, loom_tensor *const *grads, size_t n,
+int loom__scaler_check_overflow(const loom_scaler *s, loom_tensor *const *grads, size_t n,
                                bool *overflow) {
-  int rc = loom__scaler_check(s, "loom_scaler_check_overflow");
+  int rc = loom__scaler_check(s, "loom__scaler_check_overflow");
   if (rc) return rc;
-  return loom_amp_has_nonfinite_tensors(grads, n, overflow);
+  return loom__amp_has_nonfinite_tensors(grads, n, overflow);
 }
 
 int loom_scaler_update(loom_scaler *s, bool overflow) {

@@ -47,8 +47,8 @@ static int check_buffer(const char *who, const void *data, loom_dtype dt, size_t
   return LOOM_OK;
 }
 
-int loom_amp_unscale(void *data, loom_dtype dt, size_t n, double inv_scale, bool *found_inf) {
-  static const char *who = "loom_amp_unscale";
+int loom__amp_unscale(void *data, loom_dtype dt, size_t n, double inv_scale, bool *found_inf) {
+  static const char *who = "loom__amp_unscale";
   float inv = 1.0f;
   int rc;
   if ((rc = check_buffer(who, data, dt, n)) || (rc = inv_f32(who, inv_scale, &inv))) return rc;
@@ -57,10 +57,10 @@ int loom_amp_unscale(void *data, loom_dtype dt, size_t n, double inv_scale, bool
   return LOOM_OK;
 }
 
-int loom_amp_has_nonfinite(const void *data, loom_dtype dt, size_t n, bool *out) {
-  int rc = check_buffer("loom_amp_has_nonfinite", data, dt, n);
+int loom__amp_has_nonfinite(const void *data, loom_dtype dt, size_t n, bool *out) {
+  int rc = check_buffer("loom__amp_has_nonfinite", data, dt, n);
   if (rc) return rc;
-  if (!out) return loom__fail(LOOM_EINVAL, "loom_amp_has_nonfinite: out is NULL");
+  if (!out) return loom__fail(LOOM_EINVAL, "loom__amp_has_nonfinite: out is NULL");
   *out = n ? check_only(loom__amp_k(), data, dt, n) : false;
   return LOOM_OK;
 }
@@ -113,9 +113,9 @@ static bool tensor_pass(const loom_tensor *t, float inv) {
   return strided_pass(t, inv, false);
 }
 
-int loom_amp_unscale_tensors(loom_tensor *const *ts, size_t n, double inv_scale,
+int loom__amp_unscale_tensors(loom_tensor *const *ts, size_t n, double inv_scale,
                              bool *found_inf) {
-  static const char *who = "loom_amp_unscale_tensors";
+  static const char *who = "loom__amp_unscale_tensors";
   float inv = 1.0f;
   int rc;
   if ((rc = loom__amp_check_tensors(who, ts, n)) || (rc = inv_f32(who, inv_scale, &inv))) return rc;
@@ -131,8 +131,8 @@ bool loom__amp_scaled_nonfinite(const loom_tensor *t, float inv) {
   return loom_tensor_numel(t) ? strided_pass(t, inv, true) : false;
 }
 
-int loom_amp_has_nonfinite_tensors(loom_tensor *const *ts, size_t n, bool *out) {
-  static const char *who = "loom_amp_has_nonfinite_tensors";
+int loom__amp_has_nonfinite_tensors(loom_tensor *const *ts, size_t n, bool *out) {
+  static const char *who = "loom__amp_has_nonfinite_tensors";
   int rc = loom__amp_check_tensors(who, ts, n);
   if (rc) return rc;
   if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);

@@ -4,6 +4,7 @@
  * makes the same scale update, as PyTorch's ShardedGradScaler). ApplyMixedPrecision is in
  * fsdp_gather.c, next to the gathered buffers it converts. */
 #include "fsdp/fsdp_int.h"
+#include "amp/amp_int.h"
 
 loom_fsdp_mp *loom_fsdp_mp_manager(loom_fsdp *f) { return f ? f->mp : NULL; }
 
@@ -46,8 +47,8 @@ static int unscale_chunk(void *ctx, fsdp_unit *u, size_t at, size_t n, float *k[
   (void)at;
   unscale_ctx *c = ctx;
   bool bad = false;
-  int rc = c->inv != 1.0 ? loom_amp_unscale(k[OFF_GRAD], LOOM_F32, n, c->inv, &bad)
-                         : loom_amp_has_nonfinite(k[OFF_GRAD], LOOM_F32, n, &bad);
+  int rc = c->inv != 1.0 ? loom__amp_unscale(k[OFF_GRAD], LOOM_F32, n, c->inv, &bad)
+                         : loom__amp_has_nonfinite(k[OFF_GRAD], LOOM_F32, n, &bad);
   c->bad = c->bad || bad;
   return rc;
 }

@@ -24,6 +24,7 @@
  *   - reset also clears the scaler's statistics (the C# manager has none);
  *   - only floating tensors (f32, f16, bf16) are converted: LOOM_EDTYPE for integer ones. */
 #include "core/core_int.h"
+#include "amp/amp_int.h"
 #include "core/tensor_int.h"
 #include "loom/fsdp.h"
 #include "loom/ops.h"
@@ -220,7 +221,7 @@ int loom_fsdp_mp_convert_gradient_to_fp32(const loom_fsdp_mp *m, loom_tensor *gr
 }
 
 /* The scaler's step is opened through loom_scaler_scale_value (which also gives the scale), so
- * that an unscale of the gradients through loom_fsdp_mp_scaler (loom_scaler_unscale_buffers,
+ * that an unscale of the gradients through loom_fsdp_mp_scaler (loom__scaler_unscale_buffers,
  * loom_scaler_check) is allowed afterwards, as after loom_scaler_scale_loss. */
 int loom_fsdp_mp_scale_loss(loom_fsdp_mp *m, loom_tensor *loss, loom_tensor **out) {
   static const char *who = "loom_fsdp_mp_scale_loss";
@@ -252,7 +253,7 @@ int loom_fsdp_mp_check_overflow(loom_fsdp_mp *m, loom_tensor *const *grads, size
   if (n && !grads) return loom__fail(LOOM_EINVAL, "%s: grads is NULL (n = %zu)", who, n);
   if (!m->scaler) return LOOM_OK; /* the spec: no loss scaling, no overflow, no change */
   bool found = false;
-  if ((rc = loom_amp_has_nonfinite_tensors(grads, n, &found))) return rc;
+  if ((rc = loom__amp_has_nonfinite_tensors(grads, n, &found))) return rc;
   if ((rc = loom_fsdp_mp_update(m, found))) return rc;
   *overflow = found;
   return LOOM_OK;

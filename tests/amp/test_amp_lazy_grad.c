@@ -4,6 +4,7 @@
  * unscaled and checked as the zeros it logically is (no overflow reported, zeros in its
  * buffer), by both the unscaling and the checking hooks. */
 #include "lt.h"
+#include "amp/amp_int.h"
 
 #include <math.h>
 
@@ -22,7 +23,7 @@ static void lazy_unreached(bool checking) {
   LT_OK(loom_tensor_zero_grad_lazy(u)); /* ... zeroed lazily: logically zero, not written */
   loom_tensor *ps[2] = {w, u};
   loom_amp_unscale_hooks *h = NULL;
-  LT_OK((checking ? loom_amp_check_hooks_create : loom_amp_unscale_hooks_create)(s, ps, 2, &h));
+  LT_OK((checking ? loom_amp_check_hooks_create : loom__amp_unscale_hooks_create)(s, ps, 2, &h));
   LT_OK(loom_amp_unscale_hooks_arm(h));
   LT_OK(loom_sum(w, NULL, 0, false, &loss));
   LT_OK(loom_backward_amp(loss, s, false));

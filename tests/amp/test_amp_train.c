@@ -6,6 +6,7 @@
  * hooks plus loom_optim_step_scaled, with and without clipping) bit-identical to the separate
  * unscale pass. */
 #include "lt.h"
+#include "amp/amp_int.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -236,7 +237,7 @@ static loom_amp_unscale_hooks *deferred_matches_separate(way w, bool clip, loom_
   loom_tensor *ps[NPARAM + 1] = {b.p[0], b.p[1], b.p[2], b.p[3], unused};
   if (hooks)
     LT_OK((w == CHECK_HOOKS ? loom_amp_check_hooks_create
-                            : loom_amp_unscale_hooks_create)(sb, ps, NPARAM + 1, &h));
+                            : loom__amp_unscale_hooks_create)(sb, ps, NPARAM + 1, &h));
   loom_param_seg sega[NPARAM], segb[NPARAM];
   segs_of(&a, sega);
   segs_of(&b, segb);
@@ -310,7 +311,7 @@ LT_TEST(amp_unscale_hooks_match_the_separate_pass) {
   loom_amp_unscale_hooks *bad = NULL;
   loom_tensor *nog = NULL;
   LT_OK(loom_tensor_zeros(LOOM_F32, 1, (int64_t[]){3}, &nog));
-  LT_ERR(loom_amp_unscale_hooks_create(sb, &nog, 1, &bad), LOOM_EINVAL, "not a leaf that requires");
+  LT_ERR(loom__amp_unscale_hooks_create(sb, &nog, 1, &bad), LOOM_EINVAL, "not a leaf that requires");
   LT_ERR(loom_amp_check_hooks_create(sb, &nog, 1, &bad), LOOM_EINVAL,
          "loom_amp_check_hooks_create: parameter 0 is not a leaf");
   LT_TRUE(bad == NULL);

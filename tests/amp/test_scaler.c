@@ -5,6 +5,7 @@
  * continuous overflow, the disabled scaler, statistics and success rate and their text,
  * presets, reset, validation (one message per bad field), and the static scaler. */
 #include "lt.h"
+#include "amp/amp_int.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -386,10 +387,10 @@ LT_TEST(scaler_static) {
   loom_tensor *t = NULL;
   LT_OK(loom_tensor_wrap(LOOM_F32, 1, (int64_t[]){4}, g, &t));
   bool ov = false;
-  LT_OK(loom_scaler_check_overflow(s, &t, 1, &ov));
+  LT_OK(loom__scaler_check_overflow(s, &t, 1, &ov));
   LT_TRUE(ov);
   g[2] = 3;
-  LT_OK(loom_scaler_check_overflow(s, &t, 1, &ov));
+  LT_OK(loom__scaler_check_overflow(s, &t, 1, &ov));
   LT_TRUE(!ov);
   float loss = 0.5f;
   LT_OK(loom_scaler_scale_value(s, &loss));

@@ -2,6 +2,7 @@
  * scaling of values and tensors, the scale tensors, and save/restore of the whole state (struct
  * and flat i64 form) continuing bit-exactly, with the errors of each. */
 #include "lt.h"
+#include "amp/amp_int.h"
 
 #include <math.h>
 
@@ -29,8 +30,8 @@ LT_TEST(scaler_step_order_is_enforced) {
   LT_EQ(g[1], 2);
   LT_ERR(loom_scaler_unscale(s, &t, 1, &found), LOOM_EMISUSE, "already unscaled this step");
   LT_EQ(g[0], 1); /* untouched by the refused call */
-  loom_amp_buffer b = {g, LOOM_F32, 2};
-  LT_ERR(loom_scaler_unscale_buffers(s, &b, 1, &found), LOOM_EMISUSE, "already unscaled");
+  loom__amp_buffer b = {g, LOOM_F32, 2};
+  LT_ERR(loom__scaler_unscale_buffers(s, &b, 1, &found), LOOM_EMISUSE, "already unscaled");
   LT_ERR(loom_scaler_scale_value(s, &loss), LOOM_EMISUSE, "already unscaled");
   LT_OK(loom_scaler_update(s, found));
   /* after the step: unscale again without a new scaled loss is refused */
@@ -48,17 +49,17 @@ LT_TEST(scaler_unscale_buffers_and_errors) {
   float a[5] = {8, -8, 4, 0, 80};
   uint16_t h[3] = {loom_f32_to_f16(8), loom_f32_to_f16(-0.5f), loom_f32_to_f16(65504)};
   uint16_t bf[2] = {loom_f32_to_bf16(24), loom_f32_to_bf16(NAN)};
-  loom_amp_buffer bufs[3] = {{a, LOOM_F32, 5}, {h, LOOM_F16, 3}, {bf, LOOM_BF16, 2}};
+  loom__amp_buffer bufs[3] = {{a, LOOM_F32, 5}, {h, LOOM_F16, 3}, {bf, LOOM_BF16, 2}};
   float loss = 1;
   LT_OK(loom_scaler_scale_value(s, &loss));
-  loom_amp_buffer bad = {a, LOOM_I32, 5};
+  loom__amp_buffer bad = {a, LOOM_I32, 5};
   bool found = false;
-  LT_ERR(loom_scaler_unscale_buffers(s, &bad, 1, &found), LOOM_EDTYPE, "buffer 0 has dtype i32");
-  loom_amp_buffer nodata = {NULL, LOOM_F32, 5};
-  LT_ERR(loom_scaler_unscale_buffers(s, &nodata, 1, &found), LOOM_EINVAL, "no data");
-  LT_ERR(loom_scaler_unscale_buffers(s, NULL, 2, &found), LOOM_EINVAL, "bufs is NULL");
+  LT_ERR(loom__scaler_unscale_buffers(s, &bad, 1, &found), LOOM_EDTYPE, "buffer 0 has dtype i32");
+  loom__amp_buffer nodata = {NULL, LOOM_F32, 5};
+  LT_ERR(loom__scaler_unscale_buffers(s, &nodata, 1, &found), LOOM_EINVAL, "no data");
+  LT_ERR(loom__scaler_unscale_buffers(s, NULL, 2, &found), LOOM_EINVAL, "bufs is NULL");
   LT_EQ(a[0], 8); /* nothing changed by refused calls */
-  LT_OK(loom_scaler_unscale_buffers(s, bufs, 3, &found));
+  LT_OK(loom__scaler_unscale_buffers(s, bufs, 3, &found));
   LT_TRUE(found); /* the bf16 NaN */
   LT_EQ(a[0], 1);
   LT_EQ(a[1], -1);

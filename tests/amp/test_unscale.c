@@ -254,7 +254,7 @@ LT_TEST(unscale_is_exact_for_power_of_two_scales) {
     want[i] = x[i] / 65536.0f;
   }
   bool found = true;
-  LT_OK(loom_amp_unscale(x, LOOM_F32, 1000, 1.0 / 65536, &found));
+  LT_OK(loom__amp_unscale(x, LOOM_F32, 1000, 1.0 / 65536, &found));
   LT_TRUE(!found);
   LT_EQ(memcmp(x, want, sizeof x), 0);
 }
@@ -262,29 +262,29 @@ LT_TEST(unscale_is_exact_for_power_of_two_scales) {
 LT_TEST(unscale_buffer_api_and_errors) {
   float x[3] = {3, 6, 9};
   bool f = true;
-  LT_OK(loom_amp_unscale(x, LOOM_F32, 3, 1.0 / 3.0, &f));
+  LT_OK(loom__amp_unscale(x, LOOM_F32, 3, 1.0 / 3.0, &f));
   LT_TRUE(!f);
   LT_NEAR(x[1], 2, 1e-6);
-  LT_OK(loom_amp_unscale(NULL, LOOM_F32, 0, 0.5, &f)); /* nothing to do */
+  LT_OK(loom__amp_unscale(NULL, LOOM_F32, 0, 0.5, &f)); /* nothing to do */
   LT_TRUE(!f);
-  LT_OK(loom_amp_unscale(x, LOOM_F32, 3, 0.5, NULL)); /* the flag is optional */
-  LT_ERR(loom_amp_unscale(x, LOOM_I32, 3, 0.5, &f), LOOM_EDTYPE, "dtype i32 is not f32");
-  LT_ERR(loom_amp_unscale(NULL, LOOM_F32, 3, 0.5, &f), LOOM_EINVAL, "data is NULL");
-  LT_ERR(loom_amp_unscale(x, LOOM_F32, 3, 0, &f), LOOM_EINVAL, "inv_scale 0 is not");
-  LT_ERR(loom_amp_unscale(x, LOOM_F32, 3, -1, &f), LOOM_EINVAL, "inv_scale -1");
-  LT_ERR(loom_amp_unscale(x, LOOM_F32, 3, NAN, &f), LOOM_EINVAL, "inv_scale nan");
-  LT_ERR(loom_amp_unscale(x, LOOM_F32, 3, 1e300, &f), LOOM_EINVAL, "not a finite f32");
-  LT_ERR(loom_amp_unscale(x, LOOM_F32, 3, 1e-300, &f), LOOM_EINVAL, "not a finite f32");
+  LT_OK(loom__amp_unscale(x, LOOM_F32, 3, 0.5, NULL)); /* the flag is optional */
+  LT_ERR(loom__amp_unscale(x, LOOM_I32, 3, 0.5, &f), LOOM_EDTYPE, "dtype i32 is not f32");
+  LT_ERR(loom__amp_unscale(NULL, LOOM_F32, 3, 0.5, &f), LOOM_EINVAL, "data is NULL");
+  LT_ERR(loom__amp_unscale(x, LOOM_F32, 3, 0, &f), LOOM_EINVAL, "inv_scale 0 is not");
+  LT_ERR(loom__amp_unscale(x, LOOM_F32, 3, -1, &f), LOOM_EINVAL, "inv_scale -1");
+  LT_ERR(loom__amp_unscale(x, LOOM_F32, 3, NAN, &f), LOOM_EINVAL, "inv_scale nan");
+  LT_ERR(loom__amp_unscale(x, LOOM_F32, 3, 1e300, &f), LOOM_EINVAL, "not a finite f32");
+  LT_ERR(loom__amp_unscale(x, LOOM_F32, 3, 1e-300, &f), LOOM_EINVAL, "not a finite f32");
   bool has = false;
-  LT_OK(loom_amp_has_nonfinite(x, LOOM_F32, 3, &has));
+  LT_OK(loom__amp_has_nonfinite(x, LOOM_F32, 3, &has));
   LT_TRUE(!has);
   uint16_t h[2] = {0x3c00, 0x7e00};
-  LT_OK(loom_amp_has_nonfinite(h, LOOM_F16, 2, &has));
+  LT_OK(loom__amp_has_nonfinite(h, LOOM_F16, 2, &has));
   LT_TRUE(has);
-  LT_OK(loom_amp_has_nonfinite(h, LOOM_BF16, 2, &has)); /* 0x7e00 is a finite bf16 */
+  LT_OK(loom__amp_has_nonfinite(h, LOOM_BF16, 2, &has)); /* 0x7e00 is a finite bf16 */
   LT_TRUE(!has);
-  LT_ERR(loom_amp_has_nonfinite(h, LOOM_I64, 2, &has), LOOM_EDTYPE, "i64");
-  LT_ERR(loom_amp_has_nonfinite(h, LOOM_F16, 2, NULL), LOOM_EINVAL, "out is NULL");
+  LT_ERR(loom__amp_has_nonfinite(h, LOOM_I64, 2, &has), LOOM_EDTYPE, "i64");
+  LT_ERR(loom__amp_has_nonfinite(h, LOOM_F16, 2, NULL), LOOM_EINVAL, "out is NULL");
 }
 
 LT_TEST(unscale_tensor_lists_contiguous_strided_and_null) {
@@ -299,27 +299,27 @@ LT_TEST(unscale_tensor_lists_contiguous_strided_and_null) {
   for (int i = 0; i < 100; i++) ph[i] = loom_f32_to_bf16((float)i);
   loom_tensor *list[3] = {at, NULL, h};
   bool f = true;
-  LT_OK(loom_amp_unscale_tensors(list, 3, 0.125, &f));
+  LT_OK(loom__amp_unscale_tensors(list, 3, 0.125, &f));
   LT_TRUE(!f);
   for (int i = 0; i < 24; i++) LT_EQ(pa[i], i);
   LT_EQ(loom_bf16_to_f32(ph[99]) * 8, 99);
   bool has = true;
-  LT_OK(loom_amp_has_nonfinite_tensors(list, 3, &has));
+  LT_OK(loom__amp_has_nonfinite_tensors(list, 3, &has));
   LT_TRUE(!has);
   pa[13] = NAN; /* reached through the strided view */
-  LT_OK(loom_amp_has_nonfinite_tensors(list, 3, &has));
+  LT_OK(loom__amp_has_nonfinite_tensors(list, 3, &has));
   LT_TRUE(has);
-  LT_OK(loom_amp_unscale_tensors(list, 3, 0.5, &f));
+  LT_OK(loom__amp_unscale_tensors(list, 3, 0.5, &f));
   LT_TRUE(f);
   LT_EQ(pa[12] * 2, 12);
   LT_OK(loom_tensor_zeros(LOOM_I32, 1, (int64_t[]){2}, &lab));
   loom_tensor *badl[2] = {a, lab};
-  LT_ERR(loom_amp_unscale_tensors(badl, 2, 0.5, &f), LOOM_EDTYPE, "tensor 1 has dtype i32");
+  LT_ERR(loom__amp_unscale_tensors(badl, 2, 0.5, &f), LOOM_EDTYPE, "tensor 1 has dtype i32");
   LT_EQ(pa[12] * 2, 12); /* nothing changed: every tensor is checked first */
-  LT_ERR(loom_amp_unscale_tensors(NULL, 2, 0.5, &f), LOOM_EINVAL, "tensor list is NULL");
-  LT_ERR(loom_amp_unscale_tensors(list, 3, INFINITY, &f), LOOM_EINVAL, "inv_scale inf");
-  LT_ERR(loom_amp_has_nonfinite_tensors(badl, 2, &has), LOOM_EDTYPE, "i32");
-  LT_OK(loom_amp_unscale_tensors(NULL, 0, 0.5, &f));
+  LT_ERR(loom__amp_unscale_tensors(NULL, 2, 0.5, &f), LOOM_EINVAL, "tensor list is NULL");
+  LT_ERR(loom__amp_unscale_tensors(list, 3, INFINITY, &f), LOOM_EINVAL, "inv_scale inf");
+  LT_ERR(loom__amp_has_nonfinite_tensors(badl, 2, &has), LOOM_EDTYPE, "i32");
+  LT_OK(loom__amp_unscale_tensors(NULL, 0, 0.5, &f));
   LT_TRUE(!f);
   loom_tensor_free(lab);
   loom_tensor_free(h);
