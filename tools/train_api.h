@@ -108,7 +108,7 @@ void train_model_describe(const train_model *m, const train_opts *o, char *buf, 
 
 /* ---- data parallelism ------------------------------------------------------------------ */
 
-/* The data-parallel side of a step (train_par.c). pg NULL: one process, every call a no-op.
+/* The data-parallel side of a run (train_par.c). pg NULL: one process, every call a no-op.
  * Otherwise create first compares the options of every rank (train_ckpt_fingerprint and
  * --max-steps; LOOM_EINVAL on every rank, naming the option, a rank that differs from rank
  * 0 and both values), then, with --strategy ddp, the parameters are wrapped by DDP, which
@@ -127,13 +127,14 @@ int train_par_check_start(train_par *p, int64_t steps_per_epoch, int64_t step);
 void train_par_free(train_par *p);
 int train_par_rank(const train_par *p);
 int train_par_size(const train_par *p);
-/* After backward: wait until the gradients are averaged over the ranks. */
-int train_par_finish(train_par *p);
+/* The DDP wrapper of a run over ranks without FSDP (NULL for one process, or with FSDP): the
+ * training step (loom_step) is made over it. */
+loom_ddp *train_par_ddp(const train_par *p);
 /* The FSDP wrapper of a --strategy fsdp run (NULL otherwise): its segments feed the optimizer,
- * its loss scale and overflow check replace the trainer's scaler, and evaluation and
- * checkpoints run on every rank (they gather the units). */
+ * the step is made over it (its mixed precision's scaler replaces the trainer's), and
+ * evaluation and checkpoints run on every rank (they gather the units). */
 loom_fsdp *train_par_fsdp(const train_par *p);
-/* A flag true on any rank (the AMP overflow flag: every rank skips the same steps). */
+/* A flag true on any rank (the stop check: every rank stops at the same step). */
 int train_par_any(train_par *p, bool local, bool *global);
 /* The data-parallel statistics as JSON members for the metrics ("" for one process). */
 void train_par_json(const train_par *p, char *buf, size_t cap);

@@ -1,12 +1,13 @@
-/* train_par.c: the data-parallel side of `loom train`'s step. One process (pg NULL): nothing to
- * do. With a process group: the ranks first check that they agree (the same options, then the
- * same data and start step), since ranks that disagree would diverge silently or wait for each
- * other forever; then, with --strategy ddp, the model's parameters are wrapped by DDP (rank 0's
- * initial values broadcast, gradients as bucket views reduced while backward runs), or, with
- * --strategy fsdp, the model is sharded by FSDP (--amp through the FSDP mixed-precision
- * configuration, --offload through its offload configuration: train_offload.c); each rank
- * computes with its share of the machine's cores, and the AMP overflow flag is combined over
- * the ranks. */
+/* train_par.c: the data-parallel side of `loom train`. One process (pg NULL): nothing to do.
+ * With a process group (threads or MPI): the ranks first check that they agree (the same
+ * options, then the same data and start step), since ranks that disagree would diverge silently
+ * or wait for each other forever; then, with --strategy ddp, the model's parameters are wrapped
+ * by DDP (rank 0's initial values broadcast, gradients as bucket views reduced while backward
+ * runs), or, with --strategy fsdp, the model is sharded by FSDP (--amp through the FSDP
+ * mixed-precision configuration, --offload through its offload configuration:
+ * train_offload.c); the training step (loom_step in train_run.c) is made over that wrapper.
+ * Each rank computes with its share of the machine's cores; the tool's own flags (a loss that
+ * is not finite, a signal) are combined over the ranks here. */
 #include "train_api.h"
 
 #include <loom/ddp.h>
@@ -198,11 +199,7 @@ void train_par_free(train_par *p) {
 int train_par_rank(const train_par *p) { return p->rank; }
 int train_par_size(const train_par *p) { return p->size; }
 
-int train_par_finish(train_par *p) {
-  if (p->fsdp) return loom_fsdp_finish(p->fsdp);
-  return p->ddp ? loom_ddp_finish(p->ddp) : LOOM_OK;
-}
-
+loom_ddp *train_par_ddp(const train_par *p) { return p ? p->ddp : NULL; }
 loom_fsdp *train_par_fsdp(const train_par *p) { return p ? p->fsdp : NULL; }
 
 int train_par_any(train_par *p, bool local, bool *global) {

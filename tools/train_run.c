@@ -1,11 +1,13 @@
-/* train_run.c: the training loop of `loom train`. A step: batch (epoch, index) from the
- * random-access loader (this rank's rows of it), forward under autocast, cross-entropy,
- * backward of the loss times the scale, gradients averaged over ranks, unscale + inf check
- * (flag combined over ranks), optimizer step unless the step overflowed, scaler update. The
- * learning rate is a function of the step index and the data of (seed, epoch, index), so a run
- * resumed from a checkpoint takes exactly the steps an uninterrupted one would. After each
- * epoch: test accuracy, checkpoint. At the end: a one-line summary (and one about FSDP
- * offload when it is on). */
+/* train_run.c: the training loop of `loom train`. A step is the library's recipe (loom/step.h,
+ * the same calls with no strategy, DDP and FSDP): batch (epoch, index) from the random-access
+ * loader (this rank's rows of it), zero_grad, forward under autocast, cross-entropy,
+ * loom_step_backward (loss x scale, gradients averaged over ranks); then the tool's own check
+ * over the ranks (a non-finite loss or a signal stops every rank before the update); then the
+ * learning rate of the step and loom_step_apply (overflow flag over ranks, unscale, optimizer
+ * step unless the step overflowed, scaler update). The learning rate is a function of the step
+ * index and the data of (seed, epoch, index), so a run resumed from a checkpoint takes exactly
+ * the steps an uninterrupted one would. After each epoch: test accuracy, checkpoint (with the
+ * step's scaler). At the end: a one-line summary (and one about FSDP offload when it is on). */
 #include "progress.h"
 #include "train_api.h"
 
@@ -22,10 +24,10 @@ typedef struct trainer {
   loom_dataset *train, *test;
   loom_loader *loader, *test_loader;
   train_model model;
-  loom_tensor **grads; /* each parameter's gradient (borrowed) */
   loom_param_seg *segs;
   loom_optim *opt;
-  loom_scaler *scaler;
+  loom_scaler *scaler; /* without FSDP (owned; FSDP's is its mixed precision's) */
+  loom_step *step;     /* the step recipe over the model, DDP or FSDP, optimizer and scaler */
   loom_autocast_mode amp;
   loom_lr_schedule sched;
   train_metrics *metrics;
@@ -83,21 +85,20 @@ static int load_data(trainer *t) {
   return LOOM_OK;
 }
 
-/* The optimizer's segments: every parameter with its gradient, or FSDP's shards (one per unit). */
+/* The optimizer's segments: every parameter (by name) with its gradient, or FSDP's shards (one
+ * per unit): the gradients loom_step finishes. */
 static int make_segments(trainer *t, const loom_param_seg **segs, size_t *n) {
   const train_model *m = &t->model;
   if (t->fsdp) {
     int rc = loom_fsdp_segments(t->fsdp, segs, n);
     return rc ? train_fail_loom(rc, "--strategy fsdp") : LOOM_OK;
   }
-  t->grads = calloc(m->nparams ? m->nparams : 1, sizeof *t->grads);
   t->segs = calloc(m->nparams ? m->nparams : 1, sizeof *t->segs);
-  if (!t->grads || !t->segs) return train_fail(LOOM_ENOMEM, "train: out of memory");
+  if (!t->segs) return train_fail(LOOM_ENOMEM, "train: out of memory");
   for (size_t i = 0; i < m->nparams; i++) {
     loom_tensor *v = m->params[i].value, *g = loom_tensor_grad(v);
     if (!g) return train_fail(LOOM_EMISUSE, "train: parameter %s has no gradient buffer",
                               m->params[i].name);
-    t->grads[i] = g;
     t->segs[i] = (loom_param_seg){m->params[i].name, loom_tensor_data(v), loom_tensor_data(g),
                                   m->params[i].numel, 0};
   }
@@ -156,20 +157,21 @@ static int make_scaler(trainer *t) {
   return rc;
 }
 
-/* The loss scale now (1 without loss scaling). */
-static double current_scale(const trainer *t) {
-  if (t->fsdp) {
-    loom_fsdp_mp *mp = loom_fsdp_mp_manager(t->fsdp);
-    return mp ? loom_fsdp_mp_current_loss_scale(mp) : 1.0;
-  }
-  return t->scaler ? loom_scaler_get_scale(t->scaler) : 1.0;
+/* The step recipe over what setup made (no strategy, the DDP of train_par, or its FSDP). */
+static int make_step(trainer *t) {
+  loom_step_cfg c;
+  loom_step_cfg_default(&c);
+  c.module = t->model.root;
+  c.ddp = train_par_ddp(t->par);
+  c.fsdp = t->fsdp;
+  c.optim = t->opt;
+  c.scaler = t->scaler;
+  int rc = loom_step_create(&c, &t->step);
+  return rc ? train_fail_loom(rc, "the training step") : LOOM_OK;
 }
 
 /* Whether the run scales its loss (a scaler, or FSDP's mixed precision with loss scaling). */
-static bool scales_loss(const trainer *t) {
-  loom_fsdp_mp *mp = t->fsdp ? loom_fsdp_mp_manager(t->fsdp) : NULL;
-  return t->scaler || (mp && loom_fsdp_mp_scaler(mp));
-}
+static bool scales_loss(const trainer *t) { return loom_step_scaler(t->step) != NULL; }
 
 /* ---- a step ----------------------------------------------------------------------------- */
 
@@ -199,79 +201,46 @@ static int forward_loss(trainer *t, loom_tensor *x, loom_tensor *y, loom_tensor 
   return rc ? rc : rc2;
 }
 
-/* Backward of loss x scale, gradients synchronised and unscaled; *overflow over all ranks. */
-static int backward_fsdp(trainer *t, loom_tensor *loss, bool *overflow) {
-  int rc;
-  loom_tensor *scaled = NULL;
-  TRY(loom_fsdp_scale_loss(t->fsdp, loss, &scaled), "loss scaling");
-  rc = loom_backward(scaled, NULL, false);
-  loom_tensor_free(scaled);
-  if (rc) return train_fail_loom(rc, "backward");
-  TRY(train_par_finish(t->par), "gradient reduce-scatter");
-  TRY(loom_fsdp_check_overflow(t->fsdp, overflow), "overflow check");
-  return LOOM_OK;
+static int diverged(int64_t s, double loss, const char *when) {
+  return train_fail(LOOM_EINVAL, "step %lld: the loss is %s: training diverged (too high a "
+                    "--lr?); stopped %s, no checkpoint written", (long long)s + 1,
+                    isfinite(loss) ? "not finite on another rank" : isnan(loss) ? "nan" : "inf",
+                    when);
 }
 
-static int backward(trainer *t, loom_tensor *loss, bool *overflow) {
-  int rc;
-  *overflow = false;
-  if (t->fsdp) return backward_fsdp(t, loss, overflow);
-  if (!t->scaler) {
-    TRY(loom_backward(loss, NULL, false), "backward");
-    TRY(train_par_finish(t->par), "gradient all-reduce");
-    return LOOM_OK;
-  }
-  float scale = 1;
-  TRY(loom_scaler_scale_value(t->scaler, &scale), "loss scaling");
-  loom_tensor *scaled = NULL;
-  TRY(loom_mul_scalar(loss, scale, &scaled), "loss scaling");
-  rc = loom_backward(scaled, NULL, false);
-  loom_tensor_free(scaled);
-  if (rc) return train_fail_loom(rc, "backward");
-  TRY(train_par_finish(t->par), "gradient all-reduce");
-  bool found = false;
-  TRY(loom_scaler_unscale(t->scaler, t->grads, t->model.nparams, &found), "unscale");
-  TRY(train_par_any(t->par, found, overflow), "overflow flag");
-  return LOOM_OK;
-}
-
-static int step(trainer *t, double *loss_value, bool *overflow) {
+static int step(trainer *t, double *loss_value, loom_step_result *res) {
   int64_t s = t->st.step, spe = t->st.steps_per_epoch;
   loom_tensor *x = NULL, *y = NULL, *loss = NULL;
   int rc = loom_loader_batch(t->loader, (uint64_t)(s / spe), (size_t)(s % spe), &x, &y);
   if (rc) return train_fail_loom(rc, "the training data");
   rc = shard(t, &x, &y);
-  for (size_t i = 0; i < t->model.nparams && !rc && !t->fsdp; i++)
-    rc = loom_tensor_zero_grad(t->model.params[i].value); /* FSDP overwrites its shards */
+  if (!rc) rc = loom_step_zero_grad(t->step);
   if (!rc) rc = forward_loss(t, x, y, &loss);
   if (rc) train_fail_loom(rc, "forward");
   loom_tensor_free(x);
   loom_tensor_free(y);
   if (!rc) rc = loom_tensor_item(loss, loss_value);
-  if (!rc) rc = backward(t, loss, overflow);
+  if (!rc && (rc = loom_step_backward(t->step, loss))) train_fail_loom(rc, "backward");
   loom_tensor_free(loss);
   if (rc) return rc;
-  /* One flag over the ranks per step: a non-finite loss or SIGINT / SIGTERM on any rank. Only
-   * when it is up does a second exchange tell the two apart; either way every rank stops here,
-   * before the update, and saves nothing. */
-  bool stop = false, interrupted = false, diverged = false;
+  /* The tool's check between backward and the update, one flag over the ranks per step: a
+   * non-finite loss or SIGINT / SIGTERM on any rank. Only when it is up does a second exchange
+   * tell the two apart. A signal stops every rank here, before the update, saving nothing; so
+   * does a non-finite loss without loss scaling (diverged). With loss scaling a non-finite loss
+   * is the scaler's case, an overflow step: its gradients are not finite, so apply skips the
+   * update and backs the scale off (had they been finite, every rank stops after it, saving
+   * nothing all the same). */
+  bool stop = false, interrupted = false;
   TRY(train_par_any(t->par, !isfinite(*loss_value) || train_signal_pending(), &stop), "stop check");
   if (stop) TRY(train_par_any(t->par, train_signal_pending() != 0, &interrupted), "interrupt check");
   if (interrupted)
     return train_fail(LOOM_EABORTED, "interrupted before step %lld; %s", (long long)s + 1,
                       t->o->save ? "the last checkpoint written is intact" : "nothing saved");
-  diverged = stop && !(*overflow && scales_loss(t));
-  if (diverged)
-    return train_fail(LOOM_EINVAL, "step %lld: the loss is %s: training diverged (too high a "
-                      "--lr?); stopped before the update, no checkpoint written", (long long)s + 1,
-                      isfinite(*loss_value) ? "not finite on another rank"
-                      : isnan(*loss_value) ? "nan" : "inf");
+  if (stop && !scales_loss(t)) return diverged(s, *loss_value, "before the update");
   TRY(loom_optim_set_lr(t->opt, loom_lr_at(&t->sched, s)), "learning rate");
-  if (!*overflow) /* FSDP: the shards' step, streamed through the tier with offload */
-    TRY(t->fsdp ? loom_fsdp_optim_step(t->fsdp, t->opt, 1.0f) : loom_optim_step(t->opt),
-        "optimizer step");
-  if (t->scaler) TRY(loom_scaler_update(t->scaler, *overflow), "scaler update");
-  t->overflows += *overflow;
+  TRY(loom_step_apply(t->step, res), "optimizer step");
+  if (stop && !res->skipped) return diverged(s, *loss_value, "after the update");
+  t->overflows += res->skipped;
   t->st.step++;
   return LOOM_OK;
 }
@@ -330,12 +299,12 @@ static void fmt_rate(char *buf, size_t cap, double r) {
     snprintf(buf, cap, "%.0f", r);
 }
 
-static int write_record(trainer *t, double loss, bool overflow, double step_s) {
+static int write_record(trainer *t, double loss, const loom_step_result *res, double step_s) {
   char extra[2048];
   train_par_json(t->par, extra, sizeof extra);
   train_record r = {t->st.step, (t->st.step - 1) / t->st.steps_per_epoch, loss,
                     loom_lr_at(&t->sched, t->st.step - 1),
-                    current_scale(t), overflow,
+                    res->scale, res->skipped,
                     (double)(t->o->batch * t->nranks) / step_s, extra};
   return train_metrics_write(t->metrics, &r);
 }
@@ -354,19 +323,19 @@ static int run_epoch(trainer *t) {
   int rc = LOOM_OK;
   while (t->st.step < end && !rc) {
     double s0 = progress_now();
-    bool overflow = false;
-    rc = step(t, &loss, &overflow);
+    loom_step_result res;
+    rc = step(t, &loss, &res);
     double dt = progress_now() - s0;
     t->train_s += dt;
     if (rc) break;
     n++;
     loss_sum += loss;
     t->samples += o->batch * t->nranks;
-    if (t->lead && t->metrics) rc = write_record(t, loss, overflow, dt);
+    if (t->lead && t->metrics) rc = write_record(t, loss, &res, dt);
     if (t->lead && !o->quiet) {
       fmt_rate(rate, sizeof rate, (double)(n * o->batch * t->nranks) / (progress_now() - t0));
       snprintf(figures, sizeof figures, "loss %.4f  scale %g  %s samples/s", loss,
-               current_scale(t), rate);
+               (double)res.scale, rate);
       progress_update(&pr, (long)(t->st.step - epoch * spe), figures);
     }
   }
@@ -383,7 +352,8 @@ static int run_epoch(trainer *t) {
   t->evaluated = true;
   if (!rc && o->save)
     rc = t->fsdp ? train_ckpt_save_fsdp(o->save, o, &t->model, t->fsdp, t->opt, &t->st)
-                 : train_ckpt_save(o->save, o, &t->model, t->opt, t->scaler, &t->st);
+                 : train_ckpt_save(o->save, o, &t->model, t->opt, loom_step_scaler(t->step),
+                                   &t->st);
   return rc;
 }
 
@@ -416,10 +386,10 @@ static void summary(trainer *t, double wall_s) {
 
 static void teardown(trainer *t) {
   train_metrics_close(t->metrics);
+  loom_step_free(t->step);
   loom_scaler_free(t->scaler);
   loom_optim_free(t->opt);
   free(t->segs);
-  free(t->grads);
   train_par_free(t->par);
   train_model_free(&t->model);
   loom_loader_free(t->loader);
@@ -443,11 +413,13 @@ static int setup(trainer *t, loom_pg *pg) {
   t->stop_step = o->max_steps > 0 && o->max_steps < t->total_steps ? o->max_steps : t->total_steps;
   rc = make_optimizer(t);
   if (!rc) rc = make_scaler(t);
+  if (!rc) rc = make_step(t);
   if (!rc && loom_autocast_mode_parse(o->amp, &t->amp))
     rc = train_fail(LOOM_EINVAL, "--amp: unknown mode '%s'", o->amp);
   if (!rc && o->resume)
     rc = t->fsdp ? train_ckpt_load_fsdp(o->resume, o, &t->model, t->fsdp, t->opt, &t->st)
-                 : train_ckpt_load(o->resume, o, &t->model, t->opt, t->scaler, &t->st);
+                 : train_ckpt_load(o->resume, o, &t->model, t->opt, loom_step_scaler(t->step),
+                                   &t->st);
   if (!rc) rc = train_par_check_start(t->par, t->st.steps_per_epoch, t->st.step);
   if (!rc && t->lead && o->metrics) rc = train_metrics_open(o->metrics, o->resume != NULL, &t->metrics);
   return rc;

@@ -88,6 +88,12 @@ typedef struct loom_step_result {
 /* Finish the step (see the top). out may be NULL. */
 int loom_step_apply(loom_step *st, loom_step_result *out);
 
+/* The scaler the step scales its loss with: cfg.scaler, or with FSDP its mixed-precision
+ * config's (loom_fsdp_mp_scaler); NULL without loss scaling (or st NULL). It is the one whose
+ * state a checkpoint saves and restores (loom_scaler_save / _load) and whose scale a caller
+ * reports before any step; borrowed, it lives as long as the step's cfg. */
+loom_scaler *loom_step_scaler(const loom_step *st);
+
 #ifdef __cplusplus
 }
 #endif

@@ -162,14 +162,20 @@ static int clip_replicated(loom_step *st, double *norm) {
                              norm);
 }
 
+loom_scaler *loom_step_scaler(const loom_step *st) {
+  if (!st) return NULL;
+  loom_fsdp_mp *mp = st->cfg.fsdp ? loom_fsdp_mp_manager(st->cfg.fsdp) : NULL;
+  return mp ? loom_fsdp_mp_scaler(mp) : st->cfg.scaler;
+}
+
 int loom_step_apply(loom_step *st, loom_step_result *out) {
   if (!st) return loom__fail(LOOM_EINVAL, "loom_step_apply: step is NULL");
   loom_fsdp *f = st->cfg.fsdp;
-  loom_fsdp_mp *mp = f ? loom_fsdp_mp_manager(f) : NULL;
+  loom_scaler *scaler = loom_step_scaler(st);
   loom_step_result r = {.skipped = false, .grad_norm = NAN, .scale = 1.0f};
   int rc;
   /* 1. unscale and the overflow flag over the ranks (FSDP's also updates its scale) */
-  if (f) rc = mp && loom_fsdp_mp_scaler(mp) ? loom_fsdp_check_overflow(f, &r.skipped) : LOOM_OK;
+  if (f) rc = scaler ? loom_fsdp_check_overflow(f, &r.skipped) : LOOM_OK;
   else rc = unscale_replicated(st, &r.skipped);
   /* 2. clipping */
   if (!rc && st->cfg.clip && !r.skipped && f)
@@ -181,8 +187,7 @@ int loom_step_apply(loom_step *st, loom_step_result *out) {
                                 : loom_optim_step(st->cfg.optim);
   /* 4. the scaler's update (FSDP's happened with its check) */
   if (!rc && st->cfg.scaler) rc = loom_scaler_update(st->cfg.scaler, r.skipped);
-  if (!rc && st->cfg.scaler) r.scale = loom_scaler_get_scale(st->cfg.scaler);
-  if (!rc && mp) r.scale = (float)loom_fsdp_mp_current_loss_scale(mp);
+  if (!rc && scaler) r.scale = loom_scaler_get_scale(scaler);
   if (out) *out = r;
   return rc;
 }

@@ -4,7 +4,8 @@
  * does (the three differ only by f32 summation order), with and without clipping, and report
  * the same gradient norm; with f16 loss scaling, an overflow on one rank makes every rank skip
  * that same step and back its scale off; an optimizer that does not read the step's gradients
- * is refused, naming the segment. */
+ * is refused, naming the segment; loom_step_scaler is the scaler the loss is scaled with
+ * (FSDP's mixed-precision one), whose scale apply reports. */
 #include "lt.h"
 #include "loom/loom.h"
 
@@ -34,6 +35,7 @@ typedef struct run {
   bool skipped[MAXR][STEPS];
   float scale[MAXR][STEPS];
   double norm[STEPS]; /* rank 0 */
+  bool own_scaler[MAXR]; /* loom_step_scaler: the scaler the loss is scaled with, or NULL */
 } run;
 
 /* Global batch of step s (ROWS rows); this rank takes rows [rank * per, (rank + 1) * per). */
@@ -132,6 +134,9 @@ static int rank_fn(loom_pg *pg, void *arg) {
   }
   sc.optim = opt;
   TRY(loom_step_create(&sc, &st));
+  loom_scaler *want = fsdp ? loom_fsdp_mp_scaler(loom_fsdp_mp_manager(fsdp)) : scaler;
+  r->own_scaler[rank] = loom_step_scaler(st) == want && (want != NULL) == r->f16 &&
+                        loom_step_scaler(NULL) == NULL;
   for (int s = 0; s < STEPS; s++) {
     loom_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL, *big = NULL;
     loom_autocast_token tok = {0};
@@ -152,6 +157,7 @@ static int rank_fn(loom_pg *pg, void *arg) {
     if (!rc) {
       r->skipped[rank][s] = res.skipped;
       r->scale[rank][s] = res.scale;
+      if (want && res.scale != loom_scaler_get_scale(want)) r->own_scaler[rank] = false;
       if (rank == 0) r->norm[s] = res.grad_norm;
     }
     loom_tensor_free(x), loom_tensor_free(y), loom_tensor_free(logits);
@@ -196,6 +202,7 @@ LT_TEST(step_recipe_is_the_same_under_none_ddp_and_fsdp) {
     run fsdp = train(FSDP, false, clip, false);
     expect_close(&none, &ddp, clip ? "DDP with clipping" : "DDP");
     expect_close(&none, &fsdp, clip ? "FSDP with clipping" : "FSDP");
+    LT_TRUE(none.own_scaler[0] && ddp.own_scaler[1] && fsdp.own_scaler[1]); /* NULL: f32 */
     for (int s = 0; s < STEPS; s++) {
       LT_TRUE(!none.skipped[0][s] && !ddp.skipped[1][s] && !fsdp.skipped[1][s]);
       if (!clip) {
@@ -214,6 +221,7 @@ LT_TEST(step_recipe_is_the_same_under_none_ddp_and_fsdp) {
 LT_TEST(step_recipe_overflow_on_one_rank_skips_that_step_on_every_rank) {
   for (int strat = NONE; strat <= FSDP; strat++) {
     run r = train((strategy)strat, true, true, true);
+    for (int k = 0; k < r.ranks; k++) LT_TRUE(r.own_scaler[k]); /* FSDP: its mp scaler */
     for (int k = 0; k < r.ranks; k++)
       for (int s = 0; s < STEPS; s++) {
         LT_EQ(r.skipped[k][s], s == BAD_STEP);

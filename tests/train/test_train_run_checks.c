@@ -2,7 +2,8 @@
  * a batch larger than the samples of an epoch, a warmup longer than the run, the --save folder
  * before the first step (not after the first epoch), a checkpoint of another run in it (kept
  * unless --overwrite), a loss that stops being finite (the run stops, the last checkpoint
- * stays), and folder names joined with one slash. */
+ * stays; with loss scaling its step is an overflow, skipped), and folder names joined with one
+ * slash. */
 #include "lt.h"
 #include "train_test.h"
 
@@ -118,9 +119,20 @@ LT_TEST(train_nonfinite_loss_stops_the_run_and_keeps_the_checkpoint) {
   LT_TRUE(strstr(r.out, "test accuracy") == NULL);
   expect(&r, 1, "training diverged (too high a --lr?); stopped before the update, no checkpoint");
   LT_TRUE(tt_same_file(ck, before));
-  /* the same over two ranks: every rank stops at the same step */
+  /* the same over two ranks: every rank stops at the same step, under DDP and FSDP */
   r = tt_train(RUN " --optim sgd --lr 1e30 --batch 32 --ranks 2 --strategy ddp");
   expect(&r, 1, "training diverged");
+  r = tt_train(RUN " --optim sgd --lr 1e30 --batch 32 --ranks 2 --strategy fsdp");
+  expect(&r, 1, "stopped before the update");
+  /* with loss scaling a non-finite loss is an overflow step: skipped, and the run goes on */
+  const char *scaled[] = {"", " --ranks 2 --strategy ddp", " --ranks 2 --strategy fsdp"};
+  for (int i = 0; i < 3; i++) {
+    r = tt_train(RUN " --optim sgd --lr 1e30 --batch 32 --amp f16%s", scaled[i]);
+    if (r.rc != 0) fprintf(stderr, "%s: %s\n", scaled[i], r.err);
+    LT_EQ(r.rc, 0);
+    LT_TRUE(strstr(r.out, "overflow steps skipped") != NULL);
+    tt_run_free(&r);
+  }
   tt_cleanup();
 }
 
