@@ -49,7 +49,8 @@ static int agree(loom_pg *pg, const agree_entry *e, int n, const char *hint) {
   agree_value *mine = calloc((size_t)n, sizeof *mine), *all = calloc((size_t)size * n, sizeof *all);
   char *texts = NULL;
   int rc = mine && all ? LOOM_OK : train_fail(LOOM_ENOMEM, "train: out of memory");
-  for (int i = 0; !rc && i < n; i++) snprintf((char *)mine[i], sizeof mine[i], "%s", e[i].value);
+  for (int i = 0; !rc && i < n; i++) /* the text; calloc zeroed the rest */
+    memcpy(mine[i], e[i].value, strnlen(e[i].value, sizeof e[i].value));
   if (!rc && (rc = loom_pg_allgather(pg, mine, all, (size_t)n * AGREE_WORDS, LOOM_I64, NULL)))
     train_fail_loom(rc, "comparing the ranks' options");
   int bad = -1, who = -1;
