@@ -203,7 +203,7 @@ static void overlap_part(int steps) {
          "bwd ms", "comm ms", "exposed", "1st launch");
   config overlap = {.name = "overlapped (loom)", .sizes = big, .nsizes = 5, .batch = 64,
                     .steps = steps};
-  loom_ddp_cfg_default(&overlap.ddp);
+  overlap.ddp = loom_ddp_cfg_default();
   config eager = overlap;
   eager.name = "eager (spec, copies)";
   eager.spec_eager = true;
@@ -255,7 +255,7 @@ int bench_ddp_main(int argc, char **argv) {
     for (int k = 0; k < ROUNDS; k++) {
       config t = {.name = "throughput", .sizes = small, .nsizes = 4, .batch = 256,
                   .steps = steps * 2, .bf16 = bf == 1};
-      loom_ddp_cfg_default(&t.ddp);
+      t.ddp = loom_ddp_cfg_default();
       double step = run(&t).step_s;
       config local = t;
       local.no_sync = true;

@@ -158,10 +158,9 @@ static int rank_main(loom_pg *pg, void *arg) {
   loom_adam_cfg ac = loom_adamw_cfg_default();
   loom_param_seg segs[16];
   if (c->fsdp) {
-    loom_fsdp_cfg fc;
-    loom_fsdp_cfg_default(&fc);
+    loom_fsdp_cfg fc = loom_fsdp_cfg_default();
     fc.forward_prefetch = fc.backward_prefetch = c->prefetch;
-    if (c->bf16) loom_fsdp_mp_cfg_for(LOOM_BF16, &fc.mp);
+    if (c->bf16) fc.mp = loom_fsdp_mp_cfg_for(LOOM_BF16);
     if (c->rs_queue) fc.limit_reduce_scatters = false;
     if (rank == 0) j->r.limit_rs = fc.limit_reduce_scatters;
     BENCH_CHECK(loom_fsdp_create(pg, m, &fc, &f));
@@ -170,8 +169,7 @@ static int rank_main(loom_pg *pg, void *arg) {
     BENCH_CHECK(loom_fsdp_segments(f, &fs, &nseg));
     BENCH_CHECK(loom_optim_create_adamw(fs, nseg, &ac, &opt));
   } else {
-    loom_ddp_cfg dc;
-    loom_ddp_cfg_default(&dc);
+    loom_ddp_cfg dc = loom_ddp_cfg_default();
     BENCH_CHECK(loom_ddp_create(pg, params, NULL, np, &dc, &d));
     for (size_t i = 0; i < np; i++) /* the arena's gradients: DDP's buckets view them */
       segs[i] = (loom_param_seg){NULL, loom_tensor_data(params[i]),

@@ -187,11 +187,10 @@ static int rank_main(loom_pg *pg, void *arg) {
   loom_set_num_threads(loom_pg_compute_threads(pg));
   loom_module *m = NULL;
   BENCH_CHECK(loom_nn_mlp_create(sizes, NSIZES, LOOM_ACT_RELU, LOOM_F32, 1, &m));
-  loom_fsdp_cfg fc;
-  loom_fsdp_cfg_default(&fc);
+  loom_fsdp_cfg fc = loom_fsdp_cfg_default();
   loom_adam_cfg ac = loom_adamw_cfg_default();
   if (c->offload) {
-    loom_fsdp_offload_cfg_default(&fc.offload);
+    fc.offload = loom_fsdp_offload_cfg_default();
     fc.offload.tier = c->tier;
     fc.offload.dir = j->dir;
     fc.offload.prefetch_steps = c->prefetch;

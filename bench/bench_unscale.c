@@ -337,8 +337,7 @@ static int bench_real_step(int runs) {
   loom_scaler *s = NULL;
   loom_amp_unscale_hooks *h[2] = {NULL, NULL};
   int rc = mlp_make(&m);
-  loom_dynamic_scaler_cfg cfg;
-  cfg = loom_dynamic_scaler_cfg_default();
+  loom_dynamic_scaler_cfg cfg = loom_dynamic_scaler_cfg_default();
   cfg.initial_scale = 1024; /* these synthetic gradients must not overflow: no skipped steps */
   if (!rc) rc = loom_scaler_create_dynamic(&cfg, &s);
   /* timing hooks around both amp hook sets (only the armed one does anything) */

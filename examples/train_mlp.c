@@ -37,17 +37,15 @@ static int train_rank(loom_pg *pg, void *arg) {
   loom_loader *loader = NULL;
   const int64_t sizes[] = {784, 256, 10};
   loom_adam_cfg ac = loom_adamw_cfg_default();
-  loom_step_cfg sc;
-  loom_step_cfg_default(&sc);
+  loom_step_cfg sc = loom_step_cfg_default();
 
   TRY(loom_nn_mlp_create(sizes, 3, LOOM_ACT_RELU, LOOM_F32, /*seed*/ 1, &model));
   sc.module = model;
   if (strcmp(o->strategy, "fsdp") == 0) {
     /* FSDP: one unit per Linear; gathers in the autocast dtype, f32 gradients; with f16 its
      * mixed-precision config makes the loss scaler */
-    loom_fsdp_cfg fc;
-    loom_fsdp_cfg_default(&fc);
-    loom_fsdp_mp_cfg_for(o->amp, &fc.mp);
+    loom_fsdp_cfg fc = loom_fsdp_cfg_default();
+    fc.mp = loom_fsdp_mp_cfg_for(o->amp);
     TRY(loom_fsdp_create(pg, model, &fc, &fsdp));
     const loom_param_seg *segs = NULL;
     size_t nseg = 0;

@@ -16,7 +16,7 @@ static bool offload_on(const train_opts *o) {
 }
 
 void train_offload_cfg(const train_opts *o, loom_fsdp_offload_cfg *c) {
-  loom_fsdp_offload_cfg_default(c);
+  *c = loom_fsdp_offload_cfg_default();
   c->enabled = offload_on(o);
   if (!c->enabled) return;
   c->offload_parameters = o->offload_params;

@@ -127,8 +127,7 @@ int train_par_cfg(const train_opts *o, double timeout, loom_pg_cfg *cfg) {
  * specification's mixed precision for that dtype (bf16 without loss scaling, f16 with the
  * dynamic scale starting at --loss-scale; --scaler off turns it off). */
 static int make_fsdp(loom_pg *pg, const train_opts *o, train_model *m, loom_fsdp **out) {
-  loom_fsdp_cfg c;
-  loom_fsdp_cfg_default(&c);
+  loom_fsdp_cfg c = loom_fsdp_cfg_default();
   c.wrap = strcmp(o->wrap, "size") == 0 ? LOOM_FSDP_WRAP_SIZE : LOOM_FSDP_WRAP_CHILDREN;
   c.min_unit_numel = (size_t)o->unit_min;
   c.reshard_after_forward = strcmp(o->reshard, "yes") == 0;
@@ -136,7 +135,7 @@ static int make_fsdp(loom_pg *pg, const train_opts *o, train_model *m, loom_fsdp
   train_offload_cfg(o, &c.offload);
   loom_dtype dt = LOOM_F32;
   if (strcmp(o->amp, "off") != 0 && loom_dtype_parse(o->amp, &dt) == LOOM_OK) {
-    loom_fsdp_mp_cfg_for(dt, &c.mp);
+    c.mp = loom_fsdp_mp_cfg_for(dt);
     c.mp.use_loss_scaling = strcmp(o->scaler, "dynamic") == 0;
     if (c.mp.use_loss_scaling) {
       c.mp.initial_loss_scale = (float)o->loss_scale;

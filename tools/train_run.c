@@ -147,8 +147,7 @@ static int make_scaler(trainer *t) {
   int rc = LOOM_OK;
   if (t->fsdp) return LOOM_OK; /* FSDP's mixed precision holds the scale */
   if (strcmp(o->scaler, "dynamic") == 0) {
-    loom_dynamic_scaler_cfg c;
-    c = loom_dynamic_scaler_cfg_default();
+    loom_dynamic_scaler_cfg c = loom_dynamic_scaler_cfg_default();
     c.initial_scale = (float)o->loss_scale;
     TRY(loom_scaler_create_dynamic(&c, &t->scaler), "--scaler dynamic");
   } else if (strcmp(o->scaler, "static") == 0) {
@@ -159,8 +158,7 @@ static int make_scaler(trainer *t) {
 
 /* The step recipe over what setup made (no strategy, the DDP of train_par, or its FSDP). */
 static int make_step(trainer *t) {
-  loom_step_cfg c;
-  loom_step_cfg_default(&c);
+  loom_step_cfg c = loom_step_cfg_default();
   c.module = t->model.root;
   c.ddp = train_par_ddp(t->par);
   c.fsdp = t->fsdp;

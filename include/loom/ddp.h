@@ -60,7 +60,7 @@ typedef struct loom_bucket_cfg {
   loom_bucket_policy policy; /* default LOOM_BUCKET_REVERSE_ORDER */
 } loom_bucket_cfg;
 
-void loom_bucket_cfg_default(loom_bucket_cfg *cfg);
+loom_bucket_cfg loom_bucket_cfg_default(void);
 /* LOOM_EINVAL with a message naming the field. */
 int loom_bucket_cfg_validate(const loom_bucket_cfg *cfg);
 
@@ -131,7 +131,7 @@ typedef struct loom_ddp_cfg {
   loom_dtype wire_dtype;
 } loom_ddp_cfg;
 
-void loom_ddp_cfg_default(loom_ddp_cfg *cfg);
+loom_ddp_cfg loom_ddp_cfg_default(void);
 int loom_ddp_cfg_validate(const loom_ddp_cfg *cfg);
 
 typedef struct loom_ddp_stats {

@@ -84,10 +84,10 @@ typedef struct loom_fsdp_mp_cfg {
 } loom_fsdp_mp_cfg;
 
 /* The specification's defaults (above). */
-void loom_fsdp_mp_cfg_default(loom_fsdp_mp_cfg *cfg);
+loom_fsdp_mp_cfg loom_fsdp_mp_cfg_default(void);
 /* The defaults for a forward dtype: f16 as above; bf16 without loss scaling (bf16 has f32's
  * range: nothing underflows that f32 would keep). Any other dtype: enabled = false. */
-void loom_fsdp_mp_cfg_for(loom_dtype forward_dtype, loom_fsdp_mp_cfg *cfg);
+loom_fsdp_mp_cfg loom_fsdp_mp_cfg_for(loom_dtype forward_dtype);
 /* LOOM_OK, or LOOM_EINVAL naming the field: the specification's rules (forward dtype f16 or
  * bf16; backward dtype f32; initial scale within [min, max]) and, with loss scaling on, the
  * dynamic scaler's (every value finite, min > 0, growth > 1, backoff in (0, 1), steps >= 1).
@@ -176,7 +176,7 @@ typedef struct loom_fsdp_offload_cfg {
 } loom_fsdp_offload_cfg;
 
 /* The specification's defaults (above). */
-void loom_fsdp_offload_cfg_default(loom_fsdp_offload_cfg *cfg);
+loom_fsdp_offload_cfg loom_fsdp_offload_cfg_default(void);
 /* LOOM_EINVAL naming the field: prefetch_steps within 0..10 (the specification's rule), a tier,
  * a folder for the disk tier, chunk_bytes. A disabled configuration is valid whatever it holds. */
 int loom_fsdp_offload_cfg_validate(const loom_fsdp_offload_cfg *cfg);
@@ -212,7 +212,7 @@ typedef struct loom_fsdp_cfg {
                                    cpu_offload=None) */
 } loom_fsdp_cfg;
 
-void loom_fsdp_cfg_default(loom_fsdp_cfg *cfg);
+loom_fsdp_cfg loom_fsdp_cfg_default(void);
 /* LOOM_EINVAL naming the field (the mixed precision rules included when mp.enabled). */
 int loom_fsdp_cfg_validate(const loom_fsdp_cfg *cfg);
 

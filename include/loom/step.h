@@ -3,7 +3,7 @@
  * A mixed-precision step is the same calls with no strategy, under DDP and under FSDP; the
  * strategy only changes which object the step is made over:
  *
- *   loom_step_cfg c;  loom_step_cfg_default(&c);
+ *   loom_step_cfg c = loom_step_cfg_default();
  *   c.module = model;  c.optim = opt;  c.scaler = scaler;     (no strategy)
  *   c.ddp = ddp;                                               (DDP: add it)
  *   c.fsdp = fsdp;  c.scaler = NULL;                           (FSDP: the scaler is its mp cfg's)
@@ -62,7 +62,7 @@ typedef struct loom_step_cfg {
                             * of poisoning the gradients (default false, as PyTorch) */
 } loom_step_cfg;
 
-void loom_step_cfg_default(loom_step_cfg *cfg);
+loom_step_cfg loom_step_cfg_default(void);
 /* LOOM_EINVAL naming the first bad field (no optimizer, no module without FSDP, ddp and fsdp
  * both set, a scaler with FSDP, max_norm negative or NaN with clip). */
 int loom_step_cfg_validate(const loom_step_cfg *cfg);

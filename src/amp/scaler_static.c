@@ -18,8 +18,7 @@ int loom_scaler_create_static(float scale, loom_scaler **out) {
   if (!isfinite(scale) || !(scale > 0.0f))
     return loom__fail(LOOM_EINVAL, "loom_scaler_create_static: scale must be finite and > 0 "
                       "(got %g)", (double)scale);
-  loom_dynamic_scaler_cfg cfg;
-  cfg = loom_dynamic_scaler_cfg_default();
+  loom_dynamic_scaler_cfg cfg = loom_dynamic_scaler_cfg_default();
   cfg.initial_scale = cfg.min_scale = cfg.max_scale = scale;
   return loom__scaler_new(&loom__scaler_static_ops, &cfg, out);
 }

@@ -38,7 +38,7 @@ static int alloc_manager(loom_pg *pg, const size_t *numel, const loom_dtype *dty
   int rc = LOOM_OK;
   loom_bucket_cfg defaults;
   if (!cfg) {
-    loom_bucket_cfg_default(&defaults);
+    defaults = loom_bucket_cfg_default();
     cfg = &defaults;
   }
   loom_bucket_manager *m = loom__calloc(LOOM_POOL_META, 1, sizeof *m);

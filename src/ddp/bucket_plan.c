@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-void loom_bucket_cfg_default(loom_bucket_cfg *cfg) {
-  cfg->bucket_bytes = (size_t)25 << 20;
-  cfg->first_bucket_bytes = (size_t)1 << 20;
-  cfg->policy = LOOM_BUCKET_REVERSE_ORDER;
+loom_bucket_cfg loom_bucket_cfg_default(void) {
+  return (loom_bucket_cfg){.bucket_bytes = (size_t)25 << 20,
+                           .first_bucket_bytes = (size_t)1 << 20,
+                           .policy = LOOM_BUCKET_REVERSE_ORDER};
 }
 
 int loom_bucket_cfg_validate(const loom_bucket_cfg *cfg) {

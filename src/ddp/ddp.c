@@ -36,12 +36,11 @@ struct loom_ddp {
   char (*seg_names)[32];
 };
 
-void loom_ddp_cfg_default(loom_ddp_cfg *cfg) {
-  memset(cfg, 0, sizeof *cfg);
-  loom_bucket_cfg_default(&cfg->buckets);
-  cfg->overlap = true;
-  cfg->broadcast_params = true;
-  cfg->wire_dtype = LOOM_F32;
+loom_ddp_cfg loom_ddp_cfg_default(void) {
+  return (loom_ddp_cfg){.buckets = loom_bucket_cfg_default(),
+                        .overlap = true,
+                        .broadcast_params = true,
+                        .wire_dtype = LOOM_F32};
 }
 
 int loom_ddp_cfg_validate(const loom_ddp_cfg *cfg) {
@@ -280,7 +279,7 @@ int loom_ddp_create(loom_pg *pg, loom_tensor *const *params, const char *const *
   if (n && !params) return loom__fail(LOOM_EINVAL, "%s: params is NULL", who);
   loom_ddp_cfg defaults;
   if (!cfg) {
-    loom_ddp_cfg_default(&defaults);
+    defaults = loom_ddp_cfg_default();
     cfg = &defaults;
   }
   int rc = loom_ddp_cfg_validate(cfg);

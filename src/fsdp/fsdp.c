@@ -12,20 +12,19 @@
 
 #define MAX_PREFETCH 8
 
-void loom_fsdp_cfg_default(loom_fsdp_cfg *cfg) {
-  if (!cfg) return;
-  memset(cfg, 0, sizeof *cfg);
-  cfg->wrap = LOOM_FSDP_WRAP_CHILDREN;
-  cfg->min_unit_numel = 100000000;
-  cfg->reshard_after_forward = true;
-  cfg->forward_prefetch = 1;
-  cfg->backward_prefetch = 1;
-  cfg->broadcast_params = true;
-  cfg->limit_reduce_scatters = true;
-  loom_fsdp_mp_cfg_default(&cfg->mp);
-  cfg->mp.enabled = false;
-  loom_fsdp_offload_cfg_default(&cfg->offload);
-  cfg->offload.enabled = false;
+loom_fsdp_cfg loom_fsdp_cfg_default(void) {
+  loom_fsdp_cfg cfg = {.wrap = LOOM_FSDP_WRAP_CHILDREN,
+                       .min_unit_numel = 100000000,
+                       .reshard_after_forward = true,
+                       .forward_prefetch = 1,
+                       .backward_prefetch = 1,
+                       .broadcast_params = true,
+                       .limit_reduce_scatters = true,
+                       .mp = loom_fsdp_mp_cfg_default(),
+                       .offload = loom_fsdp_offload_cfg_default()};
+  cfg.mp.enabled = false;
+  cfg.offload.enabled = false;
+  return cfg;
 }
 
 int loom_fsdp_cfg_validate(const loom_fsdp_cfg *cfg) {
@@ -176,7 +175,7 @@ int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
     return loom__fail(LOOM_EINVAL, "%s: pg, module and out must not be NULL", who);
   loom_fsdp_cfg def;
   if (!cfg) {
-    loom_fsdp_cfg_default(&def);
+    def = loom_fsdp_cfg_default();
     cfg = &def;
   }
   int rc = loom_fsdp_cfg_validate(cfg);

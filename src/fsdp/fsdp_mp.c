@@ -42,9 +42,8 @@ struct loom_fsdp_mp {
 
 /* ---- configuration ---------------------------------------------------------------------- */
 
-void loom_fsdp_mp_cfg_default(loom_fsdp_mp_cfg *cfg) {
-  if (!cfg) return;
-  *cfg = (loom_fsdp_mp_cfg){.enabled = true,
+loom_fsdp_mp_cfg loom_fsdp_mp_cfg_default(void) {
+  return (loom_fsdp_mp_cfg){.enabled = true,
                             .forward_dtype = LOOM_F16,
                             .backward_dtype = LOOM_F32,
                             .use_loss_scaling = true,
@@ -56,15 +55,15 @@ void loom_fsdp_mp_cfg_default(loom_fsdp_mp_cfg *cfg) {
                             .loss_scale_steps = 2000};
 }
 
-void loom_fsdp_mp_cfg_for(loom_dtype forward_dtype, loom_fsdp_mp_cfg *cfg) {
-  if (!cfg) return;
-  loom_fsdp_mp_cfg_default(cfg);
+loom_fsdp_mp_cfg loom_fsdp_mp_cfg_for(loom_dtype forward_dtype) {
+  loom_fsdp_mp_cfg cfg = loom_fsdp_mp_cfg_default();
   if (forward_dtype == LOOM_BF16) {
-    cfg->forward_dtype = LOOM_BF16;
-    cfg->use_loss_scaling = false;
+    cfg.forward_dtype = LOOM_BF16;
+    cfg.use_loss_scaling = false;
   } else if (forward_dtype != LOOM_F16) {
-    cfg->enabled = false;
+    cfg.enabled = false;
   }
+  return cfg;
 }
 
 /* The dynamic scaler's configuration for the specification's fields. */

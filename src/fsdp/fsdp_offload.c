@@ -12,9 +12,8 @@
 
 #define MAX_PREFETCH_STEPS 10
 
-void loom_fsdp_offload_cfg_default(loom_fsdp_offload_cfg *cfg) {
-  if (!cfg) return;
-  *cfg = (loom_fsdp_offload_cfg){.enabled = true,
+loom_fsdp_offload_cfg loom_fsdp_offload_cfg_default(void) {
+  return (loom_fsdp_offload_cfg){.enabled = true,
                                  .offload_optimizer_states = true,
                                  .offload_gradients = true,
                                  .offload_parameters = true,

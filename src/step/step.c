@@ -18,10 +18,7 @@ struct loom_step {
   size_t nseg;
 };
 
-void loom_step_cfg_default(loom_step_cfg *cfg) {
-  memset(cfg, 0, sizeof *cfg);
-  cfg->max_norm = 1.0;
-}
+loom_step_cfg loom_step_cfg_default(void) { return (loom_step_cfg){.max_norm = 1.0}; }
 
 int loom_step_cfg_validate(const loom_step_cfg *cfg) {
   if (!cfg) return loom__fail(LOOM_EINVAL, "step cfg: NULL");

@@ -103,8 +103,7 @@ LT_TEST(amp_train_f16_dynamic_scaling_skips_exactly_the_overflowing_steps) {
   enum { STEPS = 30, INJECT_GRAD = 10, INJECT_INPUT = 20 };
   mlp m = {0};
   mlp_init(&m, 7);
-  loom_dynamic_scaler_cfg cfg;
-  cfg = loom_dynamic_scaler_cfg_default();
+  loom_dynamic_scaler_cfg cfg = loom_dynamic_scaler_cfg_default();
   cfg.growth_interval = 1000; /* no growth in this run: every change of scale is a backoff */
   loom_scaler *s = NULL;
   LT_OK(loom_scaler_create_dynamic(&cfg, &s));

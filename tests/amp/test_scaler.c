@@ -39,8 +39,7 @@ static loom_scaler *dyn(float initial, float growth, float backoff, int64_t inte
 }
 
 LT_TEST(scaler_defaults_are_the_specs) {
-  loom_dynamic_scaler_cfg c;
-  c = loom_dynamic_scaler_cfg_default();
+  loom_dynamic_scaler_cfg c = loom_dynamic_scaler_cfg_default();
   LT_EQ(c.initial_scale, 65536);
   LT_EQ(c.growth_factor, 2);
   LT_EQ(c.backoff_factor * 2, 1);
@@ -212,8 +211,7 @@ LT_TEST(scaler_matches_the_spec_update_rule_on_random_sequences) {
 }
 
 LT_TEST(scaler_disabled_keeps_scale_one) {
-  loom_dynamic_scaler_cfg c;
-  c = loom_dynamic_scaler_cfg_default();
+  loom_dynamic_scaler_cfg c = loom_dynamic_scaler_cfg_default();
   c.enabled = false;
   loom_scaler *s = NULL;
   LT_OK(loom_scaler_create_dynamic(&c, &s));

@@ -28,8 +28,7 @@ static int mgr_fn(loom_pg *pg, void *arg) {
     if (!rc)
       for (int64_t i = 0; i < sizes[k]; i++) ((float *)loom_tensor_data(g[k]))[i] = value(rank, k, i);
   }
-  loom_bucket_cfg cfg;
-  loom_bucket_cfg_default(&cfg);
+  loom_bucket_cfg cfg = loom_bucket_cfg_default();
   cfg.policy = r->policy;
   cfg.bucket_bytes = r->bucket_bytes;
   cfg.first_bucket_bytes = r->bucket_bytes;
@@ -93,8 +92,7 @@ static int info_fn(loom_pg *pg, void *arg) {
   int rc = LOOM_OK;
   for (int k = 0; k < 3 && !rc; k++) rc = loom_tensor_zeros(LOOM_F32, 1, &s[k], &g[k]);
   if (!rc) rc = loom_tensor_zeros(LOOM_F32, 1, &s[0], &other);
-  loom_bucket_cfg cfg;
-  loom_bucket_cfg_default(&cfg);
+  loom_bucket_cfg cfg = loom_bucket_cfg_default();
   cfg.policy = LOOM_BUCKET_LARGEST_FIRST;
   cfg.bucket_bytes = 150; /* 30 floats = 120 B alone; 20 + 10 floats = 120 B together (in the
                            * buffer, 10 after 20 at the next 64-byte offset, 32: 42 elements) */

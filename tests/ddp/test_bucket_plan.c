@@ -15,8 +15,7 @@ LT_TEST(plan_spec_example_largest_first) {
   /* Parameters [100MB, 50MB, 30MB, 20MB, 15MB], bucket 100MB -> [100], [50,30,20], [15] */
   size_t numel[] = {100 * MB / 4, 50 * MB / 4, 30 * MB / 4, 20 * MB / 4, 15 * MB / 4};
   loom_dtype dt[] = {LOOM_F32, LOOM_F32, LOOM_F32, LOOM_F32, LOOM_F32};
-  loom_bucket_cfg cfg;
-  loom_bucket_cfg_default(&cfg);
+  loom_bucket_cfg cfg = loom_bucket_cfg_default();
   cfg.policy = LOOM_BUCKET_LARGEST_FIRST;
   cfg.bucket_bytes = 100 * MB;
   loom__bucket_plan p;
@@ -41,8 +40,7 @@ LT_TEST(plan_spec_example_largest_first) {
 }
 
 LT_TEST(plan_edge_cases) {
-  loom_bucket_cfg cfg;
-  loom_bucket_cfg_default(&cfg);
+  loom_bucket_cfg cfg = loom_bucket_cfg_default();
   cfg.policy = LOOM_BUCKET_LARGEST_FIRST;
   cfg.bucket_bytes = 1000;
   loom__bucket_plan p;
@@ -82,8 +80,7 @@ LT_TEST(plan_reverse_order_small_first_bucket) {
   /* parameters a..e in forward order; backward produces e first */
   size_t numel[] = {MB / 8, MB / 8, 10 * MB / 4, 20 * MB / 4, MB / 4};
   loom_dtype dt[] = {LOOM_F32, LOOM_F32, LOOM_F32, LOOM_F32, LOOM_F32};
-  loom_bucket_cfg cfg;
-  loom_bucket_cfg_default(&cfg); /* 1 MiB first, then 25 MiB */
+  loom_bucket_cfg cfg = loom_bucket_cfg_default(); /* 1 MiB first, then 25 MiB */
   LT_EQ(cfg.policy, LOOM_BUCKET_REVERSE_ORDER);
   LT_EQ(cfg.first_bucket_bytes, MB);
   LT_EQ(cfg.bucket_bytes, 25 * MB);
@@ -97,19 +94,17 @@ LT_TEST(plan_reverse_order_small_first_bucket) {
 }
 
 LT_TEST(bucket_cfg_validation) {
-  loom_bucket_cfg cfg;
-  loom_bucket_cfg_default(&cfg);
+  loom_bucket_cfg cfg = loom_bucket_cfg_default();
   LT_OK(loom_bucket_cfg_validate(&cfg));
   cfg.bucket_bytes = 0;
   LT_ERR(loom_bucket_cfg_validate(&cfg), LOOM_EINVAL, "bucket_bytes must be > 0");
-  loom_bucket_cfg_default(&cfg);
+  cfg = loom_bucket_cfg_default();
   cfg.first_bucket_bytes = 0;
   LT_ERR(loom_bucket_cfg_validate(&cfg), LOOM_EINVAL, "first_bucket_bytes");
   cfg.policy = (loom_bucket_policy)9;
   cfg.first_bucket_bytes = 1;
   LT_ERR(loom_bucket_cfg_validate(&cfg), LOOM_EINVAL, "policy 9");
-  loom_ddp_cfg dcfg;
-  loom_ddp_cfg_default(&dcfg);
+  loom_ddp_cfg dcfg = loom_ddp_cfg_default();
   LT_OK(loom_ddp_cfg_validate(&dcfg));
   dcfg.wire_dtype_set = true;
   dcfg.wire_dtype = LOOM_I32;
@@ -123,8 +118,7 @@ static size_t meta_bytes(void) { /* the plan's arrays are bookkeeping: the meta 
 }
 
 LT_TEST(plan_bad_dtype_and_out_of_memory) {
-  loom_bucket_cfg cfg;
-  loom_bucket_cfg_default(&cfg);
+  loom_bucket_cfg cfg = loom_bucket_cfg_default();
   size_t numel[] = {10, 20, 30};
   loom_dtype bad[] = {LOOM_F32, (loom_dtype)77, LOOM_F32};
   loom__bucket_plan p;

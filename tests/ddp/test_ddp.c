@@ -106,7 +106,7 @@ static void check_run(run *r, float tol) {
 LT_TEST(ddp_matches_single_process_2_3_4_ranks) {
   for (int n = 2; n <= 4; n++) {
     run r = {.nranks = n};
-    loom_ddp_cfg_default(&r.cfg);
+    r.cfg = loom_ddp_cfg_default();
     r.cfg.buckets.first_bucket_bytes = 16; /* three buckets even for this small model */
     r.cfg.buckets.bucket_bytes = 700;
     check_run(&r, 2e-6f);
@@ -118,7 +118,7 @@ LT_TEST(ddp_matches_single_process_2_3_4_ranks) {
 LT_TEST(ddp_matches_single_process_under_bf16_autocast) {
   for (int n = 2; n <= 4; n++) {
     run r = {.nranks = n, .amp = LOOM_AUTOCAST_BF16};
-    loom_ddp_cfg_default(&r.cfg);
+    r.cfg = loom_ddp_cfg_default();
     r.cfg.buckets.first_bucket_bytes = 16;
     r.cfg.buckets.bucket_bytes = 700;
     check_run(&r, 5e-4f);
@@ -127,7 +127,7 @@ LT_TEST(ddp_matches_single_process_under_bf16_autocast) {
 
 LT_TEST(ddp_eager_path_matches_too) {
   run r = {.nranks = 3};
-  loom_ddp_cfg_default(&r.cfg);
+  r.cfg = loom_ddp_cfg_default();
   r.cfg.overlap = false;
   r.cfg.buckets.policy = LOOM_BUCKET_LARGEST_FIRST;
   r.cfg.buckets.bucket_bytes = 1024;
@@ -136,7 +136,7 @@ LT_TEST(ddp_eager_path_matches_too) {
 
 LT_TEST(ddp_no_sync_accumulation_equals_one_large_batch) {
   run r = {.nranks = 2, .accumulate = true};
-  loom_ddp_cfg_default(&r.cfg);
+  r.cfg = loom_ddp_cfg_default();
   check_run(&r, 2e-6f);
   /* one bucket: one all-reduce per synchronised step, none for the no_sync micro-batches */
   LT_EQ(r.stats[0].buckets, 1);
@@ -145,7 +145,7 @@ LT_TEST(ddp_no_sync_accumulation_equals_one_large_batch) {
 
 LT_TEST(ddp_bf16_wire) {
   run r = {.nranks = 2};
-  loom_ddp_cfg_default(&r.cfg);
+  r.cfg = loom_ddp_cfg_default();
   r.cfg.wire_dtype_set = true;
   r.cfg.wire_dtype = LOOM_BF16;
   check_run(&r, 2e-3f);
@@ -154,7 +154,7 @@ LT_TEST(ddp_bf16_wire) {
 
 LT_TEST(ddp_stats_count_one_collective_per_bucket) {
   run r = {.nranks = 2};
-  loom_ddp_cfg_default(&r.cfg);
+  r.cfg = loom_ddp_cfg_default();
   r.cfg.buckets.first_bucket_bytes = 16;
   r.cfg.buckets.bucket_bytes = 700;
   check_run(&r, 2e-6f);
@@ -268,8 +268,7 @@ static int wire_range_fn(loom_pg *pg, void *arg) {
     if (!rc) rc = loom_tensor_zeros(dts[k], 1, shape, &c[k]);
     if (!rc) rc = loom_tensor_fill(c[k], rank == 0 ? 70000.0 : -60000.0);
   }
-  loom_ddp_cfg cfg;
-  loom_ddp_cfg_default(&cfg);
+  loom_ddp_cfg cfg = loom_ddp_cfg_default();
   cfg.wire_dtype_set = true;
   cfg.wire_dtype = LOOM_F16;
   loom_ddp *d = NULL;

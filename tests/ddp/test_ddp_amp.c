@@ -83,8 +83,7 @@ static void run_and_check(bool hooks, bool hooks_after_ddp, float *out) {
   size_t np = model_numel();
   for (int k = 0; k < NR; k++) r.params[k] = calloc(np, sizeof(float));
   LT_OK(loom_threads_run(NR, NULL, amp_rank, &r));
-  loom_dynamic_scaler_cfg c;
-  c = loom_dynamic_scaler_cfg_default();
+  loom_dynamic_scaler_cfg c = loom_dynamic_scaler_cfg_default();
   for (int k = 0; k < NR; k++) {
     LT_EQ(r.skipped[k], 1);
     LT_EQ(r.scale[k], c.initial_scale * c.backoff_factor); /* halved once, no growth yet */

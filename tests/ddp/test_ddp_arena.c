@@ -81,8 +81,7 @@ static int rank_fn(loom_pg *pg, void *arg) {
   loom_adam_cfg ac = loom_adam_cfg_default();
   ac.lr = 0.01;
   if (r->over != OVER_BUCKETS) TRY(loom_optim_create_adam(segs, nseg, &ac, &opt));
-  loom_ddp_cfg dc;
-  loom_ddp_cfg_default(&dc);
+  loom_ddp_cfg dc = loom_ddp_cfg_default();
   dc.buckets.policy = r->policy;
   dc.buckets.first_bucket_bytes = 512; /* several buckets for this small model */
   dc.buckets.bucket_bytes = 1024;

@@ -36,8 +36,7 @@ static int rank_fn(loom_pg *pg, void *arg) {
   ps[MODEL_NPARAMS] = extra;
   names[MODEL_NPARAMS] = "extra";
   for (int i = 0; i <= MODEL_NPARAMS && !rc; i++) rc = loom_tensor_zero_grad_lazy(ps[i]);
-  loom_ddp_cfg cfg;
-  loom_ddp_cfg_default(&cfg);
+  loom_ddp_cfg cfg = loom_ddp_cfg_default();
   loom_ddp *d = NULL;
   if (!rc) rc = loom_ddp_create(pg, ps, names, MODEL_NPARAMS + 1, &cfg, &d);
   if (!rc) {

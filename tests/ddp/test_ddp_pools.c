@@ -21,8 +21,7 @@ static int rank_fn(loom_pg *pg, void *arg) {
   r->before[rank] = lt_pools_now();
   model m;
   int rc = model_init(&m, 7);
-  loom_ddp_cfg cfg;
-  loom_ddp_cfg_default(&cfg);
+  loom_ddp_cfg cfg = loom_ddp_cfg_default();
   cfg.buckets.first_bucket_bytes = 16; /* several buckets, so several work handles */
   cfg.buckets.bucket_bytes = 700;
   loom_ddp *d = NULL;

@@ -175,7 +175,7 @@ LT_TEST(fsdp_matches_single_process_and_ddp_2_3_4_ranks_f32) {
   for (int n = 2; n <= 4; n++) {
     float *ref = ref_for(n, LOOM_AUTOCAST_OFF, 1.0f);
     run r = {.nranks = n};
-    loom_fsdp_cfg_default(&r.cfg);
+    r.cfg = loom_fsdp_cfg_default();
     check_run(&r, ref, 1e-5f);
     LT_EQ(r.units, 3); /* one per Linear of the MLP's Sequential */
     LT_EQ(r.stats[0].steps, STEPS);
@@ -189,15 +189,15 @@ LT_TEST(fsdp_matches_single_process_and_ddp_2_3_4_ranks_f32) {
 LT_TEST(fsdp_mixed_precision_bf16_and_f16_match_autocast) {
   for (int n = 2; n <= 4; n += 2) {
     run r = {.nranks = n, .amp = LOOM_AUTOCAST_BF16};
-    loom_fsdp_cfg_default(&r.cfg);
-    loom_fsdp_mp_cfg_for(LOOM_BF16, &r.cfg.mp);
+    r.cfg = loom_fsdp_cfg_default();
+    r.cfg.mp = loom_fsdp_mp_cfg_for(LOOM_BF16);
     float *ref = ref_for(n, LOOM_AUTOCAST_BF16, 1.0f);
     check_run(&r, ref, 2e-3f);
     free(ref);
     /* f16 with the specification's loss scale (2, a power of two: exact on both sides) */
     run h = {.nranks = n, .amp = LOOM_AUTOCAST_F16};
-    loom_fsdp_cfg_default(&h.cfg);
-    loom_fsdp_mp_cfg_for(LOOM_F16, &h.cfg.mp);
+    h.cfg = loom_fsdp_cfg_default();
+    h.cfg.mp = loom_fsdp_mp_cfg_for(LOOM_F16);
     ref = ref_for(n, LOOM_AUTOCAST_F16, 2.0f);
     check_run(&h, ref, 2e-3f);
     free(ref);
@@ -209,7 +209,7 @@ LT_TEST(fsdp_wrap_policies_reshard_and_prefetch_options_all_match) {
   static const char *const list[] = {"layers.2"}; /* the rest goes to the root unit */
   for (int variant = 0; variant < 5; variant++) {
     run r = {.nranks = 3};
-    loom_fsdp_cfg_default(&r.cfg);
+    r.cfg = loom_fsdp_cfg_default();
     size_t want_units = 3;
     if (variant == 0) { /* size policy: every Linear reaches 100 elements */
       r.cfg.wrap = LOOM_FSDP_WRAP_SIZE;
@@ -242,7 +242,7 @@ LT_TEST(fsdp_no_sync_accumulation_equals_one_large_batch) {
   float *ref = calloc(model_numel(), sizeof(float));
   reference(n, LOOM_AUTOCAST_OFF, 1.0f, 2, ref);
   run r = {.nranks = n, .accumulate = true};
-  loom_fsdp_cfg_default(&r.cfg);
+  r.cfg = loom_fsdp_cfg_default();
   check_run(&r, ref, 1e-5f);
   /* with sync off nothing is sent: one reduce-scatter per unit per synchronised step */
   LT_EQ(r.stats[0].reduce_scatters, 3 * STEPS);

@@ -107,9 +107,9 @@ static int full_state_into(loom_fsdp *f, float *out) {
 }
 
 static void mp_cfg(loom_fsdp_cfg *c, bool f16) {
-  loom_fsdp_cfg_default(c);
+  *c = loom_fsdp_cfg_default();
   if (!f16) return;
-  loom_fsdp_mp_cfg_for(LOOM_F16, &c->mp);
+  c->mp = loom_fsdp_mp_cfg_for(LOOM_F16);
   /* growth every 2 clean steps: the saved state has grown once and counted one clean step,
    * so both the scale and the counter must come back for the scales to match step by step */
   c->mp.loss_scale_steps = 2;
@@ -333,8 +333,7 @@ typedef struct loader {
 static int loader_rank(loom_pg *pg, void *arg) {
   loader *l = arg;
   int rank = loom_pg_rank(pg), world = loom_pg_size(pg);
-  loom_fsdp_cfg cfg;
-  loom_fsdp_cfg_default(&cfg);
+  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
   if (l->list) {
     cfg.wrap = LOOM_FSDP_WRAP_LIST;
     cfg.unit_names = l->list;

@@ -116,9 +116,8 @@ typedef struct cast_job {
 static int cast_rank(loom_pg *pg, void *arg) {
   cast_job *j = arg;
   int rank = loom_pg_rank(pg);
-  loom_fsdp_cfg cfg;
-  loom_fsdp_cfg_default(&cfg);
-  loom_fsdp_mp_cfg_for(j->dt, &cfg.mp);
+  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
+  cfg.mp = loom_fsdp_mp_cfg_for(j->dt);
   loom_module *m = NULL;
   loom_fsdp *f = NULL;
   int rc = fm_create(1 + (uint64_t)rank, &m);
@@ -231,9 +230,8 @@ typedef struct overflow_job {
 static int overflow_rank(loom_pg *pg, void *arg) {
   overflow_job *j = arg;
   int rank = loom_pg_rank(pg);
-  loom_fsdp_cfg cfg;
-  loom_fsdp_cfg_default(&cfg);
-  loom_fsdp_mp_cfg_for(LOOM_F16, &cfg.mp);
+  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
+  cfg.mp = loom_fsdp_mp_cfg_for(LOOM_F16);
   loom_module *m = NULL;
   loom_fsdp *f = NULL;
   loom_optim *opt = NULL;
@@ -296,19 +294,18 @@ static void expect_cfg(const loom_fsdp_cfg *c, const char *field, int line) {
 }
 
 LT_TEST(fsdp_cfg_validate_names_each_bad_field) {
-  loom_fsdp_cfg c;
-  loom_fsdp_cfg_default(&c);
+  loom_fsdp_cfg c = loom_fsdp_cfg_default();
   LT_OK(loom_fsdp_cfg_validate(&c));
   LT_ERR(loom_fsdp_cfg_validate(NULL), LOOM_EINVAL, "NULL");
   c.wrap = (loom_fsdp_wrap)7;
   expect_cfg(&c, "wrap", __LINE__);
   c.wrap = (loom_fsdp_wrap)-1;
   expect_cfg(&c, "wrap", __LINE__);
-  loom_fsdp_cfg_default(&c);
+  c = loom_fsdp_cfg_default();
   c.wrap = LOOM_FSDP_WRAP_SIZE;
   c.min_unit_numel = 0;
   expect_cfg(&c, "min_unit_numel", __LINE__);
-  loom_fsdp_cfg_default(&c);
+  c = loom_fsdp_cfg_default();
   c.wrap = LOOM_FSDP_WRAP_LIST;
   expect_cfg(&c, "unit_names", __LINE__);
   static const char *const names[] = {"layers.0", ""};
@@ -324,7 +321,7 @@ LT_TEST(fsdp_cfg_validate_names_each_bad_field) {
   c.n_unit_names = 0; /* only the list policy reads them */
   c.wrap = LOOM_FSDP_WRAP_CHILDREN;
   LT_OK(loom_fsdp_cfg_validate(&c));
-  loom_fsdp_cfg_default(&c);
+  c = loom_fsdp_cfg_default();
   c.forward_prefetch = -1;
   expect_cfg(&c, "forward_prefetch", __LINE__);
   c.forward_prefetch = 9;
@@ -337,15 +334,15 @@ LT_TEST(fsdp_cfg_validate_names_each_bad_field) {
   expect_cfg(&c, "backward_prefetch", __LINE__);
   c.backward_prefetch = 0;
   LT_OK(loom_fsdp_cfg_validate(&c));
-  loom_fsdp_cfg_default(&c);
+  c = loom_fsdp_cfg_default();
   c.mp.forward_dtype = LOOM_F32; /* mixed precision off: its fields do not matter */
   LT_OK(loom_fsdp_cfg_validate(&c));
   c.mp.enabled = true;
   expect_cfg(&c, "forward_dtype", __LINE__);
-  loom_fsdp_mp_cfg_for(LOOM_BF16, &c.mp);
+  c.mp = loom_fsdp_mp_cfg_for(LOOM_BF16);
   c.mp.backward_dtype = LOOM_BF16;
   expect_cfg(&c, "backward_dtype", __LINE__);
-  loom_fsdp_mp_cfg_for(LOOM_F16, &c.mp);
+  c.mp = loom_fsdp_mp_cfg_for(LOOM_F16);
   c.mp.loss_scale_backoff_factor = 1.5f;
   expect_cfg(&c, "loss_scale_backoff_factor", __LINE__);
 }
@@ -378,9 +375,8 @@ static int misuse_rank(loom_pg *pg, void *arg) {
   misuse_job *j = arg;
   loom_module *m = NULL, *bf = NULL, *seq = NULL;
   loom_fsdp *f = NULL, *g = (loom_fsdp *)1;
-  loom_fsdp_cfg cfg;
-  loom_fsdp_cfg_default(&cfg);
-  loom_fsdp_mp_cfg_for(LOOM_F16, &cfg.mp);
+  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
+  cfg.mp = loom_fsdp_mp_cfg_for(LOOM_F16);
   int rc = fm_create(1, &m);
   if (rc) return rc;
   /* NULL arguments */
@@ -389,15 +385,13 @@ static int misuse_rank(loom_pg *pg, void *arg) {
   EXPECT(j, loom_fsdp_create(pg, NULL, NULL, &g), LOOM_EINVAL, "NULL");
   EXPECT(j, loom_fsdp_create(pg, m, NULL, NULL), LOOM_EINVAL, "NULL");
   /* create validates the configuration */
-  loom_fsdp_cfg bad;
-  loom_fsdp_cfg_default(&bad);
+  loom_fsdp_cfg bad = loom_fsdp_cfg_default();
   bad.forward_prefetch = 9;
   EXPECT(j, loom_fsdp_create(pg, m, &bad, &g), LOOM_EINVAL, "forward_prefetch");
   CHECK_ON_RANK(j, g == NULL);
   /* a list policy naming a module the model does not have */
   static const char *const missing[] = {"layers.0", "layers.9"};
-  loom_fsdp_cfg lc;
-  loom_fsdp_cfg_default(&lc);
+  loom_fsdp_cfg lc = loom_fsdp_cfg_default();
   lc.wrap = LOOM_FSDP_WRAP_LIST;
   lc.unit_names = missing;
   lc.n_unit_names = 2;
@@ -506,15 +500,14 @@ static int differ_rank(loom_pg *pg, void *arg) {
   int rank = loom_pg_rank(pg);
   int64_t sizes[4] = {FM_IN, FM_H1, FM_H2, FM_OUT};
   if (j->kind == 0 && rank == 1) sizes[1] = FM_H1 + 1;
-  loom_fsdp_cfg cfg;
-  loom_fsdp_cfg_default(&cfg);
+  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
   static const char *const one[] = {"layers.4"}, *const two[] = {"layers.0", "layers.2"};
   if (rank == 1 && (j->kind == 1 || j->kind == 2)) {
     cfg.wrap = LOOM_FSDP_WRAP_LIST;
     cfg.unit_names = j->kind == 1 ? one : two;
     cfg.n_unit_names = j->kind == 1 ? 1 : 2;
   }
-  if (rank == 1 && j->kind == 3) loom_fsdp_mp_cfg_for(LOOM_BF16, &cfg.mp);
+  if (rank == 1 && j->kind == 3) cfg.mp = loom_fsdp_mp_cfg_for(LOOM_BF16);
   loom_module *m = NULL;
   loom_fsdp *f = NULL;
   int rc = loom_nn_mlp_create(sizes, 4, LOOM_ACT_RELU, LOOM_F32, 1, &m);
@@ -649,11 +642,10 @@ typedef struct sweep_job {
 
 static int sweep_rank(loom_pg *pg, void *arg) {
   sweep_job *j = arg;
-  loom_fsdp_cfg cfg;
-  loom_fsdp_cfg_default(&cfg);
-  if (j->f16) loom_fsdp_mp_cfg_for(LOOM_F16, &cfg.mp);
+  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
+  if (j->f16) cfg.mp = loom_fsdp_mp_cfg_for(LOOM_F16);
   if (j->offload) { /* 64-byte chunks: many transfers, each a place to fail */
-    loom_fsdp_offload_cfg_default(&cfg.offload);
+    cfg.offload = loom_fsdp_offload_cfg_default();
     cfg.offload.chunk_bytes = 64;
     cfg.offload.tier = j->offload == 2 ? LOOM_FSDP_TIER_DISK : LOOM_FSDP_TIER_HOST;
     cfg.offload.dir = "/tmp";

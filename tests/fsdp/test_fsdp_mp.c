@@ -88,7 +88,7 @@ static uint64_t xorshift(uint64_t *x) {
 LT_TEST(fsdp_mp_defaults_are_the_specs) {
   loom_fsdp_mp_cfg c;
   memset(&c, 0xa5, sizeof c);
-  loom_fsdp_mp_cfg_default(&c);
+  c = loom_fsdp_mp_cfg_default();
   LT_TRUE(c.enabled);
   LT_EQ(c.forward_dtype, LOOM_F16);
   LT_EQ(c.backward_dtype, LOOM_F32);
@@ -100,7 +100,7 @@ LT_TEST(fsdp_mp_defaults_are_the_specs) {
   LT_EQ_HEX(f32_bits(c.loss_scale_backoff_factor), f32_bits(0.5f));
   LT_EQ(c.loss_scale_steps, 2000);
   LT_OK(loom_fsdp_mp_cfg_validate(&c));
-  loom_fsdp_mp_cfg_default(NULL); /* no crash */
+
 
   /* the manager starts at the initial scale, with the spec's values in its scaler */
   loom_fsdp_mp *m = make(&c);
@@ -126,12 +126,12 @@ LT_TEST(fsdp_mp_defaults_are_the_specs) {
 
 LT_TEST(fsdp_mp_cfg_for_each_dtype) {
   loom_fsdp_mp_cfg def, c;
-  loom_fsdp_mp_cfg_default(&def);
+  def = loom_fsdp_mp_cfg_default();
 
-  loom_fsdp_mp_cfg_for(LOOM_F16, &c);
+  c = loom_fsdp_mp_cfg_for(LOOM_F16);
   LT_TRUE(cfg_eq(&c, &def));
 
-  loom_fsdp_mp_cfg_for(LOOM_BF16, &c);
+  c = loom_fsdp_mp_cfg_for(LOOM_BF16);
   LT_TRUE(c.enabled);
   LT_EQ(c.forward_dtype, LOOM_BF16);
   LT_EQ(c.backward_dtype, LOOM_F32);
@@ -142,21 +142,21 @@ LT_TEST(fsdp_mp_cfg_for_each_dtype) {
 
   const loom_dtype others[] = {LOOM_F32, LOOM_I32, LOOM_I64, (loom_dtype)99};
   for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
-    loom_fsdp_mp_cfg_for(others[i], &c);
+    c = loom_fsdp_mp_cfg_for(others[i]);
     LT_TRUE(!c.enabled);
     loom_fsdp_mp_cfg want = def;
     want.enabled = false;
     LT_TRUE(cfg_eq(&c, &want));
     LT_OK(loom_fsdp_mp_cfg_validate(&c));
   }
-  loom_fsdp_mp_cfg_for(LOOM_F16, NULL); /* no crash */
+
 }
 
 /* The configuration with one change must fail validation (and create) naming `field`. */
 #define EXPECT_BAD(change, substr)                                                            \
   do {                                                                                        \
     loom_fsdp_mp_cfg c;                                                                       \
-    loom_fsdp_mp_cfg_default(&c);                                                             \
+    c = loom_fsdp_mp_cfg_default();                                                             \
     change;                                                                                   \
     LT_ERR(loom_fsdp_mp_cfg_validate(&c), LOOM_EINVAL, substr);                               \
     loom_fsdp_mp *bad = (loom_fsdp_mp *)&c;                                                   \
@@ -201,8 +201,7 @@ LT_TEST(fsdp_mp_validate_names_each_bad_field) {
   EXPECT_BAD(c.loss_scale_growth_factor = 1.0f, "loom_fsdp_mp_cfg_validate");
 
   /* without loss scaling the scaler's fields are not used, so not checked */
-  loom_fsdp_mp_cfg c;
-  loom_fsdp_mp_cfg_default(&c);
+  loom_fsdp_mp_cfg c = loom_fsdp_mp_cfg_default();
   c.use_loss_scaling = false;
   c.loss_scale_growth_factor = 1.0f;
   c.loss_scale_backoff_factor = 7.0f;
@@ -227,7 +226,7 @@ LT_TEST(fsdp_mp_validate_names_each_bad_field) {
   loom_fsdp_mp_free(m);
 
   /* valid edge values: bf16 forward, initial at either bound */
-  loom_fsdp_mp_cfg_default(&c);
+  c = loom_fsdp_mp_cfg_default();
   c.forward_dtype = LOOM_BF16;
   LT_OK(loom_fsdp_mp_cfg_validate(&c));
   c.initial_loss_scale = 1.0f;
@@ -256,8 +255,7 @@ LT_TEST(fsdp_mp_converts_parameters_to_f16_rounding_to_nearest_even) {
   const uint16_t want[] = {0x3C00, 0x3C02, 0x3C01, 0x7C00, 0xFC00, 0x7BFF, 0x7BFF, 0x7C00,
                            0x0001, 0x0000, 0x0002, 0x8000, 0x7C00, 0xC100, 0x2E66};
   const int64_t n = sizeof in / sizeof in[0];
-  loom_fsdp_mp_cfg c;
-  loom_fsdp_mp_cfg_default(&c);
+  loom_fsdp_mp_cfg c = loom_fsdp_mp_cfg_default();
   loom_fsdp_mp *m = make(&c);
   loom_tensor *p = tensor_f32(in, n), *h = NULL, *ref = NULL;
   LT_OK(loom_fsdp_mp_convert_to_mixed_precision(m, p, &h));
@@ -334,8 +332,7 @@ LT_TEST(fsdp_mp_converts_parameters_to_bf16_rounding_to_nearest_even) {
   const uint16_t want[] = {0x3F80, 0x3F82, 0x3F80, 0x3F81, 0x4789,
                            0x7F80, 0x8000, 0xFF80, 0x0008, 0x3DCD};
   const int64_t n = sizeof in / sizeof in[0];
-  loom_fsdp_mp_cfg c;
-  loom_fsdp_mp_cfg_for(LOOM_BF16, &c);
+  loom_fsdp_mp_cfg c = loom_fsdp_mp_cfg_for(LOOM_BF16);
   loom_fsdp_mp *m = make(&c);
   loom_tensor *p = tensor_f32(in, n), *b = NULL, *ref = NULL;
   LT_OK(loom_fsdp_mp_convert_to_mixed_precision(m, p, &b));
@@ -366,8 +363,7 @@ LT_TEST(fsdp_mp_converts_parameters_to_bf16_rounding_to_nearest_even) {
 }
 
 LT_TEST(fsdp_mp_disabled_keeps_parameters) {
-  loom_fsdp_mp_cfg c;
-  loom_fsdp_mp_cfg_for(LOOM_F32, &c);
+  loom_fsdp_mp_cfg c = loom_fsdp_mp_cfg_for(LOOM_F32);
   loom_fsdp_mp *m = make(&c);
   const float v[] = {1.0f + 0x1p-11f, 70000.0f};
   loom_tensor *p = tensor_f32(v, 2), *o = NULL;
@@ -389,8 +385,7 @@ LT_TEST(fsdp_mp_disabled_keeps_parameters) {
 
 /* Every f16 and every bf16 bit pattern comes back to f32 exactly. */
 LT_TEST(fsdp_mp_converts_gradients_back_to_f32_exactly) {
-  loom_fsdp_mp_cfg c;
-  loom_fsdp_mp_cfg_default(&c);
+  loom_fsdp_mp_cfg c = loom_fsdp_mp_cfg_default();
   loom_fsdp_mp *m = make(&c);
   uint16_t *all = malloc(65536 * sizeof *all);
   LT_TRUE(all != NULL);
@@ -451,8 +446,7 @@ LT_TEST(fsdp_mp_converts_gradients_back_to_f32_exactly) {
 /* ---- loss scaling ------------------------------------------------------------------------- */
 
 LT_TEST(fsdp_mp_scales_the_loss_on_the_tape) {
-  loom_fsdp_mp_cfg c;
-  loom_fsdp_mp_cfg_default(&c);
+  loom_fsdp_mp_cfg c = loom_fsdp_mp_cfg_default();
   c.loss_scale_steps = 1; /* every clean step doubles the scale */
   loom_fsdp_mp *m = make(&c);
   const float wv[] = {0.5f, -1.25f, 3.0f}, xv[] = {1.0f, 2.0f, -4.0f};
@@ -498,7 +492,7 @@ LT_TEST(fsdp_mp_scales_the_loss_on_the_tape) {
   loom_fsdp_mp_free(m);
 
   /* without loss scaling: the loss itself */
-  loom_fsdp_mp_cfg_for(LOOM_BF16, &c);
+  c = loom_fsdp_mp_cfg_for(LOOM_BF16);
   m = make(&c);
   const float lv1[] = {0.75f};
   loom_tensor *l = tensor_f32(lv1, 1), *o = NULL;
@@ -512,8 +506,7 @@ LT_TEST(fsdp_mp_scales_the_loss_on_the_tape) {
 /* ---- overflow and the scale --------------------------------------------------------------- */
 
 LT_TEST(fsdp_mp_detects_nan_and_inf_and_backs_off_to_min) {
-  loom_fsdp_mp_cfg c;
-  loom_fsdp_mp_cfg_default(&c);
+  loom_fsdp_mp_cfg c = loom_fsdp_mp_cfg_default();
   loom_fsdp_mp *m = make(&c);
   loom_scaler *s = loom_fsdp_mp_scaler(m);
   const float clean[] = {1.0f, -2.0f, 65504.0f, FLT_MAX, -FLT_MAX, 0x1p-149f};
@@ -601,8 +594,7 @@ LT_TEST(fsdp_mp_detects_nan_and_inf_and_backs_off_to_min) {
 
 LT_TEST(fsdp_mp_grows_after_exactly_loss_scale_steps_clean_steps_up_to_max) {
   /* the defaults: 1999 clean steps keep 2, the 2000th makes it 4 */
-  loom_fsdp_mp_cfg c;
-  loom_fsdp_mp_cfg_default(&c);
+  loom_fsdp_mp_cfg c = loom_fsdp_mp_cfg_default();
   loom_fsdp_mp *m = make(&c);
   const float v[] = {1.0f};
   loom_tensor *g = tensor_f32(v, 1);
@@ -679,8 +671,7 @@ LT_TEST(fsdp_mp_random_sequences_match_the_specs_rule) {
   const float fin[] = {1.0f, -3.0f, 0.5f, 1e30f}, nonfin[] = {NAN, INFINITY, -INFINITY};
   uint64_t rng = 0x9E3779B97F4A7C15ull;
   for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
-    loom_fsdp_mp_cfg c;
-    loom_fsdp_mp_cfg_default(&c);
+    loom_fsdp_mp_cfg c = loom_fsdp_mp_cfg_default();
     c.initial_loss_scale = cfgs[k].init;
     c.min_loss_scale = cfgs[k].min;
     c.max_loss_scale = cfgs[k].max;
@@ -735,10 +726,10 @@ LT_TEST(fsdp_mp_random_sequences_match_the_specs_rule) {
 
 LT_TEST(fsdp_mp_without_loss_scaling_reports_no_overflow_and_scale_1) {
   loom_fsdp_mp_cfg configs[3];
-  loom_fsdp_mp_cfg_default(&configs[0]);
+  configs[0] = loom_fsdp_mp_cfg_default();
   configs[0].use_loss_scaling = false; /* f16, no loss scaling */
-  loom_fsdp_mp_cfg_for(LOOM_BF16, &configs[1]);
-  loom_fsdp_mp_cfg_default(&configs[2]);
+  configs[1] = loom_fsdp_mp_cfg_for(LOOM_BF16);
+  configs[2] = loom_fsdp_mp_cfg_default();
   configs[2].enabled = false; /* mixed precision off: use_loss_scaling has no effect */
   const float v[] = {NAN, INFINITY, -INFINITY};
   for (int k = 0; k < 3; k++) {
@@ -767,8 +758,8 @@ LT_TEST(fsdp_mp_without_loss_scaling_reports_no_overflow_and_scale_1) {
 
 LT_TEST(fsdp_mp_f16_and_bf16_configs) {
   loom_fsdp_mp_cfg c16, cb;
-  loom_fsdp_mp_cfg_for(LOOM_F16, &c16);
-  loom_fsdp_mp_cfg_for(LOOM_BF16, &cb);
+  c16 = loom_fsdp_mp_cfg_for(LOOM_F16);
+  cb = loom_fsdp_mp_cfg_for(LOOM_BF16);
   loom_fsdp_mp *m16 = make(&c16), *mb = make(&cb);
   /* f16 has loss scaling (its range is small); bf16 has f32's range and none */
   LT_TRUE(loom_fsdp_mp_scaler(m16) != NULL);
@@ -810,8 +801,7 @@ LT_TEST(fsdp_mp_f16_and_bf16_configs) {
 }
 
 LT_TEST(fsdp_mp_reset_loss_scale) {
-  loom_fsdp_mp_cfg c;
-  loom_fsdp_mp_cfg_default(&c);
+  loom_fsdp_mp_cfg c = loom_fsdp_mp_cfg_default();
   c.initial_loss_scale = 16.0f;
   c.loss_scale_steps = 3;
   loom_fsdp_mp *m = make(&c);
@@ -840,8 +830,7 @@ LT_TEST(fsdp_mp_reset_loss_scale) {
 /* scale_loss opens the scaler's step, so the gradients may be unscaled through the scaler (as
  * loom_fsdp_check_overflow does); update (or check_overflow) closes it. */
 LT_TEST(fsdp_mp_follows_the_scalers_step) {
-  loom_fsdp_mp_cfg c;
-  loom_fsdp_mp_cfg_default(&c);
+  loom_fsdp_mp_cfg c = loom_fsdp_mp_cfg_default();
   c.initial_loss_scale = 8.0f;
   loom_fsdp_mp *m = make(&c);
   loom_scaler *s = loom_fsdp_mp_scaler(m);
@@ -885,8 +874,7 @@ LT_TEST(fsdp_mp_follows_the_scalers_step) {
 }
 
 LT_TEST(fsdp_mp_null_arguments) {
-  loom_fsdp_mp_cfg c;
-  loom_fsdp_mp_cfg_default(&c);
+  loom_fsdp_mp_cfg c = loom_fsdp_mp_cfg_default();
   loom_fsdp_mp *m = (loom_fsdp_mp *)&c;
   LT_ERR(loom_fsdp_mp_create(NULL, &m), LOOM_EINVAL, "loom_fsdp_mp_create: cfg is NULL");
   LT_TRUE(m == NULL);

@@ -170,15 +170,14 @@ static void expect_identical(const orun *base, const orun *o, const char *what) 
 }
 
 static void offload_cfg(loom_fsdp_cfg *c, loom_fsdp_tier tier, const char *dir) {
-  loom_fsdp_offload_cfg_default(&c->offload);
+  c->offload = loom_fsdp_offload_cfg_default();
   c->offload.tier = tier;
   c->offload.dir = dir;
   c->offload.chunk_bytes = 64; /* 16 elements: many chunks per shard, ragged tails */
 }
 
 LT_TEST(fsdp_offload_cfg_defaults_and_rules) {
-  loom_fsdp_offload_cfg c;
-  loom_fsdp_offload_cfg_default(&c);
+  loom_fsdp_offload_cfg c = loom_fsdp_offload_cfg_default();
   LT_TRUE(c.enabled && c.offload_optimizer_states && c.offload_gradients && c.offload_parameters);
   LT_TRUE(c.prefetch_parameters && c.prefetch_gradients);
   LT_EQ(c.prefetch_steps, 1);
@@ -202,8 +201,7 @@ LT_TEST(fsdp_offload_cfg_defaults_and_rules) {
   LT_TRUE(strstr(loom_last_error(), "chunk_bytes") != NULL);
   c.enabled = false; /* disabled: valid whatever it holds */
   LT_OK(loom_fsdp_offload_cfg_validate(&c));
-  loom_fsdp_cfg fc;
-  loom_fsdp_cfg_default(&fc);
+  loom_fsdp_cfg fc = loom_fsdp_cfg_default();
   LT_TRUE(!fc.offload.enabled); /* PyTorch's cpu_offload=None */
   fc.offload.enabled = true;
   fc.offload.prefetch_steps = 42;
@@ -214,14 +212,14 @@ LT_TEST(fsdp_offload_cfg_defaults_and_rules) {
 LT_TEST(fsdp_offload_each_flag_both_tiers_1_and_2_ranks_bit_identical) {
   for (int n = 1; n <= 2; n++) {
     orun base = {.nranks = n, .ckpt = tmp_dir(n == 1 ? "base1" : "base2")};
-    loom_fsdp_cfg_default(&base.cfg);
+    base.cfg = loom_fsdp_cfg_default();
     orun_go(&base);
     for (int tier = 0; tier < 2; tier++)
       for (int flags = 1; flags <= 4; flags++) { /* params, grads, optim, all */
         char name[64];
         snprintf(name, sizeof name, "run-%d-%d-%d", n, tier, flags);
         orun o = {.nranks = n, .ckpt = tmp_dir(name)};
-        loom_fsdp_cfg_default(&o.cfg);
+        o.cfg = loom_fsdp_cfg_default();
         const char *dir = tmp_dir("tier");
         offload_cfg(&o.cfg, (loom_fsdp_tier)tier, dir);
         o.cfg.offload.offload_parameters = flags == 1 || flags == 4;
@@ -250,10 +248,10 @@ LT_TEST(fsdp_offload_each_flag_both_tiers_1_and_2_ranks_bit_identical) {
 LT_TEST(fsdp_offload_prefetch_depths_and_amp_clip_bit_identical) {
   for (int amp = 0; amp < 2; amp++) {
     orun base = {.nranks = 2, .ckpt = tmp_dir(amp ? "pbase-amp" : "pbase"), .clip = true};
-    loom_fsdp_cfg_default(&base.cfg);
+    base.cfg = loom_fsdp_cfg_default();
     if (amp) {
       base.amp = LOOM_AUTOCAST_F16;
-      loom_fsdp_mp_cfg_for(LOOM_F16, &base.cfg.mp);
+      base.cfg.mp = loom_fsdp_mp_cfg_for(LOOM_F16);
     }
     orun_go(&base);
     static const int depth[] = {0, 1, 10, -1};
@@ -298,8 +296,7 @@ static int spec_rank(loom_pg *pg, void *arg) {
   loom_module *m = NULL;
   loom_fsdp *f = NULL;
   loom_optim *opt = NULL;
-  loom_fsdp_cfg cfg;
-  loom_fsdp_cfg_default(&cfg);
+  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
   offload_cfg(&cfg, LOOM_FSDP_TIER_HOST, NULL);
   if (c->prefetch_off) cfg.offload.prefetch_steps = 0;
   if (c->params_off) cfg.offload.offload_parameters = false;
@@ -498,9 +495,8 @@ static int resume_rank(loom_pg *pg, void *arg) {
   loom_module *m = NULL;
   loom_fsdp *f = NULL;
   loom_optim *opt = NULL;
-  loom_fsdp_cfg cfg;
-  loom_fsdp_cfg_default(&cfg);
-  if (r->amp) loom_fsdp_mp_cfg_for(LOOM_F16, &cfg.mp);
+  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
+  if (r->amp) cfg.mp = loom_fsdp_mp_cfg_for(LOOM_F16);
   if (r->tier >= 0) offload_cfg(&cfg, (loom_fsdp_tier)r->tier, r->tier_dir);
   loom_autocast_mode amp = r->amp ? LOOM_AUTOCAST_F16 : LOOM_AUTOCAST_OFF;
   int rc = orun_setup(pg, (r->load ? 40u : 1u) + (uint64_t)rank, &cfg, &m, &f, &opt);
@@ -674,8 +670,7 @@ static int fault_rank(loom_pg *pg, void *arg) {
   loom_module *m = NULL;
   loom_fsdp *f = NULL;
   loom_optim *opt = NULL;
-  loom_fsdp_cfg cfg;
-  loom_fsdp_cfg_default(&cfg);
+  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
   offload_cfg(&cfg, LOOM_FSDP_TIER_DISK, c->dir);
   LT_OK(fm_create(1, &m));
   LT_OK(loom_fsdp_create(pg, m, &cfg, &f));
@@ -736,8 +731,7 @@ static int missing_dir_rank(loom_pg *pg, void *arg) {
   loom_module *m = NULL;
   loom_fsdp *f = NULL;
   LT_OK(fm_create(1, &m));
-  loom_fsdp_cfg cfg;
-  loom_fsdp_cfg_default(&cfg);
+  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
   offload_cfg(&cfg, LOOM_FSDP_TIER_DISK, "/nonexistent/loom-offload");
   LT_EQ(loom_fsdp_create(pg, m, &cfg, &f), LOOM_EIO);
   LT_TRUE(strstr(loom_last_error(), "/nonexistent/loom-offload") != NULL);
@@ -778,8 +772,7 @@ static int misuse_rank(loom_pg *pg, void *arg) {
   loom_module *m = NULL;
   loom_fsdp *f = NULL;
   loom_optim *opt = NULL, *other = NULL;
-  loom_fsdp_cfg cfg;
-  loom_fsdp_cfg_default(&cfg);
+  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
   offload_cfg(&cfg, LOOM_FSDP_TIER_HOST, NULL);
   LT_OK(fm_create(1, &m));
   LT_OK(loom_fsdp_create(pg, m, &cfg, &f));
@@ -845,8 +838,7 @@ static int probe_rank(loom_pg *pg, void *arg) {
   loom_module *m = NULL;
   loom_fsdp *f = NULL;
   loom_optim *opt = NULL;
-  loom_fsdp_cfg cfg;
-  loom_fsdp_cfg_default(&cfg);
+  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
   static const char *names[] = {"layers.0", "layers.1", "layers.2"};
   if (p->mode == 3) {
     cfg.wrap = LOOM_FSDP_WRAP_LIST;
@@ -948,8 +940,7 @@ static int rs_rank(loom_pg *pg, void *arg) {
   loom_module *m = NULL;
   loom_fsdp *f = NULL;
   loom_optim *opt = NULL;
-  loom_fsdp_cfg cfg;
-  loom_fsdp_cfg_default(&cfg);
+  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
   if (p->tier >= 0) offload_cfg(&cfg, (loom_fsdp_tier)p->tier, p->tier_dir);
   int rc = orun_setup(pg, p->save ? 1 : 40, &cfg, &m, &f, &opt);
   int rank = loom_pg_rank(pg), n = loom_pg_size(pg);

@@ -24,10 +24,9 @@ static int rank_fn(loom_pg *pg, void *arg) {
   int rank = loom_pg_rank(pg);
   loom_mem_account_reset_peak(loom_mem_account(), LOOM_POOL_HOST);
   r->before[rank] = lt_pools_now();
-  loom_fsdp_cfg cfg;
-  loom_fsdp_cfg_default(&cfg);
+  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
   if (r->offload) {
-    loom_fsdp_offload_cfg_default(&cfg.offload); /* everything, host tier */
+    cfg.offload = loom_fsdp_offload_cfg_default(); /* everything, host tier */
     cfg.offload.chunk_bytes = 64;
   }
   loom_module *m = NULL;

@@ -89,17 +89,15 @@ static int rank_fn(loom_pg *pg, void *arg) {
   loom_scaler *scaler = NULL;
   loom_step *st = NULL;
   TRY(loom_nn_mlp_create(SIZES, 4, LOOM_ACT_RELU, LOOM_F32, 11, &m));
-  loom_step_cfg sc;
-  loom_step_cfg_default(&sc);
+  loom_step_cfg sc = loom_step_cfg_default();
   sc.module = m;
   sc.clip = r->clip;
   sc.max_norm = 0.05; /* below every step's norm here (0.1-0.2): clipping acts */
   loom_adam_cfg ac = loom_adam_cfg_default();
   ac.lr = 0.01;
   if (r->strat == FSDP) {
-    loom_fsdp_cfg fc;
-    loom_fsdp_cfg_default(&fc);
-    loom_fsdp_mp_cfg_for(r->f16 ? LOOM_F16 : LOOM_F32, &fc.mp);
+    loom_fsdp_cfg fc = loom_fsdp_cfg_default();
+    fc.mp = loom_fsdp_mp_cfg_for(r->f16 ? LOOM_F16 : LOOM_F32);
     fc.mp.initial_loss_scale = 1024;
     fc.mp.max_loss_scale = 65536;
     TRY(loom_fsdp_create(pg, m, &fc, &fsdp));
@@ -247,8 +245,7 @@ LT_TEST(step_refuses_an_optimizer_that_does_not_read_its_gradients) {
   loom_optim *opt = NULL;
   loom_sgd_cfg sgd = loom_sgd_cfg_default();
   LT_OK(loom_optim_create_sgd(&seg, 1, &sgd, &opt));
-  loom_step_cfg c;
-  loom_step_cfg_default(&c);
+  loom_step_cfg c = loom_step_cfg_default();
   c.module = m;
   c.optim = opt;
   loom_step *st = (loom_step *)1;
