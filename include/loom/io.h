@@ -179,6 +179,17 @@ int loom_checkpoint_load(const char *path, const loom_checkpoint_entry *e, size_
  * a save when no other process is writing `path`. *removed (NULL ok) gets the count. */
 int loom_remove_stale_temporaries(const char *path, size_t *removed);
 
+/* Where an atomic write of `path` may go. A path that does not exist, or is a regular file,
+ * is written as is (resolved = path). A symlink to a regular file is written through: resolved
+ * gets the link's target (realpath), so the target is replaced atomically and the link kept
+ * (rename over the link itself would turn it into a file). Anything else is refused with
+ * LOOM_EIO (as reading one is) and a message naming the path and what it is ("'/dev/null' is a
+ * character device, not a regular file"): a device, FIFO, socket, folder, a symlink to one of
+ * those or to nothing; rename would replace it (as root, a device). LOOM_EINVAL if the path is
+ * empty or resolved[cap] too short. Every loom atomic write (safetensors, checkpoints, `loom
+ * plot -o`) goes through it; the check and the rename are not one atomic step. */
+int loom_output_path(const char *path, char *resolved, size_t cap);
+
 /* ---- IDX (MNIST family) --------------------------------------------------------------- */
 /* Magic 0x00 0x00 <type> <ndim>, ndim big-endian u32 dims, then the data big-endian. Types:
  * 0x08 u8, 0x09 i8, 0x0B i16, 0x0C i32, 0x0D f32, 0x0E f64. A file that starts with the gzip

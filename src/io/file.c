@@ -1,6 +1,7 @@
 /* file.c: the io layer's file primitives: opening untrusted files without blocking (a FIFO,
  * a device), sizes and exact reads, and the atomic writer (temporary in the same folder,
- * fsync, rename, fsync of the folder). */
+ * fsync, rename, fsync of the folder) with its check of where it writes: never over what is not
+ * a regular file (a device, FIFO, socket, folder), through a symlink to a regular file. */
 #define _GNU_SOURCE /* sync_file_range */
 #include "io/io_int.h"
 
@@ -58,6 +59,48 @@ int loom__file_pread(const char *who, const char *path, int fd, void *buf, size_
   return LOOM_OK;
 }
 
+static const char *kind_of(mode_t m) {
+  return S_ISDIR(m) ? "a folder" : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+       : S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
+
+int loom__output_path(const char *who, const char *path, char *resolved, size_t cap) {
+  if (!path || !path[0]) return loom__fail(LOOM_EINVAL, "%s: empty path", who);
+  struct stat l, st;
+  if (lstat(path, &l) != 0) {
+    if (errno != ENOENT)
+      return loom__fail(LOOM_EIO, "%s: cannot stat '%s': %s", who, path, strerror(errno));
+    l.st_mode = S_IFREG; /* a new file */
+  } else if (S_ISLNK(l.st_mode)) {
+    if (stat(path, &st) != 0)
+      return loom__fail(LOOM_EIO, "%s: '%s' is a symlink to %s, not a regular file", who, path,
+                        errno == ENOENT ? "nothing" : strerror(errno));
+    if (!S_ISREG(st.st_mode))
+      return loom__fail(LOOM_EIO, "%s: '%s' is a symlink to %s, not a regular file", who, path,
+                        kind_of(st.st_mode));
+    char *real = realpath(path, NULL);
+    if (!real) return loom__fail(LOOM_EIO, "%s: cannot resolve '%s': %s", who, path, strerror(errno));
+    size_t n = strlen(real);
+    if (n >= cap) {
+      free(real);
+      return loom__fail(LOOM_EINVAL, "%s: the target of '%s' is too long a path", who, path);
+    }
+    memcpy(resolved, real, n + 1);
+    free(real);
+    return LOOM_OK;
+  }
+  if (!S_ISREG(l.st_mode))
+    return loom__fail(LOOM_EIO, "%s: '%s' is %s, not a regular file", who, path,
+                      kind_of(l.st_mode));
+  if (strlen(path) >= cap) return loom__fail(LOOM_EINVAL, "%s: '%s' is too long a path", who, path);
+  memmove(resolved, path, strlen(path) + 1);
+  return LOOM_OK;
+}
+
+int loom_output_path(const char *path, char *resolved, size_t cap) {
+  return loom__output_path("loom_output_path", path, resolved, cap);
+}
+
 void loom__afile_abort(loom__afile *a) {
   if (a->fd >= 0) close(a->fd);
   if (a->tmp) unlink(a->tmp);
@@ -71,7 +114,10 @@ int loom__afile_open(const char *who, const char *path, loom__afile *a) {
   a->fd = -1;
   a->tmp = a->path = NULL;
   a->written = a->flushed = 0;
-  if (!path || !path[0]) return loom__fail(LOOM_EINVAL, "%s: empty path", who);
+  char target[4096];
+  int rc = loom__output_path(who, path, target, sizeof target);
+  if (rc) return rc;
+  path = target;
   a->path = loom__strdup(LOOM_POOL_META, path);
   size_t len = strlen(path) + sizeof LOOM__AFILE_SUFFIX + LOOM__AFILE_RANDOM;
   a->tmp = loom__malloc(LOOM_POOL_META, len);

@@ -57,6 +57,9 @@ typedef struct loom__afile {
 
 #define LOOM__AFILE_INIT {.fd = -1, .path = NULL, .tmp = NULL, .written = 0, .flushed = 0}
 
+/* loom_output_path with `who` for the message. */
+int loom__output_path(const char *who, const char *path, char *resolved, size_t cap);
+/* Refuses a path that is not a regular file (loom__output_path); through a symlink to one. */
 int loom__afile_open(const char *who, const char *path, loom__afile *a);
 /* Append; every 64 MiB the bytes so far are written back and dropped from the page cache (the
  * file is synced at commit anyway): a large checkpoint does not fill a memory limit with dirty

@@ -3,7 +3,9 @@
  * test_empty, test_serialization_forced_alignement), a hand-built file with dtypes loom does
  * not hold, a round trip of every loom dtype (read into memory and mapped, copies and views),
  * rejection of each kind of corrupt file with its message, writer argument errors, atomic
- * writes (no file and no temporary left on failure, an old file untouched) and OOM sweeps. */
+ * writes (no file and no temporary left on failure, an old file untouched), never over what is
+ * not a regular file (a FIFO, /dev/null, a symlink to a FIFO or to nothing, a folder: refused,
+ * left as they were; through a symlink to a regular file) and OOM sweeps. */
 #include "lt.h"
 #include "io_test.h"
 
@@ -308,6 +310,52 @@ LT_TEST(safetensors_open_file_errors) {
   LT_ERR(loom_safetensors_open(path, 0, &f), LOOM_EFORMAT, "run past the data section");
   LT_ERR(loom_safetensors_open(path, LOOM_SAFETENSORS_MMAP, &f), LOOM_EFORMAT, "truncated file?");
   LT_TRUE(f == NULL);
+  iot_rmdir(dir);
+}
+
+LT_TEST(safetensors_write_never_replaces_what_is_not_a_regular_file) {
+  char dir[64], fifo[128], link[128], dangling[128], real[128], reallink[128], sub[128];
+  iot_mkdtemp(dir, sizeof dir);
+  iot_path(fifo, sizeof fifo, dir, "fifo");
+  iot_path(link, sizeof link, dir, "to-fifo");
+  iot_path(dangling, sizeof dangling, dir, "to-nothing");
+  iot_path(real, sizeof real, dir, "real.safetensors");
+  iot_path(reallink, sizeof reallink, dir, "to-real.safetensors");
+  iot_path(sub, sizeof sub, dir, "sub");
+  LT_TRUE(mkfifo(fifo, 0600) == 0 && symlink("fifo", link) == 0 &&
+          symlink("nothing", dangling) == 0 && mkdir(sub, 0700) == 0);
+  int64_t s[] = {2};
+  float x[2] = {1, 2};
+  loom_safetensors_entry e = {.name = "x", .dtype = LOOM_F32, .ndim = 1, .shape = s, .data = x};
+  /* the FIFO first: without the check, /dev/null below would be replaced (as root) */
+  LT_ERR(loom_safetensors_write(fifo, &e, 1, NULL, 0), LOOM_EIO, "is a FIFO, not a regular file");
+  LT_ERR(loom_safetensors_write("/dev/null", &e, 1, NULL, 0), LOOM_EIO,
+         "'/dev/null' is a character device");
+  LT_ERR(loom_safetensors_write(link, &e, 1, NULL, 0), LOOM_EIO, "is a symlink to a FIFO");
+  LT_ERR(loom_safetensors_write(dangling, &e, 1, NULL, 0), LOOM_EIO, "is a symlink to nothing");
+  LT_ERR(loom_safetensors_write(sub, &e, 1, NULL, 0), LOOM_EIO, "is a folder");
+  LT_ERR(loom_checkpoint_save(fifo, NULL, 0, NULL, 0), LOOM_EIO, "is a FIFO");
+  struct stat st;
+  LT_TRUE(stat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode));
+  LT_TRUE(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode));
+  LT_TRUE(lstat(link, &st) == 0 && S_ISLNK(st.st_mode));
+  LT_TRUE(lstat(dangling, &st) == 0 && S_ISLNK(st.st_mode));
+  LT_TRUE(lstat(sub, &st) == 0 && S_ISDIR(st.st_mode));
+  LT_EQ(iot_count(dir), 4); /* no temporary left */
+  /* through a symlink to a regular file: the target replaced, the link kept */
+  LT_TRUE(iot_write(real, "old", 3) == 0 && symlink("real.safetensors", reallink) == 0);
+  LT_OK(loom_safetensors_write(reallink, &e, 1, NULL, 0));
+  LT_TRUE(lstat(reallink, &st) == 0 && S_ISLNK(st.st_mode));
+  loom_safetensors *f = NULL;
+  LT_OK(loom_safetensors_open(real, 0, &f));
+  loom_safetensors_free(f);
+  char out[8];
+  LT_ERR(loom_output_path(fifo, out, sizeof out), LOOM_EIO, "is a FIFO");
+  LT_ERR(loom_output_path("a-long-name", out, sizeof out), LOOM_EINVAL, "too long");
+  LT_OK(loom_output_path("new", out, sizeof out));
+  LT_TRUE(!strcmp(out, "new"));
+  LT_EQ(iot_count(dir), 6);
+  unlink(sub), rmdir(sub);
   iot_rmdir(dir);
 }
 
