@@ -3,9 +3,16 @@
  * series, the runs overlaid in different colours: loss (each step, faint, and smoothed: an
  * exponential moving average over about 2% of the steps), learning rate, loss scale (log axis;
  * the steps skipped for an overflow marked), samples/s, and the compute pool's bytes. Each panel
- * has its axes, ticks and labels. The file is written atomically (a temporary, then rename). */
+ * has its axes, ticks and labels. Every coordinate written is finite (the inputs are
+ * range-checked by plot_read.c, the tick loops count their ticks, and a point that would still
+ * land outside the finite is left out). The file is written atomically (a temporary, then
+ * rename) where loom_output_path allows: never over a device, FIFO, socket or folder; through a
+ * symlink to a regular file; `-o -` writes to standard output. */
 #include "commands.h"
 #include "plot.h"
+
+#include "loom/io.h"
+#include "loom/status.h"
 
 #include <errno.h>
 #include <math.h>
@@ -21,6 +28,7 @@
 #define RIGHT 24.0
 #define TOP 34.0
 #define BOTTOM 34.0
+#define MAX_TICKS 64 /* per axis, whatever the range */
 
 static const char *const colours[MAX_RUNS] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
                                               "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
@@ -94,7 +102,10 @@ static void axes(FILE *f, const frame *fr, const char *title) {
           "stroke=\"#444\"/>\n", LEFT, top, W - LEFT - RIGHT, h);
   char lab[32];
   double xs = nice_step(fr->x1 - fr->x0 > 0 ? fr->x1 - fr->x0 : 1, 6);
-  for (double x = ceil(fr->x0 / xs) * xs; x <= fr->x1 + 1e-9; x += xs) {
+  double x_first = ceil(fr->x0 / xs) * xs;
+  for (int t = 0; t < MAX_TICKS; t++) {
+    double x = x_first + t * xs; /* counted: x += xs stands still where xs is below x's ulp */
+    if (x > fr->x1 + 1e-9 || !isfinite(px(fr, x))) break;
     fmt_num(lab, sizeof lab, x);
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
             "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">%s</text>\n",
@@ -103,9 +114,11 @@ static void axes(FILE *f, const frame *fr, const char *title) {
   fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">step</text>\n",
           W - RIGHT, top + h + 28);
   if (fr->log_y) {
-    for (double e = floor(log2(fr->y0)); e <= ceil(log2(fr->y1)); e += fmax(1, floor((log2(fr->y1) - log2(fr->y0)) / 4))) {
-      double y = exp2(e);
-      if (y < fr->y0 * 0.999 || y > fr->y1 * 1.001) continue;
+    double e0 = floor(log2(fr->y0)), de = fmax(1, floor((log2(fr->y1) - log2(fr->y0)) / 4));
+    for (int t = 0; t < MAX_TICKS; t++) {
+      double e = e0 + t * de, y = exp2(e);
+      if (!(e <= ceil(log2(fr->y1)))) break;
+      if (y < fr->y0 * 0.999 || y > fr->y1 * 1.001 || !isfinite(py(fr, y))) continue;
       fmt_num(lab, sizeof lab, y);
       fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
               "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%s</text>\n",
@@ -113,7 +126,10 @@ static void axes(FILE *f, const frame *fr, const char *title) {
     }
   } else {
     double ys = nice_step(fr->y1 - fr->y0 > 0 ? fr->y1 - fr->y0 : 1, 4);
-    for (double y = ceil(fr->y0 / ys) * ys; y <= fr->y1 + ys * 1e-9; y += ys) {
+    double y_first = ceil(fr->y0 / ys) * ys;
+    for (int t = 0; t < MAX_TICKS; t++) {
+      double y = y_first + t * ys;
+      if (!(y <= fr->y1 + ys * 1e-9) || !isfinite(py(fr, y))) break;
       fmt_num(lab, sizeof lab, y);
       fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
               "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%s</text>\n",
@@ -127,7 +143,8 @@ static void line(FILE *f, const frame *fr, const plot_run *r, const double *v, c
                  double width, double opacity) {
   bool open = false;
   for (size_t i = 0; i < r->n; i++) {
-    bool ok = isfinite(v[i]) && isfinite(r->step[i]) && (!fr->log_y || v[i] > 0);
+    bool ok = isfinite(v[i]) && isfinite(r->step[i]) && (!fr->log_y || v[i] > 0) &&
+              isfinite(px(fr, r->step[i])) && isfinite(py(fr, v[i]));
     if (ok && !open) {
       fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\" "
               "stroke-opacity=\"%.2f\" points=\"", colour, width, opacity);
@@ -185,7 +202,8 @@ static void panel(FILE *f, series_kind k, const plot_run *runs, int nruns, doubl
     }
     if (k == S_SCALE) /* skipped steps: where the scale backed off */
       for (size_t i = 0; i < run->n; i++)
-        if (run->overflow[i] && isfinite(v[i]) && v[i] > 0)
+        if (run->overflow[i] && isfinite(v[i]) && v[i] > 0 && isfinite(px(&fr, run->step[i])) &&
+            isfinite(py(&fr, v[i])))
           fprintf(f, "<path class=\"overflow\" d=\"M%.1f %.1fl6 6m-6 0l6 -6\" stroke=\"%s\" "
                   "stroke-width=\"1.5\" transform=\"translate(-3 -3)\"/>\n",
                   px(&fr, run->step[i]), py(&fr, v[i]), colours[r]);
@@ -193,7 +211,7 @@ static void panel(FILE *f, series_kind k, const plot_run *runs, int nruns, doubl
   fputs("</g>\n", f);
 }
 
-static int write_svg(FILE *f, const plot_run *runs, int nruns) {
+int plot_write_svg(FILE *f, const plot_run *runs, int nruns) {
   double legend = 24.0 + 18.0 * nruns, height = legend + S_COUNT * PANEL_H;
   fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" "
           "width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\">\n"
@@ -205,7 +223,11 @@ static int write_svg(FILE *f, const plot_run *runs, int nruns) {
             "fill=\"%s\"/><text x=\"%.1f\" y=\"%.1f\" font-size=\"13\">", LEFT, 16.0 + 18 * r,
             colours[r], LEFT + 20, 21.0 + 18 * r);
     put_text(f, runs[r].name);
-    fprintf(f, " (%zu steps, %zu skipped)</text></g>\n", runs[r].n, skipped);
+    fprintf(f, " (%zu steps, %zu skipped", runs[r].n, skipped);
+    if (runs[r].skipped_records || runs[r].dropped_values)
+      fprintf(f, "; out of range: %zu records, %zu values", runs[r].skipped_records,
+              runs[r].dropped_values);
+    fputs(")</text></g>\n", f);
   }
   for (int k = 0; k < S_COUNT; k++) panel(f, (series_kind)k, runs, nruns, legend + k * PANEL_H);
   fputs("</svg>\n", f);
@@ -215,8 +237,14 @@ static int write_svg(FILE *f, const plot_run *runs, int nruns) {
 static void usage(FILE *f) {
   fprintf(f, "usage: loom plot RUN.jsonl [RUN.jsonl...] -o OUT.svg\n\n"
           "Draws the metrics `loom train --metrics FILE` wrote (up to %d runs, overlaid): loss,\n"
-          "learning rate, loss scale with the skipped steps, samples/s and memory, as an SVG.\n",
-          MAX_RUNS);
+          "learning rate, loss scale with the skipped steps, samples/s and memory, as an SVG.\n\n"
+          "  -o, --output OUT.svg  where to write it, atomically; `-o -` writes to standard output.\n"
+          "                        A device, FIFO, socket or folder is refused; a symlink to a\n"
+          "                        regular file is written through (its target replaced).\n\n"
+          "Limits: each input a regular file of at most %zu MB, lines of at most %zu KB, %zu\n"
+          "records in all. A record whose step is not in [0, 1e15] is skipped; a value that is not\n"
+          "finite or exceeds 1e30 in magnitude (a loss scale <= 0 too) is left out; both counted.\n",
+          MAX_RUNS, PLOT_MAX_FILE_BYTES >> 20, PLOT_MAX_LINE_BYTES >> 10, (size_t)PLOT_MAX_RECORDS);
 }
 
 int cmd_plot(int argc, char **argv) {
@@ -249,24 +277,41 @@ int cmd_plot(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  bool to_stdout = !strcmp(out, "-");
+  char target[4096];
+  if (!to_stdout && loom_output_path(out, target, sizeof target) != LOOM_OK) {
+    const char *why = loom_last_error(), *colon = strstr(why, ": "); /* drop "loom_output_path: " */
+    fprintf(stderr, "loom plot: cannot write -o %s\n", colon ? colon + 2 : why);
+    return 2; /* before reading anything: a usage error */
+  }
   plot_run runs[MAX_RUNS];
   int rc = 0, nread = 0;
-  for (; nread < nfiles && !rc; nread++) rc = plot_read(files[nread], &runs[nread]);
-  if (rc) nread--; /* the failed one freed itself */
-  char tmp[4096];
-  if (!rc && snprintf(tmp, sizeof tmp, "%s.tmp.%d", out, (int)getpid()) >= (int)sizeof tmp) {
-    fprintf(stderr, "loom plot: %s: path too long\n", out);
-    rc = 1;
+  size_t budget = PLOT_MAX_RECORDS;
+  for (; nread < nfiles && !rc; nread++) {
+    rc = plot_read(files[nread], &runs[nread], budget);
+    if (rc) break;
+    budget -= runs[nread].n;
+    if (runs[nread].skipped_records || runs[nread].dropped_values)
+      fprintf(stderr, "loom plot: %s: out of range, left out: %zu records (step not in [0, 1e15]), "
+              "%zu values (not finite, beyond 1e30, or a loss scale <= 0)\n", files[nread],
+              runs[nread].skipped_records, runs[nread].dropped_values);
   }
-  if (!rc) {
-    FILE *f = fopen(tmp, "w");
+  char tmp[4096 + 32];
+  if (!rc && to_stdout) {
+    rc = plot_write_svg(stdout, runs, nfiles);
+    if (fflush(stdout) != 0) rc = 1;
+    if (rc) fprintf(stderr, "loom plot: cannot write standard output: %s\n", strerror(errno));
+  } else if (!rc) {
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", target, (int)getpid());
+    FILE *f = fopen(tmp, "wx");
     if (!f) {
       fprintf(stderr, "loom plot: cannot write %s: %s\n", out, strerror(errno));
       rc = 1;
     } else {
-      rc = write_svg(f, runs, nfiles);
+      rc = plot_write_svg(f, runs, nfiles);
+      if (fflush(f) != 0 || fsync(fileno(f)) != 0) rc = 1;
       if (fclose(f) != 0) rc = 1;
-      if (!rc && rename(tmp, out) != 0) rc = 1;
+      if (!rc && rename(tmp, target) != 0) rc = 1;
       if (rc) {
         fprintf(stderr, "loom plot: cannot write %s: %s\n", out, strerror(errno));
         unlink(tmp);
@@ -274,6 +319,6 @@ int cmd_plot(int argc, char **argv) {
     }
   }
   for (int r = 0; r < nread; r++) plot_run_free(&runs[r]);
-  if (!rc) printf("loom plot: %s (%d run%s)\n", out, nfiles, nfiles > 1 ? "s" : "");
+  if (!rc && !to_stdout) printf("loom plot: %s (%d run%s)\n", out, nfiles, nfiles > 1 ? "s" : "");
   return rc;
 }

@@ -3,11 +3,19 @@
  * quoted, only the five entities XML knows), has its five panels, one polyline per run for each
  * series (two for the loss: raw and smoothed) whose points are the records, one mark per skipped
  * step, and the runs' names escaped in the legend. Bad input fails with the file and line named,
- * and writes no output file. */
+ * and writes no output file. Extreme inputs (issue 24: steps of 1e16, scales of 1e308, 0 and
+ * negative, nan and inf, a 10 MB line, an empty file, a folder, a FIFO with no writer, a file
+ * past the size limit, more records than the limit) end promptly, and every SVG this file makes
+ * has only finite coordinates (svg_coords_problem); `-o` never replaces what is not a regular
+ * file (a FIFO, /dev/null, a symlink to a FIFO, a folder), writes through a symlink to a regular
+ * file, and `-o -` writes to standard output. */
 #include "lt.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -85,6 +93,40 @@ static const char *xml_problem(const char *s) {
   return NULL;
 }
 
+/* Every coordinate attribute (x y x1 y1 x2 y2 width height points d transform) holds only
+ * finite numbers of a sane size: no nan, no inf. NULL if so, else what is wrong. */
+static const char *svg_coords_problem(const char *s) {
+  static char why[200];
+  static const char *const attrs[] = {" x=\"", " y=\"", " x1=\"", " y1=\"", " x2=\"", " y2=\"",
+                                      " width=\"", " height=\"", " points=\"", " d=\"",
+                                      " transform=\""};
+  for (size_t a = 0; a < sizeof attrs / sizeof *attrs; a++)
+    for (const char *p = s; (p = strstr(p, attrs[a])); p++) {
+      const char *v = p + strlen(attrs[a]), *e = strchr(v, '"');
+      if (!e) return "an unterminated attribute";
+      if (!strncmp(v, "100%\"", 5)) continue; /* the background's width and height */
+      for (const char *c = v; c < e;) {
+        if (!strncmp(c, "translate", 9)) {
+          c += 9;
+          continue;
+        }
+        if (strchr("Mlm(), ", *c)) {
+          c++;
+          continue;
+        }
+        char *end;
+        double x = strtod(c, &end);
+        if (end == c || end > e || !isfinite(x) || fabs(x) > 1e7) {
+          snprintf(why, sizeof why, "attribute%.*s%.*s\" is not finite coordinates",
+                   (int)strlen(attrs[a]) - 1, attrs[a], (int)(e - v > 60 ? 60 : e - v), v);
+          return why;
+        }
+        c = end;
+      }
+    }
+  return NULL;
+}
+
 static size_t count(const char *s, const char *what) {
   size_t n = 0;
   for (const char *p = s; (p = strstr(p, what)); p++) n++;
@@ -137,6 +179,8 @@ LT_TEST(plot_writes_well_formed_svg_with_every_panel_and_the_skipped_steps) {
   LT_TRUE(svg != NULL);
   const char *bad = xml_problem(svg);
   if (bad) lt_fail_at(__FILE__, __LINE__, "the SVG is not well-formed XML: %s", bad);
+  bad = svg_coords_problem(svg);
+  if (bad) lt_fail_at(__FILE__, __LINE__, "the SVG has a bad coordinate: %s", bad);
   LT_TRUE(strstr(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\"") != NULL);
   LT_EQ(count(svg, "class=\"panel\""), 5);
   LT_TRUE(strstr(svg, "loss scale") && strstr(svg, "learning rate") && strstr(svg, "samples/s"));
@@ -190,4 +234,148 @@ LT_TEST(plot_bad_input_names_the_file_and_writes_nothing) {
   tool_run_free(&r);
   LT_TRUE(access(out, F_OK) != 0);
   unlink(a), rmdir(dir);
+}
+
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  fputs(text, f);
+  fclose(f);
+}
+
+/* Run `loom plot in -o out`: its exit code; the SVG (if any) checked for XML and coordinates. */
+static int plot_checked(const char *in, const char *out, const char *want_err, const char *label) {
+  const char *args[] = {"plot", in, "-o", out, NULL};
+  tool_run r = tool_loom(args, NULL, NULL);
+  int code = r.code;
+  if (want_err && !strstr(r.err, want_err))
+    lt_fail_at(__FILE__, __LINE__, "%s: stderr \"%s\" lacks \"%s\"", label, r.err, want_err);
+  tool_run_free(&r);
+  char *svg = code == 0 ? slurp(out) : NULL;
+  if (code == 0 && !svg) lt_fail_at(__FILE__, __LINE__, "%s: exit 0 but no SVG", label);
+  if (svg) {
+    const char *bad = xml_problem(svg);
+    if (bad) lt_fail_at(__FILE__, __LINE__, "%s: not well-formed XML: %s", label, bad);
+    bad = svg_coords_problem(svg);
+    if (bad) lt_fail_at(__FILE__, __LINE__, "%s: %s", label, bad);
+    free(svg);
+  }
+  return code;
+}
+
+LT_TEST(plot_extreme_inputs_end_promptly_with_finite_coordinates) {
+  char dir[] = "/tmp/loom_plot_XXXXXX";
+  LT_TRUE(mkdtemp(dir) != NULL);
+  char in[96], out[96];
+  snprintf(in, sizeof in, "%s/run.jsonl", dir);
+  snprintf(out, sizeof out, "%s/out.svg", dir);
+  static const struct {
+    const char *text;
+    int code;
+    const char *err;
+  } cases[] = {
+      {"{\"step\": 1e16, \"loss\": 1}\n", 1, "no records with a step in range"},
+      {"{\"step\": 1e16, \"loss\": 1}\n{\"step\": 2, \"loss\": 1}\n", 0, "1 records"},
+      {"{\"step\": 1, \"loss\": 1, \"scale\": 1e308}\n", 0, "1 values"},
+      {"{\"step\": 1, \"loss\": 1, \"scale\": 1e308}\n{\"step\": 2, \"loss\": 1, \"scale\": 1}\n", 0, NULL},
+      {"{\"step\": 1, \"loss\": 1, \"scale\": 0}\n{\"step\": 2, \"loss\": 1, \"scale\": -5}\n", 0, "2 values"},
+      {"{\"step\": -3, \"loss\": -1e300}\n{\"step\": 2, \"loss\": 1e300, \"lr\": -1e308}\n", 0, NULL},
+      {"{\"step\": 1, \"loss\": 1e308, \"samples_per_s\": -1e308}\n{\"step\": 2, \"loss\": -1e308}\n", 0, NULL},
+      {"{\"step\": nan, \"loss\": 1}\n{\"step\": inf, \"loss\": 1}\n{\"step\": 3, \"loss\": nan}\n"
+       "{\"step\": 4, \"loss\": inf, \"scale\": inf}\n{\"step\": 5, \"loss\": -inf, \"scale\": nan, "
+       "\"lr\": inf, \"samples_per_s\": nan}\n", 0, "2 records"},
+      {"{\"step\": 1e15, \"loss\": 1e30, \"scale\": 1e-30}\n{\"step\": 0, \"loss\": -1e30, \"scale\": 1e30}\n", 0, NULL},
+      {"{\"step\": 5, \"loss\": 2}\n", 0, NULL},
+      {"{\"step\": 1e-320, \"loss\": 1e-320, \"scale\": 1e-320, \"rank_compute_bytes\": 1e308}\n", 0, NULL},
+      {"", 1, "no records"},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    write_text(in, cases[c].text);
+    char label[64];
+    snprintf(label, sizeof label, "case %zu", c);
+    LT_EQ(plot_checked(in, out, cases[c].err, label), cases[c].code);
+  }
+  /* a 10 MB single line: refused at the line limit */
+  FILE *f = fopen(in, "w");
+  fputs("{\"step\": 1, \"loss\": 1, \"pad\": \"", f);
+  for (int i = 0; i < 10 << 20; i++) fputc('x', f);
+  fputs("\"}\n", f);
+  fclose(f);
+  LT_EQ(plot_checked(in, out, "longer than 65536 bytes", "10 MB line"), 1);
+  /* past the size limit (sparse): refused from its size, nothing read */
+  f = fopen(in, "w");
+  fputs("{\"step\": 1, \"loss\": 1}\n", f);
+  fclose(f);
+  LT_EQ(truncate(in, (off_t)(65 << 20)), 0);
+  LT_EQ(plot_checked(in, out, "larger than 64 MB", "65 MB file"), 1);
+  /* a folder, a FIFO with no writer (refused before open: it would block), a device */
+  LT_EQ(plot_checked(dir, out, "is a folder", "folder"), 1);
+  char fifo[96];
+  snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+  LT_EQ(mkfifo(fifo, 0600), 0);
+  LT_EQ(plot_checked(fifo, out, "is a FIFO", "FIFO"), 1);
+  LT_EQ(plot_checked("/dev/zero", out, "is a character device", "/dev/zero"), 1);
+  unlink(fifo), unlink(in), unlink(out), rmdir(dir);
+}
+
+LT_TEST(plot_record_limit_keeps_memory_bounded) {
+  char dir[] = "/tmp/loom_plot_XXXXXX";
+  LT_TRUE(mkdtemp(dir) != NULL);
+  char in[96], out[96];
+  snprintf(in, sizeof in, "%s/run.jsonl", dir);
+  snprintf(out, sizeof out, "%s/out.svg", dir);
+  FILE *f = fopen(in, "w");
+  for (long s = 0; s <= (1l << 20); s++) fprintf(f, "{\"step\":%ld,\"loss\":1}\n", s);
+  fclose(f);
+  LT_EQ(plot_checked(in, out, "more than 1048576 records", "records"), 1);
+  struct rusage ru;
+  LT_EQ(getrusage(RUSAGE_CHILDREN, &ru), 0);
+  if (!getenv("LOOM_SANITIZED") && ru.ru_maxrss > 100 * 1024)
+    lt_fail_at(__FILE__, __LINE__, "a child of this test reached %ld KB RSS", ru.ru_maxrss);
+  unlink(in), rmdir(dir);
+}
+
+LT_TEST(plot_output_never_replaces_what_is_not_a_regular_file) {
+  char dir[] = "/tmp/loom_plot_XXXXXX";
+  LT_TRUE(mkdtemp(dir) != NULL);
+  char in[96], fifo[96], link[96], reg[96], reglink[96];
+  snprintf(in, sizeof in, "%s/run.jsonl", dir);
+  snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+  snprintf(link, sizeof link, "%s/to-fifo", dir);
+  snprintf(reg, sizeof reg, "%s/real.svg", dir);
+  snprintf(reglink, sizeof reglink, "%s/to-real.svg", dir);
+  write_run(in, 10, false);
+  LT_EQ(mkfifo(fifo, 0600), 0);
+  LT_EQ(symlink("fifo", link), 0);
+  static const char *const what[] = {"is a FIFO", "is a character device",
+                                     "is a symlink to a FIFO", "is a folder"};
+  const char *outs[] = {fifo, "/dev/null", link, dir};
+  for (int i = 0; i < 4; i++) {
+    const char *args[] = {"plot", in, "-o", outs[i], NULL};
+    tool_run r = tool_loom(args, NULL, NULL);
+    LT_EQ(r.code, 2);
+    if (!strstr(r.err, what[i]) || !strstr(r.err, outs[i]))
+      lt_fail_at(__FILE__, __LINE__, "-o %s: \"%s\" lacks \"%s\"", outs[i], r.err, what[i]);
+    tool_run_free(&r);
+  }
+  struct stat st;
+  LT_TRUE(stat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode));
+  LT_TRUE(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode));
+  LT_TRUE(lstat(link, &st) == 0 && S_ISLNK(st.st_mode));
+  LT_TRUE(stat(dir, &st) == 0 && S_ISDIR(st.st_mode));
+  /* a symlink to a regular file: written through, the link kept */
+  write_text(reg, "old\n");
+  LT_EQ(symlink("real.svg", reglink), 0);
+  LT_EQ(plot_checked(in, reglink, NULL, "symlink to a file"), 0);
+  LT_TRUE(lstat(reglink, &st) == 0 && S_ISLNK(st.st_mode));
+  char *svg = slurp(reg);
+  LT_TRUE(svg && !strncmp(svg, "<?xml", 5));
+  free(svg);
+  /* -o -: standard output */
+  const char *args[] = {"plot", in, "-o", "-", NULL};
+  tool_run r = tool_loom(args, NULL, NULL);
+  LT_EQ(r.code, 0);
+  LT_TRUE(!strncmp(r.out, "<?xml", 5) && strstr(r.out, "</svg>\n"));
+  LT_TRUE(xml_problem(r.out) == NULL && svg_coords_problem(r.out) == NULL);
+  tool_run_free(&r);
+  unlink(reglink), unlink(reg), unlink(link), unlink(fifo), unlink(in), rmdir(dir);
 }
