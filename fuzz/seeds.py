@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """seeds.py: writes the fuzzers' seed corpus (fuzz/corpus/<harness>/): a few small valid files of
 each format, made by the formats' own rules (safetensors; loom's checkpoint/2 with its whole-file
-CRC-32, include/loom/io.h; IDX plain and gzip'd). The files are kept in the repository (each a
+CRC-32, include/loom/io.h; IDX plain and gzip'd; `loom train --metrics` JSON Lines). The files are kept in the repository (each a
 few hundred bytes); run this to make them again. Inputs a fuzzer once crashed on go next to them
 as regression cases (fuzz/corpus/<harness>/crash-*)."""
 import gzip, json, os, struct, zlib
@@ -65,3 +65,16 @@ for h, wrap in (("fuzz_idx", lambda b: b), ("fuzz_idx_gz", lambda b: b)):
     write(h, "floats.idx", wrap(floats))
 write("fuzz_idx", "images.idx.gz", gzip.compress(images, mtime=0))
 write("fuzz_idx", "labels.idx.gz", gzip.compress(labels, mtime=0))
+
+def metrics(rows):
+    """loom train --metrics records, as it writes them (tools/train_metrics.c)"""
+    return "".join('{"step": %s, "epoch": 0, "loss": %s, "lr": %s, "scale": %s, "overflow": %s, '
+                   '"samples_per_s": %s, "mem": {"compute": {"current_bytes": %s, "peak_bytes": 0}}}\n'
+                   % r for r in rows).encode()
+write("fuzz_plot", "run.jsonl", metrics([(s, 2.3 / s, 0.001, 65536 >> (s // 3), "true" if s % 3 == 0 else "false",
+                                          1000.0 + s, 1000000 + s) for s in range(1, 7)]))
+write("fuzz_plot", "extremes.jsonl", metrics([("1e16", 1, 0.1, "1e308", "false", 0, 0),
+                                              (2, "nan", "inf", 0, "true", "-inf", "1e308"),
+                                              (3, "-1e300", -1, -5, "false", 1, 1),
+                                              (4, 1, 1, "1e-300", "false", 1, 1)]))
+write("fuzz_plot", "flat.jsonl", b'{"step": 7, "loss": 1}\n{"step": 7, "loss": 1, "scale": 2}\n')

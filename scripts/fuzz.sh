@@ -11,7 +11,7 @@ mkdir -p "$work" && work=$(cd "$work" && pwd)
 src=$(cd "$(dirname "$0")/.." && pwd)
 status=0
 printf "%-18s %12s %10s %8s  %s\n" harness executions exec/s seconds result
-for h in fuzz_safetensors fuzz_loader fuzz_checkpoint fuzz_idx fuzz_idx_gz; do
+for h in fuzz_safetensors fuzz_loader fuzz_checkpoint fuzz_idx fuzz_idx_gz fuzz_plot; do
   bin=$build/fuzz/$h
   [ -x "$bin" ] || { echo "fuzz.sh: $bin is not built (make fuzz builds it)"; exit 2; }
   mkdir -p "$work/$h/corpus"

@@ -1,0 +1,71 @@
+/* fuzz_plot.c: `loom plot`'s reader (tools/plot_read.c) on any bytes as a metrics file, then
+ * its SVG writer (tools/cmd_plot.c) on what it read, drawn as two overlaid runs. The harness
+ * checks the property the reader's range checks exist for: every coordinate attribute of the
+ * SVG (x y x1 y1 x2 y2 width height points d transform) is a finite number of a sane size;
+ * "nan" or "inf" anywhere in the SVG aborts. A hang (a tick loop that stands still) is caught
+ * by libFuzzer's -timeout. */
+#define _GNU_SOURCE
+#include "plot.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static void check_svg(const char *s) {
+  static const char *const attrs[] = {" x=\"", " y=\"", " x1=\"", " y1=\"", " x2=\"", " y2=\"",
+                                      " width=\"", " height=\"", " points=\"", " d=\"",
+                                      " transform=\""};
+  if (strcasestr(s, "nan") || strcasestr(s, "inf")) {
+    fprintf(stderr, "fuzz_plot: a non-finite number in the SVG\n");
+    abort();
+  }
+  for (size_t a = 0; a < sizeof attrs / sizeof *attrs; a++)
+    for (const char *p = s; (p = strstr(p, attrs[a])); p++) {
+      const char *v = p + strlen(attrs[a]), *e = strchr(v, '"');
+      if (!e) abort();
+      if (!strncmp(v, "100%\"", 5)) continue;
+      for (const char *c = v; c < e;) {
+        if (!strncmp(c, "translate", 9)) {
+          c += 9;
+          continue;
+        }
+        if (strchr("Mlm(), ", *c)) {
+          c++;
+          continue;
+        }
+        char *end;
+        double x = strtod(c, &end);
+        if (end == c || end > e || !isfinite(x) || fabs(x) > 1e7) {
+          fprintf(stderr, "fuzz_plot: attribute%s%.*s\" is not finite coordinates\n", attrs[a],
+                  (int)(e - v > 80 ? 80 : e - v), v);
+          abort();
+        }
+        c = end;
+      }
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size == 0) return 0; /* fmemopen needs a byte; the empty file is a unit test */
+  FILE *in = fmemopen((void *)data, size, "r");
+  if (!in) return 0;
+  plot_run runs[2];
+  int rc = plot_read_stream(in, "fuzz.jsonl", &runs[0], PLOT_MAX_RECORDS);
+  fclose(in);
+  if (rc) return 0;
+  runs[1] = runs[0]; /* the same run twice: the overlay */
+  runs[1].name = "second";
+  char *svg = NULL;
+  size_t len = 0;
+  FILE *out = open_memstream(&svg, &len);
+  if (!out) abort();
+  if (plot_write_svg(out, runs, 2)) abort();
+  fclose(out);
+  check_svg(svg);
+  free(svg);
+  plot_run_free(&runs[0]);
+  return 0;
+}
