@@ -160,6 +160,31 @@ int cli_parse(const char *cmd, const cli_option *opts, int argc, char **argv,
   return 0;
 }
 
+void cli_number_text(double x, char *buf, size_t cap) {
+  for (int pass = 0; pass < 2; pass++) /* without an exponent if it can, else with one */
+    for (int digits = 1; digits <= 17; digits++) {
+      snprintf(buf, cap, "%.*g", digits, x);
+      if (strtod(buf, NULL) == x && (pass || !strchr(buf, 'e'))) return;
+    }
+}
+
+void cli_value_text(const cli_option *o, char *buf, size_t cap) {
+  const char *s;
+  switch (o->kind) {
+  case CLI_FLAG: snprintf(buf, cap, "%s", *(bool *)o->value ? "yes" : "no"); return;
+  case CLI_INT:
+  case CLI_POS_INT: snprintf(buf, cap, "%ld", *(long *)o->value); return;
+  case CLI_DOUBLE:
+  case CLI_POS_DOUBLE:
+  case CLI_F32: cli_number_text(*(double *)o->value, buf, cap); return;
+  case CLI_CHOICE:
+  case CLI_STRING:
+    s = *(const char **)o->value;
+    snprintf(buf, cap, "%s", s ? s : "");
+    return;
+  }
+}
+
 void cli_help(FILE *f, const char *cmd, const char *usage, const cli_option *opts) {
   fprintf(f, "usage: %s %s\n\noptions:\n", cmd, usage);
   for (const cli_option *o = opts; o->name; o++) {

@@ -1,8 +1,9 @@
 /* cli.h: the option parser of the `loom` command. A subcommand declares its options as a table
- * (name, kind, where to store, help, and for numbers the accepted range); cli_parse fills them
- * from argv and cli_help prints the table. A bad option gets a message that names it ("loom
- * train: --epochs: expected a positive integer, got 'x'"; "--epochs: expected at most 1000000,
- * got '4611686018427387904'"), never an exit from inside the parser. */
+ * (name, kind, where to store, help, for numbers the accepted range, and how the ranks of a
+ * run compare it); cli_parse fills them from argv, cli_help prints the table and
+ * cli_value_text gives an option's value as text. A bad option gets a message that names it
+ * ("loom train: --epochs: expected a positive integer, got 'x'"; "--epochs: expected at most
+ * 1000000, got '4611686018427387904'"), never an exit from inside the parser. */
 #ifndef LOOM_TOOLS_CLI_H
 #define LOOM_TOOLS_CLI_H
 
@@ -32,6 +33,10 @@ typedef struct cli_option {
    * 2^53). Both 0: only the kind's own range. */
   double min, max;
   bool *seen; /* optional: set to true when the option is given */
+  /* How the ranks of a multi-rank run compare this option (train_cli_fingerprint): by value
+   * (the default, so a new option is compared), by presence alone, by the contents of the file
+   * it names, or not at all (rank-local). */
+  enum { CLI_RANKS_SAME, CLI_RANKS_PRESENCE, CLI_RANKS_CONTENTS, CLI_RANKS_LOCAL } ranks;
 } cli_option;
 
 /* Parse argv[0..argc) (argv[0] is the first option, not the program). Positional arguments
@@ -39,6 +44,14 @@ typedef struct cli_option {
  * was given (help printed to stdout), or -1 after printing an error naming the option to stderr. */
 int cli_parse(const char *cmd, const cli_option *opts, int argc, char **argv,
               const char **positional, int max_positional, int *npositional);
+
+/* A number in the shortest form that reads back the same, without an exponent when one is
+ * not needed ("300", "0.001", "1e-07"). */
+void cli_number_text(double x, char *buf, size_t cap);
+
+/* The option's current value as a user writes it ("0.001", "adamw", "yes" or "no" for a flag;
+ * numbers in their shortest form that reads back the same), "" for an unset string. */
+void cli_value_text(const cli_option *o, char *buf, size_t cap);
 
 /* Print "usage" and the options table, with each option's default taken from its value. */
 void cli_help(FILE *f, const char *cmd, const char *usage, const cli_option *opts);

@@ -1,5 +1,6 @@
-/* cmd_train.c: `loom train`: the options (table-driven, cli.h), their checks, and the call of
- * the trainer (train_run). Exit codes: 0 done, 1 a failure at run time (loom's message
+/* cmd_train.c: `loom train`: the options (table-driven, cli.h, each marked with how the ranks
+ * of a run compare it), their checks, the ranks' fingerprint, and the call of the trainer
+ * (train_run). Exit codes: 0 done, 1 a failure at run time (loom's message
  * printed), 2 bad usage (a message naming the option). */
 #include "cli.h"
 #include "commands.h"
@@ -122,47 +123,54 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
    * ranks, --limit + batch); the data's own limits (batch <= samples, warmup <= steps) are
    * checked once the data is loaded. */
   const double steps_max = 1e15, batch_max = TRAIN_MAX_BATCH;
+  /* The ranks of a run compare every option (train_cli_fingerprint) but these, marked in the
+   * last field: rank-local, since they change nothing any rank computes and may name a rank's
+   * own place: --quiet (what a rank prints), --metrics (where a rank writes its own records),
+   * --offload-dir (a folder on the rank's own node: offload never changes a value). Compared by
+   * presence alone: --save and --resume (the folder may be a node's own path; the checkpoint's
+   * start step is compared once read, train_par_check_start). By contents: --init (the file's
+   * bytes, whatever its path). */
   const cli_option table[] = {
-      {"model", CLI_CHOICE, &o->model, NULL, "the network", "mlp|cnn", 0, 0, NULL},
-      {"hidden", CLI_STRING, &c->hidden, "N,N,...", "MLP hidden layer widths", NULL, 0, 0, &c->seen_hidden},
-      {"channels", CLI_STRING, &c->channels, "C1,C2", "CNN conv channels (3x3, pad 1, each + ReLU + 2x2 max-pool)", NULL, 0, 0, &c->seen_channels},
-      {"fc", CLI_POS_INT, &o->fc, "N", "CNN fully connected width", NULL, 1, TRAIN_MAX_WIDTH, &c->seen_fc},
-      {"epochs", CLI_POS_INT, &o->epochs, "N", "passes over the training set", NULL, 1, 1e6, NULL},
-      {"batch", CLI_POS_INT, &o->batch, "N", "samples per step (per rank)", NULL, 1, batch_max, NULL},
-      {"optim", CLI_CHOICE, &o->optim, NULL, "optimizer (PyTorch's formulas)", "sgd|adam|adamw", 0, 0, NULL},
-      {"lr", CLI_F32, &o->lr, "X", "peak learning rate", NULL, 0, FLT_MAX, NULL},
-      {"schedule", CLI_CHOICE, &o->schedule, NULL, "learning-rate schedule over all the epochs' steps", "constant|warmup|cosine", 0, 0, NULL},
-      {"warmup", CLI_INT, &o->warmup, "N", "linear warmup steps (warmup, cosine)", NULL, 0, steps_max, &c->seen_warmup},
-      {"weight-decay", CLI_F32, &o->weight_decay, "X", "weight decay (AdamW decoupled, SGD/Adam L2)", NULL, 0, FLT_MAX, NULL},
-      {"momentum", CLI_F32, &o->momentum, "X", "SGD momentum", NULL, 0, FLT_MAX, &c->seen_momentum},
-      {"amp", CLI_CHOICE, &o->amp, NULL, "autocast: matmul/conv in bf16 or f16, f32 master weights", "off|bf16|f16", 0, 0, NULL},
-      {"scaler", CLI_CHOICE, &o->scaler, NULL, "loss scaling (default dynamic for --amp f16, else off; static|dynamic also with bf16)", "dynamic|static|off", 0, 0, &c->seen_scaler},
-      {"loss-scale", CLI_POS_DOUBLE, &o->loss_scale, "X", "static scale / dynamic initial scale", NULL, 0, 0, &c->seen_loss_scale},
-      {"seed", CLI_INT, &o->seed, "N", "seed of the initial weights and the data order", NULL, 0, 0, NULL},
-      {"init", CLI_STRING, &o->init, "FILE", "initial weights from a safetensors file, by PyTorch name", NULL, 0, 0, NULL},
-      {"no-shuffle", CLI_FLAG, &c->no_shuffle, NULL, "batches in file order", NULL, 0, 0, NULL},
-      {"data", CLI_STRING, &o->data, "DIR", "MNIST-format dataset folder (default " LOOM_FASHION_MNIST_DIR ")", NULL, 0, 0, NULL},
-      {"limit", CLI_INT, &o->limit, "N", "use only N training samples per epoch (whole batches) and N test samples; 0: all", NULL, 0, 4294967296.0, NULL},
-      {"max-steps", CLI_INT, &o->max_steps, "N", "stop after N steps in all (as if interrupted); 0: no limit", NULL, 0, steps_max, NULL},
-      {"metrics", CLI_STRING, &o->metrics, "FILE", "one JSON object per step (loss, lr, scale, overflow, samples/s, memory)", NULL, 0, 0, NULL},
-      {"save", CLI_STRING, &o->save, "DIR", "write DIR/checkpoint.safetensors and DIR/model.safetensors after each epoch and at the end", NULL, 0, 0, NULL},
-      {"overwrite", CLI_FLAG, &c->overwrite, NULL, "let --save replace a checkpoint already in DIR (not needed with --resume DIR)", NULL, 0, 0, NULL},
-      {"resume", CLI_STRING, &o->resume, "DIR", "continue from DIR/checkpoint.safetensors (same options)", NULL, 0, 0, NULL},
-      {"threads", CLI_INT, &o->threads, "N", "compute threads per rank (at most 4 per online CPU, 1024 in all); 0: OpenMP's default", NULL, 0, (double)LONG_MAX, NULL},
-      {"eval-batch", CLI_POS_INT, &o->eval_batch, "N", "samples per evaluation batch", NULL, 1, batch_max, NULL},
-      {"quiet", CLI_FLAG, &o->quiet, NULL, "print only the summary line", NULL, 0, 0, NULL},
-      {"ranks", CLI_POS_INT, &o->ranks, "N", "data-parallel ranks (threads backend; each gets --batch samples of every step)", NULL, 1, TRAIN_MAX_RANKS, NULL},
-      {"backend", CLI_CHOICE, &o->backend, NULL, "process groups: ranks as threads, or MPI processes (mpirun -n N loom train --backend mpi ...)", "threads|mpi", 0, 0, NULL},
-      {"timeout", CLI_POS_DOUBLE, timeout, "SECONDS", "seconds a rank waits for its peers before it fails (LOOM_TIMEOUT sets the default)", NULL, 1e-3, 1e9, timeout_seen},
-      {"strategy", CLI_CHOICE, &o->strategy, NULL, "data parallelism: none, DDP (bucketed all-reduce overlapped with backward) or FSDP (parameters, gradients and optimizer state sharded over the ranks)", "none|ddp|fsdp", 0, 0, NULL},
-      {"wrap", CLI_CHOICE, &o->wrap, NULL, "FSDP units: each layer of the model, or layers grouped until --unit-min elements", "children|size", 0, 0, &c->seen_wrap},
-      {"unit-min", CLI_POS_INT, &o->unit_min, "N", "FSDP --wrap size: parameter elements a unit reaches", NULL, 1, 1e15, &c->seen_unit_min},
-      {"reshard-after-forward", CLI_CHOICE, &o->reshard, NULL, "FSDP: free each unit's gathered parameters after its forward (yes), or keep them until its backward (no: ZeRO-2)", "yes|no", 0, 0, &c->seen_reshard},
-      {"gather-prefetch", CLI_INT, &o->gather_prefetch, "N", "FSDP: all-gathers issued ahead of the running unit", NULL, 0, 8, &c->seen_gather_prefetch},
-      {"offload", CLI_STRING, &o->offload, "LIST", "FSDP: keep these shards out of the compute pool between uses: a comma list of params,grads,optim, or all, or none (results are bit-identical)", NULL, 0, 0, &c->seen_offload},
-      {"offload-tier", CLI_CHOICE, &o->offload_tier, NULL, "FSDP --offload: where the offloaded bytes live: host memory, or one file per rank in --offload-dir", "host|disk", 0, 0, &c->seen_offload_tier},
-      {"offload-dir", CLI_STRING, &o->offload_dir, "DIR", "FSDP --offload-tier disk: an existing folder for the offload files (removed at the end)", NULL, 0, 0, &c->seen_offload_dir},
-      {"prefetch", CLI_INT, &o->prefetch, "N", "FSDP --offload: units whose offloaded bytes are brought back ahead of use (0: each waits when needed; host-tier parameters are read in place)", NULL, 0, 10, &c->seen_prefetch},
+      {"model", CLI_CHOICE, &o->model, NULL, "the network", "mlp|cnn", 0, 0, NULL, CLI_RANKS_SAME},
+      {"hidden", CLI_STRING, &c->hidden, "N,N,...", "MLP hidden layer widths", NULL, 0, 0, &c->seen_hidden, CLI_RANKS_SAME},
+      {"channels", CLI_STRING, &c->channels, "C1,C2", "CNN conv channels (3x3, pad 1, each + ReLU + 2x2 max-pool)", NULL, 0, 0, &c->seen_channels, CLI_RANKS_SAME},
+      {"fc", CLI_POS_INT, &o->fc, "N", "CNN fully connected width", NULL, 1, TRAIN_MAX_WIDTH, &c->seen_fc, CLI_RANKS_SAME},
+      {"epochs", CLI_POS_INT, &o->epochs, "N", "passes over the training set", NULL, 1, 1e6, NULL, CLI_RANKS_SAME},
+      {"batch", CLI_POS_INT, &o->batch, "N", "samples per step (per rank)", NULL, 1, batch_max, NULL, CLI_RANKS_SAME},
+      {"optim", CLI_CHOICE, &o->optim, NULL, "optimizer (PyTorch's formulas)", "sgd|adam|adamw", 0, 0, NULL, CLI_RANKS_SAME},
+      {"lr", CLI_F32, &o->lr, "X", "peak learning rate", NULL, 0, FLT_MAX, NULL, CLI_RANKS_SAME},
+      {"schedule", CLI_CHOICE, &o->schedule, NULL, "learning-rate schedule over all the epochs' steps", "constant|warmup|cosine", 0, 0, NULL, CLI_RANKS_SAME},
+      {"warmup", CLI_INT, &o->warmup, "N", "linear warmup steps (warmup, cosine)", NULL, 0, steps_max, &c->seen_warmup, CLI_RANKS_SAME},
+      {"weight-decay", CLI_F32, &o->weight_decay, "X", "weight decay (AdamW decoupled, SGD/Adam L2)", NULL, 0, FLT_MAX, NULL, CLI_RANKS_SAME},
+      {"momentum", CLI_F32, &o->momentum, "X", "SGD momentum", NULL, 0, FLT_MAX, &c->seen_momentum, CLI_RANKS_SAME},
+      {"amp", CLI_CHOICE, &o->amp, NULL, "autocast: matmul/conv in bf16 or f16, f32 master weights", "off|bf16|f16", 0, 0, NULL, CLI_RANKS_SAME},
+      {"scaler", CLI_CHOICE, &o->scaler, NULL, "loss scaling (default dynamic for --amp f16, else off; static|dynamic also with bf16)", "dynamic|static|off", 0, 0, &c->seen_scaler, CLI_RANKS_SAME},
+      {"loss-scale", CLI_POS_DOUBLE, &o->loss_scale, "X", "static scale / dynamic initial scale", NULL, 0, 0, &c->seen_loss_scale, CLI_RANKS_SAME},
+      {"seed", CLI_INT, &o->seed, "N", "seed of the initial weights and the data order", NULL, 0, 0, NULL, CLI_RANKS_SAME},
+      {"init", CLI_STRING, &o->init, "FILE", "initial weights from a safetensors file, by PyTorch name", NULL, 0, 0, NULL, CLI_RANKS_CONTENTS},
+      {"no-shuffle", CLI_FLAG, &c->no_shuffle, NULL, "batches in file order", NULL, 0, 0, NULL, CLI_RANKS_SAME},
+      {"data", CLI_STRING, &o->data, "DIR", "MNIST-format dataset folder (default " LOOM_FASHION_MNIST_DIR ")", NULL, 0, 0, NULL, CLI_RANKS_SAME},
+      {"limit", CLI_INT, &o->limit, "N", "use only N training samples per epoch (whole batches) and N test samples; 0: all", NULL, 0, 4294967296.0, NULL, CLI_RANKS_SAME},
+      {"max-steps", CLI_INT, &o->max_steps, "N", "stop after N steps in all (as if interrupted); 0: no limit", NULL, 0, steps_max, NULL, CLI_RANKS_SAME},
+      {"metrics", CLI_STRING, &o->metrics, "FILE", "one JSON object per step (loss, lr, scale, overflow, samples/s, memory)", NULL, 0, 0, NULL, CLI_RANKS_LOCAL},
+      {"save", CLI_STRING, &o->save, "DIR", "write DIR/checkpoint.safetensors and DIR/model.safetensors after each epoch and at the end", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},
+      {"overwrite", CLI_FLAG, &c->overwrite, NULL, "let --save replace a checkpoint already in DIR (not needed with --resume DIR)", NULL, 0, 0, NULL, CLI_RANKS_SAME},
+      {"resume", CLI_STRING, &o->resume, "DIR", "continue from DIR/checkpoint.safetensors (same options)", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},
+      {"threads", CLI_INT, &o->threads, "N", "compute threads per rank (at most 4 per online CPU, 1024 in all); 0: OpenMP's default", NULL, 0, (double)LONG_MAX, NULL, CLI_RANKS_SAME},
+      {"eval-batch", CLI_POS_INT, &o->eval_batch, "N", "samples per evaluation batch", NULL, 1, batch_max, NULL, CLI_RANKS_SAME},
+      {"quiet", CLI_FLAG, &o->quiet, NULL, "print only the summary line", NULL, 0, 0, NULL, CLI_RANKS_LOCAL},
+      {"ranks", CLI_POS_INT, &o->ranks, "N", "data-parallel ranks (threads backend; each gets --batch samples of every step)", NULL, 1, TRAIN_MAX_RANKS, NULL, CLI_RANKS_SAME},
+      {"backend", CLI_CHOICE, &o->backend, NULL, "process groups: ranks as threads, or MPI processes (mpirun -n N loom train --backend mpi ...)", "threads|mpi", 0, 0, NULL, CLI_RANKS_SAME},
+      {"timeout", CLI_POS_DOUBLE, timeout, "SECONDS", "seconds a rank waits for its peers before it fails (LOOM_TIMEOUT sets the default)", NULL, 1e-3, 1e9, timeout_seen, CLI_RANKS_SAME},
+      {"strategy", CLI_CHOICE, &o->strategy, NULL, "data parallelism: none, DDP (bucketed all-reduce overlapped with backward) or FSDP (parameters, gradients and optimizer state sharded over the ranks)", "none|ddp|fsdp", 0, 0, NULL, CLI_RANKS_SAME},
+      {"wrap", CLI_CHOICE, &o->wrap, NULL, "FSDP units: each layer of the model, or layers grouped until --unit-min elements", "children|size", 0, 0, &c->seen_wrap, CLI_RANKS_SAME},
+      {"unit-min", CLI_POS_INT, &o->unit_min, "N", "FSDP --wrap size: parameter elements a unit reaches", NULL, 1, 1e15, &c->seen_unit_min, CLI_RANKS_SAME},
+      {"reshard-after-forward", CLI_CHOICE, &o->reshard, NULL, "FSDP: free each unit's gathered parameters after its forward (yes), or keep them until its backward (no: ZeRO-2)", "yes|no", 0, 0, &c->seen_reshard, CLI_RANKS_SAME},
+      {"gather-prefetch", CLI_INT, &o->gather_prefetch, "N", "FSDP: all-gathers issued ahead of the running unit", NULL, 0, 8, &c->seen_gather_prefetch, CLI_RANKS_SAME},
+      {"offload", CLI_STRING, &o->offload, "LIST", "FSDP: keep these shards out of the compute pool between uses: a comma list of params,grads,optim, or all, or none (results are bit-identical)", NULL, 0, 0, &c->seen_offload, CLI_RANKS_SAME},
+      {"offload-tier", CLI_CHOICE, &o->offload_tier, NULL, "FSDP --offload: where the offloaded bytes live: host memory, or one file per rank in --offload-dir", "host|disk", 0, 0, &c->seen_offload_tier, CLI_RANKS_SAME},
+      {"offload-dir", CLI_STRING, &o->offload_dir, "DIR", "FSDP --offload-tier disk: an existing folder for the offload files (removed at the end)", NULL, 0, 0, &c->seen_offload_dir, CLI_RANKS_LOCAL},
+      {"prefetch", CLI_INT, &o->prefetch, "N", "FSDP --offload: units whose offloaded bytes are brought back ahead of use (0: each waits when needed; host-tier parameters are read in place)", NULL, 0, 10, &c->seen_prefetch, CLI_RANKS_SAME},
       {0}};
   size_t n = 0;
   while (table[n].name && n + 1 < cap) {
@@ -188,6 +196,11 @@ int cmd_train(int argc, char **argv) {
   }
   loom_pg_cfg cfg;
   if (rc < 0 || train_opts_check(&o, &c) || train_par_cfg(&o, timeout_seen ? timeout : 0, &cfg)) return 2;
+  static train_fp_entry fp[TRAIN_CLI_MAX]; /* what every rank must share (one process: none) */
+  if (strcmp(o.strategy, "none") != 0 || strcmp(o.backend, "mpi") == 0) {
+    o.nranks_fp = train_cli_fingerprint(table, fp, TRAIN_CLI_MAX);
+    o.ranks_fp = fp;
+  }
   train_signal_install();
   if (strcmp(o.backend, "mpi") == 0) return run_mpi(&o, c.overwrite, &cfg);
   int code = train_save_check(&o, c.overwrite);

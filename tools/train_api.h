@@ -57,6 +57,9 @@ typedef struct train_opts {
   const char *offload_tier;            /* "host" or "disk" */
   const char *offload_dir;             /* the disk tier's folder */
   long prefetch;                       /* units brought back ahead of use, 0..10 */
+  /* the command line's fingerprint (train_cli_fingerprint), which every rank must share */
+  const struct train_fp_entry *ranks_fp;
+  int nranks_fp;
 } train_opts;
 
 /* Train as the options say. pg == NULL: one process. Returns a loom status; on failure
@@ -110,7 +113,7 @@ void train_model_describe(const train_model *m, const train_opts *o, char *buf, 
 
 /* The data-parallel side of a run (train_par.c). pg NULL: one process, every call a no-op.
  * Otherwise create first compares the options of every rank (train_ckpt_fingerprint and
- * --max-steps; LOOM_EINVAL on every rank, naming the option, a rank that differs from rank
+ * o->ranks_fp: every option of the command line but the rank-local ones; LOOM_EINVAL on every rank, naming the option, a rank that differs from rank
  * 0 and both values), then, with --strategy ddp, the parameters are wrapped by DDP, which
  * points each one's gradient at a view of its bucket: take gradients from
  * loom_tensor_grad(param) after create, never from the module's gradient arena. */

@@ -11,6 +11,7 @@
  * and moments must be finite (exp_avg_sq >= 0). Nothing else is needed to resume bit for bit:
  * the data order is a function of (seed, epoch, batch index) and the learning rate of the step
  * index. */
+#include "cli.h"
 #include "train_api.h"
 
 #include <errno.h>
@@ -71,11 +72,8 @@ static const char *shown(const char *key, const char *value, char *buf, size_t n
   char *end;
   double v = strtod(value, &end);
   if (end == value || *end) return value;
-  for (int digits = 1; digits <= 17; digits++) {
-    snprintf(buf, n, "%.*g", digits, v);
-    if (strtod(buf, NULL) == v) return buf;
-  }
-  return value;
+  cli_number_text(v, buf, n);
+  return buf;
 }
 
 /* The fingerprint for others (train_par.c compares it across ranks). */

@@ -1,11 +1,16 @@
 /* train_opts.c: the checks of `loom train`'s options that one value alone cannot make (see
  * train_opts.h): size lists, options that contradict each other or do nothing in this run,
  * bounds that depend on other options or on the machine, and the --save and --offload-dir
- * folders, tried before the first step instead of after the first epoch. */
+ * folders, tried before the first step instead of after the first epoch; and the ranks'
+ * fingerprint of the command line (every option of the table but the rank-local ones, --init
+ * by a digest of its file's bytes). */
 #include "train_opts.h"
+
+#include <loom/rng.h>
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -246,4 +251,80 @@ int train_offload_dir_check(const train_opts *o) {
     return 1;
   }
   return access(d, W_OK | X_OK) != 0 ? cannot("offload-dir", d, "cannot write in the folder") : 0;
+}
+
+/* ---- the ranks' fingerprint ---------------------------------------------------------------- */
+
+/* The one digest of the ranks' fingerprint: the library's public mixer (loom_rng_hash) over
+ * n bytes taken as 8-byte words numbered from word (so a file digests block by block), from h
+ * (the length), so equal bytes give equal digests on every rank. */
+static uint64_t digest_bytes(const unsigned char *p, size_t n, uint64_t word, uint64_t h) {
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t w = 0;
+    memcpy(&w, p + i, n - i < 8 ? n - i : 8);
+    h = loom_rng_hash(h ^ w, word + i / 8);
+  }
+  return h;
+}
+
+/* The digest of a regular file's bytes (read in blocks) as "bytes N, digest HEX", or
+ * "unreadable" (then the run fails where the file is read, with that message); opened without
+ * blocking, so a FIFO is never waited on. */
+static void digest_file(const char *path, char *buf, size_t cap) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fd >= 0) close(fd);
+    snprintf(buf, cap, "unreadable");
+    return;
+  }
+  static unsigned char block[1 << 16]; /* a multiple of 8: the words line up across blocks */
+  uint64_t h = (uint64_t)st.st_size, total = 0;
+  ssize_t got = 1;
+  while (got > 0) {
+    size_t have = 0; /* a whole block before it is digested: the same words whatever the reads */
+    while (have < sizeof block && (got = read(fd, block + have, sizeof block - have)) != 0)
+      if (got > 0) have += (size_t)got;
+      else if (errno != EINTR) break;
+    h = digest_bytes(block, have, total / 8, h);
+    total += have;
+  }
+  bool bad = got < 0;
+  close(fd);
+  if (bad) snprintf(buf, cap, "unreadable");
+  else snprintf(buf, cap, "bytes %llu, digest %016llx", (unsigned long long)total,
+                (unsigned long long)h);
+}
+
+int train_cli_fingerprint(const cli_option *table, train_fp_entry *out, int cap) {
+  int n = 0;
+  for (const cli_option *t = table; t->name && n < cap; t++) {
+    if (t->ranks == CLI_RANKS_LOCAL) continue;
+    train_fp_entry *e = &out[n++];
+    char text[PATH_MAX + 32];
+    cli_value_text(t, text, sizeof text);
+    bool given = t->kind == CLI_FLAG ? strcmp(text, "yes") == 0 : text[0] != '\0';
+    if (t->kind == CLI_FLAG) {
+      snprintf(e->value, sizeof e->value, "%s", text);
+      snprintf(e->shown, sizeof e->shown, "%s--%s", given ? "" : "no ", t->name);
+    } else if (!given) { /* value "": a given string is never empty (cli_parse) */
+      e->value[0] = '\0';
+      snprintf(e->shown, sizeof e->shown, "no --%s", t->name);
+    } else if (t->ranks == CLI_RANKS_PRESENCE) {
+      snprintf(e->value, sizeof e->value, "given");
+      snprintf(e->shown, sizeof e->shown, "--%s %.120s", t->name, text);
+    } else if (t->ranks == CLI_RANKS_CONTENTS) {
+      digest_file(text, e->value, sizeof e->value);
+      snprintf(e->shown, sizeof e->shown, "--%s %.60s (%.40s)", t->name, text, e->value);
+    } else {
+      size_t len = strlen(text);
+      if (len < sizeof e->value)
+        snprintf(e->value, sizeof e->value, "%s", text);
+      else
+        snprintf(e->value, sizeof e->value, "%zu bytes, digest %016llx", len,
+                 (unsigned long long)digest_bytes((const unsigned char *)text, len, 0, len));
+      snprintf(e->shown, sizeof e->shown, "--%s %.140s", t->name, text);
+    }
+  }
+  return n;
 }

@@ -1,8 +1,8 @@
 /* train_opts.h: the checks of `loom train`'s options that go beyond one value (train_opts.c):
  * the size lists, options that contradict each other or would do nothing in this run, bounds
  * that depend on other options or on the machine, folder names, and the --save and
- * --offload-dir folders before a run starts. Each failure prints one message naming the option
- * ("loom train: --hidden: ...") to stderr. */
+ * --offload-dir folders before a run starts, and the fingerprint the ranks of a run compare.
+ * Each failure prints one message naming the option ("loom train: --hidden: ...") to stderr. */
 #ifndef LOOM_TOOLS_TRAIN_OPTS_H
 #define LOOM_TOOLS_TRAIN_OPTS_H
 
@@ -31,6 +31,14 @@ typedef struct train_cmdline {
 void train_cli_defaults(train_opts *o, train_cmdline *c);
 size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *timeout_seen,
                        cli_option *out, size_t cap);
+
+/* The run's fingerprint for its ranks (train_par.c compares it, on every rank, before the
+ * first step): one entry per option of table (ending with a zeroed entry) not marked
+ * CLI_RANKS_LOCAL, in table order, into out[0..cap): the value compared ("0.001"; "given" for
+ * an option compared by presence; a digest of the named file's bytes, or of a text too long
+ * for an entry) and the option as a user reads it ("--lr 0.001", "no --save", "--no-shuffle").
+ * Returns the number of entries. */
+int train_cli_fingerprint(const cli_option *table, train_fp_entry *out, int cap);
 
 /* The largest --batch and --eval-batch. */
 #define TRAIN_MAX_BATCH (1L << 24)

@@ -74,19 +74,21 @@ static int agree(loom_pg *pg, const agree_entry *e, int n, const char *hint) {
   return rc;
 }
 
-/* The resume fingerprint and --max-steps. */
+/* The resume fingerprint (the model as built, whatever the spelling of its sizes), then the
+ * command line's (o->ranks_fp: every option but the rank-local ones). */
 static int agree_options(loom_pg *pg, const train_opts *o, const train_model *m) {
   train_fp_entry fp[TRAIN_FP_MAX];
-  agree_entry e[TRAIN_FP_MAX + 1];
-  memset(e, 0, sizeof e);
-  int n = train_ckpt_fingerprint(o, m, fp);
+  int nfp = train_ckpt_fingerprint(o, m, fp), n = nfp + o->nranks_fp;
+  agree_entry *e = calloc((size_t)n, sizeof *e);
+  if (!e) return train_fail(LOOM_ENOMEM, "train: out of memory");
   for (int i = 0; i < n; i++) {
-    memcpy(e[i].value, fp[i].value, sizeof e[i].value);
-    snprintf(e[i].text, sizeof e[i].text, "has %s", fp[i].shown);
+    const train_fp_entry *f = i < nfp ? &fp[i] : &o->ranks_fp[i - nfp];
+    memcpy(e[i].value, f->value, sizeof e[i].value);
+    snprintf(e[i].text, sizeof e[i].text, "has %s", f->shown);
   }
-  snprintf(e[n].value, sizeof e[n].value, "%ld", o->max_steps);
-  snprintf(e[n++].text, sizeof e[0].text, "has --max-steps %ld", o->max_steps);
-  return agree(pg, e, n, "every rank must be started with the same options");
+  int rc = agree(pg, e, n, "every rank must be started with the same options");
+  free(e);
+  return rc;
 }
 
 int train_par_check_start(train_par *p, int64_t steps_per_epoch, int64_t step) {

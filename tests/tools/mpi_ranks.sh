@@ -3,8 +3,13 @@
 # stalls (issue 13), through the real binary, each case bounded in time:
 #   mismatch OPTION V0 V1  rank 1 started with --OPTION V1, rank 0 with V0: every rank fails at
 #                          start, naming the option and both values; the job exits non-zero
+#   only OPTION            rank 1 alone started with --OPTION (save: a folder; init: a model
+#                          file of a first run): every rank fails at start, naming it
+#   init-differ            the ranks' --init files hold different models (seeds 1 and 2):
+#                          every rank fails at start, naming --init and both files
 #   resume                 only rank 0 resumes from a checkpoint: every rank fails at start,
-#                          naming both start steps
+#                          naming --resume; ranks resuming from checkpoints of different steps
+#                          fail at start, naming both start steps
 #   stall                  rank 1 stopped (kill -STOP) mid-run, --timeout 3: rank 0 names rank
 #                          1 on stderr (the notice of a long wait, then the error), the job
 #                          exits non-zero within the timeout plus a margin, no hang
@@ -45,19 +50,53 @@ mismatch)
   grep -q "loom train: rank [01]: the ranks disagree: $want" "$dir/err" || fail "no '$want'"
   grep -q "test accuracy" "$dir/out" && fail "trained anyway"
   ;;
+only | init-differ)
+  run="$common --limit 512 --epochs 1 --quiet"
+  for seed in 1 2; do
+    timeout 120 "$loom" train --hidden 16 --threads 1 --limit 512 --epochs 1 --quiet \
+      --seed $seed --save "$dir/m$seed" >"$dir/out" 2>"$dir/err" || fail "the first run failed"
+  done
+  if [ "$case" = only ]; then
+    opt=$1 v0=""
+    if [ "$opt" = init ]; then v1="$dir/m1/model.safetensors"; else v1="$dir/ck"; fi
+    want="rank 1 has --$opt $v1.*, rank 0 has no --$opt"
+  else
+    opt=init v0="--init $dir/m1/model.safetensors" v1="$dir/m2/model.safetensors"
+    want="rank 1 has --init $v1 (bytes .*), rank 0 has $v0 (bytes "
+  fi
+  # shellcheck disable=SC2086
+  timeout 120 "$mpiexec" $flags $np 1 "$loom" $run $v0 : $np 1 "$loom" $run --$opt "$v1" \
+    >"$dir/out" 2>"$dir/err"
+  rc=$?
+  [ $rc -ne 0 ] || fail "exit 0 with --$opt $v1 on rank 1 ($v0 on rank 0)"
+  [ $rc -ne 124 ] || fail "no end within 120 s"
+  grep -q "loom train: rank [01]: the ranks disagree: $want" "$dir/err" || fail "no '$want'"
+  grep -q "test accuracy" "$dir/out" && fail "trained anyway"
+  ;;
 resume)
-  # a checkpoint at step 2, then only rank 0 resumes from it
+  # checkpoints at steps 2 and 3; then only rank 0 resumes (refused by the option), then the
+  # ranks resume from different checkpoints (refused by the start step, once read)
   run="$common --limit 512 --batch 64 --epochs 2 --quiet"
+  for s in 2 3; do
+    # shellcheck disable=SC2086
+    timeout 120 "$mpiexec" $flags $np 2 "$loom" $run --max-steps $s --save "$dir/ck$s" \
+      >"$dir/out" 2>"$dir/err" || fail "the first run failed"
+  done
   # shellcheck disable=SC2086
-  timeout 120 "$mpiexec" $flags $np 2 "$loom" $run --max-steps 2 --save "$dir/ck" \
-    >"$dir/out" 2>"$dir/err" || fail "the first run failed"
-  # shellcheck disable=SC2086
-  timeout 120 "$mpiexec" $flags $np 1 "$loom" $run --resume "$dir/ck" --save "$dir/ck" : \
+  timeout 120 "$mpiexec" $flags $np 1 "$loom" $run --resume "$dir/ck2" : \
     $np 1 "$loom" $run >"$dir/out" 2>"$dir/err"
   rc=$?
   [ $rc -ne 0 ] || fail "exit 0 with --resume on rank 0 only"
   [ $rc -ne 124 ] || fail "no end within 120 s"
-  grep -q "the ranks disagree: rank 1 starts at step 0, rank 0 starts at step 2" "$dir/err" ||
+  grep -q "the ranks disagree: rank 1 has no --resume, rank 0 has --resume $dir/ck2" "$dir/err" ||
+    fail "no message naming --resume"
+  # shellcheck disable=SC2086
+  timeout 120 "$mpiexec" $flags $np 1 "$loom" $run --resume "$dir/ck2" : \
+    $np 1 "$loom" $run --resume "$dir/ck3" >"$dir/out" 2>"$dir/err"
+  rc=$?
+  [ $rc -ne 0 ] || fail "exit 0 with ranks resuming from different steps"
+  [ $rc -ne 124 ] || fail "no end within 120 s"
+  grep -q "the ranks disagree: rank 1 starts at step 3, rank 0 starts at step 2" "$dir/err" ||
     fail "no message naming the start steps"
   ;;
 stall)

@@ -15,14 +15,14 @@ typedef struct opts {
 
 static opts o;
 static const cli_option table[] = {
-    {"epochs", CLI_POS_INT, &o.epochs, "N", "epochs to train", NULL, 0, 0, NULL},
-    {"seed", CLI_INT, &o.seed, "N", "random seed", NULL, 0, 0, NULL},
-    {"lr", CLI_POS_DOUBLE, &o.lr, "X", "learning rate", NULL, 0, 0, &o.seen_lr},
-    {"amp", CLI_CHOICE, &o.amp, NULL, "autocast dtype", "off|bf16|f16", 0, 0, NULL},
-    {"save", CLI_STRING, &o.save, "DIR", "checkpoint folder", NULL, 0, 0, &o.seen_save},
-    {"no-shuffle", CLI_FLAG, &o.no_shuffle, NULL, "batches in file order", NULL, 0, 0, NULL},
-    {"limit", CLI_INT, &o.limit, "N", "samples", NULL, 0, 1000, NULL},
-    {"wd", CLI_F32, &o.wd, "X", "weight decay", NULL, 0, 10, NULL},
+    {"epochs", CLI_POS_INT, &o.epochs, "N", "epochs to train", NULL, 0, 0, NULL, CLI_RANKS_SAME},
+    {"seed", CLI_INT, &o.seed, "N", "random seed", NULL, 0, 0, NULL, CLI_RANKS_SAME},
+    {"lr", CLI_POS_DOUBLE, &o.lr, "X", "learning rate", NULL, 0, 0, &o.seen_lr, CLI_RANKS_SAME},
+    {"amp", CLI_CHOICE, &o.amp, NULL, "autocast dtype", "off|bf16|f16", 0, 0, NULL, CLI_RANKS_SAME},
+    {"save", CLI_STRING, &o.save, "DIR", "checkpoint folder", NULL, 0, 0, &o.seen_save, CLI_RANKS_SAME},
+    {"no-shuffle", CLI_FLAG, &o.no_shuffle, NULL, "batches in file order", NULL, 0, 0, NULL, CLI_RANKS_SAME},
+    {"limit", CLI_INT, &o.limit, "N", "samples", NULL, 0, 1000, NULL, CLI_RANKS_SAME},
+    {"wd", CLI_F32, &o.wd, "X", "weight decay", NULL, 0, 10, NULL, CLI_RANKS_SAME},
     {0}};
 
 static int parse(int argc, char **argv, const char *expect_in_stderr) {

@@ -3,7 +3,8 @@
  * order: 1e-4 after 8 AdamW steps, whose updates are ~lr = 1e-3 each, so a wrong average
  * would show), the metrics carry the DDP statistics, f16 autocast with dynamic scaling runs
  * under DDP, and the data-parallel options (--timeout, LOOM_TIMEOUT) are checked. (Ranks that
- * disagree or stall are MPI processes: tests/tools/mpi_ranks.sh.) */
+ * disagree: test_train_ranks.c, and as MPI processes, with ranks that stall,
+ * tests/tools/mpi_ranks.sh.) */
 #include "lt.h"
 #include "train_test.h"
 
