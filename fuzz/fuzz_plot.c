@@ -14,38 +14,18 @@
 #include <string.h>
 #include <strings.h>
 
+#include "svg_coords.h"
+
 static void check_svg(const char *s) {
-  static const char *const attrs[] = {" x=\"", " y=\"", " x1=\"", " y1=\"", " x2=\"", " y2=\"",
-                                      " width=\"", " height=\"", " points=\"", " d=\"",
-                                      " transform=\""};
   if (strcasestr(s, "nan") || strcasestr(s, "inf")) {
     fprintf(stderr, "fuzz_plot: a non-finite number in the SVG\n");
     abort();
   }
-  for (size_t a = 0; a < sizeof attrs / sizeof *attrs; a++)
-    for (const char *p = s; (p = strstr(p, attrs[a])); p++) {
-      const char *v = p + strlen(attrs[a]), *e = strchr(v, '"');
-      if (!e) abort();
-      if (!strncmp(v, "100%\"", 5)) continue;
-      for (const char *c = v; c < e;) {
-        if (!strncmp(c, "translate", 9)) {
-          c += 9;
-          continue;
-        }
-        if (strchr("Mlm(), ", *c)) {
-          c++;
-          continue;
-        }
-        char *end;
-        double x = strtod(c, &end);
-        if (end == c || end > e || !isfinite(x) || fabs(x) > 1e7) {
-          fprintf(stderr, "fuzz_plot: attribute%s%.*s\" is not finite coordinates\n", attrs[a],
-                  (int)(e - v > 80 ? 80 : e - v), v);
-          abort();
-        }
-        c = end;
-      }
-    }
+  const char *bad = svg_coords_problem(s);
+  if (bad) {
+    fprintf(stderr, "fuzz_plot: %s\n", bad);
+    abort();
+  }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

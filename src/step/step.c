@@ -67,11 +67,11 @@ static int check_segments(loom_step *st) {
   for (size_t i = 0; i < st->nseg; i++) {
     loom_param_seg s;
     if ((rc = loom_optim_segment(o, i, &s))) return rc;
-    bool ok = s.n == 0;
+    bool ok;
     if (st->cfg.fsdp) ok = s.n == fsegs[i].n && s.grad == fsegs[i].grad;
-    else if (!ok && !(ok = inside(s.grad, s.n, arena)))
-      for (size_t k = 0; k < st->nparams && !ok; k++)
-        ok = inside(s.grad, s.n, loom_tensor_grad(st->params[k]));
+    else ok = s.n == 0 || inside(s.grad, s.n, arena);
+    for (size_t k = 0; k < st->nparams && !ok; k++) /* no strategy, DDP: or one parameter's */
+      ok = inside(s.grad, s.n, loom_tensor_grad(st->params[k]));
     if (!ok)
       return loom__fail(LOOM_EMISUSE, "%s: optimizer segment %zu (%s) does not read the %s; it "
                         "would step on values backward never writes", who, i,

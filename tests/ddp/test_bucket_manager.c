@@ -2,6 +2,8 @@
  * asynchronous reduce, is-reduced, copy back, the all-buckets forms, index-of and info, with
  * every rank's gradients checked against a sequential reduction; and its bad-argument errors. */
 #include "lt.h"
+
+#include <string.h>
 #include "loom/ddp.h"
 #include "core/core_int.h"
 
@@ -107,6 +109,13 @@ static int info_fn(loom_pg *pg, void *arg) {
   if (!rc && loom_bucket_manager_index_of(m, other, &idx) != LOOM_ENOTFOUND)
     rc = loom__fail(LOOM_EINVAL, "index_of found a tensor it does not hold");
   if (!rc && loom_bucket_prepare(m, 2) != LOOM_EINVAL) rc = loom__fail(LOOM_EINVAL, "bucket 2 exists?");
+  bool reduced = true;
+  if (!rc && (loom_bucket_test(m, 2, &reduced) != LOOM_EINVAL || !strstr(loom_last_error(), "out of range")))
+    rc = loom__fail(LOOM_EINVAL, "loom_bucket_test took bucket 2");
+  if (!rc && (loom_bucket_test(m, 0, NULL) != LOOM_EINVAL || !strstr(loom_last_error(), "reduced is NULL")))
+    rc = loom__fail(LOOM_EINVAL, "loom_bucket_test took a NULL flag");
+  if (!rc && (loom_bucket_test(m, 0, &reduced) != LOOM_OK || !reduced)) /* none started yet */
+    rc = loom__fail(LOOM_EINVAL, "loom_bucket_test: a bucket never reduced is not 'reduced'");
   loom_bucket_manager_free(m);
   for (int k = 0; k < 3; k++) loom_tensor_free(g[k]);
   loom_tensor_free(other);
@@ -119,6 +128,11 @@ LT_TEST(bucket_manager_info_index_and_errors) {
   LT_ERR(loom_bucket_manager_create(NULL, NULL, 0, NULL, &m), LOOM_EINVAL, "process group is NULL");
   LT_TRUE(m == NULL);
   LT_ERR(loom_bucket_prepare(NULL, 0), LOOM_EINVAL, "manager is NULL");
+  bool reduced;
+  LT_ERR(loom_bucket_test(NULL, 0, &reduced), LOOM_EINVAL, "manager is NULL");
+  const loom_param_seg *segs;
+  size_t nseg;
+  LT_ERR(loom_ddp_segments(NULL, &segs, &nseg), LOOM_EINVAL, "NULL argument");
   LT_EQ(loom_bucket_manager_count(NULL), 0);
   loom_bucket_manager_free(NULL);
 }

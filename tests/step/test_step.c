@@ -260,6 +260,12 @@ LT_TEST(step_refuses_an_optimizer_that_does_not_read_its_gradients) {
   c.clip = false;
   c.module = NULL;
   LT_ERR(loom_step_create(&c, &st), LOOM_EINVAL, "module is NULL");
+  loom_param_seg got;
+  LT_OK(loom_optim_segment(opt, 0, &got));
+  LT_TRUE(got.grad == g && got.n == n && !strcmp(got.name, "elsewhere"));
+  LT_ERR(loom_optim_segment(opt, 1, &got), LOOM_EINVAL, "segment 1 out of range (1 segments)");
+  LT_ERR(loom_optim_segment(opt, 0, NULL), LOOM_EINVAL, "out is NULL");
+  LT_ERR(loom_step_apply(NULL, NULL), LOOM_EINVAL, "step is NULL");
   loom_optim_free(opt);
   loom_module_free(m);
   free(w);
