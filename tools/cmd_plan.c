@@ -38,10 +38,11 @@ static double parse_size(const char *s) {
   return -1;
 }
 
-static void plan_of(const train_opts *o, plan_result *r) {
-  loom_dtype dt = LOOM_F32;
-  if (strcmp(o->amp, "off") != 0) loom_dtype_parse(o->amp, &dt);
-  train_plan(o, loom_ops_native_dtype(dt), r);
+/* The plan, or -1 after the message (a run of these options would fail as it says). */
+static int plan_of(const train_opts *o, plan_result *r) {
+  if (!train_plan(o, r)) return 0;
+  fprintf(stderr, "loom plan: %s\n", train_last_error());
+  return -1;
 }
 
 /* What --fit searches: the batch, or one width for every hidden layer (the CNN's --fc). */
@@ -56,7 +57,8 @@ static void set_knob(train_opts *o, bool batch, long v) {
 
 /* The largest value in [1, hi] whose plan's peak is at most limit (0: none), by bisection: the
  * peak grows with the batch and the width (with --wrap size it can dip where a layer crosses
- * --unit-min, so the answer fits but a larger one might too). o is left as it was. */
+ * --unit-min, so the answer fits but a larger one might too). A value whose run would fail
+ * (a batch larger than an epoch) counts as not fitting. o is left as it was. */
 static long largest_fit(train_opts *o, bool batch, long hi, double limit) {
   train_opts keep = *o;
   long lo = 0;
@@ -64,8 +66,7 @@ static long largest_fit(train_opts *o, bool batch, long hi, double limit) {
   while (lo < hi) {
     long mid = lo + (hi - lo + 1) / 2;
     set_knob(o, batch, mid);
-    plan_of(o, &r);
-    if ((double)r.peak <= limit) lo = mid;
+    if (!train_plan(o, &r) && (double)r.peak <= limit) lo = mid;
     else hi = mid - 1;
   }
   *o = keep;
@@ -107,7 +108,7 @@ int cmd_plan(int argc, char **argv) {
   }
   plan_result r;
   if (!fit_memory) {
-    plan_of(&o, &r);
+    if (plan_of(&o, &r)) return 1;
     if (json) train_plan_print_json(stdout, &o, &r);
     else train_plan_print(stdout, &o, &r);
     return 0;
@@ -119,7 +120,7 @@ int cmd_plan(int argc, char **argv) {
   long best = hi > 0 ? largest_fit(&o, by_batch, hi, limit) : 0;
   if (best > 0) {
     set_knob(&o, by_batch, best);
-    plan_of(&o, &r);
+    if (plan_of(&o, &r)) return 1;
   }
   const char *what = by_batch ? "--batch" : strcmp(o.model, "cnn") == 0 ? "--fc" : "hidden width";
   if (json) {

@@ -66,6 +66,38 @@ typedef struct train_opts {
  * train_last_error() says why. */
 int train_run(const train_opts *o, loom_pg *pg);
 
+/* A dry run of the same options (loom's dry run, loom/alloc.h: every allocation made, no
+ * kernel run, no data read, nothing printed or written): setup, two training steps and one
+ * evaluation batch, with this rank's compute-pool peak in each (its account's with ranks as
+ * threads, the process's alone). `loom plan` (train_plan.c) is built on it; call with the dry
+ * run on. */
+/* What the trainer tags its allocations with (loom_mem_set_tag), by phase. */
+typedef enum train_tag {
+  TRAIN_TAG_OTHER = 0,  /* untagged: helper threads, anything outside the phases */
+  TRAIN_TAG_MODEL,      /* building: parameters, gradients, DDP's buckets, FSDP's shards */
+  TRAIN_TAG_OPTIM,      /* the optimizer's state */
+  TRAIN_TAG_BATCH,      /* the input batch and labels */
+  TRAIN_TAG_FORWARD,    /* forward: activations saved for backward, autocast's casts, gathers */
+  TRAIN_TAG_BACKWARD,   /* backward: gradients in flight, reductions, workspace */
+  TRAIN_TAG_UPDATE,     /* unscale, clipping, the optimizer step */
+  TRAIN_TAG_EVAL,       /* evaluation batches */
+  TRAIN_TAGS
+} train_tag;
+_Static_assert(TRAIN_TAGS <= LOOM_MEM_TAGS, "a loom memory tag per phase");
+
+typedef struct train_dry_phase {
+  size_t peak;               /* compute-pool peak, bytes */
+  size_t tag[LOOM_MEM_TAGS]; /* bytes live at the peak, by train_tag */
+} train_dry_phase;
+
+typedef struct train_dry_result {
+  train_dry_phase build, train, eval;
+  size_t params;             /* parameters of the model */
+  size_t host_bytes, file_bytes; /* FSDP offload: this rank's host and file pools after the
+                                  * steps: what offload keeps */
+} train_dry_result;
+int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r);
+
 /* ---- errors ---------------------------------------------------------------------------- */
 
 /* Record a failure message for this thread (printf-style) and return code. */

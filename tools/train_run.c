@@ -39,6 +39,7 @@ typedef struct trainer {
   double accuracy;  /* test accuracy after the last evaluation, % */
   size_t setup_peak; /* ranks as threads: this rank's compute peak while building (then reset) */
   bool evaluated;
+  bool dry; /* train_run_dry: loom's dry run, batches of zeros, no data read (train_plan.c) */
 } trainer;
 
 #define TRY(call, what)                                                                       \
@@ -49,8 +50,31 @@ typedef struct trainer {
 
 /* ---- setup ------------------------------------------------------------------------------ */
 
+/* A dry run's data: no file is read; an epoch of --limit samples (else Fashion-MNIST's 60000
+ * and 10000), batches made by dry_batch. */
+static void dry_data(trainer *t) {
+  const train_opts *o = t->o;
+  int64_t g = o->batch * t->nranks, n = o->limit > 0 && o->limit < 60000 ? o->limit : 60000;
+  t->st.steps_per_epoch = n / g > 0 ? n / g : 1;
+  t->test_n = o->limit > 0 && o->limit < 10000 ? (size_t)o->limit : 10000;
+}
+
+/* What loom_loader_batch makes for `rows` samples: the images (flat for the MLP) and labels. */
+static int dry_batch(trainer *t, int64_t rows, loom_tensor **x, loom_tensor **y) {
+  int64_t flat[2] = {rows, LOOM_MNIST_SIDE * LOOM_MNIST_SIDE};
+  int64_t img[4] = {rows, 1, LOOM_MNIST_SIDE, LOOM_MNIST_SIDE};
+  int rc = train_model_flat_input(&t->model) ? loom_tensor_empty(LOOM_F32, 2, flat, x)
+                                             : loom_tensor_empty(LOOM_F32, 4, img, x);
+  if (!rc) rc = loom_tensor_empty(LOOM_I64, 1, &rows, y);
+  return rc;
+}
+
 static int load_data(trainer *t) {
   const train_opts *o = t->o;
+  if (t->dry) {
+    dry_data(t);
+    return LOOM_OK;
+  }
   const char *where = o->data ? o->data : LOOM_FASHION_MNIST_DIR;
   char what[4200];
   snprintf(what, sizeof what, "loading the data from %s%s", where,
@@ -209,7 +233,10 @@ static int diverged(int64_t s, double loss, const char *when) {
 static int step(trainer *t, double *loss_value, loom_step_result *res) {
   int64_t s = t->st.step, spe = t->st.steps_per_epoch;
   loom_tensor *x = NULL, *y = NULL, *loss = NULL;
-  int rc = loom_loader_batch(t->loader, (uint64_t)(s / spe), (size_t)(s % spe), &x, &y);
+  loom_mem_set_tag(TRAIN_TAG_BATCH);
+  int rc = t->dry ? dry_batch(t, t->o->batch * t->nranks, &x, &y)
+                  : loom_loader_batch(t->loader, (uint64_t)(s / spe), (size_t)(s % spe), &x, &y);
+  loom_mem_set_tag(TRAIN_TAG_FORWARD);
   if (rc) return train_fail_loom(rc, "the training data");
   rc = shard(t, &x, &y);
   if (!rc) rc = loom_step_zero_grad(t->step);
@@ -218,8 +245,10 @@ static int step(trainer *t, double *loss_value, loom_step_result *res) {
   loom_tensor_free(x);
   loom_tensor_free(y);
   if (!rc) rc = loom_tensor_item(loss, loss_value);
+  loom_mem_set_tag(TRAIN_TAG_BACKWARD);
   if (!rc && (rc = loom_step_backward(t->step, loss))) train_fail_loom(rc, "backward");
   loom_tensor_free(loss);
+  loom_mem_set_tag(TRAIN_TAG_UPDATE);
   if (rc) return rc;
   /* The tool's check between backward and the update, one flag over the ranks per step: a
    * non-finite loss or SIGINT / SIGTERM on any rank. Only when it is up does a second exchange
@@ -237,6 +266,7 @@ static int step(trainer *t, double *loss_value, loom_step_result *res) {
   if (stop && !scales_loss(t)) return diverged(s, *loss_value, "before the update");
   TRY(loom_optim_set_lr(t->opt, loom_lr_at(&t->sched, s)), "learning rate");
   TRY(loom_step_apply(t->step, res), "optimizer step");
+  loom_mem_set_tag(TRAIN_TAG_OTHER);
   if (stop && !res->skipped) return diverged(s, *loss_value, "after the update");
   t->overflows += res->skipped;
   t->st.step++;
@@ -264,15 +294,18 @@ static int count_correct(loom_tensor *logits, loom_tensor *y, size_t n, size_t *
 }
 
 static int evaluate(trainer *t, double *accuracy) {
-  size_t correct = 0, done = 0, nb = loom_loader_batches(t->test_loader);
+  size_t correct = 0, done = 0, nb = t->dry ? 1 : loom_loader_batches(t->test_loader);
   int rc = LOOM_OK;
   loom_autocast_token tok = {0};
+  loom_mem_set_tag(TRAIN_TAG_EVAL);
   loom_no_grad_enter();
   loom_module_set_training(t->model.root, false);
   rc = loom_autocast_enter(t->amp, NULL, &tok);
   for (size_t b = 0; b < nb && done < t->test_n && !rc; b++) {
     loom_tensor *x = NULL, *y = NULL, *logits = NULL;
-    rc = loom_loader_batch(t->test_loader, 0, b, &x, &y);
+    rc = t->dry ? dry_batch(t, (int64_t)(t->test_n < (size_t)t->o->eval_batch ? t->test_n
+                                          : (size_t)t->o->eval_batch), &x, &y)
+                : loom_loader_batch(t->test_loader, 0, b, &x, &y);
     if (!rc) rc = train_model_forward(&t->model, x, &logits);
     if (!rc) rc = count_correct(logits, y, t->test_n - done, &correct);
     if (!rc) done += (size_t)loom_tensor_dim(x, 0);
@@ -284,6 +317,7 @@ static int evaluate(trainer *t, double *accuracy) {
   if (tok.owner) loom_autocast_exit(&tok);
   loom_module_set_training(t->model.root, true);
   loom_no_grad_exit();
+  loom_mem_set_tag(TRAIN_TAG_OTHER);
   *accuracy = 100.0 * (double)correct / (double)(t->test_n ? t->test_n : 1);
   return rc;
 }
@@ -398,8 +432,9 @@ static void teardown(trainer *t) {
 
 static int setup(trainer *t, loom_pg *pg) {
   const train_opts *o = t->o;
+  loom_mem_set_tag(TRAIN_TAG_MODEL);
   int rc = train_model_create(o, &t->model);
-  if (!rc && o->init) rc = train_model_load(&t->model, o->init);
+  if (!rc && o->init && !t->dry) rc = train_model_load(&t->model, o->init);
   if (!rc) rc = train_par_create(pg, o, &t->model, &t->par);
   if (rc) return rc;
   t->fsdp = train_par_fsdp(t->par);
@@ -409,17 +444,20 @@ static int setup(trainer *t, loom_pg *pg) {
   if (rc) return rc;
   t->total_steps = o->epochs * t->st.steps_per_epoch;
   t->stop_step = o->max_steps > 0 && o->max_steps < t->total_steps ? o->max_steps : t->total_steps;
+  loom_mem_set_tag(TRAIN_TAG_OPTIM);
   rc = make_optimizer(t);
+  loom_mem_set_tag(TRAIN_TAG_MODEL);
   if (!rc) rc = make_scaler(t);
   if (!rc) rc = make_step(t);
   if (!rc && loom_autocast_mode_parse(o->amp, &t->amp))
     rc = train_fail(LOOM_EINVAL, "--amp: unknown mode '%s'", o->amp);
-  if (!rc && o->resume)
+  if (!rc && o->resume && !t->dry)
     rc = t->fsdp ? train_ckpt_load_fsdp(o->resume, o, &t->model, t->fsdp, t->opt, &t->st)
                  : train_ckpt_load(o->resume, o, &t->model, t->opt, loom_step_scaler(t->step),
                                    &t->st);
   if (!rc) rc = train_par_check_start(t->par, t->st.steps_per_epoch, t->st.step);
-  if (!rc && t->lead && o->metrics) rc = train_metrics_open(o->metrics, o->resume != NULL, &t->metrics);
+  if (!rc && t->lead && o->metrics && !t->dry) rc = train_metrics_open(o->metrics, o->resume != NULL, &t->metrics);
+  loom_mem_set_tag(TRAIN_TAG_OTHER);
   return rc;
 }
 
@@ -494,6 +532,51 @@ int train_run(const train_opts *o, loom_pg *pg) {
     t.metrics = NULL;
     if (!rc) rc = rc2;
   }
+  teardown(&t);
+  return rc;
+}
+
+/* This rank's compute-pool peak since the last call, with what each tag held then (its
+ * account's: a rank's own, or account 0's, the whole process, with one rank), and a fresh
+ * start for the next phase. */
+static void phase_peak(train_dry_phase *ph) {
+  loom_pool_stats ps = {0};
+  int a = loom_mem_account();
+  loom_mem_account_stats(a, LOOM_POOL_COMPUTE, &ps);
+  if (ph) {
+    ph->peak = ps.peak_bytes;
+    loom_mem_account_tags(a, LOOM_POOL_COMPUTE, ph->tag);
+  }
+  loom_mem_account_reset_peak(a, LOOM_POOL_COMPUTE);
+}
+
+/* This rank's bytes in a pool now. */
+static size_t pool_now(loom_pool pool) {
+  loom_pool_stats ps = {0};
+  loom_mem_account_stats(loom_mem_account(), pool, &ps);
+  return ps.current_bytes;
+}
+
+int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r) {
+  trainer t;
+  memset(&t, 0, sizeof t);
+  memset(r, 0, sizeof *r);
+  t.o = o;
+  t.dry = true;
+  phase_peak(NULL);
+  int rc = setup(&t, pg);
+  phase_peak(&r->build);
+  if (!rc) r->params = loom_module_numel(t.model.root);
+  for (int k = 0; k < 2 && !rc; k++) { /* the second step runs with what the first left */
+    double loss = 0;
+    loom_step_result res;
+    rc = step(&t, &loss, &res);
+  }
+  phase_peak(&r->train);
+  r->host_bytes = pool_now(LOOM_POOL_HOST); /* what offload keeps once a step has run */
+  r->file_bytes = pool_now(LOOM_POOL_FILE);
+  if (!rc && (t.lead || t.fsdp)) rc = evaluate(&t, &t.accuracy);
+  phase_peak(&r->eval);
   teardown(&t);
   return rc;
 }

@@ -11,6 +11,7 @@
 #ifndef LOOM_ALLOC_H
 #define LOOM_ALLOC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -67,6 +68,19 @@ int loom_mem_account_stats(int account, loom_pool pool, loom_pool_stats *out);
 /* Set one account's peak for a pool to its current value (a no-op out of range). */
 void loom_mem_account_reset_peak(int account, loom_pool pool);
 
+/* Tags: what the bytes are for, in the program's own words (a phase of its step, say). Each
+ * thread carries a tag, 0..LOOM_MEM_TAGS-1 (thread-local, 0 until set), recorded with every
+ * block it allocates; each account keeps, per pool, the bytes live by tag and a copy of them
+ * taken whenever its peak rises, so a program can tell what was live at the peak (`loom plan`
+ * prints it). Mapped files and other bytes counted without a block count as tag 0. */
+#define LOOM_MEM_TAGS 8
+/* Set the calling thread's tag. LOOM_EINVAL, tag unchanged, if out of range. */
+int loom_mem_set_tag(int tag);
+int loom_mem_tag(void);
+/* The bytes of each tag that were live at `account`'s peak of `pool` (since start or its last
+ * loom_mem_account_reset_peak). LOOM_EINVAL for an account or pool out of range or NULL. */
+int loom_mem_account_tags(int account, loom_pool pool, size_t at_peak[LOOM_MEM_TAGS]);
+
 /* The pool's name: "compute", "host", "file", "meta"; "?" if out of range. */
 const char *loom_pool_name(loom_pool pool);
 
@@ -95,6 +109,20 @@ void loom_mem_set_cache_limit(size_t bytes); /* 0 turns it off; shrinks to the n
 size_t loom_mem_cache_limit(void);
 size_t loom_mem_cached_bytes(void);          /* bytes held in the cache now */
 void loom_mem_release_cache(void);           /* give every cached block back to the C library */
+
+/* Dry runs: what a step needs without running it (PyTorch's meta tensors, for a whole step).
+ * While on, every allocation and free happens as it would, in the same order and with the
+ * same sizes, so every pool's and account's counters (and their peaks) are exact; but no
+ * kernel runs and no data moves: GEMMs and convolutions, elementwise and reduction kernels,
+ * conversions, initialisers, optimizer updates, collectives' payloads and the disk tier's
+ * reads and writes are skipped (each after the allocations it makes). Blocks are zero-filled
+ * address space that reserves no memory, so a step of a model larger than this machine can be
+ * planned, and values read as zero (a loss of 0, no overflow). Values computed in a dry run
+ * mean nothing. Turn it on before building what the dry step uses (a block made in a real run
+ * holds real memory) and off once it is freed; `loom plan` is built on it. Process-wide; set it
+ * while no other thread uses loom. Turning it on empties the allocator cache. */
+void loom_mem_set_dry_run(bool on);
+bool loom_mem_dry_run(void);
 
 /* Failure injection for tests: make the nth allocation from now fail (n = 1: the next one),
  * once; n = 0 turns injection off. Counts allocations of every thread. */

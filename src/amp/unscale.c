@@ -31,6 +31,7 @@ static bool check_only(const loom__amp_kernels *k, const void *data, loom_dtype 
 
 /* One contiguous run with table k: unscale, or only check when inv is 1 (x * 1 == x). */
 static bool run(const loom__amp_kernels *k, void *data, loom_dtype dt, size_t n, float inv) {
+  if (loom__dry()) return false;
   if (inv == 1.0f) return check_only(k, data, dt, n);
   switch (dt) {
   case LOOM_F32: return k->unscale_f32(data, n, inv);

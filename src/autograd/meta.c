@@ -87,7 +87,7 @@ bool loom_tensor_is_leaf(const loom_tensor *t) {
 
 void loom__grad_settle_zero(loom__meta *m) {
   m->grad_lazy_zero = false;
-  memset(loom_tensor_data(m->grad), 0, loom_tensor_nbytes(m->grad)); /* contiguous */
+  if (!loom__dry()) memset(loom_tensor_data(m->grad), 0, loom_tensor_nbytes(m->grad)); /* contiguous */
   loom__bound_zero(m);
 }
 

@@ -1,8 +1,11 @@
-/* alloc.c: the single allocation path of loom, with per-pool and per-account byte accounting
- * and failure injection. A 64-byte header before each block records its size, pool and
- * account, so loom__free needs only the pointer and the counters stay exact whichever thread
- * frees. The default allocator keeps large freed blocks for reuse (alloc_cache.c); the
- * counters count blocks in use, not cached ones. */
+/* alloc.c: the single allocation path of loom, with per-pool and per-account byte accounting,
+ * failure injection and dry runs. A 64-byte header before each block records its size, pool,
+ * account and whether it is a dry block, so loom__free needs only the pointer and the counters
+ * stay exact whichever thread frees. The default allocator keeps large freed blocks for reuse
+ * (alloc_cache.c); the counters count blocks in use, not cached ones. In a dry run (alloc.h)
+ * every block is zero-filled address space: small ones cleared, large ones fresh mappings
+ * that reserve no memory (MAP_NORESERVE), never cached, so what is never written is never
+ * resident. */
 #include "core/core_int.h"
 #include "core/alloc_cache.h"
 
@@ -10,6 +13,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define HEADER 64u
 #define BLOCK_MAGIC 0x6c6f6f6d626c6b31ull /* "loomblk1" */
@@ -19,12 +23,15 @@ typedef struct block_header {
   size_t size;
   int pool;
   int account; /* the allocating thread's account: loom__free credits it, not the freer's */
+  int tag;     /* the allocating thread's tag (loom_mem_set_tag) */
+  bool dry;    /* made in a dry run (dry_alloc): freed by dry_free whatever the mode then */
 } block_header;
 _Static_assert(sizeof(block_header) <= HEADER, "the block header must fit in HEADER bytes");
 
 typedef struct pool_counters {
   _Atomic size_t current, peak;
   _Atomic uint64_t allocs, frees, failures;
+  _Atomic size_t tag_current[LOOM_MEM_TAGS], tag_at_peak[LOOM_MEM_TAGS];
 } pool_counters;
 
 static pool_counters pools[LOOM_POOL_COUNT];
@@ -34,8 +41,10 @@ typedef struct account_counters {
 } account_counters;
 static account_counters accounts[LOOM_MEM_ACCOUNTS];
 static _Thread_local int my_account; /* this thread's account; 0 until set */
+static _Thread_local int my_tag;     /* this thread's tag; 0 until set */
 static _Atomic uint64_t attempts;
 static _Atomic uint64_t fail_at; /* attempt number that fails; 0 = none */
+_Atomic bool loom__dry_flag;
 
 static void *default_alloc(void *ctx, size_t size, size_t align) {
   (void)ctx;
@@ -70,10 +79,27 @@ int loom_mem_stats(loom_pool pool, loom_pool_stats *out) {
   return stats_of(&pools[pool], out);
 }
 
+/* The peak is now: current bytes, and the tags' bytes as they are. */
+static void peak_is_now(pool_counters *c) {
+  atomic_store(&c->peak, atomic_load(&c->current));
+  for (int t = 0; t < LOOM_MEM_TAGS; t++)
+    atomic_store(&c->tag_at_peak[t], atomic_load(&c->tag_current[t]));
+}
+
 void loom_mem_reset_peak(loom_pool pool) {
   if ((unsigned)pool >= LOOM_POOL_COUNT) return;
-  atomic_store(&pools[pool].peak, atomic_load(&pools[pool].current));
+  peak_is_now(&pools[pool]);
 }
+
+int loom_mem_set_tag(int tag) {
+  if (tag < 0 || tag >= LOOM_MEM_TAGS)
+    return loom__fail(LOOM_EINVAL, "loom_mem_set_tag: tag %d out of range 0..%d", tag,
+                      LOOM_MEM_TAGS - 1);
+  my_tag = tag;
+  return LOOM_OK;
+}
+
+int loom_mem_tag(void) { return my_tag; }
 
 int loom_mem_set_account(int account) {
   if (account < 0 || account >= LOOM_MEM_ACCOUNTS)
@@ -97,8 +123,19 @@ int loom_mem_account_stats(int account, loom_pool pool, loom_pool_stats *out) {
 
 void loom_mem_account_reset_peak(int account, loom_pool pool) {
   if (account < 0 || account >= LOOM_MEM_ACCOUNTS || (unsigned)pool >= LOOM_POOL_COUNT) return;
+  peak_is_now(&accounts[account].pool[pool]);
+}
+
+int loom_mem_account_tags(int account, loom_pool pool, size_t at_peak[LOOM_MEM_TAGS]) {
+  if (account < 0 || account >= LOOM_MEM_ACCOUNTS)
+    return loom__fail(LOOM_EINVAL, "loom_mem_account_tags: account %d out of range 0..%d",
+                      account, LOOM_MEM_ACCOUNTS - 1);
+  if ((unsigned)pool >= LOOM_POOL_COUNT)
+    return loom__fail(LOOM_EINVAL, "loom_mem_account_tags: pool %d out of range", (int)pool);
+  if (!at_peak) return loom__fail(LOOM_EINVAL, "loom_mem_account_tags: at_peak is NULL");
   pool_counters *c = &accounts[account].pool[pool];
-  atomic_store(&c->peak, atomic_load(&c->current));
+  for (int t = 0; t < LOOM_MEM_TAGS; t++) at_peak[t] = atomic_load(&c->tag_at_peak[t]);
+  return LOOM_OK;
 }
 
 int loom_set_allocator(const loom_allocator *a) {
@@ -123,15 +160,23 @@ void loom_alloc_fail_nth(uint64_t n) {
 
 uint64_t loom_alloc_attempts(void) { return atomic_load(&attempts); }
 
-/* Add delta bytes (an allocation) or take -delta away (a free) from one set of counters. */
-static void count(pool_counters *c, ptrdiff_t delta) {
+/* Add delta bytes (an allocation) or take -delta away (a free) from one set of counters, and
+ * from the bytes of `tag`. A new peak copies the tags' bytes (exact when one thread allocates
+ * on the account at a time, as a rank does; a close approximation otherwise). */
+static void count(pool_counters *c, int tag, ptrdiff_t delta) {
   if (delta >= 0) {
+    atomic_fetch_add(&c->tag_current[tag], (size_t)delta);
     size_t now = atomic_fetch_add(&c->current, (size_t)delta) + (size_t)delta;
     size_t peak = atomic_load(&c->peak);
-    while (now > peak && !atomic_compare_exchange_weak(&c->peak, &peak, now)) {
+    bool raised = false;
+    while (now > peak && !(raised = atomic_compare_exchange_weak(&c->peak, &peak, now))) {
     }
+    if (raised)
+      for (int t = 0; t < LOOM_MEM_TAGS; t++)
+        atomic_store(&c->tag_at_peak[t], atomic_load(&c->tag_current[t]));
     atomic_fetch_add(&c->allocs, 1);
   } else {
+    atomic_fetch_sub(&c->tag_current[tag], (size_t)(-delta));
     atomic_fetch_sub(&c->current, (size_t)(-delta));
     atomic_fetch_add(&c->frees, 1);
   }
@@ -143,10 +188,16 @@ static void count_failure(loom_pool pool) {
   atomic_fetch_add(&accounts[my_account].pool[pool].failures, 1);
 }
 
-void loom__mem_account_to(loom_pool pool, int account, ptrdiff_t delta) {
+/* The counting of every allocation and free: the process's pool and the account's. */
+static void account_tagged(loom_pool pool, int account, int tag, ptrdiff_t delta) {
   if ((unsigned)account >= LOOM_MEM_ACCOUNTS) account = 0;
-  count(&pools[pool], delta);
-  count(&accounts[account].pool[pool], delta);
+  if ((unsigned)tag >= LOOM_MEM_TAGS) tag = 0;
+  count(&pools[pool], tag, delta);
+  count(&accounts[account].pool[pool], tag, delta);
+}
+
+void loom__mem_account_to(loom_pool pool, int account, ptrdiff_t delta) {
+  account_tagged(pool, account, 0, delta);
 }
 
 void loom__mem_account(loom_pool pool, ptrdiff_t delta) {
@@ -164,6 +215,31 @@ bool loom__alloc_should_fail(loom_pool pool) {
   return false;
 }
 
+void loom_mem_set_dry_run(bool on) {
+  atomic_store(&loom__dry_flag, on);
+  if (on) loom_mem_release_cache(); /* no block written by a real run is handed out */
+}
+
+bool loom_mem_dry_run(void) { return loom__dry(); }
+
+/* A dry block of `bytes` (header included), all zero: at or above LOOM__MAP_MIN_BYTES a
+ * mapping that reserves nothing, below it a cleared heap block. */
+static void *dry_alloc(size_t bytes) {
+  if (bytes >= LOOM__MAP_MIN_BYTES) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+  }
+  void *p = aligned_alloc(HEADER, (bytes + HEADER - 1) & ~(size_t)(HEADER - 1));
+  if (p) memset(p, 0, bytes);
+  return p;
+}
+
+static void dry_free(void *raw, size_t bytes) {
+  if (bytes >= LOOM__MAP_MIN_BYTES) munmap(raw, bytes);
+  else free(raw);
+}
+
 /* The allocation behind loom__malloc and loom__calloc; *fresh_zero: the block is newly mapped
  * zero pages (nothing to clear). */
 static void *alloc_block(loom_pool pool, size_t size, bool *fresh_zero) {
@@ -175,7 +251,11 @@ static void *alloc_block(loom_pool pool, size_t size, bool *fresh_zero) {
     return NULL;
   }
   unsigned char *raw;
-  if (hook.alloc == default_alloc) {
+  bool dry = loom__dry();
+  if (dry) {
+    raw = dry_alloc(size + HEADER);
+    *fresh_zero = true;
+  } else if (hook.alloc == default_alloc) {
     size_t bytes = loom__cache_round(size + HEADER);
     raw = loom__cache_take(bytes);
     if (!raw) raw = loom__raw_alloc(bytes, fresh_zero);
@@ -195,7 +275,9 @@ static void *alloc_block(loom_pool pool, size_t size, bool *fresh_zero) {
   h->size = size;
   h->pool = pool;
   h->account = my_account;
-  loom__mem_account_to(pool, h->account, (ptrdiff_t)size);
+  h->tag = my_tag;
+  h->dry = dry;
+  account_tagged(pool, h->account, h->tag, (ptrdiff_t)size);
   return raw + HEADER;
 }
 
@@ -219,7 +301,11 @@ void loom__free(void *p) {
   block_header *h = (block_header *)raw;
   if (h->magic != BLOCK_MAGIC) return; /* not ours, or freed twice: leave it alone */
   h->magic = 0;
-  loom__mem_account_to((loom_pool)h->pool, h->account, -(ptrdiff_t)h->size);
+  account_tagged((loom_pool)h->pool, h->account, h->tag, -(ptrdiff_t)h->size);
+  if (h->dry) {
+    dry_free(raw, h->size + HEADER);
+    return;
+  }
   if (hook.free == default_free) {
     size_t bytes = loom__cache_round(h->size + HEADER);
     if (!loom__cache_put(raw, bytes)) loom__raw_free(raw, bytes);

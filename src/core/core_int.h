@@ -9,6 +9,7 @@
 #include "loom/dtype.h"
 #include "loom/status.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -23,6 +24,14 @@ void *loom__malloc(loom_pool pool, size_t size);
 void *loom__calloc(loom_pool pool, size_t count, size_t elem);
 void loom__free(void *p);
 char *loom__strdup(loom_pool pool, const char *s);
+
+/* Whether a dry run is on (loom_mem_set_dry_run): kernels, copies, initialisers, collectives'
+ * data and file I/O are skipped, allocations made as always. One relaxed load: check it at
+ * every place that computes or moves data, after the allocations it makes. */
+extern _Atomic bool loom__dry_flag;
+static inline bool loom__dry(void) {
+  return atomic_load_explicit(&loom__dry_flag, memory_order_relaxed);
+}
 
 /* Raise (delta > 0) or lower the allocator cache's limit by what an object will free and take
  * again every step (FSDP's gathers and local gradients), while the cache is on (a limit of 0,

@@ -44,15 +44,19 @@ int loom_dtype_parse(const char *name, loom_dtype *out) {
 }
 
 void loom_cvt_f32_to_bf16(const float *src, uint16_t *dst, size_t n) {
+  if (loom__dry()) return;
   loom__k()->cvt_f32_to_bf16(src, dst, n);
 }
 void loom_cvt_bf16_to_f32(const uint16_t *src, float *dst, size_t n) {
+  if (loom__dry()) return;
   loom__k()->cvt_bf16_to_f32(src, dst, n);
 }
 void loom_cvt_f32_to_f16(const float *src, uint16_t *dst, size_t n) {
+  if (loom__dry()) return;
   loom__k()->cvt_f32_to_f16(src, dst, n);
 }
 void loom_cvt_f16_to_f32(const uint16_t *src, float *dst, size_t n) {
+  if (loom__dry()) return;
   loom__k()->cvt_f16_to_f32(src, dst, n);
 }
 
@@ -139,6 +143,7 @@ int loom_convert(const void *src, loom_dtype src_dt, void *dst, loom_dtype dst_d
     return loom__fail(LOOM_EDTYPE, "loom_convert: invalid dtype (%d -> %d)", (int)src_dt,
                       (int)dst_dt);
   if (n && (!src || !dst)) return loom__fail(LOOM_EINVAL, "loom_convert: NULL buffer");
+  if (loom__dry()) return LOOM_OK;
   if (src_dt == dst_dt) {
     if (src != dst) memcpy(dst, src, n * loom_dtype_size(src_dt));
     return LOOM_OK;

@@ -270,7 +270,7 @@ int loom_bucket_prepare(loom_bucket_manager *m, size_t bucket) {
   for (size_t k = 0; k < p->count[bucket]; k++) {
     size_t g = p->order[p->first[bucket] + k];
     void *dst = slot(m, g), *src = loom_tensor_data(m->grads[g]);
-    if (dst != src) memcpy(dst, src, loom_tensor_nbytes(m->grads[g]));
+    if (dst != src && !loom__dry()) memcpy(dst, src, loom_tensor_nbytes(m->grads[g]));
   }
   return LOOM_OK;
 }
@@ -369,7 +369,7 @@ int loom_bucket_copy_back(loom_bucket_manager *m, size_t bucket) {
   for (size_t k = 0; k < p->count[bucket]; k++) {
     size_t g = p->order[p->first[bucket] + k];
     void *src = slot(m, g), *dst = loom_tensor_data(m->grads[g]);
-    if (dst != src) memcpy(dst, src, loom_tensor_nbytes(m->grads[g]));
+    if (dst != src && !loom__dry()) memcpy(dst, src, loom_tensor_nbytes(m->grads[g]));
   }
   return LOOM_OK;
 }

@@ -102,7 +102,7 @@ static int make_shards(fsdp_unit *u, int rank) {
   for (size_t i = 0; i < u->nparams; i++) {
     const fsdp_param *fp = &u->params[i];
     size_t a, b;
-    if (!loom__layout_slice(fp->offset, fp->numel, lo, hi, &a, &b)) continue;
+    if (!loom__layout_slice(fp->offset, fp->numel, lo, hi, &a, &b) || loom__dry()) continue;
     const float *src = loom_tensor_data(fp->p->value);
     memcpy(u->param_shard + (a - lo), src + (a - fp->offset), (b - a) * sizeof(float));
   }

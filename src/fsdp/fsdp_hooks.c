@@ -257,7 +257,7 @@ int loom_fsdp_finish(loom_fsdp *f) {
     } else if (f->sync) {
       float *zero = NULL; /* no local gradient: a zero shard */
       if (!(rc = loom__fsdp_grad_target(u, &zero))) {
-        memset(zero, 0, u->shard * sizeof(float));
+        if (!loom__dry()) memset(zero, 0, u->shard * sizeof(float));
         rc = loom__fsdp_grad_done(u);
       }
     }

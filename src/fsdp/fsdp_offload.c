@@ -336,7 +336,7 @@ int loom__fsdp_grad_settle_unit(fsdp_unit *u) {
     if (u->off.grad_src) { /* out of the local gradient into a shard of its own */
       loom__fsdp_err e;
       loom__fsdp_err_save(&e, rc);
-      if ((u->grad_shard = alloc_shard(u, "gradient")))
+      if ((u->grad_shard = alloc_shard(u, "gradient")) && !loom__dry())
         memcpy(u->grad_shard,
                (const float *)loom_tensor_data(u->off.grad_src) + (size_t)u->f->rank * u->shard,
                u->shard * sizeof(float));
@@ -548,7 +548,7 @@ int loom__fsdp_read_bytes(void *ctx, size_t offset, void *dst, size_t bytes) {
       if (rc) return rc;
       r->shared->unit = u->index, r->shared->kind = r->kind, r->shared->chunk = c;
     }
-    memcpy(out, r->shared->buf + in, take * sizeof(float));
+    if (!loom__dry()) memcpy(out, r->shared->buf + in, take * sizeof(float));
     out += take, at += take, n -= take;
   }
   return LOOM_OK;

@@ -87,7 +87,7 @@ static int issue_reads(stream *s, size_t i) {
   for (int k = 0; k < OFF_KINDS && !rc; k++) {
     if (!(s->read & (1u << k)) || !kind_offloaded(s, u, k) || in_host(s, u, k, c)) continue;
     if (!u->off.k[k].stored) { /* a gradient no backward has made yet; zero state */
-      memset(r->buf[k], 0, n * sizeof(float));
+      if (!loom__dry()) memset(r->buf[k], 0, n * sizeof(float));
       continue;
     }
     rc = loom__ostore_submit_get(s->f->store, loom__fsdp_slot(u, k, u->off.k[k].gen, c), r->buf[k],

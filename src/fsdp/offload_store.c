@@ -57,6 +57,7 @@ struct loom__ostore {
   int account; /* the creator's memory account: the worker's too, and the file bytes' */
   char *path;  /* disk tier */
   int fd;
+  bool dry; /* made in a dry run (loom_mem_set_dry_run): no file, no bytes moved */
 
   pthread_mutex_t mu;
   pthread_cond_t cv_work; /* the worker: a job was queued, or stop */
@@ -136,7 +137,7 @@ static int disk_reserve(loom__ostore *s, const char *who, size_t slot, size_t by
                     who, s->path, slot);
     goto done;
   }
-  if (bytes) {
+  if (bytes && !s->dry) {
     int e;
     do e = posix_fallocate(s->fd, (off_t)start, (off_t)bytes);
     while (e == EINTR);
@@ -184,6 +185,7 @@ static int disk_write(loom__ostore *s, const char *who, size_t slot, size_t off,
   const unsigned char *p = src;
   const loom__core_kernels *k = loom__k();
   uint32_t crc = 0;
+  if (s->dry) bytes = 0;
   for (size_t done = 0; done < bytes;) {
     size_t n = bytes - done < IO_CHUNK ? bytes - done : IO_CHUNK;
     crc = k->crc32c(crc, p + done, n);
@@ -228,6 +230,7 @@ static int disk_read(loom__ostore *s, const char *who, size_t slot, size_t off, 
   unsigned char *p = dst;
   const loom__core_kernels *k = loom__k();
   uint32_t crc = 0;
+  if (s->dry) bytes = 0;
   for (size_t done = 0; done < bytes;) {
     size_t n = bytes - done < IO_CHUNK ? bytes - done : IO_CHUNK;
     for (size_t r = 0; r < n;) {
@@ -335,6 +338,21 @@ static int disk_open(loom__ostore *s, const char *dir) {
   return loom__fail(LOOM_EIO, "%s: no free file name in offload folder '%s'", who, dir);
 }
 
+/* A dry run's disk tier makes no file: it only says what disk_open would of a folder that
+ * cannot take one. */
+static int disk_check(const char *dir) {
+  const char *who = "fsdp offload (disk tier)";
+  struct stat st;
+  if (stat(dir, &st) != 0)
+    return loom__fail(LOOM_EIO, "%s: offload folder '%s': %s", who, dir, strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    return loom__fail(LOOM_EIO, "%s: offload folder '%s' is not a folder", who, dir);
+  if (access(dir, W_OK | X_OK) != 0)
+    return loom__fail(LOOM_EIO, "%s: offload folder '%s' is read-only (cannot create a file "
+                      "in it: %s)", who, dir, strerror(errno));
+  return LOOM_OK;
+}
+
 /* ---- put and get, shared by the synchronous calls and the worker ------------------------ */
 
 static int put_impl(loom__ostore *s, size_t slot, const void *src, size_t bytes,
@@ -373,7 +391,7 @@ static int put_impl(loom__ostore *s, size_t slot, const void *src, size_t bytes,
   bool reserved = !had_space && !rc;
   if (!rc) {
     if (s->tier == LOOM__OTIER_HOST) {
-      if (bytes) memcpy(buf, src, bytes);
+      if (bytes && !s->dry) memcpy(buf, src, bytes);
     } else {
       rc = disk_write(s, who, slot, off, src, bytes, &crc);
     }
@@ -426,7 +444,7 @@ static int get_impl(loom__ostore *s, size_t slot, void *dst, size_t bytes, const
 
   double t0 = loom__now();
   if (s->tier == LOOM__OTIER_HOST) {
-    if (bytes) memcpy(dst, buf, bytes);
+    if (bytes && !s->dry) memcpy(dst, buf, bytes);
   } else {
     rc = disk_read(s, who, slot, off, dst, bytes, crc);
   }
@@ -458,6 +476,7 @@ int loom__ostore_create(loom__otier tier, const char *dir, int rank, loom__ostor
   s->rank = rank;
   s->account = loom_mem_account();
   s->fd = -1;
+  s->dry = loom__dry();
   int made = 0; /* how many of the four synchronisation objects exist */
   if (pthread_mutex_init(&s->mu, NULL) == 0 && ++made && pthread_mutex_init(&s->space_mu, NULL) == 0 &&
       ++made && pthread_cond_init(&s->cv_work, NULL) == 0 && ++made &&
@@ -465,7 +484,7 @@ int loom__ostore_create(loom__otier tier, const char *dir, int rank, loom__ostor
     ++made;
   int rc = made == 4 ? LOOM_OK
                      : loom__fail(LOOM_EBACKEND, "%s: cannot make the store's locks", who);
-  if (!rc && tier == LOOM__OTIER_DISK) rc = disk_open(s, dir);
+  if (!rc && tier == LOOM__OTIER_DISK) rc = s->dry ? disk_check(dir) : disk_open(s, dir);
   if (rc) {
     if (made > 3) pthread_cond_destroy(&s->cv_done);
     if (made > 2) pthread_cond_destroy(&s->cv_work);

@@ -55,5 +55,5 @@ double loom__absmax_level(const void *p, loom_dtype dt, size_t n, loom_cpu_level
 }
 
 double loom__absmax(const void *p, loom_dtype dt, size_t n) {
-  return absmax(loom__absmax_k(), p, dt, n);
+  return loom__dry() ? 0 : absmax(loom__absmax_k(), p, dt, n);
 }

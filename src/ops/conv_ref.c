@@ -22,7 +22,7 @@ static float ld(const void *p, loom_dtype dt, int64_t i) {
 int loom__conv2d_fwd_ref(const loom__conv2d_args *a, const void *x, const void *w, const void *b,
                          void *y) {
   int rc = loom__conv2d_check(a, "loom__conv2d_fwd_ref", x, "x", w, "w", y, "y");
-  if (rc != LOOM_OK) return rc;
+  if (rc != LOOM_OK || loom__dry()) return rc;
   geom g = geom_of(a);
   for (int64_t n = 0; n < g.N; n++)
     for (int64_t o = 0; o < g.O; o++)
@@ -45,7 +45,7 @@ int loom__conv2d_fwd_ref(const loom__conv2d_args *a, const void *x, const void *
 
 int loom__conv2d_bwd_data_ref(const loom__conv2d_args *a, const void *dy, const void *w, void *dx) {
   int rc = loom__conv2d_check(a, "loom__conv2d_bwd_data_ref", dy, "dy", w, "w", dx, "dx");
-  if (rc != LOOM_OK) return rc;
+  if (rc != LOOM_OK || loom__dry()) return rc;
   geom g = geom_of(a);
   for (int64_t n = 0; n < g.N; n++)
     for (int64_t c = 0; c < g.C; c++)
@@ -70,7 +70,7 @@ int loom__conv2d_bwd_data_ref(const loom__conv2d_args *a, const void *dy, const 
 int loom__conv2d_bwd_weights_ref(const loom__conv2d_args *a, const void *x, const void *dy,
                                  void *dw, void *db) {
   int rc = loom__conv2d_check(a, "loom__conv2d_bwd_weights_ref", x, "x", dy, "dy", dw, "dw");
-  if (rc != LOOM_OK) return rc;
+  if (rc != LOOM_OK || loom__dry()) return rc;
   geom g = geom_of(a);
   for (int64_t o = 0; o < g.O; o++) {
     for (int64_t c = 0; c < g.C; c++)

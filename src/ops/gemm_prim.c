@@ -329,6 +329,7 @@ int loom__prim_run(const loom__prim *p, const char *who, int n, const loom__dnnl
     LOOM_TRY(loom__dnnl_check(dnnl_memory_create(&args[nargs - 1].memory, md, eng, scratch), who,
                               "scratchpad memory creation"));
   }
+  if (loom__dry()) goto done; /* every buffer made, nothing run */
   LOOM_TRY(loom__dnnl_check(dnnl_stream_create(&stream, eng, dnnl_stream_default_flags), who,
                             "stream creation"));
   LOOM_TRY(

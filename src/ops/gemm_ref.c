@@ -5,7 +5,7 @@
 
 int loom__gemm_ref(const loom__gemm_args *g) {
   int rc = loom__gemm_check(g, "loom__gemm_ref");
-  if (rc != LOOM_OK) return rc;
+  if (rc != LOOM_OK || loom__dry()) return rc;
   for (int64_t p = 0; p < g->batch; p++) {
     size_t a0 = (size_t)(p * g->stride_a), b0 = (size_t)(p * g->stride_b);
     size_t c0 = (size_t)(p * g->stride_c);

@@ -33,7 +33,7 @@ static int ce_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   LOOM_TRY(loom__f32_in(n->saved[0], &fx));
   LOOM_TRY(loom__grad_new(2, n->in[0].shape, false, &gin[0]));
   float *gx = loom__f(gin[0]);
-  for (int64_t i = 0; i < N; i++) {
+  for (int64_t i = 0; i < N && !loom__dry(); i++) {
     const float *x = fx.p + i * C;
     float *d = gx + i * C;
     int64_t lab = label_at(labels, i);
@@ -87,7 +87,7 @@ int loom_cross_entropy(loom_tensor *logits, loom_tensor *labels, loom_reduction 
   LOOM_TRY(loom__f32_in(logits, &fx));
   LOOM_TRY(loom__f32_out(logits->dtype, reduction == LOOM_REDUCTION_NONE ? 1 : 0, &N, &y, &fy));
   double total = 0;
-  for (int64_t i = 0; i < N; i++) {
+  for (int64_t i = 0; i < N && !loom__dry(); i++) {
     const float *x = fx.p + i * C;
     int64_t lab = label_at(labels, i);
     float l = 0;

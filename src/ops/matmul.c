@@ -28,7 +28,7 @@ static int gemm_bias(loom_dtype ab, loom_dtype cdt, int64_t batch, int64_t M, in
   if (K == 0) {
     size_t es = loom_dtype_size(cdt);
     for (int64_t i = 0; beta == 0.0f && i < (sc ? batch : 1); i++)
-      memset((char *)C + (size_t)(i * sc) * es, 0, (size_t)(M * N) * es);
+      if (!loom__dry()) memset((char *)C + (size_t)(i * sc) * es, 0, (size_t)(M * N) * es);
     for (int64_t r = 0; bias && beta == 0.0f && r < batch * M; r++) /* linear: rows = bias */
       loom_convert(bias, LOOM_F32, (char *)C + (size_t)(r * N) * es, cdt, (size_t)N);
     return LOOM_OK;
@@ -204,7 +204,7 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   loom__sink sb = {0}, sw = {0};
   if (n->n_in > 2 && loom__node_needs(n, 2)) { /* gb = column sums of G, while G is in cache */
     LOOM_TRY(loom__grad_dst_sink(n, 2, gin, &dst, &beta, &sb));
-    col_sums(loom__f(g), R, O, dst, beta);
+    if (!loom__dry()) col_sums(loom__f(g), R, O, dst, beta);
     if (sb.bound_wanted) { /* each sum adds at most R * max|G| */
       double t0 = loom__now();
       gmax = loom__absmax(loom__f(g), LOOM_F32, (size_t)(R * O));

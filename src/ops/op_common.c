@@ -321,6 +321,7 @@ void loom__iter3(int ndim, const int64_t *shape, float *p0, const int64_t *st0, 
                  const int64_t *st1, const float *p2, const int64_t *st2, loom__run_fn fn,
                  void *ctx) {
   static const int64_t zeros[LOOM_MAX_DIMS] = {0};
+  if (loom__dry()) return;
   int64_t sh[LOOM_MAX_DIMS], s[3][LOOM_MAX_DIMS];
   const int64_t *in[3] = {st0, st1 ? st1 : zeros, st2 ? st2 : zeros};
   int nd = 0;
@@ -378,6 +379,7 @@ static void run_accum(int64_t n, float *d, const float *g, const float *unused, 
 void loom__reduce_to(const float *g, int nout, const int64_t *sout, float *dst, int nd,
                      const int64_t *shape) {
   int64_t sd[LOOM_MAX_DIMS], sg[LOOM_MAX_DIMS];
+  if (loom__dry()) return;
   size_t n = 1;
   for (int i = 0; i < nd; i++) n *= (size_t)shape[i];
   memset(dst, 0, n * sizeof *dst);

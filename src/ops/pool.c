@@ -21,7 +21,7 @@ static int pool_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   pool_geom pg;
   geom_of(n->in[0].shape, n->i, &pg);
   int rc = loom__grad_new(4, n->in[0].shape, true, &gin[0]);
-  if (rc) return rc;
+  if (rc || loom__dry()) return rc;
   float *gx = loom__f(gin[0]);
   const float *gy = loom__f(g);
   size_t ny = (size_t)(pg.NC * pg.OH * pg.OW);
@@ -84,7 +84,7 @@ static int pool(loom_op_kind kind, loom_tensor *x, const int64_t kernel[2],
   if (is_max) LOOM_TRY(loom_tensor_empty(LOOM_I64, 4, shape, &arg));
   int64_t *ap = arg ? loom_tensor_data(arg) : NULL;
   float inv = 1.0f / (float)(pg.kh * pg.kw);
-  for (int64_t p = 0; p < pg.NC; p++)
+  for (int64_t p = 0; p < pg.NC && !loom__dry(); p++)
     for (int64_t oh = 0; oh < pg.OH; oh++)
       for (int64_t ow = 0; ow < pg.OW; ow++) {
         float acc = is_max ? -INFINITY : 0.0f;

@@ -19,6 +19,7 @@ static int unary_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   /* elementwise, so g can be overwritten in place when nobody else holds it */
   if (loom__grad_exclusive(g)) gin[0] = loom_tensor_retain(g);
   else LOOM_TRY(loom__grad_new(n->in[0].ndim, n->in[0].shape, false, &gin[0]));
+  if (loom__dry()) goto done;
   if (n->i[0] == LOOM__U_RELU && inf && loom_tensor_is_contiguous(y)) {
     loom__unary_kernels()->relu16_bwd(loom__f(gin[0]), loom__f(g), loom_tensor_data(y),
                                       loom_tensor_numel(g), inf);
@@ -50,12 +51,12 @@ int loom__unary_op(loom__unary u, loom_tensor *x, double p, loom_tensor **out) {
   uint16_t inf = inf16(x->dtype);
   if (u == LOOM__U_RELU && inf && loom_tensor_is_contiguous(x)) { /* exact on the bits */
     LOOM_TRY(loom_tensor_empty(x->dtype, x->ndim, x->shape, &y));
-    loom__unary_kernels()->relu16(loom_tensor_data(y), loom_tensor_data(x),
+    if (!loom__dry()) loom__unary_kernels()->relu16(loom_tensor_data(y), loom_tensor_data(x),
                                   loom_tensor_numel(x), inf);
   } else {
     LOOM_TRY(loom__f32_in(x, &fx));
     LOOM_TRY(loom__f32_out(x->dtype, x->ndim, x->shape, &y, &fy));
-    loom__unary_kernels()->fwd[u](fy.p, fx.p, loom_tensor_numel(x), (float)p);
+    if (!loom__dry()) loom__unary_kernels()->fwd[u](fy.p, fx.p, loom_tensor_numel(x), (float)p);
     loom__f32_out_commit(y, &fy);
   }
   LOOM_TRY(loom__op_record(&c, y, unary_backward, &nd));

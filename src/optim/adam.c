@@ -87,5 +87,5 @@ void loom__adam_update(const loom_optim *o, const loom__adam_args *a, unsigned f
   bool decay = o->adam.weight_decay != 0 && !(flags & LOOM_SEG_NO_DECAY);
   sa.l2 = decay && o->kind == LOOM__ADAM;
   sa.decoupled = decay && o->kind == LOOM__ADAMW;
-  loom__optim_k()->adam(&sa, p, g, state[0], state[1], n);
+  if (!loom__dry()) loom__optim_k()->adam(&sa, p, g, state[0], state[1], n);
 }

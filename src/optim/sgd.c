@@ -65,5 +65,5 @@ void loom__sgd_update(const loom_optim *o, const loom__sgd_args *a, unsigned fla
   if (!n) return;
   loom__sgd_args sa = *a;
   sa.has_wd = o->sgd.weight_decay != 0 && !(flags & LOOM_SEG_NO_DECAY);
-  loom__optim_k()->sgd(&sa, p, g, sa.has_momentum ? state[0] : NULL, n);
+  if (!loom__dry()) loom__optim_k()->sgd(&sa, p, g, sa.has_momentum ? state[0] : NULL, n);
 }

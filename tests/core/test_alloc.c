@@ -425,3 +425,75 @@ LT_TEST(calloc_is_zero_fresh_and_reused_and_leaves_fresh_pages_untouched) {
 #endif
   loom_mem_set_cache_limit(limit);
 }
+
+/* Resident pages of this process, bytes (/proc/self/statm's second field). */
+static size_t resident_bytes(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  unsigned long long size = 0, res = 0;
+  if (f) {
+    if (fscanf(f, "%llu %llu", &size, &res) != 2) res = 0;
+    fclose(f);
+  }
+  return (size_t)res * 4096;
+}
+
+LT_TEST(dry_blocks_are_zero_counted_and_never_resident) {
+  size_t base = current(LOOM_POOL_COMPUTE);
+  loom_mem_set_dry_run(true);
+  LT_TRUE(loom_mem_dry_run());
+  unsigned char *small = loom__malloc(LOOM_POOL_COMPUTE, 100);
+  unsigned char *large = loom__malloc(LOOM_POOL_COMPUTE, 3 << 20);
+  LT_TRUE(small && large);
+  size_t zero = 0;
+  for (size_t i = 0; i < 100; i++) zero += small[i] == 0;
+  for (size_t i = 0; i < (3u << 20); i += 4096) zero += large[i] == 0;
+  LT_EQ(zero, 100 + 768);
+  LT_EQ(current(LOOM_POOL_COMPUTE), base + 100 + (3u << 20));
+  /* 16 GiB of blocks: counted, reserving no memory and never resident */
+  size_t rss0 = resident_bytes();
+  void *big[16];
+  for (int i = 0; i < 16; i++) LT_TRUE((big[i] = loom__malloc(LOOM_POOL_COMPUTE, (size_t)1 << 30)));
+  LT_EQ(current(LOOM_POOL_COMPUTE), base + 100 + (3u << 20) + ((size_t)16 << 30));
+  LT_TRUE(resident_bytes() < rss0 + ((size_t)64 << 20));
+  for (int i = 0; i < 16; i++) loom__free(big[i]);
+  loom_mem_set_dry_run(false);
+  LT_TRUE(!loom_mem_dry_run());
+  /* a dry block freed after the dry run ends goes back the way it came */
+  loom__free(small);
+  loom__free(large);
+  LT_EQ(current(LOOM_POOL_COMPUTE), base);
+  LT_EQ(loom_mem_cached_bytes(), 0); /* never cached */
+}
+
+LT_TEST(tags_say_what_was_live_at_the_peak) {
+  int a = loom_mem_account();
+  LT_EQ(loom_mem_tag(), 0);
+  loom_mem_account_reset_peak(a, LOOM_POOL_HOST);
+  size_t at[LOOM_MEM_TAGS], before[LOOM_MEM_TAGS];
+  LT_OK(loom_mem_account_tags(a, LOOM_POOL_HOST, before));
+  LT_OK(loom_mem_set_tag(1));
+  void *x = loom__malloc(LOOM_POOL_HOST, 1000);
+  LT_OK(loom_mem_set_tag(2));
+  void *y = loom__malloc(LOOM_POOL_HOST, 3000);
+  loom__free(x); /* freed by tag 2's code: still tag 1's bytes that go */
+  LT_OK(loom_mem_set_tag(3));
+  void *z = loom__malloc(LOOM_POOL_HOST, 500); /* 3500 live: below the peak of 4000 */
+  LT_OK(loom_mem_account_tags(a, LOOM_POOL_HOST, at));
+  LT_EQ(at[1] - before[1], 1000);
+  LT_EQ(at[2] - before[2], 3000);
+  LT_EQ(at[3] - before[3], 0);
+  void *w = loom__malloc(LOOM_POOL_HOST, 2000); /* 5500: a new peak, with tag 1's gone */
+  LT_OK(loom_mem_account_tags(a, LOOM_POOL_HOST, at));
+  LT_EQ(at[1] - before[1], 0);
+  LT_EQ(at[3] - before[3], 2500);
+  loom__free(y);
+  loom__free(z);
+  loom__free(w);
+  LT_OK(loom_mem_set_tag(0));
+  LT_ERR(loom_mem_set_tag(LOOM_MEM_TAGS), LOOM_EINVAL, "tag 8 out of range");
+  LT_ERR(loom_mem_set_tag(-1), LOOM_EINVAL, "out of range");
+  LT_EQ(loom_mem_tag(), 0);
+  LT_ERR(loom_mem_account_tags(LOOM_MEM_ACCOUNTS, LOOM_POOL_HOST, at), LOOM_EINVAL, "account");
+  LT_ERR(loom_mem_account_tags(0, LOOM_POOL_COUNT, at), LOOM_EINVAL, "pool");
+  LT_ERR(loom_mem_account_tags(0, LOOM_POOL_HOST, NULL), LOOM_EINVAL, "NULL");
+}

@@ -1,4 +1,5 @@
-/* test_train_plan.c: `loom plan` against what `loom train` measures. Each configuration trains
+/* test_train_plan.c: `loom plan` (a dry run of the same options) against what `loom train`
+ * measures. Each configuration trains
  * for two steps with --metrics (the `loom` tool, run as a process), and the plan of the same
  * options must be within 10% of the compute-pool peak the run measured (per rank:
  * rank_compute_peak_bytes with ranks, which counts from the end of building; the process's
@@ -7,12 +8,14 @@
  * FSDP in f32 and bf16, the size policy, no prefetch, 3 ranks without resharding, the CNN with
  * either policy, and
  * offload of everything or some (host tier) and of everything to the disk tier. Also the
- * --fit-memory search (its answer fits and one more does not), the JSON form, and bad
- * --fit-memory values. */
+ * --fit-memory search (its answer fits and one more does not), the JSON form, bad
+ * --fit-memory values, and what being a dry run means (no memory, no file, the run's errors). */
 #include "lt.h"
 #include "train_test.h"
 
+#include <dirent.h>
 #include <math.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,7 +209,8 @@ LT_TEST(plan_fit_memory_finds_the_largest_batch) {
 LT_TEST(plan_table_and_bad_options) {
   tt_run t = tt_plan("--ranks 2 --strategy ddp --amp bf16");
   LT_EQ(t.rc, 0);
-  LT_TRUE(strstr(t.out, "gradients") && strstr(t.out, "peak per rank"));
+  LT_TRUE(strstr(t.out, "model and strategy") && strstr(t.out, "backward") &&
+          strstr(t.out, "peak per rank"));
   tt_run_free(&t);
   const char *bad[] = {"--fit-memory 0",    "--fit-memory lots", "--fit-memory 8XB",
                        "--fit width",       "--fit-memory inf",  "--fit-memory nan",
@@ -229,4 +233,44 @@ LT_TEST(plan_table_and_bad_options) {
   LT_TRUE(strcmp(m.out, th.out) == 0);
   tt_run_free(&m);
   tt_run_free(&th);
+}
+
+/* Largest resident set of this process so far, bytes. */
+static double max_rss_bytes(void) {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return (double)u.ru_maxrss * 1024.0;
+}
+
+/* The plan is a dry run: a step far larger than this machine is planned in a moment without
+ * its memory, the disk tier makes no file, and a run that would fail fails the plan with the
+ * run's own message. */
+LT_TEST(plan_is_a_dry_run) {
+  double rss0 = max_rss_bytes();
+  tt_run big = tt_plan("--model cnn --batch 1000000 --json");
+  LT_EQ(big.rc, 0);
+  LT_TRUE(json_first(big.out, "peak_bytes") > 100.0 * 1073741824.0);
+  LT_TRUE(max_rss_bytes() < rss0 + 512.0 * 1048576.0);
+  tt_run_free(&big);
+  const char *d = tt_tempdir();
+  tt_run disk = tt_plan("--ranks 2 --strategy fsdp --offload all --offload-tier disk "
+                        "--offload-dir %s --json", d);
+  LT_EQ(disk.rc, 0);
+  LT_TRUE(json_first(disk.out, "file_bytes") > 1e6);
+  DIR *dir = opendir(d);
+  int files = 0;
+  for (struct dirent *e; dir && (e = readdir(dir));) files += e->d_name[0] != '.';
+  if (dir) closedir(dir);
+  LT_EQ(files, 0);
+  tt_run_free(&disk);
+  tt_run missing = tt_plan("--ranks 2 --strategy fsdp --offload all --offload-tier disk "
+                           "--offload-dir %s/none", d);
+  LT_EQ(missing.rc, 1);
+  LT_TRUE(strstr(missing.err, "loom plan: rank 0: ") && strstr(missing.err, "/none"));
+  tt_run_free(&missing);
+  tt_run warm = tt_plan("--epochs 1 --warmup 100000");
+  LT_EQ(warm.rc, 1);
+  LT_TRUE(strstr(warm.err, "--warmup 100000 is more than the") != NULL);
+  tt_run_free(&warm);
+  tt_cleanup();
 }
