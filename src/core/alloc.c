@@ -111,14 +111,27 @@ int loom_mem_set_account(int account) {
 
 int loom_mem_account(void) { return my_account; }
 
-int loom_mem_account_stats(int account, loom_pool pool, loom_pool_stats *out) {
+/* An account's counters of a pool for `who`, or NULL after the message (LOOM_EINVAL in *rc)
+ * for an account or pool out of range or a NULL out. */
+static pool_counters *account_pool(const char *who, int account, loom_pool pool,
+                                   const void *out, int *rc) {
+  *rc = LOOM_EINVAL;
   if (account < 0 || account >= LOOM_MEM_ACCOUNTS)
-    return loom__fail(LOOM_EINVAL, "loom_mem_account_stats: account %d out of range 0..%d",
-                      account, LOOM_MEM_ACCOUNTS - 1);
-  if ((unsigned)pool >= LOOM_POOL_COUNT)
-    return loom__fail(LOOM_EINVAL, "loom_mem_account_stats: pool %d out of range", (int)pool);
-  if (!out) return loom__fail(LOOM_EINVAL, "loom_mem_account_stats: out is NULL");
-  return stats_of(&accounts[account].pool[pool], out);
+    loom__fail(LOOM_EINVAL, "%s: account %d out of range 0..%d", who, account,
+               LOOM_MEM_ACCOUNTS - 1);
+  else if ((unsigned)pool >= LOOM_POOL_COUNT)
+    loom__fail(LOOM_EINVAL, "%s: pool %d out of range", who, (int)pool);
+  else if (!out)
+    loom__fail(LOOM_EINVAL, "%s: the output is NULL", who);
+  else
+    return *rc = LOOM_OK, &accounts[account].pool[pool];
+  return NULL;
+}
+
+int loom_mem_account_stats(int account, loom_pool pool, loom_pool_stats *out) {
+  int rc;
+  pool_counters *c = account_pool("loom_mem_account_stats", account, pool, out, &rc);
+  return c ? stats_of(c, out) : rc;
 }
 
 void loom_mem_account_reset_peak(int account, loom_pool pool) {
@@ -127,15 +140,10 @@ void loom_mem_account_reset_peak(int account, loom_pool pool) {
 }
 
 int loom_mem_account_tags(int account, loom_pool pool, size_t at_peak[LOOM_MEM_TAGS]) {
-  if (account < 0 || account >= LOOM_MEM_ACCOUNTS)
-    return loom__fail(LOOM_EINVAL, "loom_mem_account_tags: account %d out of range 0..%d",
-                      account, LOOM_MEM_ACCOUNTS - 1);
-  if ((unsigned)pool >= LOOM_POOL_COUNT)
-    return loom__fail(LOOM_EINVAL, "loom_mem_account_tags: pool %d out of range", (int)pool);
-  if (!at_peak) return loom__fail(LOOM_EINVAL, "loom_mem_account_tags: at_peak is NULL");
-  pool_counters *c = &accounts[account].pool[pool];
-  for (int t = 0; t < LOOM_MEM_TAGS; t++) at_peak[t] = atomic_load(&c->tag_at_peak[t]);
-  return LOOM_OK;
+  int rc;
+  pool_counters *c = account_pool("loom_mem_account_tags", account, pool, at_peak, &rc);
+  for (int t = 0; c && t < LOOM_MEM_TAGS; t++) at_peak[t] = atomic_load(&c->tag_at_peak[t]);
+  return rc;
 }
 
 int loom_set_allocator(const loom_allocator *a) {

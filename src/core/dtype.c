@@ -44,28 +44,26 @@ int loom_dtype_parse(const char *name, loom_dtype *out) {
 }
 
 void loom_cvt_f32_to_bf16(const float *src, uint16_t *dst, size_t n) {
-  if (loom__dry()) return;
   loom__k()->cvt_f32_to_bf16(src, dst, n);
 }
 void loom_cvt_bf16_to_f32(const uint16_t *src, float *dst, size_t n) {
-  if (loom__dry()) return;
   loom__k()->cvt_bf16_to_f32(src, dst, n);
 }
 void loom_cvt_f32_to_f16(const float *src, uint16_t *dst, size_t n) {
-  if (loom__dry()) return;
   loom__k()->cvt_f32_to_f16(src, dst, n);
 }
 void loom_cvt_f16_to_f32(const uint16_t *src, float *dst, size_t n) {
-  if (loom__dry()) return;
   loom__k()->cvt_f16_to_f32(src, dst, n);
 }
 
 void loom__widen(loom_dtype dt, const void *src, float *dst, size_t n) {
+  if (loom__dry()) return;
   if (dt == LOOM_F16) loom_cvt_f16_to_f32(src, dst, n);
   else loom_cvt_bf16_to_f32(src, dst, n);
 }
 
 void loom__narrow(loom_dtype dt, const float *src, void *dst, size_t n) {
+  if (loom__dry()) return;
   if (dt == LOOM_F16) loom_cvt_f32_to_f16(src, dst, n);
   else loom_cvt_f32_to_bf16(src, dst, n);
 }

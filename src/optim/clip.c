@@ -19,15 +19,11 @@ void loom__sumsq_add(double lane[16], const float *x, size_t n, size_t start) {
 }
 
 static void widen(const loom_grad_buf *b, size_t at, float *dst, size_t n) {
-  const uint16_t *h = (const uint16_t *)b->data + at;
-  if (b->dtype == LOOM_F16) loom_cvt_f16_to_f32(h, dst, n);
-  else loom_cvt_bf16_to_f32(h, dst, n);
+  loom__widen(b->dtype, (const uint16_t *)b->data + at, dst, n);
 }
 
 static void narrow(const loom_grad_buf *b, size_t at, const float *src, size_t n) {
-  uint16_t *h = (uint16_t *)b->data + at;
-  if (b->dtype == LOOM_F16) loom_cvt_f32_to_f16(src, h, n);
-  else loom_cvt_f32_to_bf16(src, h, n);
+  loom__narrow(b->dtype, src, (uint16_t *)b->data + at, n);
 }
 
 static int check_bufs(const char *who, const loom_grad_buf *bufs, size_t nbuf) {

@@ -376,7 +376,7 @@ LT_TEST(account_bad_arguments_are_refused) {
          "account 65 out of range");
   LT_ERR(loom_mem_account_stats(0, (loom_pool)9, &s), LOOM_EINVAL, "pool 9 out of range");
   LT_ERR(loom_mem_account_stats(0, LOOM_POOL_COUNT, &s), LOOM_EINVAL, "pool 4 out of range");
-  LT_ERR(loom_mem_account_stats(0, LOOM_POOL_HOST, NULL), LOOM_EINVAL, "out is NULL");
+  LT_ERR(loom_mem_account_stats(0, LOOM_POOL_HOST, NULL), LOOM_EINVAL, "output is NULL");
   LT_OK(loom_mem_account_stats(LOOM_MEM_ACCOUNTS - 1, LOOM_POOL_FILE, &s));
   /* out of range: a no-op, not a crash */
   loom_mem_account_reset_peak(-1, LOOM_POOL_HOST);
