@@ -1,8 +1,8 @@
 /* test_fsdp_ckpt.c: FSDP checkpoints on the threads backend. Sharded save and resume (f32, and
  * f16 mixed precision with its loss scale) ending bit for bit where the uninterrupted run ends;
  * resharding (saved by 2 ranks, loaded by 1, 3 and 4, and 2 -> 3 -> 2); the index's metadata,
- * reserved keys and generations; a flipped byte, a truncated or swapped rank file, a save that
- * died before its index, a model with other units, each refused with a named error and leaving
+ * reserved keys and generations; what a killed save left, removed by the next save; a flipped
+ * byte, a truncated or swapped rank file, a save that died before its index, a model with other units, each refused with a named error and leaving
  * the fsdp's shards and optimizer state untouched; and the full state dict (rank 0's values
  * after create, PyTorch names in a safetensors file, loading one back, wrong name and shape).
  *
@@ -311,6 +311,79 @@ LT_TEST(fsdp_ckpt_metadata_reserved_keys_and_generations) {
   char path[256];
   rank_file(path, sizeof path, sub, 2, 1, 2);
   LT_TRUE(access(path, F_OK) == 0);
+  fm_rm_tree(dir);
+}
+
+/* What a kill -9 during a save leaves, planted by hand: the index's temporary, rank-file
+ * temporaries in the generation the next save reuses (this world and another) and in a
+ * generation the index does not name, and a complete rank file of a save that never committed.
+ * The next save removes all of them, whatever their generation, and nothing else. */
+typedef struct save_job {
+  const char *dir;
+} save_job;
+
+static int save_rank(loom_pg *pg, void *arg) {
+  loom_module *m = NULL;
+  loom_fsdp *f = NULL;
+  int rc = fm_create(1, &m);
+  if (!rc) rc = loom_fsdp_create(pg, m, NULL, &f);
+  if (!rc) rc = loom_fsdp_save_sharded(f, ((save_job *)arg)->dir, NULL, NULL, 0);
+  loom_fsdp_free(f);
+  loom_module_free(m);
+  return rc;
+}
+
+/* Whether dir (and its gen-* folders) holds a name with ".tmp.". */
+static bool any_temporary(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return false;
+  bool found = false;
+  for (struct dirent *e; (e = readdir(d)) && !found;) {
+    if (strstr(e->d_name, ".tmp.")) found = true;
+    char sub[512];
+    snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
+    if (strncmp(e->d_name, "gen-", 4) == 0 && any_temporary(sub)) found = true;
+  }
+  closedir(d);
+  return found;
+}
+
+LT_TEST(fsdp_ckpt_next_save_removes_what_a_killed_save_left) {
+  char dir[64], path[256];
+  tmp_dir(dir, sizeof dir);
+  save_job j = {.dir = dir};
+  LT_OK(loom_threads_run(2, NULL, save_rank, &j)); /* generation 1, committed */
+  const char *planted[] = {"fsdp-index.safetensors.tmp.AbC123",
+                           "gen-2/rank-0-of-2.safetensors.tmp.Xy12Zq",
+                           "gen-2/rank-3-of-4.safetensors.tmp.Qq11Ww",
+                           "gen-2/rank-1-of-2.safetensors",
+                           "gen-7/rank-1-of-2.safetensors.tmp.AAAAAA"};
+  snprintf(path, sizeof path, "%s/gen-2", dir);
+  LT_EQ(mkdir(path, 0777), 0);
+  snprintf(path, sizeof path, "%s/gen-7", dir);
+  LT_EQ(mkdir(path, 0777), 0);
+  for (size_t i = 0; i < sizeof planted / sizeof *planted; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, planted[i]);
+    write_all(path, "torn", 4);
+  }
+  const char *kept = "fsdp-index.safetensors.tmp.notmine"; /* not the writer's pattern */
+  snprintf(path, sizeof path, "%s/%s", dir, kept);
+  write_all(path, "mine", 4);
+  LT_TRUE(any_temporary(dir));
+  LT_OK(loom_threads_run(2, NULL, save_rank, &j)); /* generation 2 */
+  LT_TRUE(access(path, F_OK) == 0);
+  LT_EQ(remove(path), 0);
+  LT_TRUE(!any_temporary(dir));
+  long long last = -1;
+  LT_EQ(count_generations(dir, &last), 1);
+  LT_EQ(last, 2);
+  rank_file(path, sizeof path, dir, 2, 1, 2);
+  size_t n = 0;
+  unsigned char *b = read_all(path, &n);
+  LT_TRUE(b && n > 4); /* this save's file, not the planted one */
+  free(b);
+  LT_OK(loom_threads_run(2, NULL, save_rank, &j)); /* a third save over a clean set */
+  LT_TRUE(!any_temporary(dir));
   fm_rm_tree(dir);
 }
 
