@@ -15,6 +15,7 @@
  * A 2 -> 3 -> 2 round trip moves only bytes, so it continues bit for bit. */
 #include "lt.h"
 #include "fsdp_model.h"
+#include "lt_tree.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -333,21 +334,6 @@ static int save_rank(loom_pg *pg, void *arg) {
   return rc;
 }
 
-/* Whether dir (and its gen-* folders) holds a name with ".tmp.". */
-static bool any_temporary(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return false;
-  bool found = false;
-  for (struct dirent *e; (e = readdir(d)) && !found;) {
-    if (strstr(e->d_name, ".tmp.")) found = true;
-    char sub[512];
-    snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
-    if (strncmp(e->d_name, "gen-", 4) == 0 && any_temporary(sub)) found = true;
-  }
-  closedir(d);
-  return found;
-}
-
 LT_TEST(fsdp_ckpt_next_save_removes_what_a_killed_save_left) {
   char dir[64], path[256];
   tmp_dir(dir, sizeof dir);
@@ -369,11 +355,11 @@ LT_TEST(fsdp_ckpt_next_save_removes_what_a_killed_save_left) {
   const char *kept = "fsdp-index.safetensors.tmp.notmine"; /* not the writer's pattern */
   snprintf(path, sizeof path, "%s/%s", dir, kept);
   write_all(path, "mine", 4);
-  LT_TRUE(any_temporary(dir));
+  LT_EQ(lt_tree_walk(dir, ".tmp.", false), 5);
   LT_OK(loom_threads_run(2, NULL, save_rank, &j)); /* generation 2 */
   LT_TRUE(access(path, F_OK) == 0);
   LT_EQ(remove(path), 0);
-  LT_TRUE(!any_temporary(dir));
+  LT_EQ(lt_tree_walk(dir, ".tmp.", false), 0);
   long long last = -1;
   LT_EQ(count_generations(dir, &last), 1);
   LT_EQ(last, 2);
@@ -383,7 +369,7 @@ LT_TEST(fsdp_ckpt_next_save_removes_what_a_killed_save_left) {
   LT_TRUE(b && n > 4); /* this save's file, not the planted one */
   free(b);
   LT_OK(loom_threads_run(2, NULL, save_rank, &j)); /* a third save over a clean set */
-  LT_TRUE(!any_temporary(dir));
+  LT_EQ(lt_tree_walk(dir, ".tmp.", false), 0);
   fm_rm_tree(dir);
 }
 
