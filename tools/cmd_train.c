@@ -66,7 +66,7 @@ static int finish(int rc) {
   if (!rc) return 0;
   fflush(stdout); /* what was printed before the failure comes before its message */
   fprintf(stderr, "loom train: %s\n", train_last_error());
-  if (train_signal_pending()) return 128 + train_signal_pending(); /* 130, 143: a clean stop */
+  if (train_signal_pending()) return 128 + train_signal_pending(); /* 130, 143, 129: a clean stop */
   const char *hint = train_error_hint(train_last_error());
   if (hint) fprintf(stderr, "loom train: %s\n", hint);
   return 1;

@@ -74,8 +74,8 @@ int train_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 int train_fail_loom(int code, const char *prefix);
 /* This thread's last train_fail message ("" if none). */
 const char *train_last_error(void);
-/* SIGINT / SIGTERM (train_signal.c): install the handlers (the first signal sets a flag, a
- * second ends the process), and the signal received so far (0: none). */
+/* SIGINT / SIGTERM / SIGHUP (train_signal.c): install the handlers (the first signal sets a
+ * flag, a second ends the process), and the signal received so far (0: none). */
 void train_signal_install(void);
 int train_signal_pending(void);
 /* What to do about a failure whose message is `message`, when the tool knows (a CPU that lacks
