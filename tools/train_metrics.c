@@ -12,8 +12,9 @@
  *     has no room for is dropped, never waited on, and the drops are counted on standard error
  *     at the end; a reader that goes away ends the records (no SIGPIPE, the run goes on);
  *   - a block device, socket or folder is refused.
- * A record a full pipe cut short is finished before the next one is written, so the reader
- * only ever sees whole lines. */
+ * A record of up to PIPE_BUF (4 KiB) bytes goes into a pipe whole or not at all; a longer one a
+ * full pipe cut short is finished before the next one is written (one still cut when the run
+ * ends is counted as dropped). */
 #include "train_api.h"
 
 #include <errno.h>
