@@ -68,7 +68,7 @@ int train_metrics_open(const char *path, bool append, train_metrics **out) {
   } else if (fstat(mt->fd, &st) != 0) {
     rc = train_fail(LOOM_EIO, "--metrics %s: cannot stat: %s", path, strerror(errno));
   } else if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) && !S_ISCHR(st.st_mode)) {
-    rc = train_fail(LOOM_EIO, "--metrics %s: is %s, not a file, FIFO or terminal", path,
+    rc = train_fail(LOOM_EIO, "--metrics %s is %s, not a file, FIFO or terminal", path,
                     kind_of(st.st_mode));
   }
   if (rc) {
@@ -147,8 +147,9 @@ static int put_tail(train_metrics *mt) {
 static int put_failed(train_metrics *mt, int r, int64_t step) {
   if (r == PUT_GONE) {
     mt->gone = true;
-    fprintf(stderr, "loom train: note: --metrics %s: the reader went away at step %lld; the "
-            "records after it are dropped\n", mt->path, (long long)step);
+    mt->dropped++; /* this record */
+    fprintf(stderr, "loom train: note: --metrics %s: the reader went away: the records from "
+            "step %lld on are dropped\n", mt->path, (long long)step);
     return LOOM_OK;
   }
   return mt->rc = train_fail(LOOM_EIO, "--metrics %s: write failed: %s", mt->path,
