@@ -5,7 +5,7 @@
  * torn down as after any failure (the disk tier's offload files removed) and the tool exits
  * 128 + the signal (130, 143, 129) after saying so, with the last checkpoint intact. A second
  * one ends the process at once (SA_RESETHAND); a temporary it leaves is removed by the next
- * save. Nothing the run does waits without looking at the flag: --metrics never blocks
+ * save. --metrics never holds up the stop: its writes never wait for a reader
  * (train_metrics.c). */
 #include "train_api.h"
 

@@ -10,9 +10,9 @@
  * All of them are loom checkpoints (checkpoint/2: a CRC over every byte, written atomically).
  * A save first removes what killed saves left (the index's temporaries, generations the index
  * does not name), writes a new generation, then the index, then removes older generations:
- * until the index is renamed into place the previous set is the one a load finds. A load reads the parts
- * of the old shards that its new shard covers, so the world size may change between save and
- * load (resharding). It checks every value first and then reads each straight to where it
+ * until the index is renamed into place the previous set is the one a load finds. A load reads
+ * the parts of the old shards that its new shard covers, so the world size may change between
+ * save and load (resharding). It checks every value first and then reads each straight to where it
  * lives (offloaded kinds through loom__fsdp_stream into their tier): no copy of a rank's state
  * is ever staged, since with offload that state may be larger than the run's memory. */
 #include "fsdp/fsdp_int.h"

@@ -2,8 +2,9 @@
  * f16 mixed precision with its loss scale) ending bit for bit where the uninterrupted run ends;
  * resharding (saved by 2 ranks, loaded by 1, 3 and 4, and 2 -> 3 -> 2); the index's metadata,
  * reserved keys and generations; what a killed save left, removed by the next save; a flipped
- * byte, a truncated or swapped rank file, a save that died before its index, a model with other units, each refused with a named error and leaving
- * the fsdp's shards and optimizer state untouched; and the full state dict (rank 0's values
+ * byte, a truncated or swapped rank file, a save that died before its index, a model with other
+ * units, each refused with a named error and leaving the fsdp's shards and optimizer state
+ * untouched; and the full state dict (rank 0's values
  * after create, PyTorch names in a safetensors file, loading one back, wrong name and shape).
  *
  * Tolerance. Everything is bit for bit except one comparison: the continuation of a 2-rank
