@@ -258,6 +258,7 @@ LT_TEST(fsdp_ckpt_saved_by_2_ranks_loads_at_1_3_and_4) {
 
 typedef struct meta_job {
   const char *dir;
+  bool plain; /* one save without metadata, nothing else */
   int reserved_rc[MAXW];
   char reserved_msg[MAXW][MSG];
 } meta_job;
@@ -270,6 +271,10 @@ static int meta_rank(loom_pg *pg, void *arg) {
   int rc = fm_create(1, &m);
   if (!rc) rc = loom_fsdp_create(pg, m, NULL, &f);
   const loom_safetensors_meta_kv bad[] = {{"epoch", "1"}, {"fsdp.x", "2"}};
+  if (!rc && j->plain) {
+    rc = loom_fsdp_save_sharded(f, j->dir, NULL, NULL, 0);
+    goto out;
+  }
   if (!rc) {
     loom_clear_error();
     j->reserved_rc[rank] = loom_fsdp_save_sharded(f, j->dir, NULL, bad, 2);
@@ -278,6 +283,7 @@ static int meta_rank(loom_pg *pg, void *arg) {
   const loom_safetensors_meta_kv meta[] = {{"epoch", "7"}, {"run", "fsdp ckpt test"}};
   if (!rc) rc = loom_fsdp_save_sharded(f, j->dir, NULL, meta, 2);
   if (!rc) rc = loom_fsdp_save_sharded(f, j->dir, NULL, meta, 1); /* a second generation */
+out:
   loom_fsdp_free(f);
   loom_module_free(m);
   return rc;
@@ -320,26 +326,11 @@ LT_TEST(fsdp_ckpt_metadata_reserved_keys_and_generations) {
  * temporaries in the generation the next save reuses (this world and another) and in a
  * generation the index does not name, and a complete rank file of a save that never committed.
  * The next save removes all of them, whatever their generation, and nothing else. */
-typedef struct save_job {
-  const char *dir;
-} save_job;
-
-static int save_rank(loom_pg *pg, void *arg) {
-  loom_module *m = NULL;
-  loom_fsdp *f = NULL;
-  int rc = fm_create(1, &m);
-  if (!rc) rc = loom_fsdp_create(pg, m, NULL, &f);
-  if (!rc) rc = loom_fsdp_save_sharded(f, ((save_job *)arg)->dir, NULL, NULL, 0);
-  loom_fsdp_free(f);
-  loom_module_free(m);
-  return rc;
-}
-
 LT_TEST(fsdp_ckpt_next_save_removes_what_a_killed_save_left) {
   char dir[64], path[256];
   tmp_dir(dir, sizeof dir);
-  save_job j = {.dir = dir};
-  LT_OK(loom_threads_run(2, NULL, save_rank, &j)); /* generation 1, committed */
+  meta_job j = {.dir = dir, .plain = true};
+  LT_OK(loom_threads_run(2, NULL, meta_rank, &j)); /* generation 1, committed */
   const char *planted[] = {"fsdp-index.safetensors.tmp.AbC123",
                            "gen-2/rank-0-of-2.safetensors.tmp.Xy12Zq",
                            "gen-2/rank-3-of-4.safetensors.tmp.Qq11Ww",
@@ -357,7 +348,7 @@ LT_TEST(fsdp_ckpt_next_save_removes_what_a_killed_save_left) {
   snprintf(path, sizeof path, "%s/%s", dir, kept);
   write_all(path, "mine", 4);
   LT_EQ(lt_tree_walk(dir, ".tmp.", false), 5);
-  LT_OK(loom_threads_run(2, NULL, save_rank, &j)); /* generation 2 */
+  LT_OK(loom_threads_run(2, NULL, meta_rank, &j)); /* generation 2 */
   LT_TRUE(access(path, F_OK) == 0);
   LT_EQ(remove(path), 0);
   LT_EQ(lt_tree_walk(dir, ".tmp.", false), 0);
@@ -369,7 +360,7 @@ LT_TEST(fsdp_ckpt_next_save_removes_what_a_killed_save_left) {
   unsigned char *b = read_all(path, &n);
   LT_TRUE(b && n > 4); /* this save's file, not the planted one */
   free(b);
-  LT_OK(loom_threads_run(2, NULL, save_rank, &j)); /* a third save over a clean set */
+  LT_OK(loom_threads_run(2, NULL, meta_rank, &j)); /* a third save over a clean set */
   LT_EQ(lt_tree_walk(dir, ".tmp.", false), 0);
   fm_rm_tree(dir);
 }
