@@ -66,7 +66,7 @@ static int finish(int rc) {
   if (!rc) return 0;
   fflush(stdout); /* what was printed before the failure comes before its message */
   fprintf(stderr, "loom train: %s\n", train_last_error());
-  if (train_signal_pending()) return 128 + train_signal_pending(); /* 130, 143: a clean stop */
+  if (train_signal_pending()) return 128 + train_signal_pending(); /* 130, 143, 129: a clean stop */
   const char *hint = train_error_hint(train_last_error());
   if (hint) fprintf(stderr, "loom train: %s\n", hint);
   return 1;
@@ -152,7 +152,7 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
       {"data", CLI_STRING, &o->data, "DIR", "MNIST-format dataset folder (default " LOOM_FASHION_MNIST_DIR ")", NULL, 0, 0, NULL, CLI_RANKS_SAME},
       {"limit", CLI_INT, &o->limit, "N", "use only N training samples per epoch (whole batches) and N test samples; 0: all", NULL, 0, 4294967296.0, NULL, CLI_RANKS_SAME},
       {"max-steps", CLI_INT, &o->max_steps, "N", "stop after N steps in all (as if interrupted); 0: no limit", NULL, 0, steps_max, NULL, CLI_RANKS_SAME},
-      {"metrics", CLI_STRING, &o->metrics, "FILE", "one JSON object per step (loss, lr, scale, overflow, samples/s, memory)", NULL, 0, 0, NULL, CLI_RANKS_LOCAL},
+      {"metrics", CLI_STRING, &o->metrics, "FILE", "one JSON object per step (loss, lr, scale, overflow, samples/s, memory); a FIFO or pipe is never waited on: one with no reader is refused, records a slow reader has no room for are dropped and counted", NULL, 0, 0, NULL, CLI_RANKS_LOCAL},
       {"save", CLI_STRING, &o->save, "DIR", "write DIR/checkpoint.safetensors and DIR/model.safetensors after each epoch and at the end", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},
       {"overwrite", CLI_FLAG, &c->overwrite, NULL, "let --save replace a checkpoint already in DIR (not needed with --resume DIR)", NULL, 0, 0, NULL, CLI_RANKS_SAME},
       {"resume", CLI_STRING, &o->resume, "DIR", "continue from DIR/checkpoint.safetensors (same options)", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},

@@ -106,8 +106,8 @@ int train_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 int train_fail_loom(int code, const char *prefix);
 /* This thread's last train_fail message ("" if none). */
 const char *train_last_error(void);
-/* SIGINT / SIGTERM (train_signal.c): install the handlers (the first signal sets a flag, a
- * second ends the process), and the signal received so far (0: none). */
+/* SIGINT / SIGTERM / SIGHUP (train_signal.c): install the handlers (the first signal sets a
+ * flag, a second ends the process), and the signal received so far (0: none). */
 void train_signal_install(void);
 int train_signal_pending(void);
 /* What to do about a failure whose message is `message`, when the tool knows (a CPU that lacks
@@ -244,12 +244,19 @@ typedef struct train_record {
   const char *extra; /* more JSON members ("\"ddp_bytes\": 12, ...") or NULL */
 } train_record;
 
+/* Metrics never wait (train_metrics.c): a regular file is written as a log is; a FIFO, pipe or
+ * terminal is written without waiting, so training and SIGINT / SIGTERM / SIGHUP never wait on
+ * a reader. A FIFO with no reader is refused at open (LOOM_EIO: "start the reader first"), a
+ * record a full pipe has no room for is dropped, a reader that goes away ends the records (the
+ * run goes on), and close says on stderr how many were dropped. A block device, socket or
+ * folder is refused. */
 typedef struct train_metrics train_metrics;
 /* Open FILE.jsonl for writing (append: after a resume, the records continue the file). */
 int train_metrics_open(const char *path, bool append, train_metrics **out);
-/* One JSON object on one line: the record and each memory pool's current and peak bytes. */
+/* One JSON object on one line: the record and each memory pool's current and peak bytes.
+ * Fails only for a write error (a full disk), which fails the run. */
 int train_metrics_write(train_metrics *mt, const train_record *r);
-/* Flush and close; the status of the last write (NULL ok). */
+/* Close, noting dropped records on stderr; the status of the first failed write (NULL ok). */
 int train_metrics_close(train_metrics *mt);
 
 #endif

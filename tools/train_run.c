@@ -251,12 +251,12 @@ static int step(trainer *t, double *loss_value, loom_step_result *res) {
   loom_mem_set_tag(TRAIN_TAG_UPDATE);
   if (rc) return rc;
   /* The tool's check between backward and the update, one flag over the ranks per step: a
-   * non-finite loss or SIGINT / SIGTERM on any rank. Only when it is up does a second exchange
-   * tell the two apart. A signal stops every rank here, before the update, saving nothing; so
-   * does a non-finite loss without loss scaling (diverged). With loss scaling a non-finite loss
-   * is the scaler's case, an overflow step: its gradients are not finite, so apply skips the
-   * update and backs the scale off (had they been finite, every rank stops after it, saving
-   * nothing all the same). */
+   * non-finite loss or SIGINT / SIGTERM / SIGHUP on any rank. Only when it is up does a second
+   * exchange tell the two apart. A signal stops every rank here, before the update, saving
+   * nothing; so does a non-finite loss without loss scaling (diverged). With loss scaling a
+   * non-finite loss is the scaler's case, an overflow step: its gradients are not finite, so
+   * apply skips the update and backs the scale off (had they been finite, every rank stops
+   * after it, saving nothing all the same). */
   bool stop = false, interrupted = false;
   TRY(train_par_any(t->par, !isfinite(*loss_value) || train_signal_pending(), &stop), "stop check");
   if (stop) TRY(train_par_any(t->par, train_signal_pending() != 0, &interrupted), "interrupt check");

@@ -387,8 +387,11 @@ int loom_fsdp_load_full_state(loom_fsdp *f, const loom_named_tensor *state, size
  * names and lengths, every rank file's size and CRC-32, and meta[0..nmeta), keys not starting
  * "fsdp.") and removes older generations. Every file is a loom checkpoint (CRC over all its
  * bytes, written atomically), and the index is the commit point: a save that dies before it
- * leaves the previous complete set in place. A failure on any rank fails the save on every
- * rank (LOOM_EIO naming the rank or the path). */
+ * leaves the previous complete set in place, and the next save removes what it left (the
+ * index's temporaries, `fsdp-index.safetensors.tmp.XXXXXX`, and every generation the index does
+ * not name, with the rank files and temporaries in it), so one process group at a time may
+ * save into dir. A failure on any rank fails the save on every rank (LOOM_EIO naming the rank
+ * or the path). */
 int loom_fsdp_save_sharded(loom_fsdp *f, const char *dir, const loom_optim *opt,
                            const loom_safetensors_meta_kv *meta, size_t nmeta);
 /* Restore parameters, optimizer state and step count (opt may be NULL) and the loss scale from

@@ -8,10 +8,11 @@
  *                                        name (metadata), numel and shard length, every rank
  *                                        file's size and CRC-32, the caller's metadata
  * All of them are loom checkpoints (checkpoint/2: a CRC over every byte, written atomically).
- * A save writes a new generation, then the index, then removes older generations: until the
- * index is renamed into place the previous set is the one a load finds. A load reads the parts
- * of the old shards that its new shard covers, so the world size may change between save and
- * load (resharding). It checks every value first and then reads each straight to where it
+ * A save first removes what killed saves left (the index's temporaries, generations the index
+ * does not name), writes a new generation, then the index, then removes older generations:
+ * until the index is renamed into place the previous set is the one a load finds. A load reads
+ * the parts of the old shards that its new shard covers, so the world size may change between
+ * save and load (resharding). It checks every value first and then reads each straight to where it
  * lives (offloaded kinds through loom__fsdp_stream into their tier): no copy of a rank's state
  * is ever staged, since with offload that state may be larger than the run's memory. */
 #include "fsdp/fsdp_int.h"
@@ -83,6 +84,19 @@ static void remove_old_generations(const char *dir, int64_t keep) {
     rmdir(sub);
   }
   closedir(d);
+}
+
+/* What killed saves left in dir, before a new save (rank 0, before any rank writes): the
+ * index's temporaries (loom_remove_stale_temporaries, the one mechanism for an atomic write's
+ * leftovers) and every generation but the committed one `gen`: a generation the index does not
+ * name is a save that died before its commit, whatever it holds (rank files or their
+ * temporaries, of this world size or another), and the next save may reuse its number. */
+static int remove_leftovers(const char *dir, int64_t gen) {
+  char path[4096];
+  index_path(dir, path, sizeof path);
+  int rc = loom_remove_stale_temporaries(path, NULL);
+  if (!rc) remove_old_generations(dir, gen);
+  return rc;
 }
 
 /* Open path through the page cache (mapped: the file may be larger than the memory a run has,
@@ -227,6 +241,7 @@ int loom_fsdp_save_sharded(loom_fsdp *f, const char *dir, const loom_optim *opt,
   int64_t gen = 0;
   int rc = f->rank == 0 ? make_dir(dir) : LOOM_OK;
   if (!rc && f->rank == 0) rc = current_generation(dir, &gen);
+  if (!rc && f->rank == 0) rc = remove_leftovers(dir, gen);
   int64_t g2[2] = {rc ? -1 : gen + 1, rc};
   int rcb = loom_pg_broadcast(f->pg, g2, g2, 2, LOOM_I64, 0, NULL);
   if (rcb) return rcb;

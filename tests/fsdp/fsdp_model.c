@@ -1,11 +1,9 @@
 /* fsdp_model.c: the FSDP tests' model, data and step (see fsdp_model.h). */
 #include "fsdp_model.h"
+#include "lt_tree.h"
 
-#include <dirent.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 static float hash_unit(uint64_t x) { /* a value in [-1, 1) from an integer */
   x ^= x >> 33;
@@ -99,19 +97,5 @@ void fm_flatten_state(const loom_named_tensor *st, size_t n, float *out) {
 }
 
 void fm_rm_tree(const char *dir) {
-  if (!dir || !*dir) return;
-  DIR *d = opendir(dir);
-  if (d) {
-    struct dirent *e;
-    while ((e = readdir(d))) {
-      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-      char p[1024];
-      snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-      struct stat st;
-      if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) fm_rm_tree(p);
-      else unlink(p);
-    }
-    closedir(d);
-  }
-  rmdir(dir);
+  if (dir && *dir) lt_tree_walk(dir, NULL, true);
 }

@@ -1,9 +1,10 @@
 /* test_fsdp_ckpt.c: FSDP checkpoints on the threads backend. Sharded save and resume (f32, and
  * f16 mixed precision with its loss scale) ending bit for bit where the uninterrupted run ends;
  * resharding (saved by 2 ranks, loaded by 1, 3 and 4, and 2 -> 3 -> 2); the index's metadata,
- * reserved keys and generations; a flipped byte, a truncated or swapped rank file, a save that
- * died before its index, a model with other units, each refused with a named error and leaving
- * the fsdp's shards and optimizer state untouched; and the full state dict (rank 0's values
+ * reserved keys and generations; what a killed save left, removed by the next save; a flipped
+ * byte, a truncated or swapped rank file, a save that died before its index, a model with other
+ * units, each refused with a named error and leaving the fsdp's shards and optimizer state
+ * untouched; and the full state dict (rank 0's values
  * after create, PyTorch names in a safetensors file, loading one back, wrong name and shape).
  *
  * Tolerance. Everything is bit for bit except one comparison: the continuation of a 2-rank
@@ -15,6 +16,7 @@
  * A 2 -> 3 -> 2 round trip moves only bytes, so it continues bit for bit. */
 #include "lt.h"
 #include "fsdp_model.h"
+#include "lt_tree.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -256,6 +258,7 @@ LT_TEST(fsdp_ckpt_saved_by_2_ranks_loads_at_1_3_and_4) {
 
 typedef struct meta_job {
   const char *dir;
+  bool plain; /* one save without metadata, nothing else */
   int reserved_rc[MAXW];
   char reserved_msg[MAXW][MSG];
 } meta_job;
@@ -268,6 +271,10 @@ static int meta_rank(loom_pg *pg, void *arg) {
   int rc = fm_create(1, &m);
   if (!rc) rc = loom_fsdp_create(pg, m, NULL, &f);
   const loom_safetensors_meta_kv bad[] = {{"epoch", "1"}, {"fsdp.x", "2"}};
+  if (!rc && j->plain) {
+    rc = loom_fsdp_save_sharded(f, j->dir, NULL, NULL, 0);
+    goto out;
+  }
   if (!rc) {
     loom_clear_error();
     j->reserved_rc[rank] = loom_fsdp_save_sharded(f, j->dir, NULL, bad, 2);
@@ -276,6 +283,7 @@ static int meta_rank(loom_pg *pg, void *arg) {
   const loom_safetensors_meta_kv meta[] = {{"epoch", "7"}, {"run", "fsdp ckpt test"}};
   if (!rc) rc = loom_fsdp_save_sharded(f, j->dir, NULL, meta, 2);
   if (!rc) rc = loom_fsdp_save_sharded(f, j->dir, NULL, meta, 1); /* a second generation */
+out:
   loom_fsdp_free(f);
   loom_module_free(m);
   return rc;
@@ -311,6 +319,49 @@ LT_TEST(fsdp_ckpt_metadata_reserved_keys_and_generations) {
   char path[256];
   rank_file(path, sizeof path, sub, 2, 1, 2);
   LT_TRUE(access(path, F_OK) == 0);
+  fm_rm_tree(dir);
+}
+
+/* What a kill -9 during a save leaves, planted by hand: the index's temporary, rank-file
+ * temporaries in the generation the next save reuses (this world and another) and in a
+ * generation the index does not name, and a complete rank file of a save that never committed.
+ * The next save removes all of them, whatever their generation, and nothing else. */
+LT_TEST(fsdp_ckpt_next_save_removes_what_a_killed_save_left) {
+  char dir[64], path[256];
+  tmp_dir(dir, sizeof dir);
+  meta_job j = {.dir = dir, .plain = true};
+  LT_OK(loom_threads_run(2, NULL, meta_rank, &j)); /* generation 1, committed */
+  const char *planted[] = {"fsdp-index.safetensors.tmp.AbC123",
+                           "gen-2/rank-0-of-2.safetensors.tmp.Xy12Zq",
+                           "gen-2/rank-3-of-4.safetensors.tmp.Qq11Ww",
+                           "gen-2/rank-1-of-2.safetensors",
+                           "gen-7/rank-1-of-2.safetensors.tmp.AAAAAA"};
+  snprintf(path, sizeof path, "%s/gen-2", dir);
+  LT_EQ(mkdir(path, 0777), 0);
+  snprintf(path, sizeof path, "%s/gen-7", dir);
+  LT_EQ(mkdir(path, 0777), 0);
+  for (size_t i = 0; i < sizeof planted / sizeof *planted; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, planted[i]);
+    write_all(path, "torn", 4);
+  }
+  const char *kept = "fsdp-index.safetensors.tmp.notmine"; /* not the writer's pattern */
+  snprintf(path, sizeof path, "%s/%s", dir, kept);
+  write_all(path, "mine", 4);
+  LT_EQ(lt_tree_walk(dir, ".tmp.", false), 5);
+  LT_OK(loom_threads_run(2, NULL, meta_rank, &j)); /* generation 2 */
+  LT_TRUE(access(path, F_OK) == 0);
+  LT_EQ(remove(path), 0);
+  LT_EQ(lt_tree_walk(dir, ".tmp.", false), 0);
+  long long last = -1;
+  LT_EQ(count_generations(dir, &last), 1);
+  LT_EQ(last, 2);
+  rank_file(path, sizeof path, dir, 2, 1, 2);
+  size_t n = 0;
+  unsigned char *b = read_all(path, &n);
+  LT_TRUE(b && n > 4); /* this save's file, not the planted one */
+  free(b);
+  LT_OK(loom_threads_run(2, NULL, meta_rank, &j)); /* a third save over a clean set */
+  LT_EQ(lt_tree_walk(dir, ".tmp.", false), 0);
   fm_rm_tree(dir);
 }
 

@@ -16,6 +16,11 @@ tool_run tool_loom(const char *const *args, const char *const *env, const char *
 /* The same, and once the file `when_exists` exists, send the child signal `sig`. */
 tool_run tool_loom_signal(const char *const *args, const char *const *env,
                           const char *stdout_path, const char *when_exists, int sig);
+/* Every run is bounded: a child still running TOOL_RUN_LIMIT_S seconds after its start (or
+ * TOOL_RUN_AFTER_SIGNAL_S after the signal) is killed (SIGKILL: code 137) and says so in err,
+ * so a run that hangs fails its test instead of stalling CI. */
+#define TOOL_RUN_LIMIT_S 240
+#define TOOL_RUN_AFTER_SIGNAL_S 30
 void tool_run_free(tool_run *r);
 
 #endif

@@ -3,8 +3,8 @@
 #include "train_test.h"
 
 #include "commands.h"
+#include "lt_tree.h"
 
-#include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,25 +72,8 @@ const char *tt_tempdir(void) {
   return dirs[ndirs++];
 }
 
-static void remove_tree(const char *path) {
-  DIR *d = opendir(path);
-  if (d) {
-    struct dirent *e;
-    while ((e = readdir(d))) {
-      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-      char p[512];
-      snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-      remove_tree(p);
-    }
-    closedir(d);
-    rmdir(path);
-  } else {
-    unlink(path);
-  }
-}
-
 void tt_cleanup(void) {
-  while (ndirs > 0) remove_tree(dirs[--ndirs]);
+  while (ndirs > 0) lt_tree_walk(dirs[--ndirs], NULL, true);
 }
 
 char *tt_read_file(const char *path, size_t *size) {
