@@ -160,7 +160,7 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
       {"eval-batch", CLI_POS_INT, &o->eval_batch, "N", "samples per evaluation batch", NULL, 1, batch_max, NULL, CLI_RANKS_SAME},
       {"quiet", CLI_FLAG, &o->quiet, NULL, "print only the summary line", NULL, 0, 0, NULL, CLI_RANKS_LOCAL},
       {"ranks", CLI_POS_INT, &o->ranks, "N", "data-parallel ranks (threads backend; each gets --batch samples of every step)", NULL, 1, TRAIN_MAX_RANKS, NULL, CLI_RANKS_SAME},
-      {"backend", CLI_CHOICE, &o->backend, NULL, "process groups: ranks as threads, or MPI processes (mpirun -n N loom train --backend mpi ...)", "threads|mpi", 0, 0, NULL, CLI_RANKS_SAME},
+      {"backend", CLI_CHOICE, &o->backend, NULL, "process groups: ranks as threads, or MPI processes (the default under mpirun / mpiexec: mpirun -n N loom train ...)", "threads|mpi", 0, 0, &c->seen_backend, CLI_RANKS_SAME},
       {"timeout", CLI_POS_DOUBLE, timeout, "SECONDS", "seconds a rank waits for its peers before it fails (LOOM_TIMEOUT sets the default)", NULL, 1e-3, 1e9, timeout_seen, CLI_RANKS_SAME},
       {"strategy", CLI_CHOICE, &o->strategy, NULL, "data parallelism: none, DDP (bucketed all-reduce overlapped with backward) or FSDP (parameters, gradients and optimizer state sharded over the ranks)", "none|ddp|fsdp", 0, 0, NULL, CLI_RANKS_SAME},
       {"wrap", CLI_CHOICE, &o->wrap, NULL, "FSDP units: each layer of the model, or layers grouped until --unit-min elements", "children|size", 0, 0, &c->seen_wrap, CLI_RANKS_SAME},
@@ -181,6 +181,40 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
   return n;
 }
 
+/* How many processes a launcher started this one among (mpirun / mpiexec: Open MPI's
+ * OMPI_COMM_WORLD_SIZE, MPICH's and PMI launchers' PMI_SIZE), with the variable that says so;
+ * 1 when none does. */
+static long launcher_size(const char **var) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    char *end = NULL;
+    long n = v ? strtol(v, &end, 10) : 0;
+    if (v && end != v && *end == '\0' && n > 1) {
+      *var = vars[i];
+      return n;
+    }
+  }
+  return 1;
+}
+
+/* Under a launcher that started several processes, the ranks are those processes: --backend
+ * mpi is the default there, and --backend threads (each process training alone, all writing
+ * the same files) is refused. Returns 0, or 2 after the message. */
+static int read_launcher(train_opts *o, const train_cmdline *c) {
+  const char *var = NULL;
+  long n = launcher_size(&var);
+  if (n <= 1 || strcmp(o->backend, "mpi") == 0) return 0;
+  if (!c->seen_backend) {
+    o->backend = "mpi";
+    return 0;
+  }
+  fprintf(stderr, "loom train: --backend threads: this process is one of %ld a launcher started "
+          "(%s=%ld), and each would train alone; give --backend mpi (or leave --backend out) to "
+          "make them the ranks of one run, or start one process with --ranks N\n", n, var, n);
+  return 2;
+}
+
 int cmd_train(int argc, char **argv) {
   train_opts o;
   static train_cmdline c; /* its folder buffers are large */
@@ -195,7 +229,7 @@ int cmd_train(int argc, char **argv) {
     return 0;
   }
   loom_pg_cfg cfg;
-  if (rc < 0 || train_opts_check(&o, &c) || train_par_cfg(&o, timeout_seen ? timeout : 0, &cfg)) return 2;
+  if (rc < 0 || read_launcher(&o, &c) || train_opts_check(&o, &c) || train_par_cfg(&o, timeout_seen ? timeout : 0, &cfg)) return 2;
   static train_fp_entry fp[TRAIN_CLI_MAX]; /* what every rank must share (one process: none) */
   if (strcmp(o.strategy, "none") != 0 || strcmp(o.backend, "mpi") == 0) {
     o.nranks_fp = train_cli_fingerprint(table, fp, TRAIN_CLI_MAX);

@@ -20,7 +20,7 @@ typedef struct train_cmdline {
   bool no_shuffle, overwrite;
   bool seen_hidden, seen_channels, seen_fc, seen_momentum, seen_loss_scale, seen_scaler,
       seen_warmup, seen_wrap, seen_unit_min, seen_reshard, seen_gather_prefetch, seen_offload,
-      seen_offload_tier, seen_offload_dir, seen_prefetch;
+      seen_offload_tier, seen_offload_dir, seen_prefetch, seen_backend;
   char dirs[3][PATH_MAX];         /* --save, --resume, --data without trailing slashes */
 } train_cmdline;
 

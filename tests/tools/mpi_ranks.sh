@@ -21,6 +21,9 @@
 #                          resumed with offload from the sharded checkpoint, end with the model
 #                          file of the same run on NP threads without offload (byte for byte), and
 #                          leave no file in --offload-dir
+#   launcher               started by the launcher without --backend: one run of 2 MPI ranks (one
+#                          summary line); with --backend threads: every process refuses at
+#                          start, saying how to run (never two independent trainings)
 # Usage: mpi_ranks.sh LOOM MPIEXEC NP_FLAG "flags=LAUNCHER FLAGS" CASE [ARGS...] (the flags
 # after "flags=", which may be empty, as MPICH's are)
 set -u
@@ -154,6 +157,20 @@ fsdp-offload)
   cmp -s "$dir/thr/model.safetensors" "$dir/mpi/model.safetensors" ||
     fail "the MPI run's model (offload on disk) differs from the threads run's (no offload)"
   [ -z "$(ls -A "$dir/off")" ] || fail "files left in --offload-dir: $(ls -A "$dir/off")"
+  ;;
+launcher)
+  run="train --strategy ddp --hidden 16 --threads 1 --limit 256 --batch 64 --epochs 1 --quiet"
+  # shellcheck disable=SC2086
+  timeout 120 "$mpiexec" $flags $np 2 "$loom" $run --save "$dir/ck" >"$dir/out" 2>"$dir/err" ||
+    fail "the run without --backend under the launcher failed"
+  [ "$(grep -c '^loom train: mlp' "$dir/out")" = 1 ] || fail "not exactly one summary line"
+  grep -q 'after 2 steps' "$dir/out" || fail "not one run of 2 ranks (2 steps of 2 x 64)"
+  # shellcheck disable=SC2086
+  timeout 60 "$mpiexec" $flags $np 2 "$loom" $run --backend threads >"$dir/out" 2>"$dir/err" &&
+    fail "--backend threads under the launcher ran"
+  [ "$(grep -c 'this process is one of 2 a launcher started' "$dir/err")" = 2 ] ||
+    fail "not every process said why it refused"
+  grep -q 'loom train: mlp' "$dir/out" && fail "a process trained"
   ;;
 *)
   echo "unknown case $case"
