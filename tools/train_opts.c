@@ -203,6 +203,27 @@ static int cannot(const char *opt, const char *dir, const char *what) {
   return 1;
 }
 
+/* Whether a file can be made and written in folder d (a probe, written and removed): 0, or 1
+ * after the message naming the option, the folder and the errno text. A folder that exists but
+ * takes no regular files (/proc says ENOENT) is said to be one, not a missing folder. */
+static int probe_write(const char *opt, const char *d) {
+  char p[PATH_MAX + 64];
+  snprintf(p, sizeof p, "%s/.loom-write-test-XXXXXX", d);
+  int fd = mkstemp(p), e = fd < 0 ? errno : 0;
+  if (fd >= 0) {
+    ssize_t w = write(fd, "loom", 4);
+    e = w == 4 ? 0 : w < 0 ? errno : ENOSPC;
+    if (close(fd) != 0 && !e) e = errno;
+    unlink(p);
+  }
+  errno = e;
+  if (!e) return 0;
+  if (e == ENOENT)
+    return cannot(opt, d, "the folder takes no regular files (a pseudo-filesystem such as "
+                          "/proc?): creating one failed");
+  return cannot(opt, d, "cannot write in the folder");
+}
+
 static bool same_folder(const char *a, const char *b) {
   struct stat sa, sb;
   return a && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
@@ -230,15 +251,7 @@ int train_save_check(const train_opts *o, bool overwrite) {
       return 2;
     }
   }
-  snprintf(p, sizeof p, "%s/.loom-write-test-XXXXXX", d);
-  int fd = mkstemp(p);
-  if (fd < 0) return cannot("save", d, "cannot write in the folder");
-  ssize_t w = write(fd, "loom", 4);
-  int e = w == 4 ? 0 : w < 0 ? errno : ENOSPC;
-  if (close(fd) != 0 && !e) e = errno;
-  unlink(p);
-  errno = e;
-  return e ? cannot("save", d, "cannot write in the folder") : 0;
+  return probe_write("save", d);
 }
 
 int train_offload_dir_check(const train_opts *o) {
@@ -250,7 +263,7 @@ int train_offload_dir_check(const train_opts *o) {
     fprintf(stderr, "loom train: --offload-dir %s: not a folder\n", d);
     return 1;
   }
-  return access(d, W_OK | X_OK) != 0 ? cannot("offload-dir", d, "cannot write in the folder") : 0;
+  return probe_write("offload-dir", d);
 }
 
 /* ---- the ranks' fingerprint ---------------------------------------------------------------- */

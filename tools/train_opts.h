@@ -57,7 +57,8 @@ int train_opts_check(train_opts *o, train_cmdline *c);
 int train_save_check(const train_opts *o, bool overwrite);
 
 /* Before a run with --offload-dir DIR (on every process: the folder may be a node's own): DIR
- * must be an existing folder this process can write in (the offload files are made there).
+ * must be an existing folder this process can make and write a file in (a probe, written and
+ * removed: the offload files are made there; /proc, say, is a folder that takes no files).
  * Returns the exit code: 0, or 1 after the message naming the option and the path. */
 int train_offload_dir_check(const train_opts *o);
 

@@ -269,3 +269,24 @@ LT_TEST(train_fsdp_offload_options) {
   }
   tt_cleanup();
 }
+
+/* --offload-dir /proc: a folder that exists but takes no regular files is said to be one (with
+ * the errno text), before training, not "does not exist" from the first offload. */
+LT_TEST(train_offload_dir_that_takes_no_files) {
+  struct stat st;
+  if (stat("/proc", &st) != 0 || !S_ISDIR(st.st_mode)) {
+    lt_skip("no /proc");
+    return;
+  }
+  tt_run r = tt_train("--hidden 16 --limit 128 --batch 32 --epochs 1 --threads 1 --quiet "
+                      "--ranks 2 --strategy fsdp --offload all --offload-tier disk "
+                      "--offload-dir /proc");
+  if (r.rc != 1 || !strstr(r.err, "--offload-dir /proc: the folder takes no regular files"))
+    fprintf(stderr, "rc %d, stderr \"%s\"\n", r.rc, r.err);
+  LT_EQ(r.rc, 1);
+  LT_TRUE(strstr(r.err, "--offload-dir /proc: the folder takes no regular files") != NULL);
+  LT_TRUE(strstr(r.err, "No such file or directory") != NULL);
+  LT_TRUE(strstr(r.err, "does not exist") == NULL);
+  LT_TRUE(strstr(r.out, "test accuracy") == NULL);
+  tt_run_free(&r);
+}
