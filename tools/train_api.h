@@ -182,8 +182,12 @@ void train_offload_cfg(const train_opts *o, loom_fsdp_offload_cfg *c);
 /* Where the optimizer keeps its state: the host pool when it is offloaded (so it never passes
  * through the compute pool on its way to the tier), the compute pool otherwise. */
 loom_pool train_offload_state_pool(const train_opts *o);
+/* Whether the optimizer keeps state that --offload optim would move: not SGD without
+ * momentum. */
+bool train_offload_has_state(const train_opts *o);
 /* Offload's part of the FSDP header line: "" without offload, else such as ", offload
- * params,grads,optim to the host tier (prefetch 1)". */
+ * params,grads,optim to the host tier (prefetch 1)"; optim, when the optimizer keeps no state,
+ * as "optim (none: SGD without momentum keeps no state)". */
 void train_offload_describe(const train_opts *o, char *buf, size_t cap);
 /* JSON members for the metrics, each after ", " (nothing without offload): this rank's
  * host-pool and file-pool bytes (its account), the process's peak RSS and the FSDP stats'

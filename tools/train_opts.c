@@ -100,8 +100,14 @@ static int parse_offload(train_opts *o) {
   }
 }
 
-/* The offload options that go together: the tier's folder, and none of them without offload. */
+/* The offload options that go together: the tier's folder, and none of them without offload;
+ * optim named in the list of a run whose optimizer keeps no state (SGD without momentum) is
+ * refused, as it would move nothing (--offload all offloads what there is, and says so). */
 static int offload_options(const train_opts *o, const train_cmdline *c) {
+  if (o->offload_optim && !train_offload_has_state(o) && strcmp(o->offload, "all") != 0)
+    return usage("--offload %s: --optim sgd with --momentum 0 keeps no optimizer state, so "
+                 "optim would offload nothing; drop optim from the list (or give SGD a "
+                 "momentum)", o->offload);
   bool on = o->offload_params || o->offload_grads || o->offload_optim;
   bool disk = strcmp(o->offload_tier, "disk") == 0;
   const char *needs = c->seen_offload_tier ? "offload-tier" : c->seen_offload_dir ? "offload-dir"

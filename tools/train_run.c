@@ -482,7 +482,7 @@ static void unit_names(loom_fsdp *f, size_t n, char *buf, size_t cap) {
 static void fsdp_header(const trainer *t) {
   loom_fsdp_stats s;
   loom_fsdp_stats_get(t->fsdp, &s);
-  char shard[32], offload[96], names[160];
+  char shard[32], offload[160], names[160];
   unit_names(t->fsdp, s.units, names, sizeof names);
   progress_bytes(shard, sizeof shard, s.shard_numel * sizeof(float));
   train_offload_describe(t->o, offload, sizeof offload);
