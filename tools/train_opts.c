@@ -204,6 +204,20 @@ int train_opts_check(train_opts *o, train_cmdline *c) {
   return 0;
 }
 
+void train_warn_oversubscribed(const train_opts *o) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN), ranks = o->ranks;
+  long threads = ranks * (o->threads > 0 ? o->threads : 1);
+  if (cpus <= 0 || threads <= cpus) return;
+  if (o->threads > 0)
+    fprintf(stderr, "loom train: warning: --ranks %ld x --threads %ld = %ld compute threads on "
+            "%ld online CPUs: they will take turns on the CPUs and run slower%s\n", ranks,
+            o->threads, threads, cpus,
+            ranks <= cpus ? " (--threads 0 divides the CPUs among the ranks)" : "");
+  else
+    fprintf(stderr, "loom train: warning: --ranks %ld, a compute thread each at least, on %ld "
+            "online CPUs: the ranks will take turns on the CPUs and run slower\n", ranks, cpus);
+}
+
 static int cannot(const char *opt, const char *dir, const char *what) {
   fprintf(stderr, "loom train: --%s %s: %s: %s\n", opt, dir, what, strerror(errno));
   return 1;

@@ -50,6 +50,12 @@ int train_cli_fingerprint(const cli_option *table, train_fp_entry *out, int cap)
  * exit 2). */
 int train_opts_check(train_opts *o, train_cmdline *c);
 
+/* Before a run: one warning on stderr if its compute threads (--ranks x --threads, a thread a
+ * rank at least with --threads 0, which divides the CPUs among the ranks) are more than the
+ * online CPUs ("--ranks 64 x --threads 8 = 512 compute threads on 2 online CPUs"); the run
+ * goes on, slower. */
+void train_warn_oversubscribed(const train_opts *o);
+
 /* Before a run that saves: DIR is created if missing and must take a file (a probe is written
  * and removed), and must not hold a checkpoint of another run unless --overwrite (or --resume
  * of the same folder) is given. Returns the exit code: 0, 1 (the folder cannot be used) or 2
