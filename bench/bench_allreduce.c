@@ -17,6 +17,8 @@
 #include <mpi.h>
 #endif
 
+#include "bench_args.h"
+
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,12 +188,17 @@ static int launch_mpi(int ranks, int max_mb) {
 #endif
 
 int bench_allreduce_main(int argc, char **argv) {
+  static const bench_arg args[] = {
+      {"RANKS", "ranks (default 2)", NULL, 1, 64},
+      {"MAX_MB", "the largest message in MiB (default 256)", NULL, 1, 4096},
+      {"BACKENDS", "which backends run (default all)", "all|threads|mpi", 0, 0}, {0}};
+  bool child = argc == 4 && strcmp(argv[3], CHILD_FLAG) == 0; /* launched by launch_mpi */
+  int done = child ? -1 : bench_args(BENCH_PROG("allreduce"), "All-reduce latency and bus "
+                                     "bandwidth by size, threads and MPI backends.", args,
+                                     argc, argv);
+  if (done >= 0) return done;
   int ranks = argc > 1 ? atoi(argv[1]) : 2;
   int max_mb = argc > 2 ? atoi(argv[2]) : 256;
-  if (ranks < 1 || max_mb < 1) {
-    fprintf(stderr, "usage: bench_allreduce [RANKS] [MAX_MB]\n");
-    return 2;
-  }
   size_t max_bytes = (size_t)max_mb << 20;
 #ifdef LOOM_HAVE_MPI
   if (argc > 3 && strcmp(argv[3], CHILD_FLAG) == 0) return mpi_child(max_bytes);

@@ -7,6 +7,7 @@
  * batch 256, forward + backward under bf16 autocast; its bookkeeping is estimated as (ops x
  * decision cost + casts x cast bookkeeping cost), counted from its graph, over its autograd
  * time. Usage: bench_autocast [iterations (default 20000)]. */
+#include "bench_args.h"
 #include "bench_util.h"
 
 #include <loom/loom.h>
@@ -81,8 +82,12 @@ static int mlp_autograd(int runs, double *out) {
 }
 
 int bench_autocast_main(int argc, char **argv) {
+  static const bench_arg args[] = {
+      {"ITERATIONS", "tiny ops timed per figure (default 20000)", NULL, 10, 100000000}, {0}};
+  int done = bench_args(BENCH_PROG("autocast"), "The cost of autocast's dispatch on tiny ops and "
+                        "on an MLP's autograd step.", args, argc, argv);
+  if (done >= 0) return done;
   int n = argc > 1 ? atoi(argv[1]) : 20000;
-  if (n < 10) n = 10;
   double off[3], pre[3], cast[3];
   int rc = 0;
   for (int r = 0; r < 3 && !rc; r++) { /* interleaved, median of 3 */

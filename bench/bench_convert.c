@@ -3,6 +3,7 @@
  * bytes written, for both, so the ratio compares memory throughput. Each figure is the median
  * of 9 interleaved runs; buffers are touched first so page faults are not timed.
  * Usage: bench_convert [ELEMENTS]  (or `loom bench convert [ELEMENTS]`). */
+#include "bench_args.h"
 #include "bench_util.h"
 
 #include <loom/loom.h>
@@ -26,6 +27,11 @@ static void f32_f16(const void *s, void *d, size_t n) { loom_cvt_f32_to_f16(s, d
 static void f16_f32(const void *s, void *d, size_t n) { loom_cvt_f16_to_f32(s, d, n); }
 
 int bench_convert_main(int argc, char **argv) {
+  static const bench_arg args[] = {
+      {"ELEMENTS", "elements per conversion (default 67108864)", NULL, 1, 1LL << 30}, {0}};
+  int done = bench_args(BENCH_PROG("convert"), "GB/s of the f32 <-> f16/bf16 conversions beside "
+                        "memcpy, 1 thread, median of 9 runs.", args, argc, argv);
+  if (done >= 0) return done;
   size_t n = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : ((size_t)64 << 20);
   conv convs[] = {{"f32_to_bf16", 4, 2, f32_bf16},
                   {"bf16_to_f32", 2, 4, bf16_f32},

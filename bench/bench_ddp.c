@@ -28,6 +28,7 @@
  * Each figure is the median over the timed steps (after warm-up). The 2 cores are shared by
  * both ranks' compute and the collectives' copies, so communication competes with compute.
  * Usage: bench_ddp [steps] [overlap|f32|bf16] (one part only; or `loom bench ddp ...`). */
+#include "bench_args.h"
 #include "bench_util.h"
 
 #include <loom/ddp.h>
@@ -237,8 +238,14 @@ static void overlap_part(int steps) {
 }
 
 int bench_ddp_main(int argc, char **argv) {
+  static const bench_arg args[] = {
+      {"STEPS", "timed steps of the overlap part (default 10)", NULL, 3, MAXSTEPS - WARM},
+      {"PART", "what runs (default all)", "all|overlap|f32|bf16", 0, 0}, {0}};
+  int done = bench_args(BENCH_PROG("ddp"), "DDP on the threads backend, 2 ranks: overlap of "
+                        "communication with backward, and throughput beside PyTorch.", args,
+                        argc, argv);
+  if (done >= 0) return done;
   int steps = argc > 1 ? atoi(argv[1]) : 10;
-  if (steps < 3 || steps > MAXSTEPS - WARM) steps = 10;
   const char *part = argc > 2 ? argv[2] : "all";
   static const int64_t small[] = {784, 1024, 1024, 10};
   if (!strcmp(part, "all") || !strcmp(part, "overlap")) overlap_part(steps);

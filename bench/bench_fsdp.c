@@ -58,6 +58,7 @@
  * keep are page-faulted in again each step (the "faults/st" column counts the process's minor
  * page faults per step); hence the fourth speed configuration. Cached blocks are not counted
  * in any pool, so the memory figures do not depend on it. */
+#include "bench_args.h"
 #include "bench_util.h"
 
 #include <loom/ddp.h>
@@ -531,16 +532,16 @@ static void mem_part(int ranks, int steps, bool bf16) {
 }
 
 int bench_fsdp_main(int argc, char **argv) {
+  static const bench_arg args[] = {
+      {"STEPS", "timed steps per run (default 3)", NULL, 1, MAXSTEPS},
+      {"PART", "what runs (default all)", "all|speed|mem4|bf16", 0, 0},
+      {"ROUNDS", "rounds of the speed part (default 3)", NULL, 1, MAXROUNDS}, {0}};
+  int done = bench_args(BENCH_PROG("fsdp"), "FSDP against DDP on the threads backend: step "
+                        "time and memory per rank.", args, argc, argv);
+  if (done >= 0) return done;
   int steps = argc > 1 ? atoi(argv[1]) : 3;
-  if (steps < 1 || steps > MAXSTEPS) steps = 3;
   const char *part = argc > 2 ? argv[2] : "all";
   int rounds = argc > 3 ? atoi(argv[3]) : 3;
-  if (rounds < 1 || rounds > MAXROUNDS) rounds = 3;
-  if (strcmp(part, "all") && strcmp(part, "speed") && strcmp(part, "mem4") &&
-      strcmp(part, "bf16")) {
-    fprintf(stderr, "usage: bench_fsdp [steps] [all|speed|mem4|bf16] [rounds]\n");
-    return 2;
-  }
   char cpu[128];
   cpu_model(cpu, sizeof cpu);
   printf("# command:");

@@ -13,6 +13,7 @@
  * linear's inputs, loom_tensor_grad_bound: its reads count as scaler work).
  * GB/s counts bytes read plus bytes written (unscale and multiply: 2x the buffer; the check:
  * 1x; memcpy: 2x). Usage: bench_unscale [elements (default 32M)] [step runs (default 15)]. */
+#include "bench_args.h"
 #include "bench_util.h"
 #include "amp/amp_int.h"
 
@@ -391,6 +392,13 @@ static int bench_real_step(int runs) {
 }
 
 int bench_unscale_main(int argc, char **argv) {
+  static const bench_arg args[] = {
+      {"ELEMENTS", "elements per unscale pass (default 33554432)", NULL, 1, 1LL << 30},
+      {"RUNS", "timed runs of the real training step (default 15)", NULL, 1, 1000000}, {0}};
+  int done = bench_args(BENCH_PROG("unscale"), "GB/s of the fused unscale + inf/NaN check per "
+                        "dtype, beside PyTorch, and its share of a training step.", args, argc,
+                        argv);
+  if (done >= 0) return done;
   loom_set_num_threads(1); /* 1 thread, as PyTorch's side and the scaler's own pass */
   size_t n = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : ((size_t)32 << 20);
   float *src = malloc(n * 4);
@@ -417,7 +425,7 @@ int bench_unscale_main(int argc, char **argv) {
   }
   torch_baseline(n);
   int runs = argc > 2 ? atoi(argv[2]) : 15;
-  if (bench_step() || bench_real_step(runs > 0 ? runs : 1)) {
+  if (bench_step() || bench_real_step(runs)) {
     fprintf(stderr, "bench_unscale: %s\n", loom_last_error());
     return 1;
   }

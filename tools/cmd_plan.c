@@ -18,7 +18,43 @@ static const char usage[] = "[OPTIONS]\n\n"
     "  loom plan --hidden 4096,4096 --amp bf16\n"
     "  loom plan --ranks 2 --strategy fsdp --json\n"
     "  loom plan --model cnn --fit-memory 2GiB --fit batch   # the largest --batch that fits\n"
-    "A run under mpirun (--backend mpi) has one process per rank: give --ranks N for its N ranks.";
+    "A run under mpirun (--backend mpi) has one process per rank: give --ranks N for its N ranks.\n"
+    "The options only a run uses are refused (plan would ignore them): --save, --overwrite,\n"
+    "--resume, --metrics, --init (the memory does not depend on the weights' values; plan the\n"
+    "run without it) and --timeout.";
+
+/* The options of `loom train` that only a run uses, and why plan has no use for them: given to
+ * plan, they are refused rather than ignored. */
+static const struct {
+  const char *name, *why;
+} run_only[] = {
+    {"save", "plan writes no checkpoint"},
+    {"overwrite", "plan writes no checkpoint"},
+    {"resume", "plan reads no checkpoint (a resumed run needs what the same options without "
+               "--resume need)"},
+    {"metrics", "plan's steps are dry (no kernel runs), so it writes no metrics"},
+    {"init", "plan reads no weights (the memory does not depend on their values)"},
+    {"timeout", "plan's ranks run dry in this process, and a timeout changes no figure of it"},
+};
+#define NRUN_ONLY (sizeof run_only / sizeof run_only[0])
+
+/* Point the run-only options of table at given[] (set by cli_parse when one is given). */
+static void watch_run_only(cli_option *table, bool *given) {
+  for (cli_option *t = table; t->name; t++)
+    for (size_t k = 0; k < NRUN_ONLY; k++)
+      if (strcmp(t->name, run_only[k].name) == 0) t->seen = &given[k];
+}
+
+/* 0, or 2 after a message naming the first run-only option given. */
+static int refuse_run_only(const bool *given) {
+  for (size_t k = 0; k < NRUN_ONLY; k++)
+    if (given[k]) {
+      fprintf(stderr, "loom plan: --%s: %s; it is an option of loom train: drop it here\n",
+              run_only[k].name, run_only[k].why);
+      return 2;
+    }
+  return 0;
+}
 
 /* "8GiB", "512MiB", "100MB", "1e9": whole bytes in [1, 2^63); -1 if not such a size. */
 static double parse_size(const char *s) {
@@ -87,6 +123,8 @@ int cmd_plan(int argc, char **argv) {
   table[n++] = (cli_option){"fit-memory", CLI_STRING, &fit_memory, "SIZE", "find the largest --fit value whose peak per rank fits in SIZE (8GiB, 512MiB, 1e9)", NULL, 0, 0, NULL, CLI_RANKS_SAME};
   table[n++] = (cli_option){"fit", CLI_CHOICE, &fit, NULL, "what --fit-memory searches: --batch, or one width for every hidden layer (the CNN's --fc)", "batch|hidden", 0, 0, &fit_seen, CLI_RANKS_SAME};
   table[n] = (cli_option){0};
+  bool given[NRUN_ONLY] = {false};
+  watch_run_only(table, given);
   int rc = cli_parse("loom plan", table, argc, argv, NULL, 0, NULL);
   if (rc == 1) {
     cli_help(stdout, "loom plan", usage, table);
@@ -95,7 +133,7 @@ int cmd_plan(int argc, char **argv) {
   /* under mpirun each rank is a process with the same pools as a thread rank: --ranks N says
    * how many processes the run will have */
   if (rc == 0 && strcmp(o.backend, "mpi") == 0) o.backend = "threads";
-  if (rc < 0 || train_opts_check(&o, &c)) return 2;
+  if (rc < 0 || refuse_run_only(given) || train_opts_check(&o, &c)) return 2;
   double limit = fit_memory ? parse_size(fit_memory) : 0;
   if (fit_memory && limit <= 0) {
     fprintf(stderr, "loom plan: --fit-memory: expected a size from 1 byte to 8 EiB such as 8GiB, "

@@ -87,6 +87,7 @@ static int run_mpi(const train_opts *o, bool overwrite, const loom_pg_cfg *cfg) 
     return finish(rc);
   }
   int rank = loom_pg_rank(pg), code = rank == 0 ? train_save_check(o, overwrite) : 0;
+  if (rank == 0) train_warn_oversubscribed(o); /* this process's threads on its machine */
   if (!code) code = train_offload_dir_check(o);
   if (code) {
     loom_pg_abort(pg);
@@ -240,6 +241,7 @@ int cmd_train(int argc, char **argv) {
   int code = train_save_check(&o, c.overwrite);
   if (!code) code = train_offload_dir_check(&o);
   if (code) return code;
+  train_warn_oversubscribed(&o);
   if (strcmp(o.strategy, "none") != 0) rc = run_threads(&o, &cfg);
   else rc = train_run(&o, NULL);
   return finish(rc);

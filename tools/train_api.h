@@ -132,8 +132,10 @@ int train_model_forward(train_model *m, loom_tensor *x, loom_tensor **logits);
 bool train_model_flat_input(const train_model *m);
 /* Set every parameter from a safetensors file by name: each must be there with dtype F32, the
  * parameter's shape and finite values, and the file must hold nothing else (PyTorch's strict
- * loading). */
-int train_model_load(train_model *m, const char *path);
+ * loading). With forward F16 or BF16 (--amp), a value above that dtype's largest finite value
+ * (65504 for f16) is refused too, naming the tensor and the value: the forward's cast would
+ * make it inf. */
+int train_model_load(train_model *m, const char *path, loom_dtype forward);
 /* Write the parameters (by name) and metadata (NULL, 0: none) to a safetensors file,
  * atomically. */
 int train_model_save(const train_model *m, const char *path, const loom_safetensors_meta_kv *meta,
@@ -182,8 +184,12 @@ void train_offload_cfg(const train_opts *o, loom_fsdp_offload_cfg *c);
 /* Where the optimizer keeps its state: the host pool when it is offloaded (so it never passes
  * through the compute pool on its way to the tier), the compute pool otherwise. */
 loom_pool train_offload_state_pool(const train_opts *o);
+/* Whether the optimizer keeps state that --offload optim would move: not SGD without
+ * momentum. */
+bool train_offload_has_state(const train_opts *o);
 /* Offload's part of the FSDP header line: "" without offload, else such as ", offload
- * params,grads,optim to the host tier (prefetch 1)". */
+ * params,grads,optim to the host tier (prefetch 1)"; optim, when the optimizer keeps no state,
+ * as "optim (none: SGD without momentum keeps no state)". */
 void train_offload_describe(const train_opts *o, char *buf, size_t cap);
 /* JSON members for the metrics, each after ", " (nothing without offload): this rank's
  * host-pool and file-pool bytes (its account), the process's peak RSS and the FSDP stats'

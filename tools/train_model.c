@@ -7,6 +7,7 @@
  * (--init) and saving parameters. */
 #include "train_api.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,7 +76,22 @@ int train_model_forward(train_model *m, loom_tensor *x, loom_tensor **logits) {
   return loom_module_forward(m->root, x, logits);
 }
 
-int train_model_load(train_model *m, const char *path) {
+/* LOOM_EINVAL naming the tensor and its first value whose magnitude is above the largest
+ * finite value of the forward dtype (f16, bf16; f32 holds every value the file may have). */
+static int check_forward_range(const loom_param *p, const char *path, loom_dtype forward) {
+  double most = forward == LOOM_F16 ? 65504.0 : forward == LOOM_BF16 ? 3.3895313892515355e38 : 0;
+  if (most == 0) return LOOM_OK;
+  const float *x = loom_tensor_data(p->value);
+  for (size_t i = 0, n = loom_tensor_numel(p->value); i < n; i++)
+    if (fabs((double)x[i]) > most)
+      return train_fail(LOOM_EINVAL, "--init %s: tensor '%s' element %zu is %.9g, above the "
+                        "largest finite %s value %.9g: the --amp %s forward would make it inf",
+                        path, p->name, i, (double)x[i], loom_dtype_name(forward), most,
+                        loom_dtype_name(forward));
+  return LOOM_OK;
+}
+
+int train_model_load(train_model *m, const char *path, loom_dtype forward) {
   loom_safetensors *f = NULL;
   int rc = loom_safetensors_open(path, 0, &f);
   if (rc) return train_fail_loom(rc, "--init");
@@ -85,6 +101,7 @@ int train_model_load(train_model *m, const char *path) {
                                loom_tensor_shape(p->value), loom_tensor_data(p->value));
     if (!rc) rc = loom_safetensors_check_values(f, p->name, LOOM_CHECK_FINITE);
     if (rc) train_fail_loom(rc, "--init");
+    else rc = check_forward_range(p, path, forward);
   }
   for (size_t i = 0; i < loom_safetensors_count(f) && !rc; i++) {
     loom_safetensors_info info;

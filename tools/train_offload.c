@@ -27,6 +27,10 @@ void train_offload_cfg(const train_opts *o, loom_fsdp_offload_cfg *c) {
   c->dir = c->tier == LOOM_FSDP_TIER_DISK ? o->offload_dir : NULL;
 }
 
+bool train_offload_has_state(const train_opts *o) {
+  return strcmp(o->optim, "sgd") != 0 || o->momentum != 0;
+}
+
 loom_pool train_offload_state_pool(const train_opts *o) {
   return o->offload_optim ? LOOM_POOL_HOST : LOOM_POOL_COMPUTE;
 }
@@ -36,13 +40,14 @@ static void kinds(const train_opts *o, char *buf, size_t cap) {
   snprintf(buf, cap, "%s%s%s%s%s", o->offload_params ? "params" : "",
            o->offload_params && (o->offload_grads || o->offload_optim) ? "," : "",
            o->offload_grads ? "grads" : "", o->offload_grads && o->offload_optim ? "," : "",
-           o->offload_optim ? "optim" : "");
+           !o->offload_optim ? "" : train_offload_has_state(o) ? "optim"
+           : "optim (none: SGD without momentum keeps no state)");
 }
 
 void train_offload_describe(const train_opts *o, char *buf, size_t cap) {
   if (cap) buf[0] = '\0';
   if (!offload_on(o)) return;
-  char k[32];
+  char k[96];
   kinds(o, k, sizeof k);
   snprintf(buf, cap, ", offload %s to the %s tier (prefetch %ld)", k, o->offload_tier, o->prefetch);
 }

@@ -100,8 +100,14 @@ static int parse_offload(train_opts *o) {
   }
 }
 
-/* The offload options that go together: the tier's folder, and none of them without offload. */
+/* The offload options that go together: the tier's folder, and none of them without offload;
+ * optim named in the list of a run whose optimizer keeps no state (SGD without momentum) is
+ * refused, as it would move nothing (--offload all offloads what there is, and says so). */
 static int offload_options(const train_opts *o, const train_cmdline *c) {
+  if (o->offload_optim && !train_offload_has_state(o) && strcmp(o->offload, "all") != 0)
+    return usage("--offload %s: --optim sgd with --momentum 0 keeps no optimizer state, so "
+                 "optim would offload nothing; drop optim from the list (or give SGD a "
+                 "momentum)", o->offload);
   bool on = o->offload_params || o->offload_grads || o->offload_optim;
   bool disk = strcmp(o->offload_tier, "disk") == 0;
   const char *needs = c->seen_offload_tier ? "offload-tier" : c->seen_offload_dir ? "offload-dir"
@@ -198,9 +204,44 @@ int train_opts_check(train_opts *o, train_cmdline *c) {
   return 0;
 }
 
+void train_warn_oversubscribed(const train_opts *o) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN), ranks = o->ranks;
+  long threads = ranks * (o->threads > 0 ? o->threads : 1);
+  if (cpus <= 0 || threads <= cpus) return;
+  if (o->threads > 0)
+    fprintf(stderr, "loom train: warning: --ranks %ld x --threads %ld = %ld compute threads on "
+            "%ld online CPUs: they will take turns on the CPUs and run slower%s\n", ranks,
+            o->threads, threads, cpus,
+            ranks <= cpus ? " (--threads 0 divides the CPUs among the ranks)" : "");
+  else
+    fprintf(stderr, "loom train: warning: --ranks %ld, a compute thread each at least, on %ld "
+            "online CPUs: the ranks will take turns on the CPUs and run slower\n", ranks, cpus);
+}
+
 static int cannot(const char *opt, const char *dir, const char *what) {
   fprintf(stderr, "loom train: --%s %s: %s: %s\n", opt, dir, what, strerror(errno));
   return 1;
+}
+
+/* Whether a file can be made and written in folder d (a probe, written and removed): 0, or 1
+ * after the message naming the option, the folder and the errno text. A folder that exists but
+ * takes no regular files (/proc says ENOENT) is said to be one, not a missing folder. */
+static int probe_write(const char *opt, const char *d) {
+  char p[PATH_MAX + 64];
+  snprintf(p, sizeof p, "%s/.loom-write-test-XXXXXX", d);
+  int fd = mkstemp(p), e = fd < 0 ? errno : 0;
+  if (fd >= 0) {
+    ssize_t w = write(fd, "loom", 4);
+    e = w == 4 ? 0 : w < 0 ? errno : ENOSPC;
+    if (close(fd) != 0 && !e) e = errno;
+    unlink(p);
+  }
+  errno = e;
+  if (!e) return 0;
+  if (e == ENOENT)
+    return cannot(opt, d, "the folder takes no regular files (a pseudo-filesystem such as "
+                          "/proc?): creating one failed");
+  return cannot(opt, d, "cannot write in the folder");
 }
 
 static bool same_folder(const char *a, const char *b) {
@@ -230,15 +271,7 @@ int train_save_check(const train_opts *o, bool overwrite) {
       return 2;
     }
   }
-  snprintf(p, sizeof p, "%s/.loom-write-test-XXXXXX", d);
-  int fd = mkstemp(p);
-  if (fd < 0) return cannot("save", d, "cannot write in the folder");
-  ssize_t w = write(fd, "loom", 4);
-  int e = w == 4 ? 0 : w < 0 ? errno : ENOSPC;
-  if (close(fd) != 0 && !e) e = errno;
-  unlink(p);
-  errno = e;
-  return e ? cannot("save", d, "cannot write in the folder") : 0;
+  return probe_write("save", d);
 }
 
 int train_offload_dir_check(const train_opts *o) {
@@ -250,7 +283,7 @@ int train_offload_dir_check(const train_opts *o) {
     fprintf(stderr, "loom train: --offload-dir %s: not a folder\n", d);
     return 1;
   }
-  return access(d, W_OK | X_OK) != 0 ? cannot("offload-dir", d, "cannot write in the folder") : 0;
+  return probe_write("offload-dir", d);
 }
 
 /* ---- the ranks' fingerprint ---------------------------------------------------------------- */

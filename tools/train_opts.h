@@ -50,6 +50,12 @@ int train_cli_fingerprint(const cli_option *table, train_fp_entry *out, int cap)
  * exit 2). */
 int train_opts_check(train_opts *o, train_cmdline *c);
 
+/* Before a run: one warning on stderr if its compute threads (--ranks x --threads, a thread a
+ * rank at least with --threads 0, which divides the CPUs among the ranks) are more than the
+ * online CPUs ("--ranks 64 x --threads 8 = 512 compute threads on 2 online CPUs"); the run
+ * goes on, slower. */
+void train_warn_oversubscribed(const train_opts *o);
+
 /* Before a run that saves: DIR is created if missing and must take a file (a probe is written
  * and removed), and must not hold a checkpoint of another run unless --overwrite (or --resume
  * of the same folder) is given. Returns the exit code: 0, 1 (the folder cannot be used) or 2
@@ -57,7 +63,8 @@ int train_opts_check(train_opts *o, train_cmdline *c);
 int train_save_check(const train_opts *o, bool overwrite);
 
 /* Before a run with --offload-dir DIR (on every process: the folder may be a node's own): DIR
- * must be an existing folder this process can write in (the offload files are made there).
+ * must be an existing folder this process can make and write a file in (a probe, written and
+ * removed: the offload files are made there; /proc, say, is a folder that takes no files).
  * Returns the exit code: 0, or 1 after the message naming the option and the path. */
 int train_offload_dir_check(const train_opts *o);
 

@@ -434,7 +434,9 @@ static int setup(trainer *t, loom_pg *pg) {
   const train_opts *o = t->o;
   loom_mem_set_tag(TRAIN_TAG_MODEL);
   int rc = train_model_create(o, &t->model);
-  if (!rc && o->init && !t->dry) rc = train_model_load(&t->model, o->init);
+  loom_dtype forward = LOOM_F32; /* --amp off, bf16 or f16 */
+  if (strcmp(o->amp, "off") != 0) loom_dtype_parse(o->amp, &forward);
+  if (!rc && o->init && !t->dry) rc = train_model_load(&t->model, o->init, forward);
   if (!rc) rc = train_par_create(pg, o, &t->model, &t->par);
   if (rc) return rc;
   t->fsdp = train_par_fsdp(t->par);
@@ -461,18 +463,36 @@ static int setup(trainer *t, loom_pg *pg) {
   return rc;
 }
 
+/* The units' names, "layers.0, layers.2" (the root unit, whose name is "", as "(root)"), up
+ * to cap bytes ("..." ends a list cut short). */
+static void unit_names(loom_fsdp *f, size_t n, char *buf, size_t cap) {
+  size_t len = 0;
+  buf[0] = '\0';
+  for (size_t u = 0; u < n; u++) {
+    loom_fsdp_unit_info info;
+    if (loom_fsdp_unit_info_get(f, u, &info)) break;
+    const char *name = *info.name ? info.name : "(root)";
+    if (len + strlen(name) + 8 > cap) {
+      snprintf(buf + len, cap - len, "%s...", u ? ", " : "");
+      return;
+    }
+    len += (size_t)snprintf(buf + len, cap - len, "%s%s", u ? ", " : "", name);
+  }
+}
+
 /* What FSDP made of the model, on one line. */
 static void fsdp_header(const trainer *t) {
   loom_fsdp_stats s;
   loom_fsdp_stats_get(t->fsdp, &s);
-  char shard[32], offload[96];
+  char shard[32], offload[160], names[160];
+  unit_names(t->fsdp, s.units, names, sizeof names);
   progress_bytes(shard, sizeof shard, s.shard_numel * sizeof(float));
   train_offload_describe(t->o, offload, sizeof offload);
   loom_fsdp_mp *mp = loom_fsdp_mp_manager(t->fsdp);
   const loom_fsdp_mp_cfg *mc = mp ? loom_fsdp_mp_config(mp) : NULL;
-  fprintf(t->o->out, "loom train: fsdp: %zu units (--wrap %s), %zu elements per rank (%s of f32 "
-          "shards), reshard after forward %s, gather prefetch %ld, forward in %s%s%s\n",
-          s.units, t->o->wrap, s.shard_numel, shard, t->o->reshard, t->o->gather_prefetch,
+  fprintf(t->o->out, "loom train: fsdp: %zu unit%s (--wrap %s: %s), %zu elements per rank (%s of "
+          "f32 shards), reshard after forward %s, gather prefetch %ld, forward in %s%s%s\n",
+          s.units, s.units == 1 ? "" : "s", t->o->wrap, names, s.shard_numel, shard, t->o->reshard, t->o->gather_prefetch,
           mc ? loom_dtype_name(mc->forward_dtype) : "f32",
           !mc ? "" : mc->use_loss_scaling ? " with loss scaling" : " without loss scaling",
           offload);

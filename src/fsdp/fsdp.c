@@ -86,7 +86,7 @@ static int check_peers(loom_fsdp *f) {
   if (!rc && first < 2 * f->nunits)
     rc = loom__fail(LOOM_EMISUSE, "fsdp: ranks disagree on unit %zu ('%s' here, %zu elements): "
                     "is the wrap policy the same on every rank?", first / 2,
-                    f->units[first / 2].name, f->units[first / 2].numel);
+                    loom__fsdp_unit_shown(f->units[first / 2].name), f->units[first / 2].numel);
   return rc;
 }
 
@@ -97,7 +97,7 @@ static int make_shards(fsdp_unit *u, int rank) {
     u->grad_shard = loom__calloc(LOOM_POOL_COMPUTE, u->shard ? u->shard : 1, sizeof(float));
   if (!u->param_shard || (!u->grad_shard && !loom__fsdp_offloading(u->f, OFF_GRAD)))
     return loom__fail(LOOM_ENOMEM, "fsdp: out of memory for the shards of unit '%s' (%zu "
-                      "elements)", u->name, u->shard);
+                      "elements)", loom__fsdp_unit_shown(u->name), u->shard);
   size_t lo = (size_t)rank * u->shard, hi = lo + u->shard;
   for (size_t i = 0; i < u->nparams; i++) {
     const fsdp_param *fp = &u->params[i];
@@ -267,8 +267,8 @@ size_t loom_fsdp_unit_count(const loom_fsdp *f) { return f ? f->nunits : 0; }
 int loom_fsdp_unit_info_get(const loom_fsdp *f, size_t unit, loom_fsdp_unit_info *out) {
   if (!f || !out) return loom__fail(LOOM_EINVAL, "loom_fsdp_unit_info_get: fsdp or out is NULL");
   if (unit >= f->nunits)
-    return loom__fail(LOOM_EINVAL, "loom_fsdp_unit_info_get: unit %zu out of range (%zu units)",
-                      unit, f->nunits);
+    return loom__fail(LOOM_EINVAL, "loom_fsdp_unit_info_get: unit %zu out of range (%zu unit%s)",
+                      unit, f->nunits, loom__fsdp_plural(f->nunits));
   const fsdp_unit *u = &f->units[unit];
   *out = (loom_fsdp_unit_info){u->name, u->nparams ? u->params[0].index : 0, u->nparams, u->numel,
                                u->padded, u->shard, (size_t)f->rank * u->shard,

@@ -12,11 +12,12 @@ int loom_fsdp_apply_gradient_fp32(loom_fsdp *f, size_t unit) {
   static const char *who = "loom_fsdp_apply_gradient_fp32";
   if (!f) return loom__fail(LOOM_EINVAL, "%s: fsdp is NULL", who);
   if (unit >= f->nunits)
-    return loom__fail(LOOM_EINVAL, "%s: unit %zu out of range (%zu units)", who, unit, f->nunits);
+    return loom__fail(LOOM_EINVAL, "%s: unit %zu out of range (%zu unit%s)", who, unit, f->nunits,
+                      loom__fsdp_plural(f->nunits));
   fsdp_unit *u = &f->units[unit];
   if (!u->full_grad)
     return loom__fail(LOOM_EMISUSE, "%s: unit %zu ('%s') has no local gradient: gradients not "
-                      "computed yet", who, unit, u->name);
+                      "computed yet", who, unit, loom__fsdp_unit_shown(u->name));
   if (loom_tensor_dtype(u->full_grad) == LOOM_F32) return LOOM_OK; /* autograd's own dtype */
   loom_tensor *g32 = NULL;
   int rc = f->mp ? loom_fsdp_mp_convert_gradient_to_fp32(f->mp, u->full_grad, &g32)

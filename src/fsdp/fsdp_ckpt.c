@@ -497,15 +497,17 @@ int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt) {
     }
     if (u == common) {
       if (s.nunits != f->nunits)
-        rc = loom__fail(LOOM_EINVAL, "%s: the checkpoint in %s has %zu units, this model %zu: "
-                        "unit %zu is '%s' %s", who, dir, s.nunits, f->nunits, u,
-                        u < s.nunits ? (name ? name : "?") : f->units[u].name,
+        rc = loom__fail(LOOM_EINVAL, "%s: the checkpoint in %s has %zu unit%s, this model %zu: "
+                        "unit %zu is '%s' %s", who, dir, s.nunits, loom__fsdp_plural(s.nunits),
+                        f->nunits, u,
+                        u < s.nunits ? (name ? loom__fsdp_unit_shown(name) : "?")
+                                     : loom__fsdp_unit_shown(f->units[u].name),
                         u < s.nunits ? "in the checkpoint only" : "in this model only");
     } else if (!name || strcmp(name, f->units[u].name) != 0 ||
                (size_t)s.units[2 * u] != f->units[u].numel) {
       rc = loom__fail(LOOM_EINVAL, "%s: unit %zu is '%s' of %zu elements here, '%s' of %lld in "
-                      "the checkpoint%s", who, u, f->units[u].name, f->units[u].numel,
-                      name ? name : "?", (long long)s.units[2 * u],
+                      "the checkpoint%s", who, u, loom__fsdp_unit_shown(f->units[u].name),
+                      f->units[u].numel, name ? loom__fsdp_unit_shown(name) : "?", (long long)s.units[2 * u],
                       s.nunits != f->nunits ? " (which has another number of units: is the "
                                               "wrap policy the same?)" : "");
     } else if (s.units[2 * u + 1] < 0 || (s.units[2 * u + 1] == 0 && f->units[u].numel) ||

@@ -162,7 +162,8 @@ int loom__fsdp_settle_tier_reads(loom_fsdp *f) {
 static int unit_arg(const loom_fsdp *f, size_t unit, const char *who) {
   if (!f) return loom__fail(LOOM_EINVAL, "%s: fsdp is NULL", who);
   if (unit >= f->nunits)
-    return loom__fail(LOOM_EINVAL, "%s: unit %zu out of range (%zu units)", who, unit, f->nunits);
+    return loom__fail(LOOM_EINVAL, "%s: unit %zu out of range (%zu unit%s)", who, unit, f->nunits,
+                      loom__fsdp_plural(f->nunits));
   return LOOM_OK;
 }
 
@@ -190,7 +191,7 @@ int loom_fsdp_apply_mixed_precision(loom_fsdp *f, size_t unit) {
   if (u->state == UNIT_GATHERING && (rc = loom__fsdp_wait_gather(u))) return rc;
   if (u->state != UNIT_GATHERED)
     return loom__fail(LOOM_EMISUSE, "%s: unit %zu ('%s') must be gathered first", who, unit,
-                      u->name);
+                      loom__fsdp_unit_shown(u->name));
   if (!f->mp) return LOOM_OK;
   loom_tensor *low = NULL;
   if ((rc = loom_fsdp_mp_convert_to_mixed_precision(f->mp, u->gathered, &low))) return rc;

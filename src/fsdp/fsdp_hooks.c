@@ -294,7 +294,7 @@ int loom__fsdp_install_hooks(loom_fsdp *f) {
   for (size_t i = 0; i < f->nunits; i++) {
     fsdp_unit *u = &f->units[i];
     if (u->module->hooks)
-      return loom__fail(LOOM_EMISUSE, "fsdp: module '%s' is wrapped already", u->name);
+      return loom__fail(LOOM_EMISUSE, "fsdp: module '%s' is wrapped already", loom__fsdp_unit_shown(u->name));
   }
   for (size_t i = 0; i < f->nunits; i++) {
     fsdp_unit *u = &f->units[i];

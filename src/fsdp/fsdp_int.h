@@ -55,7 +55,7 @@ struct fsdp_unit {
   loom_fsdp *f;
   size_t index;
   loom_module *module;   /* borrowed */
-  char *name;            /* dotted module name ("" for the root) */
+  char *name;            /* dotted module name ("" for the root; messages show loom__fsdp_unit_shown) */
   fsdp_param *params;
   size_t nparams;
   size_t numel, padded, shard; /* flat elements, padded to the world size, per rank */
@@ -80,6 +80,15 @@ struct fsdp_unit {
   bool autocast_on;
   off_unit off;          /* offload (cfg.offload.enabled) */
 };
+
+/* A unit's name as messages show it: the dotted module name, or "(root)" for the root unit,
+ * whose name is "" (the name the API and the checkpoints keep: loom_fsdp_unit_info). */
+static inline const char *loom__fsdp_unit_shown(const char *name) {
+  return name && *name ? name : "(root)";
+}
+
+/* "s" after a count of units that is not 1 ("1 unit", "3 units"). */
+static inline const char *loom__fsdp_plural(size_t n) { return n == 1 ? "" : "s"; }
 
 struct loom_fsdp {
   loom_pg *pg;

@@ -190,7 +190,7 @@ static float *alloc_shard(fsdp_unit *u, const char *what) {
   float *p = loom__malloc(LOOM_POOL_COMPUTE, (u->shard ? u->shard : 1) * sizeof(float));
   if (!p)
     loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory bringing back the %s shard of unit '%s' "
-               "(%zu elements)", what, u->name, u->shard);
+               "(%zu elements)", what, loom__fsdp_unit_shown(u->name), u->shard);
   return p;
 }
 
@@ -244,7 +244,7 @@ static int cast_from_host(fsdp_unit *u, void *dst, loom_dtype dt) {
         f->store, loom__fsdp_slot(u, OFF_PARAM, u->off.k[OFF_PARAM].gen, c), n * sizeof(float));
     if (!src)
       return loom__fail(LOOM_EINVAL, "fsdp offload: unit '%s' has no parameter chunk %zu in the "
-                        "host tier", u->name, c);
+                        "host tier", loom__fsdp_unit_shown(u->name), c);
     rc = loom_convert(src, LOOM_F32, (char *)dst + c * f->chunk * loom_dtype_size(dt), dt, n);
   }
   return rc;
@@ -365,8 +365,9 @@ int loom__fsdp_grad_settle(loom_fsdp *f) {
 int loom__fsdp_check_optim(const loom_fsdp *f, const loom_optim *opt, const char *who) {
   if (!opt) return loom__fail(LOOM_EINVAL, "%s: optimizer is NULL", who);
   if (loom_optim_segments(opt) != f->nunits)
-    return loom__fail(LOOM_EINVAL, "%s: the optimizer has %zu segments, this FSDP %zu units: make "
-                      "it from loom_fsdp_segments", who, loom_optim_segments(opt), f->nunits);
+    return loom__fail(LOOM_EINVAL, "%s: the optimizer has %zu segments, this FSDP %zu unit%s: make "
+                      "it from loom_fsdp_segments", who, loom_optim_segments(opt), f->nunits,
+                      loom__fsdp_plural(f->nunits));
   size_t per = loom_optim_state_per_segment(opt);
   for (size_t u = 0; u < f->nunits && per; u++) {
     loom_optim_state st;
@@ -374,7 +375,8 @@ int loom__fsdp_check_optim(const loom_fsdp *f, const loom_optim *opt, const char
     if (rc) return rc;
     if (st.n != f->units[u].shard)
       return loom__fail(LOOM_EINVAL, "%s: optimizer segment %zu has %zu elements, unit '%s' %zu: "
-                        "make it from loom_fsdp_segments", who, u, st.n, f->units[u].name,
+                        "make it from loom_fsdp_segments", who, u, st.n,
+                        loom__fsdp_unit_shown(f->units[u].name),
                         f->units[u].shard);
   }
   return LOOM_OK;
@@ -559,7 +561,8 @@ int loom__fsdp_read_bytes(void *ctx, size_t offset, void *dst, size_t bytes) {
 static int unit_call(const loom_fsdp *f, size_t unit, const char *who) {
   if (!f) return loom__fail(LOOM_EINVAL, "%s: fsdp is NULL", who);
   if (unit >= f->nunits)
-    return loom__fail(LOOM_EINVAL, "%s: unit %zu out of range (%zu units)", who, unit, f->nunits);
+    return loom__fail(LOOM_EINVAL, "%s: unit %zu out of range (%zu unit%s)", who, unit, f->nunits,
+                      loom__fsdp_plural(f->nunits));
   if (f->in_step)
     return loom__fail(LOOM_EMISUSE, "%s: a backward is running (its hooks move the shards)", who);
   return LOOM_OK;
@@ -571,7 +574,7 @@ int loom_fsdp_offload_parameter(loom_fsdp *f, size_t unit) {
   fsdp_unit *u = &f->units[unit];
   if (u->state != UNIT_RESHARDED)
     return loom__fail(LOOM_EMISUSE, "loom_fsdp_offload_parameter: unit %zu ('%s') is gathered: "
-                      "reshard it first", unit, u->name);
+                      "reshard it first", unit, loom__fsdp_unit_shown(u->name));
   if (u->off.k[OFF_PARAM].arriving && (rc = loom__fsdp_param_need(u))) return rc;
   return loom__fsdp_param_out(u);
 }

@@ -294,6 +294,11 @@ static void sweep_stale(const char *dir, const char *host) {
   closedir(d);
 }
 
+static bool is_folder(const char *dir) {
+  struct stat st;
+  return stat(dir, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 static int disk_open(loom__ostore *s, const char *dir) {
   static _Atomic unsigned counter; /* stores made by this process */
   const char *who = "fsdp offload (disk tier)"; /* the user meets these: loom_fsdp_create */
@@ -320,7 +325,12 @@ static int disk_open(loom__ostore *s, const char *dir) {
     loom__free(path);
     switch (e) {
     case EEXIST: continue; /* left by an earlier process with our pid: take the next name */
-    case ENOENT: return loom__fail(LOOM_EIO, "%s: offload folder '%s' does not exist", who, dir);
+    case ENOENT: /* the folder, or (in /proc) a file made in it */
+      if (is_folder(dir))
+        return loom__fail(LOOM_EIO, "%s: offload folder '%s' takes no regular files (a "
+                          "pseudo-filesystem such as /proc?): creating one failed: %s", who, dir,
+                          strerror(e));
+      return loom__fail(LOOM_EIO, "%s: offload folder '%s' does not exist", who, dir);
     case ENOTDIR: return loom__fail(LOOM_EIO, "%s: offload folder '%s' is not a folder", who, dir);
     case EACCES:
     case EPERM:

@@ -308,6 +308,17 @@ LT_TEST(ostore_disk_bad_folders) {
   LT_TRUE(strstr(loom_last_error(), p) != NULL);
   unlink(p);
 
+  /* a folder that exists but takes no regular files (/proc: ENOENT for a new file) is not
+   * said to be missing */
+  int pfd = open("/proc/loom-probe", O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (pfd < 0 && errno == ENOENT && access("/proc", F_OK) == 0) {
+    LT_ERR(loom__ostore_create(LOOM__OTIER_DISK, "/proc", 0, &s), LOOM_EIO,
+           "'/proc' takes no regular files");
+    LT_TRUE(strstr(loom_last_error(), "does not exist") == NULL);
+    LT_TRUE(strstr(loom_last_error(), "No such file or directory") != NULL);
+  }
+  if (pfd >= 0) close(pfd);
+
   /* read-only: permission bits where they bind (not root); for root, a read-only tmpfs, or
    * sysfs (no file can be made in /sys, root or not) */
   snprintf(p, sizeof p, "%s/ro", dir);

@@ -121,3 +121,45 @@ LT_TEST(tool_sigint_and_sigterm_stop_cleanly) {
   remove(started);
   rmdir(dir);
 }
+
+/* Every benchmark of `loom bench` (the names its help lists) checks its arguments before it
+ * runs: --help prints its usage and ends with 0, an unknown option, a size that is negative,
+ * zero or absurd, a word not among its choices and one argument too many end with 2 and a
+ * message naming the argument. Each call returns at once (a benchmark takes minutes). */
+LT_TEST(tool_bench_checks_its_arguments_first) {
+  const char *list[] = {"bench", "--help", NULL};
+  tool_run l = tool_loom(list, NULL, NULL);
+  LT_EQ(l.code, 0);
+  int seen = 0;
+  for (char *line = strtok(l.out, "\n"); line; line = strtok(NULL, "\n")) {
+    if (strncmp(line, "  ", 2) != 0) continue;
+    char name[64], want[128];
+    snprintf(name, sizeof name, "%s", line + 2);
+    seen++;
+    const char *help[] = {"bench", name, "--help", NULL};
+    tool_run r = tool_loom(help, NULL, NULL);
+    snprintf(want, sizeof want, "usage: loom bench %s", name);
+    if (r.code != 0 || !strstr(r.out, want))
+      fprintf(stderr, "bench %s --help: exit %d, \"%s\"\n", name, r.code, r.out);
+    LT_EQ(r.code, 0);
+    LT_TRUE(strstr(r.out, want) != NULL);
+    tool_run_free(&r);
+    const char *nope[] = {"bench", name, "--nope", NULL};
+    snprintf(want, sizeof want, "loom bench %s: unknown option --nope", name);
+    expect(nope, NULL, NULL, 2, want);
+  }
+  LT_TRUE(seen >= 6);
+  tool_run_free(&l);
+  const char *neg[] = {"bench", "convert", "-1", NULL};
+  expect(neg, NULL, NULL, 2, "loom bench convert: ELEMENTS: expected an integer from 1 to "
+                             "1073741824, got '-1'");
+  const char *zero[] = {"bench", "convert", "0", NULL};
+  expect(zero, NULL, NULL, 2, "ELEMENTS: expected an integer from 1 to 1073741824, got '0'");
+  const char *huge[] = {"bench", "unscale", "18446744073709551615", NULL};
+  expect(huge, NULL, NULL, 2, "loom bench unscale: ELEMENTS: expected an integer");
+  const char *part[] = {"bench", "fsdp", "3", "fast", NULL};
+  expect(part, NULL, NULL, 2,
+         "loom bench fsdp: PART: expected one of all|speed|mem4|bf16, got 'fast'");
+  const char *extra[] = {"bench", "convert", "1000", "x", NULL};
+  expect(extra, NULL, NULL, 2, "loom bench convert: unexpected argument 'x'");
+}

@@ -148,3 +148,29 @@ LT_TEST(train_fsdp_cnn_with_either_wrap_policy_matches_ddp) {
   }
   tt_cleanup();
 }
+
+/* The units are named in the header, a root unit (the parameters in no wrapped module: all of
+ * them under --wrap size with a large --unit-min) as "(root)", with "1 unit" for one; a
+ * checkpoint of other units names them so too, never as ''. */
+LT_TEST(train_fsdp_units_are_named) {
+  const char *d = tt_tempdir();
+  const char *common = "--strategy fsdp --ranks 2 --hidden 16 --limit 256 --batch 32 "
+                       "--epochs 2 --threads 1";
+  tt_run s = tt_train("%s --wrap size --max-steps 2 --save %s", common, d);
+  LT_EQ(s.rc, 0);
+  if (!strstr(s.out, "fsdp: 1 unit (--wrap size: (root)),")) fprintf(stderr, "%s", s.out);
+  LT_TRUE(strstr(s.out, "fsdp: 1 unit (--wrap size: (root)),") != NULL);
+  tt_run c = tt_train("%s --max-steps 1", common);
+  LT_EQ(c.rc, 0);
+  LT_TRUE(strstr(c.out, "fsdp: 2 units (--wrap children: layers.0, layers.2),") != NULL);
+  tt_run r = tt_train("%s --resume %s --save %s --quiet", common, d, d);
+  LT_EQ(r.rc, 1);
+  if (!strstr(r.err, "'(root)' of 12730 in the checkpoint")) fprintf(stderr, "%s", r.err);
+  LT_TRUE(strstr(r.err, "unit 0 is 'layers.0' of 12560 elements here, '(root)' of 12730 in "
+                        "the checkpoint") != NULL);
+  LT_TRUE(strstr(r.err, "''") == NULL);
+  tt_run_free(&s);
+  tt_run_free(&c);
+  tt_run_free(&r);
+  tt_cleanup();
+}

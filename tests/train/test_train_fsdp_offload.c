@@ -269,3 +269,45 @@ LT_TEST(train_fsdp_offload_options) {
   }
   tt_cleanup();
 }
+
+/* --offload-dir /proc: a folder that exists but takes no regular files is said to be one (with
+ * the errno text), before training, not "does not exist" from the first offload. */
+LT_TEST(train_offload_dir_that_takes_no_files) {
+  struct stat st;
+  if (stat("/proc", &st) != 0 || !S_ISDIR(st.st_mode)) {
+    lt_skip("no /proc");
+    return;
+  }
+  tt_run r = tt_train("--hidden 16 --limit 128 --batch 32 --epochs 1 --threads 1 --quiet "
+                      "--ranks 2 --strategy fsdp --offload all --offload-tier disk "
+                      "--offload-dir /proc");
+  LT_TRUE(tt_ended(&r, 1, "--offload-dir /proc: the folder takes no regular files", "/proc"));
+  LT_TRUE(strstr(r.err, "No such file or directory") != NULL);
+  LT_TRUE(strstr(r.err, "does not exist") == NULL);
+  LT_TRUE(strstr(r.out, "test accuracy") == NULL);
+  tt_run_free(&r);
+}
+
+/* SGD without momentum keeps no optimizer state: optim named in --offload is refused (it would
+ * move 0 B), and --offload all says in its header that optim has nothing to move. */
+LT_TEST(train_offload_optim_without_optimizer_state) {
+  const char *run = "--hidden 16 --limit 128 --batch 32 --epochs 1 --threads 1 --ranks 2 "
+                    "--strategy fsdp --optim sgd --momentum 0";
+  const char *lists[] = {"optim", "grads,optim"};
+  for (int i = 0; i < 2; i++) {
+    tt_run r = tt_train("%s --offload %s", run, lists[i]);
+    char want[160];
+    snprintf(want, sizeof want, "--offload %s: --optim sgd with --momentum 0 keeps no optimizer "
+             "state, so optim would offload nothing", lists[i]);
+    LT_TRUE(tt_ended(&r, 2, want, lists[i]));
+    tt_run_free(&r);
+  }
+  tt_run a = tt_train("%s --offload all", run);
+  LT_EQ(a.rc, 0);
+  LT_TRUE(strstr(a.out, "offload params,grads,optim (none: SGD without momentum keeps no "
+                        "state) to the host tier") != NULL);
+  tt_run_free(&a);
+  tt_run m = tt_train("%s --momentum 0.9 --offload optim --quiet", run); /* state: accepted */
+  LT_EQ(m.rc, 0);
+  tt_run_free(&m);
+}

@@ -1,6 +1,6 @@
 /* test_train_inputs.c: `loom train`'s input files are checked before they are used: an --init
  * file with NaN or infinite weights is refused by tensor name (the loss used to become NaN
- * and the run "succeed"); a FIFO as --init file, as checkpoint or as data file is refused at
+ * and the run "succeed"), and so is a finite one the --amp forward dtype cannot hold; a FIFO as --init file, as checkpoint or as data file is refused at
  * once (open() used to block forever); test labels above 9, an empty test set and images of
  * another size than 28x28 are errors naming the file (and the index), not "test accuracy
  * 0.00%" or a shape error inside linear. */
@@ -58,16 +58,23 @@ LT_TEST(train_data_labels_counts_and_sizes_are_checked_at_load) {
   tt_cleanup();
 }
 
-LT_TEST(train_init_refuses_nonfinite_weights) {
+/* A model file of a short run (RUN) at init (a new folder's model.safetensors): its bytes
+ * (malloc'd, *n of them), for the --init tests to rewrite it from. */
+static char *saved_model(char *init, size_t cap, size_t *n) {
   const char *d = tt_tempdir();
   tt_run r = tt_train(RUN " --limit 64 --save %s", d);
   LT_EQ(r.rc, 0);
   tt_run_free(&r);
-  char init[512];
-  snprintf(init, sizeof init, "%s/model.safetensors", d);
-  size_t n = 0;
-  char *good = tt_read_file(init, &n);
+  snprintf(init, cap, "%s/model.safetensors", d);
+  char *good = tt_read_file(init, n);
   LT_TRUE(good != NULL);
+  return good;
+}
+
+LT_TEST(train_init_refuses_nonfinite_weights) {
+  char init[512];
+  size_t n = 0;
+  char *good = saved_model(init, sizeof init, &n);
   const struct { const char *tensor; size_t at; float v; const char *want; } cases[] = {
       {"layers.0.weight", 100, NAN, "tensor \"layers.0.weight\" holds nan at element 100"},
       {"layers.2.bias", 9, INFINITY, "tensor \"layers.2.bias\" holds inf at element 9"},
@@ -80,9 +87,35 @@ LT_TEST(train_init_refuses_nonfinite_weights) {
     expect_failure(args, "--init", cases[i].want);
   }
   LT_EQ(tt_write_file(init, good, n), 0);
-  r = tt_train(RUN " %s", args);
+  tt_run r = tt_train(RUN " %s", args);
   LT_EQ(r.rc, 0);
   tt_run_free(&r);
+  free(good);
+  tt_cleanup();
+}
+
+/* Finite --init values the forward dtype cannot hold (above its largest finite value: 65504
+ * for f16) are refused naming the tensor, the element and the value; they would be inf in
+ * every forward. */
+LT_TEST(train_init_refuses_values_the_forward_dtype_cannot_hold) {
+  char init[512];
+  size_t n = 0;
+  char *good = saved_model(init, sizeof init, &n);
+  const struct { const char *amp, *tensor; size_t at; float v; const char *most; } cases[] = {
+      {"f16", "layers.0.weight", 100, 3e38f, "f16 value 65504"},
+      {"f16", "layers.2.bias", 3, -70000.0f, "f16 value 65504"},
+      {"bf16", "layers.0.bias", 7, 3.39e38f, "bf16 value 3.38953139e+38"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    LT_EQ(tt_write_file(init, good, n), 0);
+    LT_EQ(tf_set_f32(init, cases[i].tensor, cases[i].at, cases[i].v), 0);
+    char args[700], want[200], most[100];
+    snprintf(args, sizeof args, "--limit 64 --amp %s --init %s", cases[i].amp, init);
+    snprintf(want, sizeof want, "tensor '%s' element %zu is %.9g, above the", cases[i].tensor,
+             cases[i].at, (double)cases[i].v);
+    snprintf(most, sizeof most, "largest finite %s", cases[i].most);
+    expect_failure(args, want, most);
+  }
   free(good);
   tt_cleanup();
 }

@@ -274,3 +274,29 @@ LT_TEST(plan_is_a_dry_run) {
   tt_run_free(&warm);
   tt_cleanup();
 }
+
+/* The options only a run uses are refused by name, not ignored: --init even for a file that
+ * does not exist (plan reads no weights), and the help says so. */
+LT_TEST(plan_refuses_the_options_only_a_run_uses) {
+  static const struct {
+    const char *args, *want;
+  } cases[] = {
+      {"--save /tmp/loom-plan-ck", "loom plan: --save: plan writes no checkpoint"},
+      {"--save /tmp/loom-plan-ck --overwrite", "loom plan: --save: plan writes no checkpoint"},
+      {"--resume /tmp/loom-plan-ck", "loom plan: --resume: plan reads no checkpoint"},
+      {"--metrics /tmp/loom-plan-m.jsonl", "loom plan: --metrics: plan's steps are dry"},
+      {"--init /no/such/file.safetensors", "loom plan: --init: plan reads no weights"},
+      {"--ranks 2 --strategy ddp --timeout 5", "loom plan: --timeout: plan's ranks run dry"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    tt_run r = tt_plan("%s", cases[i].args);
+    LT_TRUE(tt_ended(&r, 2, cases[i].want, cases[i].args));
+    LT_TRUE(strstr(r.err, "drop it here") != NULL);
+    LT_TRUE(r.out[0] == '\0'); /* no plan printed */
+    tt_run_free(&r);
+  }
+  tt_run h = tt_plan("--help");
+  LT_EQ(h.rc, 0);
+  LT_TRUE(strstr(h.out, "The options only a run uses are refused") != NULL);
+  tt_run_free(&h);
+}

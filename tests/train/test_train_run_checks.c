@@ -2,13 +2,14 @@
  * a batch larger than the samples of an epoch, a warmup longer than the run, the --save folder
  * before the first step (not after the first epoch), a checkpoint of another run in it (kept
  * unless --overwrite), a loss that stops being finite (the run stops, the last checkpoint
- * stays; with loss scaling its step is an overflow, skipped), and folder names joined with one
- * slash. */
+ * stays; with loss scaling its step is an overflow, skipped), folder names joined with one
+ * slash, and more compute threads than CPUs warned once. */
 #include "lt.h"
 #include "train_test.h"
 
 #include <dirent.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #define RUN "--hidden 16 --limit 512 --batch 64 --epochs 1 --threads 1 --quiet" /* 8 steps */
 
@@ -150,4 +151,36 @@ LT_TEST(train_folder_names_are_joined_with_one_slash) {
   LT_EQ(r.rc, 0);
   tt_run_free(&r);
   tt_cleanup();
+}
+
+/* Count of needle in s. */
+static int occurrences(const char *s, const char *needle) {
+  int n = 0;
+  for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle)) n++;
+  return n;
+}
+
+/* More compute threads than online CPUs (--ranks x --threads) is warned once, with the
+ * figures, and the run goes on; as many as the CPUs is not. */
+LT_TEST(train_oversubscription_is_warned_once) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  tt_run r = tt_train("--hidden 16 --limit 512 --batch 64 --max-steps 1 --quiet --ranks 2 "
+                      "--strategy ddp --threads %ld", cpus);
+  char want[160];
+  snprintf(want, sizeof want, "loom train: warning: --ranks 2 x --threads %ld = %ld compute "
+           "threads on %ld online CPUs", cpus, 2 * cpus, cpus);
+  LT_TRUE(tt_ended(&r, 0, want, "--ranks 2"));
+  LT_EQ(occurrences(r.err, "warning"), 1);
+  tt_run_free(&r);
+  r = tt_train("--hidden 16 --limit 512 --batch 64 --max-steps 1 --quiet --ranks %ld "
+               "--strategy ddp --threads 0", cpus + 1);
+  snprintf(want, sizeof want, "loom train: warning: --ranks %ld, a compute thread each at "
+           "least, on %ld online CPUs", cpus + 1, cpus);
+  LT_TRUE(tt_ended(&r, 0, want, "--threads 0"));
+  LT_EQ(occurrences(r.err, "warning"), 1);
+  tt_run_free(&r);
+  r = tt_train(RUN); /* one rank, one thread */
+  LT_EQ(r.rc, 0);
+  LT_TRUE(strstr(r.err, "warning") == NULL);
+  tt_run_free(&r);
 }

@@ -55,6 +55,13 @@ tt_run tt_train(const char *fmt, ...) { RUN_FORMATTED(cmd_train, fmt); }
 
 tt_run tt_plan(const char *fmt, ...) { RUN_FORMATTED(cmd_plan, fmt); }
 
+int tt_ended(const tt_run *r, int rc, const char *want, const char *what) {
+  if (r->rc == rc && strstr(r->err, want)) return 1;
+  fprintf(stderr, "%s: exit %d (want %d), stdout \"%s\", stderr \"%s\" (want \"%s\")\n", what,
+          r->rc, rc, r->out, r->err, want);
+  return 0;
+}
+
 void tt_run_free(tt_run *r) {
   free(r->out);
   free(r->err);

@@ -15,6 +15,9 @@ tt_run tt_train(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The same for `loom plan`. */
 tt_run tt_plan(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void tt_run_free(tt_run *r);
+/* Whether r ended with exit code rc and want in its stderr; if not, both are printed with
+ * what (the arguments) for the log. */
+int tt_ended(const tt_run *r, int rc, const char *want, const char *what);
 /* A new empty folder under $TMPDIR (or /tmp); the path lives until tt_cleanup. */
 const char *tt_tempdir(void);
 /* Remove every folder tt_tempdir made (and the files in them). */
