@@ -981,7 +981,7 @@ LT_TEST(fsdp_ckpt_refuses_non_finite_values_and_negative_moments) {
   /* a negative step count (rank 0's file has it for everyone) */
   rank_file(path, sizeof path, dir, 1, 0, 2);
   rewrite_rank_file(dir, path, 0, NULL, 0, 0, "optim.step", "-3");
-  l = try_load(dir, 2, 3, LOOM_EFORMAT, "negative");
+  l = try_load(dir, 2, 3, LOOM_EFORMAT, "optim.step = \"-3\"");
   loader_free(&l);
   free(good1);
   free(goodi);
