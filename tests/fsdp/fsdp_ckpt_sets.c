@@ -80,7 +80,6 @@ void ck_mp_cfg(loom_fsdp_cfg *c, bool f16) {
 
 /* ---- a run: create, [load], [train, save], train ------------------------------------------ */
 
-
 int ck_job_rank(loom_pg *pg, void *arg) {
   ck_job *j = arg;
   int rank = loom_pg_rank(pg), world = loom_pg_size(pg);
@@ -89,13 +88,7 @@ int ck_job_rank(loom_pg *pg, void *arg) {
   loom_module *m = NULL;
   loom_fsdp *f = NULL;
   loom_optim *opt = NULL;
-  const loom_param_seg *segs = NULL;
-  size_t nseg = 0;
-  loom_adam_cfg ac = fm_adam();
-  int rc = fm_create(j->seed + (uint64_t)rank, &m);
-  if (!rc) rc = loom_fsdp_create(pg, m, &cfg, &f);
-  if (!rc) rc = loom_fsdp_segments(f, &segs, &nseg);
-  if (!rc) rc = loom_optim_create_adamw(segs, nseg, &ac, &opt);
+  int rc = fm_setup(pg, j->seed + (uint64_t)rank, &cfg, fm_adam().state_pool, &m, &f, &opt);
   int s = j->first_step;
   if (!rc && j->load_dir) rc = loom_fsdp_load_sharded(f, j->load_dir, opt);
   for (int k = 0; k < j->pre_steps && !rc; k++) rc = ck_train_step(m, f, opt, s++, rank, world);
