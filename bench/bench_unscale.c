@@ -56,8 +56,15 @@ static double median(double *v, int n) {
 }
 
 /* The baseline a user would write: x *= inv, in place, vectorised (O3: GCC 12's -O2 cost model
- * leaves this loop scalar; AVX2 when the CPU has it, as loom's own levels). */
-__attribute__((noinline, optimize("O3"), target_clones("avx2", "default")))
+ * leaves this loop scalar; AVX2 when the CPU has it, as loom's own levels). Not cloned under
+ * ThreadSanitizer: the clones' resolver runs while the dynamic loader relocates `loom`, before
+ * the TSan runtime is up, and its instrumented entry crashed every run of the TSan-built tool. */
+#ifdef __SANITIZE_THREAD__
+#define MUL_CLONES
+#else
+#define MUL_CLONES , target_clones("avx2", "default")
+#endif
+__attribute__((noinline, optimize("O3") MUL_CLONES))
 static void mul_inplace(float *x, size_t n, float inv) {
   for (size_t i = 0; i < n; i++) x[i] *= inv;
 }

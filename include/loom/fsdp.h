@@ -382,9 +382,10 @@ int loom_fsdp_load_full_state(loom_fsdp *f, const loom_named_tensor *state, size
 
 /* A sharded checkpoint in folder dir (a collective). Each rank writes
  * dir/gen-G/rank-R-of-N.safetensors with its parameter shards ("<unit>.flat_param"), the
- * optimizer's state for its segments (opt may be NULL), the optimizer's step count and the loss
- * scale; rank 0 then writes dir/fsdp-index.safetensors (world size, generation, the units'
- * names and lengths, every rank file's size and CRC-32, and meta[0..nmeta), keys not starting
+ * optimizer's state for its segments (opt may be NULL), the optimizer's step count, the loss
+ * scale and its rank, world size and generation; rank 0 then writes dir/fsdp-index.safetensors
+ * (world size, generation, optimizer step, the units' names and lengths, every rank file's size
+ * and CRC-32, and meta[0..nmeta), keys not starting
  * "fsdp.") and removes older generations. Every file is a loom checkpoint (CRC over all its
  * bytes, written atomically), and the index is the commit point: a save that dies before it
  * leaves the previous complete set in place, and the next save removes what it left (the
@@ -398,8 +399,10 @@ int loom_fsdp_save_sharded(loom_fsdp *f, const char *dir, const loom_optim *opt,
  * a sharded checkpoint written with any number of ranks: each rank reads the parts of the old
  * shards its new shard covers (resharding). Units must match by name and length (LOOM_EINVAL
  * naming the unit); no index is LOOM_ENOTFOUND, a missing, truncated or changed file
- * LOOM_EFORMAT / LOOM_EIO naming it; values that are not finite (or negative second moments) are
- * refused. Nothing changes unless everything reads: every value is checked first, then read
+ * LOOM_EFORMAT / LOOM_EIO naming it; so is a rank file of another rank, world, generation or
+ * optimizer step than the index says (naming both values), or without a unit's shard of the
+ * index's length; numbers in the metadata are read strictly (digits, no sign or leading zero, in
+ * range); values that are not finite (or negative second moments) are refused. Nothing changes unless everything reads: every value is checked first, then read
  * straight to where it lives, with no copy of the rank's state (the files are mapped; offloaded
  * kinds go chunk by chunk into their tier, the disk tier's into its other slot set, switched
  * once all are in), so a run whose state is larger than its memory resumes under that memory.

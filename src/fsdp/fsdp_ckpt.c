@@ -3,10 +3,11 @@
  *                                        shard), the optimizer's state for it
  *                                        ("<unit>.flat_param.exp_avg", ...), "amp.scaler"
  *                                        (the loss scale, when there is one); metadata the
- *                                        optimizer's step count, rank and world size
- *   dir/fsdp-index.safetensors          the commit point: world size, generation, every unit's
- *                                        name (metadata), numel and shard length, every rank
- *                                        file's size and CRC-32, the caller's metadata
+ *                                        optimizer's step count, rank, world size, generation
+ *   dir/fsdp-index.safetensors          the commit point: world size, generation, optimizer
+ *                                        step, every unit's name (metadata), numel and shard
+ *                                        length, every rank file's size and CRC-32, the
+ *                                        caller's metadata
  * All of them are loom checkpoints (checkpoint/2: a CRC over every byte, written atomically).
  * A save first removes what killed saves left (the index's temporaries, generations the index
  * does not name), writes a new generation, then the index, then removes older generations:
@@ -14,7 +15,11 @@
  * the parts of the old shards that its new shard covers, so the world size may change between
  * save and load (resharding). It checks every value first and then reads each straight to where it
  * lives (offloaded kinds through loom__fsdp_stream into their tier): no copy of a rank's state
- * is ever staged, since with offload that state may be larger than the run's memory. */
+ * is ever staged, since with offload that state may be larger than the run's memory. Each rank
+ * file is checked against the index when it is opened (its CRC, size, rank, world, generation,
+ * optimizer step, every unit's tensor and length), so a file of another rank or another save
+ * is refused naming it and both values even when someone re-signed the index; every number in
+ * the metadata is read strictly (digits only, no sign, no leading zero, in range). */
 #include "fsdp/fsdp_int.h"
 #include "fsdp/offload_store.h"
 #include "io/io_int.h"
@@ -29,6 +34,30 @@
 
 #define INDEX_NAME "fsdp-index.safetensors"
 #define FORMAT "fsdp-sharded/1"
+#define MAX_COUNT ((int64_t)1 << 53) /* a step or generation: exact in a double, never overflows */
+
+/* Metadata `key` of fl (the file at path) as a count in [0, max]: decimal digits only, no sign
+ * or leading zero, so a value is written one way. Absent: LOOM_ENOTFOUND, with no message if
+ * !need (the caller has a default). */
+static int meta_count(const loom_safetensors *fl, const char *path, const char *key, int64_t max,
+                      bool need, int64_t *out) {
+  const char *v = loom_safetensors_meta(fl, key);
+  if (!v)
+    return need ? loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s has no metadata %s", path, key)
+                : LOOM_ENOTFOUND;
+  int64_t x = 0;
+  bool ok = v[0] && (v[0] != '0' || !v[1]);
+  for (const char *c = v; ok && *c; c++) {
+    ok = *c >= '0' && *c <= '9' && x <= (max - (*c - '0')) / 10;
+    if (ok) x = 10 * x + (*c - '0');
+  }
+  if (!ok)
+    return loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s: metadata %s = \"%.40s%s\" is not a "
+                      "count from 0 to %lld", path, key, v, strlen(v) > 40 ? "..." : "",
+                      (long long)max);
+  *out = x;
+  return LOOM_OK;
+}
 
 static void index_path(const char *dir, char *buf, size_t cap) {
   snprintf(buf, cap, "%s/%s", dir, INDEX_NAME);
@@ -55,7 +84,7 @@ static int current_generation(const char *dir, int64_t *gen) {
   if (access(path, F_OK) != 0) return LOOM_OK;
   loom_safetensors *ix = NULL;
   int rc = loom_checkpoint_open(path, &ix);
-  if (!rc) rc = loom_safetensors_meta_i64(ix, "fsdp.generation", gen);
+  if (!rc) rc = meta_count(ix, path, "fsdp.generation", MAX_COUNT - 1, true, gen);
   loom_safetensors_free(ix);
   return rc;
 }
@@ -142,7 +171,7 @@ static void add_entry(fsdp_unit *u, int kind, const loom_optim *opt, const char 
 /* The rank's file: parameter shards and optimizer state from wherever they are (offloaded ones
  * are read from the tier chunk by chunk as the file is written: a save never brings a rank's
  * whole state back). */
-static int write_rank_file(loom_fsdp *f, const char *path, const loom_optim *opt) {
+static int write_rank_file(loom_fsdp *f, const char *path, int64_t gen, const loom_optim *opt) {
   size_t nstate = opt ? loom_optim_state_count(opt) : 0;
   size_t per = opt ? loom_optim_state_per_segment(opt) : 0;
   size_t cap = f->nunits + nstate + 1;
@@ -171,12 +200,14 @@ static int write_rank_file(loom_fsdp *f, const char *path, const loom_optim *opt
     if (!rc) rc = loom_scaler_state_pack(&st, words);
     if (!rc) e[n++] = (loom_checkpoint_entry){"amp.scaler", LOOM_I64, 1, {LOOM_SCALER_STATE_WORDS}, words, 0};
   }
-  char step[32], rank[16], world[16];
+  char step[32], rank[16], world[16], g[32];
   snprintf(step, sizeof step, "%lld", (long long)(opt ? loom_optim_step_count(opt) : 0));
   snprintf(rank, sizeof rank, "%d", f->rank);
   snprintf(world, sizeof world, "%d", f->world);
+  snprintf(g, sizeof g, "%lld", (long long)gen);
   loom_safetensors_meta_kv meta[] = {{"fsdp.format", FORMAT}, {"fsdp.rank", rank},
-                                     {"fsdp.world", world}, {"optim.step", step}};
+                                     {"fsdp.world", world}, {"fsdp.generation", g},
+                                     {"optim.step", step}};
   if (!rc) rc = loom__checkpoint_save_read(path, e, rd, n, meta, sizeof meta / sizeof *meta);
   loom__free(cache.buf);
   loom__free(ctx);
@@ -185,9 +216,10 @@ static int write_rank_file(loom_fsdp *f, const char *path, const loom_optim *opt
   return rc;
 }
 
-static int write_index(loom_fsdp *f, const char *dir, int64_t gen, const int64_t *files,
-                       const loom_safetensors_meta_kv *umeta, size_t numeta) {
-  size_t nu = f->nunits, nm = 4 + nu + numeta;
+static int write_index(loom_fsdp *f, const char *dir, int64_t gen, int64_t ostep,
+                       const int64_t *files, const loom_safetensors_meta_kv *umeta,
+                       size_t numeta) {
+  size_t nu = f->nunits, nm = 5 + nu + numeta;
   int64_t *units = loom__calloc(LOOM_POOL_META, 2 * (nu ? nu : 1), sizeof *units);
   loom_safetensors_meta_kv *meta = loom__calloc(LOOM_POOL_META, nm, sizeof *meta);
   char *keys = loom__calloc(LOOM_POOL_META, nu ? nu : 1, 32);
@@ -201,14 +233,16 @@ static int write_index(loom_fsdp *f, const char *dir, int64_t gen, const int64_t
     units[2 * u] = (int64_t)f->units[u].numel;
     units[2 * u + 1] = (int64_t)f->units[u].shard;
   }
-  char world[16], g[32], count[32];
+  char world[16], g[32], count[32], step[32];
   snprintf(world, sizeof world, "%d", f->world);
   snprintf(g, sizeof g, "%lld", (long long)gen);
+  snprintf(step, sizeof step, "%lld", (long long)ostep);
   snprintf(count, sizeof count, "%zu", nu);
   size_t k = 0;
   meta[k++] = (loom_safetensors_meta_kv){"fsdp.format", FORMAT};
   meta[k++] = (loom_safetensors_meta_kv){"fsdp.world", world};
   meta[k++] = (loom_safetensors_meta_kv){"fsdp.generation", g};
+  meta[k++] = (loom_safetensors_meta_kv){"fsdp.step", step};
   meta[k++] = (loom_safetensors_meta_kv){"fsdp.units", count};
   for (size_t u = 0; u < nu; u++) {
     snprintf(keys + 32 * u, 32, "fsdp.unit.%zu", u);
@@ -252,7 +286,7 @@ int loom_fsdp_save_sharded(loom_fsdp *f, const char *dir, const loom_optim *opt,
   rc = make_dir(sub);
   rank_path(dir, gen, f->rank, f->world, path, sizeof path);
   if (!rc) rc = loom__fsdp_settle_all(f); /* transfers in flight land first */
-  if (!rc) rc = write_rank_file(f, path, opt);
+  if (!rc) rc = write_rank_file(f, path, gen, opt);
   int64_t mine[2] = {-1, 0};
   if (!rc) rc = file_size_crc(path, &mine[0], &mine[1]);
   if (rc) mine[0] = -1;
@@ -269,7 +303,7 @@ int loom_fsdp_save_sharded(loom_fsdp *f, const char *dir, const loom_optim *opt,
   /* rank 0 commits; every rank learns the outcome */
   int64_t ok = 0;
   if (!rc && f->rank == 0) {
-    rc = write_index(f, dir, gen, files, meta, nmeta);
+    rc = write_index(f, dir, gen, opt ? loom_optim_step_count(opt) : 0, files, meta, nmeta);
     ok = rc ? 0 : 1;
   }
   loom__free(files);
@@ -288,6 +322,9 @@ typedef struct old_set {
   loom_safetensors *index;
   int world;
   int64_t gen;
+  int64_t step;       /* the optimizer step every file must hold; -1 until known */
+  bool has_step;      /* the index records it (and its files their generation) */
+  const loom_param_seg *segs; /* the units' tensor names (the model's, matched to the index) */
   size_t nunits;
   const int64_t *units; /* numel, shard per unit */
   const int64_t *files; /* size, crc per rank */
@@ -304,13 +341,17 @@ static int open_index(const char *dir, old_set *s) {
     return loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s is not a sharded checkpoint index (%s)",
                       path, fmt ? fmt : "no fsdp.format");
   int64_t w = 0, n = 0;
-  rc = loom_safetensors_meta_i64(s->index, "fsdp.world", &w);
-  if (!rc) rc = loom_safetensors_meta_i64(s->index, "fsdp.generation", &s->gen);
-  if (!rc) rc = loom_safetensors_meta_i64(s->index, "fsdp.units", &n);
+  rc = meta_count(s->index, path, "fsdp.world", 1 << 20, true, &w);
+  if (!rc) rc = meta_count(s->index, path, "fsdp.generation", MAX_COUNT, true, &s->gen);
+  if (!rc) rc = meta_count(s->index, path, "fsdp.units", 1 << 20, true, &n);
+  s->step = -1;
+  if (!rc) rc = meta_count(s->index, path, "fsdp.step", MAX_COUNT, false, &s->step);
+  s->has_step = rc == LOOM_OK; /* absent from the sets saved before it was written */
+  if (rc == LOOM_ENOTFOUND) rc = LOOM_OK;
   if (rc) return rc;
-  if (w < 1 || w > 1 << 20 || n < 0 || n > 1 << 20)
-    return loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s: world %lld or unit count %lld out of "
-                      "range", path, (long long)w, (long long)n);
+  if (w < 1)
+    return loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s: world %lld out of range", path,
+                      (long long)w);
   s->world = (int)w;
   s->nunits = (size_t)n;
   loom_safetensors_info ui, fi;
@@ -333,6 +374,48 @@ static void close_set(old_set *s) {
   loom_safetensors_free(s->index);
 }
 
+/* Rank r's file fl (at path), already the file the index names by size and CRC, checked to be
+ * rank r's of this save: its rank, world, generation and optimizer step those of the index (the
+ * step: the index's, or for older sets the first file's), every unit's flat parameter there as
+ * f32 of the index's shard length. */
+static int check_rank_file(const char *path, old_set *s, int r, const loom_safetensors *fl) {
+  const char *fmt = loom_safetensors_meta(fl, "fsdp.format");
+  if (!fmt || strcmp(fmt, FORMAT) != 0)
+    return loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s is not a sharded checkpoint's rank "
+                      "file (%s)", path, fmt ? fmt : "no fsdp.format");
+  int64_t rank = 0, world = 0, gen = s->gen, step = 0;
+  int rc = meta_count(fl, path, "fsdp.rank", 1 << 20, true, &rank);
+  if (!rc) rc = meta_count(fl, path, "fsdp.world", 1 << 20, true, &world);
+  if (!rc) rc = meta_count(fl, path, "fsdp.generation", MAX_COUNT, s->has_step, &gen);
+  if (rc == LOOM_ENOTFOUND) rc = LOOM_OK; /* an older set's file */
+  if (!rc) rc = meta_count(fl, path, "optim.step", MAX_COUNT, true, &step);
+  if (rc) return rc;
+  if (rank != r || world != s->world)
+    return loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s is the file of rank %lld of %lld; the "
+                      "index puts it at rank %d of %d", path, (long long)rank, (long long)world,
+                      r, s->world);
+  if (gen != s->gen)
+    return loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s was saved as generation %lld; the index "
+                      "is of generation %lld", path, (long long)gen, (long long)s->gen);
+  if (s->step >= 0 && step != s->step)
+    return loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s is of optimizer step %lld; %s says %lld",
+                      path, (long long)step, s->has_step ? "the index" : "the first rank file",
+                      (long long)s->step);
+  s->step = step;
+  for (size_t u = 0; u < s->nunits && s->segs; u++) {
+    loom_safetensors_info in = {0};
+    size_t sh = (size_t)s->units[2 * u + 1];
+    if (loom_safetensors_find(fl, s->segs[u].name, &in) != LOOM_OK)
+      return loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s has no %s (unit %zu of the index)",
+                        path, s->segs[u].name, u);
+    if (in.dtype != LOOM_F32 || in.numel != sh)
+      return loom__fail(LOOM_EFORMAT, "fsdp checkpoint: %s: %s is %s of %zu elements; the index "
+                        "says f32 of %zu", path, s->segs[u].name, loom_dtype_name(in.dtype),
+                        in.numel, sh);
+  }
+  return LOOM_OK;
+}
+
 static int old_file(const char *dir, old_set *s, int r, loom_safetensors **out) {
   if (s->open[r]) {
     *out = s->open[r];
@@ -348,6 +431,7 @@ static int old_file(const char *dir, old_set *s, int r, loom_safetensors **out) 
                     "%lld, CRC %08llx; the index says %lld, %08llx)", path, (long long)size,
                     (unsigned long long)crc, (long long)s->files[2 * r],
                     (unsigned long long)s->files[2 * r + 1]);
+  if (!rc) rc = check_rank_file(path, s, r, fl);
   if (rc) loom_safetensors_free(fl);
   else s->open[r] = fl;
   *out = s->open[r];
@@ -518,22 +602,20 @@ int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt) {
   }
   /* check everything, then commit: nothing changes unless all of it reads. No copy of the
    * rank's state is staged (the files are mapped, and with offload that state may be larger
-   * than the memory the run has). */
-  if (!rc) rc = check_all(dir, &s, f, opt);
-  int64_t step = 0;
-  loom_scaler_state sst, before;
-  loom_scaler *sc = f->mp ? loom_fsdp_mp_scaler(f->mp) : NULL;
+   * than the memory the run has). Rank 0's file first: it holds the step and the scaler. */
+  s.segs = f->segs;
   loom_safetensors *f0 = NULL;
   if (!rc) rc = old_file(dir, &s, 0, &f0);
-  if (!rc && opt) rc = loom_safetensors_meta_i64(f0, "optim.step", &step);
+  if (!rc) rc = check_all(dir, &s, f, opt);
+  int64_t step = opt ? s.step : 0;
+  loom_scaler_state sst, before;
+  loom_scaler *sc = f->mp ? loom_fsdp_mp_scaler(f->mp) : NULL;
   if (!rc && sc) {
     int64_t words[LOOM_SCALER_STATE_WORDS];
     int64_t shape = LOOM_SCALER_STATE_WORDS;
     rc = loom_safetensors_read(f0, "amp.scaler", LOOM_I64, 1, &shape, words);
     if (!rc) rc = loom_scaler_state_unpack(words, &sst);
   }
-  if (!rc && opt && step < 0)
-    rc = loom__fail(LOOM_EFORMAT, "%s: optimizer step %lld is negative", who, (long long)step);
   /* commit: the scaler first (it may refuse the state; it is put back should the shards fail
    * to go in), then the shards, which fail as a whole or not at all */
   int64_t old_step = opt ? loom_optim_step_count(opt) : 0;

@@ -15,7 +15,7 @@
  * lr 1e-2 the weights agree to 1e-5 (an optimizer state lost or misplaced moves them by ~1e-2).
  * A 2 -> 3 -> 2 round trip moves only bytes, so it continues bit for bit. */
 #include "lt.h"
-#include "fsdp_model.h"
+#include "fsdp_ckpt_sets.h"
 #include "lt_tree.h"
 
 #include <dirent.h>
@@ -26,20 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { GB = 12, MAXW = 4, MAXSTEPS = 8, MSG = 600 };
-
 /* ---- helpers ------------------------------------------------------------------------------ */
-
-static size_t model_numel(void) {
-  return (size_t)FM_IN * FM_H1 + FM_H1 + (size_t)FM_H1 * FM_H2 + FM_H2 + (size_t)FM_H2 * FM_OUT +
-         FM_OUT;
-}
-
-static void tmp_dir(char *dir, size_t cap) {
-  snprintf(dir, cap, "/tmp/loom_fsdp_ckpt_XXXXXX");
-  if (!mkdtemp(dir)) dir[0] = 0;
-  LT_TRUE(dir[0] != 0);
-}
 
 /* The gen-* folders of dir: count, and the number of the last one found. */
 static int count_generations(const char *dir, long long *last) {
@@ -59,126 +46,6 @@ static int count_generations(const char *dir, long long *last) {
   return n;
 }
 
-static unsigned char *read_all(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *b = malloc((size_t)len + 1);
-  *n = fread(b, 1, (size_t)len, f);
-  fclose(f);
-  return b;
-}
-
-static void write_all(const char *path, const void *b, size_t n) {
-  FILE *f = fopen(path, "wb");
-  LT_TRUE(f != NULL);
-  LT_EQ(fwrite(b, 1, n, f), n);
-  fclose(f);
-}
-
-static void rank_file(char *buf, size_t cap, const char *dir, long long gen, int r, int w) {
-  snprintf(buf, cap, "%s/gen-%lld/rank-%d-of-%d.safetensors", dir, gen, r, w);
-}
-
-/* One rank's training step on rows [s * GB + rank * GB / world, + GB / world): forward (under
- * f16 autocast with mixed precision), loss x the manager's scale, backward, finish, the global
- * overflow check, the optimizer step unless it overflowed. */
-static int train_step(loom_module *m, loom_fsdp *f, loom_optim *opt, int s, int rank, int world) {
-  loom_fsdp_mp *mp = loom_fsdp_mp_manager(f);
-  float scale = mp ? loom_fsdp_mp_current_loss_scale(mp) : 1.0f;
-  int64_t rows = GB / world;
-  int rc = fm_backward(m, (int64_t)s * GB + rank * rows, rows,
-                       mp ? LOOM_AUTOCAST_F16 : LOOM_AUTOCAST_OFF, scale, NULL);
-  bool overflow = false;
-  if (!rc) rc = loom_fsdp_finish(f);
-  if (!rc) rc = loom_fsdp_check_overflow(f, &overflow);
-  if (!rc && !overflow) rc = loom_optim_step(opt);
-  return rc;
-}
-
-/* The fsdp's full state into out (rank 0; a collective). */
-static int full_state_into(loom_fsdp *f, float *out) {
-  loom_named_tensor *st = NULL;
-  size_t n = 0;
-  int rc = loom_fsdp_full_state(f, &st, &n);
-  if (!rc && st && out) fm_flatten_state(st, n, out);
-  loom_fsdp_state_free(st, n);
-  return rc;
-}
-
-static void mp_cfg(loom_fsdp_cfg *c, bool f16) {
-  *c = loom_fsdp_cfg_default();
-  if (!f16) return;
-  c->mp = loom_fsdp_mp_cfg_for(LOOM_F16);
-  /* growth every 2 clean steps: the saved state has grown once and counted one clean step,
-   * so both the scale and the counter must come back for the scales to match step by step */
-  c->mp.loss_scale_steps = 2;
-}
-
-/* ---- a run: create, [load], [train, save], train ------------------------------------------ */
-
-typedef struct job {
-  int world;
-  bool f16;
-  uint64_t seed;          /* model seed = seed + rank (rank 0's values win) */
-  const char *load_dir;   /* load right after create */
-  int first_step;         /* data index of the first step */
-  int pre_steps;          /* steps before the save */
-  const char *save_dir;   /* save after pre_steps */
-  const loom_safetensors_meta_kv *meta;
-  size_t nmeta;
-  int post_steps;         /* steps after the save (or the load) */
-  /* results */
-  float *mid;             /* rank 0: the full state at the save, or right after the load */
-  float *end;             /* rank 0: the full state at the end */
-  int64_t step_count;     /* rank 0: the optimizer's step count at mid */
-  float scales[MAXSTEPS]; /* rank 0: the loss scale after each post step */
-  float scale_mid;
-} job;
-
-static int job_rank(loom_pg *pg, void *arg) {
-  job *j = arg;
-  int rank = loom_pg_rank(pg), world = loom_pg_size(pg);
-  loom_fsdp_cfg cfg;
-  mp_cfg(&cfg, j->f16);
-  loom_module *m = NULL;
-  loom_fsdp *f = NULL;
-  loom_optim *opt = NULL;
-  const loom_param_seg *segs = NULL;
-  size_t nseg = 0;
-  loom_adam_cfg ac = fm_adam();
-  int rc = fm_create(j->seed + (uint64_t)rank, &m);
-  if (!rc) rc = loom_fsdp_create(pg, m, &cfg, &f);
-  if (!rc) rc = loom_fsdp_segments(f, &segs, &nseg);
-  if (!rc) rc = loom_optim_create_adamw(segs, nseg, &ac, &opt);
-  int s = j->first_step;
-  if (!rc && j->load_dir) rc = loom_fsdp_load_sharded(f, j->load_dir, opt);
-  for (int k = 0; k < j->pre_steps && !rc; k++) rc = train_step(m, f, opt, s++, rank, world);
-  if (!rc && j->save_dir) rc = loom_fsdp_save_sharded(f, j->save_dir, opt, j->meta, j->nmeta);
-  if (!rc && (j->save_dir || j->load_dir)) {
-    rc = full_state_into(f, rank == 0 ? j->mid : NULL);
-    if (rank == 0) {
-      j->step_count = loom_optim_step_count(opt);
-      loom_fsdp_mp *mp = loom_fsdp_mp_manager(f);
-      j->scale_mid = mp ? loom_fsdp_mp_current_loss_scale(mp) : 1.0f;
-    }
-  }
-  for (int k = 0; k < j->post_steps && !rc; k++) {
-    rc = train_step(m, f, opt, s++, rank, world);
-    loom_fsdp_mp *mp = loom_fsdp_mp_manager(f);
-    if (rank == 0 && k < MAXSTEPS) j->scales[k] = mp ? loom_fsdp_mp_current_loss_scale(mp) : 1.0f;
-  }
-  if (!rc && j->end) rc = full_state_into(f, rank == 0 ? j->end : NULL);
-  loom_optim_free(opt);
-  loom_fsdp_free(f);
-  loom_module_free(m);
-  return rc;
-}
-
-static float *fbuf(void) { return calloc(model_numel(), sizeof(float)); }
-
 static double max_diff(const float *a, const float *b, size_t n) {
   double w = 0;
   for (size_t i = 0; i < n; i++) {
@@ -193,18 +60,18 @@ static double max_diff(const float *a, const float *b, size_t n) {
 LT_TEST(fsdp_ckpt_sharded_resume_is_bit_identical_f32_and_f16) {
   for (int f16 = 0; f16 <= 1; f16++) {
     char dir[64];
-    tmp_dir(dir, sizeof dir);
-    size_t np = model_numel();
+    ck_tmp_dir(dir, sizeof dir);
+    size_t np = ck_numel();
     /* A: 3 steps, save, 2 more */
-    job a = {.world = 2, .f16 = f16, .seed = 1, .pre_steps = 3, .save_dir = dir,
-             .post_steps = 2, .mid = fbuf(), .end = fbuf()};
-    LT_OK(loom_threads_run(2, NULL, job_rank, &a));
+    ck_job a = {.world = 2, .f16 = f16, .seed = 1, .pre_steps = 3, .save_dir = dir,
+             .post_steps = 2, .mid = ck_fbuf(), .end = ck_fbuf()};
+    LT_OK(loom_threads_run(2, NULL, ck_job_rank, &a));
     LT_EQ(a.step_count, 3);
     if (f16) LT_NEAR(a.scale_mid, 4.0, 0); /* grown once (2 clean steps), one step counted */
     /* B: other seeds, load, the same 2 steps */
-    job b = {.world = 2, .f16 = f16, .seed = 100, .load_dir = dir, .first_step = 3,
-             .post_steps = 2, .mid = fbuf(), .end = fbuf()};
-    LT_OK(loom_threads_run(2, NULL, job_rank, &b));
+    ck_job b = {.world = 2, .f16 = f16, .seed = 100, .load_dir = dir, .first_step = 3,
+             .post_steps = 2, .mid = ck_fbuf(), .end = ck_fbuf()};
+    LT_OK(loom_threads_run(2, NULL, ck_job_rank, &b));
     LT_TRUE(memcmp(b.mid, a.mid, np * sizeof(float)) == 0);
     LT_EQ(b.step_count, 3);
     LT_TRUE(memcmp(b.end, a.end, np * sizeof(float)) == 0);
@@ -224,16 +91,16 @@ LT_TEST(fsdp_ckpt_sharded_resume_is_bit_identical_f32_and_f16) {
 
 LT_TEST(fsdp_ckpt_saved_by_2_ranks_loads_at_1_3_and_4) {
   char dir[64], dir3[64];
-  tmp_dir(dir, sizeof dir);
-  tmp_dir(dir3, sizeof dir3);
-  size_t np = model_numel();
-  job a = {.world = 2, .seed = 1, .pre_steps = 2, .save_dir = dir, .post_steps = 2,
-           .mid = fbuf(), .end = fbuf()};
-  LT_OK(loom_threads_run(2, NULL, job_rank, &a));
+  ck_tmp_dir(dir, sizeof dir);
+  ck_tmp_dir(dir3, sizeof dir3);
+  size_t np = ck_numel();
+  ck_job a = {.world = 2, .seed = 1, .pre_steps = 2, .save_dir = dir, .post_steps = 2,
+           .mid = ck_fbuf(), .end = ck_fbuf()};
+  LT_OK(loom_threads_run(2, NULL, ck_job_rank, &a));
   for (int w = 1; w <= 4; w += 1 + (w == 1)) { /* 1, 3, 4 */
-    job b = {.world = w, .seed = 40, .load_dir = dir, .first_step = 2, .post_steps = 2,
-             .mid = fbuf(), .end = fbuf()};
-    LT_OK(loom_threads_run(w, NULL, job_rank, &b));
+    ck_job b = {.world = w, .seed = 40, .load_dir = dir, .first_step = 2, .post_steps = 2,
+             .mid = ck_fbuf(), .end = ck_fbuf()};
+    LT_OK(loom_threads_run(w, NULL, ck_job_rank, &b));
     LT_TRUE(memcmp(b.mid, a.mid, np * sizeof(float)) == 0); /* resharded exactly */
     LT_EQ(b.step_count, 2);
     double d = max_diff(b.end, a.end, np);
@@ -241,12 +108,12 @@ LT_TEST(fsdp_ckpt_saved_by_2_ranks_loads_at_1_3_and_4) {
     free(b.mid), free(b.end);
   }
   /* 2 -> 3 -> 2: the optimizer state too goes through 3 ranks' shards and comes back exact */
-  job c = {.world = 3, .seed = 60, .load_dir = dir, .save_dir = dir3, .mid = fbuf()};
-  LT_OK(loom_threads_run(3, NULL, job_rank, &c));
+  ck_job c = {.world = 3, .seed = 60, .load_dir = dir, .save_dir = dir3, .mid = ck_fbuf()};
+  LT_OK(loom_threads_run(3, NULL, ck_job_rank, &c));
   LT_TRUE(memcmp(c.mid, a.mid, np * sizeof(float)) == 0);
-  job d = {.world = 2, .seed = 80, .load_dir = dir3, .first_step = 2, .post_steps = 2,
-           .mid = fbuf(), .end = fbuf()};
-  LT_OK(loom_threads_run(2, NULL, job_rank, &d));
+  ck_job d = {.world = 2, .seed = 80, .load_dir = dir3, .first_step = 2, .post_steps = 2,
+           .mid = ck_fbuf(), .end = ck_fbuf()};
+  LT_OK(loom_threads_run(2, NULL, ck_job_rank, &d));
   LT_EQ(d.step_count, 2);
   LT_TRUE(memcmp(d.end, a.end, np * sizeof(float)) == 0);
   free(a.mid), free(a.end), free(c.mid), free(d.mid), free(d.end);
@@ -291,7 +158,7 @@ out:
 
 LT_TEST(fsdp_ckpt_metadata_reserved_keys_and_generations) {
   char dir[64], sub[128];
-  tmp_dir(dir, sizeof dir);
+  ck_tmp_dir(dir, sizeof dir);
   snprintf(sub, sizeof sub, "%s/ckpt", dir); /* a folder the save must create */
   meta_job j = {.dir = sub};
   LT_OK(loom_threads_run(2, NULL, meta_rank, &j));
@@ -317,7 +184,7 @@ LT_TEST(fsdp_ckpt_metadata_reserved_keys_and_generations) {
   LT_EQ(count_generations(sub, &last), 1);
   LT_EQ(last, 2);
   char path[256];
-  rank_file(path, sizeof path, sub, 2, 1, 2);
+  ck_rank_file(path, sizeof path, sub, 2, 1, 2);
   LT_TRUE(access(path, F_OK) == 0);
   fm_rm_tree(dir);
 }
@@ -328,7 +195,7 @@ LT_TEST(fsdp_ckpt_metadata_reserved_keys_and_generations) {
  * The next save removes all of them, whatever their generation, and nothing else. */
 LT_TEST(fsdp_ckpt_next_save_removes_what_a_killed_save_left) {
   char dir[64], path[256];
-  tmp_dir(dir, sizeof dir);
+  ck_tmp_dir(dir, sizeof dir);
   meta_job j = {.dir = dir, .plain = true};
   LT_OK(loom_threads_run(2, NULL, meta_rank, &j)); /* generation 1, committed */
   const char *planted[] = {"fsdp-index.safetensors.tmp.AbC123",
@@ -342,11 +209,11 @@ LT_TEST(fsdp_ckpt_next_save_removes_what_a_killed_save_left) {
   LT_EQ(mkdir(path, 0777), 0);
   for (size_t i = 0; i < sizeof planted / sizeof *planted; i++) {
     snprintf(path, sizeof path, "%s/%s", dir, planted[i]);
-    write_all(path, "torn", 4);
+    ck_write_all(path, "torn", 4);
   }
   const char *kept = "fsdp-index.safetensors.tmp.notmine"; /* not the writer's pattern */
   snprintf(path, sizeof path, "%s/%s", dir, kept);
-  write_all(path, "mine", 4);
+  ck_write_all(path, "mine", 4);
   LT_EQ(lt_tree_walk(dir, ".tmp.", false), 5);
   LT_OK(loom_threads_run(2, NULL, meta_rank, &j)); /* generation 2 */
   LT_TRUE(access(path, F_OK) == 0);
@@ -355,9 +222,9 @@ LT_TEST(fsdp_ckpt_next_save_removes_what_a_killed_save_left) {
   long long last = -1;
   LT_EQ(count_generations(dir, &last), 1);
   LT_EQ(last, 2);
-  rank_file(path, sizeof path, dir, 2, 1, 2);
+  ck_rank_file(path, sizeof path, dir, 2, 1, 2);
   size_t n = 0;
-  unsigned char *b = read_all(path, &n);
+  unsigned char *b = ck_read_all(path, &n);
   LT_TRUE(b && n > 4); /* this save's file, not the planted one */
   free(b);
   LT_OK(loom_threads_run(2, NULL, meta_rank, &j)); /* a third save over a clean set */
@@ -367,236 +234,131 @@ LT_TEST(fsdp_ckpt_next_save_removes_what_a_killed_save_left) {
 
 /* ---- 4. corruption and atomicity ---------------------------------------------------------- */
 
-/* A fresh fsdp (other seeds, one step of training so the optimizer state is not zero) that
- * tries to load dir: each rank's status and message, whether its shards, optimizer state and
- * step count are untouched, and rank 0's full state before and after. */
-typedef struct loader {
-  const char *dir;
-  const int64_t *sizes;         /* NULL: the fm model */
-  const char *const *list;      /* a list wrap policy (NULL: the default) */
-  size_t nlist;
-  int rc[MAXW];
-  char msg[MAXW][MSG];
-  bool untouched[MAXW];
-  float *before, *after;        /* rank 0 (the fm model only) */
-} loader;
-
-static int loader_rank(loom_pg *pg, void *arg) {
-  loader *l = arg;
-  int rank = loom_pg_rank(pg), world = loom_pg_size(pg);
-  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
-  if (l->list) {
-    cfg.wrap = LOOM_FSDP_WRAP_LIST;
-    cfg.unit_names = l->list;
-    cfg.n_unit_names = l->nlist;
-  }
-  loom_module *m = NULL;
-  loom_fsdp *f = NULL;
-  loom_optim *opt = NULL;
-  const loom_param_seg *segs = NULL;
-  size_t nseg = 0;
-  loom_adam_cfg ac = fm_adam();
-  int rc = l->sizes ? loom_nn_mlp_create(l->sizes, 4, LOOM_ACT_RELU, LOOM_F32, 9 + rank, &m)
-                    : fm_create(9 + (uint64_t)rank, &m);
-  if (!rc) rc = loom_fsdp_create(pg, m, &cfg, &f);
-  if (!rc) rc = loom_fsdp_segments(f, &segs, &nseg);
-  if (!rc) rc = loom_optim_create_adamw(segs, nseg, &ac, &opt);
-  if (!rc && !l->sizes) rc = train_step(m, f, opt, 50, rank, world);
-  if (!rc && !l->sizes) rc = full_state_into(f, rank == 0 ? l->before : NULL);
-  if (rc) goto out;
-  /* a copy of everything the load may write */
-  size_t total = 0, nst = loom_optim_state_count(opt);
-  for (size_t u = 0; u < nseg; u++) total += 3 * segs[u].n;
-  float *copy = malloc(total * sizeof(float)), *at = copy;
-  for (size_t u = 0; u < nseg; u++) {
-    memcpy(at, segs[u].param, segs[u].n * sizeof(float));
-    at += segs[u].n;
-  }
-  for (size_t i = 0; i < nst; i++) {
-    loom_optim_state st;
-    loom_optim_state_at(opt, i, &st);
-    memcpy(at, st.data, st.n * sizeof(float));
-    at += st.n;
-  }
-  int64_t steps = loom_optim_step_count(opt);
-  loom_clear_error();
-  l->rc[rank] = loom_fsdp_load_sharded(f, l->dir, opt);
-  snprintf(l->msg[rank], MSG, "%s", loom_last_error());
-  bool same = loom_optim_step_count(opt) == steps;
-  at = copy;
-  for (size_t u = 0; u < nseg; u++) {
-    same = same && memcmp(at, segs[u].param, segs[u].n * sizeof(float)) == 0;
-    at += segs[u].n;
-  }
-  for (size_t i = 0; i < nst; i++) {
-    loom_optim_state st;
-    loom_optim_state_at(opt, i, &st);
-    same = same && memcmp(at, st.data, st.n * sizeof(float)) == 0;
-    at += st.n;
-  }
-  l->untouched[rank] = same;
-  free(copy);
-  if (!l->sizes) rc = full_state_into(f, rank == 0 ? l->after : NULL);
-out:
-  loom_optim_free(opt);
-  loom_fsdp_free(f);
-  loom_module_free(m);
-  return rc;
-}
-
-/* Load dir at `world` ranks with the fm model: every rank in `failing` (a bit mask) must fail
- * with `code` (or LOOM_EIO, for `alt_eio`) and a message containing `needle`, its state
- * untouched; returns the loader (caller frees before/after). */
-static loader try_load(const char *dir, int world, unsigned failing, int code, const char *needle) {
-  loader l = {.dir = dir, .before = fbuf(), .after = fbuf()};
-  LT_OK(loom_threads_run(world, NULL, loader_rank, &l));
-  for (int r = 0; r < world; r++) {
-    if (!(failing >> r & 1)) continue;
-    if (l.rc[r] != code)
-      lt_fail_at(__FILE__, __LINE__, "rank %d of %d: %s, expected %s (%s)", r, world,
-                 loom_status_name(l.rc[r]), loom_status_name(code), l.msg[r]);
-    else if (!strstr(l.msg[r], needle))
-      lt_fail_at(__FILE__, __LINE__, "rank %d of %d: message \"%s\" lacks \"%s\"", r, world,
-                 l.msg[r], needle);
-    if (!l.untouched[r])
-      lt_fail_at(__FILE__, __LINE__, "rank %d of %d: a failed load changed the state", r, world);
-  }
-  if (failing == (1u << world) - 1 &&
-      memcmp(l.before, l.after, model_numel() * sizeof(float)) != 0)
-    lt_fail_at(__FILE__, __LINE__, "%d ranks: the full state changed after a failed load", world);
-  return l;
-}
-
-static void loader_free(loader *l) {
-  free(l->before);
-  free(l->after);
-}
-
 LT_TEST(fsdp_ckpt_corrupt_truncated_swapped_and_crashed_sets) {
   char dir[64], other[64], path0[256], path1[256];
-  tmp_dir(dir, sizeof dir);
-  tmp_dir(other, sizeof other);
-  size_t np = model_numel();
-  job a = {.world = 2, .seed = 1, .pre_steps = 2, .save_dir = dir, .mid = fbuf()};
-  LT_OK(loom_threads_run(2, NULL, job_rank, &a));
-  job o = {.world = 2, .seed = 5, .pre_steps = 1, .save_dir = other, .mid = fbuf()};
-  LT_OK(loom_threads_run(2, NULL, job_rank, &o));
-  rank_file(path0, sizeof path0, dir, 1, 0, 2);
-  rank_file(path1, sizeof path1, dir, 1, 1, 2);
+  ck_tmp_dir(dir, sizeof dir);
+  ck_tmp_dir(other, sizeof other);
+  size_t np = ck_numel();
+  ck_job a = {.world = 2, .seed = 1, .pre_steps = 2, .save_dir = dir, .mid = ck_fbuf()};
+  LT_OK(loom_threads_run(2, NULL, ck_job_rank, &a));
+  ck_job o = {.world = 2, .seed = 5, .pre_steps = 1, .save_dir = other, .mid = ck_fbuf()};
+  LT_OK(loom_threads_run(2, NULL, ck_job_rank, &o));
+  ck_rank_file(path0, sizeof path0, dir, 1, 0, 2);
+  ck_rank_file(path1, sizeof path1, dir, 1, 1, 2);
   size_t n0 = 0, n1 = 0;
-  unsigned char *good0 = read_all(path0, &n0), *good1 = read_all(path1, &n1);
+  unsigned char *good0 = ck_read_all(path0, &n0), *good1 = ck_read_all(path1, &n1);
   LT_TRUE(good0 && good1 && n0 > 200 && n1 > 200);
 
   /* the good set loads, at 2 ranks */
-  loader l = try_load(dir, 2, 0, LOOM_OK, "");
+  ck_loader l = ck_try_load(dir, 2, 0, LOOM_OK, "");
   LT_EQ(l.rc[0], LOOM_OK);
   LT_EQ(l.rc[1], LOOM_OK);
   LT_TRUE(memcmp(l.after, a.mid, np * sizeof(float)) == 0);
-  loader_free(&l);
+  ck_loader_free(&l);
 
   /* (a) one flipped byte in rank 0's file (every rank reads it: the step count is there), then
    * in rank 1's (the rank that reads it, and a 1-rank load that reads both) */
   unsigned char *bad = malloc(n0 > n1 ? n0 : n1);
   memcpy(bad, good0, n0);
   bad[n0 / 2] ^= 0x10;
-  write_all(path0, bad, n0);
-  l = try_load(dir, 2, 3, LOOM_EFORMAT, "rank-0-of-2.safetensors");
-  loader_free(&l);
-  write_all(path0, good0, n0);
+  ck_write_all(path0, bad, n0);
+  l = ck_try_load(dir, 2, 3, LOOM_EFORMAT, "rank-0-of-2.safetensors");
+  ck_loader_free(&l);
+  ck_write_all(path0, good0, n0);
   memcpy(bad, good1, n1);
   bad[n1 - 9] ^= 0x01; /* near the end: the data of the last tensor */
-  write_all(path1, bad, n1);
-  l = try_load(dir, 2, 2, LOOM_EFORMAT, "rank-1-of-2.safetensors");
-  loader_free(&l);
-  l = try_load(dir, 1, 1, LOOM_EFORMAT, "rank-1-of-2.safetensors");
-  loader_free(&l);
-  write_all(path1, good1, n1);
+  ck_write_all(path1, bad, n1);
+  l = ck_try_load(dir, 2, 2, LOOM_EFORMAT, "rank-1-of-2.safetensors");
+  ck_loader_free(&l);
+  l = ck_try_load(dir, 1, 1, LOOM_EFORMAT, "rank-1-of-2.safetensors");
+  ck_loader_free(&l);
+  ck_write_all(path1, good1, n1);
 
   /* (b) a truncated rank file: named (EFORMAT or EIO both tell the truth) */
-  write_all(path1, good1, n1 - 64);
-  l = (loader){.dir = dir, .before = fbuf(), .after = fbuf()};
-  LT_OK(loom_threads_run(1, NULL, loader_rank, &l));
+  ck_write_all(path1, good1, n1 - 64);
+  l = (ck_loader){.dir = dir, .before = ck_fbuf(), .after = ck_fbuf()};
+  LT_OK(loom_threads_run(1, NULL, ck_loader_rank, &l));
   LT_TRUE(l.rc[0] == LOOM_EFORMAT || l.rc[0] == LOOM_EIO);
   LT_TRUE(strstr(l.msg[0], "rank-1-of-2.safetensors") != NULL);
   LT_TRUE(l.untouched[0]);
   LT_TRUE(memcmp(l.before, l.after, np * sizeof(float)) == 0);
-  loader_free(&l);
-  write_all(path1, good1, n1);
+  ck_loader_free(&l);
+  ck_write_all(path1, good1, n1);
 
   /* a valid rank file of another save in place of rank 0's: not the file the index names */
   char opath[256];
-  rank_file(opath, sizeof opath, other, 1, 0, 2);
+  ck_rank_file(opath, sizeof opath, other, 1, 0, 2);
   size_t no = 0;
-  unsigned char *ob = read_all(opath, &no);
+  unsigned char *ob = ck_read_all(opath, &no);
   LT_TRUE(ob != NULL);
-  write_all(path0, ob, no);
-  l = try_load(dir, 2, 3, LOOM_EFORMAT, "rank-0-of-2.safetensors");
+  ck_write_all(path0, ob, no);
+  l = ck_try_load(dir, 2, 3, LOOM_EFORMAT, "rank-0-of-2.safetensors");
   LT_TRUE(strstr(l.msg[0], "not the file the index names") != NULL);
-  loader_free(&l);
+  ck_loader_free(&l);
   free(ob);
-  write_all(path0, good0, n0);
+  ck_write_all(path0, good0, n0);
 
   /* a missing rank file */
   LT_TRUE(unlink(path1) == 0);
-  l = try_load(dir, 2, 2, LOOM_EIO, "rank-1-of-2.safetensors");
-  loader_free(&l);
-  write_all(path1, good1, n1);
+  l = ck_try_load(dir, 2, 2, LOOM_EIO, "rank-1-of-2.safetensors");
+  ck_loader_free(&l);
+  ck_write_all(path1, good1, n1);
 
   /* (c) a save that died before its index: a newer generation with garbage files; the index
    * still names generation 1, which loads exactly */
   char gen2[128], g0[256], g1[256];
   snprintf(gen2, sizeof gen2, "%s/gen-2", dir);
   LT_TRUE(mkdir(gen2, 0777) == 0);
-  rank_file(g0, sizeof g0, dir, 2, 0, 2);
-  rank_file(g1, sizeof g1, dir, 2, 1, 2);
-  write_all(g0, "garbage, not a checkpoint", 25);
+  ck_rank_file(g0, sizeof g0, dir, 2, 0, 2);
+  ck_rank_file(g1, sizeof g1, dir, 2, 1, 2);
+  ck_write_all(g0, "garbage, not a checkpoint", 25);
   memcpy(bad, good1, n1);
   bad[100] ^= 0xff;
-  write_all(g1, bad, n1 / 2);
-  l = try_load(dir, 2, 0, LOOM_OK, "");
+  ck_write_all(g1, bad, n1 / 2);
+  l = ck_try_load(dir, 2, 0, LOOM_OK, "");
   LT_EQ(l.rc[0], LOOM_OK);
   LT_EQ(l.rc[1], LOOM_OK);
   LT_TRUE(memcmp(l.after, a.mid, np * sizeof(float)) == 0);
-  loader_free(&l);
-  l = try_load(dir, 3, 0, LOOM_OK, "");
+  ck_loader_free(&l);
+  l = ck_try_load(dir, 3, 0, LOOM_OK, "");
   LT_TRUE(l.rc[0] == LOOM_OK && l.rc[1] == LOOM_OK && l.rc[2] == LOOM_OK);
   LT_TRUE(memcmp(l.after, a.mid, np * sizeof(float)) == 0);
-  loader_free(&l);
+  ck_loader_free(&l);
   /* the next save goes over the dead generation and leaves one complete set */
-  job b = {.world = 2, .seed = 1, .load_dir = dir, .save_dir = dir, .mid = fbuf()};
-  LT_OK(loom_threads_run(2, NULL, job_rank, &b));
+  ck_job b = {.world = 2, .seed = 1, .load_dir = dir, .save_dir = dir, .mid = ck_fbuf()};
+  LT_OK(loom_threads_run(2, NULL, ck_job_rank, &b));
   long long last = -1;
   LT_EQ(count_generations(dir, &last), 1);
   LT_EQ(last, 2);
-  l = try_load(dir, 2, 0, LOOM_OK, "");
+  l = ck_try_load(dir, 2, 0, LOOM_OK, "");
   LT_TRUE(l.rc[0] == LOOM_OK && l.rc[1] == LOOM_OK);
   LT_TRUE(memcmp(l.after, a.mid, np * sizeof(float)) == 0);
-  loader_free(&l);
+  ck_loader_free(&l);
   free(b.mid);
 
   /* (d) other units: another hidden size (unit 1's length), another wrap policy (unit 0 is
    * the root unit then), fewer units */
   static const int64_t sizes[4] = {FM_IN, FM_H1, FM_H2 + 1, FM_OUT};
-  loader d = {.dir = dir, .sizes = sizes};
-  LT_OK(loom_threads_run(2, NULL, loader_rank, &d));
+  ck_loader d = {.dir = dir, .sizes = sizes};
+  LT_OK(loom_threads_run(2, NULL, ck_loader_rank, &d));
   for (int r = 0; r < 2; r++) {
     LT_EQ(d.rc[r], LOOM_EINVAL);
     LT_TRUE(strstr(d.msg[r], "'layers.2'") != NULL);
     LT_TRUE(d.untouched[r]);
   }
   static const char *const two[] = {"layers.0", "layers.2"}; /* + a root unit for layers.4 */
-  l = (loader){.dir = dir, .list = two, .nlist = 2, .before = fbuf(), .after = fbuf()};
-  LT_OK(loom_threads_run(2, NULL, loader_rank, &l));
+  l = (ck_loader){.dir = dir, .list = two, .nlist = 2, .before = ck_fbuf(), .after = ck_fbuf()};
+  LT_OK(loom_threads_run(2, NULL, ck_loader_rank, &l));
   for (int r = 0; r < 2; r++) {
     LT_EQ(l.rc[r], LOOM_EINVAL);
     LT_TRUE(strstr(l.msg[r], "unit 0") != NULL && strstr(l.msg[r], "'layers.0'") != NULL);
     LT_TRUE(l.untouched[r]);
   }
   LT_TRUE(memcmp(l.before, l.after, np * sizeof(float)) == 0);
-  loader_free(&l);
+  ck_loader_free(&l);
   static const char *const one[] = {"layers.4"}; /* 2 units: the root and layers.4 */
-  l = (loader){.dir = dir, .list = one, .nlist = 1, .before = fbuf(), .after = fbuf()};
-  LT_OK(loom_threads_run(2, NULL, loader_rank, &l));
+  l = (ck_loader){.dir = dir, .list = one, .nlist = 1, .before = ck_fbuf(), .after = ck_fbuf()};
+  LT_OK(loom_threads_run(2, NULL, ck_loader_rank, &l));
   for (int r = 0; r < 2; r++) {
     LT_EQ(l.rc[r], LOOM_EINVAL);
     /* the count, and the first unit that differs */
@@ -604,7 +366,7 @@ LT_TEST(fsdp_ckpt_corrupt_truncated_swapped_and_crashed_sets) {
       lt_fail_at(__FILE__, __LINE__, "rank %d: \"%s\" names no unit", r, l.msg[r]);
     LT_TRUE(l.untouched[r]);
   }
-  loader_free(&l);
+  ck_loader_free(&l);
 
   free(bad);
   free(good0);
@@ -684,11 +446,11 @@ static int full_load_rank(loom_pg *pg, void *arg) {
   size_t n = 0;
   plain_state(j->plain, st, &n);
   if (!rc) rc = loom_fsdp_load_full_state(f, st, n);
-  if (!rc) rc = full_state_into(f, rank == 0 ? j->loaded : NULL);
+  if (!rc) rc = ck_full_state(f, rank == 0 ? j->loaded : NULL);
   /* by name: the order of the entries does not matter */
   for (size_t i = 0; i < n; i++) bad[i] = st[n - 1 - i];
   if (!rc) rc = loom_fsdp_load_full_state(f, bad, n);
-  if (!rc) rc = full_state_into(f, rank == 0 ? j->shuffled : NULL);
+  if (!rc) rc = ck_full_state(f, rank == 0 ? j->shuffled : NULL);
   if (rc) goto out;
   const loom_param_seg *segs = NULL;
   size_t nseg = 0;
@@ -732,7 +494,7 @@ out:
 
 LT_TEST(fsdp_ckpt_full_state_dict_names_values_and_loading) {
   char dir[64], path[128];
-  tmp_dir(dir, sizeof dir);
+  ck_tmp_dir(dir, sizeof dir);
   snprintf(path, sizeof path, "%s/model.safetensors", dir);
   full_job j = {.path = path};
   LT_OK(loom_threads_run(3, NULL, full_create_rank, &j));
@@ -760,12 +522,12 @@ LT_TEST(fsdp_ckpt_full_state_dict_names_values_and_loading) {
   loom_module_free(ref);
 
   /* loading a full state at 2 ranks gives it back bit for bit; bad states change nothing */
-  size_t np = model_numel();
+  size_t np = ck_numel();
   loom_module *plain = NULL;
   LT_OK(fm_create(77, &plain));
-  float *want = fbuf();
+  float *want = ck_fbuf();
   fm_flatten_module(plain, want);
-  full_job k = {.plain = plain, .loaded = fbuf(), .shuffled = fbuf()};
+  full_job k = {.plain = plain, .loaded = ck_fbuf(), .shuffled = ck_fbuf()};
   LT_OK(loom_threads_run(2, NULL, full_load_rank, &k));
   LT_TRUE(memcmp(k.loaded, want, np * sizeof(float)) == 0);
   LT_TRUE(memcmp(k.shuffled, want, np * sizeof(float)) == 0);
@@ -811,10 +573,10 @@ static int frozen_rank(loom_pg *pg, void *arg) {
   if (!rc) rc = loom_optim_create_adamw(segs + (j->skip_first ? 1 : 0), nseg - 1, &ac, &opt);
   int s = j->first_step;
   if (!rc && j->load_dir) rc = loom_fsdp_load_sharded(f, j->load_dir, opt);
-  for (int k = 0; k < j->pre_steps && !rc; k++) rc = train_step(m, f, opt, s++, rank, world);
+  for (int k = 0; k < j->pre_steps && !rc; k++) rc = ck_train_step(m, f, opt, s++, rank, world);
   if (!rc && j->save_dir) rc = loom_fsdp_save_sharded(f, j->save_dir, opt, NULL, 0);
-  for (int k = 0; k < j->post_steps && !rc; k++) rc = train_step(m, f, opt, s++, rank, world);
-  if (!rc) rc = full_state_into(f, rank == 0 ? j->end : NULL);
+  for (int k = 0; k < j->post_steps && !rc; k++) rc = ck_train_step(m, f, opt, s++, rank, world);
+  if (!rc) rc = ck_full_state(f, rank == 0 ? j->end : NULL);
   loom_optim_free(opt);
   loom_fsdp_free(f);
   loom_module_free(m);
@@ -823,12 +585,12 @@ static int frozen_rank(loom_pg *pg, void *arg) {
 
 LT_TEST(fsdp_ckpt_optimizer_over_some_units_resumes_bit_identical) {
   char dir[64];
-  tmp_dir(dir, sizeof dir);
-  size_t np = model_numel();
+  ck_tmp_dir(dir, sizeof dir);
+  size_t np = ck_numel();
   for (int w = 1; w <= 2; w++) {
-    frozen_job a = {.save_dir = dir, .seed = 1, .pre_steps = 2, .post_steps = 2, .end = fbuf()};
+    frozen_job a = {.save_dir = dir, .seed = 1, .pre_steps = 2, .post_steps = 2, .end = ck_fbuf()};
     LT_OK(loom_threads_run(w, NULL, frozen_rank, &a));
-    frozen_job b = {.load_dir = dir, .seed = 30, .first_step = 2, .post_steps = 2, .end = fbuf()};
+    frozen_job b = {.load_dir = dir, .seed = 30, .first_step = 2, .post_steps = 2, .end = ck_fbuf()};
     LT_OK(loom_threads_run(w, NULL, frozen_rank, &b));
     LT_TRUE(memcmp(a.end, b.end, np * sizeof(float)) == 0);
     free(a.end), free(b.end);
@@ -863,15 +625,15 @@ static int save_fail_rank(loom_pg *pg, void *arg) {
 
 LT_TEST(fsdp_ckpt_failed_save_fails_every_rank_and_keeps_the_previous_set) {
   char dir[64], path[256];
-  tmp_dir(dir, sizeof dir);
-  size_t np = model_numel();
-  job a = {.world = 2, .seed = 1, .pre_steps = 1, .save_dir = dir, .mid = fbuf()};
-  LT_OK(loom_threads_run(2, NULL, job_rank, &a));
+  ck_tmp_dir(dir, sizeof dir);
+  size_t np = ck_numel();
+  ck_job a = {.world = 2, .seed = 1, .pre_steps = 1, .save_dir = dir, .mid = ck_fbuf()};
+  LT_OK(loom_threads_run(2, NULL, ck_job_rank, &a));
   /* rank 1's file of the next generation cannot be written: a folder is in its place */
   char gen2[128];
   snprintf(gen2, sizeof gen2, "%s/gen-2", dir);
   LT_TRUE(mkdir(gen2, 0777) == 0);
-  rank_file(path, sizeof path, dir, 2, 1, 2);
+  ck_rank_file(path, sizeof path, dir, 2, 1, 2);
   LT_TRUE(mkdir(path, 0777) == 0);
   save_fail_job s = {.dir = dir};
   LT_OK(loom_threads_run(2, NULL, save_fail_rank, &s));
@@ -882,10 +644,10 @@ LT_TEST(fsdp_ckpt_failed_save_fails_every_rank_and_keeps_the_previous_set) {
   char buf[32];
   LT_OK(loom_fsdp_sharded_meta(dir, "fsdp.generation", buf, sizeof buf));
   LT_STREQ(buf, "1");
-  loader l = try_load(dir, 2, 0, LOOM_OK, "");
+  ck_loader l = ck_try_load(dir, 2, 0, LOOM_OK, "");
   LT_TRUE(l.rc[0] == LOOM_OK && l.rc[1] == LOOM_OK);
   LT_TRUE(memcmp(l.after, a.mid, np * sizeof(float)) == 0);
-  loader_free(&l);
+  ck_loader_free(&l);
   /* without the obstacle the next save goes through and replaces the set */
   LT_TRUE(rmdir(path) == 0);
   memset(&s, 0, sizeof s);
@@ -899,7 +661,7 @@ LT_TEST(fsdp_ckpt_failed_save_fails_every_rank_and_keeps_the_previous_set) {
   /* a folder that cannot be made: every rank fails, naming it */
   char under_file[128];
   snprintf(under_file, sizeof under_file, "%s/plain", dir);
-  write_all(under_file, "x", 1);
+  ck_write_all(under_file, "x", 1);
   char sub[160];
   snprintf(sub, sizeof sub, "%s/ckpt", under_file);
   memset(&s, 0, sizeof s);
@@ -911,107 +673,41 @@ LT_TEST(fsdp_ckpt_failed_save_fails_every_rank_and_keeps_the_previous_set) {
   char ix[160];
   snprintf(ix, sizeof ix, "%s/fsdp-index.safetensors", dir);
   size_t n = 0;
-  unsigned char *b = read_all(ix, &n);
+  unsigned char *b = ck_read_all(ix, &n);
   LT_TRUE(b && n > 100);
   b[n / 3] ^= 0x04;
-  write_all(ix, b, n);
+  ck_write_all(ix, b, n);
   free(b);
-  l = try_load(dir, 2, 3, LOOM_EFORMAT, "fsdp-index.safetensors");
-  loader_free(&l);
+  l = ck_try_load(dir, 2, 3, LOOM_EFORMAT, "fsdp-index.safetensors");
+  ck_loader_free(&l);
   LT_TRUE(loom_fsdp_sharded_meta(dir, "fsdp.generation", buf, sizeof buf) == LOOM_EFORMAT);
   /* no index at all */
   LT_TRUE(unlink(ix) == 0);
-  l = try_load(dir, 1, 1, LOOM_ENOTFOUND, "fsdp-index.safetensors"); /* no checkpoint there */
-  loader_free(&l);
+  l = ck_try_load(dir, 1, 1, LOOM_ENOTFOUND, "fsdp-index.safetensors"); /* no checkpoint there */
+  ck_loader_free(&l);
   free(a.mid);
   fm_rm_tree(dir);
 }
 
 /* ---- values a checkpoint must not hold (a set whose CRCs all agree) ------------------------ */
 
-/* Rewrite the checkpoint at path with tensor `name`'s element `at` set to v (or, name NULL, the
- * metadata `key` set to `value`), and the index of dir so that it names the new file. */
-static void rewrite_rank_file(const char *dir, const char *path, int rank, const char *name,
-                              size_t at, float v, const char *key, const char *value) {
-  loom_safetensors *f = NULL;
-  LT_OK(loom_checkpoint_open(path, &f));
-  size_t nt = loom_safetensors_count(f), nm = loom_safetensors_meta_count(f);
-  loom_checkpoint_entry *e = calloc(nt, sizeof *e);
-  loom_safetensors_meta_kv *kv = calloc(nm, sizeof *kv);
-  size_t ne = 0, nkv = 0;
-  for (size_t i = 0; i < nt; i++) {
-    loom_safetensors_info in;
-    LT_OK(loom_safetensors_info_at(f, i, &in));
-    e[ne] = (loom_checkpoint_entry){.name = in.name, .dtype = in.dtype, .ndim = in.ndim};
-    for (int d = 0; d < in.ndim; d++) e[ne].shape[d] = in.shape[d];
-    e[ne].data = malloc(in.nbytes ? in.nbytes : 1);
-    memcpy(e[ne].data, in.data, in.nbytes);
-    if (name && strcmp(in.name, name) == 0) ((float *)e[ne].data)[at] = v;
-    ne++;
-  }
-  for (size_t i = 0; i < nm; i++) {
-    const char *k, *val;
-    LT_OK(loom_safetensors_meta_at(f, i, &k, &val));
-    if (strncmp(k, "loom.", 5) == 0) continue;
-    kv[nkv++] = (loom_safetensors_meta_kv){k, key && strcmp(k, key) == 0 ? value : val};
-  }
-  LT_OK(loom_checkpoint_save(path, e, ne, kv, nkv));
-  for (size_t i = 0; i < ne; i++) free(e[i].data);
-  free(e);
-  free(kv);
-  loom_safetensors_free(f);
-  /* the index: this rank's size and CRC */
-  struct stat st;
-  LT_TRUE(stat(path, &st) == 0);
-  loom_safetensors *nf = NULL;
-  LT_OK(loom_checkpoint_open(path, &nf));
-  int64_t crc = (int64_t)strtoull(loom_safetensors_meta(nf, "loom.crc32"), NULL, 16);
-  loom_safetensors_free(nf);
-  char ix[160];
-  snprintf(ix, sizeof ix, "%s/fsdp-index.safetensors", dir);
-  LT_OK(loom_checkpoint_open(ix, &f));
-  loom_safetensors_info ui, fi;
-  LT_OK(loom_safetensors_find(f, "units", &ui));
-  LT_OK(loom_safetensors_find(f, "files", &fi));
-  int64_t *units = malloc(ui.nbytes), *files = malloc(fi.nbytes);
-  memcpy(units, ui.data, ui.nbytes);
-  memcpy(files, fi.data, fi.nbytes);
-  files[2 * rank] = (int64_t)st.st_size;
-  files[2 * rank + 1] = crc;
-  loom_checkpoint_entry ie[2] = {{.name = "units", .dtype = LOOM_I64, .ndim = 2, .shape = {ui.shape[0], 2}, .data = units},
-                                 {.name = "files", .dtype = LOOM_I64, .ndim = 2, .shape = {fi.shape[0], 2}, .data = files}};
-  nm = loom_safetensors_meta_count(f);
-  kv = calloc(nm, sizeof *kv);
-  nkv = 0;
-  for (size_t i = 0; i < nm; i++) {
-    const char *k, *val;
-    LT_OK(loom_safetensors_meta_at(f, i, &k, &val));
-    if (strncmp(k, "loom.", 5) != 0) kv[nkv++] = (loom_safetensors_meta_kv){k, val};
-  }
-  LT_OK(loom_checkpoint_save(ix, ie, 2, kv, nkv));
-  free(kv);
-  free(units);
-  free(files);
-  loom_safetensors_free(f);
-}
-
 LT_TEST(fsdp_ckpt_refuses_non_finite_values_and_negative_moments) {
   char dir[64], path[256];
-  tmp_dir(dir, sizeof dir);
-  job a = {.world = 2, .seed = 1, .pre_steps = 1, .save_dir = dir, .mid = fbuf()};
-  LT_OK(loom_threads_run(2, NULL, job_rank, &a));
-  rank_file(path, sizeof path, dir, 1, 1, 2);
+  ck_tmp_dir(dir, sizeof dir);
+  ck_job a = {.world = 2, .seed = 1, .pre_steps = 1, .save_dir = dir, .mid = ck_fbuf()};
+  LT_OK(loom_threads_run(2, NULL, ck_job_rank, &a));
+  ck_rank_file(path, sizeof path, dir, 1, 1, 2);
   size_t n1 = 0, ni = 0;
   char ix[160];
   snprintf(ix, sizeof ix, "%s/fsdp-index.safetensors", dir);
-  unsigned char *good1 = read_all(path, &n1), *goodi = read_all(ix, &ni);
+  unsigned char *good1 = ck_read_all(path, &n1), *goodi = ck_read_all(ix, &ni);
   LT_TRUE(good1 && goodi);
   /* the rewrite itself keeps a loadable set */
-  rewrite_rank_file(dir, path, 1, NULL, 0, 0, NULL, NULL);
-  loader l = try_load(dir, 2, 0, LOOM_OK, "");
+  ck_rewrite_rank_file(dir, path, 1, NULL, 0, 0, NULL, NULL);
+  ck_loader l = ck_try_load(dir, 2, 0, LOOM_OK, "");
   LT_TRUE(l.rc[0] == LOOM_OK && l.rc[1] == LOOM_OK);
-  LT_TRUE(memcmp(l.after, a.mid, model_numel() * sizeof(float)) == 0);
-  loader_free(&l);
+  LT_TRUE(memcmp(l.after, a.mid, ck_numel() * sizeof(float)) == 0);
+  ck_loader_free(&l);
   static const struct {
     const char *name;
     float v;
@@ -1023,17 +719,17 @@ LT_TEST(fsdp_ckpt_refuses_non_finite_values_and_negative_moments) {
       {"layers.2.flat_param.exp_avg_sq", -1e-3f, "layers.2.flat_param.exp_avg_sq"},
   };
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-    rewrite_rank_file(dir, path, 1, cases[c].name, 3, cases[c].v, NULL, NULL);
-    l = try_load(dir, 2, 2, LOOM_EFORMAT, cases[c].needle);
-    loader_free(&l);
-    write_all(path, good1, n1);
-    write_all(ix, goodi, ni);
+    ck_rewrite_rank_file(dir, path, 1, cases[c].name, 3, cases[c].v, NULL, NULL);
+    l = ck_try_load(dir, 2, 2, LOOM_EFORMAT, cases[c].needle);
+    ck_loader_free(&l);
+    ck_write_all(path, good1, n1);
+    ck_write_all(ix, goodi, ni);
   }
   /* a negative step count (rank 0's file has it for everyone) */
-  rank_file(path, sizeof path, dir, 1, 0, 2);
-  rewrite_rank_file(dir, path, 0, NULL, 0, 0, "optim.step", "-3");
-  l = try_load(dir, 2, 3, LOOM_EFORMAT, "negative");
-  loader_free(&l);
+  ck_rank_file(path, sizeof path, dir, 1, 0, 2);
+  ck_rewrite_rank_file(dir, path, 0, NULL, 0, 0, "optim.step", "-3");
+  l = ck_try_load(dir, 2, 3, LOOM_EFORMAT, "optim.step = \"-3\"");
+  ck_loader_free(&l);
   free(good1);
   free(goodi);
   free(a.mid);
@@ -1043,13 +739,13 @@ LT_TEST(fsdp_ckpt_refuses_non_finite_values_and_negative_moments) {
 /* AdamW over the later units (the first layer frozen): state found by its name on load. */
 LT_TEST(fsdp_ckpt_optimizer_over_later_units_resumes_bit_identical) {
   char dir[64];
-  tmp_dir(dir, sizeof dir);
-  size_t np = model_numel();
+  ck_tmp_dir(dir, sizeof dir);
+  size_t np = ck_numel();
   for (int w = 1; w <= 2; w++) {
-    frozen_job a = {.save_dir = dir, .seed = 1, .pre_steps = 2, .post_steps = 2, .end = fbuf(),
+    frozen_job a = {.save_dir = dir, .seed = 1, .pre_steps = 2, .post_steps = 2, .end = ck_fbuf(),
                     .skip_first = true};
     LT_OK(loom_threads_run(w, NULL, frozen_rank, &a));
-    frozen_job b = {.load_dir = dir, .seed = 30, .first_step = 2, .post_steps = 2, .end = fbuf(),
+    frozen_job b = {.load_dir = dir, .seed = 30, .first_step = 2, .post_steps = 2, .end = ck_fbuf(),
                     .skip_first = true};
     LT_OK(loom_threads_run(w, NULL, frozen_rank, &b));
     LT_TRUE(memcmp(a.end, b.end, np * sizeof(float)) == 0);

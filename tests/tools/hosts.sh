@@ -65,7 +65,7 @@ printf '%s slots=2\n' "${hosts[@]}" >"$dir/hostfile"
 mpirun_hosts() {
   local n=$1
   shift
-  timeout "${limit:-240}" ip netns exec "${hosts[0]}" "$mpiexec" --allow-run-as-root --oversubscribe -n "$n" \
+  timeout -k 5 "${limit:-240}" ip netns exec "${hosts[0]}" "$mpiexec" --allow-run-as-root --oversubscribe -n "$n" \
     --hostfile "$dir/hostfile" --mca plm_rsh_agent "$dir/agent" --mca plm_rsh_no_tree_spawn 1 \
     --mca oob_tcp_if_include "$subnet" --mca btl self,tcp --mca btl_tcp_if_include "$subnet" \
     "$@"
@@ -103,6 +103,25 @@ ddp | fsdp)
     2>"$dir/err" || fail "the run on 2 hosts x 1 rank failed"
   cmp -s "$dir/one2/model.safetensors" "$dir/two2/model.safetensors" ||
     fail "the model trained on 2 hosts x 1 rank differs from 2 thread ranks'"
+  ;;
+link-down)
+  # one rank per host, a run long enough to be cut: the second host's link goes down mid-run
+  run="train --strategy ddp --hidden 256 --threads 1 --epochs 50 --batch 32 --limit 4096 --timeout 10"
+  # shellcheck disable=SC2086
+  limit=120 mpirun_hosts 2 --map-by node "$loom" $run --backend mpi --save "$dir/ck" \
+    >"$dir/out" 2>"$dir/err" &
+  job=$!
+  for _ in $(seq 1 200); do # until the first checkpoint is written
+    [ -f "$dir/ck/checkpoint.safetensors" ] && break
+    sleep 0.1
+  done
+  [ -f "$dir/ck/checkpoint.safetensors" ] || fail "no checkpoint before the link went down"
+  ip link set "lmv${tag}2" down
+  t0=$(date +%s)
+  wait $job
+  rc=$? took=$(($(date +%s) - t0))
+  echo "exit $rc after $took s"
+  cat "$dir/err" | grep -v '^\[' | head -20
   ;;
 *)
   fail "unknown case '$case'"

@@ -2,12 +2,17 @@
  * changed in the header is caught by the CRC (it used to skip steps and exit 0); a forged
  * checkpoint with a valid CRC is still refused when its counters do not fit the run or each
  * other, its scaler state is out of range (the issue's INT64_MAX success counter, a signed
- * overflow under UBSan), or its weights and moments are not finite. */
+ * overflow under UBSan), or its weights and moments are not finite; and, for a sharded FSDP
+ * checkpoint, rank 0's file copied over rank 1's with the index re-signed (it used to resume,
+ * exit 0, with a worse model). */
 #include "lt.h"
 #include "train_forge.h"
 #include "train_test.h"
 
+#include <loom/fsdp.h>
+#include <loom/io.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #define RUN "--hidden 16 --limit 512 --batch 64 --epochs 2 --threads 1 --quiet" /* 8 steps/epoch */
 
@@ -123,4 +128,31 @@ LT_TEST(train_resume_refuses_nonfinite_weights_and_moments) {
     refused("", s.dir, cases[i].want);
   }
   done(&s);
+}
+
+LT_TEST(train_resume_refuses_a_rank_file_of_another_rank) {
+  const char *d = tt_tempdir();
+  const char *fsdp = "--ranks 2 --strategy fsdp";
+  tt_run r = tt_train(RUN " %s --max-steps 2 --save %s", fsdp, d);
+  LT_EQ(r.rc, 0);
+  tt_run_free(&r);
+  char set[512], gen[32], f0[600], f1[600], ix[600];
+  snprintf(set, sizeof set, "%s/fsdp", d);
+  LT_OK(loom_fsdp_sharded_meta(set, "fsdp.generation", gen, sizeof gen));
+  snprintf(f0, sizeof f0, "%s/gen-%s/rank-0-of-2.safetensors", set, gen);
+  snprintf(f1, sizeof f1, "%s/gen-%s/rank-1-of-2.safetensors", set, gen);
+  snprintf(ix, sizeof ix, "%s/fsdp-index.safetensors", set);
+  LT_EQ(tt_copy_file(f0, f1), 0);
+  /* the index re-signed to name the copy: its size and CRC as rank 1's */
+  struct stat st;
+  loom_safetensors *f = NULL;
+  LT_TRUE(stat(f1, &st) == 0);
+  LT_OK(loom_checkpoint_open(f1, &f));
+  int64_t crc = (int64_t)strtoull(loom_safetensors_meta(f, "loom.crc32"), NULL, 16);
+  loom_safetensors_free(f);
+  LT_EQ(tf_set_i64(ix, "files", 2, (int64_t)st.st_size), 0);
+  LT_EQ(tf_set_i64(ix, "files", 3, crc), 0);
+  refused(fsdp, d, "rank-1-of-2.safetensors is the file of rank 0 of 2; the index puts it at "
+                   "rank 1 of 2");
+  tt_cleanup();
 }
