@@ -1,0 +1,221 @@
+/* attention.c: scaled dot-product attention (PyTorch's F.scaled_dot_product_attention with
+ * is_causal), fused: the flash-attention recurrence. Forward walks each query row over blocks
+ * of LOOM__ATTN_BLOCK keys with an online softmax (running max m and sum l, the output rescaled
+ * when m grows), so no more than one block of a row of the score matrix exists at a time; it
+ * saves only the output and each row's logsumexp. Backward (FlashAttention-2) recomputes each
+ * block's scores from q, k and the logsumexp: p = exp(s - lse), dp = dO . v, ds = p (dp - Di)
+ * with Di = dO . O, then dq += ds k, dk += ds q, dv += p dO (ds scaled by 1/sqrt(D)). All in
+ * f32; f16 / bf16 inputs are staged to f32 and the output rounded once. The inner loops are the
+ * per-level kernels of attn_int.h. (batch, head) slices (and, in forward, bands of query rows)
+ * run on the caller's OpenMP team (loom_set_num_threads). */
+#include "ops/attn_int.h"
+#include "ops/gemm.h"
+#include "ops/ops_int.h"
+
+#include <math.h>
+
+/* Keys per block: a block of scores (and of dp in backward) is this many floats. */
+enum { BLOCK = 64, BAND = 32 /* query rows a forward work item */ };
+
+typedef struct attn_dims {
+  int64_t BH, T, D;
+  bool causal;
+  float scale;
+} attn_dims;
+
+/* Rows [r0, r1) of one (batch, head) slice: q, k, v, o are its [T, D] rows, lse its [T]. */
+static void fwd_rows(const loom__attn_kernels *kk, const attn_dims *a, const float *q,
+                     const float *k, const float *v, float *o, float *lse, int64_t r0,
+                     int64_t r1) {
+  const size_t D = (size_t)a->D;
+  float s[BLOCK];
+  for (int64_t i = r0; i < r1; i++) {
+    const float *qi = q + i * a->D;
+    float *oi = o + i * a->D, m = -INFINITY, l = 0;
+    int64_t nk = a->causal ? i + 1 : a->T;
+    for (size_t d = 0; d < D; d++) oi[d] = 0;
+    for (int64_t j0 = 0; j0 < nk; j0 += BLOCK) {
+      size_t n = (size_t)(nk - j0 < BLOCK ? nk - j0 : BLOCK);
+      kk->dots(s, qi, k + j0 * a->D, D, n, D, a->scale);
+      float bm = m, sum = 0;
+      for (size_t j = 0; j < n; j++) bm = s[j] > bm ? s[j] : bm;
+      float alpha = expf(m - bm); /* 0 on the first block (m = -inf) */
+      for (size_t j = 0; j < n; j++) sum += (s[j] = expf(s[j] - bm));
+      if (alpha != 1.0f)
+        for (size_t d = 0; d < D; d++) oi[d] *= alpha;
+      kk->accum(oi, s, v + j0 * a->D, D, n, D);
+      l = l * alpha + sum;
+      m = bm;
+    }
+    float inv = 1.0f / l;
+    for (size_t d = 0; d < D; d++) oi[d] *= inv;
+    lse[i] = m + logf(l);
+  }
+}
+
+static void attn_fwd(const attn_dims *a, const float *q, const float *k, const float *v,
+                     float *o, float *lse) {
+  const loom__attn_kernels *kk = loom__attn_k();
+  int64_t bands = (a->T + BAND - 1) / BAND, items = a->BH * bands, sz = a->T * a->D;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(loom__gemm_threads()) if (items > 1)
+  for (int64_t it = 0; it < items; it++) {
+    int64_t bh = it / bands, r0 = it % bands * BAND, r1 = r0 + BAND < a->T ? r0 + BAND : a->T;
+    fwd_rows(kk, a, q + bh * sz, k + bh * sz, v + bh * sz, o + bh * sz, lse + bh * a->T, r0,
+             r1);
+  }
+}
+
+/* One (batch, head) slice's gradients: dq, dk, dv ([T, D], zeroed) from dO, O and lse. */
+static void bwd_slice(const loom__attn_kernels *kk, const attn_dims *a, const float *q,
+                      const float *k, const float *v, const float *o, const float *lse,
+                      const float *go, float *dq, float *dk, float *dv) {
+  const size_t D = (size_t)a->D;
+  float p[BLOCK], ds[BLOCK];
+  for (int64_t i = 0; i < a->T; i++) {
+    const float *qi = q + i * a->D, *goi = go + i * a->D, *oi = o + i * a->D;
+    float *dqi = dq + i * a->D, di = 0;
+    for (size_t d = 0; d < D; d++) di += goi[d] * oi[d];
+    int64_t nk = a->causal ? i + 1 : a->T;
+    for (int64_t j0 = 0; j0 < nk; j0 += BLOCK) {
+      size_t n = (size_t)(nk - j0 < BLOCK ? nk - j0 : BLOCK);
+      const float *kb = k + j0 * a->D, *vb = v + j0 * a->D;
+      kk->dots(p, qi, kb, D, n, D, a->scale);
+      kk->dots(ds, goi, vb, D, n, D, 1.0f);
+      for (size_t j = 0; j < n; j++) {
+        p[j] = expf(p[j] - lse[i]);
+        ds[j] = p[j] * (ds[j] - di) * a->scale;
+      }
+      kk->accum(dqi, ds, kb, D, n, D);
+      kk->outer(dk + j0 * a->D, D, ds, qi, n, D);
+      kk->outer(dv + j0 * a->D, D, p, goi, n, D);
+    }
+  }
+}
+
+static void attn_bwd(const attn_dims *a, const float *q, const float *k, const float *v,
+                     const float *o, const float *lse, const float *go, float *dq, float *dk,
+                     float *dv) {
+  const loom__attn_kernels *kk = loom__attn_k();
+  int64_t sz = a->T * a->D;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(loom__gemm_threads()) if (a->BH > 1)
+  for (int64_t bh = 0; bh < a->BH; bh++)
+    bwd_slice(kk, a, q + bh * sz, k + bh * sz, v + bh * sz, o + bh * sz, lse + bh * a->T,
+              go + bh * sz, dq + bh * sz, dk + bh * sz, dv + bh * sz);
+}
+
+static attn_dims dims_of(int ndim, const int64_t *shape, bool causal) {
+  attn_dims a = {1, shape[ndim - 2], shape[ndim - 1], causal, 1.0f};
+  for (int i = 0; i < ndim - 2; i++) a.BH *= shape[i];
+  if (a.D > 0) a.scale = (float)(1.0 / sqrt((double)a.D));
+  return a;
+}
+
+/* saved: q, k, v, the output, lse [B, H, T] (f32). */
+static int sdpa_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
+  int rc = LOOM_OK;
+  loom__fbuf f[4] = {{0}};
+  loom_tensor *gr[3] = {0};
+  attn_dims a = dims_of(n->out_ndim, n->out_shape, n->i[0] != 0);
+  for (int k = 0; k < 4; k++) LOOM_TRY(loom__f32_in(n->saved[k], &f[k]));
+  for (int k = 0; k < 3; k++) LOOM_TRY(loom__grad_new(n->out_ndim, n->out_shape, true, &gr[k]));
+  attn_bwd(&a, f[0].p, f[1].p, f[2].p, f[3].p, loom__f(n->saved[4]), loom__f(g), loom__f(gr[0]),
+           loom__f(gr[1]), loom__f(gr[2]));
+  for (int k = 0; k < 3; k++)
+    if (loom__node_needs(n, k)) {
+      gin[k] = gr[k];
+      gr[k] = NULL;
+    }
+done:
+  for (int k = 0; k < 4; k++) loom__fbuf_free(&f[k]);
+  for (int k = 0; k < 3; k++) loom_tensor_free(gr[k]);
+  return rc;
+}
+
+int loom_scaled_dot_product_attention(loom_tensor *q, loom_tensor *k, loom_tensor *v,
+                                      bool is_causal, loom_tensor **out) {
+  static const char *name = "scaled_dot_product_attention";
+  int rc = loom__check_out(name, out);
+  if (rc) return rc;
+  if ((rc = loom__check_float(name, q, "q")) || (rc = loom__check_float(name, k, "k")) ||
+      (rc = loom__check_float(name, v, "v")))
+    return rc;
+  char s1[96], s2[96];
+  if (q->ndim != 4)
+    return loom__fail(LOOM_ESHAPE, "%s: q has shape %s (rank %d), expected [B, H, T, D]", name,
+                      loom__shape_str(q->ndim, q->shape, s1, sizeof s1), q->ndim);
+  const loom_tensor *kv[2] = {k, v};
+  for (int i = 0; i < 2; i++)
+    if (!loom_tensor_same_shape(q, kv[i]))
+      return loom__fail(LOOM_ESHAPE, "%s: %s has shape %s, q has %s (they must match)", name,
+                        i ? "v" : "k", loom__shape_str(kv[i]->ndim, kv[i]->shape, s1, sizeof s1),
+                        loom__shape_str(q->ndim, q->shape, s2, sizeof s2));
+  loom__op c;
+  loom_tensor *in[3] = {q, k, v}, *y = NULL, *lse = NULL;
+  loom__fbuf fq = {0}, fk = {0}, fv = {0}, fy = {0};
+  loom__node *nd = NULL;
+  if ((rc = loom__op_begin(&c, LOOM_OPK_SDPA, in, 3))) return rc;
+  q = c.in[0];
+  k = c.in[1];
+  v = c.in[2];
+  LOOM_TRY(loom__check_same_dtype(name, q, k));
+  LOOM_TRY(loom__check_same_dtype(name, q, v));
+  attn_dims a = dims_of(q->ndim, q->shape, is_causal);
+  LOOM_TRY(loom_tensor_empty(LOOM_F32, 3, q->shape, &lse)); /* [B, H, T] */
+  LOOM_TRY(loom__f32_in(q, &fq));
+  LOOM_TRY(loom__f32_in(k, &fk));
+  LOOM_TRY(loom__f32_in(v, &fv));
+  LOOM_TRY(loom__f32_out(q->dtype, q->ndim, q->shape, &y, &fy));
+  attn_fwd(&a, fq.p, fk.p, fv.p, fy.p, loom__f(lse));
+  loom__f32_out_commit(y, &fy);
+  LOOM_TRY(loom__op_record(&c, y, sdpa_backward, &nd));
+  if (nd) {
+    nd->i[0] = is_causal;
+    LOOM_TRY(loom__node_save(nd, 0, q));
+    LOOM_TRY(loom__node_save(nd, 1, k));
+    LOOM_TRY(loom__node_save(nd, 2, v));
+    LOOM_TRY(loom__node_save(nd, 3, y));
+    nd->saved[4] = lse;
+    lse = NULL;
+  }
+done:
+  loom__fbuf_free(&fq);
+  loom__fbuf_free(&fk);
+  loom__fbuf_free(&fv);
+  loom__fbuf_free(&fy);
+  loom_tensor_free(lse);
+  return loom__op_finish(&c, rc, y, out);
+}
+
+/* ---- the unfused reference ---------------------------------------------------------------- */
+
+int loom__sdpa_unfused(loom_tensor *q, loom_tensor *k, loom_tensor *v, bool is_causal,
+                       loom_tensor **out) {
+  int rc = loom__check_out("sdpa_unfused", out);
+  if (rc) return rc;
+  if ((rc = loom__check_float("sdpa_unfused", q, "q"))) return rc;
+  loom_tensor *kt = NULL, *s = NULL, *ss = NULL, *mask = NULL, *mk = NULL, *sm = NULL,
+              *p = NULL;
+  int64_t T = q->shape[q->ndim - 2], D = q->shape[q->ndim - 1], mshape[2] = {T, T};
+  LOOM_TRY(loom_transpose(k, -2, -1, &kt));
+  LOOM_TRY(loom_matmul(q, kt, &s));
+  LOOM_TRY(loom_mul_scalar(s, D > 0 ? 1.0 / sqrt((double)D) : 1.0, &ss));
+  if (is_causal) {
+    LOOM_TRY(loom_tensor_empty(LOOM_F32, 2, mshape, &mask));
+    float *m = loom__f(mask);
+    for (int64_t i = 0; i < T; i++)
+      for (int64_t j = 0; j < T; j++) m[i * T + j] = j <= i ? 0.0f : -INFINITY;
+    LOOM_TRY(loom_cast(mask, ss->dtype, &mk));
+    LOOM_TRY(loom_add(ss, mk, &sm));
+  }
+  LOOM_TRY(loom_softmax(sm ? sm : ss, -1, &p));
+  LOOM_TRY(loom_matmul(p, v, out));
+done:
+  loom_tensor_free(kt);
+  loom_tensor_free(s);
+  loom_tensor_free(ss);
+  loom_tensor_free(mask);
+  loom_tensor_free(mk);
+  loom_tensor_free(sm);
+  loom_tensor_free(p);
+  return rc;
+}

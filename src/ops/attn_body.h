@@ -1,0 +1,81 @@
+/* attn_body.h: fused attention's inner loops (attn_int.h) written once over a vector type,
+ * included by attn_avx2.c and attn_avx512.c, which define it first: AV (the vector type), AW
+ * (its float lanes), AV_LOAD, AV_STORE, AV_FMA(a, b, c) = a * b + c, AV_SET1, AV_ZERO, AV_HSUM
+ * (the sum of the lanes) and ATTN_TABLE (the table's name). Ragged ends of a row run as scalar
+ * loops. No include guard on purpose. */
+
+/* Four key rows at once against one query row, so each q vector is loaded once for four. */
+static void dots(float *s, const float *q, const float *k, size_t ld, size_t n, size_t D,
+                 float scale) {
+  size_t Dv = D / AW * AW, j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float *k0 = k + j * ld, *k1 = k0 + ld, *k2 = k1 + ld, *k3 = k2 + ld;
+    AV a0 = AV_ZERO(), a1 = AV_ZERO(), a2 = AV_ZERO(), a3 = AV_ZERO();
+    for (size_t d = 0; d < Dv; d += AW) {
+      AV qv = AV_LOAD(q + d);
+      a0 = AV_FMA(qv, AV_LOAD(k0 + d), a0);
+      a1 = AV_FMA(qv, AV_LOAD(k1 + d), a1);
+      a2 = AV_FMA(qv, AV_LOAD(k2 + d), a2);
+      a3 = AV_FMA(qv, AV_LOAD(k3 + d), a3);
+    }
+    float r0 = AV_HSUM(a0), r1 = AV_HSUM(a1), r2 = AV_HSUM(a2), r3 = AV_HSUM(a3);
+    for (size_t d = Dv; d < D; d++) {
+      r0 += q[d] * k0[d];
+      r1 += q[d] * k1[d];
+      r2 += q[d] * k2[d];
+      r3 += q[d] * k3[d];
+    }
+    s[j] = scale * r0;
+    s[j + 1] = scale * r1;
+    s[j + 2] = scale * r2;
+    s[j + 3] = scale * r3;
+  }
+  for (; j < n; j++) {
+    const float *kj = k + j * ld;
+    AV a = AV_ZERO();
+    for (size_t d = 0; d < Dv; d += AW) a = AV_FMA(AV_LOAD(q + d), AV_LOAD(kj + d), a);
+    float r = AV_HSUM(a);
+    for (size_t d = Dv; d < D; d++) r += q[d] * kj[d];
+    s[j] = scale * r;
+  }
+}
+
+/* The output row held in registers four vectors at a time while the block's rows stream by. */
+static void accum(float *o, const float *p, const float *v, size_t ld, size_t n, size_t D) {
+  size_t d = 0;
+  for (; d + 4 * AW <= D; d += 4 * AW) {
+    AV o0 = AV_LOAD(o + d), o1 = AV_LOAD(o + d + AW), o2 = AV_LOAD(o + d + 2 * AW),
+       o3 = AV_LOAD(o + d + 3 * AW);
+    for (size_t j = 0; j < n; j++) {
+      const float *vj = v + j * ld + d;
+      AV pj = AV_SET1(p[j]);
+      o0 = AV_FMA(pj, AV_LOAD(vj), o0);
+      o1 = AV_FMA(pj, AV_LOAD(vj + AW), o1);
+      o2 = AV_FMA(pj, AV_LOAD(vj + 2 * AW), o2);
+      o3 = AV_FMA(pj, AV_LOAD(vj + 3 * AW), o3);
+    }
+    AV_STORE(o + d, o0);
+    AV_STORE(o + d + AW, o1);
+    AV_STORE(o + d + 2 * AW, o2);
+    AV_STORE(o + d + 3 * AW, o3);
+  }
+  for (; d + AW <= D; d += AW) {
+    AV o0 = AV_LOAD(o + d);
+    for (size_t j = 0; j < n; j++) o0 = AV_FMA(AV_SET1(p[j]), AV_LOAD(v + j * ld + d), o0);
+    AV_STORE(o + d, o0);
+  }
+  for (; d < D; d++)
+    for (size_t j = 0; j < n; j++) o[d] += p[j] * v[j * ld + d];
+}
+
+static void outer(float *y, size_t ld, const float *a, const float *x, size_t n, size_t D) {
+  size_t Dv = D / AW * AW;
+  for (size_t j = 0; j < n; j++) {
+    float *yj = y + j * ld;
+    AV aj = AV_SET1(a[j]);
+    for (size_t d = 0; d < Dv; d += AW) AV_STORE(yj + d, AV_FMA(aj, AV_LOAD(x + d), AV_LOAD(yj + d)));
+    for (size_t d = Dv; d < D; d++) yj[d] += a[j] * x[d];
+  }
+}
+
+const loom__attn_kernels ATTN_TABLE = {dots, accum, outer};

@@ -1,0 +1,26 @@
+/* attn_int.h: the inner loops of fused attention (attention.c), one table per CPU level
+ * (attn_scalar.c, the reference, never vectorized; attn_avx2.c; attn_avx512.c), picked as
+ * core_int.h's kernel-table pattern says; tests compare every level with scalar. Rows are D
+ * floats, row j of a block at x + j * ld. */
+#ifndef LOOM_OPS_ATTN_INT_H
+#define LOOM_OPS_ATTN_INT_H
+
+#include "core/core_int.h"
+#include "loom/cpu.h"
+
+#include <stddef.h>
+
+typedef struct loom__attn_kernels {
+  /* s[j] = scale * (q . k_j) for j < n: one query row against a block of key rows */
+  void (*dots)(float *s, const float *q, const float *k, size_t ld, size_t n, size_t D,
+               float scale);
+  /* o += sum_j p[j] * v_j for j < n: a block of weighted value rows into one output row */
+  void (*accum)(float *o, const float *p, const float *v, size_t ld, size_t n, size_t D);
+  /* y_j += a[j] * x for j < n: one row, weighted, into each row of a block */
+  void (*outer)(float *y, size_t ld, const float *a, const float *x, size_t n, size_t D);
+} loom__attn_kernels;
+
+LOOM__KERNEL_TABLES(loom__attn_kernels, loom__attn_kernels, loom__attn_kernels_for,
+                    loom__attn_k);
+
+#endif

@@ -1,0 +1,29 @@
+/* attn_scalar.c: fused attention's inner loops (attn_int.h), the scalar reference every SIMD
+ * level is tested against: plain loops, built with -fno-tree-vectorize (CMakeLists.txt). The
+ * level pickers live here. */
+#include "ops/attn_int.h"
+
+static void dots(float *s, const float *q, const float *k, size_t ld, size_t n, size_t D,
+                 float scale) {
+  for (size_t j = 0; j < n; j++) {
+    const float *kj = k + j * ld;
+    float acc = 0;
+    for (size_t d = 0; d < D; d++) acc += q[d] * kj[d];
+    s[j] = scale * acc;
+  }
+}
+
+static void accum(float *o, const float *p, const float *v, size_t ld, size_t n, size_t D) {
+  for (size_t j = 0; j < n; j++)
+    for (size_t d = 0; d < D; d++) o[d] += p[j] * v[j * ld + d];
+}
+
+static void outer(float *y, size_t ld, const float *a, const float *x, size_t n, size_t D) {
+  for (size_t j = 0; j < n; j++)
+    for (size_t d = 0; d < D; d++) y[j * ld + d] += a[j] * x[d];
+}
+
+const loom__attn_kernels loom__attn_kernels_scalar = {dots, accum, outer};
+
+LOOM__KERNEL_PICKERS(loom__attn_kernels, loom__attn_kernels, loom__attn_kernels_for,
+                     loom__attn_k)
