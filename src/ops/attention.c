@@ -15,7 +15,11 @@
 #include <math.h>
 
 /* Keys per block: a block of scores (and of dp in backward) is this many floats. */
-enum { BLOCK = 64, BAND = 32 /* query rows a forward work item */ };
+enum {
+  BLOCK = 64, /* keys a block */
+  BAND = 32,  /* query rows a forward work item */
+  QTILE = 32  /* query rows a backward tile */
+};
 
 typedef struct attn_dims {
   int64_t BH, T, D;
@@ -37,10 +41,10 @@ static void fwd_rows(const loom__attn_kernels *kk, const attn_dims *a, const flo
     for (int64_t j0 = 0; j0 < nk; j0 += BLOCK) {
       size_t n = (size_t)(nk - j0 < BLOCK ? nk - j0 : BLOCK);
       kk->dots(s, qi, k + j0 * a->D, D, n, D, a->scale);
-      float bm = m, sum = 0;
+      float bm = m;
       for (size_t j = 0; j < n; j++) bm = s[j] > bm ? s[j] : bm;
       float alpha = expf(m - bm); /* 0 on the first block (m = -inf) */
-      for (size_t j = 0; j < n; j++) sum += (s[j] = expf(s[j] - bm));
+      float sum = kk->expsum(s, s, n, bm);
       if (alpha != 1.0f)
         for (size_t d = 0; d < D; d++) oi[d] *= alpha;
       kk->accum(oi, s, v + j0 * a->D, D, n, D);
@@ -65,29 +69,50 @@ static void attn_fwd(const attn_dims *a, const float *q, const float *k, const f
   }
 }
 
-/* One (batch, head) slice's gradients: dq, dk, dv ([T, D], zeroed) from dO, O and lse. */
+/* One (batch, head) slice's gradients: dq, dk, dv ([T, D], zeroed) from dO, O and lse, a tile
+ * of QTILE query rows by BLOCK keys at a time. The tile's p and ds are kept both ways round
+ * (rows for dq += ds k, columns for dk += ds^T q and dv += p^T dO), so that every product is an
+ * accum: one output row held in registers while the tile's rows stream by, instead of a
+ * read-modify-write of each dk and dv row for every query row. */
 static void bwd_slice(const loom__attn_kernels *kk, const attn_dims *a, const float *q,
                       const float *k, const float *v, const float *o, const float *lse,
                       const float *go, float *dq, float *dk, float *dv) {
   const size_t D = (size_t)a->D;
-  float p[BLOCK], ds[BLOCK];
-  for (int64_t i = 0; i < a->T; i++) {
-    const float *qi = q + i * a->D, *goi = go + i * a->D, *oi = o + i * a->D;
-    float *dqi = dq + i * a->D, di = 0;
-    for (size_t d = 0; d < D; d++) di += goi[d] * oi[d];
-    int64_t nk = a->causal ? i + 1 : a->T;
-    for (int64_t j0 = 0; j0 < nk; j0 += BLOCK) {
-      size_t n = (size_t)(nk - j0 < BLOCK ? nk - j0 : BLOCK);
+  float pt[BLOCK][QTILE], dst[BLOCK][QTILE], dsr[QTILE][BLOCK], dp[BLOCK], di[QTILE];
+  size_t nr[QTILE]; /* keys row r of the tile sees */
+  for (int64_t i0 = 0; i0 < a->T; i0 += QTILE) {
+    size_t ni = (size_t)(a->T - i0 < QTILE ? a->T - i0 : QTILE);
+    for (size_t r = 0; r < ni; r++)
+      kk->dots(&di[r], go + (i0 + (int64_t)r) * a->D, o + (i0 + (int64_t)r) * a->D, D, 1, D, 1);
+    int64_t jend = a->causal ? i0 + (int64_t)ni : a->T;
+    for (int64_t j0 = 0; j0 < jend; j0 += BLOCK) {
+      size_t nj = (size_t)(jend - j0 < BLOCK ? jend - j0 : BLOCK);
       const float *kb = k + j0 * a->D, *vb = v + j0 * a->D;
-      kk->dots(p, qi, kb, D, n, D, a->scale);
-      kk->dots(ds, goi, vb, D, n, D, 1.0f);
-      for (size_t j = 0; j < n; j++) {
-        p[j] = expf(p[j] - lse[i]);
-        ds[j] = p[j] * (ds[j] - di) * a->scale;
+      for (size_t r = 0; r < ni; r++) {
+        int64_t i = i0 + (int64_t)r, see = a->causal ? i - j0 + 1 : (int64_t)nj;
+        size_t n = nr[r] = see < 0 ? 0 : see > (int64_t)nj ? nj : (size_t)see;
+        float *p = dsr[r];
+        if (n) {
+          kk->dots(p, q + i * a->D, kb, D, n, D, a->scale);
+          kk->dots(dp, go + i * a->D, vb, D, n, D, 1.0f);
+          kk->expsum(p, p, n, lse[i]);
+        }
+        for (size_t j = 0; j < n; j++) {
+          pt[j][r] = p[j];
+          dst[j][r] = p[j] = p[j] * (dp[j] - di[r]) * a->scale;
+        }
       }
-      kk->accum(dqi, ds, kb, D, n, D);
-      kk->outer(dk + j0 * a->D, D, ds, qi, n, D);
-      kk->outer(dv + j0 * a->D, D, p, goi, n, D);
+      for (size_t r = 0; r < ni; r++)
+        kk->accum(dq + (i0 + (int64_t)r) * a->D, dsr[r], kb, D, nr[r], D);
+      for (size_t j = 0; j < nj; j++) { /* rows from the first that sees key j0 + j */
+        int64_t first = a->causal ? j0 + (int64_t)j - i0 : 0;
+        size_t r0 = first < 0 ? 0 : (size_t)first;
+        if (r0 >= ni) continue;
+        kk->accum(dv + (j0 + (int64_t)j) * a->D, pt[j] + r0, go + (i0 + (int64_t)r0) * a->D, D,
+                  ni - r0, D);
+        kk->accum(dk + (j0 + (int64_t)j) * a->D, dst[j] + r0, q + (i0 + (int64_t)r0) * a->D, D,
+                  ni - r0, D);
+      }
     }
   }
 }

@@ -1,7 +1,7 @@
 /* attn_body.h: fused attention's inner loops (attn_int.h) written once over a vector type,
  * included by attn_avx2.c and attn_avx512.c, which define it first: AV (the vector type), AW
  * (its float lanes), AV_LOAD, AV_STORE, AV_FMA(a, b, c) = a * b + c, AV_SET1, AV_ZERO, AV_HSUM
- * (the sum of the lanes) and ATTN_TABLE (the table's name). Ragged ends of a row run as scalar
+ * (the sum of the lanes), AV_ADD, AV_EXP (exp of each lane) and ATTN_TABLE (the table's name). Ragged ends of a row run as scalar
  * loops. No include guard on purpose. */
 
 /* Four key rows at once against one query row, so each q vector is loaded once for four. */
@@ -78,4 +78,17 @@ static void outer(float *y, size_t ld, const float *a, const float *x, size_t n,
   }
 }
 
-const loom__attn_kernels ATTN_TABLE = {dots, accum, outer};
+static float expsum(float *p, const float *s, size_t n, float m) {
+  size_t j = 0;
+  AV acc = AV_ZERO();
+  for (; j + AW <= n; j += AW) {
+    AV e = AV_EXP(AV_ADD(AV_LOAD(s + j), AV_SET1(-m)));
+    AV_STORE(p + j, e);
+    acc = AV_ADD(acc, e);
+  }
+  float sum = AV_HSUM(acc);
+  for (; j < n; j++) sum += (p[j] = expf(s[j] - m));
+  return sum;
+}
+
+const loom__attn_kernels ATTN_TABLE = {dots, accum, outer, expsum};

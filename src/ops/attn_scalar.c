@@ -23,7 +23,13 @@ static void outer(float *y, size_t ld, const float *a, const float *x, size_t n,
     for (size_t d = 0; d < D; d++) y[j * ld + d] += a[j] * x[d];
 }
 
-const loom__attn_kernels loom__attn_kernels_scalar = {dots, accum, outer};
+static float expsum(float *p, const float *s, size_t n, float m) {
+  float sum = 0;
+  for (size_t j = 0; j < n; j++) sum += (p[j] = expf(s[j] - m));
+  return sum;
+}
+
+const loom__attn_kernels loom__attn_kernels_scalar = {dots, accum, outer, expsum};
 
 LOOM__KERNEL_PICKERS(loom__attn_kernels, loom__attn_kernels, loom__attn_kernels_for,
                      loom__attn_k)

@@ -188,6 +188,14 @@ LT_TEST(sdpa_kernels_every_level_matches_scalar) {
           if (!(fabsf(o0[d] - o1[d]) <= 1e-5f * (1 + fabsf(o0[d]))))
             lt_fail_at(__FILE__, __LINE__, "%s accum D=%zu n=%zu [%zu]: %g vs scalar %g", ln, D,
                        n, d, o1[d], o0[d]);
+        for (size_t j = 0; j < n; j++) s0[j] = s1[j] = -30.0f * a[j] * a[j]; /* exp's range */
+        float sum0 = ref->expsum(s0, s0, n, 0.25f), sum1 = k->expsum(s1, s1, n, 0.25f);
+        for (size_t j = 0; j < n; j++)
+          if (!(fabsf(s0[j] - s1[j]) <= 1e-6f * s0[j]))
+            lt_fail_at(__FILE__, __LINE__, "%s expsum n=%zu [%zu]: %g vs scalar %g", ln, n, j,
+                       s1[j], s0[j]);
+        if (!(fabsf(sum0 - sum1) <= 1e-6f * sum0))
+          lt_fail_at(__FILE__, __LINE__, "%s expsum n=%zu: sum %g vs scalar %g", ln, n, sum1, sum0);
         for (size_t i = 0; i < N * LD; i++) y0[i] = y1[i] = kv[i];
         ref->outer(y0, LD, a, q, n, D);
         k->outer(y1, LD, a, q, n, D);
