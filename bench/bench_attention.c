@@ -7,7 +7,9 @@
  * the step itself holds at its worst, which must grow linearly in T for the fused op and grows
  * as T^2 for the unfused one. Before timing, the two agree (forward and gradients) at each T.
  * Then the fused step at T = 1024 on every CPU level this machine has (the inner loops' SIMD).
- * Lines: `sdpa <fused|unfused> <level> T=<T> runs ms/step peak_MiB` and a speed-up line per T.
+ * Lines: `sdpa <fused|unfused> <level> T=<T> runs ms/step ms-cpu/step peak_MiB` (wall and
+ * process CPU time: on a shared machine the CPU time leaves out the time other processes held
+ * the core; with more than one thread it counts every thread) and a speed-up line per T.
  * Usage: bench_attention [threads] (loom_set_num_threads, default 1). */
 #include "bench_util.h"
 #include "ops/ops_int.h"
@@ -67,10 +69,18 @@ static void validate(loom_tensor *const qkv[3], loom_tensor *w, int64_t T) {
   }
 }
 
-/* Median ms of a step and its peak compute bytes above the bytes held before it. */
-static void measure(attn_fn f, loom_tensor *const qkv[3], loom_tensor *w, double *ms,
+/* CPU seconds used by the process (every thread). */
+static double cpu_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* Median ms of a step, wall (ms[0]) and process CPU time (ms[1]), and its peak compute bytes
+ * above the bytes held before it. */
+static void measure(attn_fn f, loom_tensor *const qkv[3], loom_tensor *w, double ms[2],
                     double *peak_mib) {
-  double t[RUNS];
+  double t[RUNS], c[RUNS];
   for (int r = 0; r < WARM; r++) step(f, qkv, w, NULL);
   size_t peak = 0;
   for (int r = 0; r < RUNS; r++) {
@@ -78,15 +88,23 @@ static void measure(attn_fn f, loom_tensor *const qkv[3], loom_tensor *w, double
     loom_pool_stats s0, s1;
     BENCH_CHECK(loom_mem_stats(LOOM_POOL_COMPUTE, &s0));
     loom_mem_reset_peak(LOOM_POOL_COMPUTE);
-    double t0 = bench_now();
+    double t0 = bench_now(), c0 = cpu_now();
     step(f, qkv, w, NULL);
     t[r] = (bench_now() - t0) * 1e3;
+    c[r] = (cpu_now() - c0) * 1e3;
     BENCH_CHECK(loom_mem_stats(LOOM_POOL_COMPUTE, &s1));
     size_t p = s1.peak_bytes - s0.current_bytes;
     peak = p > peak ? p : peak;
   }
-  *ms = bench_median(t, RUNS);
+  ms[0] = bench_median(t, RUNS);
+  ms[1] = bench_median(c, RUNS);
   *peak_mib = (double)peak / (1 << 20);
+}
+
+static void report(const char *what, const char *level, int64_t T, const double ms[2],
+                   double mib) {
+  printf("sdpa %s %s T=%lld %d %.2f ms/step %.2f ms-cpu/step %.2f MiB\n", what, level,
+         (long long)T, RUNS, ms[0], ms[1], mib);
 }
 
 int main(int argc, char **argv) {
@@ -103,24 +121,21 @@ int main(int argc, char **argv) {
       BENCH_CHECK(loom_tensor_set_requires_grad(qkv[i], true));
     }
     validate(qkv, w, T);
-    double ms[2], mib[2];
-    measure(loom_scaled_dot_product_attention, qkv, w, &ms[0], &mib[0]);
-    measure(loom__sdpa_unfused, qkv, w, &ms[1], &mib[1]);
-    printf("sdpa fused %s T=%lld %d %.2f ms/step %.2f MiB\n", lv, (long long)T, RUNS, ms[0],
-           mib[0]);
-    printf("sdpa unfused %s T=%lld %d %.2f ms/step %.2f MiB\n", lv, (long long)T, RUNS, ms[1],
-           mib[1]);
-    printf("sdpa speedup T=%lld %.2fx time, %.1fx memory\n", (long long)T, ms[1] / ms[0],
-           mib[1] / mib[0]);
+    double ms[2][2], mib[2];
+    measure(loom_scaled_dot_product_attention, qkv, w, ms[0], &mib[0]);
+    measure(loom__sdpa_unfused, qkv, w, ms[1], &mib[1]);
+    report("fused", lv, T, ms[0], mib[0]);
+    report("unfused", lv, T, ms[1], mib[1]);
+    printf("sdpa speedup T=%lld %.2fx wall %.2fx cpu, %.1fx less memory\n", (long long)T,
+           ms[1][0] / ms[0][0], ms[1][1] / ms[0][1], mib[1] / mib[0]);
     fflush(stdout);
     if (T == 1024) { /* the fused step on every level */
       loom_cpu_level keep = loom_cpu_level_active();
       for (int l = 0; l < LOOM_CPU_LEVEL_COUNT; l++) {
         if (!loom_cpu_supports((loom_cpu_level)l) || l > (int)keep) continue;
         BENCH_CHECK(loom_set_cpu_level((loom_cpu_level)l));
-        measure(loom_scaled_dot_product_attention, qkv, w, &ms[0], &mib[0]);
-        printf("sdpa fused %s T=%lld %d %.2f ms/step %.2f MiB\n",
-               loom_cpu_level_name((loom_cpu_level)l), (long long)T, RUNS, ms[0], mib[0]);
+        measure(loom_scaled_dot_product_attention, qkv, w, ms[0], &mib[0]);
+        report("fused", loom_cpu_level_name((loom_cpu_level)l), T, ms[0], mib[0]);
       }
       BENCH_CHECK(loom_set_cpu_level(keep));
     }

@@ -23,13 +23,36 @@ enum {
 
 typedef struct attn_dims {
   int64_t BH, T, D;
+  int64_t ldt; /* row length of k and v transposed ([D, T] per slice): T padded, so that rows
+                  a power of two apart in bytes do not all map to the same cache sets */
   bool causal;
   float scale;
 } attn_dims;
 
-/* Rows [r0, r1) of one (batch, head) slice: q, k, v, o are its [T, D] rows, lse its [T]. */
+/* kt[bh] = scale * k[bh]^T: each (batch, head) slice's [T, D] rows as [D, ldt], so that a block
+ * of scores is an accum (the score row in registers, kt's rows streaming by) rather than one
+ * dot product, each ending in a horizontal sum, per key. */
+static void transpose_scaled(const attn_dims *a, const float *k, float *kt, float scale) {
+  int64_t T = a->T, D = a->D;
+#pragma omp parallel for num_threads(loom__gemm_threads()) if (a->BH > 1)
+  for (int64_t bh = 0; bh < a->BH; bh++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t d = 0; d < D; d++)
+        kt[(bh * D + d) * a->ldt + t] = scale * k[(bh * T + t) * D + d];
+}
+
+/* s[0..w) = q . kt's columns j0..j0+w (kt [D, ldt]): scores of one query row against a block. */
+static void block_scores(const loom__attn_kernels *kk, const attn_dims *a, float *s,
+                         const float *q, const float *kt, int64_t j0, size_t w) {
+  for (size_t j = 0; j < w; j++) s[j] = 0;
+  kk->accum(s, q, kt + j0, (size_t)a->ldt, (size_t)a->D, w);
+}
+
+/* Rows [r0, r1) of one (batch, head) slice: q, v, o are its [T, D] rows, kt its scaled
+ * [D, T] keys, lse its [T]. A block's scores are computed for all its keys (w), those past
+ * the causal limit (n) then left out. */
 static void fwd_rows(const loom__attn_kernels *kk, const attn_dims *a, const float *q,
-                     const float *k, const float *v, float *o, float *lse, int64_t r0,
+                     const float *kt, const float *v, float *o, float *lse, int64_t r0,
                      int64_t r1) {
   const size_t D = (size_t)a->D;
   float s[BLOCK];
@@ -40,7 +63,7 @@ static void fwd_rows(const loom__attn_kernels *kk, const attn_dims *a, const flo
     for (size_t d = 0; d < D; d++) oi[d] = 0;
     for (int64_t j0 = 0; j0 < nk; j0 += BLOCK) {
       size_t n = (size_t)(nk - j0 < BLOCK ? nk - j0 : BLOCK);
-      kk->dots(s, qi, k + j0 * a->D, D, n, D, a->scale);
+      block_scores(kk, a, s, qi, kt, j0, (size_t)(a->T - j0 < BLOCK ? a->T - j0 : BLOCK));
       float bm = m;
       for (size_t j = 0; j < n; j++) bm = s[j] > bm ? s[j] : bm;
       float alpha = expf(m - bm); /* 0 on the first block (m = -inf) */
@@ -57,14 +80,16 @@ static void fwd_rows(const loom__attn_kernels *kk, const attn_dims *a, const flo
   }
 }
 
-static void attn_fwd(const attn_dims *a, const float *q, const float *k, const float *v,
-                     float *o, float *lse) {
+static void attn_fwd(const attn_dims *a, const float *q, float *kt, const float *k,
+                     const float *v, float *o, float *lse) {
   const loom__attn_kernels *kk = loom__attn_k();
-  int64_t bands = (a->T + BAND - 1) / BAND, items = a->BH * bands, sz = a->T * a->D;
+  int64_t bands = (a->T + BAND - 1) / BAND, items = a->BH * bands, sz = a->T * a->D,
+          tsz = a->D * a->ldt;
+  transpose_scaled(a, k, kt, a->scale);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(loom__gemm_threads()) if (items > 1)
   for (int64_t it = 0; it < items; it++) {
     int64_t bh = it / bands, r0 = it % bands * BAND, r1 = r0 + BAND < a->T ? r0 + BAND : a->T;
-    fwd_rows(kk, a, q + bh * sz, k + bh * sz, v + bh * sz, o + bh * sz, lse + bh * a->T, r0,
+    fwd_rows(kk, a, q + bh * sz, kt + bh * tsz, v + bh * sz, o + bh * sz, lse + bh * a->T, r0,
              r1);
   }
 }
@@ -75,8 +100,8 @@ static void attn_fwd(const attn_dims *a, const float *q, const float *k, const f
  * accum: one output row held in registers while the tile's rows stream by, instead of a
  * read-modify-write of each dk and dv row for every query row. */
 static void bwd_slice(const loom__attn_kernels *kk, const attn_dims *a, const float *q,
-                      const float *k, const float *v, const float *o, const float *lse,
-                      const float *go, float *dq, float *dk, float *dv) {
+                      const float *k, const float *kt, const float *vt, const float *o,
+                      const float *lse, const float *go, float *dq, float *dk, float *dv) {
   const size_t D = (size_t)a->D;
   float pt[BLOCK][QTILE], dst[BLOCK][QTILE], dsr[QTILE][BLOCK], dp[BLOCK], di[QTILE];
   size_t nr[QTILE]; /* keys row r of the tile sees */
@@ -87,14 +112,15 @@ static void bwd_slice(const loom__attn_kernels *kk, const attn_dims *a, const fl
     int64_t jend = a->causal ? i0 + (int64_t)ni : a->T;
     for (int64_t j0 = 0; j0 < jend; j0 += BLOCK) {
       size_t nj = (size_t)(jend - j0 < BLOCK ? jend - j0 : BLOCK);
-      const float *kb = k + j0 * a->D, *vb = v + j0 * a->D;
+      const float *kb = k + j0 * a->D;
+      size_t w = (size_t)(a->T - j0 < BLOCK ? a->T - j0 : BLOCK);
       for (size_t r = 0; r < ni; r++) {
         int64_t i = i0 + (int64_t)r, see = a->causal ? i - j0 + 1 : (int64_t)nj;
         size_t n = nr[r] = see < 0 ? 0 : see > (int64_t)nj ? nj : (size_t)see;
         float *p = dsr[r];
         if (n) {
-          kk->dots(p, q + i * a->D, kb, D, n, D, a->scale);
-          kk->dots(dp, go + i * a->D, vb, D, n, D, 1.0f);
+          block_scores(kk, a, p, q + i * a->D, kt, j0, w);
+          block_scores(kk, a, dp, go + i * a->D, vt, j0, w);
           kk->expsum(p, p, n, lse[i]);
         }
         for (size_t j = 0; j < n; j++) {
@@ -118,33 +144,42 @@ static void bwd_slice(const loom__attn_kernels *kk, const attn_dims *a, const fl
 }
 
 static void attn_bwd(const attn_dims *a, const float *q, const float *k, const float *v,
-                     const float *o, const float *lse, const float *go, float *dq, float *dk,
-                     float *dv) {
+                     float *kt, float *vt, const float *o, const float *lse, const float *go,
+                     float *dq, float *dk, float *dv) {
   const loom__attn_kernels *kk = loom__attn_k();
-  int64_t sz = a->T * a->D;
+  int64_t sz = a->T * a->D, tsz = a->D * a->ldt;
+  transpose_scaled(a, k, kt, a->scale);
+  transpose_scaled(a, v, vt, 1.0f);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(loom__gemm_threads()) if (a->BH > 1)
   for (int64_t bh = 0; bh < a->BH; bh++)
-    bwd_slice(kk, a, q + bh * sz, k + bh * sz, v + bh * sz, o + bh * sz, lse + bh * a->T,
-              go + bh * sz, dq + bh * sz, dk + bh * sz, dv + bh * sz);
+    bwd_slice(kk, a, q + bh * sz, k + bh * sz, kt + bh * tsz, vt + bh * tsz, o + bh * sz,
+              lse + bh * a->T, go + bh * sz, dq + bh * sz, dk + bh * sz, dv + bh * sz);
 }
 
 static attn_dims dims_of(int ndim, const int64_t *shape, bool causal) {
-  attn_dims a = {1, shape[ndim - 2], shape[ndim - 1], causal, 1.0f};
+  attn_dims a = {1, shape[ndim - 2], shape[ndim - 1], shape[ndim - 2] + 16, causal, 1.0f};
   for (int i = 0; i < ndim - 2; i++) a.BH *= shape[i];
   if (a.D > 0) a.scale = (float)(1.0 / sqrt((double)a.D));
   return a;
+}
+
+/* A scratch tensor for k or v transposed: [BH, D, ldt] f32. */
+static int transposed_new(const attn_dims *a, loom_tensor **out) {
+  int64_t shape[3] = {a->BH, a->D, a->ldt};
+  return loom_tensor_empty(LOOM_F32, 3, shape, out);
 }
 
 /* saved: q, k, v, the output, lse [B, H, T] (f32). */
 static int sdpa_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   int rc = LOOM_OK;
   loom__fbuf f[4] = {{0}};
-  loom_tensor *gr[3] = {0};
+  loom_tensor *gr[3] = {0}, *t[2] = {0}; /* t: k and v transposed */
   attn_dims a = dims_of(n->out_ndim, n->out_shape, n->i[0] != 0);
   for (int k = 0; k < 4; k++) LOOM_TRY(loom__f32_in(n->saved[k], &f[k]));
   for (int k = 0; k < 3; k++) LOOM_TRY(loom__grad_new(n->out_ndim, n->out_shape, true, &gr[k]));
-  attn_bwd(&a, f[0].p, f[1].p, f[2].p, f[3].p, loom__f(n->saved[4]), loom__f(g), loom__f(gr[0]),
-           loom__f(gr[1]), loom__f(gr[2]));
+  for (int k = 0; k < 2; k++) LOOM_TRY(transposed_new(&a, &t[k]));
+  attn_bwd(&a, f[0].p, f[1].p, f[2].p, loom__f(t[0]), loom__f(t[1]), f[3].p, loom__f(n->saved[4]),
+           loom__f(g), loom__f(gr[0]), loom__f(gr[1]), loom__f(gr[2]));
   for (int k = 0; k < 3; k++)
     if (loom__node_needs(n, k)) {
       gin[k] = gr[k];
@@ -153,6 +188,7 @@ static int sdpa_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
 done:
   for (int k = 0; k < 4; k++) loom__fbuf_free(&f[k]);
   for (int k = 0; k < 3; k++) loom_tensor_free(gr[k]);
+  for (int k = 0; k < 2; k++) loom_tensor_free(t[k]);
   return rc;
 }
 
@@ -175,7 +211,7 @@ int loom_scaled_dot_product_attention(loom_tensor *q, loom_tensor *k, loom_tenso
                         i ? "v" : "k", loom__shape_str(kv[i]->ndim, kv[i]->shape, s1, sizeof s1),
                         loom__shape_str(q->ndim, q->shape, s2, sizeof s2));
   loom__op c;
-  loom_tensor *in[3] = {q, k, v}, *y = NULL, *lse = NULL;
+  loom_tensor *in[3] = {q, k, v}, *y = NULL, *lse = NULL, *kt = NULL; /* kt: k transposed */
   loom__fbuf fq = {0}, fk = {0}, fv = {0}, fy = {0};
   loom__node *nd = NULL;
   if ((rc = loom__op_begin(&c, LOOM_OPK_SDPA, in, 3))) return rc;
@@ -190,7 +226,8 @@ int loom_scaled_dot_product_attention(loom_tensor *q, loom_tensor *k, loom_tenso
   LOOM_TRY(loom__f32_in(k, &fk));
   LOOM_TRY(loom__f32_in(v, &fv));
   LOOM_TRY(loom__f32_out(q->dtype, q->ndim, q->shape, &y, &fy));
-  attn_fwd(&a, fq.p, fk.p, fv.p, fy.p, loom__f(lse));
+  LOOM_TRY(transposed_new(&a, &kt));
+  attn_fwd(&a, fq.p, loom__f(kt), fk.p, fv.p, fy.p, loom__f(lse));
   loom__f32_out_commit(y, &fy);
   LOOM_TRY(loom__op_record(&c, y, sdpa_backward, &nd));
   if (nd) {
@@ -208,6 +245,7 @@ done:
   loom__fbuf_free(&fv);
   loom__fbuf_free(&fy);
   loom_tensor_free(lse);
+  loom_tensor_free(kt);
   return loom__op_finish(&c, rc, y, out);
 }
 

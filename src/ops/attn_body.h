@@ -40,13 +40,29 @@ static void dots(float *s, const float *q, const float *k, size_t ld, size_t n, 
   }
 }
 
-/* The output row held in registers four vectors at a time while the block's rows stream by. */
+/* The output row held in registers four vectors at a time while the block's rows stream by,
+ * two rows a step into two sets of accumulators (eight independent FMA chains: enough to
+ * cover the FMA latency on two ports). */
 static void accum(float *o, const float *p, const float *v, size_t ld, size_t n, size_t D) {
   size_t d = 0;
   for (; d + 4 * AW <= D; d += 4 * AW) {
     AV o0 = AV_LOAD(o + d), o1 = AV_LOAD(o + d + AW), o2 = AV_LOAD(o + d + 2 * AW),
-       o3 = AV_LOAD(o + d + 3 * AW);
-    for (size_t j = 0; j < n; j++) {
+       o3 = AV_LOAD(o + d + 3 * AW), e0 = AV_ZERO(), e1 = AV_ZERO(), e2 = AV_ZERO(),
+       e3 = AV_ZERO();
+    size_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+      const float *vj = v + j * ld + d, *vk = vj + ld;
+      AV pj = AV_SET1(p[j]), pk = AV_SET1(p[j + 1]);
+      o0 = AV_FMA(pj, AV_LOAD(vj), o0);
+      o1 = AV_FMA(pj, AV_LOAD(vj + AW), o1);
+      o2 = AV_FMA(pj, AV_LOAD(vj + 2 * AW), o2);
+      o3 = AV_FMA(pj, AV_LOAD(vj + 3 * AW), o3);
+      e0 = AV_FMA(pk, AV_LOAD(vk), e0);
+      e1 = AV_FMA(pk, AV_LOAD(vk + AW), e1);
+      e2 = AV_FMA(pk, AV_LOAD(vk + 2 * AW), e2);
+      e3 = AV_FMA(pk, AV_LOAD(vk + 3 * AW), e3);
+    }
+    if (j < n) {
       const float *vj = v + j * ld + d;
       AV pj = AV_SET1(p[j]);
       o0 = AV_FMA(pj, AV_LOAD(vj), o0);
@@ -54,10 +70,10 @@ static void accum(float *o, const float *p, const float *v, size_t ld, size_t n,
       o2 = AV_FMA(pj, AV_LOAD(vj + 2 * AW), o2);
       o3 = AV_FMA(pj, AV_LOAD(vj + 3 * AW), o3);
     }
-    AV_STORE(o + d, o0);
-    AV_STORE(o + d + AW, o1);
-    AV_STORE(o + d + 2 * AW, o2);
-    AV_STORE(o + d + 3 * AW, o3);
+    AV_STORE(o + d, AV_ADD(o0, e0));
+    AV_STORE(o + d + AW, AV_ADD(o1, e1));
+    AV_STORE(o + d + 2 * AW, AV_ADD(o2, e2));
+    AV_STORE(o + d + 3 * AW, AV_ADD(o3, e3));
   }
   for (; d + AW <= D; d += AW) {
     AV o0 = AV_LOAD(o + d);
@@ -66,16 +82,6 @@ static void accum(float *o, const float *p, const float *v, size_t ld, size_t n,
   }
   for (; d < D; d++)
     for (size_t j = 0; j < n; j++) o[d] += p[j] * v[j * ld + d];
-}
-
-static void outer(float *y, size_t ld, const float *a, const float *x, size_t n, size_t D) {
-  size_t Dv = D / AW * AW;
-  for (size_t j = 0; j < n; j++) {
-    float *yj = y + j * ld;
-    AV aj = AV_SET1(a[j]);
-    for (size_t d = 0; d < Dv; d += AW) AV_STORE(yj + d, AV_FMA(aj, AV_LOAD(x + d), AV_LOAD(yj + d)));
-    for (size_t d = Dv; d < D; d++) yj[d] += a[j] * x[d];
-  }
 }
 
 static float expsum(float *p, const float *s, size_t n, float m) {
@@ -91,4 +97,4 @@ static float expsum(float *p, const float *s, size_t n, float m) {
   return sum;
 }
 
-const loom__attn_kernels ATTN_TABLE = {dots, accum, outer, expsum};
+const loom__attn_kernels ATTN_TABLE = {dots, accum, expsum};

@@ -17,8 +17,6 @@ typedef struct loom__attn_kernels {
                float scale);
   /* o += sum_j p[j] * v_j for j < n: a block of weighted value rows into one output row */
   void (*accum)(float *o, const float *p, const float *v, size_t ld, size_t n, size_t D);
-  /* y_j += a[j] * x for j < n: one row, weighted, into each row of a block */
-  void (*outer)(float *y, size_t ld, const float *a, const float *x, size_t n, size_t D);
   /* p[j] = exp(s[j] - m) for j < n (p may be s); returns their sum. SIMD levels use a
    * polynomial exp within 2 ulp of expf's (values below exp(-87) may come out as 0). */
   float (*expsum)(float *p, const float *s, size_t n, float m);

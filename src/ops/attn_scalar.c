@@ -18,18 +18,13 @@ static void accum(float *o, const float *p, const float *v, size_t ld, size_t n,
     for (size_t d = 0; d < D; d++) o[d] += p[j] * v[j * ld + d];
 }
 
-static void outer(float *y, size_t ld, const float *a, const float *x, size_t n, size_t D) {
-  for (size_t j = 0; j < n; j++)
-    for (size_t d = 0; d < D; d++) y[j * ld + d] += a[j] * x[d];
-}
-
 static float expsum(float *p, const float *s, size_t n, float m) {
   float sum = 0;
   for (size_t j = 0; j < n; j++) sum += (p[j] = expf(s[j] - m));
   return sum;
 }
 
-const loom__attn_kernels loom__attn_kernels_scalar = {dots, accum, outer, expsum};
+const loom__attn_kernels loom__attn_kernels_scalar = {dots, accum, expsum};
 
 LOOM__KERNEL_PICKERS(loom__attn_kernels, loom__attn_kernels, loom__attn_kernels_for,
                      loom__attn_k)
