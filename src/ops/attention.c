@@ -64,8 +64,7 @@ static void fwd_rows(const loom__attn_kernels *kk, const attn_dims *a, const flo
     for (int64_t j0 = 0; j0 < nk; j0 += BLOCK) {
       size_t n = (size_t)(nk - j0 < BLOCK ? nk - j0 : BLOCK);
       block_scores(kk, a, s, qi, kt, j0, (size_t)(a->T - j0 < BLOCK ? a->T - j0 : BLOCK));
-      float bm = m;
-      for (size_t j = 0; j < n; j++) bm = s[j] > bm ? s[j] : bm;
+      float bm = kk->max(s, n, m);
       float alpha = expf(m - bm); /* 0 on the first block (m = -inf) */
       float sum = kk->expsum(s, s, n, bm);
       if (alpha != 1.0f)

@@ -11,6 +11,13 @@ static inline float hsum_avx2(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+static inline float hmax_avx2(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 /* exp of each lane: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by Cephes' expf polynomial, times 2^n
  * built in the exponent bits. Lanes below -87.3 (2^n would leave the normal range) give 0, above
  * 88.3 may give inf (only s - max or s - logsumexp <= 0 comes here); NaN stays NaN. */
@@ -43,5 +50,7 @@ static inline __m256 exp_avx2(__m256 x) {
 #define AV_HSUM hsum_avx2
 #define AV_ADD _mm256_add_ps
 #define AV_EXP exp_avx2
+#define AV_MAX _mm256_max_ps
+#define AV_HMAX hmax_avx2
 #define ATTN_TABLE loom__attn_kernels_avx2
 #include "ops/attn_body.h"

@@ -32,5 +32,7 @@ static inline __m512 exp_avx512(__m512 x) {
 #define AV_HSUM _mm512_reduce_add_ps
 #define AV_ADD _mm512_add_ps
 #define AV_EXP exp_avx512
+#define AV_MAX _mm512_max_ps
+#define AV_HMAX _mm512_reduce_max_ps
 #define ATTN_TABLE loom__attn_kernels_avx512
 #include "ops/attn_body.h"

@@ -1,7 +1,8 @@
 /* attn_body.h: fused attention's inner loops (attn_int.h) written once over a vector type,
  * included by attn_avx2.c and attn_avx512.c, which define it first: AV (the vector type), AW
  * (its float lanes), AV_LOAD, AV_STORE, AV_FMA(a, b, c) = a * b + c, AV_SET1, AV_ZERO, AV_HSUM
- * (the sum of the lanes), AV_ADD, AV_EXP (exp of each lane) and ATTN_TABLE (the table's name). Ragged ends of a row run as scalar
+ * (the sum of the lanes), AV_ADD, AV_EXP (exp of each lane), AV_MAX(a, b) (b where either is
+ * NaN), AV_HMAX (the largest lane) and ATTN_TABLE (the table's name). Ragged ends of a row run as scalar
  * loops. No include guard on purpose. */
 
 /* Four key rows at once against one query row, so each q vector is loaded once for four. */
@@ -97,4 +98,13 @@ static float expsum(float *p, const float *s, size_t n, float m) {
   return sum;
 }
 
-const loom__attn_kernels ATTN_TABLE = {dots, accum, expsum};
+static float max(const float *s, size_t n, float m) {
+  size_t j = 0;
+  AV acc = AV_SET1(m);
+  for (; j + AW <= n; j += AW) acc = AV_MAX(AV_LOAD(s + j), acc); /* a NaN lane keeps acc */
+  m = AV_HMAX(acc);
+  for (; j < n; j++) m = s[j] > m ? s[j] : m;
+  return m;
+}
+
+const loom__attn_kernels ATTN_TABLE = {dots, accum, expsum, max};

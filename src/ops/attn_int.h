@@ -20,6 +20,8 @@ typedef struct loom__attn_kernels {
   /* p[j] = exp(s[j] - m) for j < n (p may be s); returns their sum. SIMD levels use a
    * polynomial exp within 2 ulp of expf's (values below exp(-87) may come out as 0). */
   float (*expsum)(float *p, const float *s, size_t n, float m);
+  /* the largest of m and s[0..n) (NaNs in s are passed over) */
+  float (*max)(const float *s, size_t n, float m);
 } loom__attn_kernels;
 
 LOOM__KERNEL_TABLES(loom__attn_kernels, loom__attn_kernels, loom__attn_kernels_for,

@@ -24,7 +24,12 @@ static float expsum(float *p, const float *s, size_t n, float m) {
   return sum;
 }
 
-const loom__attn_kernels loom__attn_kernels_scalar = {dots, accum, expsum};
+static float max(const float *s, size_t n, float m) {
+  for (size_t j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
+  return m;
+}
+
+const loom__attn_kernels loom__attn_kernels_scalar = {dots, accum, expsum, max};
 
 LOOM__KERNEL_PICKERS(loom__attn_kernels, loom__attn_kernels, loom__attn_kernels_for,
                      loom__attn_k)

@@ -188,6 +188,8 @@ LT_TEST(sdpa_kernels_every_level_matches_scalar) {
           if (!(fabsf(o0[d] - o1[d]) <= 1e-5f * (1 + fabsf(o0[d]))))
             lt_fail_at(__FILE__, __LINE__, "%s accum D=%zu n=%zu [%zu]: %g vs scalar %g", ln, D,
                        n, d, o1[d], o0[d]);
+        LT_EQ(ref->max(kv + n, n, -2.0f), k->max(kv + n, n, -2.0f)); /* exact */
+        LT_EQ(ref->max(kv, n, 5.0f), k->max(kv, n, 5.0f));
         for (size_t j = 0; j < n; j++) s0[j] = s1[j] = -30.0f * a[j] * a[j]; /* exp's range */
         float sum0 = ref->expsum(s0, s0, n, 0.25f), sum1 = k->expsum(s1, s1, n, 0.25f);
         for (size_t j = 0; j < n; j++)
