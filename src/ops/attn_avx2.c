@@ -18,39 +18,30 @@ static inline float hmax_avx2(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-/* exp of each lane: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by Cephes' expf polynomial, times 2^n
- * built in the exponent bits. Lanes below -87.3 (2^n would leave the normal range) give 0, above
- * 88.3 may give inf (only s - max or s - logsumexp <= 0 comes here); NaN stays NaN. */
-static inline __m256 exp_avx2(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.3f);
-  __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_max_ps(lo, _mm256_min_ps(_mm256_set1_ps(88.7f), x)); /* NaN kept */
-  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
-}
-
 #define AV __m256
 #define AW 8
 #define AV_LOAD _mm256_loadu_ps
 #define AV_STORE _mm256_storeu_ps
 #define AV_FMA _mm256_fmadd_ps
+#define AV_FNMA _mm256_fnmadd_ps
 #define AV_SET1 _mm256_set1_ps
 #define AV_ZERO _mm256_setzero_ps
 #define AV_HSUM hsum_avx2
 #define AV_ADD _mm256_add_ps
-#define AV_EXP exp_avx2
+#define AV_MUL _mm256_mul_ps
+#define AV_ROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define AV_MAX _mm256_max_ps
 #define AV_HMAX hmax_avx2
 #define ATTN_TABLE loom__attn_kernels_avx2
 #include "ops/attn_body.h"
+
+/* 2^n built in the exponent bits, so lanes below -87.3 (where 2^n would leave the normal range)
+ * give 0, and above 88.3 may give inf (only s - max or s - logsumexp <= 0 comes here). */
+static inline __m256 av_exp(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ), n;
+  x = _mm256_max_ps(lo, _mm256_min_ps(_mm256_set1_ps(88.7f), x)); /* NaN kept */
+  __m256 y = exp_reduced(x, &n);
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}

@@ -1,9 +1,27 @@
 /* attn_body.h: fused attention's inner loops (attn_int.h) written once over a vector type,
  * included by attn_avx2.c and attn_avx512.c, which define it first: AV (the vector type), AW
- * (its float lanes), AV_LOAD, AV_STORE, AV_FMA(a, b, c) = a * b + c, AV_SET1, AV_ZERO, AV_HSUM
- * (the sum of the lanes), AV_ADD, AV_EXP (exp of each lane), AV_MAX(a, b) (b where either is
- * NaN), AV_HMAX (the largest lane) and ATTN_TABLE (the table's name). Ragged ends of a row run as scalar
- * loops. No include guard on purpose. */
+ * (its float lanes), AV_LOAD, AV_STORE, AV_FMA(a, b, c) = a * b + c, AV_FNMA(a, b, c) =
+ * c - a * b, AV_SET1, AV_ZERO, AV_ADD, AV_MUL, AV_ROUND (to nearest), AV_HSUM (the sum of the
+ * lanes), AV_MAX(a, b) (b where either is NaN), AV_HMAX (the largest lane) and ATTN_TABLE (the
+ * table's name); and after it av_exp (exp of each lane, from exp_reduced below and the level's
+ * own 2^n). Ragged ends of a row run as scalar loops. No include guard on purpose. */
+
+static inline AV av_exp(AV x);
+
+/* exp(x) = 2^n exp(r): n = round(x log2 e) (in *n), r = x - n ln2 (ln2 in two parts, so r is
+ * exact), |r| <= ln2 / 2, and exp(r) by Cephes' expf polynomial (within 2 ulp of expf). */
+static inline AV exp_reduced(AV x, AV *n) {
+  *n = AV_ROUND(AV_MUL(x, AV_SET1(1.44269504088896341f)));
+  AV r = AV_FNMA(*n, AV_SET1(0.693359375f), x);
+  r = AV_FNMA(*n, AV_SET1(-2.12194440e-4f), r);
+  AV y = AV_SET1(1.9875691500e-4f);
+  y = AV_FMA(y, r, AV_SET1(1.3981999507e-3f));
+  y = AV_FMA(y, r, AV_SET1(8.3334519073e-3f));
+  y = AV_FMA(y, r, AV_SET1(4.1665795894e-2f));
+  y = AV_FMA(y, r, AV_SET1(1.6666665459e-1f));
+  y = AV_FMA(y, r, AV_SET1(5.0000001201e-1f));
+  return AV_FMA(y, AV_MUL(r, r), AV_ADD(r, AV_SET1(1.0f)));
+}
 
 /* Four key rows at once against one query row, so each q vector is loaded once for four. */
 static void dots(float *s, const float *q, const float *k, size_t ld, size_t n, size_t D,
@@ -89,7 +107,7 @@ static float expsum(float *p, const float *s, size_t n, float m) {
   size_t j = 0;
   AV acc = AV_ZERO();
   for (; j + AW <= n; j += AW) {
-    AV e = AV_EXP(AV_ADD(AV_LOAD(s + j), AV_SET1(-m)));
+    AV e = av_exp(AV_ADD(AV_LOAD(s + j), AV_SET1(-m)));
     AV_STORE(p + j, e);
     acc = AV_ADD(acc, e);
   }
