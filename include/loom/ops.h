@@ -136,8 +136,10 @@ int loom_layer_norm(loom_tensor *x, int normalized_ndim, loom_tensor *w, loom_te
  * is_causal=is_causal) without mask or dropout: q, k, v [B, H, T, D] (one shape, one floating
  * dtype), out [B, H, T, D] = softmax(q k^T / sqrt(D) + mask) v, where with is_causal query t
  * attends to keys 0..t only. Fused (the flash-attention recurrence): the [T, T] score matrix is
- * never formed, only one block of one of its rows at a time; forward keeps the output and a
- * [B, H, T] f32 logsumexp for backward, which recomputes the scores (memory linear in T).
+ * never formed, only a block of it per thread at a time (64 keys of one row in forward, 32 rows
+ * by 64 keys in backward); forward keeps the output and a [B, H, T] f32 logsumexp for backward,
+ * which recomputes the scores. Memory is linear in T: besides those, k (and in backward v)
+ * transposed, as scratch.
  * Computed in f32 (f16 / bf16 inputs widened, the output rounded once to their dtype), on the
  * calling thread's loom_set_num_threads team. Retains nothing but what autograd saves (q, k,
  * v, the output, the logsumexp) while the output requires grad. Errors: a NULL or freed input

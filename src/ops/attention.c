@@ -1,13 +1,15 @@
 /* attention.c: scaled dot-product attention (PyTorch's F.scaled_dot_product_attention with
  * is_causal), fused: the flash-attention recurrence. Forward walks each query row over blocks
- * of LOOM__ATTN_BLOCK keys with an online softmax (running max m and sum l, the output rescaled
- * when m grows), so no more than one block of a row of the score matrix exists at a time; it
- * saves only the output and each row's logsumexp. Backward (FlashAttention-2) recomputes each
- * block's scores from q, k and the logsumexp: p = exp(s - lse), dp = dO . v, ds = p (dp - Di)
- * with Di = dO . O, then dq += ds k, dk += ds q, dv += p dO (ds scaled by 1/sqrt(D)). All in
- * f32; f16 / bf16 inputs are staged to f32 and the output rounded once. The inner loops are the
- * per-level kernels of attn_int.h. (batch, head) slices (and, in forward, bands of query rows)
- * run on the caller's OpenMP team (loom_set_num_threads). */
+ * of BLOCK keys with an online softmax (running max m and sum l, the output rescaled when m
+ * grows), so no more than one block of a row of the score matrix exists at a time; it saves
+ * only the output and each row's logsumexp. Backward (FlashAttention-2) recomputes the scores
+ * tile by tile (QTILE query rows by BLOCK keys) from q, k and the logsumexp: p = exp(s - lse),
+ * dp = dO . v, ds = p (dp - Di) with Di = dO . O, then dq += ds k, dk += ds^T q, dv += p^T dO
+ * (ds scaled by 1/sqrt(D)). Scores come from k transposed ([D, T] per slice, the scale folded
+ * in), so that every product is an accum kernel. All in f32; f16 / bf16 inputs are staged to
+ * f32 and the output rounded once. The inner loops are the per-level kernels of attn_int.h.
+ * (batch, head) slices (and, in forward, bands of query rows) run on the caller's OpenMP team
+ * (loom_set_num_threads). */
 #include "ops/attn_int.h"
 #include "ops/gemm.h"
 #include "ops/ops_int.h"
@@ -107,7 +109,7 @@ static void bwd_slice(const loom__attn_kernels *kk, const attn_dims *a, const fl
   for (int64_t i0 = 0; i0 < a->T; i0 += QTILE) {
     size_t ni = (size_t)(a->T - i0 < QTILE ? a->T - i0 : QTILE);
     for (size_t r = 0; r < ni; r++)
-      kk->dots(&di[r], go + (i0 + (int64_t)r) * a->D, o + (i0 + (int64_t)r) * a->D, D, 1, D, 1);
+      di[r] = kk->dot(go + (i0 + (int64_t)r) * a->D, o + (i0 + (int64_t)r) * a->D, D);
     int64_t jend = a->causal ? i0 + (int64_t)ni : a->T;
     for (int64_t j0 = 0; j0 < jend; j0 += BLOCK) {
       size_t nj = (size_t)(jend - j0 < BLOCK ? jend - j0 : BLOCK);

@@ -23,40 +23,13 @@ static inline AV exp_reduced(AV x, AV *n) {
   return AV_FMA(y, AV_MUL(r, r), AV_ADD(r, AV_SET1(1.0f)));
 }
 
-/* Four key rows at once against one query row, so each q vector is loaded once for four. */
-static void dots(float *s, const float *q, const float *k, size_t ld, size_t n, size_t D,
-                 float scale) {
-  size_t Dv = D / AW * AW, j = 0;
-  for (; j + 4 <= n; j += 4) {
-    const float *k0 = k + j * ld, *k1 = k0 + ld, *k2 = k1 + ld, *k3 = k2 + ld;
-    AV a0 = AV_ZERO(), a1 = AV_ZERO(), a2 = AV_ZERO(), a3 = AV_ZERO();
-    for (size_t d = 0; d < Dv; d += AW) {
-      AV qv = AV_LOAD(q + d);
-      a0 = AV_FMA(qv, AV_LOAD(k0 + d), a0);
-      a1 = AV_FMA(qv, AV_LOAD(k1 + d), a1);
-      a2 = AV_FMA(qv, AV_LOAD(k2 + d), a2);
-      a3 = AV_FMA(qv, AV_LOAD(k3 + d), a3);
-    }
-    float r0 = AV_HSUM(a0), r1 = AV_HSUM(a1), r2 = AV_HSUM(a2), r3 = AV_HSUM(a3);
-    for (size_t d = Dv; d < D; d++) {
-      r0 += q[d] * k0[d];
-      r1 += q[d] * k1[d];
-      r2 += q[d] * k2[d];
-      r3 += q[d] * k3[d];
-    }
-    s[j] = scale * r0;
-    s[j + 1] = scale * r1;
-    s[j + 2] = scale * r2;
-    s[j + 3] = scale * r3;
-  }
-  for (; j < n; j++) {
-    const float *kj = k + j * ld;
-    AV a = AV_ZERO();
-    for (size_t d = 0; d < Dv; d += AW) a = AV_FMA(AV_LOAD(q + d), AV_LOAD(kj + d), a);
-    float r = AV_HSUM(a);
-    for (size_t d = Dv; d < D; d++) r += q[d] * kj[d];
-    s[j] = scale * r;
-  }
+static float dot(const float *x, const float *y, size_t D) {
+  size_t Dv = D / AW * AW;
+  AV a = AV_ZERO();
+  for (size_t d = 0; d < Dv; d += AW) a = AV_FMA(AV_LOAD(x + d), AV_LOAD(y + d), a);
+  float r = AV_HSUM(a);
+  for (size_t d = Dv; d < D; d++) r += x[d] * y[d];
+  return r;
 }
 
 /* The output row held in registers four vectors at a time while the block's rows stream by,
@@ -125,4 +98,4 @@ static float max(const float *s, size_t n, float m) {
   return m;
 }
 
-const loom__attn_kernels ATTN_TABLE = {dots, accum, expsum, max};
+const loom__attn_kernels ATTN_TABLE = {dot, accum, expsum, max};

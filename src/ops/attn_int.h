@@ -1,7 +1,7 @@
 /* attn_int.h: the inner loops of fused attention (attention.c), one table per CPU level
  * (attn_scalar.c, the reference, never vectorized; attn_avx2.c; attn_avx512.c), picked as
  * core_int.h's kernel-table pattern says; tests compare every level with scalar. Rows are D
- * floats, row j of a block at x + j * ld. */
+ * floats, row j of a block at x + j * ld. A block of scores is an accum over k transposed. */
 #ifndef LOOM_OPS_ATTN_INT_H
 #define LOOM_OPS_ATTN_INT_H
 
@@ -12,9 +12,8 @@
 #include <stddef.h>
 
 typedef struct loom__attn_kernels {
-  /* s[j] = scale * (q . k_j) for j < n: one query row against a block of key rows */
-  void (*dots)(float *s, const float *q, const float *k, size_t ld, size_t n, size_t D,
-               float scale);
+  /* x . y over D floats */
+  float (*dot)(const float *x, const float *y, size_t D);
   /* o += sum_j p[j] * v_j for j < n: a block of weighted value rows into one output row */
   void (*accum)(float *o, const float *p, const float *v, size_t ld, size_t n, size_t D);
   /* p[j] = exp(s[j] - m) for j < n (p may be s); returns their sum. SIMD levels use a

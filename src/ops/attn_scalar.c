@@ -3,14 +3,10 @@
  * level pickers live here. */
 #include "ops/attn_int.h"
 
-static void dots(float *s, const float *q, const float *k, size_t ld, size_t n, size_t D,
-                 float scale) {
-  for (size_t j = 0; j < n; j++) {
-    const float *kj = k + j * ld;
-    float acc = 0;
-    for (size_t d = 0; d < D; d++) acc += q[d] * kj[d];
-    s[j] = scale * acc;
-  }
+static float dot(const float *x, const float *y, size_t D) {
+  float r = 0;
+  for (size_t d = 0; d < D; d++) r += x[d] * y[d];
+  return r;
 }
 
 static void accum(float *o, const float *p, const float *v, size_t ld, size_t n, size_t D) {
@@ -29,7 +25,7 @@ static float max(const float *s, size_t n, float m) {
   return m;
 }
 
-const loom__attn_kernels loom__attn_kernels_scalar = {dots, accum, expsum, max};
+const loom__attn_kernels loom__attn_kernels_scalar = {dot, accum, expsum, max};
 
 LOOM__KERNEL_PICKERS(loom__attn_kernels, loom__attn_kernels, loom__attn_kernels_for,
                      loom__attn_k)
