@@ -307,6 +307,45 @@ LT_TEST(sdpa_under_autocast_runs_in_the_low_dtype) {
   loom_tensor_free(q);
 }
 
+/* Out of memory at each allocation of a bf16 forward + backward in turn: ENOMEM (never a
+ * crash), and nothing left allocated once the caller has freed what it holds. */
+LT_TEST(sdpa_out_of_memory_sweep) {
+  int64_t sh[4] = {1, 2, 70, 8};
+  loom_tensor *qkv[3], *x = NULL;
+  for (int i = 0; i < 3; i++) {
+    x = gc_rand(4, sh, -1, 1, &seed);
+    LT_OK(loom_cast(x, LOOM_BF16, &qkv[i]));
+    LT_OK(loom_tensor_set_requires_grad(qkv[i], true));
+    loom_tensor_free(x);
+  }
+  int ok = 0, nomem = 0;
+  for (uint64_t n = 1; n < 200 && !ok; n++) {
+    loom_pool_stats before, after;
+    LT_OK(loom_mem_stats(LOOM_POOL_COMPUTE, &before));
+    loom_tensor *y = NULL, *l = NULL;
+    loom_alloc_fail_nth(n);
+    int rc = loom_scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], true, &y);
+    if (!rc) rc = loom_sum(y, NULL, 0, false, &l);
+    if (!rc) rc = loom_backward(l, NULL, false);
+    loom_alloc_fail_nth(0);
+    if (rc && rc != LOOM_ENOMEM)
+      lt_fail_at(__FILE__, __LINE__, "allocation %llu failing: %s (%s)", (unsigned long long)n,
+                 loom_status_name(rc), loom_last_error());
+    ok = rc == LOOM_OK;
+    nomem += rc == LOOM_ENOMEM;
+    loom_tensor_free(l);
+    loom_tensor_free(y);
+    for (int i = 0; i < 3; i++) LT_OK(loom_tensor_set_grad(qkv[i], NULL));
+    LT_OK(loom_mem_stats(LOOM_POOL_COMPUTE, &after));
+    if (after.current_bytes != before.current_bytes)
+      lt_fail_at(__FILE__, __LINE__, "allocation %llu failing: %zu bytes left behind",
+                 (unsigned long long)n, after.current_bytes - before.current_bytes);
+  }
+  LT_TRUE(ok); /* the sweep reached a run with no failure */
+  LT_TRUE(nomem >= 10); /* staging, output, logsumexp, scratch, gradients: each failed once */
+  for (int i = 0; i < 3; i++) loom_tensor_free(qkv[i]);
+}
+
 LT_TEST(sdpa_bad_inputs) {
   int64_t s4[4] = {1, 2, 3, 4}, s4b[4] = {1, 2, 5, 4}, s3[3] = {2, 3, 4};
   loom_tensor *q = NULL, *kb = NULL, *q3 = NULL, *qi = NULL, *qh = NULL, *y = NULL;
