@@ -32,46 +32,6 @@ LT_TEST(grad_sdpa) {
   gc_run("sdpa causal wide logits", op_causal, NULL, 3, c, &o2);
 }
 
-/* GPT-2's attention block as its model will compose it: c_attn (linear C -> 3C), its output
- * split into q, k, v (slices of the last dim), heads split and moved before time (reshape to
- * [B, T, H, D], transpose to [B, H, T, D]: non-contiguous views the op stages), causal
- * attention, heads merged back (transpose, reshape: a copy) and c_proj. in: x [B, T, C],
- * c_attn.weight [3C, C], c_attn.bias [3C], c_proj.weight [C, C]; ctx: the head count. */
-static int op_gpt_attention(loom_tensor **in, loom_tensor **out, void *ctx) {
-  int rc = LOOM_OK, H = *(const int *)ctx;
-  int64_t B = in[0]->shape[0], T = in[0]->shape[1], C = in[0]->shape[2];
-  int64_t heads[4] = {B, T, H, C / H}, merged[3] = {B, T, C};
-  loom_tensor *qkv = NULL, *part[3] = {0}, *split[3] = {0}, *hd[3] = {0}, *y = NULL, *yt = NULL,
-              *ym = NULL;
-  LOOM_TRY(loom_linear(in[0], in[1], in[2], &qkv));
-  for (int i = 0; i < 3; i++) {
-    LOOM_TRY(loom_slice(qkv, -1, i * C, (i + 1) * C, 1, &part[i]));
-    LOOM_TRY(loom_reshape(part[i], 4, heads, &split[i]));
-    LOOM_TRY(loom_transpose(split[i], 1, 2, &hd[i]));
-  }
-  LOOM_TRY(loom_scaled_dot_product_attention(hd[0], hd[1], hd[2], true, &y));
-  LOOM_TRY(loom_transpose(y, 1, 2, &yt));
-  LOOM_TRY(loom_reshape(yt, 3, merged, &ym));
-  LOOM_TRY(loom_linear(ym, in[3], NULL, out));
-done:
-  for (int i = 0; i < 3; i++) {
-    loom_tensor_free(part[i]);
-    loom_tensor_free(split[i]);
-    loom_tensor_free(hd[i]);
-  }
-  loom_tensor_free(qkv);
-  loom_tensor_free(y);
-  loom_tensor_free(yt);
-  loom_tensor_free(ym);
-  return rc;
-}
-
-LT_TEST(grad_gpt_attention_block) {
-  int heads = 2;
-  gc_input in[] = {S(3, 2, 5, 6), S(2, 18, 6), S(1, 18), S(2, 6, 6)};
-  gc_run("gpt attention block", op_gpt_attention, &heads, 4, in, NULL);
-}
-
 static uint64_t seed = 7;
 
 static loom_tensor *leaf(int64_t B, int64_t H, int64_t T, int64_t D, float amp) {
