@@ -86,9 +86,9 @@ loom_dtype loom_autocast_mode_dtype(loom_autocast_mode m) {
 
 #define P(op, policy) [LOOM_AMP_OP_##op] = LOOM_AMP_##policy
 /* Both presets: the GEMM-like ops in the low dtype; ops that need one input dtype promote.
- * Attention (sdpa) is not in PyTorch 1.13's lists (its scaled_dot_product_attention came with
- * 2.0, listed lower_precision_fp on CUDA); loom runs it in the low dtype like matmul, which also
- * gives q, k and v one dtype. */
+ * Attention (sdpa): PyTorch 1.13 has no scaled_dot_product_attention; from 2.0 on its CPU and
+ * CUDA lists both have it lower_precision_fp, and so does loom (which also gives q, k and v one
+ * dtype). */
 #define COMMON_POLICIES                                                                       \
   P(MATMUL, LOWER), P(LINEAR, LOWER), P(CONV2D, LOWER), P(BMM, LOWER), P(ADDMM, LOWER),       \
       P(BADDBMM, LOWER), P(SDPA, LOWER), P(ADD, PROMOTE), P(SUB, PROMOTE), P(MUL, PROMOTE),    \

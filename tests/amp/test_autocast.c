@@ -48,8 +48,7 @@ LT_TEST(autocast_kinds_align_with_the_ops_layer) {
 }
 
 /* PyTorch's lists (aten/src/ATen/autocast_mode.cpp), by loom kind. */
-/* + attention: not in 1.13's lists (PyTorch 2.0's CUDA list has it lower_precision_fp); loom's
- * choice, like matmul (registry.c) */
+/* + attention: no such op in 1.13; PyTorch 2.x lists it lower_precision_fp on CPU and CUDA */
 static const char *lower_both[] = {"matmul", "linear", "conv2d", "bmm", "addmm", "baddbmm",
                                    "scaled_dot_product_attention"};
 static const char *promote_both[] = {"add", "sub", "mul", "div", "cat", "stack"};
