@@ -95,50 +95,75 @@ static void attn_fwd(const attn_dims *a, const float *q, float *kt, const float 
   }
 }
 
+/* s0 (and s1, when x1 is not NULL) = the scores of query rows x0 (x1) against keys j0..j0+w of
+ * t (k or v transposed, [D, ldt]): two rows from one pass over t's block. */
+static void pair_scores(const loom__attn_kernels *kk, const attn_dims *a, float *s0, float *s1,
+                        const float *x0, const float *x1, const float *t, int64_t j0, size_t w) {
+  if (!x1) {
+    block_scores(kk, a, s0, x0, t, j0, w);
+    return;
+  }
+  for (size_t j = 0; j < w; j++) s0[j] = s1[j] = 0;
+  kk->accum2(s0, s1, x0, x1, t + j0, (size_t)a->ldt, (size_t)a->D, w);
+}
+
 /* One (batch, head) slice's gradients: dq, dk, dv ([T, D], zeroed) from dO, O and lse, a tile
  * of QTILE query rows by BLOCK keys at a time. The tile's p and ds are kept both ways round
- * (rows for dq += ds k, columns for dk += ds^T q and dv += p^T dO), so that every product is an
- * accum: one output row held in registers while the tile's rows stream by, instead of a
- * read-modify-write of each dk and dv row for every query row. */
+ * (rows for dq += ds k, columns for dk += ds^T q and dv += p^T dO), zero where a row does not
+ * see a key, so that every product is an accum over pairs of outputs (accum2): two output rows
+ * held in registers while the tile's rows stream by once, instead of a read-modify-write of
+ * each dk and dv row for every query row. */
 static void bwd_slice(const loom__attn_kernels *kk, const attn_dims *a, const float *q,
                       const float *k, const float *kt, const float *vt, const float *o,
                       const float *lse, const float *go, float *dq, float *dk, float *dv) {
   const size_t D = (size_t)a->D;
-  float pt[BLOCK][QTILE], dst[BLOCK][QTILE], dsr[QTILE][BLOCK], dp[BLOCK], di[QTILE];
+  float pt[BLOCK][QTILE], dst[BLOCK][QTILE], dsr[QTILE][BLOCK], dp[2][BLOCK], di[QTILE];
   size_t nr[QTILE]; /* keys row r of the tile sees */
   for (int64_t i0 = 0; i0 < a->T; i0 += QTILE) {
     size_t ni = (size_t)(a->T - i0 < QTILE ? a->T - i0 : QTILE);
-    for (size_t r = 0; r < ni; r++)
-      di[r] = kk->dot(go + (i0 + (int64_t)r) * a->D, o + (i0 + (int64_t)r) * a->D, D);
+    const float *qt = q + i0 * a->D, *got = go + i0 * a->D; /* the tile's rows */
+    for (size_t r = 0; r < ni; r++) di[r] = kk->dot(got + r * D, o + (i0 + (int64_t)r) * a->D, D);
     int64_t jend = a->causal ? i0 + (int64_t)ni : a->T;
     for (int64_t j0 = 0; j0 < jend; j0 += BLOCK) {
       size_t nj = (size_t)(jend - j0 < BLOCK ? jend - j0 : BLOCK);
-      const float *kb = k + j0 * a->D;
       size_t w = (size_t)(a->T - j0 < BLOCK ? a->T - j0 : BLOCK);
-      for (size_t r = 0; r < ni; r++) {
-        int64_t i = i0 + (int64_t)r, see = a->causal ? i - j0 + 1 : (int64_t)nj;
-        size_t n = nr[r] = see < 0 ? 0 : see > (int64_t)nj ? nj : (size_t)see;
-        float *p = dsr[r];
-        if (n) {
-          block_scores(kk, a, p, q + i * a->D, kt, j0, w);
-          block_scores(kk, a, dp, go + i * a->D, vt, j0, w);
-          kk->expsum(p, p, n, lse[i]);
-        }
-        for (size_t j = 0; j < n; j++) {
-          pt[j][r] = p[j];
-          dst[j][r] = p[j] = p[j] * (dp[j] - di[r]) * a->scale;
+      for (size_t r = 0; r < ni; r += 2) {
+        bool two = r + 1 < ni;
+        pair_scores(kk, a, dsr[r], two ? dsr[r + 1] : NULL, qt + r * D,
+                    two ? qt + (r + 1) * D : NULL, kt, j0, w);
+        pair_scores(kk, a, dp[0], dp[1], got + r * D, two ? got + (r + 1) * D : NULL, vt, j0, w);
+        for (size_t u = r; u < r + 1 + two; u++) {
+          int64_t see = a->causal ? i0 + (int64_t)u - j0 + 1 : (int64_t)nj;
+          size_t n = nr[u] = see < 0 ? 0 : see > (int64_t)nj ? nj : (size_t)see, j;
+          float *p = dsr[u], *g = dp[u - r];
+          kk->expsum(p, p, n, lse[i0 + (int64_t)u]);
+          for (j = 0; j < n; j++) {
+            pt[j][u] = p[j];
+            dst[j][u] = p[j] = p[j] * (g[j] - di[u]) * a->scale;
+          }
+          for (; j < nj; j++) pt[j][u] = dst[j][u] = p[j] = 0;
         }
       }
-      for (size_t r = 0; r < ni; r++)
-        kk->accum(dq + (i0 + (int64_t)r) * a->D, dsr[r], kb, D, nr[r], D);
-      for (size_t j = 0; j < nj; j++) { /* rows from the first that sees key j0 + j */
+      const float *kb = k + j0 * a->D;
+      for (size_t r = 0; r < ni; r += 2) {
+        float *dqr = dq + (i0 + (int64_t)r) * a->D;
+        if (r + 1 < ni)
+          kk->accum2(dqr, dqr + D, dsr[r], dsr[r + 1], kb, D, nr[r + 1] > nr[r] ? nr[r + 1] : nr[r], D);
+        else
+          kk->accum(dqr, dsr[r], kb, D, nr[r], D);
+      }
+      for (size_t j = 0; j < nj; j += 2) { /* rows from the first that sees key j0 + j */
         int64_t first = a->causal ? j0 + (int64_t)j - i0 : 0;
-        size_t r0 = first < 0 ? 0 : (size_t)first;
-        if (r0 >= ni) continue;
-        kk->accum(dv + (j0 + (int64_t)j) * a->D, pt[j] + r0, go + (i0 + (int64_t)r0) * a->D, D,
-                  ni - r0, D);
-        kk->accum(dk + (j0 + (int64_t)j) * a->D, dst[j] + r0, q + (i0 + (int64_t)r0) * a->D, D,
-                  ni - r0, D);
+        size_t r0 = first < 0 ? 0 : (size_t)first, m = ni - r0;
+        if (r0 >= ni) break; /* later keys are seen later still */
+        float *dvj = dv + (j0 + (int64_t)j) * a->D, *dkj = dk + (j0 + (int64_t)j) * a->D;
+        if (j + 1 < nj) {
+          kk->accum2(dvj, dvj + D, pt[j] + r0, pt[j + 1] + r0, got + r0 * D, D, m, D);
+          kk->accum2(dkj, dkj + D, dst[j] + r0, dst[j + 1] + r0, qt + r0 * D, D, m, D);
+        } else {
+          kk->accum(dvj, pt[j] + r0, got + r0 * D, D, m, D);
+          kk->accum(dkj, dst[j] + r0, qt + r0 * D, D, m, D);
+        }
       }
     }
   }

@@ -76,6 +76,43 @@ static void accum(float *o, const float *p, const float *v, size_t ld, size_t n,
     for (size_t j = 0; j < n; j++) o[d] += p[j] * v[j * ld + d];
 }
 
+/* accum for two output rows at once: four vectors of each in registers (eight FMA chains),
+ * each row of the block loaded once for both. */
+static void accum2(float *o0, float *o1, const float *p0, const float *p1, const float *v,
+                   size_t ld, size_t n, size_t D) {
+  size_t d = 0;
+  for (; d + 4 * AW <= D; d += 4 * AW) {
+    AV a0 = AV_LOAD(o0 + d), a1 = AV_LOAD(o0 + d + AW), a2 = AV_LOAD(o0 + d + 2 * AW),
+       a3 = AV_LOAD(o0 + d + 3 * AW), b0 = AV_LOAD(o1 + d), b1 = AV_LOAD(o1 + d + AW),
+       b2 = AV_LOAD(o1 + d + 2 * AW), b3 = AV_LOAD(o1 + d + 3 * AW);
+    for (size_t j = 0; j < n; j++) {
+      const float *vj = v + j * ld + d;
+      AV x = AV_SET1(p0[j]), y = AV_SET1(p1[j]), v0 = AV_LOAD(vj), v1 = AV_LOAD(vj + AW),
+         v2 = AV_LOAD(vj + 2 * AW), v3 = AV_LOAD(vj + 3 * AW);
+      a0 = AV_FMA(x, v0, a0);
+      b0 = AV_FMA(y, v0, b0);
+      a1 = AV_FMA(x, v1, a1);
+      b1 = AV_FMA(y, v1, b1);
+      a2 = AV_FMA(x, v2, a2);
+      b2 = AV_FMA(y, v2, b2);
+      a3 = AV_FMA(x, v3, a3);
+      b3 = AV_FMA(y, v3, b3);
+    }
+    AV_STORE(o0 + d, a0);
+    AV_STORE(o0 + d + AW, a1);
+    AV_STORE(o0 + d + 2 * AW, a2);
+    AV_STORE(o0 + d + 3 * AW, a3);
+    AV_STORE(o1 + d, b0);
+    AV_STORE(o1 + d + AW, b1);
+    AV_STORE(o1 + d + 2 * AW, b2);
+    AV_STORE(o1 + d + 3 * AW, b3);
+  }
+  if (d < D) { /* the rest of the row, one output at a time */
+    accum(o0 + d, p0, v + d, ld, n, D - d);
+    accum(o1 + d, p1, v + d, ld, n, D - d);
+  }
+}
+
 static float expsum(float *p, const float *s, size_t n, float m) {
   size_t j = 0;
   AV acc = AV_ZERO();
@@ -98,4 +135,5 @@ static float max(const float *s, size_t n, float m) {
   return m;
 }
 
-const loom__attn_kernels ATTN_TABLE = {dot, accum, expsum, max};
+const loom__attn_kernels ATTN_TABLE = {
+    .dot = dot, .accum = accum, .accum2 = accum2, .expsum = expsum, .max = max};

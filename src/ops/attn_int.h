@@ -12,6 +12,10 @@
 #include <stddef.h>
 
 typedef struct loom__attn_kernels {
+  /* o0 += sum_j p0[j] * v_j and o1 += sum_j p1[j] * v_j for j < n: two output rows from one
+   * pass over the block's rows (each v load feeds two FMAs) */
+  void (*accum2)(float *o0, float *o1, const float *p0, const float *p1, const float *v,
+                 size_t ld, size_t n, size_t D);
   /* x . y over D floats */
   float (*dot)(const float *x, const float *y, size_t D);
   /* o += sum_j p[j] * v_j for j < n: a block of weighted value rows into one output row */

@@ -187,6 +187,16 @@ LT_TEST(sdpa_kernels_every_level_matches_scalar) {
                        n, d, o1[d], o0[d]);
         LT_EQ(ref->max(kv + n, n, -2.0f), k->max(kv + n, n, -2.0f)); /* exact */
         LT_EQ(ref->max(kv, n, 5.0f), k->max(kv, n, 5.0f));
+        float u0[DM], u1[DM], w0[DM], w1[DM], b[N];
+        for (size_t j = 0; j < n; j++) b[j] = a[n - 1 - j];
+        for (size_t d = 0; d < D; d++) u0[d] = u1[d] = q[d], w0[d] = w1[d] = -q[d];
+        ref->accum2(u0, w0, a, b, kv, LD, n, D);
+        k->accum2(u1, w1, a, b, kv, LD, n, D);
+        for (size_t d = 0; d < D; d++)
+          if (!(fabsf(u0[d] - u1[d]) <= 1e-5f * (1 + fabsf(u0[d])) &&
+                fabsf(w0[d] - w1[d]) <= 1e-5f * (1 + fabsf(w0[d]))))
+            lt_fail_at(__FILE__, __LINE__, "%s accum2 D=%zu n=%zu [%zu]: %g, %g vs scalar %g, %g",
+                       ln, D, n, d, u1[d], w1[d], u0[d], w0[d]);
         for (size_t j = 0; j < n; j++) s0[j] = s1[j] = -30.0f * a[j] * a[j]; /* exp's range */
         float sum0 = ref->expsum(s0, s0, n, 0.25f), sum1 = k->expsum(s1, s1, n, 0.25f);
         for (size_t j = 0; j < n; j++)
