@@ -204,8 +204,9 @@ static int sdpa_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   for (int k = 0; k < 4; k++) LOOM_TRY(loom__f32_in(n->saved[k], &f[k]));
   for (int k = 0; k < 3; k++) LOOM_TRY(loom__grad_new(n->out_ndim, n->out_shape, true, &gr[k]));
   for (int k = 0; k < 2; k++) LOOM_TRY(transposed_new(&a, &t[k]));
-  attn_bwd(&a, f[0].p, f[1].p, f[2].p, loom__f(t[0]), loom__f(t[1]), f[3].p, loom__f(n->saved[4]),
-           loom__f(g), loom__f(gr[0]), loom__f(gr[1]), loom__f(gr[2]));
+  if (!loom__dry())
+    attn_bwd(&a, f[0].p, f[1].p, f[2].p, loom__f(t[0]), loom__f(t[1]), f[3].p,
+             loom__f(n->saved[4]), loom__f(g), loom__f(gr[0]), loom__f(gr[1]), loom__f(gr[2]));
   for (int k = 0; k < 3; k++)
     if (loom__node_needs(n, k)) {
       gin[k] = gr[k];
@@ -253,7 +254,8 @@ int loom_scaled_dot_product_attention(loom_tensor *q, loom_tensor *k, loom_tenso
   LOOM_TRY(loom__f32_in(v, &fv));
   LOOM_TRY(loom__f32_out(q->dtype, q->ndim, q->shape, &y, &fy));
   LOOM_TRY(transposed_new(&a, &kt));
-  attn_fwd(&a, fq.p, loom__f(kt), fk.p, fv.p, fy.p, loom__f(lse));
+  if (!loom__dry()) /* a dry run (loom/alloc.h): every buffer made, nothing computed */
+    attn_fwd(&a, fq.p, loom__f(kt), fk.p, fv.p, fy.p, loom__f(lse));
   loom__f32_out_commit(y, &fy);
   LOOM_TRY(loom__op_record(&c, y, sdpa_backward, &nd));
   if (nd) {
@@ -291,7 +293,7 @@ int loom__sdpa_unfused(loom_tensor *q, loom_tensor *k, loom_tensor *v, bool is_c
   if (is_causal) {
     LOOM_TRY(loom_tensor_empty(LOOM_F32, 2, mshape, &mask));
     float *m = loom__f(mask);
-    for (int64_t i = 0; i < T; i++)
+    for (int64_t i = 0; i < T && !loom__dry(); i++)
       for (int64_t j = 0; j < T; j++) m[i * T + j] = j <= i ? 0.0f : -INFINITY;
     LOOM_TRY(loom_cast(mask, ss->dtype, &mk));
     LOOM_TRY(loom_add(ss, mk, &sm));
