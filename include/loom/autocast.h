@@ -87,6 +87,7 @@ extern "C" {
   XX(SLICE, "slice")                                                                          \
   XX(CAT, "cat")                                                                              \
   XX(STACK, "stack")                                                                          \
+  XX(SDPA, "scaled_dot_product_attention")                                                    \
   XX(CUSTOM, "custom")                                                                        \
   XX(BMM, "bmm")                                                                              \
   XX(ADDMM, "addmm")                                                                          \

@@ -132,6 +132,22 @@ int loom_avg_pool2d(loom_tensor *x, const int64_t kernel[2], const int64_t strid
  * have the shape of those dims. */
 int loom_layer_norm(loom_tensor *x, int normalized_ndim, loom_tensor *w, loom_tensor *b,
                     double eps, loom_tensor **out);
+/* Scaled dot-product attention, PyTorch's F.scaled_dot_product_attention(q, k, v,
+ * is_causal=is_causal) without mask or dropout: q, k, v [B, H, T, D] (one shape, one floating
+ * dtype), out [B, H, T, D] = softmax(q k^T / sqrt(D) + mask) v, where with is_causal query t
+ * attends to keys 0..t only. Fused (the flash-attention recurrence): the [T, T] score matrix is
+ * never formed, only a block of it per thread at a time (64 keys of one row in forward, 32 rows
+ * by 64 keys in backward); forward keeps the output and a [B, H, T] f32 logsumexp for backward,
+ * which recomputes the scores. Memory is linear in T: besides those, k (and in backward v)
+ * transposed, as scratch.
+ * Computed in f32 (f16 / bf16 inputs widened, the output rounded once to their dtype), on the
+ * calling thread's loom_set_num_threads team. Retains nothing but what autograd saves (q, k,
+ * v, the output, the logsumexp) while the output requires grad. Errors: a NULL or freed input
+ * (LOOM_EINVAL / LOOM_EMISUSE), a non-floating or mixed dtype (LOOM_EDTYPE), q not of rank 4
+ * or k / v not of q's shape (LOOM_ESHAPE); each message names the input. Autocast kind
+ * LOOM_OPK_SDPA ("scaled_dot_product_attention"), in the low dtype like matmul. */
+int loom_scaled_dot_product_attention(loom_tensor *q, loom_tensor *k, loom_tensor *v,
+                                      bool is_causal, loom_tensor **out);
 /* Rows of weight [V, D] picked by idx (i32 or i64, any shape, each in [0, V)): out is
  * idx.shape + [D]. */
 int loom_embedding(loom_tensor *weight, loom_tensor *idx, loom_tensor **out);

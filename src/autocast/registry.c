@@ -85,12 +85,15 @@ loom_dtype loom_autocast_mode_dtype(loom_autocast_mode m) {
 /* ---- presets (data) ------------------------------------------------------------------------ */
 
 #define P(op, policy) [LOOM_AMP_OP_##op] = LOOM_AMP_##policy
-/* Both presets: the GEMM-like ops in the low dtype; ops that need one input dtype promote. */
+/* Both presets: the GEMM-like ops in the low dtype; ops that need one input dtype promote.
+ * Attention (sdpa): PyTorch 1.13 has no scaled_dot_product_attention; from 2.0 on its CPU and
+ * CUDA lists both have it lower_precision_fp, and so does loom (which also gives q, k and v one
+ * dtype). */
 #define COMMON_POLICIES                                                                       \
   P(MATMUL, LOWER), P(LINEAR, LOWER), P(CONV2D, LOWER), P(BMM, LOWER), P(ADDMM, LOWER),       \
-      P(BADDBMM, LOWER), P(ADD, PROMOTE), P(SUB, PROMOTE), P(MUL, PROMOTE), P(DIV, PROMOTE),   \
-      P(CAT, PROMOTE), P(STACK, PROMOTE), P(CROSS_ENTROPY, FP32), P(MSE, FP32),                \
-      P(NLL_LOSS, FP32), P(L1_LOSS, FP32), P(BCE_WITH_LOGITS, FP32), P(PROD, FP32)
+      P(BADDBMM, LOWER), P(SDPA, LOWER), P(ADD, PROMOTE), P(SUB, PROMOTE), P(MUL, PROMOTE),    \
+      P(DIV, PROMOTE), P(CAT, PROMOTE), P(STACK, PROMOTE), P(CROSS_ENTROPY, FP32),              \
+      P(MSE, FP32), P(NLL_LOSS, FP32), P(L1_LOSS, FP32), P(BCE_WITH_LOGITS, FP32), P(PROD, FP32)
 /* f16 (PyTorch's CUDA lists): also fp32 for exp/log/pow, softmax, norms, sums, logsumexp.
  * cross_entropy is composite there (log_softmax + nll_loss, both fp32). */
 #define F16_POLICIES                                                                          \

@@ -106,5 +106,8 @@ int loom__conv2d_bwd_weights_ref(const loom__conv2d_args *a, const void *x, cons
  * n < 1 counts as 1). Without a call, OpenMP's default (OMP_NUM_THREADS, else every core).
  * Under ThreadSanitizer the count is always 1 (OpenMP's runtime is not instrumented). */
 void loom__gemm_set_threads(int n);
+/* The number of threads oneDNN would use on the calling thread (OpenMP's max threads); fused
+ * attention runs its OpenMP team with as many. */
+int loom__gemm_threads(void);
 
 #endif

@@ -110,7 +110,4 @@ void *loom__gemm_alloc(size_t bytes, const char *who, const char *what);
     }                                                                                              \
   } while (0)
 
-/* The number of threads oneDNN would use on the calling thread (OpenMP's max threads). */
-int loom__gemm_threads(void);
-
 #endif

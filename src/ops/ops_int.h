@@ -110,6 +110,14 @@ void loom__reduce_to(const float *g, int nout, const int64_t *sout, float *dst, 
  * (else *node = NULL). The caller then saves what backward needs with loom__node_save. */
 int loom__op_record(loom__op *c, loom_tensor *out, loom__backward_fn bwd, loom__node **node);
 
+/* ---- attention (attention.c) ---------------------------------------------------------- */
+
+/* loom_scaled_dot_product_attention's reference, unfused, from loom's own ops: q k^T (matmul),
+ * times 1/sqrt(D), plus a 0 / -inf causal mask, softmax, times v; every step on the tape, the
+ * [B, H, T, T] scores materialised. What tests and bench/bench_attention.c compare with. */
+int loom__sdpa_unfused(loom_tensor *q, loom_tensor *k, loom_tensor *v, bool is_causal,
+                       loom_tensor **out);
+
 /* ---- magnitudes (absmax.c, absmax_avx2.c, absmax_avx512.c) ---------------------------- */
 
 /* max |p[i]| over n elements of dt (f32, f16, bf16), or INFINITY if one is inf or NaN; 0 for

@@ -48,7 +48,9 @@ LT_TEST(autocast_kinds_align_with_the_ops_layer) {
 }
 
 /* PyTorch's lists (aten/src/ATen/autocast_mode.cpp), by loom kind. */
-static const char *lower_both[] = {"matmul", "linear", "conv2d", "bmm", "addmm", "baddbmm"};
+/* + attention: no such op in 1.13; PyTorch 2.x lists it lower_precision_fp on CPU and CUDA */
+static const char *lower_both[] = {"matmul", "linear", "conv2d", "bmm", "addmm", "baddbmm",
+                                   "scaled_dot_product_attention"};
 static const char *promote_both[] = {"add", "sub", "mul", "div", "cat", "stack"};
 /* CUDA fp32 + fp32_set_opt_dtype (+ cross_entropy, composed of log_softmax and nll_loss) */
 static const char *fp32_f16[] = {"exp",     "log",      "pow",   "softmax",         "log_softmax",

@@ -1,0 +1,312 @@
+/* attention.c: scaled dot-product attention (PyTorch's F.scaled_dot_product_attention with
+ * is_causal), fused: the flash-attention recurrence. Forward walks each query row over blocks
+ * of BLOCK keys with an online softmax (running max m and sum l, the output rescaled when m
+ * grows), so no more than one block of a row of the score matrix exists at a time; it saves
+ * only the output and each row's logsumexp. Backward (FlashAttention-2) recomputes the scores
+ * tile by tile (QTILE query rows by BLOCK keys) from q, k and the logsumexp: p = exp(s - lse),
+ * dp = dO . v, ds = p (dp - Di) with Di = dO . O, then dq += ds k, dk += ds^T q, dv += p^T dO
+ * (ds scaled by 1/sqrt(D)). Scores come from k transposed ([D, T] per slice, the scale folded
+ * in), so that every product is an accum kernel. All in f32; f16 / bf16 inputs are staged to
+ * f32 and the output rounded once. The inner loops are the per-level kernels of attn_int.h.
+ * (batch, head) slices (and, in forward, bands of query rows) run on the caller's OpenMP team
+ * (loom_set_num_threads). */
+#include "ops/attn_int.h"
+#include "ops/gemm.h"
+#include "ops/ops_int.h"
+
+#include <math.h>
+
+/* Keys per block: a block of scores (and of dp in backward) is this many floats. */
+enum {
+  BLOCK = 64, /* keys a block */
+  BAND = 32,  /* query rows a forward work item */
+  QTILE = 32  /* query rows a backward tile */
+};
+
+typedef struct attn_dims {
+  int64_t BH, T, D;
+  int64_t ldt; /* row length of k and v transposed ([D, T] per slice): T padded, so that rows
+                  a power of two apart in bytes do not all map to the same cache sets */
+  bool causal;
+  float scale;
+} attn_dims;
+
+/* kt[bh] = scale * k[bh]^T: each (batch, head) slice's [T, D] rows as [D, ldt], so that a block
+ * of scores is an accum (the score row in registers, kt's rows streaming by) rather than one
+ * dot product, each ending in a horizontal sum, per key. */
+static void transpose_scaled(const attn_dims *a, const float *k, float *kt, float scale) {
+  int64_t T = a->T, D = a->D;
+#pragma omp parallel for num_threads(loom__gemm_threads()) if (a->BH > 1)
+  for (int64_t bh = 0; bh < a->BH; bh++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t d = 0; d < D; d++)
+        kt[(bh * D + d) * a->ldt + t] = scale * k[(bh * T + t) * D + d];
+}
+
+/* s[0..w) = q . kt's columns j0..j0+w (kt [D, ldt]): scores of one query row against a block. */
+static void block_scores(const loom__attn_kernels *kk, const attn_dims *a, float *s,
+                         const float *q, const float *kt, int64_t j0, size_t w) {
+  for (size_t j = 0; j < w; j++) s[j] = 0;
+  kk->accum(s, q, kt + j0, (size_t)a->ldt, (size_t)a->D, w);
+}
+
+/* Rows [r0, r1) of one (batch, head) slice: q, v, o are its [T, D] rows, kt its scaled
+ * [D, T] keys, lse its [T]. A block's scores are computed for all its keys (w), those past
+ * the causal limit (n) then left out. */
+static void fwd_rows(const loom__attn_kernels *kk, const attn_dims *a, const float *q,
+                     const float *kt, const float *v, float *o, float *lse, int64_t r0,
+                     int64_t r1) {
+  const size_t D = (size_t)a->D;
+  float s[BLOCK];
+  for (int64_t i = r0; i < r1; i++) {
+    const float *qi = q + i * a->D;
+    float *oi = o + i * a->D, m = -INFINITY, l = 0;
+    int64_t nk = a->causal ? i + 1 : a->T;
+    for (size_t d = 0; d < D; d++) oi[d] = 0;
+    for (int64_t j0 = 0; j0 < nk; j0 += BLOCK) {
+      size_t n = (size_t)(nk - j0 < BLOCK ? nk - j0 : BLOCK);
+      block_scores(kk, a, s, qi, kt, j0, (size_t)(a->T - j0 < BLOCK ? a->T - j0 : BLOCK));
+      float bm = kk->max(s, n, m);
+      float alpha = expf(m - bm); /* 0 on the first block (m = -inf) */
+      float sum = kk->expsum(s, s, n, bm);
+      if (alpha != 1.0f)
+        for (size_t d = 0; d < D; d++) oi[d] *= alpha;
+      kk->accum(oi, s, v + j0 * a->D, D, n, D);
+      l = l * alpha + sum;
+      m = bm;
+    }
+    float inv = 1.0f / l;
+    for (size_t d = 0; d < D; d++) oi[d] *= inv;
+    lse[i] = m + logf(l);
+  }
+}
+
+static void attn_fwd(const attn_dims *a, const float *q, float *kt, const float *k,
+                     const float *v, float *o, float *lse) {
+  const loom__attn_kernels *kk = loom__attn_k();
+  int64_t bands = (a->T + BAND - 1) / BAND, items = a->BH * bands, sz = a->T * a->D,
+          tsz = a->D * a->ldt;
+  transpose_scaled(a, k, kt, a->scale);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(loom__gemm_threads()) if (items > 1)
+  for (int64_t it = 0; it < items; it++) {
+    int64_t bh = it / bands, r0 = it % bands * BAND, r1 = r0 + BAND < a->T ? r0 + BAND : a->T;
+    fwd_rows(kk, a, q + bh * sz, kt + bh * tsz, v + bh * sz, o + bh * sz, lse + bh * a->T, r0,
+             r1);
+  }
+}
+
+/* s0 (and s1, when x1 is not NULL) = the scores of query rows x0 (x1) against keys j0..j0+w of
+ * t (k or v transposed, [D, ldt]): two rows from one pass over t's block. */
+static void pair_scores(const loom__attn_kernels *kk, const attn_dims *a, float *s0, float *s1,
+                        const float *x0, const float *x1, const float *t, int64_t j0, size_t w) {
+  if (!x1) {
+    block_scores(kk, a, s0, x0, t, j0, w);
+    return;
+  }
+  for (size_t j = 0; j < w; j++) s0[j] = s1[j] = 0;
+  kk->accum2(s0, s1, x0, x1, t + j0, (size_t)a->ldt, (size_t)a->D, w);
+}
+
+/* One (batch, head) slice's gradients: dq, dk, dv ([T, D], zeroed) from dO, O and lse, a tile
+ * of QTILE query rows by BLOCK keys at a time. The tile's p and ds are kept both ways round
+ * (rows for dq += ds k, columns for dk += ds^T q and dv += p^T dO), zero where a row does not
+ * see a key, so that every product is an accum over pairs of outputs (accum2): two output rows
+ * held in registers while the tile's rows stream by once, instead of a read-modify-write of
+ * each dk and dv row for every query row. */
+static void bwd_slice(const loom__attn_kernels *kk, const attn_dims *a, const float *q,
+                      const float *k, const float *kt, const float *vt, const float *o,
+                      const float *lse, const float *go, float *dq, float *dk, float *dv) {
+  const size_t D = (size_t)a->D;
+  float pt[BLOCK][QTILE], dst[BLOCK][QTILE], dsr[QTILE][BLOCK], dp[2][BLOCK], di[QTILE];
+  size_t nr[QTILE]; /* keys row r of the tile sees */
+  for (int64_t i0 = 0; i0 < a->T; i0 += QTILE) {
+    size_t ni = (size_t)(a->T - i0 < QTILE ? a->T - i0 : QTILE);
+    const float *qt = q + i0 * a->D, *got = go + i0 * a->D; /* the tile's rows */
+    for (size_t r = 0; r < ni; r++) di[r] = kk->dot(got + r * D, o + (i0 + (int64_t)r) * a->D, D);
+    int64_t jend = a->causal ? i0 + (int64_t)ni : a->T;
+    for (int64_t j0 = 0; j0 < jend; j0 += BLOCK) {
+      size_t nj = (size_t)(jend - j0 < BLOCK ? jend - j0 : BLOCK);
+      size_t w = (size_t)(a->T - j0 < BLOCK ? a->T - j0 : BLOCK);
+      for (size_t r = 0; r < ni; r += 2) {
+        bool two = r + 1 < ni;
+        pair_scores(kk, a, dsr[r], two ? dsr[r + 1] : NULL, qt + r * D,
+                    two ? qt + (r + 1) * D : NULL, kt, j0, w);
+        pair_scores(kk, a, dp[0], dp[1], got + r * D, two ? got + (r + 1) * D : NULL, vt, j0, w);
+        for (size_t u = r; u < r + 1 + two; u++) {
+          int64_t see = a->causal ? i0 + (int64_t)u - j0 + 1 : (int64_t)nj;
+          size_t n = nr[u] = see < 0 ? 0 : see > (int64_t)nj ? nj : (size_t)see, j;
+          float *p = dsr[u], *g = dp[u - r];
+          kk->expsum(p, p, n, lse[i0 + (int64_t)u]);
+          for (j = 0; j < n; j++) {
+            pt[j][u] = p[j];
+            dst[j][u] = p[j] = p[j] * (g[j] - di[u]) * a->scale;
+          }
+          for (; j < nj; j++) pt[j][u] = dst[j][u] = p[j] = 0;
+        }
+      }
+      const float *kb = k + j0 * a->D;
+      for (size_t r = 0; r < ni; r += 2) {
+        float *dqr = dq + (i0 + (int64_t)r) * a->D;
+        if (r + 1 < ni)
+          kk->accum2(dqr, dqr + D, dsr[r], dsr[r + 1], kb, D, nr[r + 1] > nr[r] ? nr[r + 1] : nr[r], D);
+        else
+          kk->accum(dqr, dsr[r], kb, D, nr[r], D);
+      }
+      for (size_t j = 0; j < nj; j += 2) { /* rows from the first that sees key j0 + j */
+        int64_t first = a->causal ? j0 + (int64_t)j - i0 : 0;
+        size_t r0 = first < 0 ? 0 : (size_t)first, m = ni - r0;
+        if (r0 >= ni) break; /* later keys are seen later still */
+        float *dvj = dv + (j0 + (int64_t)j) * a->D, *dkj = dk + (j0 + (int64_t)j) * a->D;
+        if (j + 1 < nj) {
+          kk->accum2(dvj, dvj + D, pt[j] + r0, pt[j + 1] + r0, got + r0 * D, D, m, D);
+          kk->accum2(dkj, dkj + D, dst[j] + r0, dst[j + 1] + r0, qt + r0 * D, D, m, D);
+        } else {
+          kk->accum(dvj, pt[j] + r0, got + r0 * D, D, m, D);
+          kk->accum(dkj, dst[j] + r0, qt + r0 * D, D, m, D);
+        }
+      }
+    }
+  }
+}
+
+static void attn_bwd(const attn_dims *a, const float *q, const float *k, const float *v,
+                     float *kt, float *vt, const float *o, const float *lse, const float *go,
+                     float *dq, float *dk, float *dv) {
+  const loom__attn_kernels *kk = loom__attn_k();
+  int64_t sz = a->T * a->D, tsz = a->D * a->ldt;
+  transpose_scaled(a, k, kt, a->scale);
+  transpose_scaled(a, v, vt, 1.0f);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(loom__gemm_threads()) if (a->BH > 1)
+  for (int64_t bh = 0; bh < a->BH; bh++)
+    bwd_slice(kk, a, q + bh * sz, k + bh * sz, kt + bh * tsz, vt + bh * tsz, o + bh * sz,
+              lse + bh * a->T, go + bh * sz, dq + bh * sz, dk + bh * sz, dv + bh * sz);
+}
+
+static attn_dims dims_of(int ndim, const int64_t *shape, bool causal) {
+  attn_dims a = {1, shape[ndim - 2], shape[ndim - 1], shape[ndim - 2] + 16, causal, 1.0f};
+  for (int i = 0; i < ndim - 2; i++) a.BH *= shape[i];
+  if (a.D > 0) a.scale = (float)(1.0 / sqrt((double)a.D));
+  return a;
+}
+
+/* A scratch tensor for k or v transposed: [BH, D, ldt] f32. */
+static int transposed_new(const attn_dims *a, loom_tensor **out) {
+  int64_t shape[3] = {a->BH, a->D, a->ldt};
+  return loom_tensor_empty(LOOM_F32, 3, shape, out);
+}
+
+/* saved: q, k, v, the output, lse [B, H, T] (f32). */
+static int sdpa_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
+  int rc = LOOM_OK;
+  loom__fbuf f[4] = {{0}};
+  loom_tensor *gr[3] = {0}, *t[2] = {0}; /* t: k and v transposed */
+  attn_dims a = dims_of(n->out_ndim, n->out_shape, n->i[0] != 0);
+  for (int k = 0; k < 4; k++) LOOM_TRY(loom__f32_in(n->saved[k], &f[k]));
+  for (int k = 0; k < 3; k++) LOOM_TRY(loom__grad_new(n->out_ndim, n->out_shape, true, &gr[k]));
+  for (int k = 0; k < 2; k++) LOOM_TRY(transposed_new(&a, &t[k]));
+  if (!loom__dry())
+    attn_bwd(&a, f[0].p, f[1].p, f[2].p, loom__f(t[0]), loom__f(t[1]), f[3].p,
+             loom__f(n->saved[4]), loom__f(g), loom__f(gr[0]), loom__f(gr[1]), loom__f(gr[2]));
+  for (int k = 0; k < 3; k++)
+    if (loom__node_needs(n, k)) {
+      gin[k] = gr[k];
+      gr[k] = NULL;
+    }
+done:
+  for (int k = 0; k < 4; k++) loom__fbuf_free(&f[k]);
+  for (int k = 0; k < 3; k++) loom_tensor_free(gr[k]);
+  for (int k = 0; k < 2; k++) loom_tensor_free(t[k]);
+  return rc;
+}
+
+int loom_scaled_dot_product_attention(loom_tensor *q, loom_tensor *k, loom_tensor *v,
+                                      bool is_causal, loom_tensor **out) {
+  static const char *name = "scaled_dot_product_attention";
+  int rc = loom__check_out(name, out);
+  if (rc) return rc;
+  if ((rc = loom__check_float(name, q, "q")) || (rc = loom__check_float(name, k, "k")) ||
+      (rc = loom__check_float(name, v, "v")))
+    return rc;
+  char s1[96], s2[96];
+  if (q->ndim != 4)
+    return loom__fail(LOOM_ESHAPE, "%s: q has shape %s (rank %d), expected [B, H, T, D]", name,
+                      loom__shape_str(q->ndim, q->shape, s1, sizeof s1), q->ndim);
+  const loom_tensor *kv[2] = {k, v};
+  for (int i = 0; i < 2; i++)
+    if (!loom_tensor_same_shape(q, kv[i]))
+      return loom__fail(LOOM_ESHAPE, "%s: %s has shape %s, q has %s (they must match)", name,
+                        i ? "v" : "k", loom__shape_str(kv[i]->ndim, kv[i]->shape, s1, sizeof s1),
+                        loom__shape_str(q->ndim, q->shape, s2, sizeof s2));
+  loom__op c;
+  loom_tensor *in[3] = {q, k, v}, *y = NULL, *lse = NULL, *kt = NULL; /* kt: k transposed */
+  loom__fbuf fq = {0}, fk = {0}, fv = {0}, fy = {0};
+  loom__node *nd = NULL;
+  if ((rc = loom__op_begin(&c, LOOM_OPK_SDPA, in, 3))) return rc;
+  q = c.in[0];
+  k = c.in[1];
+  v = c.in[2];
+  LOOM_TRY(loom__check_same_dtype(name, q, k));
+  LOOM_TRY(loom__check_same_dtype(name, q, v));
+  attn_dims a = dims_of(q->ndim, q->shape, is_causal);
+  LOOM_TRY(loom_tensor_empty(LOOM_F32, 3, q->shape, &lse)); /* [B, H, T] */
+  LOOM_TRY(loom__f32_in(q, &fq));
+  LOOM_TRY(loom__f32_in(k, &fk));
+  LOOM_TRY(loom__f32_in(v, &fv));
+  LOOM_TRY(loom__f32_out(q->dtype, q->ndim, q->shape, &y, &fy));
+  LOOM_TRY(transposed_new(&a, &kt));
+  if (!loom__dry()) /* a dry run (loom/alloc.h): every buffer made, nothing computed */
+    attn_fwd(&a, fq.p, loom__f(kt), fk.p, fv.p, fy.p, loom__f(lse));
+  loom__f32_out_commit(y, &fy);
+  LOOM_TRY(loom__op_record(&c, y, sdpa_backward, &nd));
+  if (nd) {
+    nd->i[0] = is_causal;
+    LOOM_TRY(loom__node_save(nd, 0, q));
+    LOOM_TRY(loom__node_save(nd, 1, k));
+    LOOM_TRY(loom__node_save(nd, 2, v));
+    LOOM_TRY(loom__node_save(nd, 3, y));
+    nd->saved[4] = lse;
+    lse = NULL;
+  }
+done:
+  loom__fbuf_free(&fq);
+  loom__fbuf_free(&fk);
+  loom__fbuf_free(&fv);
+  loom__fbuf_free(&fy);
+  loom_tensor_free(lse);
+  loom_tensor_free(kt);
+  return loom__op_finish(&c, rc, y, out);
+}
+
+/* ---- the unfused reference ---------------------------------------------------------------- */
+
+int loom__sdpa_unfused(loom_tensor *q, loom_tensor *k, loom_tensor *v, bool is_causal,
+                       loom_tensor **out) {
+  int rc = loom__check_out("sdpa_unfused", out);
+  if (rc) return rc;
+  if ((rc = loom__check_float("sdpa_unfused", q, "q"))) return rc;
+  loom_tensor *kt = NULL, *s = NULL, *ss = NULL, *mask = NULL, *mk = NULL, *sm = NULL,
+              *p = NULL;
+  int64_t T = q->shape[q->ndim - 2], D = q->shape[q->ndim - 1], mshape[2] = {T, T};
+  LOOM_TRY(loom_transpose(k, -2, -1, &kt));
+  LOOM_TRY(loom_matmul(q, kt, &s));
+  LOOM_TRY(loom_mul_scalar(s, D > 0 ? 1.0 / sqrt((double)D) : 1.0, &ss));
+  if (is_causal) {
+    LOOM_TRY(loom_tensor_empty(LOOM_F32, 2, mshape, &mask));
+    float *m = loom__f(mask);
+    for (int64_t i = 0; i < T && !loom__dry(); i++)
+      for (int64_t j = 0; j < T; j++) m[i * T + j] = j <= i ? 0.0f : -INFINITY;
+    LOOM_TRY(loom_cast(mask, ss->dtype, &mk));
+    LOOM_TRY(loom_add(ss, mk, &sm));
+  }
+  LOOM_TRY(loom_softmax(sm ? sm : ss, -1, &p));
+  LOOM_TRY(loom_matmul(p, v, out));
+done:
+  loom_tensor_free(kt);
+  loom_tensor_free(s);
+  loom_tensor_free(ss);
+  loom_tensor_free(mask);
+  loom_tensor_free(mk);
+  loom_tensor_free(sm);
+  loom_tensor_free(p);
+  return rc;
+}

@@ -1,0 +1,139 @@
+/* attn_body.h: fused attention's inner loops (attn_int.h) written once over a vector type,
+ * included by attn_avx2.c and attn_avx512.c, which define it first: AV (the vector type), AW
+ * (its float lanes), AV_LOAD, AV_STORE, AV_FMA(a, b, c) = a * b + c, AV_FNMA(a, b, c) =
+ * c - a * b, AV_SET1, AV_ZERO, AV_ADD, AV_MUL, AV_ROUND (to nearest), AV_HSUM (the sum of the
+ * lanes), AV_MAX(a, b) (b where either is NaN), AV_HMAX (the largest lane) and ATTN_TABLE (the
+ * table's name); and after it av_exp (exp of each lane, from exp_reduced below and the level's
+ * own 2^n). Ragged ends of a row run as scalar loops. No include guard on purpose. */
+
+static inline AV av_exp(AV x);
+
+/* exp(x) = 2^n exp(r): n = round(x log2 e) (in *n), r = x - n ln2 (ln2 in two parts, so r is
+ * exact), |r| <= ln2 / 2, and exp(r) by Cephes' expf polynomial (within 2 ulp of expf). */
+static inline AV exp_reduced(AV x, AV *n) {
+  *n = AV_ROUND(AV_MUL(x, AV_SET1(1.44269504088896341f)));
+  AV r = AV_FNMA(*n, AV_SET1(0.693359375f), x);
+  r = AV_FNMA(*n, AV_SET1(-2.12194440e-4f), r);
+  AV y = AV_SET1(1.9875691500e-4f);
+  y = AV_FMA(y, r, AV_SET1(1.3981999507e-3f));
+  y = AV_FMA(y, r, AV_SET1(8.3334519073e-3f));
+  y = AV_FMA(y, r, AV_SET1(4.1665795894e-2f));
+  y = AV_FMA(y, r, AV_SET1(1.6666665459e-1f));
+  y = AV_FMA(y, r, AV_SET1(5.0000001201e-1f));
+  return AV_FMA(y, AV_MUL(r, r), AV_ADD(r, AV_SET1(1.0f)));
+}
+
+static float dot(const float *x, const float *y, size_t D) {
+  size_t Dv = D / AW * AW;
+  AV a = AV_ZERO();
+  for (size_t d = 0; d < Dv; d += AW) a = AV_FMA(AV_LOAD(x + d), AV_LOAD(y + d), a);
+  float r = AV_HSUM(a);
+  for (size_t d = Dv; d < D; d++) r += x[d] * y[d];
+  return r;
+}
+
+/* The output row held in registers four vectors at a time while the block's rows stream by,
+ * two rows a step into two sets of accumulators (eight independent FMA chains: enough to
+ * cover the FMA latency on two ports). */
+static void accum(float *o, const float *p, const float *v, size_t ld, size_t n, size_t D) {
+  size_t d = 0;
+  for (; d + 4 * AW <= D; d += 4 * AW) {
+    AV o0 = AV_LOAD(o + d), o1 = AV_LOAD(o + d + AW), o2 = AV_LOAD(o + d + 2 * AW),
+       o3 = AV_LOAD(o + d + 3 * AW), e0 = AV_ZERO(), e1 = AV_ZERO(), e2 = AV_ZERO(),
+       e3 = AV_ZERO();
+    size_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+      const float *vj = v + j * ld + d, *vk = vj + ld;
+      AV pj = AV_SET1(p[j]), pk = AV_SET1(p[j + 1]);
+      o0 = AV_FMA(pj, AV_LOAD(vj), o0);
+      o1 = AV_FMA(pj, AV_LOAD(vj + AW), o1);
+      o2 = AV_FMA(pj, AV_LOAD(vj + 2 * AW), o2);
+      o3 = AV_FMA(pj, AV_LOAD(vj + 3 * AW), o3);
+      e0 = AV_FMA(pk, AV_LOAD(vk), e0);
+      e1 = AV_FMA(pk, AV_LOAD(vk + AW), e1);
+      e2 = AV_FMA(pk, AV_LOAD(vk + 2 * AW), e2);
+      e3 = AV_FMA(pk, AV_LOAD(vk + 3 * AW), e3);
+    }
+    if (j < n) {
+      const float *vj = v + j * ld + d;
+      AV pj = AV_SET1(p[j]);
+      o0 = AV_FMA(pj, AV_LOAD(vj), o0);
+      o1 = AV_FMA(pj, AV_LOAD(vj + AW), o1);
+      o2 = AV_FMA(pj, AV_LOAD(vj + 2 * AW), o2);
+      o3 = AV_FMA(pj, AV_LOAD(vj + 3 * AW), o3);
+    }
+    AV_STORE(o + d, AV_ADD(o0, e0));
+    AV_STORE(o + d + AW, AV_ADD(o1, e1));
+    AV_STORE(o + d + 2 * AW, AV_ADD(o2, e2));
+    AV_STORE(o + d + 3 * AW, AV_ADD(o3, e3));
+  }
+  for (; d + AW <= D; d += AW) {
+    AV o0 = AV_LOAD(o + d);
+    for (size_t j = 0; j < n; j++) o0 = AV_FMA(AV_SET1(p[j]), AV_LOAD(v + j * ld + d), o0);
+    AV_STORE(o + d, o0);
+  }
+  for (; d < D; d++)
+    for (size_t j = 0; j < n; j++) o[d] += p[j] * v[j * ld + d];
+}
+
+/* accum for two output rows at once: four vectors of each in registers (eight FMA chains),
+ * each row of the block loaded once for both. */
+static void accum2(float *o0, float *o1, const float *p0, const float *p1, const float *v,
+                   size_t ld, size_t n, size_t D) {
+  size_t d = 0;
+  for (; d + 4 * AW <= D; d += 4 * AW) {
+    AV a0 = AV_LOAD(o0 + d), a1 = AV_LOAD(o0 + d + AW), a2 = AV_LOAD(o0 + d + 2 * AW),
+       a3 = AV_LOAD(o0 + d + 3 * AW), b0 = AV_LOAD(o1 + d), b1 = AV_LOAD(o1 + d + AW),
+       b2 = AV_LOAD(o1 + d + 2 * AW), b3 = AV_LOAD(o1 + d + 3 * AW);
+    for (size_t j = 0; j < n; j++) {
+      const float *vj = v + j * ld + d;
+      AV x = AV_SET1(p0[j]), y = AV_SET1(p1[j]), v0 = AV_LOAD(vj), v1 = AV_LOAD(vj + AW),
+         v2 = AV_LOAD(vj + 2 * AW), v3 = AV_LOAD(vj + 3 * AW);
+      a0 = AV_FMA(x, v0, a0);
+      b0 = AV_FMA(y, v0, b0);
+      a1 = AV_FMA(x, v1, a1);
+      b1 = AV_FMA(y, v1, b1);
+      a2 = AV_FMA(x, v2, a2);
+      b2 = AV_FMA(y, v2, b2);
+      a3 = AV_FMA(x, v3, a3);
+      b3 = AV_FMA(y, v3, b3);
+    }
+    AV_STORE(o0 + d, a0);
+    AV_STORE(o0 + d + AW, a1);
+    AV_STORE(o0 + d + 2 * AW, a2);
+    AV_STORE(o0 + d + 3 * AW, a3);
+    AV_STORE(o1 + d, b0);
+    AV_STORE(o1 + d + AW, b1);
+    AV_STORE(o1 + d + 2 * AW, b2);
+    AV_STORE(o1 + d + 3 * AW, b3);
+  }
+  if (d < D) { /* the rest of the row, one output at a time */
+    accum(o0 + d, p0, v + d, ld, n, D - d);
+    accum(o1 + d, p1, v + d, ld, n, D - d);
+  }
+}
+
+static float expsum(float *p, const float *s, size_t n, float m) {
+  size_t j = 0;
+  AV acc = AV_ZERO();
+  for (; j + AW <= n; j += AW) {
+    AV e = av_exp(AV_ADD(AV_LOAD(s + j), AV_SET1(-m)));
+    AV_STORE(p + j, e);
+    acc = AV_ADD(acc, e);
+  }
+  float sum = AV_HSUM(acc);
+  for (; j < n; j++) sum += (p[j] = expf(s[j] - m));
+  return sum;
+}
+
+static float max(const float *s, size_t n, float m) {
+  size_t j = 0;
+  AV acc = AV_SET1(m);
+  for (; j + AW <= n; j += AW) acc = AV_MAX(AV_LOAD(s + j), acc); /* a NaN lane keeps acc */
+  m = AV_HMAX(acc);
+  for (; j < n; j++) m = s[j] > m ? s[j] : m;
+  return m;
+}
+
+const loom__attn_kernels ATTN_TABLE = {
+    .dot = dot, .accum = accum, .accum2 = accum2, .expsum = expsum, .max = max};

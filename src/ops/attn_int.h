@@ -1,0 +1,33 @@
+/* attn_int.h: the inner loops of fused attention (attention.c), one table per CPU level
+ * (attn_scalar.c, the reference, never vectorized; attn_avx2.c; attn_avx512.c), picked as
+ * core_int.h's kernel-table pattern says; tests compare every level with scalar. Rows are D
+ * floats, row j of a block at x + j * ld. A block of scores is an accum over k transposed. */
+#ifndef LOOM_OPS_ATTN_INT_H
+#define LOOM_OPS_ATTN_INT_H
+
+#include "core/core_int.h"
+#include "loom/cpu.h"
+
+#include <math.h>
+#include <stddef.h>
+
+typedef struct loom__attn_kernels {
+  /* o0 += sum_j p0[j] * v_j and o1 += sum_j p1[j] * v_j for j < n: two output rows from one
+   * pass over the block's rows (each v load feeds two FMAs) */
+  void (*accum2)(float *o0, float *o1, const float *p0, const float *p1, const float *v,
+                 size_t ld, size_t n, size_t D);
+  /* x . y over D floats */
+  float (*dot)(const float *x, const float *y, size_t D);
+  /* o += sum_j p[j] * v_j for j < n: a block of weighted value rows into one output row */
+  void (*accum)(float *o, const float *p, const float *v, size_t ld, size_t n, size_t D);
+  /* p[j] = exp(s[j] - m) for j < n (p may be s); returns their sum. SIMD levels use a
+   * polynomial exp within 2 ulp of expf's (values below exp(-87) may come out as 0). */
+  float (*expsum)(float *p, const float *s, size_t n, float m);
+  /* the largest of m and s[0..n) (NaNs in s are passed over) */
+  float (*max)(const float *s, size_t n, float m);
+} loom__attn_kernels;
+
+LOOM__KERNEL_TABLES(loom__attn_kernels, loom__attn_kernels, loom__attn_kernels_for,
+                    loom__attn_k);
+
+#endif

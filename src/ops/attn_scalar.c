@@ -1,0 +1,38 @@
+/* attn_scalar.c: fused attention's inner loops (attn_int.h), the scalar reference every SIMD
+ * level is tested against: plain loops, built with -fno-tree-vectorize (CMakeLists.txt). The
+ * level pickers live here. */
+#include "ops/attn_int.h"
+
+static float dot(const float *x, const float *y, size_t D) {
+  float r = 0;
+  for (size_t d = 0; d < D; d++) r += x[d] * y[d];
+  return r;
+}
+
+static void accum(float *o, const float *p, const float *v, size_t ld, size_t n, size_t D) {
+  for (size_t j = 0; j < n; j++)
+    for (size_t d = 0; d < D; d++) o[d] += p[j] * v[j * ld + d];
+}
+
+static void accum2(float *o0, float *o1, const float *p0, const float *p1, const float *v,
+                   size_t ld, size_t n, size_t D) {
+  accum(o0, p0, v, ld, n, D);
+  accum(o1, p1, v, ld, n, D);
+}
+
+static float expsum(float *p, const float *s, size_t n, float m) {
+  float sum = 0;
+  for (size_t j = 0; j < n; j++) sum += (p[j] = expf(s[j] - m));
+  return sum;
+}
+
+static float max(const float *s, size_t n, float m) {
+  for (size_t j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
+  return m;
+}
+
+const loom__attn_kernels loom__attn_kernels_scalar = {
+    .dot = dot, .accum = accum, .accum2 = accum2, .expsum = expsum, .max = max};
+
+LOOM__KERNEL_PICKERS(loom__attn_kernels, loom__attn_kernels, loom__attn_kernels_for,
+                     loom__attn_k)
