@@ -17,6 +17,10 @@ static int seq_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {
   return LOOM_OK;
 }
 
+int loom__sequential_bare(loom_module **children, size_t n, loom_module **out) {
+  return loom__module_compose("Sequential", seq_forward, children, n, NULL, out);
+}
+
 int loom_nn_sequential_create(loom_module **children, size_t n, loom_module **out) {
   static const char *who = "loom_nn_sequential_create";
   int rc = LOOM_OK;
@@ -32,13 +36,8 @@ int loom_nn_sequential_create(loom_module **children, size_t n, loom_module **ou
                       who);
   }
   loom_module *m = NULL;
-  if ((rc = loom__module_new("Sequential", seq_forward, &m))) {
-    for (size_t i = 0; i < n; i++) loom_module_free(children[i]);
-    return rc;
-  }
-  rc = loom__module_adopt(m, children, n, NULL);
-  if (!rc) rc = loom__module_pack(m);
-  if (rc) {
+  if ((rc = loom__sequential_bare(children, n, &m))) return rc;
+  if ((rc = loom__module_pack(m))) {
     loom_module_free(m);
     return rc;
   }

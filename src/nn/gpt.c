@@ -88,12 +88,24 @@ typedef struct init_state {
   double proj_std;
 } init_state;
 
+/* t = mean, or N(mean, std^2): Box-Muller, both values of each pair used (element 2k gets the
+ * cosine, 2k + 1 the sine), from a generator seeded with loom_rng_hash(seed, index). */
 static void fill_param(loom_tensor *t, double mean, double std, init_state *s) {
   loom_rng r;
   loom_rng_seed(&r, loom_rng_hash(s->seed, s->index++));
   float *p = loom_tensor_data(t);
-  for (size_t i = 0, n = loom_tensor_numel(t); i < n && !loom__dry(); i++)
-    p[i] = (float)(std ? mean + std * loom_rng_normal(&r) : mean);
+  size_t n = loom_tensor_numel(t);
+  if (loom__dry()) return;
+  if (!std) {
+    for (size_t i = 0; i < n; i++) p[i] = (float)mean;
+    return;
+  }
+  for (size_t i = 0; i < n; i += 2) {
+    double u1 = loom_rng_uniform_f64(&r), u2 = loom_rng_uniform_f64(&r);
+    double rad = std * sqrt(-2.0 * log(1.0 - u1)), a = 2.0 * M_PI * u2;
+    p[i] = (float)(mean + rad * cos(a));
+    if (i + 1 < n) p[i + 1] = (float)(mean + rad * sin(a));
+  }
 }
 
 /* GPT-2's initialiser over m's subtree, in the order packing lays parameters out (a module's
@@ -122,13 +134,13 @@ int loom_nn_gpt_create(const loom_gpt_cfg *cfg, uint64_t seed, loom_module **out
   loom_module *kids[4] = {NULL, NULL, NULL, NULL}, *m = NULL;
   loom_module **blocks = loom__calloc(LOOM_POOL_COMPUTE, (size_t)L, sizeof *blocks);
   if (!blocks) return loom__fail(LOOM_ENOMEM, "loom_nn_gpt_create: out of memory");
-  LOOM_TRY(loom_nn_embedding_create(cfg->vocab, C, LOOM_F32, 0, &kids[GPT_WTE]));
-  LOOM_TRY(loom_nn_embedding_create(cfg->context, C, LOOM_F32, 0, &kids[GPT_WPE]));
+  LOOM_TRY(loom__embedding_bare(cfg->vocab, C, &kids[GPT_WTE]));
+  LOOM_TRY(loom__embedding_bare(cfg->context, C, &kids[GPT_WPE]));
   for (int64_t i = 0; i < L; i++) LOOM_TRY(loom__gpt_block_create(C, cfg->heads, &blocks[i]));
-  rc = loom_nn_sequential_create(blocks, (size_t)L, &kids[GPT_H]); /* takes the blocks */
+  rc = loom__sequential_bare(blocks, (size_t)L, &kids[GPT_H]); /* takes the blocks */
   memset(blocks, 0, (size_t)L * sizeof *blocks);
   if (rc) goto done;
-  LOOM_TRY(loom_nn_layer_norm_create(1, &C, 1e-5, true, LOOM_F32, &kids[GPT_LN_F]));
+  LOOM_TRY(loom__layer_norm_bare(C, 1e-5, &kids[GPT_LN_F]));
   LOOM_TRY(loom__module_new("GPT2", gpt_forward, &m));
   m->cfg[CFG_VOCAB] = cfg->vocab;
   m->cfg[CFG_CONTEXT] = cfg->context;
@@ -139,7 +151,7 @@ int loom_nn_gpt_create(const loom_gpt_cfg *cfg, uint64_t seed, loom_module **out
   rc = loom__module_adopt(m, kids, 4, names); /* takes the children */
   memset(kids, 0, sizeof kids);
   if (rc) goto done;
-  LOOM_TRY(loom__module_pack(m));
+  LOOM_TRY(loom__module_pack(m)); /* the one arena; the parts' zeros copied in, then set */
   init_state s = {.seed = seed, .proj_std = 0.02 / sqrt(2.0 * (double)L)};
   init_tree(m, false, &s);
   *out = m;

@@ -1,7 +1,8 @@
 /* gpt_block.c: GPT-2's transformer block as modules: the block ("GPT2Block": pre-norm,
  * x + attn(ln_1(x)), then + mlp(ln_2(x))), its causal self-attention ("GPT2Attention": c_attn
  * to q, k, v, the heads, c_proj) and its MLP ("GPT2MLP": c_fc, GELU tanh, c_proj). The
- * parameters are made by the leaf modules (Linear, LayerNorm) and set by gpt.c's initialiser. */
+ * parameters are made by bare leaf modules (Linear, LayerNorm: zeros) and set by gpt.c's
+ * initialiser once the model is packed. */
 #include "nn/nn_int.h"
 
 #include <math.h>
@@ -133,24 +134,14 @@ static int block_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {
 /* ---- creation -------------------------------------------------------------------------- */
 
 /* A module of `type` whose children are kids[0..n) named names (taken, even on failure; NULL
- * entries mean an earlier create failed with rc, which is returned). Not packed: the parts of a
- * block are packed with the model that holds them. */
+ * entries mean an earlier create failed with rc, which is returned). Not packed: a block is
+ * packed with the model that holds it. */
 static int assemble(const char *type, int (*fwd)(loom_module *, loom_tensor *, loom_tensor **),
                     int rc, loom_module **kids, size_t n, const char *const *names,
                     loom_module **out) {
-  loom_module *m = NULL;
-  if (!rc) rc = loom__module_new(type, fwd, &m);
-  if (rc) {
-    for (size_t i = 0; i < n; i++) loom_module_free(kids[i]);
-    return rc;
-  }
-  rc = loom__module_adopt(m, kids, n, names);
-  if (rc) {
-    loom_module_free(m);
-    return rc;
-  }
-  *out = m;
-  return LOOM_OK;
+  if (!rc) return loom__module_compose(type, fwd, kids, n, names, out);
+  for (size_t i = 0; i < n; i++) loom_module_free(kids[i]);
+  return rc;
 }
 
 /* A module with two Linears: `first` dim -> first_out, then c_proj proj_in -> dim. */
@@ -158,8 +149,8 @@ static int linear_pair(const char *type, int (*fwd)(loom_module *, loom_tensor *
                        const char *first, int64_t dim, int64_t first_out, int64_t proj_in,
                        loom_module **out) {
   loom_module *kids[2] = {NULL, NULL};
-  int rc = loom_nn_linear_create(dim, first_out, true, LOOM_F32, 0, &kids[0]);
-  if (!rc) rc = loom_nn_linear_create(proj_in, dim, true, LOOM_F32, 0, &kids[1]);
+  int rc = loom__linear_bare(dim, first_out, &kids[0]);
+  if (!rc) rc = loom__linear_bare(proj_in, dim, &kids[1]);
   const char *names[2] = {first, "c_proj"};
   return assemble(type, fwd, rc, kids, 2, names, out);
 }
@@ -167,10 +158,10 @@ static int linear_pair(const char *type, int (*fwd)(loom_module *, loom_tensor *
 int loom__gpt_block_create(int64_t dim, int64_t heads, loom_module **out) {
   *out = NULL;
   loom_module *kids[4] = {NULL, NULL, NULL, NULL};
-  int rc = loom_nn_layer_norm_create(1, &dim, 1e-5, true, LOOM_F32, &kids[0]);
+  int rc = loom__layer_norm_bare(dim, 1e-5, &kids[0]);
   if (!rc) rc = linear_pair("GPT2Attention", attn_forward, "c_attn", dim, 3 * dim, dim, &kids[1]);
   if (!rc) kids[1]->cfg[ATTN_HEADS] = heads;
-  if (!rc) rc = loom_nn_layer_norm_create(1, &dim, 1e-5, true, LOOM_F32, &kids[2]);
+  if (!rc) rc = loom__layer_norm_bare(dim, 1e-5, &kids[2]);
   if (!rc) rc = linear_pair("GPT2MLP", mlp_forward, "c_fc", dim, 4 * dim, 4 * dim, &kids[3]);
   static const char *const names[4] = {"ln_1", "attn", "ln_2", "mlp"};
   return assemble("GPT2Block", block_forward, rc, kids, 4, names, out);

@@ -96,6 +96,24 @@ int loom__module_adopt(loom_module *m, loom_module **children, size_t n,
   return rc;
 }
 
+int loom__module_compose(const char *type,
+                         int (*forward)(loom_module *, loom_tensor *, loom_tensor **),
+                         loom_module **children, size_t n, const char *const *names,
+                         loom_module **out) {
+  loom_module *m = NULL;
+  int rc = loom__module_new(type, forward, &m);
+  if (rc) {
+    for (size_t i = 0; i < n; i++) loom_module_free(children[i]);
+    return rc;
+  }
+  if ((rc = loom__module_adopt(m, children, n, names))) {
+    loom_module_free(m);
+    return rc;
+  }
+  *out = m;
+  return LOOM_OK;
+}
+
 /* ---- packing ---------------------------------------------------------------------------- */
 
 /* Walk the tree: own parameters first, then children, depth first (module trees are shallow,
