@@ -5,7 +5,8 @@
  * The tied wte is used by the embedding and by the head; FSDP wants a parameter in one unit,
  * so wte (with wpe and ln_f) is in the root's unit, gathered for the whole forward and kept
  * through backward; the blocks are units of their own ("h.0", "h.1"), by the list policy and by
- * the default one (each child of h, the first Sequential).
+ * the default one (each child of h, the first Sequential), and with offload to the host tier
+ * (bit-identical to no offload by FSDP's rule, so within the same bound).
  *
  * Tolerance. Each rank's mean over its rows, averaged over the ranks, is the single process's
  * mean over all rows up to f32 summation order (relative ~1e-7 per gradient element); AdamW
@@ -59,7 +60,8 @@ static int fsdp_rank(loom_pg *pg, void *arg) {
   loom_fsdp *f = NULL;
   loom_optim *opt = NULL;
   int rc = loom_nn_gpt_create(&c, 1 + (uint64_t)rank, &m); /* rank 0's values win */
-  if (!rc) rc = fm_wrap(pg, m, &r->cfg, LOOM_POOL_COMPUTE, &f, &opt);
+  loom_pool state_pool = r->cfg.offload.enabled ? LOOM_POOL_HOST : LOOM_POOL_COMPUTE;
+  if (!rc) rc = fm_wrap(pg, m, &r->cfg, state_pool, &f, &opt);
   for (int s = 0; s < STEPS && !rc; s++) {
     loom_fsdp_mp *mp = loom_fsdp_mp_manager(f);
     float scale = mp ? loom_fsdp_mp_current_loss_scale(mp) : 1.0f;
@@ -67,7 +69,7 @@ static int fsdp_rank(loom_pg *pg, void *arg) {
     rc = lt_gpt_backward(m, row0_of(s, rank, n), rows_of(n), T, r->amp, scale, NULL);
     if (!rc) rc = loom_fsdp_finish(f);
     if (!rc) rc = loom_fsdp_check_overflow(f, &overflow);
-    if (!rc && !overflow) rc = loom_optim_step(opt);
+    if (!rc && !overflow) rc = loom_fsdp_optim_step(f, opt, 1.0f); /* offload or not */
   }
   if (!rc) rc = fm_full_state_flat(f, r->params);
   if (!rc && rank == 0) {
@@ -177,15 +179,18 @@ static void check(grun *r, const float *ref, double tol, const char *what) {
 LT_TEST(fsdp_gpt_one_unit_per_block_matches_one_process_and_ddp) {
   float *ref = reference(LOOM_AUTOCAST_OFF);
   static const char *const blocks[] = {"h.0", "h.1"};
-  for (int policy = 0; policy < 2; policy++) {
+  static const char *const what[] = {"FSDP, default policy", "FSDP, list policy",
+                                     "FSDP, list policy, offload to host"};
+  for (int policy = 0; policy < 3; policy++) {
     grun r = {.nranks = RANKS};
     r.cfg = loom_fsdp_cfg_default(); /* policy 0: each child of h, the first Sequential */
-    if (policy == 1) {
+    if (policy >= 1) {
       r.cfg.wrap = LOOM_FSDP_WRAP_LIST;
       r.cfg.unit_names = blocks;
       r.cfg.n_unit_names = 2;
     }
-    check(&r, ref, 1e-5, policy ? "FSDP, list policy" : "FSDP, default policy");
+    if (policy == 2) r.cfg.offload = loom_fsdp_offload_cfg_default(); /* host tier, all of it */
+    check(&r, ref, 1e-5, what[policy]);
     LT_EQ(r.units, 3); /* the root's (wte, wpe, ln_f), then one per block */
     LT_STREQ(r.unit_names[0], "");
     LT_STREQ(r.unit_names[1], "h.0");

@@ -117,14 +117,30 @@ LT_TEST(gpt2_small_124m_count_under_dry_run) {
   LT_EQ(c.dim, 768);
   LT_EQ(loom_gpt_numel(&c), 124439808);
   loom_mem_set_dry_run(true); /* every allocation made, no memory behind it, no values */
+  loom_pool_stats before, after;
+  loom_mem_reset_peak(LOOM_POOL_COMPUTE);
+  loom_mem_stats(LOOM_POOL_COMPUTE, &before);
   loom_module *m = NULL;
   int rc = loom_nn_gpt_create(&c, 1, &m);
   size_t numel = m ? loom_module_numel(m) : 0, count = m ? loom_module_param_count(m) : 0;
   loom_param last = {0};
   if (m) rc = loom_module_param(m, count - 1, &last);
+  /* a training step plans too (loom plan's way): forward, loss, backward of [1, 64] tokens */
+  loom_tensor *x = NULL, *logits = NULL, *loss = NULL;
+  int64_t shape[2] = {1, 64};
+  if (!rc) rc = loom_tensor_zeros(LOOM_I64, 2, shape, &x);
+  if (!rc) rc = loom_module_forward(m, x, &logits);
+  if (!rc) rc = loom_gpt_loss(logits, x, &loss);
+  if (!rc) rc = loom_backward(loss, NULL, false);
+  loom_mem_stats(LOOM_POOL_COMPUTE, &after);
+  loom_tensor_free(x);
+  loom_tensor_free(logits);
+  loom_tensor_free(loss);
   loom_module_free(m);
   loom_mem_set_dry_run(false);
   LT_OK(rc);
+  /* values and gradients (2 x 4 bytes a parameter) and at least the logits and their gradient */
+  LT_TRUE(after.peak_bytes - before.current_bytes >= 124439808u * 8 + 2 * 64 * 50257 * 4);
   LT_EQ(numel, 124439808);
   LT_EQ(count, 2 + 12 * 12 + 2);
   LT_STREQ(last.name, "ln_f.bias");
