@@ -40,7 +40,9 @@
  * so wte (with wpe and ln_f) stays in the root's unit, whose forward spans the whole model. One
  * unit per block is FSDP's default policy (LOOM_FSDP_WRAP_CHILDREN: each child of h, the first
  * Sequential) or LOOM_FSDP_WRAP_LIST with unit_names "h.0" .. "h.{layers-1}"; either gives
- * layers + 1 units, the root's first.
+ * layers + 1 units, the root's first. Under FSDP's mixed precision the gathered parameters are
+ * in the forward dtype, so the embeddings, and with them the residual stream, are too (as
+ * PyTorch FSDP's param_dtype); autocast over f32 parameters keeps the residual stream in f32.
  *
  * Ownership and threads: as every module (loom/nn.h): the caller frees the model with
  * loom_module_free; one thread at a time. Errors: LOOM_EINVAL naming the field for a bad

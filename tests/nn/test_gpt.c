@@ -1,7 +1,8 @@
 /* test_gpt.c: the GPT-2 model (loom/gpt.h): PyTorch's names, shapes and order, the parameter
  * count (GPT-2 small's 124,439,808 built under a dry run), GPT-2's initialiser, causality, the
  * loss at initialisation (ln V), a finite-difference gradient check, AdamW driving the loss down
- * on a repeated text, bf16 autocast against f32, and bad configurations and inputs. */
+ * on a repeated text, bf16 and f16 autocast against f32, bad configurations and inputs, and
+ * allocation failures. */
 #include "lt.h"
 #include "lt_gpt.h"
 
@@ -324,34 +325,39 @@ LT_TEST(gpt_adamw_loss_falls_on_repeated_text) {
   loom_module_free(m);
 }
 
-/* bf16 autocast (matmuls and linears in bf16, layer norm, softmax and the loss in f32, as
- * PyTorch's lists) against f32 on the same weights. bf16 keeps 8 significant bits (relative
- * rounding 2^-9 = 0.2%), and the roundings are independent, so over a mean of 64 positions
- * they largely cancel: measured, the loss differs by 3e-5 relative and the gradients by 0.2%
- * of the largest element. Bounds: the loss within 1e-3 relative, each gradient element within
- * 1% of the largest. */
-LT_TEST(gpt_bf16_autocast_close_to_f32) {
+/* bf16 and f16 autocast (matmuls and linears in the low dtype; layer norm, softmax and the loss
+ * in f32, as PyTorch's lists) against f32 on the same weights. bf16 keeps 8 significant bits
+ * (relative rounding 2^-9 = 0.2%; f16 11 bits, 2^-12), and the roundings are independent, so
+ * over a mean of 64 positions they largely cancel: measured in bf16, the loss differs by 3e-5
+ * relative and the gradients by 0.2% of the largest element. Bounds, for both: the loss within
+ * 1e-3 relative, each gradient element within 1% of the largest. */
+LT_TEST(gpt_bf16_and_f16_autocast_close_to_f32) {
   loom_gpt_cfg c = {.vocab = 256, .context = 16, .layers = 2, .heads = 2, .dim = 32};
   loom_tensor *values = NULL, *grads = NULL;
   size_t numel = 0;
   loom_module *m = model_with_arena(c, 13, 0.05, &values, &grads, &numel); /* not tiny */
   float *g32 = calloc(numel, sizeof(float));
-  double l32 = 0, l16 = 0;
+  double l32 = 0;
   LT_OK(loom_module_zero_grad(m));
   LT_OK(lt_gpt_backward(m, 0, 4, 16, LOOM_AUTOCAST_OFF, 1.0f, &l32));
   memcpy(g32, loom_tensor_data(grads), numel * sizeof(float));
-  LT_OK(loom_module_zero_grad(m));
-  LT_OK(lt_gpt_backward(m, 0, 4, 16, LOOM_AUTOCAST_BF16, 1.0f, &l16));
-  const float *g16 = loom_tensor_data(grads);
-  double gmax = 0, gdiff = 0;
-  for (size_t i = 0; i < numel; i++) {
-    gmax = fmax(gmax, fabs(g32[i]));
-    gdiff = fmax(gdiff, fabs((double)g16[i] - g32[i]));
+  const loom_autocast_mode modes[2] = {LOOM_AUTOCAST_BF16, LOOM_AUTOCAST_F16};
+  for (int k = 0; k < 2; k++) {
+    double low = 0;
+    LT_OK(loom_module_zero_grad(m));
+    LT_OK(lt_gpt_backward(m, 0, 4, 16, modes[k], 1.0f, &low));
+    const float *g = loom_tensor_data(grads);
+    double gmax = 0, gdiff = 0;
+    for (size_t i = 0; i < numel; i++) {
+      gmax = fmax(gmax, fabs(g32[i]));
+      gdiff = fmax(gdiff, fabs((double)g[i] - g32[i]));
+    }
+    LT_NEAR(low, l32, 1e-3 * l32);
+    LT_TRUE(low != l32); /* the low dtype really ran */
+    if (!(gdiff <= 0.01 * gmax))
+      lt_fail_at(__FILE__, __LINE__, "gradients: %s differs by %g, largest %g",
+                 k ? "f16" : "bf16", gdiff, gmax);
   }
-  LT_NEAR(l16, l32, 1e-3 * l32);
-  LT_TRUE(l16 != l32); /* bf16 really ran */
-  if (!(gdiff <= 0.01 * gmax))
-    lt_fail_at(__FILE__, __LINE__, "gradients: bf16 differs by %g, largest %g", gdiff, gmax);
   free(g32);
   loom_module_free(m);
 }
