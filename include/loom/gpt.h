@@ -76,7 +76,7 @@ loom_gpt_cfg loom_gpt_cfg_default(void);
  * at most 2^16, heads at most dim). cfg NULL is LOOM_EINVAL. */
 int loom_gpt_cfg_validate(const loom_gpt_cfg *cfg);
 /* The number of parameter elements a model of cfg has (the formula above), without building it;
- * 0 for a configuration that does not validate. */
+ * 0 for a configuration that does not validate (the reason in loom_last_error). */
 size_t loom_gpt_numel(const loom_gpt_cfg *cfg);
 
 /* A new GPT-2 model of cfg (validated first; copied), initialised from seed as above. On

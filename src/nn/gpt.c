@@ -35,11 +35,7 @@ int loom_gpt_cfg_validate(const loom_gpt_cfg *cfg) {
 }
 
 size_t loom_gpt_numel(const loom_gpt_cfg *cfg) {
-  if (!cfg || cfg->vocab < 1 || cfg->context < 1 || cfg->layers < 1 || cfg->dim < 1 ||
-      cfg->heads < 1 || cfg->heads > cfg->dim || cfg->dim % cfg->heads ||
-      cfg->vocab > (INT64_C(1) << 31) || cfg->context > (INT64_C(1) << 31) ||
-      cfg->layers > (INT64_C(1) << 16) || cfg->dim > (INT64_C(1) << 20))
-    return 0; /* loom_gpt_cfg_validate's rules, without setting an error */
+  if (loom_gpt_cfg_validate(cfg)) return 0;
   uint64_t C = (uint64_t)cfg->dim;
   return (size_t)((uint64_t)cfg->vocab * C + (uint64_t)cfg->context * C +
                   (uint64_t)cfg->layers * (12 * C * C + 13 * C) + 2 * C);
