@@ -362,6 +362,65 @@ LT_TEST(gpt_bf16_and_f16_autocast_close_to_f32) {
   loom_module_free(m);
 }
 
+/* GPT-2's forward as HF transformers computes it (Conv1D layout), in Python doubles, from
+ * weights given by a formula: tests/nn/gpt_ref.py printed these values. loom computes in f32
+ * (relative rounding 6e-8 per operation, a few hundred operations deep): the logits agree to
+ * 1e-5 and the loss to 1e-6 (measured: a few 1e-7). */
+/* tests/nn/gpt_ref.py: V 11, T 5, 2 layers, 2 heads, C 8 */
+static const double gpt_ref_loss = 2.47081736082;
+static const float gpt_ref_logits[110] = {
+    -0.382309314f, 0.856559347f, 0.316105779f, 0.876066254f, -0.810178427f, 0.387619618f,
+    0.041602166f, 0.818094168f, -1.26043754f, -0.998347908f, -0.888590984f, -0.473605933f,
+    1.03180871f, 0.476190109f, 0.885560084f, -0.858387691f, 0.554839239f, 0.326958681f,
+    0.540602934f, -0.865598966f, -1.21346691f, -0.929256983f, -0.478548132f, 1.12869076f,
+    0.5224673f, 0.902510872f, -0.814288746f, 0.720840408f, 0.532943605f, 0.50887446f,
+    -0.764183333f, -1.12159917f, -0.752523449f, -0.599344857f, 0.936459728f, 0.309707408f,
+    0.854865321f, -1.07486381f, 0.777556116f, 0.358132364f, -0.0365379638f, -0.476304488f,
+    -0.998821967f, -0.750372568f, -0.917519208f, 1.0224305f, 0.67756882f, 0.0379815152f,
+    -0.462213475f, 0.438279956f, 0.281600564f, -0.4978872f, 0.272988685f, -0.841244383f,
+    -0.415437565f, 0.101246972f, 0.210010808f, 0.398059805f, -0.226331259f, 0.672660271f,
+    -0.0271901725f, 0.408255608f, 0.117555713f, 0.240120794f, 0.928790409f, 0.541888676f,
+    -0.313260538f, 1.03473697f, 0.655287914f, 0.772420507f, -0.507437011f, 0.275556929f,
+    0.341652448f, 0.845303027f, -0.839589939f, -1.10778311f, -0.703984201f, -0.304074089f,
+    0.985085778f, 0.959575449f, 0.328817316f, -0.0640529434f, -0.195578606f, 0.241546585f,
+    0.430077533f, -0.00697379121f, -0.602324705f, 0.0122732182f, -0.648494736f, 0.75578754f,
+    0.349213535f, 0.258327238f, -0.573646144f, 0.852218992f, 0.652677781f, -0.896919048f,
+    0.672365969f, -0.132628749f, 0.159407671f, -0.262932517f, 0.595555599f, 0.429216445f,
+    0.730672379f, -0.725861761f, -0.326952891f, -0.383505071f, 0.679479632f, -0.787642336f,
+    -1.13843604f, -0.701780912f,
+};
+
+LT_TEST(gpt_matches_reference_forward) {
+  loom_gpt_cfg c = {.vocab = 11, .context = 5, .layers = 2, .heads = 2, .dim = 8};
+  loom_module *m = NULL;
+  LT_OK(loom_nn_gpt_create(&c, 1, &m));
+  for (size_t k = 0; k < loom_module_param_count(m); k++) { /* gpt_ref.py's val(k, e) */
+    loom_param p;
+    LT_OK(loom_module_param(m, k, &p));
+    bool ln_weight = strstr(p.name, "ln_") && strstr(p.name, ".weight");
+    float *v = loom_tensor_data(p.value);
+    for (size_t e = 0; e < p.numel; e++)
+      v[e] = (float)((ln_weight ? 1.0 : 0.0) +
+                     0.3 * sin(0.5 + 0.37 * (double)e + 0.013 * (double)e * (double)e + 1.3 * (double)k));
+  }
+  const int64_t tok[10] = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3}, tgt[10] = {1, 4, 1, 5, 9, 2, 6, 5, 3, 5};
+  const int64_t shape[2] = {2, 5};
+  loom_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL;
+  LT_OK(loom_tensor_from_data(LOOM_I64, 2, shape, tok, &x));
+  LT_OK(loom_tensor_from_data(LOOM_I64, 2, shape, tgt, &y));
+  LT_OK(loom_module_forward(m, x, &logits));
+  LT_OK(loom_gpt_loss(logits, y, &loss));
+  const float *l = loom_tensor_data(logits);
+  double worst = 0, lv = 0;
+  for (int i = 0; i < 110; i++) worst = fmax(worst, fabs((double)l[i] - gpt_ref_logits[i]));
+  LT_NEAR(worst, 0, 1e-5);
+  LT_OK(loom_tensor_item(loss, &lv));
+  LT_NEAR(lv, gpt_ref_loss, 1e-6);
+  loom_tensor *ts[] = {x, y, logits, loss};
+  for (int i = 0; i < 4; i++) loom_tensor_free(ts[i]);
+  loom_module_free(m);
+}
+
 LT_TEST(gpt_bad_configs_refused_naming_the_field) {
   loom_module *m = (loom_module *)1;
   loom_gpt_cfg c = small_cfg();
