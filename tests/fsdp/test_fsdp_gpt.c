@@ -50,7 +50,9 @@ static float *new_params(void) {
 
 /* The rows rank `rank` of n takes at step s: each step is the next RANKS x B rows, split. */
 static int64_t rows_of(int n) { return (int64_t)RANKS * B / n; }
-static int64_t row0_of(int s, int rank, int n) { return (int64_t)s * RANKS * B + rank * rows_of(n); }
+static int64_t row0_of(int s, int rank, int n) {
+  return (int64_t)s * RANKS * B + rank * rows_of(n);
+}
 
 static int fsdp_rank(loom_pg *pg, void *arg) {
   grun *r = arg;

@@ -83,7 +83,8 @@ LT_TEST(gpt_names_shapes_count_and_init) {
   moments(p, n, &mean, &sd);
   LT_NEAR(sd, 0.02, 0.004);
   const char *ones[] = {"h.0.ln_1.weight", "h.1.ln_2.weight", "ln_f.weight"};
-  const char *zeros[] = {"h.0.ln_1.bias", "h.1.attn.c_attn.bias", "h.0.mlp.c_proj.bias", "ln_f.bias"};
+  const char *zeros[] = {"h.0.ln_1.bias", "h.1.attn.c_attn.bias", "h.0.mlp.c_proj.bias",
+                         "ln_f.bias"};
   for (int k = 0; k < 3; k++) {
     p = pdata(m, ones[k], &n);
     for (size_t i = 0; i < n; i++) LT_EQ(p[i], 1);
@@ -93,7 +94,8 @@ LT_TEST(gpt_names_shapes_count_and_init) {
     for (size_t i = 0; i < n; i++) LT_EQ(p[i], 0);
   }
   /* no separate head: wte is the only [V, C] parameter; same seed same values, not another */
-  LT_ERR(loom_module_param_by_name(m, "lm_head.weight", &(loom_param){0}), LOOM_ENOTFOUND, "lm_head");
+  loom_param none;
+  LT_ERR(loom_module_param_by_name(m, "lm_head.weight", &none), LOOM_ENOTFOUND, "lm_head");
   loom_module *m2 = NULL, *m3 = NULL;
   LT_OK(loom_nn_gpt_create(&c, 7, &m2));
   LT_OK(loom_nn_gpt_create(&c, 8, &m3));
@@ -225,7 +227,7 @@ LT_TEST(gpt_forward_causal_loss_at_init_and_bad_inputs) {
   loom_tensor_free(bad);
   LT_OK(loom_tensor_zeros(LOOM_I64, 2, (int64_t[]){1, 4}, &bad));
   ((int64_t *)loom_tensor_data(bad))[2] = 50; /* == vocab */
-  LT_ERR(loom_module_forward(m, bad, &out), LOOM_EINVAL, "index 50 at position 2 is outside [0, 50)");
+  LT_ERR(loom_module_forward(m, bad, &out), LOOM_EINVAL, "index 50 at position 2 is outside");
   LT_TRUE(out == NULL);
   LT_ERR(loom_gpt_loss(logits, x5, &out), LOOM_ESHAPE, "[B, T, V]");
   loom_tensor *ts[] = {x, x32, y, logits, logits32, loss, logits2, x5, logits5, bad};
@@ -401,9 +403,11 @@ LT_TEST(gpt_matches_reference_forward) {
     LT_OK(loom_module_param(m, k, &p));
     bool ln_weight = strstr(p.name, "ln_") && strstr(p.name, ".weight");
     float *v = loom_tensor_data(p.value);
-    for (size_t e = 0; e < p.numel; e++)
-      v[e] = (float)((ln_weight ? 1.0 : 0.0) +
-                     0.3 * sin(0.5 + 0.37 * (double)e + 0.013 * (double)e * (double)e + 1.3 * (double)k));
+    for (size_t e = 0; e < p.numel; e++) {
+      double de = (double)e;
+      v[e] = (float)((ln_weight ? 1.0 : 0.0) + 0.3 * sin(0.5 + 0.37 * de + 0.013 * de * de +
+                                                         1.3 * (double)k));
+    }
   }
   const int64_t tok[10] = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3}, tgt[10] = {1, 4, 1, 5, 9, 2, 6, 5, 3, 5};
   const int64_t shape[2] = {2, 5};
