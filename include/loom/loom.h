@@ -15,6 +15,7 @@
 #include "loom/ops.h"
 #include "loom/autograd.h"
 #include "loom/nn.h"
+#include "loom/gpt.h"
 #include "loom/rng.h"
 #include "loom/optim.h"
 #include "loom/dist.h"

@@ -3,8 +3,6 @@
 #include "nn/nn_int.h"
 
 #include <limits.h>
-#include <stdio.h>
-#include <string.h>
 
 static int seq_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {
   loom_tensor *cur = loom_tensor_retain(x);
@@ -19,26 +17,8 @@ static int seq_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {
   return LOOM_OK;
 }
 
-/* Adopt n children under names (NULL: "0", "1", ...); frees them all on failure. */
-static int adopt(loom_module *m, loom_module **children, size_t n, const char *const *names) {
-  int rc = LOOM_OK;
-  m->children = loom__calloc(LOOM_POOL_COMPUTE, n, sizeof *m->children);
-  m->child_names = loom__calloc(LOOM_POOL_COMPUTE, n, sizeof *m->child_names);
-  if (!m->children || !m->child_names) {
-    for (size_t i = 0; i < n; i++) loom_module_free(children[i]);
-    return loom__fail(LOOM_ENOMEM, "Sequential: out of memory for %zu children", n);
-  }
-  for (size_t i = 0; i < n; i++) {
-    char num[24];
-    snprintf(num, sizeof num, "%zu", i);
-    m->children[i] = children[i];
-    m->n_children = (int)i + 1;
-    children[i]->parent = m;
-    m->child_names[i] = loom__strdup(LOOM_POOL_COMPUTE, names ? names[i] : num);
-    if (!m->child_names[i] && !rc) rc = loom__fail(LOOM_ENOMEM, "Sequential: out of memory");
-  }
-  for (size_t i = 0; i < n; i++) loom__module_drop_arenas(children[i]); /* the root's now */
-  return rc;
+int loom__sequential_bare(loom_module **children, size_t n, loom_module **out) {
+  return loom__module_compose("Sequential", seq_forward, children, n, NULL, out);
 }
 
 int loom_nn_sequential_create(loom_module **children, size_t n, loom_module **out) {
@@ -56,13 +36,8 @@ int loom_nn_sequential_create(loom_module **children, size_t n, loom_module **ou
                       who);
   }
   loom_module *m = NULL;
-  if ((rc = loom__module_new("Sequential", seq_forward, &m))) {
-    for (size_t i = 0; i < n; i++) loom_module_free(children[i]);
-    return rc;
-  }
-  rc = adopt(m, children, n, NULL);
-  if (!rc) rc = loom__module_pack(m);
-  if (rc) {
+  if ((rc = loom__sequential_bare(children, n, &m))) return rc;
+  if ((rc = loom__module_pack(m))) {
     loom_module_free(m);
     return rc;
   }
@@ -96,7 +71,7 @@ int loom_nn_mlp_create(const int64_t *sizes, size_t n, loom_activation act, loom
   if (rc) goto done;
   LOOM_TRY(loom__module_new("MLP", mlp_forward, &m));
   const char *names[] = {"layers"};
-  rc = adopt(m, &seq, 1, names);
+  rc = loom__module_adopt(m, &seq, 1, names);
   seq = NULL;
   if (!rc) rc = loom__module_pack(m);
   if (rc) goto done;

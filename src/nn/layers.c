@@ -161,6 +161,51 @@ int loom_nn_embedding_create(int64_t num, int64_t dim, loom_dtype dt, uint64_t s
   return finish(m, rc, out);
 }
 
+/* ---- bare leaves: parameters of zeros, not packed (a model's root initialises and packs) -- */
+
+/* A new module of `type` with n f32 parameters of zeros (names[i], shapes[i] of ndims[i]). */
+static int bare(const char *type, int (*fwd)(loom_module *, loom_tensor *, loom_tensor **),
+                int n, const char *const *names, const int *ndims, const int64_t (*shapes)[2],
+                loom_module **out) {
+  loom_module *m = NULL;
+  int rc = loom__module_new(type, fwd, &m);
+  for (int i = 0; i < n && !rc; i++) {
+    loom_tensor *t = NULL;
+    rc = loom_tensor_zeros(LOOM_F32, ndims[i], shapes[i], &t);
+    if (!rc) loom__module_add_param(m, names[i], t);
+  }
+  if (rc) {
+    loom_module_free(m);
+    return rc;
+  }
+  *out = m;
+  return LOOM_OK;
+}
+
+static const char *const weight_bias[2] = {"weight", "bias"};
+
+int loom__linear_bare(int64_t in, int64_t out_f, loom_module **out) {
+  const int nd[2] = {2, 1};
+  const int64_t shapes[2][2] = {{out_f, in}, {out_f, 0}};
+  int rc = bare("Linear", linear_forward, 2, weight_bias, nd, shapes, out);
+  if (!rc) (*out)->cfg[0] = in, (*out)->cfg[1] = out_f;
+  return rc;
+}
+
+int loom__layer_norm_bare(int64_t dim, double eps, loom_module **out) {
+  const int nd[2] = {1, 1};
+  const int64_t shapes[2][2] = {{dim, 0}, {dim, 0}};
+  int rc = bare("LayerNorm", ln_forward, 2, weight_bias, nd, shapes, out);
+  if (!rc) (*out)->cfg[0] = 1, (*out)->fcfg[0] = eps;
+  return rc;
+}
+
+int loom__embedding_bare(int64_t num, int64_t dim, loom_module **out) {
+  const int nd[1] = {2};
+  const int64_t shapes[1][2] = {{num, dim}};
+  return bare("Embedding", emb_forward, 1, weight_bias, nd, shapes, out);
+}
+
 /* ---- Pooling and flattening --------------------------------------------------------------- */
 
 static int max_pool_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {

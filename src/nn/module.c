@@ -73,6 +73,47 @@ void loom_module_free(loom_module *m) {
   loom__free(m);
 }
 
+/* Adopt n children under names (NULL: "0", "1", ...); frees them all on failure. */
+int loom__module_adopt(loom_module *m, loom_module **children, size_t n,
+                       const char *const *names) {
+  int rc = LOOM_OK;
+  m->children = loom__calloc(LOOM_POOL_COMPUTE, n, sizeof *m->children);
+  m->child_names = loom__calloc(LOOM_POOL_COMPUTE, n, sizeof *m->child_names);
+  if (!m->children || !m->child_names) {
+    for (size_t i = 0; i < n; i++) loom_module_free(children[i]);
+    return loom__fail(LOOM_ENOMEM, "%s: out of memory for %zu children", m->type, n);
+  }
+  for (size_t i = 0; i < n; i++) {
+    char num[24];
+    snprintf(num, sizeof num, "%zu", i);
+    m->children[i] = children[i];
+    m->n_children = (int)i + 1;
+    children[i]->parent = m;
+    m->child_names[i] = loom__strdup(LOOM_POOL_COMPUTE, names ? names[i] : num);
+    if (!m->child_names[i] && !rc) rc = loom__fail(LOOM_ENOMEM, "%s: out of memory", m->type);
+  }
+  for (size_t i = 0; i < n; i++) loom__module_drop_arenas(children[i]); /* the root's now */
+  return rc;
+}
+
+int loom__module_compose(const char *type,
+                         int (*forward)(loom_module *, loom_tensor *, loom_tensor **),
+                         loom_module **children, size_t n, const char *const *names,
+                         loom_module **out) {
+  loom_module *m = NULL;
+  int rc = loom__module_new(type, forward, &m);
+  if (rc) {
+    for (size_t i = 0; i < n; i++) loom_module_free(children[i]);
+    return rc;
+  }
+  if ((rc = loom__module_adopt(m, children, n, names))) {
+    loom_module_free(m);
+    return rc;
+  }
+  *out = m;
+  return LOOM_OK;
+}
+
 /* ---- packing ---------------------------------------------------------------------------- */
 
 /* Walk the tree: own parameters first, then children, depth first (module trees are shallow,

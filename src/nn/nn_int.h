@@ -55,6 +55,17 @@ int loom__module_new(const char *type, int (*forward)(loom_module *, loom_tensor
                      loom_module **out);
 /* Add a local parameter with initial values (takes the reference to value). */
 int loom__module_add_param(loom_module *m, const char *name, loom_tensor *value);
+/* Make children[0..n) m's children, named names[i] (NULL: "0", "1", ...), dropping their
+ * own arenas (pack m, or its root, afterwards). m must have no children yet. Takes the
+ * children: on failure they are freed, or owned by m (freed with it). */
+int loom__module_adopt(loom_module *m, loom_module **children, size_t n,
+                       const char *const *names);
+/* A new module of `type` (loom__module_new) with children[0..n) adopted under names; not packed.
+ * Takes the children, even on failure. */
+int loom__module_compose(const char *type,
+                         int (*forward)(loom_module *, loom_tensor *, loom_tensor **),
+                         loom_module **children, size_t n, const char *const *names,
+                         loom_module **out);
 /* Free the arenas and full names a root holds (when it becomes a child, or is freed). */
 void loom__module_drop_arenas(loom_module *m);
 /* Lay out every parameter of the tree rooted at m in fresh arenas (values copied in) and
@@ -69,6 +80,19 @@ void loom__module_set_hooks(loom_module *m, const loom__module_hooks *hooks, voi
  * (loom__tensor_rebind, no data) and has no gradient; names, offsets and the flat list stay,
  * so parameters can later be pointed at gathered buffers at their offsets. */
 void loom__module_release_arenas(loom_module *root);
+
+/* Bare parts of a model: f32 parameters of zeros (to be initialised by the model) and no arenas
+ * (the model's root packs them). Linear with bias; LayerNorm over one dim of `dim` with weight
+ * and bias; Embedding [num, dim]; Sequential of n children named "0", "1", ... (taken, even on
+ * failure, as loom__module_adopt). */
+int loom__linear_bare(int64_t in, int64_t out, loom_module **m);
+int loom__layer_norm_bare(int64_t dim, double eps, loom_module **m);
+int loom__embedding_bare(int64_t num, int64_t dim, loom_module **m);
+int loom__sequential_bare(loom_module **children, size_t n, loom_module **m);
+
+/* A GPT-2 block of width dim with `heads` heads (gpt_block.c), not packed: its parameters get
+ * their values and arenas from the model that adopts it (gpt.c). */
+int loom__gpt_block_create(int64_t dim, int64_t heads, loom_module **out);
 
 /* f32 values uniform in [-bound, bound) or N(0, 1), then stored as dt: a new tensor. */
 int loom__init_uniform(loom_dtype dt, int ndim, const int64_t *shape, double bound, loom_rng *r,

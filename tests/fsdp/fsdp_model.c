@@ -64,17 +64,22 @@ loom_adam_cfg fm_adam(void) {
   return c;
 }
 
-int fm_setup(loom_pg *pg, uint64_t seed, const loom_fsdp_cfg *cfg, loom_pool state_pool,
-             loom_module **m, loom_fsdp **f, loom_optim **opt) {
+int fm_wrap(loom_pg *pg, loom_module *m, const loom_fsdp_cfg *cfg, loom_pool state_pool,
+            loom_fsdp **f, loom_optim **opt) {
   const loom_param_seg *segs = NULL;
   size_t nseg = 0;
   loom_adam_cfg ac = fm_adam();
   ac.state_pool = state_pool;
-  int rc = fm_create(seed, m);
-  if (!rc) rc = loom_fsdp_create(pg, *m, cfg, f);
+  int rc = loom_fsdp_create(pg, m, cfg, f);
   if (!rc) rc = loom_fsdp_segments(*f, &segs, &nseg);
   if (!rc) rc = loom_optim_create_adamw(segs, nseg, &ac, opt);
   return rc;
+}
+
+int fm_setup(loom_pg *pg, uint64_t seed, const loom_fsdp_cfg *cfg, loom_pool state_pool,
+             loom_module **m, loom_fsdp **f, loom_optim **opt) {
+  int rc = fm_create(seed, m);
+  return rc ? rc : fm_wrap(pg, *m, cfg, state_pool, f, opt);
 }
 
 void fm_flatten_module(loom_module *m, float *out) {
@@ -94,6 +99,15 @@ void fm_flatten_state(const loom_named_tensor *st, size_t n, float *out) {
     memcpy(out + at, loom_tensor_data(st[i].tensor), k * sizeof(float));
     at += k;
   }
+}
+
+int fm_full_state_flat(loom_fsdp *f, float *out) {
+  loom_named_tensor *st = NULL;
+  size_t nst = 0;
+  int rc = loom_fsdp_full_state(f, &st, &nst);
+  if (!rc && st) fm_flatten_state(st, nst, out);
+  loom_fsdp_state_free(st, nst);
+  return rc;
 }
 
 void fm_rm_tree(const char *dir) {

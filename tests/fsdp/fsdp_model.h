@@ -26,10 +26,15 @@ loom_adam_cfg fm_adam(void);
  * to free. */
 int fm_setup(loom_pg *pg, uint64_t seed, const loom_fsdp_cfg *cfg, loom_pool state_pool,
              loom_module **m, loom_fsdp **f, loom_optim **opt);
+/* The same for a model the caller made (any model: the GPT tests use it too). */
+int fm_wrap(loom_pg *pg, loom_module *m, const loom_fsdp_cfg *cfg, loom_pool state_pool,
+            loom_fsdp **f, loom_optim **opt);
 /* Every parameter of a module with its own arena, in order, into out (loom_module_numel). */
 void fm_flatten_module(loom_module *m, float *out);
 /* The same from an FSDP full state (rank 0). */
 void fm_flatten_state(const loom_named_tensor *st, size_t n, float *out);
+/* The full state of f (a collective) flattened into out on rank 0 (fm_flatten_state). */
+int fm_full_state_flat(loom_fsdp *f, float *out);
 
 /* Remove a folder and what it holds (files and sub-folders); NULL or "" does nothing. */
 void fm_rm_tree(const char *dir);
