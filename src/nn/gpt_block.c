@@ -5,55 +5,15 @@
  * initialiser once the model is packed. */
 #include "nn/nn_int.h"
 
-#include <math.h>
-
 enum { ATTN_HEADS = 0 }; /* GPT2Attention's cfg slot */
 
 /* ---- attention ------------------------------------------------------------------------- */
 
-/* [T, T]: 0 where key j <= query i, -inf above the diagonal (the future), in dtype dt. */
-static int causal_mask(int64_t T, loom_dtype dt, loom_tensor **out) {
-  int64_t shape[2] = {T, T};
-  loom_tensor *m = NULL;
-  int rc = loom_tensor_zeros(LOOM_F32, 2, shape, &m);
-  if (rc) return rc;
-  float *p = loom_tensor_data(m);
-  for (int64_t i = 0; i < T && !loom__dry(); i++)
-    for (int64_t j = i + 1; j < T; j++) p[i * T + j] = -INFINITY;
-  if (dt == LOOM_F32) {
-    *out = m;
-    return LOOM_OK;
-  }
-  rc = loom_tensor_cast(m, dt, out); /* -inf stays -inf in f16 and bf16 */
-  loom_tensor_free(m);
-  return rc;
-}
-
-/* Causal scaled-dot-product attention: q, k, v [B, H, T, D] to
- *     softmax(q k^T / sqrt(D) + mask) v    [B, H, T, D]
- * from existing ops (matmul, softmax: the [B, H, T, T] scores are materialised). This is the one
- * place the fused causal attention op (flash-attention recurrence; branch `attention`) replaces:
- * swap this body for a call to it, nothing else changes. Under autocast the matmuls run in the
- * low dtype and the softmax in f32, as PyTorch's lists have them. */
+/* Causal scaled-dot-product attention, q, k, v [B, H, T, D] -> [B, H, T, D]: the fused op
+ * (loom_scaled_dot_product_attention: the flash-attention recurrence, never the [T, T] scores),
+ * in the low dtype under autocast as PyTorch 2's lists have it. */
 static int causal_attention(loom_tensor *q, loom_tensor *k, loom_tensor *v, loom_tensor **out) {
-  int rc = LOOM_OK;
-  loom_tensor *kt = NULL, *s = NULL, *scaled = NULL, *mask = NULL, *masked = NULL, *p = NULL;
-  int64_t T = loom_tensor_dim(q, -2), D = loom_tensor_dim(q, -1);
-  LOOM_TRY(loom_transpose(k, -2, -1, &kt));
-  LOOM_TRY(loom_matmul(q, kt, &s));
-  LOOM_TRY(loom_mul_scalar(s, 1.0 / sqrt((double)D), &scaled));
-  LOOM_TRY(causal_mask(T, loom_tensor_dtype(scaled), &mask));
-  LOOM_TRY(loom_add(scaled, mask, &masked));
-  LOOM_TRY(loom_softmax(masked, -1, &p));
-  LOOM_TRY(loom_matmul(p, v, out));
-done:
-  loom_tensor_free(kt);
-  loom_tensor_free(s);
-  loom_tensor_free(scaled);
-  loom_tensor_free(mask);
-  loom_tensor_free(masked);
-  loom_tensor_free(p);
-  return rc;
+  return loom_scaled_dot_product_attention(q, k, v, true, out);
 }
 
 /* Columns [part * C, (part + 1) * C) of qkv [B, T, 3C] as [B, H, T, D]. */
