@@ -90,9 +90,14 @@ train_bounded() {
   local what=$1 try
   shift
   for try in 1 2; do
-    ( sleep 110; ps -eo pid,stat,etimes,args >"$dir/ps" ) &
+    # the watchdog holds none of this script's output: ctest waits for whatever does
+    (exec sleep 110) >/dev/null 2>&1 &
     local watch=$!
-    limit=120 "$@" >"$dir/out" 2>"$dir/err"
+    limit=120 "$@" >"$dir/out" 2>"$dir/err" &
+    local run=$!
+    while kill -0 "$run" 2>/dev/null && kill -0 "$watch" 2>/dev/null; do sleep 0.2; done
+    kill -0 "$run" 2>/dev/null && ps -eo pid,stat,etimes,args >"$dir/ps" # the listing at 110 s
+    wait "$run"
     local rc=$?
     kill "$watch" 2>/dev/null
     wait "$watch" 2>/dev/null
