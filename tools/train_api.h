@@ -139,12 +139,12 @@ void train_model_free(train_model *m);
 int train_model_forward(train_model *m, loom_tensor *x, loom_tensor **logits);
 /* Whether the model takes flattened images. */
 bool train_model_flat_input(const train_model *m);
-/* Set every parameter from a safetensors file by name: each must be there with dtype F32, the
+/* Set every parameter from a safetensors file by name (messages begin with opt, "--init"): each must be there with dtype F32, the
  * parameter's shape and finite values, and the file must hold nothing else (PyTorch's strict
  * loading). With forward F16 or BF16 (--amp), a value above that dtype's largest finite value
  * (65504 for f16) is refused too, naming the tensor and the value: the forward's cast would
  * make it inf. */
-int train_model_load(train_model *m, const char *path, loom_dtype forward);
+int train_model_load(train_model *m, const char *path, loom_dtype forward, const char *opt);
 /* Write the parameters (by name) and metadata (NULL, 0: none) to a safetensors file,
  * atomically. */
 int train_model_save(const train_model *m, const char *path, const loom_safetensors_meta_kv *meta,

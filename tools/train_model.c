@@ -138,16 +138,16 @@ static int check_forward_range(const loom_param *p, const char *path, loom_dtype
   return LOOM_OK;
 }
 
-int train_model_load(train_model *m, const char *path, loom_dtype forward) {
+int train_model_load(train_model *m, const char *path, loom_dtype forward, const char *opt) {
   loom_safetensors *f = NULL;
   int rc = loom_safetensors_open(path, 0, &f);
-  if (rc) return train_fail_loom(rc, "--init");
+  if (rc) return train_fail_loom(rc, opt);
   for (size_t i = 0; i < m->nparams && !rc; i++) {
     const loom_param *p = &m->params[i];
     rc = loom_safetensors_read(f, p->name, LOOM_F32, loom_tensor_ndim(p->value),
                                loom_tensor_shape(p->value), loom_tensor_data(p->value));
     if (!rc) rc = loom_safetensors_check_values(f, p->name, LOOM_CHECK_FINITE);
-    if (rc) train_fail_loom(rc, "--init");
+    if (rc) train_fail_loom(rc, opt);
     else rc = check_forward_range(p, path, forward);
   }
   for (size_t i = 0; i < loom_safetensors_count(f) && !rc; i++) {
@@ -155,8 +155,8 @@ int train_model_load(train_model *m, const char *path, loom_dtype forward) {
     loom_safetensors_info_at(f, i, &info);
     loom_param p;
     if (loom_module_param_by_name(m->root, info.name, &p))
-      rc = train_fail(LOOM_EINVAL, "--init: %s: tensor '%s' is not a parameter of the model",
-                      path, info.name);
+      rc = train_fail(LOOM_EINVAL, "%s: %s: tensor '%s' is not a parameter of the model",
+                      opt, path, info.name);
   }
   loom_safetensors_free(f);
   return rc;

@@ -544,7 +544,7 @@ static int setup(trainer *t, loom_pg *pg) {
   t->unit = t->model.gpt ? "tokens" : "samples";
   loom_dtype forward = LOOM_F32; /* --amp off, bf16 or f16 */
   if (strcmp(o->amp, "off") != 0) loom_dtype_parse(o->amp, &forward);
-  if (!rc && o->init && !t->dry) rc = train_model_load(&t->model, o->init, forward);
+  if (!rc && o->init && !t->dry) rc = train_model_load(&t->model, o->init, forward, "--init");
   if (!rc) rc = train_par_create(pg, o, &t->model, &t->par);
   if (rc) return rc;
   t->fsdp = train_par_fsdp(t->par);
