@@ -82,7 +82,10 @@ static int next_byte(train_model *m, const int64_t *window, int64_t n, const gen
   double cut = sorted[k - 1];
   for (int v = 0; v < LOOM_TEXT_VOCAB; v++)
     if (z[v] >= cut && z[v] > most) most = z[v];
-  for (int v = 0; v < LOOM_TEXT_VOCAB; v++) sum += z[v] >= cut ? (z[v] = exp(z[v] - most)) : (z[v] = 0);
+  for (int v = 0; v < LOOM_TEXT_VOCAB; v++) {
+    z[v] = z[v] >= cut ? exp(z[v] - most) : 0;
+    sum += z[v];
+  }
   double u = loom_rng_uniform_f64(rng) * sum;
   int pick = 0;
   for (int v = 0; v < LOOM_TEXT_VOCAB; v++) {

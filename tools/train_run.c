@@ -374,7 +374,8 @@ static int evaluate_text(trainer *t, double *val_loss) {
 }
 
 static int evaluate(trainer *t, double *accuracy) {
-  size_t correct = 0, done = 0, nb = t->dry || t->model.gpt ? 1 : loom_loader_batches(t->test_loader);
+  size_t correct = 0, done = 0;
+  size_t nb = t->dry || t->model.gpt ? 1 : loom_loader_batches(t->test_loader);
   int rc = LOOM_OK;
   loom_autocast_token tok = {0};
   loom_mem_set_tag(TRAIN_TAG_EVAL);
