@@ -141,10 +141,10 @@ static int generate(const gen_opts *g) {
 }
 
 int cmd_generate(int argc, char **argv) {
-  gen_opts g = {.prompt = "", .temperature = 0.8, .top_k = 40, .tokens = 200};
+  gen_opts g = {.prompt = NULL, .temperature = 0.8, .top_k = 40, .tokens = 200};
   const cli_option table[] = {
       {"from", CLI_STRING, &g.from, "DIR", "the folder of a `loom train --model gpt --save DIR` run (its model.safetensors)", NULL, 0, 0, NULL, 0},
-      {"prompt", CLI_STRING, &g.prompt, "TEXT", "the text to continue (its last context bytes are what the model sees; empty: a new line)", NULL, 0, 0, NULL, 0},
+      {"prompt", CLI_STRING, &g.prompt, "TEXT", "the text to continue (its last context bytes are what the model sees; without it the model starts from a new line)", NULL, 0, 0, NULL, 0},
       {"tokens", CLI_POS_INT, &g.tokens, "N", "bytes to generate", NULL, 1, 1e7, NULL, 0},
       {"temperature", CLI_POS_DOUBLE, &g.temperature, "X", "divides the logits: below 1 surer, above 1 wilder", NULL, 1e-3, 100, NULL, 0},
       {"top-k", CLI_INT, &g.top_k, "N", "sample among the N likeliest bytes; 0: all 256", NULL, 0, LOOM_TEXT_VOCAB, NULL, 0},
@@ -162,6 +162,7 @@ int cmd_generate(int argc, char **argv) {
             "--save DIR` run wrote\n");
     return 2;
   }
+  if (!g.prompt) g.prompt = "";
   rc = generate(&g);
   if (!rc) return 0;
   fflush(stdout);
