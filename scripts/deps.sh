@@ -4,7 +4,9 @@
 # and `make check` before they build.
 set -eu
 need=(build-essential cmake pkg-config zlib1g-dev libdnnl-dev libopenblas-dev
-      openmpi-bin libopenmpi-dev dataset-fashion-mnist)
+      openmpi-bin libopenmpi-dev dataset-fashion-mnist fortunes)
+# fortunes: the English fortunes in /usr/share/games/fortunes (LOOM_FORTUNES_DIR), the default
+# text of `loom train --model gpt`, as dataset-fashion-mnist is the default data of the MLP.
 # Fuzzing (make fuzz, make check-fuzz): Debian's clang and its libFuzzer runtime.
 [ "${LOOM_WITH_FUZZ:-0}" = 1 ] && need+=(clang libclang-rt-14-dev)
 # Optional: PyTorch is the side-by-side baseline of the benchmarks (never a dependency of loom).

@@ -18,7 +18,8 @@
 static const char usage[] = "[OPTIONS]\n\n"
     "Train a classifier on Fashion-MNIST (the Debian package dataset-fashion-mnist, or --data\n"
     "DIR holding train-images-idx3-ubyte[.gz] and the three other MNIST-format files) and\n"
-    "report the test accuracy after each epoch. Examples:\n"
+    "report the test accuracy after each epoch; or (--model gpt) a GPT-2 language model on the\n"
+    "bytes of a text, reporting the validation loss. Examples:\n"
     "  loom train --epochs 1                          # the MLP 784-1024-1024-10, AdamW, f32\n"
     "  loom train --model cnn --amp bf16 --epochs 10  # the CNN under bf16 autocast\n"
     "  loom train --amp f16 --metrics m.jsonl --save ck    # f16 with dynamic loss scaling\n"
@@ -26,7 +27,9 @@ static const char usage[] = "[OPTIONS]\n\n"
     "  loom train --ranks 2 --strategy ddp            # 2 data-parallel ranks (threads)\n"
     "  loom train --ranks 2 --strategy fsdp --amp bf16   # sharded over 2 ranks, bf16 forward\n"
     "  loom train --ranks 2 --strategy fsdp --offload all --offload-tier disk --offload-dir /scratch\n"
-    "  mpirun -n 2 loom train --backend mpi --strategy ddp   # 2 ranks as MPI processes";
+    "  mpirun -n 2 loom train --backend mpi --strategy ddp   # 2 ranks as MPI processes\n"
+    "  loom train --model gpt --max-steps 500 --save gpt   # a small GPT on the fortunes\n"
+    "  loom generate --from gpt --prompt 'The '        # then sample from it";
 
 /* ---- running on ranks --------------------------------------------------------------------- */
 
@@ -114,7 +117,8 @@ void train_cli_defaults(train_opts *o, train_cmdline *c) {
                   .eval_batch = 1000, .out = stdout, .ranks = 1, .backend = "threads",
                   .strategy = "none", .wrap = "children", .unit_min = 100000000,
                   .reshard = "yes", .gather_prefetch = 1, .offload = "none",
-                  .offload_tier = "host", .prefetch = 1};
+                  .offload_tier = "host", .prefetch = 1, .layers = 4, .heads = 4,
+                  .dim = 128, .context = 128, .eval_windows = 64};
   *c = (train_cmdline){.hidden = "1024,1024", .channels = "32,64"};
 }
 
@@ -132,12 +136,19 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
    * start step is compared once read, train_par_check_start). By contents: --init (the file's
    * bytes, whatever its path). */
   const cli_option table[] = {
-      {"model", CLI_CHOICE, &o->model, NULL, "the network", "mlp|cnn", 0, 0, NULL, CLI_RANKS_SAME},
+      {"model", CLI_CHOICE, &o->model, NULL, "the network: Fashion-MNIST's MLP or CNN, or a GPT-2 language model on bytes of text", "mlp|cnn|gpt", 0, 0, NULL, CLI_RANKS_SAME},
       {"hidden", CLI_STRING, &c->hidden, "N,N,...", "MLP hidden layer widths", NULL, 0, 0, &c->seen_hidden, CLI_RANKS_SAME},
       {"channels", CLI_STRING, &c->channels, "C1,C2", "CNN conv channels (3x3, pad 1, each + ReLU + 2x2 max-pool)", NULL, 0, 0, &c->seen_channels, CLI_RANKS_SAME},
       {"fc", CLI_POS_INT, &o->fc, "N", "CNN fully connected width", NULL, 1, TRAIN_MAX_WIDTH, &c->seen_fc, CLI_RANKS_SAME},
-      {"epochs", CLI_POS_INT, &o->epochs, "N", "passes over the training set", NULL, 1, 1e6, NULL, CLI_RANKS_SAME},
-      {"batch", CLI_POS_INT, &o->batch, "N", "samples per step (per rank)", NULL, 1, batch_max, NULL, CLI_RANKS_SAME},
+      {"layers", CLI_POS_INT, &o->layers, "N", "GPT transformer blocks", NULL, 1, 65536, &c->seen_layers, CLI_RANKS_SAME},
+      {"heads", CLI_POS_INT, &o->heads, "N", "GPT attention heads (dividing --dim)", NULL, 1, TRAIN_MAX_WIDTH, &c->seen_heads, CLI_RANKS_SAME},
+      {"dim", CLI_POS_INT, &o->dim, "N", "GPT width", NULL, 1, TRAIN_MAX_WIDTH, &c->seen_dim, CLI_RANKS_SAME},
+      {"context", CLI_POS_INT, &o->context, "N", "GPT context: tokens (bytes) a window holds", NULL, 1, 1 << 20, &c->seen_context, CLI_RANKS_SAME},
+      {"text", CLI_STRING, &o->text, "FILE", "GPT: the text to learn, as bytes (default the English fortunes of Debian's fortunes package, " LOOM_FORTUNES_DIR "); the last tenth is the validation text", NULL, 0, 0, &c->seen_text, CLI_RANKS_CONTENTS},
+      {"eval-every", CLI_INT, &o->eval_every, "N", "GPT: validation loss every N steps too; 0: at each epoch's end only", NULL, 0, steps_max, &c->seen_eval_every, CLI_RANKS_SAME},
+      {"eval-windows", CLI_INT, &o->eval_windows, "N", "GPT: validation windows an evaluation takes, spread over the validation text; 0: all of them", NULL, 0, 1e9, &c->seen_eval_windows, CLI_RANKS_SAME},
+      {"epochs", CLI_POS_INT, &o->epochs, "N", "passes over the training set (gpt: 1; an epoch is as many tokens as the training text holds)", NULL, 1, 1e6, &c->seen_epochs, CLI_RANKS_SAME},
+      {"batch", CLI_POS_INT, &o->batch, "N", "samples per step (per rank; gpt: windows, default 8)", NULL, 1, batch_max, &c->seen_batch, CLI_RANKS_SAME},
       {"optim", CLI_CHOICE, &o->optim, NULL, "optimizer (PyTorch's formulas)", "sgd|adam|adamw", 0, 0, NULL, CLI_RANKS_SAME},
       {"lr", CLI_F32, &o->lr, "X", "peak learning rate", NULL, 0, FLT_MAX, NULL, CLI_RANKS_SAME},
       {"schedule", CLI_CHOICE, &o->schedule, NULL, "learning-rate schedule over all the epochs' steps", "constant|warmup|cosine", 0, 0, NULL, CLI_RANKS_SAME},
@@ -151,14 +162,14 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
       {"init", CLI_STRING, &o->init, "FILE", "initial weights from a safetensors file, by PyTorch name", NULL, 0, 0, NULL, CLI_RANKS_CONTENTS},
       {"no-shuffle", CLI_FLAG, &c->no_shuffle, NULL, "batches in file order", NULL, 0, 0, NULL, CLI_RANKS_SAME},
       {"data", CLI_STRING, &o->data, "DIR", "MNIST-format dataset folder (default " LOOM_FASHION_MNIST_DIR ")", NULL, 0, 0, NULL, CLI_RANKS_SAME},
-      {"limit", CLI_INT, &o->limit, "N", "use only N training samples per epoch (whole batches) and N test samples; 0: all", NULL, 0, 4294967296.0, NULL, CLI_RANKS_SAME},
+      {"limit", CLI_INT, &o->limit, "N", "use only N training samples per epoch (whole batches) and N test samples; 0: all (gpt: N training windows per epoch, at most N validation windows)", NULL, 0, 4294967296.0, NULL, CLI_RANKS_SAME},
       {"max-steps", CLI_INT, &o->max_steps, "N", "stop after N steps in all (as if interrupted); 0: no limit", NULL, 0, steps_max, NULL, CLI_RANKS_SAME},
       {"metrics", CLI_STRING, &o->metrics, "FILE", "one JSON object per step (loss, lr, scale, overflow, samples/s, memory); a FIFO or pipe is never waited on: one with no reader is refused, records a slow reader has no room for are dropped and counted", NULL, 0, 0, NULL, CLI_RANKS_LOCAL},
       {"save", CLI_STRING, &o->save, "DIR", "write DIR/checkpoint.safetensors and DIR/model.safetensors after each epoch and at the end", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},
       {"overwrite", CLI_FLAG, &c->overwrite, NULL, "let --save replace a checkpoint already in DIR (not needed with --resume DIR)", NULL, 0, 0, NULL, CLI_RANKS_SAME},
       {"resume", CLI_STRING, &o->resume, "DIR", "continue from DIR/checkpoint.safetensors (same options)", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},
       {"threads", CLI_INT, &o->threads, "N", "compute threads per rank (at most 4 per online CPU, 1024 in all); 0: OpenMP's default", NULL, 0, (double)LONG_MAX, NULL, CLI_RANKS_SAME},
-      {"eval-batch", CLI_POS_INT, &o->eval_batch, "N", "samples per evaluation batch", NULL, 1, batch_max, NULL, CLI_RANKS_SAME},
+      {"eval-batch", CLI_POS_INT, &o->eval_batch, "N", "samples per evaluation batch (gpt: windows, default 32)", NULL, 1, batch_max, &c->seen_eval_batch, CLI_RANKS_SAME},
       {"quiet", CLI_FLAG, &o->quiet, NULL, "print only the summary line", NULL, 0, 0, NULL, CLI_RANKS_LOCAL},
       {"ranks", CLI_POS_INT, &o->ranks, "N", "data-parallel ranks (threads backend; each gets --batch samples of every step)", NULL, 1, TRAIN_MAX_RANKS, NULL, CLI_RANKS_SAME},
       {"backend", CLI_CHOICE, &o->backend, NULL, "process groups: ranks as threads, or MPI processes (the default under mpirun / mpiexec: mpirun -n N loom train ...)", "threads|mpi", 0, 0, &c->seen_backend, CLI_RANKS_SAME},

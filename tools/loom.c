@@ -15,7 +15,8 @@ static const struct {
   const char *name, *summary;
   int (*fn)(int, char **);
 } commands[] = {
-    {"train", "train a classifier on Fashion-MNIST (loom train --help)", cmd_train},
+    {"train", "train a classifier on Fashion-MNIST, or a GPT on text (loom train --help)", cmd_train},
+    {"generate", "continue a text with a GPT loom train saved (loom generate --help)", cmd_generate},
     {"plan", "the memory a loom train run will need per rank (loom plan --help)", cmd_plan},
     {"bench", "run a benchmark (loom bench --help lists them)", cmd_bench},
     {"plot", "draw the metrics of loom train runs as an SVG (loom plot --help)", cmd_plot},

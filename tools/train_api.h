@@ -22,11 +22,16 @@
 #define TRAIN_MAX_RANKS 64 /* --ranks on the threads backend */
 
 typedef struct train_opts {
-  const char *model;                   /* "mlp" or "cnn" */
+  const char *model;                   /* "mlp", "cnn" or "gpt" */
   int64_t hidden[TRAIN_MAX_HIDDEN];    /* MLP hidden widths */
   int nhidden;
   int64_t channels[2];                 /* CNN conv output channels */
   int64_t fc;                          /* CNN fully connected width */
+  /* GPT (--model gpt): the sizes, the text, and its evaluation */
+  long layers, heads, dim, context;
+  const char *text;                    /* --text FILE; NULL: the fortunes (LOOM_FORTUNES_DIR) */
+  long eval_every;                     /* validation loss every N steps too; 0: epochs' ends */
+  long eval_windows;                   /* validation windows an evaluation takes; 0: all */
   long epochs, batch, seed;
   double lr, weight_decay, momentum, loss_scale;
   long warmup;
@@ -37,7 +42,8 @@ typedef struct train_opts {
   const char *init, *metrics, *save, *resume, *data;
   bool shuffle;
   long threads;                        /* compute threads per rank; 0: the default */
-  long limit;                          /* 0, or samples per epoch (and test samples) */
+  long limit;                          /* 0, or samples per epoch (and test samples); gpt:
+                                        * training windows per epoch (and validation windows) */
   long max_steps;                      /* 0, or stop after this many steps in all */
   long eval_batch;
   FILE *out;                           /* progress and summary (stdout) */
@@ -119,6 +125,8 @@ const char *train_error_hint(const char *message);
 typedef struct train_model {
   loom_module *root;
   bool cnn;
+  bool gpt;                     /* --model gpt: token windows in, logits [B, T, 256] out */
+  loom_gpt_cfg gpt_cfg;
   size_t nparams;
   loom_param *params;           /* nparams entries, PyTorch names */
 } train_model;
@@ -126,21 +134,40 @@ typedef struct train_model {
 /* Build the model the options name (PyTorch's default init from --seed). */
 int train_model_create(const train_opts *o, train_model *m);
 void train_model_free(train_model *m);
-/* Logits [B, 10] of a batch (MLP: x [B, 784]; CNN: x [B, 1, 28, 28]). */
+/* Logits [B, 10] of a batch (MLP: x [B, 784]; CNN: x [B, 1, 28, 28]; GPT: tokens [B, T] to
+ * logits [B, T, 256]). */
 int train_model_forward(train_model *m, loom_tensor *x, loom_tensor **logits);
 /* Whether the model takes flattened images. */
 bool train_model_flat_input(const train_model *m);
-/* Set every parameter from a safetensors file by name: each must be there with dtype F32, the
+/* Set every parameter from a safetensors file by name (messages begin with opt, "--init"): each must be there with dtype F32, the
  * parameter's shape and finite values, and the file must hold nothing else (PyTorch's strict
  * loading). With forward F16 or BF16 (--amp), a value above that dtype's largest finite value
  * (65504 for f16) is refused too, naming the tensor and the value: the forward's cast would
  * make it inf. */
-int train_model_load(train_model *m, const char *path, loom_dtype forward);
+int train_model_load(train_model *m, const char *path, loom_dtype forward, const char *opt);
 /* Write the parameters (by name) and metadata (NULL, 0: none) to a safetensors file,
  * atomically. */
 int train_model_save(const train_model *m, const char *path, const loom_safetensors_meta_kv *meta,
                      size_t nmeta);
-/* A short description ("mlp 784-1024-1024-10", "cnn 1-32-64/3136-128-10"). */
+/* The loss of a batch's logits against its labels (next tokens for the GPT): mean cross
+ * entropy. */
+int train_model_loss(const train_model *m, loom_tensor *logits, loom_tensor *y, loom_tensor **out);
+/* What DIR/model.safetensors records of the model besides its tensors, so that a reader can
+ * rebuild it (`loom generate`): for the GPT "model" = "gpt" and "gpt.vocab", "gpt.context",
+ * "gpt.layers", "gpt.heads", "gpt.dim"; nothing for the MLP and CNN. */
+#define TRAIN_MODEL_META 6
+typedef struct train_model_meta {
+  char value[TRAIN_MODEL_META][32];
+  loom_safetensors_meta_kv kv[TRAIN_MODEL_META];
+  size_t n;
+} train_model_meta;
+void train_model_meta_make(const train_model *m, train_model_meta *out);
+/* A GPT's configuration from a model file's metadata (train_model_meta_make's keys):
+ * LOOM_EFORMAT naming the file and the key when one is missing or is not a size, LOOM_EINVAL
+ * when the file is not a GPT's (no "model" = "gpt"). */
+int train_model_meta_gpt(const loom_safetensors *f, const char *path, loom_gpt_cfg *cfg);
+/* A short description ("mlp 784-1024-1024-10", "cnn 1-32-64/3136-128-10",
+ * "gpt 4 layers, 4 heads, 128 wide, context 128, vocab 256"). */
 void train_model_describe(const train_model *m, const train_opts *o, char *buf, size_t cap);
 
 /* ---- data parallelism ------------------------------------------------------------------ */
@@ -248,6 +275,8 @@ typedef struct train_record {
   bool overflow;
   double samples_per_s;
   const char *extra; /* more JSON members ("\"ddp_bytes\": 12, ...") or NULL */
+  bool has_val;      /* GPT: the validation loss was measured after this step */
+  double val_loss;
 } train_record;
 
 /* Metrics never wait (train_metrics.c): a regular file is written as a log is; a FIFO, pipe or

@@ -147,6 +147,9 @@ typedef struct ckpt_meta {
   fingerprint fp;
   char num[NCOUNT][32];
   loom_safetensors_meta_kv kv[NCOUNT + NFP];
+  train_model_meta mm;
+  loom_safetensors_meta_kv model_kv[2 + TRAIN_MODEL_META]; /* the model file's: step, epoch */
+  size_t nmodel;                                           /* and the model's shape */
 } ckpt_meta;
 
 static void make_meta(const train_opts *o, const train_model *m, const loom_optim *opt,
@@ -161,6 +164,10 @@ static void make_meta(const train_opts *o, const train_model *m, const loom_opti
   }
   for (int i = 0; i < NFP; i++)
     cm->kv[NCOUNT + i] = (loom_safetensors_meta_kv){cm->fp.key[i], cm->fp.value[i]};
+  train_model_meta_make(m, &cm->mm);
+  cm->nmodel = 0;
+  for (int i = 0; i < 2; i++) cm->model_kv[cm->nmodel++] = cm->kv[i];
+  for (size_t i = 0; i < cm->mm.n; i++) cm->model_kv[cm->nmodel++] = cm->mm.kv[i];
 }
 
 static void path_in(char *buf, size_t cap, const char *dir, const char *file) {
@@ -195,7 +202,7 @@ int train_ckpt_save(const char *dir, const train_opts *o, const train_model *m,
   ckpt_meta cm;
   make_meta(o, m, opt, st, &cm);
   const loom_safetensors_meta_kv *meta = cm.kv;
-  if (!rc) rc = train_model_save(m, model, meta, 2); /* step and epoch */
+  if (!rc) rc = train_model_save(m, model, cm.model_kv, cm.nmodel);
   if (!rc) {
     rc = loom_checkpoint_save(ck, es.e, es.n, meta, NCOUNT + NFP);
     if (rc) train_fail_loom(rc, "--save");
@@ -351,7 +358,7 @@ int train_ckpt_save_fsdp(const char *dir, const train_opts *o, const train_model
     if (!rc_model && !e) rc_model = train_fail(LOOM_ENOMEM, "--save: out of memory");
     for (size_t i = 0; !rc_model && i < n; i++)
       e[i] = (loom_safetensors_entry){.name = state[i].name, .tensor = state[i].tensor};
-    if (!rc_model && (rc_model = loom_safetensors_write(model, e, n, meta, 2)))
+    if (!rc_model && (rc_model = loom_safetensors_write(model, e, n, cm.model_kv, cm.nmodel)))
       train_fail_loom(rc_model, "saving the model");
     free(e);
     loom_fsdp_state_free(state, n);

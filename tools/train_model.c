@@ -42,7 +42,12 @@ static int make_cnn(const train_opts *o, train_model *m) {
 int train_model_create(const train_opts *o, train_model *m) {
   memset(m, 0, sizeof *m);
   int rc;
-  if (strcmp(o->model, "cnn") == 0) {
+  if (strcmp(o->model, "gpt") == 0) {
+    m->gpt = true;
+    m->gpt_cfg = (loom_gpt_cfg){.vocab = LOOM_TEXT_VOCAB, .context = o->context,
+                                .layers = o->layers, .heads = o->heads, .dim = o->dim};
+    rc = loom_nn_gpt_create(&m->gpt_cfg, (uint64_t)o->seed, &m->root);
+  } else if (strcmp(o->model, "cnn") == 0) {
     m->cnn = true;
     rc = make_cnn(o, m);
   } else {
@@ -70,10 +75,52 @@ void train_model_free(train_model *m) {
   memset(m, 0, sizeof *m);
 }
 
-bool train_model_flat_input(const train_model *m) { return !m->cnn; }
+bool train_model_flat_input(const train_model *m) { return !m->cnn && !m->gpt; }
 
 int train_model_forward(train_model *m, loom_tensor *x, loom_tensor **logits) {
   return loom_module_forward(m->root, x, logits);
+}
+
+int train_model_loss(const train_model *m, loom_tensor *logits, loom_tensor *y,
+                     loom_tensor **out) {
+  if (m->gpt) return loom_gpt_loss(logits, y, out);
+  return loom_cross_entropy(logits, y, LOOM_REDUCTION_MEAN, -100, out);
+}
+
+static const char *const gpt_keys[TRAIN_MODEL_META - 1] = {"gpt.vocab", "gpt.context",
+                                                            "gpt.layers", "gpt.heads", "gpt.dim"};
+
+void train_model_meta_make(const train_model *m, train_model_meta *out) {
+  out->n = 0;
+  if (!m->gpt) return;
+  const loom_gpt_cfg *c = &m->gpt_cfg;
+  const int64_t v[TRAIN_MODEL_META - 1] = {c->vocab, c->context, c->layers, c->heads, c->dim};
+  snprintf(out->value[0], sizeof out->value[0], "gpt");
+  out->kv[out->n++] = (loom_safetensors_meta_kv){"model", out->value[0]};
+  for (int i = 0; i < TRAIN_MODEL_META - 1; i++) {
+    snprintf(out->value[i + 1], sizeof out->value[i + 1], "%lld", (long long)v[i]);
+    out->kv[out->n++] = (loom_safetensors_meta_kv){gpt_keys[i], out->value[i + 1]};
+  }
+}
+
+int train_model_meta_gpt(const loom_safetensors *f, const char *path, loom_gpt_cfg *cfg) {
+  const char *model = loom_safetensors_meta(f, "model");
+  if (!model || strcmp(model, "gpt") != 0)
+    return train_fail(LOOM_EINVAL, "%s: not a GPT's model file (its metadata has %s%.40s; "
+                      "`loom train --model gpt --save DIR` writes one)", path,
+                      model ? "model = " : "no \"model\" entry", model ? model : "");
+  int64_t v[TRAIN_MODEL_META - 1];
+  for (int i = 0; i < TRAIN_MODEL_META - 1; i++)
+    if (loom_safetensors_meta_i64(f, gpt_keys[i], &v[i]) || v[i] <= 0)
+      return train_fail(LOOM_EFORMAT, "%s: the metadata entry \"%s\" is %s", path, gpt_keys[i],
+                        loom_safetensors_meta(f, gpt_keys[i]) ? "not a positive size"
+                                                              : "missing");
+  *cfg = (loom_gpt_cfg){.vocab = v[0], .context = v[1], .layers = v[2], .heads = v[3],
+                        .dim = v[4]};
+  int rc = loom_gpt_cfg_validate(cfg);
+  if (rc) return train_fail(LOOM_EFORMAT, "%s: the metadata's GPT sizes: %s", path,
+                            loom_last_error());
+  return LOOM_OK;
 }
 
 /* LOOM_EINVAL naming the tensor and its first value whose magnitude is above the largest
@@ -91,16 +138,16 @@ static int check_forward_range(const loom_param *p, const char *path, loom_dtype
   return LOOM_OK;
 }
 
-int train_model_load(train_model *m, const char *path, loom_dtype forward) {
+int train_model_load(train_model *m, const char *path, loom_dtype forward, const char *opt) {
   loom_safetensors *f = NULL;
   int rc = loom_safetensors_open(path, 0, &f);
-  if (rc) return train_fail_loom(rc, "--init");
+  if (rc) return train_fail_loom(rc, opt);
   for (size_t i = 0; i < m->nparams && !rc; i++) {
     const loom_param *p = &m->params[i];
     rc = loom_safetensors_read(f, p->name, LOOM_F32, loom_tensor_ndim(p->value),
                                loom_tensor_shape(p->value), loom_tensor_data(p->value));
     if (!rc) rc = loom_safetensors_check_values(f, p->name, LOOM_CHECK_FINITE);
-    if (rc) train_fail_loom(rc, "--init");
+    if (rc) train_fail_loom(rc, opt);
     else rc = check_forward_range(p, path, forward);
   }
   for (size_t i = 0; i < loom_safetensors_count(f) && !rc; i++) {
@@ -108,8 +155,8 @@ int train_model_load(train_model *m, const char *path, loom_dtype forward) {
     loom_safetensors_info_at(f, i, &info);
     loom_param p;
     if (loom_module_param_by_name(m->root, info.name, &p))
-      rc = train_fail(LOOM_EINVAL, "--init: %s: tensor '%s' is not a parameter of the model",
-                      path, info.name);
+      rc = train_fail(LOOM_EINVAL, "%s: %s: tensor '%s' is not a parameter of the model",
+                      opt, path, info.name);
   }
   loom_safetensors_free(f);
   return rc;
@@ -127,6 +174,13 @@ int train_model_save(const train_model *m, const char *path, const loom_safetens
 }
 
 void train_model_describe(const train_model *m, const train_opts *o, char *buf, size_t cap) {
+  if (m->gpt) {
+    const loom_gpt_cfg *c = &m->gpt_cfg;
+    snprintf(buf, cap, "gpt %lld layers, %lld heads, %lld wide, context %lld, vocab %lld",
+             (long long)c->layers, (long long)c->heads, (long long)c->dim,
+             (long long)c->context, (long long)c->vocab);
+    return;
+  }
   if (m->cnn) {
     snprintf(buf, cap, "cnn conv 1-%lld-%lld, fc %lld-%lld-%d", (long long)o->channels[0],
              (long long)o->channels[1], (long long)(o->channels[1] * 49), (long long)o->fc,

@@ -124,6 +124,32 @@ static int offload_options(const train_opts *o, const train_cmdline *c) {
   return 0;
 }
 
+/* --model gpt: its defaults where they differ from the MLP's, its sizes against each other,
+ * and the options of one kind of model given to the other. */
+static int gpt_options(train_opts *o, const train_cmdline *c) {
+  bool gpt = strcmp(o->model, "gpt") == 0;
+  const char *gpt_only = c->seen_layers ? "layers" : c->seen_heads ? "heads"
+                         : c->seen_dim ? "dim" : c->seen_context ? "context"
+                         : c->seen_text ? "text" : c->seen_eval_every ? "eval-every"
+                         : c->seen_eval_windows ? "eval-windows" : NULL;
+  if (!gpt && gpt_only)
+    return usage("--%s: a GPT option; it needs --model gpt (this run trains --model %s)",
+                 gpt_only, o->model);
+  if (!gpt) return 0;
+  const char *image_only = c->seen_hidden ? "hidden" : c->seen_channels ? "channels"
+                           : c->seen_fc ? "fc" : o->data ? "data" : NULL;
+  if (image_only)
+    return usage("--%s: an option of the Fashion-MNIST models (mlp, cnn); --model gpt is sized "
+                 "by --layers --heads --dim --context and reads --text FILE", image_only);
+  if (o->dim % o->heads != 0)
+    return usage("--heads %ld: the heads must divide --dim %ld (each head takes dim / heads "
+                 "columns)", o->heads, o->dim);
+  if (!c->seen_batch) o->batch = TRAIN_GPT_BATCH;
+  if (!c->seen_epochs) o->epochs = TRAIN_GPT_EPOCHS;
+  if (!c->seen_eval_batch) o->eval_batch = TRAIN_GPT_EVAL_BATCH;
+  return 0;
+}
+
 /* Options that would be accepted and then do nothing in this run. */
 static int unused(const train_opts *o, const train_cmdline *c) {
   bool cnn = strcmp(o->model, "cnn") == 0;
@@ -182,7 +208,7 @@ int train_opts_check(train_opts *o, train_cmdline *c) {
   if (!o->scaler) o->scaler = strcmp(o->amp, "f16") == 0 ? "dynamic" : "off";
   if (o->loss_scale > 16777216.0 || o->loss_scale < 1)
     return usage("--loss-scale: expected a number in [1, 2^24], got %g", o->loss_scale);
-  if (parse_offload(o) || unused(o, c) || offload_options(o, c)) return -1;
+  if (gpt_options(o, c) || parse_offload(o) || unused(o, c) || offload_options(o, c)) return -1;
   int most = loom_max_num_threads();
   if (o->threads > most)
     return usage("--threads: expected at most %d (4 per online CPU, this machine has %ld, and "

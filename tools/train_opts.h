@@ -21,6 +21,9 @@ typedef struct train_cmdline {
   bool seen_hidden, seen_channels, seen_fc, seen_momentum, seen_loss_scale, seen_scaler,
       seen_warmup, seen_wrap, seen_unit_min, seen_reshard, seen_gather_prefetch, seen_offload,
       seen_offload_tier, seen_offload_dir, seen_prefetch, seen_backend;
+  /* --model gpt: its options, and the ones whose default differs for it */
+  bool seen_layers, seen_heads, seen_dim, seen_context, seen_text, seen_eval_every,
+      seen_eval_windows, seen_batch, seen_epochs, seen_eval_batch;
   char dirs[3][PATH_MAX];         /* --save, --resume, --data without trailing slashes */
 } train_cmdline;
 
@@ -44,6 +47,12 @@ int train_cli_fingerprint(const cli_option *table, train_fp_entry *out, int cap)
 #define TRAIN_MAX_BATCH (1L << 24)
 /* The largest width of a layer (--hidden, --channels, --fc). */
 #define TRAIN_MAX_WIDTH (1L << 20)
+/* --model gpt's defaults where they differ from the MLP's: a small model that trains in a
+ * minute on two cores (--layers 4 --heads 4 --dim 128 --context 128), 8 windows a step, one
+ * epoch, evaluation batches of 32 windows (and --eval-windows 64). */
+#define TRAIN_GPT_BATCH 8
+#define TRAIN_GPT_EPOCHS 1
+#define TRAIN_GPT_EVAL_BATCH 32
 
 /* Fill the sizes, the scaler default, the offload flags and the normalised folders of o from
  * c, and check the options against each other. 0, or -1 after the message (a usage error:

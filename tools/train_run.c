@@ -23,6 +23,9 @@ typedef struct trainer {
   int rank, nranks;
   loom_dataset *train, *test;
   loom_loader *loader, *test_loader;
+  loom_text *text;   /* --model gpt: the text, its windows the batches */
+  int64_t per_sample; /* tokens a sample holds: the context for the GPT, else 1 */
+  const char *unit;   /* what the rate counts: "samples", or "tokens" for the GPT */
   train_model model;
   loom_param_seg *segs;
   loom_optim *opt;
@@ -36,7 +39,8 @@ typedef struct trainer {
   size_t test_n;
   double train_s;  /* seconds inside steps */
   int64_t samples; /* global samples trained by this run */
-  double accuracy;  /* test accuracy after the last evaluation, % */
+  double accuracy;  /* test accuracy after the last evaluation, %; the GPT's validation loss */
+  int64_t eval_step; /* the step of the last evaluation, -1 before the first */
   size_t setup_peak; /* ranks as threads: this rank's compute peak while building (then reset) */
   bool evaluated;
   bool dry; /* train_run_dry: loom's dry run, batches of zeros, no data read (train_plan.c) */
@@ -50,10 +54,33 @@ typedef struct trainer {
 
 /* ---- setup ------------------------------------------------------------------------------ */
 
+/* The GPT's steps per epoch: --limit windows, else as many windows as the training text has
+ * whole contexts (its tokens once), in whole global batches, at least one. */
+static int64_t text_steps(const trainer *t, size_t train_bytes) {
+  const train_opts *o = t->o;
+  int64_t g = o->batch * t->nranks;
+  int64_t windows = o->limit > 0 ? o->limit : (int64_t)(train_bytes / (size_t)o->context);
+  return windows / g > 0 ? windows / g : 1;
+}
+
+/* The GPT's validation windows an evaluation takes: --eval-windows (0: all the text holds),
+ * at most --limit, at most the text's. */
+static size_t text_val_count(const train_opts *o, size_t have) {
+  size_t n = o->eval_windows > 0 && (size_t)o->eval_windows < have ? (size_t)o->eval_windows
+                                                                     : have;
+  return o->limit > 0 && (size_t)o->limit < n ? (size_t)o->limit : n;
+}
+
 /* A dry run's data: no file is read; an epoch of --limit samples (else Fashion-MNIST's 60000
- * and 10000), batches made by dry_batch. */
+ * and 10000; the GPT's: a nominal 1 MB of training text, --eval-windows or 128 windows),
+ * batches made by dry_batch. */
 static void dry_data(trainer *t) {
   const train_opts *o = t->o;
+  if (t->model.gpt) {
+    t->st.steps_per_epoch = text_steps(t, (size_t)1 << 20);
+    t->test_n = text_val_count(o, o->eval_windows > 0 ? (size_t)o->eval_windows : 128);
+    return;
+  }
   int64_t g = o->batch * t->nranks, n = o->limit > 0 && o->limit < 60000 ? o->limit : 60000;
   t->st.steps_per_epoch = n / g > 0 ? n / g : 1;
   t->test_n = o->limit > 0 && o->limit < 10000 ? (size_t)o->limit : 10000;
@@ -61,6 +88,12 @@ static void dry_data(trainer *t) {
 
 /* What loom_loader_batch makes for `rows` samples: the images (flat for the MLP) and labels. */
 static int dry_batch(trainer *t, int64_t rows, loom_tensor **x, loom_tensor **y) {
+  if (t->model.gpt) { /* token windows: i64 [rows, context], inputs and targets */
+    int64_t tok[2] = {rows, t->o->context};
+    int rc = loom_tensor_empty(LOOM_I64, 2, tok, x);
+    if (!rc) rc = loom_tensor_empty(LOOM_I64, 2, tok, y);
+    return rc;
+  }
   int64_t flat[2] = {rows, LOOM_MNIST_SIDE * LOOM_MNIST_SIDE};
   int64_t img[4] = {rows, 1, LOOM_MNIST_SIDE, LOOM_MNIST_SIDE};
   int rc = train_model_flat_input(&t->model) ? loom_tensor_empty(LOOM_F32, 2, flat, x)
@@ -69,12 +102,27 @@ static int dry_batch(trainer *t, int64_t rows, loom_tensor **x, loom_tensor **y)
   return rc;
 }
 
+/* The GPT's text (--text FILE, else the fortunes), checked to hold a window in each split. */
+static int load_text(trainer *t) {
+  const train_opts *o = t->o;
+  char what[4200];
+  snprintf(what, sizeof what, "loading the text from %s%s", o->text ? o->text : LOOM_FORTUNES_DIR,
+           o->text ? "" : " (--text FILE names another)");
+  int rc;
+  TRY(loom_text_load(o->text, &t->text), what);
+  TRY(loom_text_check(t->text, (size_t)o->context), "--text");
+  t->st.steps_per_epoch = text_steps(t, loom_text_size(t->text, LOOM_SPLIT_TRAIN));
+  t->test_n = text_val_count(o, loom_text_val_windows(t->text, (size_t)o->context));
+  return LOOM_OK;
+}
+
 static int load_data(trainer *t) {
   const train_opts *o = t->o;
   if (t->dry) {
     dry_data(t);
     return LOOM_OK;
   }
+  if (t->model.gpt) return load_text(t);
   const char *where = o->data ? o->data : LOOM_FASHION_MNIST_DIR;
   char what[4200];
   snprintf(what, sizeof what, "loading the data from %s%s", where,
@@ -197,9 +245,9 @@ static bool scales_loss(const trainer *t) { return loom_step_scaler(t->step) != 
 
 /* ---- a step ----------------------------------------------------------------------------- */
 
-/* This rank's rows of the global batch. */
+/* This rank's rows of the global batch (the GPT's batches are this rank's rows already). */
 static int shard(trainer *t, loom_tensor **x, loom_tensor **y) {
-  if (t->nranks == 1) return LOOM_OK;
+  if (t->nranks == 1 || t->model.gpt) return LOOM_OK;
   int64_t b = t->o->batch;
   loom_tensor *xs = NULL, *ys = NULL;
   int rc = loom_tensor_narrow(*x, 0, t->rank * b, b, &xs);
@@ -217,7 +265,7 @@ static int forward_loss(trainer *t, loom_tensor *x, loom_tensor *y, loom_tensor 
   if (rc) return rc;
   loom_tensor *logits = NULL;
   rc = train_model_forward(&t->model, x, &logits);
-  if (!rc) rc = loom_cross_entropy(logits, y, LOOM_REDUCTION_MEAN, -100, loss);
+  if (!rc) rc = train_model_loss(&t->model, logits, y, loss);
   loom_tensor_free(logits);
   int rc2 = loom_autocast_exit(&tok);
   return rc ? rc : rc2;
@@ -234,8 +282,14 @@ static int step(trainer *t, double *loss_value, loom_step_result *res) {
   int64_t s = t->st.step, spe = t->st.steps_per_epoch;
   loom_tensor *x = NULL, *y = NULL, *loss = NULL;
   loom_mem_set_tag(TRAIN_TAG_BATCH);
-  int rc = t->dry ? dry_batch(t, t->o->batch * t->nranks, &x, &y)
-                  : loom_loader_batch(t->loader, (uint64_t)(s / spe), (size_t)(s % spe), &x, &y);
+  int64_t b = t->o->batch;
+  int rc = t->dry && t->model.gpt ? dry_batch(t, b, &x, &y)
+           : t->dry               ? dry_batch(t, b * t->nranks, &x, &y)
+           : t->model.gpt ? loom_text_batch(t->text, (uint64_t)t->o->seed, (uint64_t)s,
+                                            (size_t)(t->rank * b), (size_t)b,
+                                            (size_t)t->o->context, &x, &y)
+                          : loom_loader_batch(t->loader, (uint64_t)(s / spe), (size_t)(s % spe),
+                                              &x, &y);
   loom_mem_set_tag(TRAIN_TAG_FORWARD);
   if (rc) return train_fail_loom(rc, "the training data");
   rc = shard(t, &x, &y);
@@ -293,15 +347,43 @@ static int count_correct(loom_tensor *logits, loom_tensor *y, size_t n, size_t *
   return rc;
 }
 
+/* The GPT's validation loss: the mean cross entropy over the validation windows (every
+ * token of each), in batches of --eval-batch windows (a dry run: the first batch). */
+static int evaluate_text(trainer *t, double *val_loss) {
+  size_t count = t->test_n, most = (size_t)t->o->eval_batch, ctx = (size_t)t->o->context;
+  double sum = 0;
+  int rc = LOOM_OK;
+  for (size_t first = 0; first < count && !rc; first += most) {
+    size_t rows = count - first < most ? count - first : most;
+    loom_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL;
+    rc = t->dry ? dry_batch(t, (int64_t)rows, &x, &y)
+                : loom_text_val_batch(t->text, count, first, rows, ctx, &x, &y);
+    if (!rc) rc = train_model_forward(&t->model, x, &logits);
+    if (!rc) rc = train_model_loss(&t->model, logits, y, &loss);
+    double v = 0;
+    if (!rc) rc = loom_tensor_item(loss, &v);
+    sum += v * (double)rows;
+    loom_tensor_free(x);
+    loom_tensor_free(y);
+    loom_tensor_free(logits);
+    loom_tensor_free(loss);
+    if (t->dry) break;
+  }
+  *val_loss = count ? sum / (double)count : 0;
+  return rc;
+}
+
 static int evaluate(trainer *t, double *accuracy) {
-  size_t correct = 0, done = 0, nb = t->dry ? 1 : loom_loader_batches(t->test_loader);
+  size_t correct = 0, done = 0;
+  size_t nb = t->dry || t->model.gpt ? 1 : loom_loader_batches(t->test_loader);
   int rc = LOOM_OK;
   loom_autocast_token tok = {0};
   loom_mem_set_tag(TRAIN_TAG_EVAL);
   loom_no_grad_enter();
   loom_module_set_training(t->model.root, false);
   rc = loom_autocast_enter(t->amp, NULL, &tok);
-  for (size_t b = 0; b < nb && done < t->test_n && !rc; b++) {
+  if (!rc && t->model.gpt) rc = evaluate_text(t, accuracy);
+  for (size_t b = 0; b < nb && done < t->test_n && !rc && !t->model.gpt; b++) {
     loom_tensor *x = NULL, *y = NULL, *logits = NULL;
     rc = t->dry ? dry_batch(t, (int64_t)(t->test_n < (size_t)t->o->eval_batch ? t->test_n
                                           : (size_t)t->o->eval_batch), &x, &y)
@@ -318,7 +400,8 @@ static int evaluate(trainer *t, double *accuracy) {
   loom_module_set_training(t->model.root, true);
   loom_no_grad_exit();
   loom_mem_set_tag(TRAIN_TAG_OTHER);
-  *accuracy = 100.0 * (double)correct / (double)(t->test_n ? t->test_n : 1);
+  t->eval_step = t->st.step;
+  if (!t->model.gpt) *accuracy = 100.0 * (double)correct / (double)(t->test_n ? t->test_n : 1);
   return rc;
 }
 
@@ -337,8 +420,22 @@ static int write_record(trainer *t, double loss, const loom_step_result *res, do
   train_record r = {t->st.step, (t->st.step - 1) / t->st.steps_per_epoch, loss,
                     loom_lr_at(&t->sched, t->st.step - 1),
                     res->scale, res->skipped,
-                    (double)(t->o->batch * t->nranks) / step_s, extra};
+                    (double)(t->o->batch * t->nranks) / step_s, extra,
+                    t->model.gpt && t->eval_step == t->st.step, t->accuracy};
   return train_metrics_write(t->metrics, &r);
+}
+
+/* What the last evaluation found: "test accuracy 85.21%", or the GPT's "val loss 2.3456". */
+static void result_text(const trainer *t, char *buf, size_t cap) {
+  if (t->model.gpt) snprintf(buf, cap, "val loss %.4f", t->accuracy);
+  else snprintf(buf, cap, "test accuracy %.2f%%", t->accuracy);
+}
+
+/* The GPT evaluates inside the epoch: after every --eval-every steps and at the epoch's end
+ * (rank 0, or every rank under FSDP, whose gathers need them all). */
+static bool evaluates_now(const trainer *t, int64_t end) {
+  if (!t->model.gpt || (!t->lead && !t->fsdp)) return false;
+  return t->st.step == end || (t->o->eval_every > 0 && t->st.step % t->o->eval_every == 0);
 }
 
 /* Steps to the end of this epoch or of the run, then (rank 0) test accuracy and checkpoint. */
@@ -346,7 +443,7 @@ static int run_epoch(trainer *t) {
   const train_opts *o = t->o;
   int64_t spe = t->st.steps_per_epoch, epoch = t->st.step / spe;
   int64_t end = (epoch + 1) * spe < t->stop_step ? (epoch + 1) * spe : t->stop_step;
-  char label[48], figures[160], rate[32];
+  char label[48], figures[160], rate[32], result[48];
   snprintf(label, sizeof label, "epoch %lld/%ld", (long long)epoch + 1, o->epochs);
   progress pr;
   if (t->lead && !o->quiet) progress_begin(&pr, o->out, label, (long)spe);
@@ -363,24 +460,30 @@ static int run_epoch(trainer *t) {
     n++;
     loss_sum += loss;
     t->samples += o->batch * t->nranks;
+    if (evaluates_now(t, end) && (rc = evaluate(t, &t->accuracy))) break;
     if (t->lead && t->metrics) rc = write_record(t, loss, &res, dt);
     if (t->lead && !o->quiet) {
-      fmt_rate(rate, sizeof rate, (double)(n * o->batch * t->nranks) / (progress_now() - t0));
-      snprintf(figures, sizeof figures, "loss %.4f  scale %g  %s samples/s", loss,
-               (double)res.scale, rate);
+      fmt_rate(rate, sizeof rate,
+               (double)(n * o->batch * t->nranks * t->per_sample) / (progress_now() - t0));
+      result_text(t, result, sizeof result);
+      snprintf(figures, sizeof figures, "loss %.4f  scale %g  %s %s/s%s%s", loss,
+               (double)res.scale, rate, t->unit, t->eval_step >= 0 ? "  " : "",
+               t->eval_step >= 0 ? result : "");
       progress_update(&pr, (long)(t->st.step - epoch * spe), figures);
     }
   }
   if (rc || (!t->lead && !t->fsdp)) return rc; /* FSDP: every rank takes part in the gathers */
-  double acc = 0;
-  rc = evaluate(t, &acc);
+  double acc = t->accuracy;
+  if (t->eval_step != t->st.step) rc = evaluate(t, &acc); /* the GPT's is done at the end */
+  t->accuracy = acc;
   if (!rc && t->lead && !o->quiet) {
-    fmt_rate(rate, sizeof rate, (double)(n * o->batch * t->nranks) / (progress_now() - t0));
-    snprintf(figures, sizeof figures, "loss %.4f (mean %.4f)  %s samples/s  test accuracy %.2f%%",
-             loss, n ? loss_sum / (double)n : 0.0, rate, acc);
+    fmt_rate(rate, sizeof rate,
+             (double)(n * o->batch * t->nranks * t->per_sample) / (progress_now() - t0));
+    result_text(t, result, sizeof result);
+    snprintf(figures, sizeof figures, "loss %.4f (mean %.4f)  %s %s/s  %s",
+             loss, n ? loss_sum / (double)n : 0.0, rate, t->unit, result);
     progress_end(&pr, figures);
   }
-  t->accuracy = acc;
   t->evaluated = true;
   if (!rc && o->save)
     rc = t->fsdp ? train_ckpt_save_fsdp(o->save, o, &t->model, t->fsdp, t->opt, &t->st)
@@ -391,7 +494,7 @@ static int run_epoch(trainer *t) {
 
 static void summary(trainer *t, double wall_s) {
   const train_opts *o = t->o;
-  char desc[96], rate[32], peak[32];
+  char desc[96], rate[32], peak[32], result[48];
   loom_pool_stats ps = {0};
   bool per_rank = t->nranks > 1 && loom_mem_account() > 0; /* ranks as threads: rank 0's own */
   if (per_rank) loom_mem_account_stats(loom_mem_account(), LOOM_POOL_COMPUTE, &ps);
@@ -403,13 +506,15 @@ static void summary(trainer *t, double wall_s) {
     progress_bytes(b, sizeof b, t->setup_peak);
     snprintf(setup, sizeof setup, " per rank (%s while building)", b);
   }
-  fmt_rate(rate, sizeof rate, t->train_s > 0 ? (double)t->samples / t->train_s : 0);
+  fmt_rate(rate, sizeof rate,
+           t->train_s > 0 ? (double)(t->samples * t->per_sample) / t->train_s : 0);
   train_model_describe(&t->model, o, desc, sizeof desc);
+  result_text(t, result, sizeof result);
   fprintf(o->out,
-          "loom train: %s, %s, amp %s: test accuracy %.2f%% after %lld steps (%.2f epochs), "
-          "%s samples/s, wall %.1f s, peak memory %s%s",
-          desc, o->optim, o->amp, t->accuracy, (long long)t->st.step,
-          (double)t->st.step / (double)t->st.steps_per_epoch, rate, wall_s, peak, setup);
+          "loom train: %s, %s, amp %s: %s after %lld steps (%.2f epochs), "
+          "%s %s/s, wall %.1f s, peak memory %s%s",
+          desc, o->optim, o->amp, result, (long long)t->st.step,
+          (double)t->st.step / (double)t->st.steps_per_epoch, rate, t->unit, wall_s, peak, setup);
   if (scales_loss(t)) fprintf(o->out, ", %lld overflow steps skipped", (long long)t->overflows);
   fputc('\n', o->out);
   if (t->fsdp) train_offload_summary(o, t->fsdp, o->out);
@@ -428,15 +533,19 @@ static void teardown(trainer *t) {
   loom_loader_free(t->test_loader);
   loom_dataset_free(t->train);
   loom_dataset_free(t->test);
+  loom_text_free(t->text);
 }
 
 static int setup(trainer *t, loom_pg *pg) {
   const train_opts *o = t->o;
   loom_mem_set_tag(TRAIN_TAG_MODEL);
   int rc = train_model_create(o, &t->model);
+  t->eval_step = -1;
+  t->per_sample = t->model.gpt ? o->context : 1;
+  t->unit = t->model.gpt ? "tokens" : "samples";
   loom_dtype forward = LOOM_F32; /* --amp off, bf16 or f16 */
   if (strcmp(o->amp, "off") != 0) loom_dtype_parse(o->amp, &forward);
-  if (!rc && o->init && !t->dry) rc = train_model_load(&t->model, o->init, forward);
+  if (!rc && o->init && !t->dry) rc = train_model_load(&t->model, o->init, forward, "--init");
   if (!rc) rc = train_par_create(pg, o, &t->model, &t->par);
   if (rc) return rc;
   t->fsdp = train_par_fsdp(t->par);

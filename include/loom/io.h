@@ -282,6 +282,64 @@ int loom_loader_batch(loom_loader *l, uint64_t epoch, size_t index, loom_tensor 
 /* The dataset indices of epoch `epoch` in batch order (size entries). */
 int loom_loader_order(loom_loader *l, uint64_t epoch, const uint32_t **order);
 
+/* ---- text: byte-level tokens for language models --------------------------------------- */
+
+/* Where Debian's fortunes package puts its English fortunes (strfile text files, each fortune
+ * ended by a line holding "%", next to .dat / .u8 index files). */
+#define LOOM_FORTUNES_DIR "/usr/share/games/fortunes"
+/* Tokens are bytes: a vocabulary of 256. */
+#define LOOM_TEXT_VOCAB 256
+/* The largest text loom_text_load takes, bytes (1 GiB). */
+#define LOOM_TEXT_MAX_BYTES ((size_t)1 << 30)
+
+/* A text as byte tokens, split into training and validation text by a fixed rule: the last
+ * tenth (floor(size / 10) bytes) is the validation split (LOOM_SPLIT_TEST), the rest the
+ * training split (LOOM_SPLIT_TRAIN).
+ *
+ * Training windows (loom_text_batch): row r of the global batch of step s takes the
+ * context + 1 bytes at training offset loom_rng_hash(loom_rng_hash(seed, s), r) mod
+ * (train_size - context): its first context bytes are the inputs, its last context the
+ * next-token targets. A row depends on (seed, step, row) alone, so a resumed run takes the
+ * windows an uninterrupted one would, and rank k of N with b rows each takes rows
+ * [k b, (k + 1) b) of the global batch one process with N b rows takes.
+ *
+ * Validation windows (loom_text_val_batch): the validation split holds
+ * W = (val_size - 1) / context whole windows side by side (window w at offset w context); a
+ * validation set of `count` windows (1 <= count <= W) takes window floor(k W / count) for
+ * k = 0 .. count-1, spread over the split, the same in every run.
+ *
+ * Threads: a loaded text is read-only; any thread may use it. */
+typedef struct loom_text loom_text;
+
+/* Load a text file's bytes. path NULL: the fortunes (every regular file of LOOM_FORTUNES_DIR
+ * whose name has no '.', so not the .dat / .u8 index files, in strcmp order of their names,
+ * concatenated, each "%" line (a fortune's end) read as an empty line). Errors, naming the
+ * file: LOOM_ENOTFOUND (missing), LOOM_EIO (not a regular file, unreadable), LOOM_EFORMAT
+ * (empty; above LOOM_TEXT_MAX_BYTES), LOOM_ENOMEM. */
+int loom_text_load(const char *path, loom_text **out);
+/* The same from bytes in memory (copied); label names them in messages. */
+int loom_text_from_bytes(const void *bytes, size_t n, const char *label, loom_text **out);
+void loom_text_free(loom_text *t);
+/* What was loaded: the path (or the fortunes folder, or the label). */
+const char *loom_text_source(const loom_text *t);
+/* The bytes of a split and their count. */
+const uint8_t *loom_text_bytes(const loom_text *t, loom_split split);
+size_t loom_text_size(const loom_text *t, loom_split split);
+/* LOOM_OK if each split holds at least one window of context + 1 bytes, else LOOM_EFORMAT
+ * naming the text, the split, its size and the window (LOOM_EINVAL for context 0). */
+int loom_text_check(const loom_text *t, size_t context);
+/* Validation windows of `context` the split holds (W above; 0 if none). */
+size_t loom_text_val_windows(const loom_text *t, size_t context);
+/* Rows [row0, row0 + rows) of step `step`'s training batch (see above): new tensors x and y,
+ * i64 [rows, context]. LOOM_EINVAL for rows 0 or a context loom_text_check refuses. */
+int loom_text_batch(const loom_text *t, uint64_t seed, uint64_t step, size_t row0, size_t rows,
+                    size_t context, loom_tensor **x, loom_tensor **y);
+/* Windows [first, first + rows) of the validation set of `count` windows (see above): new
+ * tensors x and y, i64 [rows, context]. LOOM_EINVAL if count is 0 or above W, or the rows
+ * pass its end. */
+int loom_text_val_batch(const loom_text *t, size_t count, size_t first, size_t rows,
+                        size_t context, loom_tensor **x, loom_tensor **y);
+
 #ifdef __cplusplus
 }
 #endif

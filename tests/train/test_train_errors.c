@@ -13,7 +13,7 @@ LT_TEST(train_bad_options_name_the_option) {
       {"--batch -3", "--batch: expected a positive integer"},
       {"--lr abc", "--lr: expected a number, got 'abc'"},
       {"--lr -1", "--lr: expected a number >= 0"},
-      {"--model rnn", "--model: expected one of mlp|cnn, got 'rnn'"},
+      {"--model rnn", "--model: expected one of mlp|cnn|gpt, got 'rnn'"},
       {"--optim lamb", "--optim: expected one of sgd|adam|adamw, got 'lamb'"},
       {"--amp fp8", "--amp: expected one of off|bf16|f16, got 'fp8'"},
       {"--scaler auto", "--scaler: expected one of dynamic|static|off"},

@@ -14,6 +14,8 @@ typedef struct tt_run {
 tt_run tt_train(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The same for `loom plan`. */
 tt_run tt_plan(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The same for `loom generate`. */
+tt_run tt_generate(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void tt_run_free(tt_run *r);
 /* Whether r ended with exit code rc and want in its stderr; if not, both are printed with
  * what (the arguments) for the log. */
