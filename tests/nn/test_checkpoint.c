@@ -5,6 +5,7 @@
  * the activation peak going down. DDP and FSDP: tests/fsdp/test_fsdp_checkpoint.c. */
 #include "lt.h"
 #include "lt_gpt.h"
+#include "nn/nn_int.h" /* the model's children, to checkpoint wte alone */
 
 #include <stdlib.h>
 #include <string.h>
@@ -15,14 +16,29 @@ static loom_gpt_cfg tiny(int64_t layers) {
 }
 
 /* The f32 gradient arena of m after `steps` backwards (accumulated) of rows 0..3 at T 8. */
-static float *gpt_grads(int64_t layers, bool ckpt, loom_autocast_mode amp, int steps,
+static int count_hook(loom_tensor *grad, void *ctx) {
+  (void)grad;
+  ++*(int *)ctx;
+  return LOOM_OK;
+}
+
+enum { CK_NONE = 0, CK_BLOCKS = 1, CK_NESTED = 2, CK_WTE = 3 }; /* what is checkpointed */
+
+static float *gpt_grads(int64_t layers, int ckpt, loom_autocast_mode amp, int steps,
                         size_t *n) {
   loom_gpt_cfg c = tiny(layers);
   loom_module *m = NULL;
   LT_OK(loom_nn_gpt_create(&c, 7, &m));
-  LT_OK(loom_gpt_set_checkpoint(m, ckpt));
+  LT_OK(loom_gpt_set_checkpoint(m, ckpt == CK_BLOCKS || ckpt == CK_NESTED));
+  if (ckpt == CK_NESTED) LT_OK(loom_module_set_checkpoint(m, true)); /* the whole model too */
+  if (ckpt == CK_WTE) LT_OK(loom_module_set_checkpoint(m->children[0], true));
+  loom_param wte;
+  int fired = 0;
+  LT_OK(loom_module_param_by_name(m, "wte.weight", &wte));
+  LT_OK(loom_tensor_register_hook(wte.value, count_hook, &fired, NULL));
   LT_OK(loom_module_zero_grad(m));
   for (int s = 0; s < steps; s++) LT_OK(lt_gpt_backward(m, 4 * s, 4, 8, amp, 1.0f, NULL));
+  LT_EQ(fired, steps); /* the tied weight's gradient completes once a backward */
   loom_tensor *g = NULL;
   LT_OK(loom_module_arena(m, LOOM_F32, NULL, &g, n));
   float *out = malloc(*n * sizeof *out);
@@ -47,19 +63,13 @@ LT_TEST(checkpoint_gpt_every_block_bit_identical_f32_and_bf16) {
   loom_autocast_mode modes[2] = {LOOM_AUTOCAST_OFF, LOOM_AUTOCAST_BF16};
   for (int k = 0; k < 2; k++) {
     size_t n1 = 0, n2 = 0;
-    float *plain = gpt_grads(3, false, modes[k], 2, &n1);
-    float *ckpt = gpt_grads(3, true, modes[k], 2, &n2);
+    float *plain = gpt_grads(3, CK_NONE, modes[k], 2, &n1);
+    float *ckpt = gpt_grads(3, CK_BLOCKS, modes[k], 2, &n2);
     LT_EQ(n1, n2);
     same_bits(plain, ckpt, n1, k ? "GPT bf16 autocast" : "GPT f32");
     free(plain);
     free(ckpt);
   }
-}
-
-static int count_hook(loom_tensor *grad, void *ctx) {
-  (void)grad;
-  ++*(int *)ctx;
-  return LOOM_OK;
 }
 
 typedef struct mlp_out {
@@ -68,6 +78,24 @@ typedef struct mlp_out {
   float xgrad[30]; /* the input's gradient at the second step */
   int fired;       /* hook calls on 0.weight */
 } mlp_out;
+
+/* A checkpoint inside a checkpoint (the whole model, and each block again: the blocks' run in
+ * the model's recomputation, a reentrant backward inside a reentrant backward), and the tied
+ * wte checkpointed alone (its embedding inside the checkpoint, the head outside: the leaf is
+ * complete once, after both). */
+LT_TEST(checkpoint_gpt_nested_and_tied_weight_bit_identical) {
+  size_t n0 = 0, n1 = 0, n2 = 0;
+  float *plain = gpt_grads(2, CK_NONE, LOOM_AUTOCAST_OFF, 2, &n0);
+  float *nested = gpt_grads(2, CK_NESTED, LOOM_AUTOCAST_OFF, 2, &n1);
+  float *wte = gpt_grads(2, CK_WTE, LOOM_AUTOCAST_OFF, 2, &n2);
+  LT_EQ(n0, n1);
+  LT_EQ(n0, n2);
+  same_bits(plain, nested, n0, "GPT, model and blocks checkpointed");
+  same_bits(plain, wte, n0, "GPT, wte checkpointed");
+  free(plain);
+  free(nested);
+  free(wte);
+}
 
 /* An MLP with dropout inside (Linear, Dropout, ReLU, Linear), input requiring grad, two
  * forward/backward steps (the second draws other masks): the root checkpointed or not. */
