@@ -349,3 +349,43 @@ LT_TEST(checkpoint_lowers_the_peak_and_plans_under_dry_run) {
   LT_EQ(dplain, plain); /* the dry run's plan is the real peak, with and without */
   LT_EQ(dckpt, ckpt);
 }
+
+/* Out of memory at each allocation of a checkpointed MLP's forward + backward in turn (the
+ * checkpoint's node and saved input, the recomputation, the reentrant backward): ENOMEM, never
+ * a crash, and nothing left allocated once the caller has freed what it holds. */
+LT_TEST(checkpoint_out_of_memory_sweep) {
+  int64_t sizes[3] = {4, 8, 2}, shape[2] = {3, 4};
+  loom_module *m = NULL;
+  loom_tensor *x = NULL;
+  LT_OK(loom_nn_mlp_create(sizes, 3, LOOM_ACT_GELU, LOOM_F32, 5, &m));
+  LT_OK(loom_module_set_checkpoint(m, true));
+  LT_OK(loom_tensor_zeros(LOOM_F32, 2, shape, &x));
+  LT_OK(loom_tensor_set_requires_grad(x, true));
+  int ok = 0, nomem = 0;
+  for (uint64_t n = 1; n < 400 && !ok; n++) {
+    loom_pool_stats before, after;
+    LT_OK(loom_mem_stats(LOOM_POOL_COMPUTE, &before));
+    loom_tensor *y = NULL, *l = NULL;
+    loom_alloc_fail_nth(n);
+    int rc = loom_module_forward(m, x, &y);
+    if (!rc) rc = loom_sum(y, NULL, 0, false, &l);
+    if (!rc) rc = loom_backward(l, NULL, false);
+    loom_alloc_fail_nth(0);
+    if (rc && rc != LOOM_ENOMEM)
+      lt_fail_at(__FILE__, __LINE__, "allocation %llu failing: %s (%s)", (unsigned long long)n,
+                 loom_status_name(rc), loom_last_error());
+    ok = rc == LOOM_OK;
+    nomem += rc == LOOM_ENOMEM;
+    loom_tensor_free(l);
+    loom_tensor_free(y);
+    LT_OK(loom_tensor_set_grad(x, NULL));
+    LT_OK(loom_mem_stats(LOOM_POOL_COMPUTE, &after));
+    if (after.current_bytes != before.current_bytes)
+      lt_fail_at(__FILE__, __LINE__, "allocation %llu failing: %zu bytes left behind",
+                 (unsigned long long)n, after.current_bytes - before.current_bytes);
+  }
+  LT_TRUE(ok);
+  LT_TRUE(nomem >= 20);
+  loom_tensor_free(x);
+  loom_module_free(m);
+}
