@@ -6,7 +6,6 @@
 #include "lt.h"
 #include "lt_gpt.h"
 #include "fsdp_model.h"
-#include "loom/ddp.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -61,22 +60,7 @@ static int ddp_rank(loom_pg *pg, void *arg) {
   loom_optim *opt = NULL;
   int rc = loom_nn_gpt_create(&c, 1, &m);
   if (!rc) rc = loom_gpt_set_checkpoint(m, r->ckpt);
-  size_t np = rc ? 0 : loom_module_param_count(m);
-  loom_tensor **ps = calloc(np + 1, sizeof *ps);
-  const char **names = calloc(np + 1, sizeof *names);
-  for (size_t i = 0; i < np && !rc; i++) {
-    loom_param p;
-    rc = loom_module_param(m, i, &p);
-    ps[i] = p.value, names[i] = p.name;
-  }
-  if (!rc) rc = loom_ddp_create(pg, ps, names, np, NULL, &d);
-  loom_tensor *values = NULL, *grads = NULL;
-  size_t numel = 0;
-  if (!rc) rc = loom_module_arena(m, LOOM_F32, &values, &grads, &numel);
-  loom_param_seg seg = {"all", rc ? NULL : loom_tensor_data(values),
-                        rc ? NULL : loom_tensor_data(grads), numel, 0};
-  loom_adam_cfg ac = fm_adam();
-  if (!rc) rc = loom_optim_create_adamw(&seg, 1, &ac, &opt);
+  if (!rc) rc = fm_ddp_wrap(pg, m, &d, &opt);
   for (int s = 0; s < STEPS && !rc; s++) {
     rc = loom_module_zero_grad(m);
     if (!rc) rc = lt_gpt_backward(m, (s * RANKS + rank) * B, B, T, r->amp, 1.0f, NULL);
@@ -87,8 +71,6 @@ static int ddp_rank(loom_pg *pg, void *arg) {
   loom_optim_free(opt);
   loom_ddp_free(d);
   loom_module_free(m);
-  free(ps);
-  free(names);
   return rc;
 }
 
