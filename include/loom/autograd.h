@@ -207,6 +207,57 @@ int loom_autograd_record_custom(const char *name, loom_tensor **inputs, int n_in
                                 loom_tensor *output, loom_custom_backward_fn bwd, void *ctx,
                                 void (*ctx_free)(void *ctx));
 
+/* ---- activation checkpointing ------------------------------------------------------- */
+
+/* A function to checkpoint: compute *out (a new reference) from inputs[0..n_in) with ops, as
+ * a module's forward does. It runs twice, in forward and again in backward, and must do the
+ * same both times on the same inputs (what it reads besides them, parameters included, must
+ * not change in between; randomness must come from state it restores itself: a module's
+ * dropout is restored by loom_module_set_checkpoint). */
+typedef int (*loom_checkpoint_fn)(void *ctx, loom_tensor *const *inputs, int n_in,
+                                  loom_tensor **out);
+
+/* torch.utils.checkpoint.checkpoint(fn, *inputs) (its reentrant form): *out = fn(inputs), run
+ * without recording its inner graph, so none of its intermediate tensors is kept. When grad
+ * mode is on and an input or a parameter requires grad, one node stands for it, holding
+ * detached views of the inputs (their storage stays alive until backward), the autocast mode
+ * and registry in force, and ctx; its backward runs fn again on detached copies of the inputs
+ * with grad mode on under that autocast state, then backpropagates the incoming gradient
+ * through the graph just recorded (a reentrant backward): each input that requires grad gets
+ * its gradient (f32 between nodes, as any op's, so the sums are those the graph without the
+ * checkpoint makes: bit-identical gradients), and the leaves inside accumulate theirs with
+ * their hooks firing as in any backward, DDP's bucket hooks and FSDP's gradient hooks
+ * included. Callbacks queued meanwhile (loom_backward_queue_callback) run at the end of the
+ * outermost backward. Otherwise (no-grad, nothing requires grad) fn simply runs.
+ *
+ * params[0..n_params) are the leaves fn uses (a module's parameters; may be 0). They are
+ * edges of the node, so the enclosing backward counts them: a leaf's gradient completes (its
+ * hooks fire) once, when the paths through the recomputation and any outside it have all run
+ * (a parameter also used outside fn, like a tied embedding, is handled; one whose gradient the
+ * enclosing backward completed before fn's backward ran is LOOM_EMISUSE then). A listed
+ * parameter that the recomputation does not reach gets a zero gradient (as a parameter no path
+ * reaches, loom_tensor_grad's rule).
+ *
+ * Ownership: ctx belongs to the checkpoint from the call on (on failure too): ctx_free(ctx)
+ * (may be NULL) runs when the node is freed or spent, or before the call returns when nothing
+ * was recorded. The node retains the inputs' storage and the params; *out is a new reference
+ * (NULL on failure). The registry in force must outlive the graph. `name` (static storage)
+ * names the node in messages ("checkpoint" if NULL).
+ *
+ * retain_graph: the node keeps what it saved, so a second backward recomputes again and gives
+ * the same gradients. A backward without it spends the node. Double backward does not exist in
+ * loom (backward records nothing). Under loom_autograd_grad the node's backward fails with
+ * LOOM_EMISUSE (the recomputation accumulates into leaves' gradients; PyTorch's reentrant
+ * checkpoint has the same rule).
+ *
+ * Errors: LOOM_EINVAL for a NULL fn or out, n_in < 1, NULL inputs or params arrays;
+ * LOOM_EMISUSE for a freed tensor; LOOM_EDTYPE for a non-floating output; fn's own status;
+ * LOOM_ENOMEM. In backward: LOOM_EMISUSE when the recomputation gives an output of another
+ * shape or dtype, or its graph reaches a node of the enclosing backward. */
+int loom_autograd_checkpoint(const char *name, loom_checkpoint_fn fn, void *ctx,
+                             void (*ctx_free)(void *ctx), loom_tensor *const *inputs, int n_in,
+                             loom_tensor *const *params, int n_params, loom_tensor **out);
+
 #ifdef __cplusplus
 }
 #endif

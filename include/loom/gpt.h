@@ -83,6 +83,12 @@ size_t loom_gpt_numel(const loom_gpt_cfg *cfg);
  * failure *out is NULL. */
 int loom_nn_gpt_create(const loom_gpt_cfg *cfg, uint64_t seed, loom_module **out);
 
+/* Activation checkpointing of every block h.{i} (loom_module_set_checkpoint, which has the
+ * semantics): what `loom train --checkpoint-activations` turns on. The embeddings, ln_f and the
+ * head stay recorded. LOOM_EINVAL for NULL, LOOM_EMISUSE for a module that is not a GPT2 model
+ * from loom_nn_gpt_create. */
+int loom_gpt_set_checkpoint(loom_module *gpt, bool on);
+
 /* The language-model loss: mean cross entropy of logits [B, T, V] against targets [B, T]
  * (i32 or i64 in [0, V)), over all B x T positions, computed in f32 (loom_cross_entropy); a new
  * scalar tensor on the tape. LOOM_ESHAPE if the shapes do not fit. */

@@ -90,6 +90,41 @@ void loom_module_free(loom_module *m);
 int loom_module_forward(loom_module *m, loom_tensor *x, loom_tensor **out);
 /* Training mode (the default) or evaluation mode, for this module and its children. */
 void loom_module_set_training(loom_module *m, bool training);
+/* Activation checkpointing for m (PyTorch's checkpoint_wrapper(m), torch.utils.checkpoint in
+ * its reentrant form; off by default). While on, a forward of m in training mode with grad
+ * mode on runs without recording m's inner graph: m's intermediate activations are freed as
+ * soon as they are used, and one node (named by m's type) stands for m, keeping only m's input
+ * (a view: its storage stays alive until backward), the autocast mode and registry in force,
+ * and m's subtree's forward counters (dropout's masks are seed + count: the recomputation
+ * draws the masks the forward drew). Its backward runs m's forward again from that input with
+ * grad on, under that autocast state, and backpropagates the incoming gradient through the
+ * recomputed graph: the input gets its gradient and m's parameters accumulate theirs, their
+ * hooks firing as in any backward. Gradients are bit-identical to those without
+ * checkpointing (f32 and under autocast) when m's input feeds only m; the saving is m's
+ * activations, the cost one more forward of m in backward (loom_autograd_checkpoint has the
+ * details). In evaluation mode or under no-grad, m simply runs.
+ *
+ * Where: checkpoint modules whose activations are large and whose input is small, the blocks
+ * of a transformer (loom_gpt_set_checkpoint: each h.{i}). m's own forward hooks (FSDP's unit
+ * boundary) are not run again by the recomputation; its children's are.
+ *
+ * DDP: the parameters' gradient hooks fire in backward as usual (inside the recomputation's
+ * backward), so buckets fill and all-reduce as without checkpointing. FSDP: checkpoint the
+ * unit's module (or modules inside a unit): FSDP gathers the unit before the forward, and in
+ * backward the unit's output-gradient hook gathers it again before the recomputation runs (the
+ * recomputation happens inside the unit's pre-backward gather, as PyTorch's
+ * FSDP(checkpoint_wrapper(block))), and under FSDP's mixed precision the recomputation runs
+ * in the forward dtype (the autocast state saved). A dry run (loom_mem_set_dry_run) recomputes
+ * shapes only, as it computes them.
+ *
+ * The module (and the parameters it reads) must outlive the graph, and must not change between
+ * forward and backward (a recomputation that gives another shape fails with LOOM_EMISUSE).
+ * retain_graph, loom_autograd_grad and double backward: as loom_autograd_checkpoint says (a
+ * retained graph recomputes again; loom_autograd_grad through it is LOOM_EMISUSE). Sets m
+ * alone, not its children. LOOM_EINVAL for a NULL module. */
+int loom_module_set_checkpoint(loom_module *m, bool on);
+/* True if m is checkpointed (false for NULL). */
+bool loom_module_checkpoint(const loom_module *m);
 /* "Linear", "Sequential", ... */
 const char *loom_module_type(const loom_module *m);
 

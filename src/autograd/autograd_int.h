@@ -61,6 +61,9 @@ struct loom__node {
   int64_t out_shape[LOOM_MAX_DIMS];
   loom__hooks hooks; /* hooks on the output tensor (run with its gradient) */
   bool released;     /* spent by a backward without retain_graph */
+  /* a checkpoint (checkpoint.c): backward recomputes; linear in its gradient, so it is skipped
+   * when none reaches it, as an op's node is (a custom function's never is) */
+  bool recompute;
   /* backward hands the output's gradient to input 0 unchanged but for rounding to the output
    * dtype (a cast): a gradient sink (loom__grad_sink) may look through this node */
   bool passthrough;
@@ -82,6 +85,7 @@ typedef struct loom__meta {
   loom__hooks hooks;   /* leaves: run when grad is complete */
   uint64_t bwd_epoch;
   int bwd_pending;
+  uint64_t bwd_seen; /* leaves: the last backward whose discovery counted an edge to it */
   bool sink_fresh; /* grad was allocated by a sink in the node running now (error cleanup) */
   /* leaves: grad's buffer is logically zero but not written (loom_tensor_zero_grad_lazy); the
    * first write overwrites it, and anything that reads it zeroes it first (loom__grad_settle) */
@@ -182,6 +186,23 @@ int loom__tensor_set_grad_f32(loom_tensor *t, loom_tensor *grad);
 
 /* dst (any float dtype, contiguous) += src (f32), n elements, through f32. */
 void loom__accumulate_f32(loom_tensor *dst, const float *src, size_t n);
+
+/* A reentrant backward (a checkpoint's, checkpoint.c) from output, run by node `from`'s backward
+ * while the enclosing backward runs (or with none running): grad_output is f32 of output's shape
+ * (output may be f16/bf16); leaves accumulate and fire their hooks as loom_backward's do, a leaf
+ * of the enclosing graph (an edge of `from`, which the graph here takes over, or another) being
+ * complete once every path of both backwards has run; the gradients of inputs[0..n) (leaves made
+ * for the purpose) are captured into grads[k] (f32, NULL if none reached it) instead. Callbacks
+ * queued meanwhile run at the end of the outermost backward. LOOM_EMISUSE under
+ * loom_autograd_grad. The graph below output is spent. */
+int loom__backward_reentrant(loom__node *from, loom_tensor *output, loom_tensor *grad_output,
+                             loom_tensor *const *inputs, int n, loom_tensor **grads);
+/* True while a loom_autograd_grad runs on this thread. */
+bool loom__backward_capturing(void);
+/* Grad mode for a recomputation inside backward: suspend returns the no-grad depth and turns
+ * grad mode on; resume puts the depth back. */
+int loom__grad_mode_suspend(void);
+void loom__grad_mode_resume(int depth);
 
 /* Per-thread state: grad mode depth and whether a backward is running. */
 void loom__grad_mode_push(void);

@@ -23,6 +23,13 @@ typedef struct bwd_state {
   loom_tensor *const *cap_in;
   loom_tensor **cap_out;
   int cap_n;
+  /* a reentrant backward (loom__backward_reentrant: a checkpoint's recomputed graph) run from
+   * a node of the backward `parent`: leaves accumulate and fire hooks as in a plain backward,
+   * only cap_in are captured; callbacks go to the outermost backward */
+  bool reentrant;
+  struct bwd_state *parent;
+  uint64_t epoch;
+  loom__node *transfer; /* its leaf edges pass to this backward's graph (loom__backward_reentrant) */
 } bwd_state;
 
 static _Thread_local bwd_state *current;
@@ -33,6 +40,7 @@ int loom_backward_queue_callback(int (*fn)(void *ctx), void *ctx) {
   if (!current) return loom__fail(LOOM_EMISUSE, "%s: no backward is running on this thread", who);
   if (!fn) return loom__fail(LOOM_EINVAL, "%s: fn is NULL", who);
   bwd_state *s = current;
+  while (s->parent) s = s->parent; /* a reentrant backward's callbacks run at the very end */
   if (s->n == s->cap) {
     int cap = s->cap ? 2 * s->cap : 4;
     callback *v = loom__malloc(LOOM_POOL_COMPUTE, (size_t)cap * sizeof *v);
@@ -131,10 +139,9 @@ static int leaf_done(loom_tensor *leaf) {
 
 /* Capture mode: add g (f32, the input's shape) into the captured gradient of input k. */
 static int capture_add(bwd_state *s, int k, const loom_tensor *g) {
-  if (!s->cap_out[k]) {
-    int rc = loom_tensor_zeros(LOOM_F32, g->ndim, g->shape, &s->cap_out[k]);
-    if (rc) return rc;
-  }
+  if (!s->cap_out[k]) /* the first contribution as it is (a pending node gradient's rule: so
+                       * -0.0 stays -0.0 and the sum is the one the graph would make) */
+    return loom_tensor_clone((loom_tensor *)g, &s->cap_out[k]);
   loom__accumulate_f32(s->cap_out[k], loom_tensor_data(g), loom_tensor_numel(g));
   return LOOM_OK;
 }
@@ -190,11 +197,15 @@ static loom_tensor *sink_leaf(const loom__node *n, int i) {
   return m && m->grad && m->grad->dtype == LOOM_F32 ? e->leaf : NULL;
 }
 
+/* True if this backward captures gradients instead of accumulating into leaves (the
+ * loom_autograd_grad mode; a reentrant backward captures only its inputs). */
+static bool capturing(const bwd_state *s) { return s->cap_n && !s->reentrant; }
+
 bool loom__grad_sink(loom__node *n, int i, loom__sink *s) {
   *s = (loom__sink){NULL, 0.0f, false, NULL, LOOM_GRAD_BOUND_UNKNOWN, 0.0};
-  if (!current || current->cap_n || i < 0 || i >= n->n_in) return false;
+  if (!current || capturing(current) || i < 0 || i >= n->n_in) return false;
   loom_tensor *leaf = sink_leaf(n, i);
-  if (!leaf) return false;
+  if (!leaf || (current->cap_n && capture_index(current, leaf) >= 0)) return false;
   loom__meta *m = leaf->autograd;
   if (!m->grad) {
     if (loom_tensor_empty(LOOM_F32, leaf->ndim, leaf->shape, &m->grad)) return false;
@@ -217,7 +228,7 @@ bool loom__grad_sink(loom__node *n, int i, loom__sink *s) {
 }
 
 int loom__sink_finish(loom__node *n, int i, const loom__sink *s) {
-  if (!current || current->cap_n || !s->p || i < 0 || i >= n->n_in) return LOOM_OK;
+  if (!current || capturing(current) || !s->p || i < 0 || i >= n->n_in) return LOOM_OK;
   loom__edge *e = &n->in[i];
   if (e->node || e->leaf != s->leaf || e->bwd_finished) return LOOM_OK;
   e->bwd_finished = true;
@@ -296,7 +307,38 @@ static loom__node *heap_pop(heap *h) {
 /* Discover the graph under root: marks nodes with epoch, counts incoming edges, chains every
  * node through bwd_next (returned in *all) and counts them. Fails without side effects on
  * user-visible state if a spent node is found. */
-static int discover(loom__node *root, uint64_t epoch, loom__node **all, size_t *count) {
+/* True if epoch is that of a backward enclosing st (st runs from one of its nodes). */
+static bool enclosing(const bwd_state *st, uint64_t epoch) {
+  for (const bwd_state *p = st->parent; p; p = p->parent)
+    if (p->epoch == epoch) return true;
+  return false;
+}
+
+/* A reentrant backward's graph meets a leaf of an enclosing one (a parameter used inside and
+ * outside a checkpointed function): the leaf keeps the enclosing count, raised by this graph's
+ * edges, so it is complete (and its hooks fire) once, when every path of both has run. A node
+ * of an enclosing graph cannot be shared: its pending gradient belongs to that backward. */
+static int discover_leaf(const bwd_state *st, loom_tensor *leaf, uint64_t epoch) {
+  loom__meta *m = leaf->autograd;
+  if (m->bwd_epoch != epoch) {
+    if (!enclosing(st, m->bwd_epoch)) {
+      m->bwd_epoch = epoch;
+      m->bwd_pending = 0;
+    } else if (m->bwd_pending == 0 && m->bwd_seen != epoch) {
+      return loom__fail(LOOM_EMISUSE,
+                        "loom_backward: a checkpoint's recomputed graph uses a tensor whose "
+                        "gradient the enclosing backward has already completed (a parameter "
+                        "used outside the checkpointed function too, by ops backward ran "
+                        "first); checkpoint a function that holds every use of it");
+    }
+  }
+  m->bwd_seen = epoch;
+  m->bwd_pending++;
+  return LOOM_OK;
+}
+
+static int discover(const bwd_state *st, loom__node *root, uint64_t epoch, loom__node **all,
+                    size_t *count) {
   loom__node *stack = root, *list = NULL;
   size_t cnt = 0;
   root->bwd_epoch = epoch;
@@ -320,6 +362,10 @@ static int discover(loom__node *root, uint64_t epoch, loom__node **all, size_t *
       loom__edge *e = &n->in[i];
       if (e->node) {
         loom__node *c = e->node;
+        if (c->bwd_epoch != epoch && enclosing(st, c->bwd_epoch) && rc == LOOM_OK)
+          rc = loom__fail(LOOM_EMISUSE, "loom_backward: a checkpoint's recomputed graph reaches "
+                          "%s, a node of the enclosing backward (its inputs must be detached)",
+                          c->name);
         if (c->bwd_epoch != epoch) {
           c->bwd_epoch = epoch;
           c->bwd_deps = 0;
@@ -328,12 +374,8 @@ static int discover(loom__node *root, uint64_t epoch, loom__node **all, size_t *
         }
         c->bwd_deps++;
       } else if (e->leaf) {
-        loom__meta *m = e->leaf->autograd;
-        if (m->bwd_epoch != epoch) {
-          m->bwd_epoch = epoch;
-          m->bwd_pending = 0;
-        }
-        m->bwd_pending++;
+        int rc2 = discover_leaf(st, e->leaf, epoch);
+        if (rc == LOOM_OK) rc = rc2;
       }
     }
   }
@@ -350,7 +392,8 @@ static int run_node(loom__node *n, heap *h, bool retain) {
   /* No gradient reached n (its consumers wrote into sinks, or gave none): backward is linear
    * in the gradient, so its inputs get none either, unless a hook, a capture or a custom
    * function must see it. */
-  bool skip = !gout && !n->hooks.n && !current->cap_n && n->kind != LOOM_OPK_CUSTOM;
+  bool skip = !gout && !n->hooks.n && !capturing(current) &&
+              (n->kind != LOOM_OPK_CUSTOM || n->recompute);
   if (!gout && !skip) rc = loom_tensor_zeros(LOOM_F32, n->out_ndim, n->out_shape, &gout);
   if (rc) return rc;
   if (n->n_in > 4) {
@@ -380,7 +423,7 @@ static int run_node(loom__node *n, heap *h, bool retain) {
     if (e->node) {
       if (g) LOOM_TRY(pend_add(e->node, g));
       if (--e->node->bwd_deps == 0) heap_push(h, e->node);
-    } else if (current->cap_n) {
+    } else if (current->cap_n && (!current->reentrant || capture_index(current, e->leaf) >= 0)) {
       int k = capture_index(current, e->leaf);
       rc = g && k >= 0 ? capture_add(current, k, g) : LOOM_OK;
       loom_tensor_free(g);
@@ -405,7 +448,7 @@ done:
   return rc;
 }
 
-static int check_loss(loom_tensor *loss, loom_tensor *gout) {
+static int check_loss(loom_tensor *loss, loom_tensor *gout, bool reentrant) {
   static const char *who = "loom_backward";
   int rc = loom_tensor_check(loss, who);
   if (rc) return rc;
@@ -425,7 +468,7 @@ static int check_loss(loom_tensor *loss, loom_tensor *gout) {
     return LOOM_OK;
   }
   if ((rc = loom_tensor_check(gout, who))) return rc;
-  if (gout->dtype != loss->dtype)
+  if (gout->dtype != loss->dtype && !(reentrant && gout->dtype == LOOM_F32))
     return loom__fail(LOOM_EDTYPE, "%s: grad_output dtype %s differs from the loss's %s", who,
                       loom_dtype_name(gout->dtype), loom_dtype_name(loss->dtype));
   if (!loom_tensor_same_shape(gout, loss))
@@ -438,9 +481,9 @@ static int check_loss(loom_tensor *loss, loom_tensor *gout) {
 /* Backward from loss with the state st (capture mode when st->cap_n > 0). */
 static int run_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain_graph,
                         bwd_state *st) {
-  int rc = check_loss(loss, grad_output);
+  int rc = check_loss(loss, grad_output, st->reentrant);
   if (rc) return rc;
-  if (current)
+  if (current && !st->reentrant)
     return loom__fail(LOOM_EMISUSE,
                       "loom_backward: a backward is already running on this thread (called "
                       "from a hook?)");
@@ -454,17 +497,27 @@ static int run_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain
     rc = loom_tensor_fill(g, 1.0);
   if (rc) return rc;
 
+  st->parent = current;
   current = st;
   loom__grad_mode_push();
   if (!m->grad_fn) { /* the loss is itself a leaf */
     int k = st->cap_n ? capture_index(st, loss) : -1;
-    m->bwd_pending = 0;
-    if (st->cap_n) rc = k >= 0 ? capture_add(st, k, g) : LOOM_OK;
+    if (!st->reentrant) m->bwd_pending = 0;
+    if (capturing(st) || k >= 0) rc = k >= 0 ? capture_add(st, k, g) : LOOM_OK;
     else if (!(rc = leaf_add(loss, g))) rc = leaf_done(loss);
     goto finish;
   }
   uint64_t epoch = atomic_fetch_add_explicit(&next_epoch, 1, memory_order_relaxed);
-  LOOM_TRY(discover(m->grad_fn, epoch, &all, &count));
+  st->epoch = epoch;
+  LOOM_TRY(discover(st, m->grad_fn, epoch, &all, &count));
+  if (st->transfer) /* the checkpoint's leaf edges pass to this graph where it has their uses */
+    for (int i = 0; i < st->transfer->n_in; i++) {
+      loom__edge *e = &st->transfer->in[i];
+      loom__meta *lm = e->leaf ? e->leaf->autograd : NULL;
+      if (!lm || lm->bwd_seen != epoch || capture_index(st, e->leaf) >= 0) continue;
+      lm->bwd_pending--; /* this graph's own edges keep it above zero */
+      e->bwd_finished = true;
+    }
   h.v = loom__malloc(LOOM_POOL_COMPUTE, count * sizeof *h.v);
   LOOM_TRY_ALLOC(h.v, "the ready queue");
   m->grad_fn->bwd_grad = g;
@@ -489,13 +542,33 @@ done:
     }
   }
   loom__grad_mode_pop();
-  current = NULL;
+  current = st->parent;
   loom__free(st->cbs);
   st->cbs = NULL;
   loom__free(h.v);
   loom_tensor_free(g);
   return rc;
 }
+
+int loom__backward_reentrant(loom__node *from, loom_tensor *output, loom_tensor *grad_output,
+                             loom_tensor *const *inputs, int n, loom_tensor **grads) {
+  for (int k = 0; k < n; k++) grads[k] = NULL;
+  if (current && capturing(current))
+    return loom__fail(LOOM_EMISUSE, "backward of %s: a checkpoint cannot run under "
+                      "loom_autograd_grad (its recomputation accumulates into parameters' "
+                      "gradients; PyTorch's reentrant checkpoint has the same rule): use "
+                      "loom_backward", from ? from->name : "a checkpoint");
+  bwd_state st = {.cap_in = inputs, .cap_out = grads, .cap_n = n, .reentrant = true,
+                  .transfer = from};
+  int rc = run_backward(output, grad_output, false, &st);
+  for (int k = 0; k < n && rc; k++) {
+    loom_tensor_free(grads[k]);
+    grads[k] = NULL;
+  }
+  return rc;
+}
+
+bool loom__backward_capturing(void) { return current && capturing(current); }
 
 int loom_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain_graph) {
   bwd_state st = {0};

@@ -42,6 +42,12 @@ int loom_no_grad_exit(void) {
 }
 void loom__grad_mode_push(void) { no_grad_depth++; }
 void loom__grad_mode_pop(void) { no_grad_depth--; }
+int loom__grad_mode_suspend(void) {
+  int d = no_grad_depth;
+  no_grad_depth = 0;
+  return d;
+}
+void loom__grad_mode_resume(int depth) { no_grad_depth = depth; }
 
 bool loom__ag_needs(loom_tensor *const *in, int n) {
   if (no_grad_depth) return false;

@@ -160,6 +160,16 @@ done:
   return rc;
 }
 
+int loom_gpt_set_checkpoint(loom_module *gpt, bool on) {
+  if (!gpt) return loom__fail(LOOM_EINVAL, "loom_gpt_set_checkpoint: model is NULL");
+  if (strcmp(gpt->type, "GPT2") || gpt->n_children != 4)
+    return loom__fail(LOOM_EMISUSE, "loom_gpt_set_checkpoint: the module is a %s, not a GPT2 "
+                      "model", gpt->type);
+  loom_module *h = gpt->children[GPT_H];
+  for (int i = 0; i < h->n_children; i++) h->children[i]->checkpoint = on;
+  return LOOM_OK;
+}
+
 /* ---- loss --------------------------------------------------------------------------------- */
 
 int loom_gpt_loss(loom_tensor *logits, loom_tensor *targets, loom_tensor **out) {

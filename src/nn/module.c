@@ -192,12 +192,98 @@ done:
 
 /* ---- running ---------------------------------------------------------------------------- */
 
+/* ---- activation checkpointing ------------------------------------------------------------ */
+
+/* What a checkpointed forward keeps for its recomputation: the module and its subtree's
+ * forward counters (dropout's seed is seed + calls: the recomputation must draw the masks the
+ * forward drew), as the forward found them. */
+typedef struct ckpt_run {
+  loom_module *m;
+  bool ran;
+  size_t n;
+  uint64_t calls[]; /* [0, n): at the forward; [n, 2n): scratch for the recomputation */
+} ckpt_run;
+
+static size_t tree_size(const loom_module *m) {
+  size_t n = 1;
+  for (int i = 0; i < m->n_children; i++) n += tree_size(m->children[i]);
+  return n;
+}
+
+/* Copy the subtree's counters into v (get) or from v (set), depth first. */
+static void tree_calls(loom_module *m, uint64_t *v, size_t *k, bool set) {
+  if (set) m->calls = v[*k];
+  else v[*k] = m->calls;
+  (*k)++;
+  for (int i = 0; i < m->n_children; i++) tree_calls(m->children[i], v, k, set);
+}
+
+static int ckpt_fn(void *ctx, loom_tensor *const *in, int n_in, loom_tensor **out) {
+  (void)n_in;
+  ckpt_run *c = ctx;
+  size_t k = 0;
+  if (!c->ran) { /* the forward */
+    c->ran = true;
+    tree_calls(c->m, c->calls, &k, false);
+    return c->m->forward(c->m, in[0], out);
+  }
+  tree_calls(c->m, c->calls + c->n, &k, false); /* where the module is now */
+  k = 0;
+  tree_calls(c->m, c->calls, &k, true); /* back to the forward's draws */
+  int rc = c->m->forward(c->m, in[0], out);
+  k = 0;
+  tree_calls(c->m, c->calls + c->n, &k, true);
+  return rc;
+}
+
+static void ckpt_free(void *ctx) { loom__free(ctx); }
+
+/* m's forward through loom_autograd_checkpoint, with its subtree's parameters as the leaves. */
+static int run_checkpointed(loom_module *m, loom_tensor *x, loom_tensor **out) {
+  size_t n = tree_size(m), np = loom_module_param_count(m);
+  ckpt_run *c = loom__calloc(LOOM_POOL_COMPUTE, 1, sizeof *c + 2 * n * sizeof(uint64_t));
+  loom_tensor **params = loom__calloc(LOOM_POOL_COMPUTE, np ? np : 1, sizeof *params);
+  if (!c || !params) {
+    loom__free(c);
+    loom__free(params);
+    return loom__fail(LOOM_ENOMEM, "%s: out of memory checkpointing", m->type);
+  }
+  c->m = m;
+  c->n = n;
+  int rc = LOOM_OK;
+  for (size_t i = 0; i < np && !rc; i++) {
+    loom_param p;
+    if (!(rc = loom_module_param(m, i, &p))) params[i] = p.value;
+  }
+  if (rc) {
+    loom__free(c);
+    loom__free(params);
+    return rc;
+  }
+  rc = loom_autograd_checkpoint(m->type, ckpt_fn, c, ckpt_free, &x, 1, params, (int)np, out);
+  loom__free(params);
+  return rc;
+}
+
+int loom_module_set_checkpoint(loom_module *m, bool on) {
+  if (!m) return loom__fail(LOOM_EINVAL, "loom_module_set_checkpoint: module is NULL");
+  m->checkpoint = on;
+  return LOOM_OK;
+}
+
+bool loom_module_checkpoint(const loom_module *m) { return m && m->checkpoint; }
+
+/* ---- running ------------------------------------------------------------------------------ */
+
 int loom__module_run(loom_module *m, loom_tensor *x, loom_tensor **out) {
   const loom__module_hooks *h = m->hooks;
   void *ctx = m->hooks_ctx;
   int rc = h && h->pre ? h->pre(m, ctx) : LOOM_OK;
   if (rc) return rc;
-  rc = m->forward(m, x, out);
+  /* inside the hooks, as PyTorch's FSDP(checkpoint_wrapper(block)): a unit's gather is around
+   * the forward and, through its output's gradient hook, around the recomputation */
+  if (m->checkpoint && m->training && loom_grad_enabled()) rc = run_checkpointed(m, x, out);
+  else rc = m->forward(m, x, out);
   if (h && h->post) {
     int rc2 = h->post(m, rc ? NULL : *out, rc, ctx);
     if (!rc && rc2) {

@@ -38,6 +38,7 @@ struct loom_module {
   int n_children;
   loom_module *parent;
   bool training;
+  bool checkpoint; /* loom_module_set_checkpoint: forward recomputed in backward */
   int64_t cfg[8]; /* per type: sizes, strides, activation, ... */
   double fcfg[2];
   uint64_t seed, calls;

@@ -41,9 +41,12 @@ __attribute__((constructor)) static void install_exit_hook(void) {
   loom__autocast_set_exit_hook(cache_drop);
 }
 
+/* Only casts made with grad mode on are cached (and used): a cast made under no-grad (a
+ * checkpointed forward, loom_autograd_checkpoint) has no node, and handing it to the
+ * recomputation in backward would cut the parameter off its gradient. */
 static bool cacheable(const loom_tensor *t) {
   return t->dtype == LOOM_F32 && loom_tensor_requires_grad(t) && loom_tensor_is_leaf(t) &&
-         loom_autocast_depth() > 0;
+         loom_autocast_depth() > 0 && loom_grad_enabled();
 }
 
 /* A cached cast of t to dt for this region (a new reference), or NULL. */

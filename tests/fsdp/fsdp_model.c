@@ -3,6 +3,7 @@
 #include "lt_tree.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static float hash_unit(uint64_t x) { /* a value in [-1, 1) from an integer */
@@ -80,6 +81,32 @@ int fm_setup(loom_pg *pg, uint64_t seed, const loom_fsdp_cfg *cfg, loom_pool sta
              loom_module **m, loom_fsdp **f, loom_optim **opt) {
   int rc = fm_create(seed, m);
   return rc ? rc : fm_wrap(pg, *m, cfg, state_pool, f, opt);
+}
+
+int fm_ddp_wrap(loom_pg *pg, loom_module *m, loom_ddp **d, loom_optim **opt) {
+  size_t np = loom_module_param_count(m);
+  loom_tensor **ps = calloc(np + 1, sizeof *ps);
+  const char **names = calloc(np + 1, sizeof *names);
+  int rc = ps && names ? LOOM_OK : LOOM_ENOMEM;
+  for (size_t i = 0; i < np && !rc; i++) {
+    loom_param p;
+    rc = loom_module_param(m, i, &p);
+    ps[i] = p.value, names[i] = p.name;
+  }
+  if (!rc) rc = loom_ddp_create(pg, ps, names, np, NULL, d);
+  free(ps);
+  free(names);
+  return rc ? rc : fm_arena_adamw(m, opt);
+}
+
+int fm_arena_adamw(loom_module *m, loom_optim **opt) {
+  loom_tensor *values = NULL, *grads = NULL;
+  size_t numel = 0;
+  int rc = loom_module_arena(m, LOOM_F32, &values, &grads, &numel);
+  if (rc) return rc;
+  loom_param_seg seg = {"all", loom_tensor_data(values), loom_tensor_data(grads), numel, 0};
+  loom_adam_cfg ac = fm_adam();
+  return loom_optim_create_adamw(&seg, 1, &ac, opt);
 }
 
 void fm_flatten_module(loom_module *m, float *out) {

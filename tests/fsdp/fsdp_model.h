@@ -5,6 +5,7 @@
 #ifndef LOOM_TESTS_FSDP_MODEL_H
 #define LOOM_TESTS_FSDP_MODEL_H
 
+#include "loom/ddp.h"
 #include "loom/fsdp.h"
 #include "loom/loom.h"
 
@@ -29,6 +30,11 @@ int fm_setup(loom_pg *pg, uint64_t seed, const loom_fsdp_cfg *cfg, loom_pool sta
 /* The same for a model the caller made (any model: the GPT tests use it too). */
 int fm_wrap(loom_pg *pg, loom_module *m, const loom_fsdp_cfg *cfg, loom_pool state_pool,
             loom_fsdp **f, loom_optim **opt);
+/* DDP (default config) over every parameter of m (a root module), named as m names them, and
+ * fm_adam over m's f32 arena (DDP's buckets are views of its gradient arena). */
+int fm_ddp_wrap(loom_pg *pg, loom_module *m, loom_ddp **d, loom_optim **opt);
+/* fm_adam over the whole f32 arena of m (a root module). */
+int fm_arena_adamw(loom_module *m, loom_optim **opt);
 /* Every parameter of a module with its own arena, in order, into out (loom_module_numel). */
 void fm_flatten_module(loom_module *m, float *out);
 /* The same from an FSDP full state (rank 0). */

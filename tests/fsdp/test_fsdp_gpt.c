@@ -20,7 +20,6 @@
 #include "lt.h"
 #include "lt_gpt.h"
 #include "fsdp_model.h"
-#include "loom/ddp.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -88,17 +87,6 @@ static int fsdp_rank(loom_pg *pg, void *arg) {
   return rc;
 }
 
-/* fm_adam over the whole arena of m (a root module). */
-static int arena_adamw(loom_module *m, loom_optim **opt) {
-  loom_tensor *values = NULL, *grads = NULL;
-  size_t numel = 0;
-  int rc = loom_module_arena(m, LOOM_F32, &values, &grads, &numel);
-  if (rc) return rc;
-  loom_param_seg seg = {"all", loom_tensor_data(values), loom_tensor_data(grads), numel, 0};
-  loom_adam_cfg ac = fm_adam();
-  return loom_optim_create_adamw(&seg, 1, &ac, opt);
-}
-
 /* DDP over the module's parameters; the optimizer over the module's arena (DDP's buckets are
  * views of its gradient arena). */
 static int ddp_rank(loom_pg *pg, void *arg) {
@@ -109,16 +97,7 @@ static int ddp_rank(loom_pg *pg, void *arg) {
   loom_ddp *d = NULL;
   loom_optim *opt = NULL;
   int rc = loom_nn_gpt_create(&c, 1 + (uint64_t)rank, &m); /* rank 0's values are broadcast */
-  size_t np = rc ? 0 : loom_module_param_count(m);
-  loom_tensor **ps = calloc(np + 1, sizeof *ps);
-  const char **names = calloc(np + 1, sizeof *names);
-  for (size_t i = 0; i < np && !rc; i++) {
-    loom_param p;
-    rc = loom_module_param(m, i, &p);
-    ps[i] = p.value, names[i] = p.name;
-  }
-  if (!rc) rc = loom_ddp_create(pg, ps, names, np, NULL, &d);
-  if (!rc) rc = arena_adamw(m, &opt);
+  if (!rc) rc = fm_ddp_wrap(pg, m, &d, &opt);
   for (int s = 0; s < STEPS && !rc; s++) {
     rc = loom_module_zero_grad(m);
     if (!rc) rc = lt_gpt_backward(m, row0_of(s, rank, n), rows_of(n), T, r->amp, 1.0f, NULL);
@@ -129,8 +108,6 @@ static int ddp_rank(loom_pg *pg, void *arg) {
   loom_optim_free(opt);
   loom_ddp_free(d);
   loom_module_free(m);
-  free(ps);
-  free(names);
   return rc;
 }
 
@@ -140,7 +117,7 @@ static float *reference(loom_autocast_mode amp) {
   loom_module *m = NULL;
   LT_OK(loom_nn_gpt_create(&c, 1, &m));
   loom_optim *opt = NULL;
-  LT_OK(arena_adamw(m, &opt));
+  LT_OK(fm_arena_adamw(m, &opt));
   for (int s = 0; s < STEPS; s++) {
     LT_OK(loom_module_zero_grad(m));
     LT_OK(lt_gpt_backward(m, row0_of(s, 0, 1), rows_of(1), T, amp, 1.0f, NULL));
