@@ -145,6 +145,7 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
       {"dim", CLI_POS_INT, &o->dim, "N", "GPT width", NULL, 1, TRAIN_MAX_WIDTH, &c->seen_dim, CLI_RANKS_SAME},
       {"context", CLI_POS_INT, &o->context, "N", "GPT context: tokens (bytes) a window holds", NULL, 1, 1 << 20, &c->seen_context, CLI_RANKS_SAME},
       {"text", CLI_STRING, &o->text, "FILE", "GPT: the text to learn, as bytes (default the English fortunes of Debian's fortunes package, " LOOM_FORTUNES_DIR "); the last tenth is the validation text", NULL, 0, 0, &c->seen_text, CLI_RANKS_CONTENTS},
+      {"checkpoint-activations", CLI_FLAG, &o->checkpoint_activations, NULL, "GPT: keep only each block's input in forward and recompute the block in backward (less memory, more time; PyTorch's checkpoint_wrapper)", NULL, 0, 0, &c->seen_checkpoint_activations, CLI_RANKS_SAME},
       {"eval-every", CLI_INT, &o->eval_every, "N", "GPT: validation loss every N steps too; 0: at each epoch's end only", NULL, 0, steps_max, &c->seen_eval_every, CLI_RANKS_SAME},
       {"eval-windows", CLI_INT, &o->eval_windows, "N", "GPT: validation windows an evaluation takes, spread over the validation text; 0: all of them", NULL, 0, 1e9, &c->seen_eval_windows, CLI_RANKS_SAME},
       {"epochs", CLI_POS_INT, &o->epochs, "N", "passes over the training set (gpt: 1; an epoch is as many tokens as the training text holds)", NULL, 1, 1e6, &c->seen_epochs, CLI_RANKS_SAME},

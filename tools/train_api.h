@@ -32,6 +32,7 @@ typedef struct train_opts {
   const char *text;                    /* --text FILE; NULL: the fortunes (LOOM_FORTUNES_DIR) */
   long eval_every;                     /* validation loss every N steps too; 0: epochs' ends */
   long eval_windows;                   /* validation windows an evaluation takes; 0: all */
+  bool checkpoint_activations;         /* recompute each block's forward in backward */
   long epochs, batch, seed;
   double lr, weight_decay, momentum, loss_scale;
   long warmup;

@@ -47,6 +47,7 @@ int train_model_create(const train_opts *o, train_model *m) {
     m->gpt_cfg = (loom_gpt_cfg){.vocab = LOOM_TEXT_VOCAB, .context = o->context,
                                 .layers = o->layers, .heads = o->heads, .dim = o->dim};
     rc = loom_nn_gpt_create(&m->gpt_cfg, (uint64_t)o->seed, &m->root);
+    if (!rc && o->checkpoint_activations) rc = loom_gpt_set_checkpoint(m->root, true);
   } else if (strcmp(o->model, "cnn") == 0) {
     m->cnn = true;
     rc = make_cnn(o, m);

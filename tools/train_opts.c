@@ -131,7 +131,8 @@ static int gpt_options(train_opts *o, const train_cmdline *c) {
   const char *gpt_only = c->seen_layers ? "layers" : c->seen_heads ? "heads"
                          : c->seen_dim ? "dim" : c->seen_context ? "context"
                          : c->seen_text ? "text" : c->seen_eval_every ? "eval-every"
-                         : c->seen_eval_windows ? "eval-windows" : NULL;
+                         : c->seen_eval_windows ? "eval-windows"
+                         : c->seen_checkpoint_activations ? "checkpoint-activations" : NULL;
   if (!gpt && gpt_only)
     return usage("--%s: a GPT option; it needs --model gpt (this run trains --model %s)",
                  gpt_only, o->model);

@@ -23,7 +23,7 @@ typedef struct train_cmdline {
       seen_offload_tier, seen_offload_dir, seen_prefetch, seen_backend;
   /* --model gpt: its options, and the ones whose default differs for it */
   bool seen_layers, seen_heads, seen_dim, seen_context, seen_text, seen_eval_every,
-      seen_eval_windows, seen_batch, seen_epochs, seen_eval_batch;
+      seen_eval_windows, seen_batch, seen_epochs, seen_eval_batch, seen_checkpoint_activations;
   char dirs[3][PATH_MAX];         /* --save, --resume, --data without trailing slashes */
 } train_cmdline;
 

@@ -163,6 +163,8 @@ LT_TEST(plan_matches_the_measured_peak_gpt) {
   check_plan("--model gpt --batch 8 --amp bf16");
   check_plan("--model gpt --batch 4 --ranks 2 --strategy ddp");
   check_plan("--model gpt --batch 4 --ranks 2 --strategy fsdp");
+  check_plan("--model gpt --batch 8 --layers 6 --checkpoint-activations");
+  check_plan("--model gpt --batch 4 --ranks 2 --strategy fsdp --checkpoint-activations");
   check_plan("--model gpt --batch 4 --layers 6 --heads 6 --dim 384 --context 256 --ranks 2 "
              "--strategy fsdp --offload all");
 }
