@@ -87,20 +87,23 @@ static int run_mpi(const train_opts *o, bool overwrite, const loom_pg_cfg *cfg) 
     return finish(rc);
   }
   int rank = loom_pg_rank(pg), code = rank == 0 ? train_save_check(o, overwrite) : 0;
+  train_opts mo = *o;
+  mo.ranks = loom_pg_size(pg); /* the ranks of the run (its checkpoints record them) */
   if (rank == 0) train_warn_oversubscribed(o); /* this process's threads on its machine */
   if (!code) code = train_offload_dir_check(o);
   if (code) {
     loom_pg_abort(pg);
-  } else if ((rc = train_run(o, pg))) {
+  } else if ((rc = train_run(&mo, pg))) {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", train_last_error());
     train_fail(rc, "rank %d: %s", rank, msg);
+    /* the message first (stderr is unbuffered), before anything that may wait on a peer */
+    code = loom_pg_size(pg) > 1 ? finish(rc) : 0;
     loom_pg_abort(pg); /* the peers fail at once instead of timing out */
   }
   if ((code || rc) && loom_pg_size(pg) > 1) {
-    code = code ? code : finish(rc);
     sleep(1);
-    loom_mpi_abort(code);
+    loom_mpi_abort(code); /* ends the process, within 5 s even with a machine unreachable */
   }
   loom_pg_free(pg);
   loom_mpi_finalize();
