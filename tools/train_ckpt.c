@@ -224,7 +224,10 @@ static int check_fingerprint(const loom_safetensors *f, const char *dir, const t
   long long ranks0 = positive(loom_safetensors_meta(f, "train.ranks"));
   long long batch0 = positive(loom_safetensors_meta(f, "train.batch"));
   if (ranks0 > 0 && batch0 > 0 && ranks0 != o->ranks) {
-    long long g = ranks0 * batch0;
+    long long g;
+    if (__builtin_mul_overflow(ranks0, batch0, &g))
+      return train_fail(LOOM_EFORMAT, "--resume %s: the checkpoint's ranks %lld x batch %lld "
+                        "overflow", dir, ranks0, batch0);
     if (g != o->batch * o->ranks) {
       if (g % o->ranks)
         return train_fail(LOOM_EINVAL, "--resume %s: the checkpoint was written by %lld rank%s "
