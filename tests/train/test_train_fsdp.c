@@ -184,16 +184,16 @@ LT_TEST(train_fsdp_resumes_at_another_rank_count) {
   const char *d = tt_tempdir();
   const char *common = "--strategy fsdp --hidden 48,32 --limit 512 --epochs 3 --threads 1 "
                        "--seed 5";
-  tt_run u = tt_train("%s --ranks 2 --batch 32 --save %s/u", common, d);
-  tt_run a = tt_train("%s --ranks 2 --batch 32 --max-steps 8 --save %s/r", common, d);
-  tt_run b = tt_train("%s --ranks 4 --batch 16 --max-steps 12 --resume %s/r --save %s/r", common,
-                      d, d);
-  tt_run c = tt_train("%s --ranks 1 --batch 64 --resume %s/r --save %s/r", common, d, d);
-  LT_EQ(u.rc, 0);
-  LT_EQ(a.rc, 0);
-  LT_EQ(b.rc, 0);
-  LT_EQ(c.rc, 0);
-  if (b.rc) fprintf(stderr, "%s", b.err);
+  tt_run runs[4] = {
+      tt_train("%s --ranks 2 --batch 32 --save %s/u", common, d), /* uninterrupted */
+      tt_train("%s --ranks 2 --batch 32 --max-steps 8 --save %s/r", common, d),
+      tt_train("%s --ranks 4 --batch 16 --max-steps 12 --resume %s/r --save %s/r", common, d, d),
+      tt_train("%s --ranks 1 --batch 64 --resume %s/r --save %s/r", common, d, d)};
+  for (int i = 0; i < 4; i++) {
+    LT_EQ(runs[i].rc, 0);
+    if (runs[i].rc) fprintf(stderr, "%s", runs[i].err);
+  }
+  const tt_run b = runs[2], c = runs[3];
   LT_TRUE(strstr(b.out, "the checkpoint was written by 2 ranks x batch 32; this run has 4 ranks "
                         "x batch 16, the same global batch of 64") != NULL);
   LT_TRUE(strstr(c.out, "written by 4 ranks x batch 16; this run has 1 rank x batch 64") != NULL);
@@ -211,10 +211,7 @@ LT_TEST(train_fsdp_resumes_at_another_rank_count) {
   tt_run f = tt_train("%s --ranks 3 --batch 16 --resume %s/r", common, d);
   LT_EQ(f.rc, 1);
   LT_TRUE(strstr(f.err, "which 3 ranks cannot share evenly") != NULL);
-  tt_run_free(&u);
-  tt_run_free(&a);
-  tt_run_free(&b);
-  tt_run_free(&c);
+  for (int i = 0; i < 4; i++) tt_run_free(&runs[i]);
   tt_run_free(&e);
   tt_run_free(&f);
   tt_cleanup();
