@@ -15,6 +15,7 @@
 #   link-down    1 rank per host, DDP: the second host's link set down mid-step; every rank
 #                fails naming the other within --timeout, the job ends, and the last
 #                checkpoint resumes on the first host alone (see the case)
+#   link-down-fsdp  the same with FSDP (the sharded checkpoint resharded for 1 rank)
 #   fsdp-fewer   FSDP on 2 hosts x 2 ranks resumed on one host at 2 ranks, then 1 (resharded)
 # Usage: hosts.sh LOOM MPIEXEC CASE
 set -u
@@ -114,8 +115,8 @@ ddp | fsdp)
   cmp -s "$dir/one2/model.safetensors" "$dir/two2/model.safetensors" ||
     fail "the model trained on 2 hosts x 1 rank differs from 2 thread ranks'"
   ;;
-link-down)
-  # One rank per host, DDP with --timeout 10; after the first checkpoint the second host's link
+link-down | link-down-fsdp)
+  # One rank per host, DDP (or FSDP) with --timeout 10; after the first checkpoint the second host's link
   # goes down mid-step. loom's part: each rank fails with a message naming the other one within
   # the timeout and ends (MPI_Abort, or exit if that cannot reach the launcher); measured from
   # the link going down to each loom process's end. The launcher's part: mpirun learns that the
@@ -127,7 +128,9 @@ link-down)
   # first host alone: 2 ranks there over shared memory, then 1 rank (another rank count).
   timeout=10
   for h in "${hosts[@]}"; do ip netns exec "$h" sysctl -qw net.ipv4.tcp_retries2=5; done
-  run="train --strategy ddp --hidden 256 --threads 1 --epochs 50 --batch 32 --limit 4096"
+  strategy=ddp
+  [ "$case" = link-down-fsdp ] && strategy=fsdp
+  run="train --strategy $strategy --hidden 256 --threads 1 --epochs 50 --batch 32 --limit 4096"
   # shellcheck disable=SC2086
   (
     trap - EXIT
@@ -135,11 +138,13 @@ link-down)
       --timeout $timeout --backend mpi --save "$dir/ck" >"$dir/out" 2>"$dir/err"
   ) &
   job=$!
+  ck=$dir/ck/checkpoint.safetensors
+  [ $strategy = fsdp ] && ck=$dir/ck/fsdp/fsdp-index.safetensors
   for _ in $(seq 1 300); do # until the first checkpoint is written
-    [ -f "$dir/ck/checkpoint.safetensors" ] && break
+    [ -f "$ck" ] && break
     sleep 0.1
   done
-  [ -f "$dir/ck/checkpoint.safetensors" ] || fail "no checkpoint before the link went down"
+  [ -f "$ck" ] || fail "no checkpoint before the link went down"
   sleep 0.5 # mid-epoch
   loom_in() { # the loom process of a namespace, if any
     local p
