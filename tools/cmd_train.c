@@ -90,20 +90,23 @@ static int run_mpi(const train_opts *o, bool overwrite, const loom_pg_cfg *cfg) 
     return finish(rc);
   }
   int rank = loom_pg_rank(pg), code = rank == 0 ? train_save_check(o, overwrite) : 0;
+  train_opts mo = *o;
+  mo.ranks = loom_pg_size(pg); /* the ranks of the run (its checkpoints record them) */
   if (rank == 0) train_warn_oversubscribed(o); /* this process's threads on its machine */
   if (!code) code = train_offload_dir_check(o);
   if (code) {
     loom_pg_abort(pg);
-  } else if ((rc = train_run(o, pg))) {
+  } else if ((rc = train_run(&mo, pg))) {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", train_last_error());
     train_fail(rc, "rank %d: %s", rank, msg);
+    /* the message first (stderr is unbuffered), before anything that may wait on a peer */
+    code = loom_pg_size(pg) > 1 ? finish(rc) : 0;
     loom_pg_abort(pg); /* the peers fail at once instead of timing out */
   }
   if ((code || rc) && loom_pg_size(pg) > 1) {
-    code = code ? code : finish(rc);
     sleep(1);
-    loom_mpi_abort(code);
+    loom_mpi_abort(code); /* ends the process, within 5 s even with a machine unreachable */
   }
   loom_pg_free(pg);
   loom_mpi_finalize();
@@ -168,7 +171,7 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
       {"metrics", CLI_STRING, &o->metrics, "FILE", "one JSON object per step (loss, lr, scale, overflow, samples/s, memory); a FIFO or pipe is never waited on: one with no reader is refused, records a slow reader has no room for are dropped and counted", NULL, 0, 0, NULL, CLI_RANKS_LOCAL},
       {"save", CLI_STRING, &o->save, "DIR", "write DIR/checkpoint.safetensors and DIR/model.safetensors after each epoch and at the end", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},
       {"overwrite", CLI_FLAG, &c->overwrite, NULL, "let --save replace a checkpoint already in DIR (not needed with --resume DIR)", NULL, 0, 0, NULL, CLI_RANKS_SAME},
-      {"resume", CLI_STRING, &o->resume, "DIR", "continue from DIR/checkpoint.safetensors (same options)", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},
+      {"resume", CLI_STRING, &o->resume, "DIR", "continue from DIR/checkpoint.safetensors (same options; another rank count keeping ranks x --batch)", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},
       {"threads", CLI_INT, &o->threads, "N", "compute threads per rank (at most 4 per online CPU, 1024 in all); 0: OpenMP's default", NULL, 0, (double)LONG_MAX, NULL, CLI_RANKS_SAME},
       {"eval-batch", CLI_POS_INT, &o->eval_batch, "N", "samples per evaluation batch (gpt: windows, default 32)", NULL, 1, batch_max, &c->seen_eval_batch, CLI_RANKS_SAME},
       {"quiet", CLI_FLAG, &o->quiet, NULL, "print only the summary line", NULL, 0, 0, NULL, CLI_RANKS_LOCAL},

@@ -233,6 +233,7 @@ typedef struct train_state {
   int64_t step;
   int64_t steps_per_epoch;
   int64_t model_step; /* after train_ckpt_load: the step DIR/model.safetensors holds, -1 if none */
+  int64_t from_ranks, from_batch; /* after a load at another rank count: the checkpoint's, else 0 */
 } train_state;
 
 /* DIR/model.safetensors (parameters, step and epoch, for --init and other tools), then
@@ -242,8 +243,10 @@ typedef struct train_state {
 int train_ckpt_save(const char *dir, const train_opts *o, const train_model *m,
                     const loom_optim *opt, const loom_scaler *scaler, const train_state *st);
 /* Restore all of it from DIR/checkpoint.safetensors. Refuses (LOOM_EINVAL, naming the
- * option) a checkpoint written with a different model, optimizer, AMP, batch, seed, data
- * order or rank count, since the resumed run could not match an uninterrupted one; and
+ * option) a checkpoint written with a different model, optimizer, AMP, seed, data order or
+ * global batch (ranks x --batch), since the resumed run could not match an uninterrupted one
+ * (another rank count with the same global batch is accepted: st->from_ranks and from_batch
+ * then say what wrote it); and
  * (LOOM_EFORMAT, naming the value) a corrupt file, counters that do not fit this run or each
  * other, a scaler state out of range, and weights or moments that are not finite. */
 int train_ckpt_load(const char *dir, const train_opts *o, train_model *m, loom_optim *opt,

@@ -211,15 +211,52 @@ int train_ckpt_save(const char *dir, const train_opts *o, const train_model *m,
   return rc;
 }
 
-/* Every fingerprint value of the file must be this run's. */
+/* A fingerprint value that is a whole number of at least 1, or -1. */
+static long long positive(const char *v) {
+  char *end;
+  long long n = v && *v >= '0' && *v <= '9' ? strtoll(v, &end, 10) : -1;
+  return n >= 1 && *end == '\0' ? n : -1;
+}
+
+/* Every fingerprint value of the file must be this run's, but the rank count and the batch per
+ * rank: another rank count is well defined when the global batch (ranks x --batch) is the same
+ * (the same steps per epoch, data order and learning rates: the run continues as the one that
+ * wrote the checkpoint would have, up to the order of the sums over ranks); the first time
+ * otherwise. Sets st->from_ranks and from_batch to the checkpoint's on another rank count. */
 static int check_fingerprint(const loom_safetensors *f, const char *dir, const train_opts *o,
-                             const train_model *m) {
+                             const train_model *m, train_state *st) {
   fingerprint fp;
   make_fingerprint(o, m, &fp);
+  st->from_ranks = st->from_batch = 0;
+  long long ranks0 = positive(loom_safetensors_meta(f, "train.ranks"));
+  long long batch0 = positive(loom_safetensors_meta(f, "train.batch"));
+  if (ranks0 > 0 && batch0 > 0 && ranks0 != o->ranks) {
+    long long g;
+    if (__builtin_mul_overflow(ranks0, batch0, &g))
+      return train_fail(LOOM_EFORMAT, "--resume %s: the checkpoint's ranks %lld x batch %lld "
+                        "overflow", dir, ranks0, batch0);
+    if (g != o->batch * o->ranks) {
+      if (g % o->ranks)
+        return train_fail(LOOM_EINVAL, "--resume %s: the checkpoint was written by %lld rank%s "
+                          "x --batch %lld (a global batch of %lld), which %ld ranks cannot "
+                          "share evenly (a resumed run keeps the global batch)", dir, ranks0,
+                          ranks0 > 1 ? "s" : "", batch0, g, o->ranks);
+      return train_fail(LOOM_EINVAL, "--resume %s: the checkpoint was written by %lld rank%s x "
+                        "--batch %lld (a global batch of %lld), this run has %ld rank%s x "
+                        "--batch %ld: give --batch %lld to keep the global batch (a resumed "
+                        "run keeps it)", dir, ranks0, ranks0 > 1 ? "s" : "", batch0, g,
+                        o->ranks, o->ranks > 1 ? "s" : "", o->batch, g / o->ranks);
+    }
+    st->from_ranks = ranks0;
+    st->from_batch = batch0;
+  }
   for (int i = 0; i < NFP; i++) {
     const char *v = loom_safetensors_meta(f, fp.key[i]);
     if (!v)
       return train_fail(LOOM_EFORMAT, "--resume %s: the checkpoint lacks '%s'", dir, fp.key[i]);
+    if (st->from_ranks &&
+        (strcmp(fp.key[i], "train.ranks") == 0 || strcmp(fp.key[i], "train.batch") == 0))
+      continue;
     if (strcmp(v, fp.value[i]) != 0) {
       char was[40], now[40];
       if (strcmp(fp.key[i], "train.shuffle") == 0)
@@ -308,7 +345,7 @@ int train_ckpt_load(const char *dir, const train_opts *o, train_model *m, loom_o
   int rc = loom_checkpoint_open(path, &f);
   if (rc) return train_fail_loom(rc, "--resume");
   int64_t c[NCOUNT] = {0};
-  rc = check_fingerprint(f, dir, o, m);
+  rc = check_fingerprint(f, dir, o, m, st);
   if (!rc) rc = check_counters(f, dir, o, st, c);
   entries es = {0};
   if (!rc) rc = make_entries(m, opt, scaler != NULL, &es);
@@ -383,7 +420,7 @@ int train_ckpt_load_fsdp(const char *dir, const train_opts *o, const train_model
   int rc = loom_checkpoint_open(index, &f);
   if (rc) return train_fail_loom(rc, "--resume");
   int64_t c[NCOUNT] = {0};
-  rc = check_fingerprint(f, dir, o, m);
+  rc = check_fingerprint(f, dir, o, m, st);
   if (!rc) rc = check_counters(f, dir, o, st, c);
   loom_safetensors_free(f);
   if (!rc && (rc = loom_fsdp_load_sharded(fsdp, set, opt))) train_fail_loom(rc, "--resume");

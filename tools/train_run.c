@@ -645,6 +645,12 @@ int train_run(const train_opts *o, loom_pg *pg) {
       fprintf(o->out, "loom train: resuming at step %lld (epoch %lld, batch %lld)\n",
               (long long)t.st.step, (long long)(t.st.step / t.st.steps_per_epoch) + 1,
               (long long)(t.st.step % t.st.steps_per_epoch));
+    if (o->resume && t.st.from_ranks)
+      fprintf(o->out, "loom train: the checkpoint was written by %lld rank%s x batch %lld; "
+              "this run has %d rank%s x batch %ld, the same global batch of %lld\n",
+              (long long)t.st.from_ranks, t.st.from_ranks > 1 ? "s" : "",
+              (long long)t.st.from_batch, t.nranks, t.nranks > 1 ? "s" : "", o->batch,
+              (long long)(t.st.from_ranks * t.st.from_batch));
     fflush(o->out); /* before any failure message on stderr, also under a pipe */
   }
   if (!rc && t.lead && o->resume && t.st.model_step >= 0 && t.st.model_step != t.st.step)

@@ -21,7 +21,9 @@
  *  - With a single-copy transport (Open MPI's default CMA; read at group creation through the
  *    MPI_T control variable btl_vader_single_copy_mechanism, else
  *    OMPI_MCA_btl_vader_single_copy_mechanism, assumed on when unknown and under MPICH, whose
- *    UCX uses CMA; LOOM_MPI_SINGLE_COPY=0|1 overrides; all ranks must have it): MPI's own
+ *    UCX uses CMA; LOOM_MPI_SINGLE_COPY=0|1 overrides; all ranks must have it, and all
+ *    must be on one node (MPI_COMM_TYPE_SHARED: across machines the bytes go over a network,
+ *    where a blocking call never returns once a link is down, so the ring it is)): MPI's own
  *    blocking MPI_Allreduce, run on the group's thread. The ring ran 13-35% behind it at
  *    1-16 MB there (10-28% at 1 MB under MPICH); this path is within 3% (see BENCHMARKS.md).
  *    The exception: this call blocks inside MPI. It is entered only after the
@@ -82,7 +84,9 @@ int loom_mpi_finalize(void);
  * and has said why. Its peers are failed by loom_pg_abort if they wait in a loom collective,
  * but a peer elsewhere (computing, in MPI_Finalize, inside a blocking MPI call) would wait
  * for the failed rank forever. Flushes stdout and stderr first. Does not return when MPI is
- * initialised (the launcher ends the job, typically with exit status errorcode); returns
+ * initialised (the launcher ends the job, typically with exit status errorcode; if MPI_Abort
+ * has not ended this process within 5 s, as with the launcher on a machine now unreachable,
+ * it writes a line to stderr and _exit(errorcode & 0xff, or 1)); returns
  * LOOM_EMISUSE if MPI is not initialised (or already finalised), LOOM_ENOSYS without MPI. */
 int loom_mpi_abort(int errorcode);
 

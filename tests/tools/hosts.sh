@@ -12,6 +12,11 @@
 #                Open MPI's all-reduce adds 4 ranks' gradients in its own order, so 4 thread
 #                ranks, which add in rank order, round differently), and one rank per host
 #                equals 2 thread ranks of one process (a sum of two is the same either way)
+#   link-down    1 rank per host, DDP: the second host's link set down mid-step; every rank
+#                fails naming the other within --timeout, the job ends, and the last
+#                checkpoint resumes on the first host alone (see the case)
+#   link-down-fsdp  the same with FSDP (the sharded checkpoint resharded for 1 rank)
+#   fsdp-fewer   FSDP on 2 hosts x 2 ranks resumed on one host at 2 ranks, then 1 (resharded)
 # Usage: hosts.sh LOOM MPIEXEC CASE
 set -u
 loom=$1 mpiexec=$2 case=$3
@@ -62,6 +67,12 @@ printf '#!/bin/sh\nhost=$1; shift\nexec ip netns exec "$host" sh -c "$*"\n' >"$d
 chmod +x "$dir/agent"
 printf '%s slots=2\n' "${hosts[@]}" >"$dir/hostfile"
 # Open MPI as root, both hosts through the agent, out-of-band and data over the subnet alone
+# The step a checkpoint was written at (its safetensors header's metadata; FSDP's index).
+start_step() {
+  local f=$1/checkpoint.safetensors
+  [ -f "$f" ] || f=$1/fsdp/fsdp-index.safetensors
+  head -c 65536 "$f" | grep -ao '"step":"[0-9]*"' | grep -o '[0-9][0-9]*'
+}
 mpirun_hosts() {
   local n=$1
   shift
@@ -134,27 +145,133 @@ ddp | fsdp)
   cmp -s "$dir/one2/model.safetensors" "$dir/two2/model.safetensors" ||
     fail "the model trained on 2 hosts x 1 rank differs from 2 thread ranks'"
   ;;
-link-down)
-  # one rank per host, a run long enough to be cut: the second host's link goes down mid-run
-  run="train --strategy ddp --hidden 256 --threads 1 --epochs 50 --batch 32 --limit 4096 --timeout 10"
+link-down | link-down-fsdp)
+  # One rank per host, DDP (or FSDP) with --timeout 10; after the first checkpoint the second host's link
+  # goes down mid-step. loom's part: each rank fails with a message naming the other one within
+  # the timeout and ends (MPI_Abort, or exit if that cannot reach the launcher); measured from
+  # the link going down to each loom process's end. The launcher's part: mpirun learns that the
+  # daemon of the unreachable host is gone only when TCP gives up retransmitting to it
+  # (net.ipv4.tcp_retries2, 15 by default: about 15 minutes), so the namespaces get 5 (about
+  # 12 s), a per-namespace setting; the daemon left on the cut host is the cleanup's. Each
+  # rank's output goes to a file written on its own host (--output-filename), since what the
+  # cut host prints never reaches mpirun. Then the last checkpoint, intact, is resumed on the
+  # first host alone: 2 ranks there over shared memory, then 1 rank (another rank count).
+  timeout=10
+  for h in "${hosts[@]}"; do ip netns exec "$h" sysctl -qw net.ipv4.tcp_retries2=5; done
+  strategy=ddp
+  [ "$case" = link-down-fsdp ] && strategy=fsdp
+  run="train --strategy $strategy --hidden 256 --threads 1 --epochs 50 --batch 32 --limit 4096"
   # shellcheck disable=SC2086
-  limit=120 mpirun_hosts 2 --map-by node "$loom" $run --backend mpi --save "$dir/ck" \
-    >"$dir/out" 2>"$dir/err" &
+  (
+    trap - EXIT
+    limit=120 mpirun_hosts 2 --map-by node --output-filename "$dir/ranks" "$loom" $run \
+      --timeout $timeout --backend mpi --save "$dir/ck" >"$dir/out" 2>"$dir/err"
+  ) &
   job=$!
-  for _ in $(seq 1 200); do # until the first checkpoint is written
-    [ -f "$dir/ck/checkpoint.safetensors" ] && break
+  ck=$dir/ck/checkpoint.safetensors
+  [ $strategy = fsdp ] && ck=$dir/ck/fsdp/fsdp-index.safetensors
+  for _ in $(seq 1 300); do # until the first checkpoint is written
+    [ -f "$ck" ] && break
     sleep 0.1
   done
-  [ -f "$dir/ck/checkpoint.safetensors" ] || fail "no checkpoint before the link went down"
+  [ -f "$ck" ] || fail "no checkpoint before the link went down"
+  sleep 0.5 # mid-epoch
+  loom_in() { # the loom process of a namespace, if any
+    local p
+    for p in $(ip netns pids "$1" 2>/dev/null); do
+      [ "$(cat "/proc/$p/comm" 2>/dev/null)" = loom ] && echo "$p"
+    done
+  }
+  [ -n "$(loom_in "${hosts[0]}")" ] && [ -n "$(loom_in "${hosts[1]}")" ] ||
+    fail "a rank ended before the link went down"
   ip link set "lmv${tag}2" down
-  t0=$(date +%s)
+  t0=$(date +%s.%N)
+  gone=(- -) job_end=-
+  while :; do
+    now=$(date +%s.%N)
+    el=$(awk "BEGIN { printf \"%.1f\", $now - $t0 }")
+    for i in 0 1; do
+      [ "${gone[$i]}" = - ] && [ -z "$(loom_in "${hosts[$i]}")" ] && gone[i]=$el
+    done
+    if [ "$job_end" = - ] && ! kill -0 $job 2>/dev/null; then job_end=$el; fi
+    [ "${gone[0]}" != - ] && [ "${gone[1]}" != - ] && [ "$job_end" != - ] && break
+    awk "BEGIN { exit !($el > 150) }" && break
+    sleep 0.1
+  done
   wait $job
-  rc=$? took=$(($(date +%s) - t0))
-  echo "exit $rc after $took s"
-  cat "$dir/err" | grep -v '^\[' | head -20
+  rc=$?
+  printf 'link down -> rank 0 ended after %s s, rank 1 after %s s, mpirun after %s s (exit %s)\n' \
+    "${gone[0]}" "${gone[1]}" "$job_end" "$rc"
+  for r in 0 1; do
+    f=$(find "$dir/ranks" -path "*rank.$r/stderr" 2>/dev/null | head -1)
+    echo "--- rank $r's stderr"
+    grep -v '^\[' "${f:-/dev/null}"
+    grep -q "rank $r: .* timed out after $timeout s waiting for rank $((1 - r))" "${f:-/dev/null}" ||
+      fail "rank $r did not say it timed out waiting for rank $((1 - r))"
+  done
+  for i in 0 1; do
+    [ "${gone[$i]}" != - ] && awk "BEGIN { exit !(${gone[$i]} <= $timeout + 6) }" ||
+      fail "rank $i still ran ${gone[$i]} s after the link went down (--timeout $timeout)"
+  done
+  [ "$rc" != 0 ] || fail "mpirun exited 0 after the link went down"
+  [ "$job_end" != - ] && awk "BEGIN { exit !($job_end <= 60) }" ||
+    fail "mpirun still ran $job_end s after the link went down"
+  # the cut host's daemon (and anything else the run left) goes; the link comes back up
+  for h in "${hosts[@]}"; do ip netns pids "$h" | xargs -r kill -9 2>/dev/null; done
+  ip link set "lmv${tag}2" up
+  # resume on the first host alone: the same 2 ranks over shared memory, 2 epochs more
+  cp -r "$dir/ck" "$dir/ck1"
+  # shellcheck disable=SC2086
+  timeout 120 ip netns exec "${hosts[0]}" "$mpiexec" --allow-run-as-root --oversubscribe -n 2 \
+    --mca btl self,vader "$loom" $run --timeout $timeout --backend mpi --resume "$dir/ck" \
+    --save "$dir/ck" --max-steps "$(($(start_step "$dir/ck") + 128))" >"$dir/out" 2>"$dir/err" ||
+    fail "the resume on one host (2 ranks) failed"
+  grep -q "resuming at step" "$dir/out" || fail "the run on one host did not resume"
+  grep "resuming at step" "$dir/out"
+  # and at another rank count: 1 rank with the same global batch (2 x 32)
+  run=${run/--batch 32/--batch 64}
+  # shellcheck disable=SC2086
+  timeout 120 ip netns exec "${hosts[0]}" "$mpiexec" --allow-run-as-root -n 1 --mca btl self \
+    "$loom" $run --timeout $timeout --backend mpi --resume "$dir/ck1" --save "$dir/ck1" \
+    --max-steps "$(($(start_step "$dir/ck1") + 64))" >"$dir/out" 2>"$dir/err" ||
+    fail "the resume on one host (1 rank) failed"
+  grep -q "written by 2 ranks x batch 32; this run has 1 rank x batch 64" "$dir/out" ||
+    fail "the resume on 1 rank did not say what changed"
+  grep "resuming at step\|written by" "$dir/out"
+  ;;
+fsdp-fewer)
+  # FSDP across 2 hosts x 2 ranks, stopped after 16 steps (as if a host were lost: the
+  # link-down case shows the failure itself), resumed on the first host alone: the sharded
+  # checkpoint of 4 ranks resharded to 2 ranks, then to 1, the global batch kept (4 x 16)
+  run="train --strategy fsdp --amp bf16 --hidden 64,32 --threads 1 --limit 1024 --epochs 2"
+  # shellcheck disable=SC2086
+  mpirun_hosts 4 "$loom" $run --batch 16 --backend mpi --max-steps 16 --save "$dir/ck" \
+    >"$dir/out" 2>"$dir/err" || fail "the FSDP run on 2 hosts x 2 ranks failed"
+  [ "$(start_step "$dir/ck")" = 16 ] || fail "no checkpoint at step 16"
+  # shellcheck disable=SC2086
+  timeout 120 ip netns exec "${hosts[0]}" "$mpiexec" --allow-run-as-root --oversubscribe -n 2 \
+    --mca btl self,vader "$loom" $run --batch 32 --backend mpi --resume "$dir/ck" --save "$dir/ck" \
+    --max-steps 24 >"$dir/out" 2>"$dir/err" || fail "the resume on 1 host x 2 ranks failed"
+  grep -q "written by 4 ranks x batch 16; this run has 2 ranks x batch 32" "$dir/out" ||
+    fail "the resume on 2 ranks did not say what changed"
+  grep "resuming at step\|written by" "$dir/out"
+  # shellcheck disable=SC2086
+  timeout 120 ip netns exec "${hosts[0]}" "$mpiexec" --allow-run-as-root -n 1 --mca btl self \
+    "$loom" $run --batch 64 --backend mpi --resume "$dir/ck" --save "$dir/ck" \
+    >"$dir/out" 2>"$dir/err" || fail "the resume on 1 rank failed"
+  grep -q "written by 2 ranks x batch 32; this run has 1 rank x batch 64" "$dir/out" ||
+    fail "the resume on 1 rank did not say what changed"
+  grep "resuming at step\|written by\|test accuracy" "$dir/out"
+  # a global batch the ranks cannot keep is refused, naming the --batch that would
+  # shellcheck disable=SC2086
+  timeout 120 ip netns exec "${hosts[0]}" "$mpiexec" --allow-run-as-root -n 2 --mca btl self,vader \
+    "$loom" $run --batch 16 --epochs 3 --backend mpi --resume "$dir/ck" >"$dir/out" 2>"$dir/err" &&
+    fail "a resume at another global batch was accepted"
+  grep -q "give --batch 32 to keep the global batch" "$dir/err" ||
+    fail "the refusal did not name the --batch to give"
   ;;
 *)
   fail "unknown case '$case'"
   ;;
 esac
-echo "ok: $case across 2 hosts x 2 ranks"
+echo "ok: $case"

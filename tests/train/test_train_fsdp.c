@@ -174,3 +174,45 @@ LT_TEST(train_fsdp_units_are_named) {
   tt_run_free(&r);
   tt_cleanup();
 }
+
+/* A sharded checkpoint resumes at another rank count when the global batch (ranks x --batch)
+ * is kept: 2 ranks x 32, interrupted, go on as 4 x 16 and then 1 x 64, resharded, and end with
+ * the parameters of the uninterrupted run to f32 summation order; the run says what changed. A
+ * rank count that changes the global batch is refused, naming the --batch that keeps it, and
+ * one that cannot share it evenly is refused as such. */
+LT_TEST(train_fsdp_resumes_at_another_rank_count) {
+  const char *d = tt_tempdir();
+  const char *common = "--strategy fsdp --hidden 48,32 --limit 512 --epochs 3 --threads 1 "
+                       "--seed 5";
+  tt_run runs[4] = {
+      tt_train("%s --ranks 2 --batch 32 --save %s/u", common, d), /* uninterrupted */
+      tt_train("%s --ranks 2 --batch 32 --max-steps 8 --save %s/r", common, d),
+      tt_train("%s --ranks 4 --batch 16 --max-steps 12 --resume %s/r --save %s/r", common, d, d),
+      tt_train("%s --ranks 1 --batch 64 --resume %s/r --save %s/r", common, d, d)};
+  for (int i = 0; i < 4; i++) {
+    LT_EQ(runs[i].rc, 0);
+    if (runs[i].rc) fprintf(stderr, "%s", runs[i].err);
+  }
+  const tt_run b = runs[2], c = runs[3];
+  LT_TRUE(strstr(b.out, "the checkpoint was written by 2 ranks x batch 32; this run has 4 ranks "
+                        "x batch 16, the same global batch of 64") != NULL);
+  LT_TRUE(strstr(c.out, "written by 4 ranks x batch 16; this run has 1 rank x batch 64") != NULL);
+  char x[512], y[512];
+  snprintf(x, sizeof x, "%s/u/model.safetensors", d);
+  snprintf(y, sizeof y, "%s/r/model.safetensors", d);
+  double diff = file_diff(x, y);
+  if (!(diff <= 1e-4)) lt_fail_at(__FILE__, __LINE__, "parameters differ by %g", diff);
+  tt_run e = tt_train("%s --ranks 2 --batch 16 --resume %s/r", common, d);
+  LT_EQ(e.rc, 1);
+  if (!strstr(e.err, "give --batch 32 to keep")) fprintf(stderr, "%s", e.err);
+  LT_TRUE(strstr(e.err, "the checkpoint was written by 1 rank x --batch 64 (a global batch of "
+                        "64), this run has 2 ranks x --batch 16: give --batch 32 to keep the "
+                        "global batch") != NULL);
+  tt_run f = tt_train("%s --ranks 3 --batch 16 --resume %s/r", common, d);
+  LT_EQ(f.rc, 1);
+  LT_TRUE(strstr(f.err, "which 3 ranks cannot share evenly") != NULL);
+  for (int i = 0; i < 4; i++) tt_run_free(&runs[i]);
+  tt_run_free(&e);
+  tt_run_free(&f);
+  tt_cleanup();
+}

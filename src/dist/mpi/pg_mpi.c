@@ -9,7 +9,9 @@
 
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -634,8 +636,11 @@ int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out) {
     rc = mpi_err(err, who, "MPI_Bcast");
     goto done;
   }
-  /* every rank must pick the same large all-reduce: MPI's only if all ranks have single copy */
-  int sc = loom__mpi_single_copy(), all_sc = 0;
+  /* every rank must pick the same large all-reduce: MPI's only if all ranks have single copy,
+   * which is a shared-memory transport's: a group across machines (a rank with a peer on
+   * another node) takes the ring, whose every wait is under the timeout, since a blocking
+   * MPI_Allreduce over a network that goes away (a link down) never returns */
+  int sc = lsize == size && loom__mpi_single_copy(), all_sc = 0;
   if ((err = MPI_Allreduce(&sc, &all_sc, 1, MPI_INT, MPI_MIN, m->comm))) {
     rc = mpi_err(err, who, "MPI_Allreduce");
     goto done;
@@ -661,6 +666,17 @@ int loom_mpi_finalize(void) {
   return LOOM_OK;
 }
 
+#define ABORT_GRACE_S 5 /* loom_mpi_abort: seconds MPI_Abort gets to end the process */
+
+static void *abort_watchdog(void *arg) {
+  sleep(ABORT_GRACE_S);
+  static const char msg[] = "loom: MPI_Abort did not end this process within "
+                            "5 s (the launcher unreachable?): exiting\n";
+  ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+  (void)w;
+  _exit((int)(intptr_t)arg & 0xff ? (int)(intptr_t)arg & 0xff : 1);
+}
+
 int loom_mpi_abort(int errorcode) {
   int inited = 0, fin = 0;
   MPI_Initialized(&inited);
@@ -669,6 +685,11 @@ int loom_mpi_abort(int errorcode) {
     return loom__fail(LOOM_EMISUSE, "loom_mpi_abort: MPI is not initialised");
   fflush(stdout);
   fflush(stderr);
+  /* MPI_Abort asks the launcher to end the job; with a machine unreachable it may wait for
+   * that machine's daemon and never return: this process ends itself if it still runs then */
+  pthread_t t;
+  if (pthread_create(&t, NULL, abort_watchdog, (void *)(intptr_t)errorcode) == 0)
+    pthread_detach(t);
   MPI_Abort(MPI_COMM_WORLD, errorcode);
   return loom__fail(LOOM_EBACKEND, "loom_mpi_abort: MPI_Abort returned");
 }
