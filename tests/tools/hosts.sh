@@ -73,13 +73,40 @@ start_step() {
   [ -f "$f" ] || f=$1/fsdp/fsdp-index.safetensors
   head -c 65536 "$f" | grep -ao '"step":"[0-9]*"' | grep -o '[0-9][0-9]*'
 }
+# A launch across the namespaces has been seen to hang in Open MPI's wire-up before any rank
+# started (about one launch in thirty on a loaded machine, two at once): each launch is
+# watched, and one that has started nothing but Open MPI's daemon on the last host within 30 s
+# is killed and made again (three tries). The exit status is mpirun's (124 on its time limit).
 mpirun_hosts() {
-  local n=$1
+  local n=$1 try
   shift
-  timeout -k 5 "${limit:-240}" ip netns exec "${hosts[0]}" "$mpiexec" --allow-run-as-root --oversubscribe -n "$n" \
-    --hostfile "$dir/hostfile" --mca plm_rsh_agent "$dir/agent" --mca plm_rsh_no_tree_spawn 1 \
-    --mca oob_tcp_if_include "$subnet" --mca btl self,tcp --mca btl_tcp_if_include "$subnet" \
-    "$@"
+  for try in 1 2 3; do
+    timeout -k 5 "${limit:-240}" ip netns exec "${hosts[0]}" "$mpiexec" --allow-run-as-root \
+      --oversubscribe -n "$n" --hostfile "$dir/hostfile" --mca plm_rsh_agent "$dir/agent" \
+      --mca plm_rsh_no_tree_spawn 1 --mca oob_tcp_if_include "$subnet" --mca btl self,tcp \
+      --mca btl_tcp_if_include "$subnet" "$@" &
+    local pid=$! ticks=0 started=0 p
+    while kill -0 "$pid" 2>/dev/null && [ $started = 0 ]; do
+      for p in $(ip netns pids "${hosts[1]}" 2>/dev/null); do
+        case "$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)" in
+        *orted* | "") ;;
+        *) started=1 ;;
+        esac
+      done
+      ticks=$((ticks + 1))
+      if [ $started = 0 ] && [ $ticks -ge 150 ]; then
+        echo "hosts.sh: launch $try started nothing on ${hosts[1]} within 30 s: made again" >&2
+        kill -9 "$pid" 2>/dev/null
+        for p in "${hosts[@]}"; do ip netns pids "$p" | xargs -r kill -9 2>/dev/null; done
+        wait "$pid" 2>/dev/null
+        continue 2
+      fi
+      sleep 0.2
+    done
+    wait "$pid"
+    return $?
+  done
+  return 124
 }
 
 # The ranks really are on two hosts: each prints the address of its namespace's eth0. (Three
