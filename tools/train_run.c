@@ -9,153 +9,15 @@
  * the steps an uninterrupted one would. After each epoch: test accuracy, checkpoint (with the
  * step's scaler). At the end: a one-line summary (and one about FSDP offload when it is on). */
 #include "progress.h"
-#include "train_api.h"
+#include "trainer.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct trainer {
-  const train_opts *o;
-  train_par *par;
-  loom_fsdp *fsdp; /* --strategy fsdp: the shards train, every rank evaluates and saves */
-  bool lead; /* rank 0: prints, evaluates, writes */
-  int rank, nranks;
-  loom_dataset *train, *test;
-  loom_loader *loader, *test_loader;
-  loom_text *text;   /* --model gpt: the text, its windows the batches */
-  int64_t per_sample; /* tokens a sample holds: the context for the GPT, else 1 */
-  const char *unit;   /* what the rate counts: "samples", or "tokens" for the GPT */
-  train_model model;
-  loom_param_seg *segs;
-  loom_optim *opt;
-  loom_scaler *scaler; /* without FSDP (owned; FSDP's is its mixed precision's) */
-  loom_step *step;     /* the step recipe over the model, DDP or FSDP, optimizer and scaler */
-  loom_autocast_mode amp;
-  loom_lr_schedule sched;
-  train_metrics *metrics;
-  train_state st;
-  int64_t total_steps, stop_step, overflows;
-  size_t test_n;
-  double train_s;  /* seconds inside steps */
-  int64_t samples; /* global samples trained by this run */
-  double accuracy;  /* test accuracy after the last evaluation, %; the GPT's validation loss */
-  int64_t eval_step; /* the step of the last evaluation, -1 before the first */
-  size_t setup_peak; /* ranks as threads: this rank's compute peak while building (then reset) */
-  bool evaluated;
-  bool dry; /* train_run_dry: loom's dry run, batches of zeros, no data read (train_plan.c) */
-} trainer;
 
-#define TRY(call, what)                                                                       \
-  do {                                                                                        \
-    rc = (call);                                                                              \
-    if (rc) return train_fail_loom(rc, what);                                                 \
-  } while (0)
 
 /* ---- setup ------------------------------------------------------------------------------ */
-
-/* The GPT's steps per epoch: --limit windows, else as many windows as the training text has
- * whole contexts (its tokens once), in whole global batches, at least one. */
-static int64_t text_steps(const trainer *t, size_t train_bytes) {
-  const train_opts *o = t->o;
-  int64_t g = o->batch * t->nranks;
-  int64_t windows = o->limit > 0 ? o->limit : (int64_t)(train_bytes / (size_t)o->context);
-  return windows / g > 0 ? windows / g : 1;
-}
-
-/* The GPT's validation windows an evaluation takes: --eval-windows (0: all the text holds),
- * at most --limit, at most the text's. */
-static size_t text_val_count(const train_opts *o, size_t have) {
-  size_t n = o->eval_windows > 0 && (size_t)o->eval_windows < have ? (size_t)o->eval_windows
-                                                                     : have;
-  return o->limit > 0 && (size_t)o->limit < n ? (size_t)o->limit : n;
-}
-
-/* A dry run's data: no file is read; an epoch of --limit samples (else Fashion-MNIST's 60000
- * and 10000; the GPT's: a nominal 1 MB of training text, --eval-windows or 128 windows),
- * batches made by dry_batch. */
-static void dry_data(trainer *t) {
-  const train_opts *o = t->o;
-  if (t->model.gpt) {
-    t->st.steps_per_epoch = text_steps(t, (size_t)1 << 20);
-    t->test_n = text_val_count(o, o->eval_windows > 0 ? (size_t)o->eval_windows : 128);
-    return;
-  }
-  int64_t g = o->batch * t->nranks, n = o->limit > 0 && o->limit < 60000 ? o->limit : 60000;
-  t->st.steps_per_epoch = n / g > 0 ? n / g : 1;
-  t->test_n = o->limit > 0 && o->limit < 10000 ? (size_t)o->limit : 10000;
-}
-
-/* What loom_loader_batch makes for `rows` samples: the images (flat for the MLP) and labels. */
-static int dry_batch(trainer *t, int64_t rows, loom_tensor **x, loom_tensor **y) {
-  if (t->model.gpt) { /* token windows: i64 [rows, context], inputs and targets */
-    int64_t tok[2] = {rows, t->o->context};
-    int rc = loom_tensor_empty(LOOM_I64, 2, tok, x);
-    if (!rc) rc = loom_tensor_empty(LOOM_I64, 2, tok, y);
-    return rc;
-  }
-  int64_t flat[2] = {rows, LOOM_MNIST_SIDE * LOOM_MNIST_SIDE};
-  int64_t img[4] = {rows, 1, LOOM_MNIST_SIDE, LOOM_MNIST_SIDE};
-  int rc = train_model_flat_input(&t->model) ? loom_tensor_empty(LOOM_F32, 2, flat, x)
-                                             : loom_tensor_empty(LOOM_F32, 4, img, x);
-  if (!rc) rc = loom_tensor_empty(LOOM_I64, 1, &rows, y);
-  return rc;
-}
-
-/* The GPT's text (--text FILE, else the fortunes), checked to hold a window in each split. */
-static int load_text(trainer *t) {
-  const train_opts *o = t->o;
-  char what[4200];
-  snprintf(what, sizeof what, "loading the text from %s%s", o->text ? o->text : LOOM_FORTUNES_DIR,
-           o->text ? "" : " (--text FILE names another)");
-  int rc;
-  TRY(loom_text_load(o->text, &t->text), what);
-  TRY(loom_text_check(t->text, (size_t)o->context), "--text");
-  t->st.steps_per_epoch = text_steps(t, loom_text_size(t->text, LOOM_SPLIT_TRAIN));
-  t->test_n = text_val_count(o, loom_text_val_windows(t->text, (size_t)o->context));
-  return LOOM_OK;
-}
-
-static int load_data(trainer *t) {
-  const train_opts *o = t->o;
-  if (t->dry) {
-    dry_data(t);
-    return LOOM_OK;
-  }
-  if (t->model.gpt) return load_text(t);
-  const char *where = o->data ? o->data : LOOM_FASHION_MNIST_DIR;
-  char what[4200];
-  snprintf(what, sizeof what, "loading the data from %s%s", where,
-           o->data ? "" : " (--data DIR names another folder)");
-  int rc;
-  TRY(loom_mnist_load(o->data, LOOM_SPLIT_TRAIN, &t->train), what);
-  TRY(loom_mnist_load(o->data, LOOM_SPLIT_TEST, &t->test), what);
-  TRY(loom_dataset_check(t->train, LOOM_MNIST_CLASSES, LOOM_MNIST_SIDE, LOOM_MNIST_SIDE), what);
-  TRY(loom_dataset_check(t->test, LOOM_MNIST_CLASSES, LOOM_MNIST_SIDE, LOOM_MNIST_SIDE), what);
-  loom_loader_cfg c = loom_loader_cfg_default();
-  c.batch = (size_t)(o->batch * t->nranks);
-  c.shuffle = o->shuffle;
-  c.seed = (uint64_t)o->seed;
-  c.drop_last = t->nranks > 1; /* every rank needs a full shard */
-  c.norm = LOOM_NORM_STANDARD;
-  c.flatten = train_model_flat_input(&t->model);
-  TRY(loom_loader_create(t->train, &c, &t->loader), "the training data");
-  c.batch = (size_t)o->eval_batch;
-  c.shuffle = false;
-  c.drop_last = false;
-  TRY(loom_loader_create(t->test, &c, &t->test_loader), "the test data");
-  int64_t spe = (int64_t)loom_loader_batches(t->loader), g = o->batch * t->nranks;
-  size_t n = loom_dataset_size(t->train);
-  if (o->limit > 0 && (size_t)o->limit < n) n = (size_t)o->limit;
-  if ((size_t)g > n) /* one step would see fewer samples than it counts */
-    return train_fail(LOOM_EINVAL, "--batch %ld%s is more than the %zu training samples per epoch",
-                      o->batch, t->nranks > 1 ? " x the ranks" : "", n);
-  if (o->limit > 0 && (o->limit + g - 1) / g < spe) spe = (o->limit + g - 1) / g;
-  t->st.steps_per_epoch = spe;
-  t->test_n = loom_dataset_size(t->test);
-  if (o->limit > 0 && (size_t)o->limit < t->test_n) t->test_n = (size_t)o->limit;
-  return LOOM_OK;
-}
 
 /* The optimizer's segments: every parameter (by name) with its gradient, or FSDP's shards (one
  * per unit): the gradients loom_step finishes. */
@@ -278,13 +140,13 @@ static int diverged(int64_t s, double loss, const char *when) {
                     when);
 }
 
-static int step(trainer *t, double *loss_value, loom_step_result *res) {
+int trainer_step(trainer *t, double *loss_value, loom_step_result *res) {
   int64_t s = t->st.step, spe = t->st.steps_per_epoch;
   loom_tensor *x = NULL, *y = NULL, *loss = NULL;
   loom_mem_set_tag(TRAIN_TAG_BATCH);
   int64_t b = t->o->batch;
-  int rc = t->dry && t->model.gpt ? dry_batch(t, b, &x, &y)
-           : t->dry               ? dry_batch(t, b * t->nranks, &x, &y)
+  int rc = t->dry && t->model.gpt ? trainer_dry_batch(t, b, &x, &y)
+           : t->dry               ? trainer_dry_batch(t, b * t->nranks, &x, &y)
            : t->model.gpt ? loom_text_batch(t->text, (uint64_t)t->o->seed, (uint64_t)s,
                                             (size_t)(t->rank * b), (size_t)b,
                                             (size_t)t->o->context, &x, &y)
@@ -356,7 +218,7 @@ static int evaluate_text(trainer *t, double *val_loss) {
   for (size_t first = 0; first < count && !rc; first += most) {
     size_t rows = count - first < most ? count - first : most;
     loom_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL;
-    rc = t->dry ? dry_batch(t, (int64_t)rows, &x, &y)
+    rc = t->dry ? trainer_dry_batch(t, (int64_t)rows, &x, &y)
                 : loom_text_val_batch(t->text, count, first, rows, ctx, &x, &y);
     if (!rc) rc = train_model_forward(&t->model, x, &logits);
     if (!rc) rc = train_model_loss(&t->model, logits, y, &loss);
@@ -373,7 +235,7 @@ static int evaluate_text(trainer *t, double *val_loss) {
   return rc;
 }
 
-static int evaluate(trainer *t, double *accuracy) {
+int trainer_evaluate(trainer *t, double *accuracy) {
   size_t correct = 0, done = 0;
   size_t nb = t->dry || t->model.gpt ? 1 : loom_loader_batches(t->test_loader);
   int rc = LOOM_OK;
@@ -385,7 +247,7 @@ static int evaluate(trainer *t, double *accuracy) {
   if (!rc && t->model.gpt) rc = evaluate_text(t, accuracy);
   for (size_t b = 0; b < nb && done < t->test_n && !rc && !t->model.gpt; b++) {
     loom_tensor *x = NULL, *y = NULL, *logits = NULL;
-    rc = t->dry ? dry_batch(t, (int64_t)(t->test_n < (size_t)t->o->eval_batch ? t->test_n
+    rc = t->dry ? trainer_dry_batch(t, (int64_t)(t->test_n < (size_t)t->o->eval_batch ? t->test_n
                                           : (size_t)t->o->eval_batch), &x, &y)
                 : loom_loader_batch(t->test_loader, 0, b, &x, &y);
     if (!rc) rc = train_model_forward(&t->model, x, &logits);
@@ -453,14 +315,14 @@ static int run_epoch(trainer *t) {
   while (t->st.step < end && !rc) {
     double s0 = progress_now();
     loom_step_result res;
-    rc = step(t, &loss, &res);
+    rc = trainer_step(t, &loss, &res);
     double dt = progress_now() - s0;
     t->train_s += dt;
     if (rc) break;
     n++;
     loss_sum += loss;
     t->samples += o->batch * t->nranks;
-    if (evaluates_now(t, end) && (rc = evaluate(t, &t->accuracy))) break;
+    if (evaluates_now(t, end) && (rc = trainer_evaluate(t, &t->accuracy))) break;
     if (t->lead && t->metrics) rc = write_record(t, loss, &res, dt);
     if (t->lead && !o->quiet) {
       fmt_rate(rate, sizeof rate,
@@ -474,7 +336,7 @@ static int run_epoch(trainer *t) {
   }
   if (rc || (!t->lead && !t->fsdp)) return rc; /* FSDP: every rank takes part in the gathers */
   double acc = t->accuracy;
-  if (t->eval_step != t->st.step) rc = evaluate(t, &acc); /* the GPT's is done at the end */
+  if (t->eval_step != t->st.step) rc = trainer_evaluate(t, &acc); /* the GPT's is done at the end */
   t->accuracy = acc;
   if (!rc && t->lead && !o->quiet) {
     fmt_rate(rate, sizeof rate,
@@ -521,7 +383,7 @@ static void summary(trainer *t, double wall_s) {
   fflush(o->out);
 }
 
-static void teardown(trainer *t) {
+void trainer_teardown(trainer *t) {
   train_metrics_close(t->metrics);
   loom_step_free(t->step);
   loom_scaler_free(t->scaler);
@@ -536,7 +398,7 @@ static void teardown(trainer *t) {
   loom_text_free(t->text);
 }
 
-static int setup(trainer *t, loom_pg *pg) {
+int trainer_setup(trainer *t, loom_pg *pg) {
   const train_opts *o = t->o;
   loom_mem_set_tag(TRAIN_TAG_MODEL);
   int rc = train_model_create(o, &t->model);
@@ -551,7 +413,7 @@ static int setup(trainer *t, loom_pg *pg) {
   t->fsdp = train_par_fsdp(t->par);
   t->rank = train_par_rank(t->par), t->nranks = train_par_size(t->par);
   t->lead = t->rank == 0;
-  if (!rc) rc = load_data(t);
+  if (!rc) rc = trainer_load_data(t);
   if (rc) return rc;
   t->total_steps = o->epochs * t->st.steps_per_epoch;
   t->stop_step = o->max_steps > 0 && o->max_steps < t->total_steps ? o->max_steps : t->total_steps;
@@ -621,7 +483,7 @@ int train_run(const train_opts *o, loom_pg *pg) {
     if (!pg) loom_mem_reset_peak((loom_pool)p);
     if (loom_mem_account() > 0) loom_mem_account_reset_peak(loom_mem_account(), (loom_pool)p);
   }
-  rc = setup(&t, pg);
+  rc = trainer_setup(&t, pg);
   if (!rc && t.nranks > 1 && loom_mem_account() > 0) { /* the training peak, apart */
     loom_pool_stats ps = {0};
     loom_mem_account_stats(loom_mem_account(), LOOM_POOL_COMPUTE, &ps);
@@ -660,58 +522,13 @@ int train_run(const train_opts *o, loom_pg *pg) {
   while (!rc && t.st.step < t.stop_step) {
     rc = run_epoch(&t);
   }
-  if (!rc && (t.lead || t.fsdp) && !t.evaluated) rc = evaluate(&t, &t.accuracy); /* nothing left to run */
+  if (!rc && (t.lead || t.fsdp) && !t.evaluated) rc = trainer_evaluate(&t, &t.accuracy); /* nothing left to run */
   if (!rc && t.lead) summary(&t, progress_now() - t0);
   if (t.metrics) {
     int rc2 = train_metrics_close(t.metrics);
     t.metrics = NULL;
     if (!rc) rc = rc2;
   }
-  teardown(&t);
-  return rc;
-}
-
-/* This rank's compute-pool peak since the last call, with what each tag held then (its
- * account's: a rank's own, or account 0's, the whole process, with one rank), and a fresh
- * start for the next phase. */
-static void phase_peak(train_dry_phase *ph) {
-  loom_pool_stats ps = {0};
-  int a = loom_mem_account();
-  loom_mem_account_stats(a, LOOM_POOL_COMPUTE, &ps);
-  if (ph) {
-    ph->peak = ps.peak_bytes;
-    loom_mem_account_tags(a, LOOM_POOL_COMPUTE, ph->tag);
-  }
-  loom_mem_account_reset_peak(a, LOOM_POOL_COMPUTE);
-}
-
-/* This rank's bytes in a pool now. */
-static size_t pool_now(loom_pool pool) {
-  loom_pool_stats ps = {0};
-  loom_mem_account_stats(loom_mem_account(), pool, &ps);
-  return ps.current_bytes;
-}
-
-int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r) {
-  trainer t;
-  memset(&t, 0, sizeof t);
-  memset(r, 0, sizeof *r);
-  t.o = o;
-  t.dry = true;
-  phase_peak(NULL);
-  int rc = setup(&t, pg);
-  phase_peak(&r->build);
-  if (!rc) r->params = loom_module_numel(t.model.root);
-  for (int k = 0; k < 2 && !rc; k++) { /* the second step runs with what the first left */
-    double loss = 0;
-    loom_step_result res;
-    rc = step(&t, &loss, &res);
-  }
-  phase_peak(&r->train);
-  r->host_bytes = pool_now(LOOM_POOL_HOST); /* what offload keeps once a step has run */
-  r->file_bytes = pool_now(LOOM_POOL_FILE);
-  if (!rc && (t.lead || t.fsdp)) rc = evaluate(&t, &t.accuracy);
-  phase_peak(&r->eval);
-  teardown(&t);
+  trainer_teardown(&t);
   return rc;
 }

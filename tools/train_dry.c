@@ -1,0 +1,50 @@
+/* train_dry.c: the dry run of a `loom train` run (train_run_dry, train_api.h): setup, two steps
+ * and an evaluation batch under loom's dry run, each phase's peak read from loom's counters. */
+#include "trainer.h"
+
+#include <string.h>
+
+/* This rank's compute-pool peak since the last call, with what each tag held then (its
+ * account's: a rank's own, or account 0's, the whole process, with one rank), and a fresh
+ * start for the next phase. */
+static void phase_peak(train_dry_phase *ph) {
+  loom_pool_stats ps = {0};
+  int a = loom_mem_account();
+  loom_mem_account_stats(a, LOOM_POOL_COMPUTE, &ps);
+  if (ph) {
+    ph->peak = ps.peak_bytes;
+    loom_mem_account_tags(a, LOOM_POOL_COMPUTE, ph->tag);
+  }
+  loom_mem_account_reset_peak(a, LOOM_POOL_COMPUTE);
+}
+
+/* This rank's bytes in a pool now. */
+static size_t pool_now(loom_pool pool) {
+  loom_pool_stats ps = {0};
+  loom_mem_account_stats(loom_mem_account(), pool, &ps);
+  return ps.current_bytes;
+}
+
+int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r) {
+  trainer t;
+  memset(&t, 0, sizeof t);
+  memset(r, 0, sizeof *r);
+  t.o = o;
+  t.dry = true;
+  phase_peak(NULL);
+  int rc = trainer_setup(&t, pg);
+  phase_peak(&r->build);
+  if (!rc) r->params = loom_module_numel(t.model.root);
+  for (int k = 0; k < 2 && !rc; k++) { /* the second step runs with what the first left */
+    double loss = 0;
+    loom_step_result res;
+    rc = trainer_step(&t, &loss, &res);
+  }
+  phase_peak(&r->train);
+  r->host_bytes = pool_now(LOOM_POOL_HOST); /* what offload keeps once a step has run */
+  r->file_bytes = pool_now(LOOM_POOL_FILE);
+  if (!rc && (t.lead || t.fsdp)) rc = trainer_evaluate(&t, &t.accuracy);
+  phase_peak(&r->eval);
+  trainer_teardown(&t);
+  return rc;
+}
