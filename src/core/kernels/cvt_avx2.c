@@ -11,38 +11,14 @@
 
 #define STEP 32 /* elements a step: 128 bytes of f32, 64 of f16 / bf16 */
 
-/* Elements to convert one by one before dst reaches a cache line: every step then writes
- * whole lines (a non-temporal store that leaves a line partly written costs a read of it). */
-static size_t head_count(const void *dst, size_t elem, size_t n) {
-  size_t mis = (uintptr_t)dst & 63u;
-  if (!mis) return 0;
-  size_t h = (64u - mis) / elem;
-  if ((64u - mis) % elem) return n; /* dst not element-aligned: no vector path */
-  return h < n ? h : n;
-}
 
-/* A conversion's buffers: steps read src + i * (its element size) and write dst + i * (its). */
-typedef struct cvt_ctx {
-  const char *src;
-  char *dst;
-  bool stream; /* non-temporal stores */
-} cvt_ctx;
 
 /* A 32-byte store to a 32-byte aligned d, non-temporal when streaming. */
-static inline void put(const cvt_ctx *c, char *d, __m256i v) {
+static inline void put(const loom__cvt_ctx *c, char *d, __m256i v) {
   if (c->stream) _mm256_stream_si256((__m256i *)d, v);
   else _mm256_store_si256((__m256i *)d, v);
 }
 
-/* The vector middle of a conversion from es-byte to ed-byte elements: [i, n) in whole steps
- * (dst + i * ed on a cache line); returns where it stopped. */
-static inline __attribute__((always_inline)) size_t
-body(const void *src, size_t es, void *dst, size_t ed, size_t i, size_t n, loom__sweep_fn *step) {
-  cvt_ctx c = {src, dst, n * ed >= LOOM__STREAM_BYTES};
-  i = loom__sweep_avx2(i, n, STEP, c.stream, src, es, step, &c);
-  if (c.stream) _mm_sfence();
-  return i;
-}
 
 /* 16 f32 -> 16 bf16, in order. */
 static inline __m256i bf16_16(const char *s) {
@@ -52,7 +28,7 @@ static inline __m256i bf16_16(const char *s) {
 }
 
 static inline void step_f32_bf16(void *ctx, size_t i) {
-  cvt_ctx *c = ctx;
+  loom__cvt_ctx *c = ctx;
   __m256i a = bf16_16(c->src + i * 4), b = bf16_16(c->src + i * 4 + 64);
   put(c, c->dst + i * 2, a);
   put(c, c->dst + i * 2 + 32, b);
@@ -66,14 +42,14 @@ static inline __m256i f16_16(const char *s) {
 }
 
 static inline void step_f32_f16(void *ctx, size_t i) {
-  cvt_ctx *c = ctx;
+  loom__cvt_ctx *c = ctx;
   __m256i a = f16_16(c->src + i * 4), b = f16_16(c->src + i * 4 + 64);
   put(c, c->dst + i * 2, a);
   put(c, c->dst + i * 2 + 32, b);
 }
 
 static inline void step_bf16_f32(void *ctx, size_t i) {
-  cvt_ctx *c = ctx;
+  loom__cvt_ctx *c = ctx;
   for (int k = 0; k < 2; k++) {
     __m256i h = _mm256_loadu_si256((const __m256i *)(c->src + i * 2 + 32 * k));
     char *d = c->dst + i * 4 + 64 * k;
@@ -83,7 +59,7 @@ static inline void step_bf16_f32(void *ctx, size_t i) {
 }
 
 static inline void step_f16_f32(void *ctx, size_t i) {
-  cvt_ctx *c = ctx;
+  loom__cvt_ctx *c = ctx;
   for (int k = 0; k < 2; k++) {
     __m256i h = _mm256_loadu_si256((const __m256i *)(c->src + i * 2 + 32 * k));
     char *d = c->dst + i * 4 + 64 * k;
@@ -93,30 +69,30 @@ static inline void step_f16_f32(void *ctx, size_t i) {
 }
 
 static void f32_to_bf16(const float *src, uint16_t *dst, size_t n) {
-  size_t i = head_count(dst, 2, n);
+  size_t i = loom__cvt_head(dst, 2, n);
   loom__core_kernels_scalar.cvt_f32_to_bf16(src, dst, i);
-  i = body(src, 4, dst, 2, i, n, step_f32_bf16);
+  i = loom__cvt_body(src, 4, dst, 2, i, n, STEP, step_f32_bf16);
   loom__core_kernels_scalar.cvt_f32_to_bf16(src + i, dst + i, n - i);
 }
 
 static void bf16_to_f32(const uint16_t *src, float *dst, size_t n) {
-  size_t i = head_count(dst, 4, n);
+  size_t i = loom__cvt_head(dst, 4, n);
   loom__core_kernels_scalar.cvt_bf16_to_f32(src, dst, i);
-  i = body(src, 2, dst, 4, i, n, step_bf16_f32);
+  i = loom__cvt_body(src, 2, dst, 4, i, n, STEP, step_bf16_f32);
   loom__core_kernels_scalar.cvt_bf16_to_f32(src + i, dst + i, n - i);
 }
 
 static void f32_to_f16(const float *src, uint16_t *dst, size_t n) {
-  size_t i = head_count(dst, 2, n);
+  size_t i = loom__cvt_head(dst, 2, n);
   loom__core_kernels_scalar.cvt_f32_to_f16(src, dst, i);
-  i = body(src, 4, dst, 2, i, n, step_f32_f16);
+  i = loom__cvt_body(src, 4, dst, 2, i, n, STEP, step_f32_f16);
   loom__core_kernels_scalar.cvt_f32_to_f16(src + i, dst + i, n - i);
 }
 
 static void f16_to_f32(const uint16_t *src, float *dst, size_t n) {
-  size_t i = head_count(dst, 4, n);
+  size_t i = loom__cvt_head(dst, 4, n);
   loom__core_kernels_scalar.cvt_f16_to_f32(src, dst, i);
-  i = body(src, 2, dst, 4, i, n, step_f16_f32);
+  i = loom__cvt_body(src, 2, dst, 4, i, n, STEP, step_f16_f32);
   loom__core_kernels_scalar.cvt_f16_to_f32(src + i, dst + i, n - i);
 }
 

@@ -9,55 +9,30 @@
 
 #include <immintrin.h>
 
-/* Elements to convert one by one before dst reaches 64-byte alignment. */
-static size_t head_count(const void *dst, size_t elem, size_t n) {
-  size_t mis = (uintptr_t)dst & 63u;
-  if (!mis) return 0;
-  if ((64u - mis) % elem) return n; /* dst not element-aligned: no vector path */
-  size_t h = (64u - mis) / elem;
-  return h < n ? h : n;
-}
 
-/* A conversion's buffers: steps read src + i * (its element size) and write dst + i * (its). */
-typedef struct cvt_ctx {
-  const char *src;
-  char *dst;
-  bool stream; /* non-temporal stores */
-} cvt_ctx;
 
 /* A 64-byte store to a 64-byte aligned d, non-temporal when streaming. */
-static inline void put(const cvt_ctx *c, char *d, __m512i v) {
+static inline void put(const loom__cvt_ctx *c, char *d, __m512i v) {
   if (c->stream) _mm512_stream_si512((void *)d, v);
   else _mm512_store_si512((void *)d, v);
 }
 
-/* The vector middle of a conversion from es-byte to ed-byte elements, 32 a step (one output
- * line or two): [i, n) in whole steps, a large one as prefetched interleaved streams (the
- * AVX2 level's walk, sweep_avx2.h, which made it faster than this level's plain loop on AVX-512
- * CPUs); returns where it stopped. */
-static inline __attribute__((always_inline)) size_t
-body(const void *src, size_t es, void *dst, size_t ed, size_t i, size_t n, loom__sweep_fn *step) {
-  cvt_ctx c = {src, dst, n * ed >= LOOM__STREAM_BYTES};
-  i = loom__sweep_avx2(i, n, 32, c.stream, src, es, step, &c);
-  if (c.stream) _mm_sfence();
-  return i;
-}
 
 static inline __m512i join(__m256i a, __m256i b) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
 }
 
 static inline void step_f32_bf16_int(void *ctx, size_t i) {
-  cvt_ctx *c = ctx;
+  loom__cvt_ctx *c = ctx;
   const char *s = c->src + i * 4;
   put(c, c->dst + i * 2, join(loom__bf16_round_avx512(_mm512_loadu_si512(s)),
                               loom__bf16_round_avx512(_mm512_loadu_si512(s + 64))));
 }
 
 static void f32_to_bf16_int(const float *src, uint16_t *dst, size_t n) {
-  size_t i = head_count(dst, 2, n);
+  size_t i = loom__cvt_head(dst, 2, n);
   loom__core_kernels_scalar.cvt_f32_to_bf16(src, dst, i);
-  i = body(src, 4, dst, 2, i, n, step_f32_bf16_int);
+  i = loom__cvt_body(src, 4, dst, 2, i, n, 32, step_f32_bf16_int);
   loom__core_kernels_scalar.cvt_f32_to_bf16(src + i, dst + i, n - i);
 }
 
@@ -73,21 +48,21 @@ static inline __m256i bf16_round_hw(__m512 v) {
 }
 
 static inline void step_f32_bf16_hw(void *ctx, size_t i) {
-  cvt_ctx *c = ctx;
+  loom__cvt_ctx *c = ctx;
   const float *s = (const float *)(c->src + i * 4);
   put(c, c->dst + i * 2, join(bf16_round_hw(_mm512_loadu_ps(s)),
                               bf16_round_hw(_mm512_loadu_ps(s + 16))));
 }
 
 void loom__cvt_f32_to_bf16_avx512bf16(const float *src, uint16_t *dst, size_t n) {
-  size_t i = head_count(dst, 2, n);
+  size_t i = loom__cvt_head(dst, 2, n);
   loom__core_kernels_scalar.cvt_f32_to_bf16(src, dst, i);
-  i = body(src, 4, dst, 2, i, n, step_f32_bf16_hw);
+  i = loom__cvt_body(src, 4, dst, 2, i, n, 32, step_f32_bf16_hw);
   loom__core_kernels_scalar.cvt_f32_to_bf16(src + i, dst + i, n - i);
 }
 
 static inline void step_bf16_f32(void *ctx, size_t i) {
-  cvt_ctx *c = ctx;
+  loom__cvt_ctx *c = ctx;
   __m512i h = _mm512_loadu_si512(c->src + i * 2);
   put(c, c->dst + i * 4, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
   put(c, c->dst + i * 4 + 64,
@@ -95,28 +70,28 @@ static inline void step_bf16_f32(void *ctx, size_t i) {
 }
 
 static void bf16_to_f32(const uint16_t *src, float *dst, size_t n) {
-  size_t i = head_count(dst, 4, n);
+  size_t i = loom__cvt_head(dst, 4, n);
   loom__core_kernels_scalar.cvt_bf16_to_f32(src, dst, i);
-  i = body(src, 2, dst, 4, i, n, step_bf16_f32);
+  i = loom__cvt_body(src, 2, dst, 4, i, n, 32, step_bf16_f32);
   loom__core_kernels_scalar.cvt_bf16_to_f32(src + i, dst + i, n - i);
 }
 
 static inline void step_f32_f16(void *ctx, size_t i) {
-  cvt_ctx *c = ctx;
+  loom__cvt_ctx *c = ctx;
   const float *s = (const float *)(c->src + i * 4);
   put(c, c->dst + i * 2, join(_mm512_cvtps_ph(_mm512_loadu_ps(s), _MM_FROUND_TO_NEAREST_INT),
                               _mm512_cvtps_ph(_mm512_loadu_ps(s + 16), _MM_FROUND_TO_NEAREST_INT)));
 }
 
 static void f32_to_f16(const float *src, uint16_t *dst, size_t n) {
-  size_t i = head_count(dst, 2, n);
+  size_t i = loom__cvt_head(dst, 2, n);
   loom__core_kernels_scalar.cvt_f32_to_f16(src, dst, i);
-  i = body(src, 4, dst, 2, i, n, step_f32_f16);
+  i = loom__cvt_body(src, 4, dst, 2, i, n, 32, step_f32_f16);
   loom__core_kernels_scalar.cvt_f32_to_f16(src + i, dst + i, n - i);
 }
 
 static inline void step_f16_f32(void *ctx, size_t i) {
-  cvt_ctx *c = ctx;
+  loom__cvt_ctx *c = ctx;
   __m512i h = _mm512_loadu_si512(c->src + i * 2);
   put(c, c->dst + i * 4, _mm512_castps_si512(_mm512_cvtph_ps(_mm512_castsi512_si256(h))));
   put(c, c->dst + i * 4 + 64,
@@ -124,9 +99,9 @@ static inline void step_f16_f32(void *ctx, size_t i) {
 }
 
 static void f16_to_f32(const uint16_t *src, float *dst, size_t n) {
-  size_t i = head_count(dst, 4, n);
+  size_t i = loom__cvt_head(dst, 4, n);
   loom__core_kernels_scalar.cvt_f16_to_f32(src, dst, i);
-  i = body(src, 2, dst, 4, i, n, step_f16_f32);
+  i = loom__cvt_body(src, 2, dst, 4, i, n, 32, step_f16_f32);
   loom__core_kernels_scalar.cvt_f16_to_f32(src + i, dst + i, n - i);
 }
 
