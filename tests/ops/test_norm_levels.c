@@ -2,6 +2,7 @@
  * machine has, against the scalar reference table, at ragged widths, with and without weight
  * and bias; and the op itself, run with each level active and with 1 and 2 threads. */
 #include "lt.h"
+#include "ops/gemm.h"
 #include "ops/norm_int.h"
 
 #include <math.h>
@@ -74,6 +75,7 @@ LT_TEST(norm_op_agrees_across_levels_and_thread_counts) {
   float *ref = malloc(sizeof(float) * (2 * N + 2 * C)), *got = malloc(sizeof(float) * (2 * N + 2 * C));
   LT_TRUE(ref && got);
   loom_cpu_level keep = loom_cpu_level_active();
+  int keep_threads = loom__gemm_threads();
   for (int lv = 0; lv < LOOM_CPU_LEVEL_COUNT; lv++) {
     if (!loom_cpu_supports((loom_cpu_level)lv)) continue;
     LT_OK(loom_set_cpu_level((loom_cpu_level)lv));
@@ -102,7 +104,7 @@ LT_TEST(norm_op_agrees_across_levels_and_thread_counts) {
     free(one);
   }
   loom_set_cpu_level(keep);
-  loom_set_num_threads(1);
+  loom_set_num_threads(keep_threads);
   free(ref), free(got);
   loom_tensor_free(x), loom_tensor_free(w), loom_tensor_free(b);
 }
