@@ -41,7 +41,8 @@ LT_TEST(norm_kernels_every_level_matches_scalar) {
         k->bwd_dwb(dw1, db1, dy, x, s0, R, C, 0, C / 2);
         for (size_t i = 0; i < 2 * R; i++)
           if (!close_to(s1[i], s0[i]))
-            lt_fail_at(__FILE__, __LINE__, "%s C=%zu stats[%zu] %g vs %g", name, C, i, s1[i], s0[i]);
+            lt_fail_at(__FILE__, __LINE__, "%s C=%zu stats[%zu] %g vs %g", name, C, i, s1[i],
+                       s0[i]);
         for (size_t i = 0; i < R * C; i++)
           if (!close_to(y1[i], y0[i]) || !close_to(dx1[i], dx0[i]))
             lt_fail_at(__FILE__, __LINE__, "%s C=%zu wb=%d [%zu]: y %g vs %g, dx %g vs %g",
@@ -72,14 +73,15 @@ LT_TEST(norm_op_agrees_across_levels_and_thread_counts) {
   LT_OK(loom_tensor_set_requires_grad(x, true));
   LT_OK(loom_tensor_set_requires_grad(w, true));
   LT_OK(loom_tensor_set_requires_grad(b, true));
-  float *ref = malloc(sizeof(float) * (2 * N + 2 * C)), *got = malloc(sizeof(float) * (2 * N + 2 * C));
+  size_t bytes = sizeof(float) * (2 * N + 2 * C);
+  float *ref = malloc(bytes), *got = malloc(bytes);
   LT_TRUE(ref && got);
   loom_cpu_level keep = loom_cpu_level_active();
   int keep_threads = loom__gemm_threads();
   for (int lv = 0; lv < LOOM_CPU_LEVEL_COUNT; lv++) {
     if (!loom_cpu_supports((loom_cpu_level)lv)) continue;
     LT_OK(loom_set_cpu_level((loom_cpu_level)lv));
-    float *one = malloc(sizeof(float) * (2 * N + 2 * C));
+    float *one = malloc(bytes);
     LT_TRUE(one != NULL);
     for (int th = 1; th <= 2; th++) {
       LT_OK(loom_set_num_threads(th));
@@ -98,8 +100,8 @@ LT_TEST(norm_op_agrees_across_levels_and_thread_counts) {
       loom_tensor_free(loss), loom_tensor_free(sq), loom_tensor_free(y);
       if (th == 2 && lv > 0)
         for (int i = 0; i < 2 * N + 2 * C; i++) LT_NEAR(got[i], ref[i], 1e-4 * (1 + fabs(ref[i])));
-      if (th == 2 && lv > 0) LT_TRUE(memcmp(got, one, sizeof(float) * (2 * N + 2 * C)) == 0);
-      if (th == 2 && lv == 0) LT_TRUE(memcmp(got, ref, sizeof(float) * (2 * N + 2 * C)) == 0);
+      if (th == 2 && lv > 0) LT_TRUE(memcmp(got, one, bytes) == 0);
+      if (th == 2 && lv == 0) LT_TRUE(memcmp(got, ref, bytes) == 0);
     }
     free(one);
   }
