@@ -1,5 +1,9 @@
 /* loss.c: cross entropy (logits [N, C] against i32/i64 class labels, mean/sum/none, ignore
- * index) and mean squared error, forward and backward, computed in f32. */
+ * index) and mean squared error, forward and backward, computed in f32. Cross entropy's rows
+ * (max, exp and sum) run on fused attention's per-level row kernels (attn_int.h: SIMD exp at
+ * the SIMD levels), backward's rows over loom_set_num_threads' team. */
+#include "ops/attn_int.h"
+#include "ops/gemm.h"
 #include "ops/ops_int.h"
 
 #include <math.h>
@@ -25,6 +29,20 @@ static float row_weight(const loom__node *n, const float *g, int64_t i, int64_t 
   return g[0] / (float)count;
 }
 
+/* A row's max (into *m) and sum of exp(x - m); the exps go into e (C floats), or with e NULL
+ * into a scratch block of SCRATCH on the stack. */
+enum { SCRATCH = 512, ROWS = 16 };
+static float row_expsum(const loom__attn_kernels *k, const float *x, int64_t C, float *e,
+                        float *m) {
+  float buf[SCRATCH], sum = 0;
+  *m = k->max(x, (size_t)C, -INFINITY);
+  for (int64_t j = 0; j < C; j += SCRATCH) {
+    size_t n = (size_t)(C - j < SCRATCH ? C - j : SCRATCH);
+    sum += k->expsum(e ? e + j : buf, x + j, n, *m);
+  }
+  return sum;
+}
+
 static int ce_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   int rc = LOOM_OK;
   loom__fbuf fx = {0};
@@ -33,21 +51,25 @@ static int ce_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   LOOM_TRY(loom__f32_in(n->saved[0], &fx));
   LOOM_TRY(loom__grad_new(2, n->in[0].shape, false, &gin[0]));
   float *gx = loom__f(gin[0]);
-  for (int64_t i = 0; i < N && !loom__dry(); i++) {
-    const float *x = fx.p + i * C;
-    float *d = gx + i * C;
-    int64_t lab = label_at(labels, i);
-    if (lab == ignore) {
-      for (int64_t k = 0; k < C; k++) d[k] = 0;
-      continue;
+  const loom__attn_kernels *k = loom__attn_k();
+  int64_t blocks = loom__dry() ? 0 : (N + ROWS - 1) / ROWS;
+  int t = N * C >= (1 << 15) ? loom__gemm_threads() : 1;
+  (void)t; /* unused without OpenMP */
+#pragma omp parallel for num_threads(t) if (t > 1 && blocks > 1)
+  for (int64_t b = 0; b < blocks; b++)
+    for (int64_t i = b * ROWS; i < N && i < b * ROWS + ROWS; i++) {
+      const float *x = fx.p + i * C;
+      float *d = gx + i * C;
+      int64_t lab = label_at(labels, i);
+      if (lab == ignore) {
+        for (int64_t j = 0; j < C; j++) d[j] = 0;
+        continue;
+      }
+      float w = row_weight(n, loom__f(g), i, count), m;
+      float inv = w / row_expsum(k, x, C, d, &m);
+      for (int64_t j = 0; j < C; j++) d[j] *= inv;
+      d[lab] -= w;
     }
-    float w = row_weight(n, loom__f(g), i, count), m = -INFINITY, sum = 0;
-    for (int64_t k = 0; k < C; k++) m = x[k] > m ? x[k] : m;
-    for (int64_t k = 0; k < C; k++) sum += (d[k] = expf(x[k] - m));
-    float inv = w / sum;
-    for (int64_t k = 0; k < C; k++) d[k] *= inv;
-    d[lab] -= w;
-  }
 done:
   loom__fbuf_free(&fx);
   return rc;
@@ -87,14 +109,13 @@ int loom_cross_entropy(loom_tensor *logits, loom_tensor *labels, loom_reduction 
   LOOM_TRY(loom__f32_in(logits, &fx));
   LOOM_TRY(loom__f32_out(logits->dtype, reduction == LOOM_REDUCTION_NONE ? 1 : 0, &N, &y, &fy));
   double total = 0;
+  const loom__attn_kernels *k = loom__attn_k();
   for (int64_t i = 0; i < N && !loom__dry(); i++) {
     const float *x = fx.p + i * C;
     int64_t lab = label_at(labels, i);
     float l = 0;
     if (lab != ignore_index) {
-      float m = -INFINITY, sum = 0;
-      for (int64_t k = 0; k < C; k++) m = x[k] > m ? x[k] : m;
-      for (int64_t k = 0; k < C; k++) sum += expf(x[k] - m);
+      float m, sum = row_expsum(k, x, C, NULL, &m);
       l = m + logf(sum) - x[lab];
     }
     if (reduction == LOOM_REDUCTION_NONE) fy.p[i] = l;

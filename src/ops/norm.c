@@ -1,10 +1,18 @@
 /* norm.c: layer normalisation over the last dims, forward and backward (llm.c's
  * layernorm_forward/backward in f32), with optional elementwise weight and bias. Forward
- * saves each row's mean and 1/std for backward. */
+ * saves each row's mean and 1/std for backward. The loops are per CPU level (norm_int.h). */
+#include "ops/gemm.h"
+#include "ops/norm_int.h"
 #include "ops/ops_int.h"
 
-#include <math.h>
 #include <string.h>
+
+/* Rows (forward, dx) in blocks of ROWS and dw, db in blocks of COLS columns run over the GEMM's
+ * thread count (loom_set_num_threads) once a tensor has PAR_MIN elements; a row's or a
+ * column's values do not depend on the split. */
+enum { ROWS = 16, COLS = 64, PAR_MIN = 1 << 15 };
+
+static int threads(int64_t n) { return n >= PAR_MIN ? loom__gemm_threads() : 1; }
 
 static int ln_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   int rc = LOOM_OK;
@@ -18,24 +26,24 @@ static int ln_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
       LOOM_TRY(loom__grad_new(n->in[k].ndim, n->in[k].shape, k > 0, &gin[k]));
   float *dx = gin[0] ? loom__f(gin[0]) : NULL, *dw = gin[1] ? loom__f(gin[1]) : NULL;
   float *db = n->n_in > 2 && gin[2] ? loom__f(gin[2]) : NULL;
-  const float *gp = loom__f(g);
-  for (int64_t r = 0; r < R; r++) {
-    const float *x = fx.p + r * C, *dy = gp + r * C;
-    float mean = stats[2 * r], rstd = stats[2 * r + 1], m1 = 0, m2 = 0;
-    for (int64_t i = 0; i < C; i++) {
-      float norm = (x[i] - mean) * rstd, dn = dy[i] * (fw.p ? fw.p[i] : 1.0f);
-      m1 += dn;
-      m2 += dn * norm;
-      if (dw) dw[i] += dy[i] * norm;
-      if (db) db[i] += dy[i];
+  if (!loom__dry()) { /* a dry run (loom/alloc.h): every buffer made, nothing computed */
+    const loom__norm_kernels *k = loom__norm_k();
+    const float *gp = loom__f(g);
+    int64_t blocks = (R + ROWS - 1) / ROWS, cols = (C + COLS - 1) / COLS;
+    int t = threads(R * C);
+    (void)t; /* unused without OpenMP */
+    if (dx) {
+#pragma omp parallel for num_threads(t) if (t > 1 && blocks > 1)
+      for (int64_t bl = 0; bl < blocks; bl++)
+        k->bwd_dx(dx, gp, fx.p, fw.p, stats, (size_t)(bl * ROWS),
+                  (size_t)(bl * ROWS + ROWS < R ? bl * ROWS + ROWS : R), (size_t)C);
     }
-    m1 /= (float)C;
-    m2 /= (float)C;
-    if (dx)
-      for (int64_t i = 0; i < C; i++) {
-        float norm = (x[i] - mean) * rstd, dn = dy[i] * (fw.p ? fw.p[i] : 1.0f);
-        dx[r * C + i] = rstd * (dn - m1 - norm * m2);
-      }
+    if (dw || db) {
+#pragma omp parallel for num_threads(t) if (t > 1 && cols > 1)
+      for (int64_t cl = 0; cl < cols; cl++)
+        k->bwd_dwb(dw, db, gp, fx.p, stats, (size_t)R, (size_t)C, (size_t)(cl * COLS),
+                   (size_t)(cl * COLS + COLS < C ? cl * COLS + COLS : C));
+    }
   }
 done:
   loom__fbuf_free(&fx);
@@ -83,21 +91,16 @@ int loom_layer_norm(loom_tensor *x, int normalized_ndim, loom_tensor *w, loom_te
   if (w) LOOM_TRY(loom__f32_in(w, &fw));
   if (b) LOOM_TRY(loom__f32_in(b, &fb));
   LOOM_TRY(loom__f32_out(x->dtype, x->ndim, x->shape, &y, &fy));
-  float *st = loom__f(stats);
-  for (int64_t r = 0; r < R; r++) {
-    const float *xr = fx.p + r * C;
-    float *yr = fy.p + r * C, mean = 0, var = 0;
-    for (int64_t i = 0; i < C; i++) mean += xr[i];
-    mean /= (float)C;
-    for (int64_t i = 0; i < C; i++) var += (xr[i] - mean) * (xr[i] - mean);
-    var /= (float)C;
-    float rstd = 1.0f / sqrtf(var + (float)eps);
-    for (int64_t i = 0; i < C; i++) {
-      float v = (xr[i] - mean) * rstd;
-      yr[i] = v * (w ? fw.p[i] : 1.0f) + (b ? fb.p[i] : 0.0f);
-    }
-    st[2 * r] = mean;
-    st[2 * r + 1] = rstd;
+  if (!loom__dry()) {
+    const loom__norm_kernels *k = loom__norm_k();
+    float *st = loom__f(stats);
+    int64_t blocks = (R + ROWS - 1) / ROWS;
+    int t = threads(R * C);
+    (void)t; /* unused without OpenMP */
+#pragma omp parallel for num_threads(t) if (t > 1 && blocks > 1)
+    for (int64_t bl = 0; bl < blocks; bl++)
+      k->fwd(fy.p, st, fx.p, fw.p, fb.p, (size_t)(bl * ROWS),
+             (size_t)(bl * ROWS + ROWS < R ? bl * ROWS + ROWS : R), (size_t)C, (float)eps);
   }
   loom__f32_out_commit(y, &fy);
   LOOM_TRY(loom__op_record(&c, y, ln_backward, &nd));

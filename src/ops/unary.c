@@ -3,7 +3,35 @@
  * variants add/sub/mul/div by a scalar. The math lives in unary_kernels.c. relu on f16/bf16
  * works on the 16-bit values directly (it only selects them); the others go through f32. */
 #include "ops/ops_int.h"
+#include "ops/gemm.h"
 #include "ops/unary_int.h"
+
+/* Elementwise, so a long tensor runs in chunks over the GEMM's thread count (loom__gemm_threads,
+ * loom_set_num_threads); every element's value is the same whatever the split. */
+enum { PAR_MIN = 1 << 16, CHUNK = 1 << 14 };
+
+/* One call of a forward (g NULL: out = f(x)) or backward (out = g * f'(x), from x and/or y)
+ * kernel, run in chunks. */
+typedef struct job {
+  loom__unary_fwd_fn fwd;
+  loom__unary_bwd_fn bwd;
+  float *out;
+  const float *g, *x, *y;
+  double p;
+} job;
+
+static void run(const job *j, size_t n) {
+  int64_t chunks = (int64_t)((n + CHUNK - 1) / CHUNK);
+  int t = n >= PAR_MIN ? loom__gemm_threads() : 1;
+  (void)t; /* unused without OpenMP */
+#pragma omp parallel for num_threads(t) if (t > 1 && chunks > 1)
+  for (int64_t c = 0; c < chunks; c++) {
+    size_t i = (size_t)c * CHUNK, m = n - i < CHUNK ? n - i : CHUNK;
+    const float *x = j->x ? j->x + i : NULL, *y = j->y ? j->y + i : NULL;
+    if (j->fwd) j->fwd(j->out + i, x, m, (float)j->p);
+    else j->bwd(j->out + i, j->g + i, x, y, m, j->p);
+  }
+}
 
 /* +inf's bits in a 16-bit float dtype, or 0 for f32 (relu then goes through f32). */
 static uint16_t inf16(loom_dtype dt) {
@@ -27,8 +55,9 @@ static int unary_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   }
   if (n->saved[0]) LOOM_TRY(loom__f32_in(n->saved[0], &fx));
   if (n->saved[1]) LOOM_TRY(loom__f32_in(n->saved[1], &fy));
-  loom__unary_kernels()->bwd[n->i[0]](loom__f(gin[0]), loom__f(g), fx.p, fy.p,
-                                        loom_tensor_numel(g), n->f[0]);
+  job j = {NULL, loom__unary_kernels()->bwd[n->i[0]], loom__f(gin[0]), loom__f(g), fx.p, fy.p,
+           n->f[0]};
+  run(&j, (size_t)loom_tensor_numel(g));
   (void)d;
 done:
   loom__fbuf_free(&fx);
@@ -56,7 +85,8 @@ int loom__unary_op(loom__unary u, loom_tensor *x, double p, loom_tensor **out) {
   } else {
     LOOM_TRY(loom__f32_in(x, &fx));
     LOOM_TRY(loom__f32_out(x->dtype, x->ndim, x->shape, &y, &fy));
-    if (!loom__dry()) loom__unary_kernels()->fwd[u](fy.p, fx.p, loom_tensor_numel(x), (float)p);
+    job j = {loom__unary_kernels()->fwd[u], NULL, fy.p, NULL, fx.p, NULL, (float)p};
+    if (!loom__dry()) run(&j, (size_t)loom_tensor_numel(x));
     loom__f32_out_commit(y, &fy);
   }
   LOOM_TRY(loom__op_record(&c, y, unary_backward, &nd));

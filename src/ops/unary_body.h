@@ -6,6 +6,42 @@
 #define UK_CAT(a, b) UK_CAT2(a, b)
 #define UK(name) UK_CAT(name, UNARY_SFX)
 
+/* tanh of one float in straight-line code the vectorizer turns into SIMD (the SIMD levels'
+ * UNARY_TANH; the scalar level, the reference, defines UNARY_TANH as libm's tanhf).
+ * |x| < 0.625: Cephes' tanhf polynomial x + x^3 P(x^2); else 1 - 2 / (exp(2|x|) + 1) with the
+ * sign of x, exp(a) = 2^n exp(r) (n = round(a log2 e), r = a - n ln2 with ln2 in two parts,
+ * Cephes' expf polynomial), 2|x| capped at 20 (tanh rounds to 1 from |x| = 9.01). A NaN takes
+ * the polynomial branch and stays NaN; +-inf give +-1; -0 stays -0. Within 3 ulp of glibc's
+ * tanhf on every float (tests/ops/test_unary_levels.c measures it). */
+static inline float UK(tanh_approx)(float x) {
+  float a = fabsf(x), z = x * x;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  float small = copysignf(p * z * x + x, x); /* -0 stays -0 */
+  float e2 = 2.0f * a < 20.0f ? 2.0f * a : 20.0f;
+  float n = (e2 * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+  float r = e2 - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float q = 1.9875691500e-4f;
+  q = q * r + 1.3981999507e-3f;
+  q = q * r + 8.3334519073e-3f;
+  q = q * r + 4.1665795894e-2f;
+  q = q * r + 1.6666665459e-1f;
+  q = q * r + 5.0000001201e-1f;
+  q = q * (r * r) + (r + 1.0f);
+  int32_t bits = ((int32_t)n + 127) << 23;
+  float s;
+  memcpy(&s, &bits, sizeof s);
+  float big = copysignf(1.0f - 2.0f / (q * s + 1.0f), x);
+  return !(a >= 0.625f) ? small : big;
+}
+#ifndef UNARY_TANH
+#define UNARY_TANH(x) UK(tanh_approx)(x)
+#endif
+
 static void UK(f_neg)(float *y, const float *x, size_t n, float p) {
   for (size_t i = 0; i < n; i++) y[i] = -x[i];
 }
@@ -36,20 +72,20 @@ static void UK(f_gelu_tanh)(float *y, const float *x, size_t n, float p) {
   const float c = 0.7978845608028654f; /* sqrt(2/pi) */
   for (size_t i = 0; i < n; i++) {
     float v = x[i];
-    y[i] = 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
+    y[i] = 0.5f * v * (1.0f + UNARY_TANH(c * (v + 0.044715f * v * v * v)));
   }
 }
 static void UK(b_gelu_tanh)(float *gx, const float *g, const float *x, const float *y, size_t n,
                             double p) {
   const float c = 0.7978845608028654f;
   for (size_t i = 0; i < n; i++) {
-    float v = x[i], t = tanhf(c * (v + 0.044715f * v * v * v));
+    float v = x[i], t = UNARY_TANH(c * (v + 0.044715f * v * v * v));
     float du = c * (1.0f + 3.0f * 0.044715f * v * v);
     gx[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
   }
 }
 static void UK(f_tanh)(float *y, const float *x, size_t n, float p) {
-  for (size_t i = 0; i < n; i++) y[i] = tanhf(x[i]);
+  for (size_t i = 0; i < n; i++) y[i] = UNARY_TANH(x[i]);
 }
 static void UK(b_tanh)(float *gx, const float *g, const float *x, const float *y, size_t n,
                        double p) {
@@ -144,6 +180,7 @@ const loom__unary_kernels_t UK(loom__unary_kernels) = {
     .relu16_bwd = UK(relu16_bwd),
 };
 
+#undef UNARY_TANH
 #undef UK
 #undef UK_CAT
 #undef UK_CAT2

@@ -3,6 +3,8 @@
 #include "ops/unary_int.h"
 
 #include <math.h>
+#include <string.h>
 
 #define UNARY_SFX scalar
+#define UNARY_TANH(x) tanhf(x) /* the reference: libm */
 #include "ops/unary_body.h"

@@ -1,0 +1,90 @@
+/* norm_body.h: layer norm's loops (norm_int.h) and their table loom__norm_kernels_<level>,
+ * included by norm_scalar.c, norm_avx2.c and norm_avx512.c with NORM_SFX set, each compiled
+ * with its level's flags (CMakeLists.txt). A row's sums run in NL = 16 lanes (one AVX-512
+ * vector, two AVX2 ones), added lane by lane at the end, the same order at every level. No
+ * include guard on purpose. */
+#define NK_CAT2(a, b) a##_##b
+#define NK_CAT(a, b) NK_CAT2(a, b)
+#define NK(name) NK_CAT(name, NORM_SFX)
+
+enum { NL = 16 };
+
+/* The sum of x[i] - m (sq 0) or of (x[i] - m)^2 (sq 1). */
+static float NK(sum_dev)(const float *x, size_t n, float m, int sq) {
+  float acc[NL] = {0}, s = 0;
+  size_t i = 0;
+  if (sq)
+    for (; i + NL <= n; i += NL)
+      for (int l = 0; l < NL; l++) acc[l] += (x[i + l] - m) * (x[i + l] - m);
+  else
+    for (; i + NL <= n; i += NL)
+      for (int l = 0; l < NL; l++) acc[l] += x[i + l];
+  for (int l = 0; l < NL; l++) s += acc[l];
+  for (; i < n; i++) s += sq ? (x[i] - m) * (x[i] - m) : x[i];
+  return s;
+}
+
+static void NK(fwd)(float *y, float *stats, const float *x, const float *w, const float *b,
+                    size_t r0, size_t r1, size_t C, float eps) {
+  for (size_t r = r0; r < r1; r++) {
+    const float *xr = x + r * C;
+    float *yr = y + r * C;
+    float mean = NK(sum_dev)(xr, C, 0, 0) / (float)C;
+    float var = NK(sum_dev)(xr, C, mean, 1) / (float)C;
+    float rstd = 1.0f / sqrtf(var + eps);
+    if (w && b)
+      for (size_t i = 0; i < C; i++) yr[i] = (xr[i] - mean) * rstd * w[i] + b[i];
+    else
+      for (size_t i = 0; i < C; i++)
+        yr[i] = (xr[i] - mean) * rstd * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+    stats[2 * r] = mean;
+    stats[2 * r + 1] = rstd;
+  }
+}
+
+static void NK(bwd_dx)(float *dx, const float *dy, const float *x, const float *w,
+                       const float *stats, size_t r0, size_t r1, size_t C) {
+  for (size_t r = r0; r < r1; r++) {
+    const float *xr = x + r * C, *g = dy + r * C;
+    float *d = dx + r * C, mean = stats[2 * r], rstd = stats[2 * r + 1];
+    float a1[NL] = {0}, a2[NL] = {0}, m1 = 0, m2 = 0;
+    size_t i = 0;
+    for (; i + NL <= C; i += NL)
+      for (int l = 0; l < NL; l++) {
+        float dn = g[i + l] * (w ? w[i + l] : 1.0f);
+        a1[l] += dn;
+        a2[l] += dn * ((xr[i + l] - mean) * rstd);
+      }
+    for (int l = 0; l < NL; l++) m1 += a1[l], m2 += a2[l];
+    for (; i < C; i++) {
+      float dn = g[i] * (w ? w[i] : 1.0f);
+      m1 += dn;
+      m2 += dn * ((xr[i] - mean) * rstd);
+    }
+    m1 /= (float)C;
+    m2 /= (float)C;
+    for (i = 0; i < C; i++) {
+      float dn = g[i] * (w ? w[i] : 1.0f), norm = (xr[i] - mean) * rstd;
+      d[i] = rstd * (dn - m1 - norm * m2);
+    }
+  }
+}
+
+static void NK(bwd_dwb)(float *dw, float *db, const float *dy, const float *x,
+                        const float *stats, size_t R, size_t C, size_t c0, size_t c1) {
+  for (size_t r = 0; r < R; r++) {
+    const float *xr = x + r * C, *g = dy + r * C;
+    float mean = stats[2 * r], rstd = stats[2 * r + 1];
+    if (dw)
+      for (size_t i = c0; i < c1; i++) dw[i] += g[i] * ((xr[i] - mean) * rstd);
+    if (db)
+      for (size_t i = c0; i < c1; i++) db[i] += g[i];
+  }
+}
+
+const loom__norm_kernels NK(loom__norm_kernels) = {
+    .fwd = NK(fwd), .bwd_dx = NK(bwd_dx), .bwd_dwb = NK(bwd_dwb)};
+
+#undef NK
+#undef NK_CAT
+#undef NK_CAT2
