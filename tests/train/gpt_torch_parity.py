@@ -97,8 +97,9 @@ def batch(torch, text, seed, step, rows, context):
     return torch.tensor(xs, dtype=torch.int64), torch.tensor(ys, dtype=torch.int64)
 
 
-def read_safetensors(torch, path):
-    """{name: f32 tensor} of a safetensors file (F32 entries only, as loom writes a model)."""
+def read_safetensors_raw(path):
+    """{name: (shape, raw little-endian f32 bytes)} of a safetensors file (F32 entries only, as
+    loom writes a model), in the file's order. Needs no torch (bench/llmc/llmc_files.py)."""
     with open(path, "rb") as f:
         data = f.read()
     (hlen,) = struct.unpack("<Q", data[:8])
@@ -111,9 +112,14 @@ def read_safetensors(torch, path):
         if e["dtype"] != "F32":
             die(f"{path}: {name} is {e['dtype']}, not F32")
         b, end = e["data_offsets"]
-        t = torch.frombuffer(bytearray(data[base + b:base + end]), dtype=torch.float32)
-        out[name] = t.reshape(e["shape"]).clone()
+        out[name] = (e["shape"], data[base + b:base + end])
     return out
+
+
+def read_safetensors(torch, path):
+    """{name: f32 tensor} of a safetensors file (read_safetensors_raw)."""
+    return {name: torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(shape).clone()
+            for name, (shape, raw) in read_safetensors_raw(path).items()}
 
 
 def build_model(torch, W, layers, heads, f32_attention=False):
@@ -165,6 +171,20 @@ def build_model(torch, W, layers, heads, f32_attention=False):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
     return forward
+
+
+def train_step(torch, forward, opt, x, y, amp):
+    """One step: zero_grad, forward (under bf16 autocast when amp is "bf16"), backward, the
+    optimizer's step; returns the loss."""
+    opt.zero_grad(set_to_none=True)
+    if amp == "bf16":
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = forward(x, y)
+    else:
+        loss = forward(x, y)
+    loss.backward()
+    opt.step()
+    return loss
 
 
 def run(cmd, env):
@@ -252,14 +272,7 @@ def main():
     worst, worst_step, first = 0.0, 0, None
     for s in range(a.steps):
         x, y = batch(torch, text, a.seed, s, a.batch, a.context)
-        opt.zero_grad(set_to_none=True)
-        if a.amp == "bf16":
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = forward(x, y)
-        else:
-            loss = forward(x, y)
-        loss.backward()
-        opt.step()
+        loss = train_step(torch, forward, opt, x, y, a.amp)
         tl, ll = float(loss), loom_loss.get(s + 1)
         if ll is None:
             die(f"{metrics}: no loss for step {s + 1}")

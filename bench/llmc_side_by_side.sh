@@ -1,0 +1,133 @@
+#!/bin/sh
+# llmc_side_by_side.sh: issue 25, item 6: loom's GPT training step beside llm.c's CPU trainer
+# (karpathy/llm.c, train_gpt2.c) and, optionally, PyTorch 1.13's, same model, same text, same
+# threads. A benchmark, not a test: nothing registers it with ctest.
+#
+# What it does, in WORKDIR (default a fresh mktemp -d folder):
+#  1. copies llm.c (LLMC_SRC: a checkout, or a bare git directory, whose HEAD is taken; without
+#     it, `git clone --depth 1 https://github.com/karpathy/llm.c`) and builds its trainer with
+#     the command its Makefile's `make train_gpt2` runs (read from `make -n train_gpt2`:
+#     cc -Ofast ... -march=native -fopenmp -DOMP ... -lm -lgomp), compiling bench/llmc/llmc_steps.c
+#     in place of train_gpt2.c: that file includes train_gpt2.c unchanged and runs its main()'s
+#     step (next batch, forward, zero_grad, backward, AdamW update) at this B and T, timed as
+#     main() times it (train_gpt2.c's main fixes B 4, T 64 and adds validation and sampling);
+#  2. writes loom's initial weights (one step at --lr 0 --weight-decay 0, saved: the parameters
+#     as initialised, as tests/train/gpt_torch_parity.py does) and converts them to llm.c's
+#     checkpoint, and the training part of the same text (default: the fortunes) to llm.c's
+#     token file (bench/llmc/llmc_files.py): all three start from the same weights. With
+#     TORCH=1 the conversion is checked: llm.c's loss on loom's first window (B 1) must equal
+#     PyTorch's on loom's weights (the parity test's model) to 1e-5 relative;
+#  3. per thread count: `loom train --model gpt ... --threads N --init ... --metrics ...`
+#     (step time = batch / samples_per_s of each record), llm.c with OMP_NUM_THREADS=N
+#     (its "took X ms"), and with TORCH=1 PyTorch (torch.set_num_threads(N) and OpenBLAS
+#     capped, bench/torch_threads.py); medians over STEPS steps after the first (skipped).
+# Prints tokens/s (B x T / median step time) per side and the ratios loom / llm.c, loom / torch.
+#
+# Usage: bench/llmc_side_by_side.sh LOOM_BIN [WORKDIR]
+# Environment: LLMC_SRC, STEPS (timed steps, default 5; one more is run and skipped),
+#   THREADS (default "1 2"), LAYERS HEADS DIM CONTEXT BATCH (default 6 6 384 256 16, the
+#   issue's model), AMP (loom's --amp, default off), TORCH (1: time PyTorch too), TEXT (a file
+#   instead of the fortunes).
+set -eu
+LOOM=$(readlink -f "$1")
+WORK=${2:-$(mktemp -d /tmp/llmc_side_by_side.XXXXXX)}
+HERE=$(cd "$(dirname "$0")" && pwd)
+PY=/usr/bin/python3
+STEPS=${STEPS:-5}
+THREADS=${THREADS:-"1 2"}
+L=${LAYERS:-6} H=${HEADS:-6} C=${DIM:-384} T=${CONTEXT:-256} B=${BATCH:-16}
+AMP=${AMP:-off}
+TORCH=${TORCH:-0}
+RUNS=$((STEPS + 1))
+mkdir -p "$WORK"
+echo "llmc_side_by_side: work in $WORK; model $L layers, $H heads, $C wide, context $T, batch $B;" \
+     "$STEPS timed steps (+1 skipped); threads $THREADS"
+echo "cpu: $(lscpu | sed -n 's/^Model name: *//p') (family $(lscpu | sed -n 's/^CPU family: *//p')" \
+     "model $(lscpu | sed -n 's/^Model: *//p')), $(nproc) cpus; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# 1. llm.c
+src=$WORK/llmc
+rm -rf "$src"
+mkdir -p "$src"
+if [ -n "${LLMC_SRC:-}" ] && [ -f "$LLMC_SRC/HEAD" ] && ! [ -d "$LLMC_SRC/.git" ]; then
+  git --git-dir="$LLMC_SRC" archive HEAD | tar -x -C "$src"
+  rev=$(git --git-dir="$LLMC_SRC" rev-parse HEAD)
+elif [ -n "${LLMC_SRC:-}" ]; then
+  cp -r "$LLMC_SRC"/. "$src"
+  rev=$(git -C "$LLMC_SRC" rev-parse HEAD 2>/dev/null || echo unknown)
+else
+  rm -rf "$src"
+  git clone -q --depth 1 https://github.com/karpathy/llm.c "$src"
+  rev=$(git -C "$src" rev-parse HEAD)
+fi
+cp "$HERE/llmc/llmc_steps.c" "$src/"
+build=$(cd "$src" && make -s -n train_gpt2 2>/dev/null | grep -- ' train_gpt2\.c ' | tail -1)
+[ -n "$build" ] || { echo "llmc_side_by_side: no train_gpt2 command in llm.c's Makefile" >&2; exit 2; }
+build=$(echo "$build" | sed 's/ train_gpt2\.c / -I. llmc_steps.c /; s/-o train_gpt2$/-o llmc_steps/')
+echo "llm.c $rev: $build"
+(cd "$src" && eval "$build")
+
+# 2. the same weights and text on every side
+shape="--model gpt --layers $L --heads $H --dim $C --context $T --batch $B --seed 0
+       --schedule constant --epochs 1000 --eval-windows 1 --quiet"
+[ -n "${TEXT:-}" ] && shape="$shape --text $TEXT"
+# shellcheck disable=SC2086
+"$LOOM" train $shape --threads 1 --max-steps 1 --lr 0 --weight-decay 0 --save "$WORK/init" \
+  --overwrite > "$WORK/init.log" 2>&1 || { cat "$WORK/init.log"; exit 1; }
+init=$WORK/init/model.safetensors
+"$PY" "$HERE/llmc/llmc_files.py" checkpoint "$init" "$WORK/model.llmc.bin" \
+  --layers "$L" --heads "$H" --dim "$C" --context "$T"
+"$PY" "$HERE/llmc/llmc_files.py" tokens "$WORK/train.llmc.bin" ${TEXT:+--text "$TEXT"}
+if [ "$TORCH" = 1 ] && [ -z "${TEXT:-}" ]; then
+  want=$("$PY" "$HERE/llmc/llmc_files.py" window "$init" "$WORK/window.llmc.bin" \
+           --layers "$L" --heads "$H" --context "$T" | sed -n 's/^torch loss //p')
+  got=$(OMP_NUM_THREADS=1 "$src/llmc_steps" "$WORK/model.llmc.bin" "$WORK/window.llmc.bin" 1 "$T" 1 |
+        sed -n 's/^step 0: train loss \([0-9.]*\).*/\1/p')
+  echo "conversion check: llm.c loss $got, torch $want on loom's first window"
+  awk -v a="$got" -v b="$want" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' ||
+    { echo "llmc_side_by_side: llm.c's checkpoint is not loom's model" >&2; exit 1; }
+fi
+
+# Median of the step times (ms) on stdin, one per line, the first skipped.
+median() {
+  tail -n +2 | sort -g | awk '{v[NR] = $1} END {
+    if (NR == 0) { print "nan"; exit }
+    if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+tps() { awk -v ms="$1" -v n=$((B * T)) 'BEGIN { printf "%.0f", n / (ms / 1000) }'; }
+
+summary=$WORK/summary.txt
+: > "$summary"
+for n in $THREADS; do
+  # loom
+  m=$WORK/loom-$n.jsonl
+  rm -f "$m"
+  # shellcheck disable=SC2086
+  "$LOOM" train $shape --threads "$n" --amp "$AMP" --max-steps "$RUNS" --lr 3e-4 \
+    --init "$init" --metrics "$m" > "$WORK/loom-$n.log" 2>&1 || { cat "$WORK/loom-$n.log"; exit 1; }
+  loom_ms=$(sed -n 's/.*"samples_per_s": \([0-9.e+-]*\).*/\1/p' "$m" |
+            awk -v b="$B" '{ printf "%.6f\n", 1000 * b / $1 }' | median)
+  echo "loom ($AMP) threads $n: step times (ms): $(sed -n 's/.*"samples_per_s": \([0-9.e+-]*\).*/\1/p' "$m" |
+            awk -v b="$B" '{ printf "%.0f ", 1000 * b / $1 }')"
+  # llm.c
+  OMP_NUM_THREADS=$n "$src/llmc_steps" "$WORK/model.llmc.bin" "$WORK/train.llmc.bin" "$B" "$T" \
+    "$RUNS" > "$WORK/llmc-$n.log" 2>&1 || { cat "$WORK/llmc-$n.log"; exit 1; }
+  llmc_ms=$(sed -n 's/.*(took \([0-9.]*\) ms).*/\1/p' "$WORK/llmc-$n.log" | median)
+  echo "llm.c threads $n: $(grep -m1 'omp threads' "$WORK/llmc-$n.log"); step times (ms):" \
+       "$(sed -n 's/.*(took \([0-9.]*\) ms).*/\1/p' "$WORK/llmc-$n.log" | awk '{ printf "%.0f ", $1 }')"
+  line="threads $n: loom $AMP $(tps "$loom_ms") tokens/s (${loom_ms%.*} ms/step), llm.c $(tps "$llmc_ms") tokens/s (${llmc_ms%.*} ms)"
+  line="$line, loom/llm.c $(awk -v a="$llmc_ms" -v b="$loom_ms" 'BEGIN { printf "%.2f", a / b }')x"
+  if [ "$TORCH" = 1 ]; then
+    "$PY" "$HERE/llmc/llmc_files.py" torch "$init" --layers "$L" --heads "$H" --context "$T" \
+      --batch "$B" --threads "$n" --steps "$RUNS" > "$WORK/torch-$n.log" 2>&1 ||
+      { cat "$WORK/torch-$n.log"; exit 1; }
+    torch_ms=$(sed -n 's/.*(took \([0-9.]*\) ms).*/\1/p' "$WORK/torch-$n.log" | median)
+    echo "torch f32 threads $n: $(head -1 "$WORK/torch-$n.log"); step times (ms):" \
+         "$(sed -n 's/.*(took \([0-9.]*\) ms).*/\1/p' "$WORK/torch-$n.log" | awk '{ printf "%.0f ", $1 }')"
+    line="$line, torch f32 $(tps "$torch_ms") tokens/s (${torch_ms%.*} ms), loom/torch $(awk -v a="$torch_ms" -v b="$loom_ms" 'BEGIN { printf "%.2f", a / b }')x"
+  fi
+  echo "$line" | tee -a "$summary"
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "summary:"
+cat "$summary"
