@@ -98,6 +98,12 @@ tps() { awk -v ms="$1" -v n=$((B * T)) 'BEGIN { printf "%.0f", n / (ms / 1000) }
 
 summary=$WORK/summary.txt
 : > "$summary"
+# the OpenBLAS core behind torch's f32 GEMMs: a generic fallback (Prescott) would make PyTorch
+# look several times slower than it is (a fair baseline names it)
+if [ "$TORCH" = 1 ]; then
+  echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, $(OPENBLAS_VERBOSE=2 "$PY" -c "import torch" 2>&1 | grep -m1 Core)" |
+    tee -a "$summary"
+fi
 for n in $THREADS; do
   # loom
   m=$WORK/loom-$n.jsonl

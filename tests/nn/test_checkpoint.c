@@ -4,6 +4,7 @@
  * retain_graph, no-grad and eval, loom_autograd_grad refused, bad arguments, the dry run, and
  * the activation peak going down. DDP and FSDP: tests/fsdp/test_fsdp_checkpoint.c. */
 #include "lt.h"
+#include "lt_oom.h"
 #include "lt_gpt.h"
 #include "nn/nn_int.h" /* the model's children, to checkpoint wte alone */
 
@@ -350,6 +351,14 @@ LT_TEST(checkpoint_lowers_the_peak_and_plans_under_dry_run) {
   LT_EQ(dckpt, ckpt);
 }
 
+/* The sweep's run and reset (lt_oom.h): ctx is {the module, its input}. */
+static int ckpt_run(void *ctx, loom_tensor **y, loom_tensor **l) {
+  void **c = ctx;
+  int rc = loom_module_forward(c[0], c[1], y);
+  return rc ? rc : loom_sum(*y, NULL, 0, false, l);
+}
+static void ckpt_reset(void *ctx) { LT_OK(loom_tensor_set_grad(((void **)ctx)[1], NULL)); }
+
 /* Out of memory at each allocation of a checkpointed MLP's forward + backward in turn (the
  * checkpoint's node and saved input, the recomputation, the reentrant backward): ENOMEM, never
  * a crash, and nothing left allocated once the caller has freed what it holds. */
@@ -361,29 +370,8 @@ LT_TEST(checkpoint_out_of_memory_sweep) {
   LT_OK(loom_module_set_checkpoint(m, true));
   LT_OK(loom_tensor_zeros(LOOM_F32, 2, shape, &x));
   LT_OK(loom_tensor_set_requires_grad(x, true));
-  int ok = 0, nomem = 0;
-  for (uint64_t n = 1; n < 400 && !ok; n++) {
-    loom_pool_stats before, after;
-    LT_OK(loom_mem_stats(LOOM_POOL_COMPUTE, &before));
-    loom_tensor *y = NULL, *l = NULL;
-    loom_alloc_fail_nth(n);
-    int rc = loom_module_forward(m, x, &y);
-    if (!rc) rc = loom_sum(y, NULL, 0, false, &l);
-    if (!rc) rc = loom_backward(l, NULL, false);
-    loom_alloc_fail_nth(0);
-    if (rc && rc != LOOM_ENOMEM)
-      lt_fail_at(__FILE__, __LINE__, "allocation %llu failing: %s (%s)", (unsigned long long)n,
-                 loom_status_name(rc), loom_last_error());
-    ok = rc == LOOM_OK;
-    nomem += rc == LOOM_ENOMEM;
-    loom_tensor_free(l);
-    loom_tensor_free(y);
-    LT_OK(loom_tensor_set_grad(x, NULL));
-    LT_OK(loom_mem_stats(LOOM_POOL_COMPUTE, &after));
-    if (after.current_bytes != before.current_bytes)
-      lt_fail_at(__FILE__, __LINE__, "allocation %llu failing: %zu bytes left behind",
-                 (unsigned long long)n, after.current_bytes - before.current_bytes);
-  }
+  void *ctx[2] = {m, x};
+  int ok = 0, nomem = lt_oom_sweep(400, ckpt_run, ckpt_reset, ctx, &ok);
   LT_TRUE(ok);
   LT_TRUE(nomem >= 20);
   loom_tensor_free(x);

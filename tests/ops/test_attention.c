@@ -5,6 +5,7 @@
  * every CPU level's inner loops against scalar, and the whole op under each level; autocast;
  * bad inputs (status and a message naming the problem). */
 #include "gradcheck.h"
+#include "lt_oom.h"
 #include "ops/attn_int.h"
 #include "ops/ops_int.h"
 
@@ -277,6 +278,16 @@ LT_TEST(sdpa_under_autocast_runs_in_the_low_dtype) {
   loom_tensor_free(q);
 }
 
+/* The sweep's run and reset (lt_oom.h): ctx is q, k, v. */
+static int attn_run(void *ctx, loom_tensor **y, loom_tensor **l) {
+  loom_tensor **qkv = ctx;
+  int rc = loom_scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], true, y);
+  return rc ? rc : loom_sum(*y, NULL, 0, false, l);
+}
+static void attn_reset(void *ctx) {
+  for (int i = 0; i < 3; i++) LT_OK(loom_tensor_set_grad(((loom_tensor **)ctx)[i], NULL));
+}
+
 /* Out of memory at each allocation of a bf16 forward + backward in turn: ENOMEM (never a
  * crash), and nothing left allocated once the caller has freed what it holds. */
 LT_TEST(sdpa_out_of_memory_sweep) {
@@ -288,29 +299,7 @@ LT_TEST(sdpa_out_of_memory_sweep) {
     LT_OK(loom_tensor_set_requires_grad(qkv[i], true));
     loom_tensor_free(x);
   }
-  int ok = 0, nomem = 0;
-  for (uint64_t n = 1; n < 200 && !ok; n++) {
-    loom_pool_stats before, after;
-    LT_OK(loom_mem_stats(LOOM_POOL_COMPUTE, &before));
-    loom_tensor *y = NULL, *l = NULL;
-    loom_alloc_fail_nth(n);
-    int rc = loom_scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], true, &y);
-    if (!rc) rc = loom_sum(y, NULL, 0, false, &l);
-    if (!rc) rc = loom_backward(l, NULL, false);
-    loom_alloc_fail_nth(0);
-    if (rc && rc != LOOM_ENOMEM)
-      lt_fail_at(__FILE__, __LINE__, "allocation %llu failing: %s (%s)", (unsigned long long)n,
-                 loom_status_name(rc), loom_last_error());
-    ok = rc == LOOM_OK;
-    nomem += rc == LOOM_ENOMEM;
-    loom_tensor_free(l);
-    loom_tensor_free(y);
-    for (int i = 0; i < 3; i++) LT_OK(loom_tensor_set_grad(qkv[i], NULL));
-    LT_OK(loom_mem_stats(LOOM_POOL_COMPUTE, &after));
-    if (after.current_bytes != before.current_bytes)
-      lt_fail_at(__FILE__, __LINE__, "allocation %llu failing: %zu bytes left behind",
-                 (unsigned long long)n, after.current_bytes - before.current_bytes);
-  }
+  int ok = 0, nomem = lt_oom_sweep(200, attn_run, attn_reset, qkv, &ok);
   LT_TRUE(ok); /* the sweep reached a run with no failure */
   LT_TRUE(nomem >= 10); /* staging, output, logsumexp, scratch, gradients: each failed once */
   for (int i = 0; i < 3; i++) loom_tensor_free(qkv[i]);
