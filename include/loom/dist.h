@@ -151,6 +151,30 @@ int loom_pg_abort(loom_pg *pg);
  * not yet consumed by wait/test). NULL is a no-op (LOOM_OK). */
 int loom_pg_free(loom_pg *pg);
 
+/* ---- sub-groups ----------------------------------------------------------------------------- */
+
+/* A color that puts the calling rank in no sub-group (MPI_UNDEFINED); any negative color does. */
+#define LOOM_PG_NO_COLOR (-1)
+
+/* Split pg into sub-groups with MPI_Comm_split's semantics: the ranks that pass the same
+ * color (>= 0) form one new group, numbered 0.. in the order of their keys, ties broken by
+ * their rank in pg; a rank whose color is negative gets *out = NULL. A collective over pg:
+ * every rank of pg calls it, in its place among pg's collectives (it is one all-gather of the
+ * colors and keys on pg, then the backend's own step: under threads a second all-gather on pg,
+ * under MPI an MPI_Comm_split of pg's communicator, entered only once the all-gather has shown
+ * every rank there). The new group has pg's backend and timeout and this rank's compute
+ * threads (loom_pg_compute_threads of pg); its collectives are its own sequence, independent
+ * of pg's. Split groups may be split again. Free each with loom_pg_free: under threads, before
+ * the rank's function returns (a rank that returns leaves its peers' waits in the sub-group to
+ * fail, naming it). Failures: under threads, a failure in a sub-group (a collective that fails,
+ * loom_pg_abort) also fails the rank's group of loom_threads_run, so every group of the run
+ * fails rather than waits (as a failed MPI process ends its job); under MPI each group's
+ * failure notices reach its own ranks, and the ranks of other groups see a timeout or the
+ * launcher's end of the job. Errors: LOOM_EINVAL (pg or out NULL), LOOM_ENOMEM, LOOM_EBACKEND
+ * (an MPI call failed), or the all-gather's failure (a peer failed or did not come within the
+ * timeout), on the ranks where it happened; *out is NULL on failure. */
+int loom_pg_split(loom_pg *pg, int color, int key, loom_pg **out);
+
 /* ---- collectives -------------------------------------------------------------------------- */
 /* Common errors of the start calls: LOOM_EINVAL (pg NULL, a NULL buffer with count > 0,
  * op or root out of range, buffers that overlap other than as the in-place rule allows),

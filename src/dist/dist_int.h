@@ -54,6 +54,12 @@ typedef struct loom__pg_ops {
   int (*health)(loom_pg *pg);
   /* optional: free backend state (the group is idle). */
   void (*destroy)(loom_pg *pg);
+  /* optional (NULL: loom_pg_split gives LOOM_ENOSYS): the backend's part of loom_pg_split, on
+   * every rank of pg after the colors and keys are known: this rank is `my_rank` of the n ranks
+   * members[0..n) (their ranks in pg, in the new group's order), or in no group (n == 0,
+   * color < 0). Make the new group in *out. Collective over pg. (split.c has the generic part) */
+  int (*split)(loom_pg *pg, int color, int key, const int *members, int n, int my_rank,
+               loom_pg **out);
 } loom__pg_ops;
 
 struct loom_work {

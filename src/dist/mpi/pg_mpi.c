@@ -548,6 +548,26 @@ static void destroy(mpi_pg *m) {
 
 static void mpi_destroy(loom_pg *pg) { destroy(of(pg)); }
 
+/* loom_pg_split's backend step: MPI_Comm_split of the group's communicator (blocking, but
+ * entered only after loom_pg_split's all-gather has shown every rank there), and a group over
+ * the new communicator, with the parent's timeout and compute threads. */
+static int mpi_split(loom_pg *pg, int color, int key, const int *members, int n, int my_rank,
+                     loom_pg **out) {
+  (void)members;
+  (void)my_rank;
+  mpi_pg *m = of(pg);
+  MPI_Comm sub = MPI_COMM_NULL;
+  int err = MPI_Comm_split(m->comm, color < 0 ? MPI_UNDEFINED : color, key, &sub);
+  if (err) return mpi_err(err, "loom_pg_split", "MPI_Comm_split");
+  if (n == 0 || sub == MPI_COMM_NULL) return LOOM_OK;
+  loom_pg_cfg cfg = loom_pg_cfg_default();
+  cfg.timeout_s = loom_pg_timeout(pg);
+  int rc = loom_mpi_pg_create(&sub, &cfg, out);
+  MPI_Comm_free(&sub);
+  if (!rc) (*out)->compute_threads = pg->compute_threads;
+  return rc;
+}
+
 static const loom__pg_ops mpi_ops = {
     .name = "mpi",
     .allreduce = mpi_allreduce,
@@ -558,6 +578,7 @@ static const loom__pg_ops mpi_ops = {
     .failed = mpi_failed,
     .health = mpi_health,
     .destroy = mpi_destroy,
+    .split = mpi_split,
 };
 
 static int ensure_mpi(void) {

@@ -217,18 +217,30 @@ WRAP(barrier)
 
 static void thr_failed(loom_pg *pg, int code, const char *msg) {
   loom__thr_rank *me = loom__thr_of(pg);
-  loom__thr_world_fail(me->world, pg->rank, code, msg);
+  loom__thr_world *w = me->world;
+  loom__thr_world_fail(w, pg->rank, code, msg);
+  /* a split group's failure fails the rank's group of the run too, so that every group of the
+   * run fails rather than waits for this rank */
+  if (w->root) loom__pg_fail(&w->root->ranks[w->members[pg->rank]].pg, code, msg);
 }
 
-static int thr_health(loom_pg *pg) {
-  loom__thr_world *w = loom__thr_of(pg)->world;
+/* World w's failure, unless it is rank r's own. */
+static int world_health(loom__thr_world *w, int r, int shown_rank, const char *where) {
   int f = atomic_load(&w->failed_rank);
-  if (f < 0 || f == pg->rank) return LOOM_OK;
+  if (f < 0 || f == r) return LOOM_OK;
   char msg[sizeof w->fail_msg];
   pthread_mutex_lock(&w->mu);
   memcpy(msg, w->fail_msg, sizeof msg);
   pthread_mutex_unlock(&w->mu);
-  return loom__fail(LOOM_EREMOTE, "rank %d: rank %d failed: %s", pg->rank, f, msg);
+  return loom__fail(LOOM_EREMOTE, "rank %d: rank %d%s failed: %s", shown_rank, f, where, msg);
+}
+
+static int thr_health(loom_pg *pg) {
+  loom__thr_world *w = loom__thr_of(pg)->world;
+  int rc = world_health(w, pg->rank, pg->rank, "");
+  if (!rc && w->root)
+    rc = world_health(w->root, w->members[pg->rank], pg->rank, " of the run (loom_threads_run)");
+  return rc;
 }
 
 const loom__pg_ops loom__thr_ops = {
@@ -241,4 +253,18 @@ const loom__pg_ops loom__thr_ops = {
     .failed = thr_failed,
     .health = thr_health,
     .destroy = NULL, /* loom_threads_run owns the ranks */
+    .split = loom__thr_split,
+};
+
+const loom__pg_ops loom__thr_sub_ops = {
+    .name = "threads",
+    .allreduce = thr_allreduce,
+    .broadcast = thr_broadcast,
+    .allgather = thr_allgather,
+    .reduce_scatter = thr_reduce_scatter,
+    .barrier = thr_barrier,
+    .failed = thr_failed,
+    .health = thr_health,
+    .destroy = loom__thr_sub_destroy,
+    .split = loom__thr_split,
 };

@@ -33,6 +33,12 @@ typedef struct loom__thr_rank {
 } loom__thr_rank;
 
 struct loom__thr_world {
+  /* A sub-group's world (loom_pg_split): root is the loom_threads_run world its ranks belong
+   * to and members[i] its rank i's rank there; refs counts the ranks that have not freed
+   * their group yet (the last one frees the world). NULL / unused for the run's own world. */
+  loom__thr_world *root;
+  int *members;
+  _Atomic int refs;
   int n;
   bool pin; /* pin each rank thread to its share of the CPUs (loom_pg_cfg.pin) */
   loom__thr_rank *ranks;
@@ -43,6 +49,19 @@ struct loom__thr_world {
 };
 
 extern const loom__pg_ops loom__thr_ops;
+extern const loom__pg_ops loom__thr_sub_ops; /* a split group's: it frees its world */
+
+/* The backend's loom_pg_split step and a split group's teardown (threads_split.c). */
+int loom__thr_split(loom_pg *pg, int color, int key, const int *members, int n, int my_rank,
+                    loom_pg **out);
+void loom__thr_sub_destroy(loom_pg *pg);
+/* A rank's rank in the loom_threads_run world (itself there). */
+static inline int loom__thr_root_rank(const loom__thr_world *w, int r) {
+  return w->members ? w->members[r] : r;
+}
+static inline loom__thr_world *loom__thr_root(loom__thr_world *w) {
+  return w->root ? w->root : w;
+}
 
 /* This rank's state from its group. */
 static inline loom__thr_rank *loom__thr_of(loom_pg *pg) { return pg->impl; }

@@ -67,6 +67,23 @@ static int why_stop(loom__thr_rank *me, int peer, uint32_t target, const loom__c
     return loom__fail(LOOM_EREMOTE,
                       "rank %d: %s #%llu: rank %d returned from its function without joining it",
                       r, name, (unsigned long long)c->seq, peer);
+  if (w->root) { /* a split group: its ranks' run may have failed, or the peer returned */
+    loom__thr_world *root = w->root;
+    int rf = atomic_load(&root->failed_rank), rpeer = w->members[peer];
+    if (rf >= 0 && rf != w->members[r]) {
+      char msg[sizeof root->fail_msg];
+      pthread_mutex_lock(&root->mu);
+      memcpy(msg, root->fail_msg, sizeof msg);
+      pthread_mutex_unlock(&root->mu);
+      return loom__fail(LOOM_EREMOTE, "rank %d: %s #%llu failed because rank %d of the run "
+                        "failed: %s", r, name, (unsigned long long)c->seq, rf, msg);
+    }
+    if (atomic_load(&root->ranks[rpeer].exited) &&
+        !reached(atomic_load(&w->ranks[peer].tick), target))
+      return loom__fail(LOOM_EREMOTE, "rank %d: %s #%llu: rank %d (rank %d of the run) returned "
+                        "from its function without joining it", r, name,
+                        (unsigned long long)c->seq, peer, rpeer);
+  }
   return loom__wait_check(wait); /* the timeout, and the notice of a long wait */
 }
 

@@ -1,7 +1,7 @@
 /* test_dist_mpi.c: the mpi backend under mpiexec (-n 2 and -n 3): every collective x dtype x
  * op x in-place against the sequential reference (and reduce-scatters large enough to go in
  * pieces), async collectives in flight, mismatch, a peer's abort, a peer's timeout, a stalled
- * peer (named, waited for without spinning), and bad arguments. Each rank runs the same program; the exit status is non-zero on any rank that saw
+ * peer (named, waited for without spinning), bad arguments, and loom_pg_split. Each rank runs the same program; the exit status is non-zero on any rank that saw
  * a failed check. Failure paths run last, each on its own group, and end with the ranks back
  * in step so MPI_Finalize is clean. */
 #include "dist_test.h"
@@ -176,6 +176,54 @@ static void test_bad_args(void) {
   DT_CHECK(pg == NULL, "out NULL on failure");
 }
 
+/* loom_pg_split against MPI_Comm_split's semantics: color rank % 2 (the last rank of an odd
+ * count in no group), keys reversing the order; every collective on the sub-groups; the
+ * hybrid layout's two groups with collectives in flight on both. */
+static void test_split(void) {
+  loom_pg *pg = make_pg(60), *sub = (loom_pg *)1;
+  int color = size_ % 2 && rank_ == size_ - 1 ? LOOM_PG_NO_COLOR : rank_ % 2;
+  CHECK_RC(loom_pg_split(pg, color, -rank_, &sub), LOOM_OK);
+  int n = 0, below = 0; /* the reference: members with this color, and those with a lower key */
+  for (int q = 0; q < size_; q++) {
+    int cq = size_ % 2 && q == size_ - 1 ? -1 : q % 2;
+    if (color >= 0 && cq == color) n++, below += -q < -rank_;
+  }
+  if (color < 0) {
+    DT_CHECK(sub == NULL, "no color: no group");
+  } else {
+    DT_CHECK(sub && loom_pg_rank(sub) == below && loom_pg_size(sub) == n, "rank %d of %d",
+             loom_pg_rank(sub), loom_pg_size(sub));
+    DT_CHECK(strcmp(loom_pg_backend(sub), "mpi") == 0, "backend");
+    dt_all_cases(sub, NULL);
+    CHECK_RC(loom_pg_free(sub), LOOM_OK);
+  }
+  /* shard groups of 2 consecutive ranks, replica groups across them, both busy at once */
+  loom_pg *shard = NULL, *rep = NULL;
+  CHECK_RC(loom_pg_split(pg, rank_ / 2, rank_, &shard), LOOM_OK);
+  CHECK_RC(loom_pg_split(pg, rank_ % 2, rank_, &rep), LOOM_OK);
+  if (shard && rep) {
+    enum { M = 300000 };
+    float *a = malloc(M * 4), *b = malloc(M * 4);
+    for (int i = 0; i < M; i++) a[i] = (float)(rank_ + 1), b[i] = (float)rank_;
+    loom_work *wa = NULL, *wb = NULL;
+    CHECK_RC(loom_pg_allreduce(shard, a, a, M, LOOM_F32, LOOM_SUM, &wa), LOOM_OK);
+    CHECK_RC(loom_pg_allreduce(rep, b, b, M, LOOM_F32, LOOM_MAX, &wb), LOOM_OK);
+    CHECK_RC(loom_work_wait(&wb), LOOM_OK);
+    CHECK_RC(loom_work_wait(&wa), LOOM_OK);
+    int lo = rank_ / 2 * 2, hi = lo + 1 < size_ ? lo + 1 : lo;
+    int top = size_ - 1 - ((size_ - 1) % 2 != rank_ % 2);
+    float want_a = (float)(lo + 1) + (hi != lo ? (float)(hi + 1) : 0.0f);
+    DT_CHECK(a[0] == want_a && a[M - 1] == want_a, "shard sum %g, wanted %g", a[0], want_a);
+    DT_CHECK(b[0] == (float)top && b[M - 1] == (float)top, "replica max %g, wanted %d", b[0], top);
+    free(a);
+    free(b);
+  }
+  CHECK_RC(loom_pg_free(rep), LOOM_OK);
+  CHECK_RC(loom_pg_free(shard), LOOM_OK);
+  CHECK_RC(loom_pg_split(NULL, 0, 0, &sub), LOOM_EINVAL);
+  CHECK_RC(loom_pg_free(pg), LOOM_OK);
+}
+
 int main(int argc, char **argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -187,7 +235,8 @@ int main(int argc, char **argv) {
   } tests[] = {{"bad_args", test_bad_args},   {"collectives", test_collectives},
                {"async", test_async},         {"mismatch", test_mismatch},
                {"abort", test_abort},         {"timeout", test_timeout},
-               {"stall", test_stall},         {"oom", test_oom}};
+               {"stall", test_stall},         {"oom", test_oom},
+               {"split", test_split}};
   int total = 0;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
     atomic_store(&dt_failures, 0);
