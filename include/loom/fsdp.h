@@ -210,6 +210,23 @@ typedef struct loom_fsdp_cfg {
                                    runs in f32 unless asked (PyTorch's mixed_precision=None) */
   loom_fsdp_offload_cfg offload; /* the specification's defaults with enabled = false (PyTorch's
                                    cpu_offload=None) */
+  /* Hybrid sharding (PyTorch's HYBRID_SHARD, ZeRO++'s hpZ): NULL (default) is plain FSDP over
+   * the group given to loom_fsdp_create. Otherwise that group is the shard group (the ranks
+   * that share one copy of the model, e.g. one machine's) and replica_pg, borrowed, the ranks
+   * that hold the same shard in the other copies (every shard group has the same size, and
+   * shard rank s of each copy forms one replica group: loom_pg_split of the world with colors
+   * rank / shard_size and rank % shard_size). Each unit's gradient is reduce-scattered (averaged)
+   * within the shard group, then its shard all-reduced (averaged) over the replica group, so
+   * each shard holds the average over all ranks (the shard group's bytes over the fast links,
+   * 1/shard_size of them over the slow ones); the all-reduce starts as soon as the
+   * reduce-scatter completes, on the replica group's progress thread, and overlaps backward as
+   * the reduce-scatter does. With broadcast_params, every copy starts from world rank 0's
+   * values (shard rank 0, replica rank 0). loom_fsdp_any and the overflow check combine over
+   * both groups; clipping needs the shard group only (replicas hold the same shards). The full
+   * state comes to shard rank 0 of replica 0 only; a sharded checkpoint is written by replica
+   * 0's shard group alone (an FSDP checkpoint of shard_size ranks, which FSDP or HSDP at any
+   * rank count resume: loom_fsdp_load_sharded reshards), its outcome shared with every rank. */
+  loom_pg *replica_pg;
 } loom_fsdp_cfg;
 
 loom_fsdp_cfg loom_fsdp_cfg_default(void);
@@ -270,7 +287,8 @@ int loom_fsdp_set_sync(loom_fsdp *f, bool sync);
  * whose gradients were not all produced on a rank. */
 int loom_fsdp_finish(loom_fsdp *f);
 
-/* A flag true on any rank (one all-reduce, MAX). */
+/* A flag true on any rank (one all-reduce, MAX; a second over cfg.replica_pg with hybrid
+ * sharding). */
 int loom_fsdp_any(loom_fsdp *f, bool local, bool *global);
 
 /* Global gradient-norm clipping over the shards (PyTorch's FSDP.clip_grad_norm_), with
@@ -373,7 +391,9 @@ int loom_fsdp_optim_step(loom_fsdp *f, loom_optim *opt, float grad_scale);
 /* The full state dict: every unit gathered in f32 in turn and copied to rank 0 (a collective;
  * every rank calls it). On rank 0, *out is a new f32 tensor per parameter with its PyTorch
  * name (the names are the module's, borrowed), n = the module's parameter count; the caller
- * frees the tensors and the array with loom_fsdp_state_free. Other ranks get *out = NULL. */
+ * frees the tensors and the array with loom_fsdp_state_free. Other ranks get *out = NULL.
+ * Hybrid sharding (cfg.replica_pg): only replica 0's shard group gathers; rank 0 is its shard
+ * rank 0. */
 int loom_fsdp_full_state(loom_fsdp *f, loom_named_tensor **out, size_t *n);
 void loom_fsdp_state_free(loom_named_tensor *state, size_t n);
 /* Set every parameter from a full state (on every rank; by name, shapes checked): each rank
@@ -436,6 +456,9 @@ typedef struct loom_fsdp_stats {
   uint64_t offload_gathers_overlapped; /* gathers whose part was read out of the tier as the
                                         * all-gather's first step, on the group's progress
                                         * thread (prefetch on), beside the rank's compute */
+  /* hybrid sharding (zero without cfg.replica_pg) */
+  uint64_t replica_reduces; /* all-reduces of gradient shards over the replica group */
+  uint64_t replica_bytes;   /* bytes this rank sent into them (its shards) */
 } loom_fsdp_stats;
 
 int loom_fsdp_stats_get(const loom_fsdp *f, loom_fsdp_stats *out);

@@ -37,6 +37,12 @@ static int check_op(const char *who, loom_redop op) {
 
 int loom_pg_allreduce(loom_pg *pg, const void *send, void *recv, size_t count, loom_dtype dt,
                       loom_redop op, loom_work **out) {
+  return loom__pg_allreduce_prepared(pg, send, recv, count, dt, op, NULL, NULL, out);
+}
+
+int loom__pg_allreduce_prepared(loom_pg *pg, const void *send, void *recv, size_t count,
+                                loom_dtype dt, loom_redop op, loom__coll_prepare_fn prepare,
+                                void *ctx, loom_work **out) {
   const char *who = "loom_pg_allreduce";
   if (out) *out = NULL;
   size_t sb, rb;
@@ -46,7 +52,7 @@ int loom_pg_allreduce(loom_pg *pg, const void *send, void *recv, size_t count, l
   if (send != recv && overlaps(send, sb, recv, rb))
     return loom__fail(LOOM_EINVAL, "%s: send and recv overlap without being equal", who);
   loom__coll c = {.kind = LOOM__ALLREDUCE, .send = send, .recv = recv, .count = count, .dt = dt,
-                  .op = op};
+                  .op = op, .prepare = prepare, .prepare_ctx = ctx};
   return loom__pg_issue(pg, &c, out);
 }
 

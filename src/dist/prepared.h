@@ -19,4 +19,11 @@ int loom__pg_allgather_prepared(loom_pg *pg, const void *send, void *recv, size_
                                 loom_dtype dt, loom__coll_prepare_fn prepare, void *ctx,
                                 loom_work **out);
 
+/* loom_pg_allreduce (same arguments and checks), with `prepare(ctx)` run first: hybrid
+ * sharding's replica all-reduce waits there for the shard group's reduce-scatter that fills
+ * its buffer, so it starts as soon as that completes, on this group's progress thread. */
+int loom__pg_allreduce_prepared(loom_pg *pg, const void *send, void *recv, size_t count,
+                                loom_dtype dt, loom_redop op, loom__coll_prepare_fn prepare,
+                                void *ctx, loom_work **out);
+
 #endif

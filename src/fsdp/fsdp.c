@@ -189,6 +189,8 @@ int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
   f->cfg = *cfg;
   f->sync = true;
   f->fwd_dtype = LOOM_F32;
+  f->replica = cfg->replica_pg;
+  f->replica_rank = f->replica ? loom_pg_rank(f->replica) : 0;
   if (cfg->wrap == LOOM_FSDP_WRAP_LIST) {
     f->unit_names = loom__calloc(LOOM_POOL_META, cfg->n_unit_names, sizeof *f->unit_names);
     if (!f->unit_names) rc = loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
@@ -209,6 +211,8 @@ int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
     loom_tensor *a = module->arena[LOOM_F32];
     void *data = loom_tensor_data(a);
     rc = loom_pg_broadcast(pg, data, data, loom_tensor_numel(a), LOOM_F32, 0, NULL);
+    if (!rc && f->replica) /* every copy from world rank 0's values */
+      rc = loom_pg_broadcast(f->replica, data, data, loom_tensor_numel(a), LOOM_F32, 0, NULL);
   }
   if (!rc) rc = loom__fsdp_offload_init(f);
   /* unit by unit, each parameter shard to the offload tier before the next is made: they never
@@ -287,6 +291,7 @@ int loom_fsdp_any(loom_fsdp *f, bool local, bool *global) {
   if (!f || !global) return loom__fail(LOOM_EINVAL, "loom_fsdp_any: fsdp or global is NULL");
   int32_t v = local;
   int rc = loom_pg_allreduce(f->pg, &v, &v, 1, LOOM_I32, LOOM_MAX, NULL);
+  if (!rc && f->replica) rc = loom_pg_allreduce(f->replica, &v, &v, 1, LOOM_I32, LOOM_MAX, NULL);
   *global = v != 0;
   return rc;
 }

@@ -262,6 +262,9 @@ static int write_index(loom_fsdp *f, const char *dir, int64_t gen, int64_t ostep
   return rc;
 }
 
+static int save_group(loom_fsdp *f, const char *dir, const loom_optim *opt,
+                      const loom_safetensors_meta_kv *meta, size_t nmeta);
+
 int loom_fsdp_save_sharded(loom_fsdp *f, const char *dir, const loom_optim *opt,
                            const loom_safetensors_meta_kv *meta, size_t nmeta) {
   static const char *who = "loom_fsdp_save_sharded";
@@ -270,6 +273,24 @@ int loom_fsdp_save_sharded(loom_fsdp *f, const char *dir, const loom_optim *opt,
   for (size_t i = 0; i < nmeta; i++)
     if (!meta[i].key || strncmp(meta[i].key, "fsdp.", 5) == 0)
       return loom__fail(LOOM_EINVAL, "%s: metadata key %zu is NULL or reserved ('fsdp.')", who, i);
+  if (!f->replica) return save_group(f, dir, opt, meta, nmeta);
+  /* hybrid sharding: replica 0's shard group writes the set (every copy holds the same
+   * shards); each replica group then learns its replica 0's outcome */
+  int rc = f->replica_rank == 0 ? save_group(f, dir, opt, meta, nmeta) : LOOM_OK;
+  int64_t out = rc;
+  int rc2 = loom_pg_broadcast(f->replica, &out, &out, 1, LOOM_I64, 0, NULL);
+  if (rc) return rc;
+  if (rc2) return rc2;
+  if (out != LOOM_OK)
+    return loom__fail((int)out, "%s: replica 0 (the ranks that write the set) failed to save "
+                      "%s: %s", who, dir, loom_strerror((int)out));
+  return LOOM_OK;
+}
+
+/* The sharded save by the group f->pg. */
+static int save_group(loom_fsdp *f, const char *dir, const loom_optim *opt,
+                      const loom_safetensors_meta_kv *meta, size_t nmeta) {
+  static const char *who = "loom_fsdp_save_sharded";
   /* rank 0 picks the next generation; a failure on any rank fails every rank (the flags go
    * through the same collectives on every rank, never a hang) */
   int64_t gen = 0;

@@ -15,6 +15,7 @@
  * waits, frees every local gradient and reshards every unit. With sync off the local gradients
  * stay and accumulate. */
 #include "fsdp/fsdp_int.h"
+#include "dist/prepared.h"
 
 #include <string.h>
 
@@ -132,6 +133,10 @@ static void drop_local_grad(fsdp_unit *u) {
 /* The unit's reduce-scatter has completed (status rc): its gradient leaves for the offload tier
  * (which takes the local gradient when it was reduced in place), the local gradient goes. */
 static int reduced(fsdp_unit *u, int rc) {
+  if (u->rs_shard) { /* the replica all-reduce ended before its first step waited for it */
+    int rc2 = loom_work_wait(&u->rs_shard);
+    if (!rc) rc = rc2;
+  }
   unbind_local_grad(u);
   if (!rc) rc = loom__fsdp_grad_done(u);
   drop_local_grad(u); /* NULL if the offloader took it */
@@ -165,6 +170,12 @@ static int reap_done(loom_fsdp *f) {
   return rc;
 }
 
+/* Hybrid sharding: the replica all-reduce's first step, on the replica group's thread. */
+static int wait_shard(void *ctx) {
+  fsdp_unit *u = ctx;
+  return loom_work_wait(&u->rs_shard);
+}
+
 /* The unit's gradients are complete: reduce-scatter them (or keep them, with sync off). */
 static int post_backward(fsdp_unit *u) {
   loom_fsdp *f = u->f;
@@ -180,10 +191,20 @@ static int post_backward(fsdp_unit *u) {
   if ((rc = loom__fsdp_grad_target(u, &recv))) return rc;
   u->rs_issued = loom__now();
   rc = loom_pg_reduce_scatter(f->pg, loom_tensor_data(u->full_grad), recv, u->shard, LOOM_F32,
-                              LOOM_AVG, &u->rs_work);
+                              LOOM_AVG, f->replica ? &u->rs_shard : &u->rs_work);
   if (rc) return rc;
   f->stats.reduce_scatters++;
   f->stats.reduce_bytes += (uint64_t)(u->padded * sizeof(float));
+  if (!f->replica) return LOOM_OK;
+  /* hybrid sharding: the shard, averaged within the shard group, averaged over the replicas */
+  rc = loom__pg_allreduce_prepared(f->replica, recv, recv, u->shard, LOOM_F32, LOOM_AVG,
+                                   wait_shard, u, &u->rs_work);
+  if (rc) {
+    (void)loom_work_wait(&u->rs_shard);
+    return rc;
+  }
+  f->stats.replica_reduces++;
+  f->stats.replica_bytes += (uint64_t)(u->shard * sizeof(float));
   return LOOM_OK;
 }
 

@@ -74,7 +74,9 @@ struct fsdp_unit {
   bool reduced;          /* its reduce-scatter was issued (or, with sync off, the gradient kept) */
   size_t pending;        /* parameters whose gradient is not complete yet */
   loom_tensor *full_grad; /* padded f32: the local gradient, while it exists */
-  loom_work *rs_work;
+  loom_work *rs_work;    /* the reduce-scatter's (hybrid sharding: the replica all-reduce's) */
+  loom_work *rs_shard;   /* hybrid sharding: the reduce-scatter, waited by the all-reduce's
+                            first step on the replica group's thread (or by the reap) */
   double rs_issued;
   loom_autocast_token autocast; /* the unit's own autocast region in forward (mixed precision) */
   bool autocast_on;
@@ -118,6 +120,8 @@ struct loom_fsdp {
   bool in_step;
   int step_status;
   loom_fsdp_stats stats;
+  loom_pg *replica;      /* hybrid sharding: cfg.replica_pg (NULL: plain FSDP) */
+  int replica_rank;      /* this rank's place in it (0 without) */
 };
 
 /* fsdp_units.c: cut the module into units by cfg's policy and lay out each unit's flat

@@ -19,6 +19,7 @@ int loom_fsdp_full_state(loom_fsdp *f, loom_named_tensor **out, size_t *n) {
     return loom__fail(LOOM_EINVAL, "loom_fsdp_full_state: fsdp, out and n must not be NULL");
   if (f->in_step)
     return loom__fail(LOOM_EMISUSE, "loom_fsdp_full_state: a backward is running");
+  if (f->replica_rank != 0) return LOOM_OK; /* hybrid sharding: replica 0 gathers alone */
   loom_named_tensor *st = NULL;
   int rc = LOOM_OK;
   if (f->rank == 0) {

@@ -99,6 +99,27 @@ int fm_ddp_wrap(loom_pg *pg, loom_module *m, loom_ddp **d, loom_optim **opt) {
   return rc ? rc : fm_arena_adamw(m, opt);
 }
 
+int fm_ddp_run(loom_pg *pg, uint64_t seed, int steps, int64_t rows, loom_autocast_mode amp,
+               float *out) {
+  int rank = loom_pg_rank(pg), n = loom_pg_size(pg);
+  loom_module *m = NULL;
+  loom_ddp *d = NULL;
+  loom_optim *opt = NULL;
+  int rc = fm_create(seed, &m);
+  if (!rc) rc = fm_ddp_wrap(pg, m, &d, &opt);
+  for (int s = 0; s < steps && !rc; s++) {
+    rc = loom_module_zero_grad(m);
+    if (!rc) rc = fm_backward(m, ((int64_t)s * n + rank) * rows, rows, amp, 1.0f, NULL);
+    if (!rc) rc = loom_ddp_finish(d);
+    if (!rc) rc = loom_optim_step(opt);
+  }
+  if (!rc && rank == 0) fm_flatten_module(m, out);
+  loom_optim_free(opt);
+  loom_ddp_free(d);
+  loom_module_free(m);
+  return rc;
+}
+
 int fm_arena_adamw(loom_module *m, loom_optim **opt) {
   loom_tensor *values = NULL, *grads = NULL;
   size_t numel = 0;

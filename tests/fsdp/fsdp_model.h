@@ -33,6 +33,11 @@ int fm_wrap(loom_pg *pg, loom_module *m, const loom_fsdp_cfg *cfg, loom_pool sta
 /* DDP (default config) over every parameter of m (a root module), named as m names them, and
  * fm_adam over m's f32 arena (DDP's buckets are views of its gradient arena). */
 int fm_ddp_wrap(loom_pg *pg, loom_module *m, loom_ddp **d, loom_optim **opt);
+/* DDP training from fm_create(seed): `steps` steps of `rows` rows per rank (step s on rank r
+ * takes rows from (s x ranks + r) x rows), fm_adam over the arena; rank 0's final weights
+ * flattened into out (fm_flatten_module). */
+int fm_ddp_run(loom_pg *pg, uint64_t seed, int steps, int64_t rows, loom_autocast_mode amp,
+               float *out);
 /* fm_adam over the whole f32 arena of m (a root module). */
 int fm_arena_adamw(loom_module *m, loom_optim **opt);
 /* Every parameter of a module with its own arena, in order, into out (loom_module_numel). */

@@ -80,38 +80,7 @@ static int fsdp_rank(loom_pg *pg, void *arg) {
 
 static int ddp_rank(loom_pg *pg, void *arg) {
   run *r = arg;
-  int rank = loom_pg_rank(pg), n = loom_pg_size(pg);
-  loom_module *m = NULL;
-  loom_ddp *d = NULL;
-  loom_optim *opt = NULL;
-  int rc = fm_create(1 + (uint64_t)rank, &m);
-  size_t np = rc ? 0 : loom_module_param_count(m);
-  loom_tensor *ps[8];
-  const char *names[8];
-  for (size_t i = 0; i < np; i++) {
-    loom_param p;
-    loom_module_param(m, i, &p);
-    ps[i] = p.value, names[i] = p.name;
-  }
-  if (!rc) rc = loom_ddp_create(pg, ps, names, np, NULL, &d);
-  loom_param_seg segs[8];
-  for (size_t i = 0; i < np && !rc; i++)
-    segs[i] = (loom_param_seg){names[i], loom_tensor_data(ps[i]), loom_tensor_data(loom_tensor_grad(ps[i])),
-                               loom_tensor_numel(ps[i]), 0};
-  loom_adam_cfg ac = fm_adam();
-  if (!rc) rc = loom_optim_create_adamw(segs, np, &ac, &opt);
-  for (int s = 0; s < STEPS && !rc; s++) {
-    for (size_t i = 0; i < np && !rc; i++) rc = loom_tensor_zero_grad(ps[i]);
-    int64_t row0 = (int64_t)s * n * B + (int64_t)rank * B;
-    if (!rc) rc = fm_backward(m, row0, B, r->amp, 1.0f, NULL);
-    if (!rc) rc = loom_ddp_finish(d);
-    if (!rc) rc = loom_optim_step(opt);
-  }
-  if (!rc && rank == 0) fm_flatten_module(m, r->params);
-  loom_optim_free(opt);
-  loom_ddp_free(d);
-  loom_module_free(m);
-  return rc;
+  return fm_ddp_run(pg, 1 + (uint64_t)loom_pg_rank(pg), STEPS, B, r->amp, r->params);
 }
 
 /* One process, N x B rows a step (micro backwards of N x B rows each, summed), parameters from
