@@ -27,6 +27,7 @@ static const char usage[] = "[OPTIONS]\n\n"
     "  loom train --ranks 2 --strategy ddp            # 2 data-parallel ranks (threads)\n"
     "  loom train --ranks 2 --strategy fsdp --amp bf16   # sharded over 2 ranks, bf16 forward\n"
     "  loom train --ranks 2 --strategy fsdp --offload all --offload-tier disk --offload-dir /scratch\n"
+    "  loom train --ranks 4 --strategy hsdp --shard-size 2   # sharded in pairs, 2 replicas\n"
     "  mpirun -n 2 loom train --backend mpi --strategy ddp   # 2 ranks as MPI processes\n"
     "  loom train --model gpt --max-steps 500 --save gpt   # a small GPT on the fortunes\n"
     "  loom generate --from gpt --prompt 'The '        # then sample from it";
@@ -178,7 +179,8 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
       {"ranks", CLI_POS_INT, &o->ranks, "N", "data-parallel ranks (threads backend; each gets --batch samples of every step)", NULL, 1, TRAIN_MAX_RANKS, NULL, CLI_RANKS_SAME},
       {"backend", CLI_CHOICE, &o->backend, NULL, "process groups: ranks as threads, or MPI processes (the default under mpirun / mpiexec: mpirun -n N loom train ...)", "threads|mpi", 0, 0, &c->seen_backend, CLI_RANKS_SAME},
       {"timeout", CLI_POS_DOUBLE, timeout, "SECONDS", "seconds a rank waits for its peers before it fails (LOOM_TIMEOUT sets the default)", NULL, 1e-3, 1e9, timeout_seen, CLI_RANKS_SAME},
-      {"strategy", CLI_CHOICE, &o->strategy, NULL, "data parallelism: none, DDP (bucketed all-reduce overlapped with backward) or FSDP (parameters, gradients and optimizer state sharded over the ranks)", "none|ddp|fsdp", 0, 0, NULL, CLI_RANKS_SAME},
+      {"strategy", CLI_CHOICE, &o->strategy, NULL, "data parallelism: none, DDP (bucketed all-reduce overlapped with backward), FSDP (parameters, gradients and optimizer state sharded over the ranks) or HSDP (FSDP within groups of --shard-size ranks, e.g. one machine's, replicated across the groups: PyTorch's HYBRID_SHARD)", "none|ddp|fsdp|hsdp", 0, 0, NULL, CLI_RANKS_SAME},
+      {"shard-size", CLI_POS_INT, &o->shard_size, "N", "HSDP: ranks that share one copy of the model (consecutive ranks: 0..N-1, N..2N-1, ...; typically one machine's ranks); it divides the rank count", NULL, 1, TRAIN_MAX_RANKS, &c->seen_shard_size, CLI_RANKS_SAME},
       {"wrap", CLI_CHOICE, &o->wrap, NULL, "FSDP units: each layer of the model, or layers grouped until --unit-min elements", "children|size", 0, 0, &c->seen_wrap, CLI_RANKS_SAME},
       {"unit-min", CLI_POS_INT, &o->unit_min, "N", "FSDP --wrap size: parameter elements a unit reaches", NULL, 1, 1e15, &c->seen_unit_min, CLI_RANKS_SAME},
       {"reshard-after-forward", CLI_CHOICE, &o->reshard, NULL, "FSDP: free each unit's gathered parameters after its forward (yes), or keep them until its backward (no: ZeRO-2)", "yes|no", 0, 0, &c->seen_reshard, CLI_RANKS_SAME},

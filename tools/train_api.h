@@ -52,8 +52,9 @@ typedef struct train_opts {
   /* data parallelism */
   long ranks;
   const char *backend;                 /* "threads" or "mpi" */
-  const char *strategy;                /* "none", "ddp" or "fsdp" */
-  /* FSDP (--strategy fsdp) */
+  const char *strategy;                /* "none", "ddp", "fsdp" or "hsdp" */
+  long shard_size;                     /* --strategy hsdp: ranks per shard group (0: not given) */
+  /* FSDP (--strategy fsdp or hsdp) */
   const char *wrap;                    /* "children" or "size" */
   long unit_min;                       /* size policy: elements a unit reaches */
   const char *reshard;                 /* "yes" or "no": reshard after forward */

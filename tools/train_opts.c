@@ -177,7 +177,16 @@ static int unused(const train_opts *o, const train_cmdline *c) {
                  "drop --init", o->resume);
   if (c->overwrite && !o->save)
     return usage("--overwrite: only with --save DIR (it allows replacing DIR's checkpoint)");
-  bool fsdp = strcmp(o->strategy, "fsdp") == 0;
+  bool hsdp = strcmp(o->strategy, "hsdp") == 0, fsdp = hsdp || strcmp(o->strategy, "fsdp") == 0;
+  if (c->seen_shard_size && !hsdp)
+    return usage("--shard-size: the shard group of --strategy hsdp; this run has --strategy %s",
+                 o->strategy);
+  if (hsdp && !c->seen_shard_size)
+    return usage("--strategy hsdp: give --shard-size N, the ranks that share one copy of the "
+                 "model (e.g. the ranks of one machine)");
+  if (hsdp && strcmp(o->backend, "mpi") != 0 && o->ranks % o->shard_size)
+    return usage("--shard-size %ld: it must divide --ranks %ld (every shard group has the same "
+                 "size)", o->shard_size, o->ranks);
   const char *fsdp_only = c->seen_wrap ? "wrap" : c->seen_unit_min ? "unit-min"
                           : c->seen_reshard ? "reshard-after-forward"
                           : c->seen_gather_prefetch ? "gather-prefetch"
@@ -185,7 +194,7 @@ static int unused(const train_opts *o, const train_cmdline *c) {
                           : c->seen_offload_dir ? "offload-dir"
                           : c->seen_prefetch ? "prefetch" : NULL;
   if (fsdp_only && !fsdp)
-    return usage("--%s: an FSDP option; it needs --strategy fsdp", fsdp_only);
+    return usage("--%s: an FSDP option; it needs --strategy fsdp (or hsdp)", fsdp_only);
   if (c->seen_unit_min && strcmp(o->wrap, "size") != 0)
     return usage("--unit-min: the size of a unit under --wrap size; this run has --wrap %s",
                  o->wrap);
@@ -220,7 +229,7 @@ int train_opts_check(train_opts *o, train_cmdline *c) {
                  "or fsdp and start them with mpirun (mpirun -n N loom train --backend mpi "
                  "--strategy ddp ...)");
   if (o->ranks > 1 && !ddp)
-    return usage("--ranks: more than one rank needs --strategy ddp or fsdp");
+    return usage("--ranks: more than one rank needs --strategy ddp, fsdp or hsdp");
   if (mpi && o->ranks > 1)
     return usage("--ranks: with --backend mpi the ranks are the MPI processes (mpirun -n N loom "
                  "train ...)");

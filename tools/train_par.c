@@ -5,7 +5,10 @@
  * by DDP (rank 0's initial values broadcast, gradients as bucket views reduced while backward
  * runs), or, with --strategy fsdp, the model is sharded by FSDP (--amp through the FSDP
  * mixed-precision configuration, --offload through its offload configuration:
- * train_offload.c); the training step (loom_step in train_run.c) is made over that wrapper.
+ * train_offload.c), or, with --strategy hsdp, by FSDP within each group of --shard-size
+ * consecutive ranks with the gradient shards all-reduced across the groups (the world split
+ * into shard and replica groups); the training step (loom_step in train_run.c) is made over
+ * that wrapper.
  * Each rank computes with its share of the machine's cores; the tool's own flags (a loss that
  * is not finite, a signal) are combined over the ranks here. */
 #include "train_api.h"
@@ -23,6 +26,7 @@ struct train_par {
   int rank, size;
   loom_ddp *ddp;
   loom_fsdp *fsdp;
+  loom_pg *shard, *replica; /* --strategy hsdp: the groups split from pg */
 };
 
 /* ---- ranks that must agree ---------------------------------------------------------------- */
@@ -128,8 +132,10 @@ int train_par_cfg(const train_opts *o, double timeout, loom_pg_cfg *cfg) {
 /* FSDP over the model with the options' policy, resharding, prefetch and offload; --amp bf16|f16 is the
  * specification's mixed precision for that dtype (bf16 without loss scaling, f16 with the
  * dynamic scale starting at --loss-scale; --scaler off turns it off). */
-static int make_fsdp(loom_pg *pg, const train_opts *o, train_model *m, loom_fsdp **out) {
+static int make_fsdp(loom_pg *pg, loom_pg *replica, const train_opts *o, train_model *m,
+                     loom_fsdp **out) {
   loom_fsdp_cfg c = loom_fsdp_cfg_default();
+  c.replica_pg = replica;
   c.wrap = strcmp(o->wrap, "size") == 0 ? LOOM_FSDP_WRAP_SIZE : LOOM_FSDP_WRAP_CHILDREN;
   c.min_unit_numel = (size_t)o->unit_min;
   c.reshard_after_forward = strcmp(o->reshard, "yes") == 0;
@@ -145,7 +151,19 @@ static int make_fsdp(loom_pg *pg, const train_opts *o, train_model *m, loom_fsdp
     }
   }
   int rc = loom_fsdp_create(pg, m->root, &c, out);
-  return rc ? train_fail_loom(rc, "--strategy fsdp") : LOOM_OK;
+  return rc ? train_fail_loom(rc, replica ? "--strategy hsdp" : "--strategy fsdp") : LOOM_OK;
+}
+
+/* --strategy hsdp: the shard groups (ranks r with the same r / shard_size) and the replica
+ * groups (the same r % shard_size) split from the world. */
+static int make_hsdp_groups(train_par *p) {
+  long n = p->o->shard_size;
+  if (p->size % n)
+    return train_fail(LOOM_EINVAL, "--shard-size %ld: it must divide the %d ranks (every shard "
+                      "group has the same size)", n, p->size);
+  int rc = loom_pg_split(p->pg, (int)(p->rank / n), p->rank, &p->shard);
+  if (!rc) rc = loom_pg_split(p->pg, (int)(p->rank % n), p->rank, &p->replica);
+  return rc ? train_fail_loom(rc, "--strategy hsdp: making the shard and replica groups") : 0;
 }
 
 int train_par_create(loom_pg *pg, const train_opts *o, train_model *m, train_par **out) {
@@ -164,9 +182,11 @@ int train_par_create(loom_pg *pg, const train_opts *o, train_model *m, train_par
       return rc;
     }
     if (o->threads <= 0) loom_set_num_threads(loom_pg_compute_threads(pg));
-    if (strcmp(o->strategy, "fsdp") == 0) {
-      if ((rc = make_fsdp(pg, o, m, &p->fsdp))) {
-        free(p);
+    bool hsdp = strcmp(o->strategy, "hsdp") == 0;
+    if (hsdp || strcmp(o->strategy, "fsdp") == 0) {
+      if ((hsdp && (rc = make_hsdp_groups(p))) ||
+          (rc = make_fsdp(hsdp ? p->shard : pg, p->replica, o, m, &p->fsdp))) {
+        train_par_free(p);
         return rc;
       }
       *out = p;
@@ -195,6 +215,8 @@ void train_par_free(train_par *p) {
   if (!p) return;
   loom_fsdp_free(p->fsdp);
   loom_ddp_free(p->ddp);
+  loom_pg_free(p->replica);
+  loom_pg_free(p->shard);
   free(p);
 }
 
@@ -230,6 +252,12 @@ void train_par_json(const train_par *p, char *buf, size_t cap) {
              (unsigned long long)f.reduce_scatters, (unsigned long long)f.gather_bytes,
              (unsigned long long)f.reduce_bytes, f.comm_s, f.exposed_s);
     size_t used = (size_t)n + (size_t)(m > 0 ? m : 0);
+    if (m > 0 && used < cap && p->replica) {
+      int k = snprintf(buf + used, cap - used, ", \"hsdp_replica_reduces\": %llu, "
+                       "\"hsdp_replica_bytes\": %llu", (unsigned long long)f.replica_reduces,
+                       (unsigned long long)f.replica_bytes);
+      if (k > 0) used += (size_t)k;
+    }
     if (m > 0 && used < cap) train_offload_json(p->o, &f, buf + used, cap - used);
     return;
   }

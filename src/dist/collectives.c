@@ -78,6 +78,16 @@ int loom_pg_allgather(loom_pg *pg, const void *send, void *recv, size_t count, l
   return loom__pg_allgather_prepared(pg, send, recv, count, dt, NULL, NULL, out);
 }
 
+int loom__pg_allgather_always(loom_pg *pg, const void *send, void *recv, size_t count,
+                              loom_dtype dt) {
+  size_t sb, rb;
+  int rc = check("loom_pg_allgather", pg, send, recv, count, dt, 1, (size_t)pg->size, &sb, &rb);
+  if (rc) return rc;
+  loom__coll c = {.kind = LOOM__ALLGATHER, .send = send, .recv = recv, .count = count, .dt = dt,
+                  .op = LOOM_SUM, .always = true};
+  return loom__pg_issue(pg, &c, NULL);
+}
+
 int loom__pg_allgather_prepared(loom_pg *pg, const void *send, void *recv, size_t count,
                                 loom_dtype dt, loom__coll_prepare_fn prepare, void *ctx,
                                 loom_work **out) {

@@ -36,6 +36,7 @@ typedef struct loom__coll {
   uint64_t seq;
   loom__coll_prepare_fn prepare; /* optional: run first, where the collective runs */
   void *prepare_ctx;
+  bool always; /* move the bytes even in a dry run (loom_pg_split's metadata) */
 } loom__coll;
 
 /* Backend operations. Each runs one collective to completion on the calling thread (the
@@ -115,6 +116,12 @@ int loom__pg_check(loom_pg *pg, const char *who);
 /* Run one collective now on this thread (no queue): the sticky check, the backend call, and
  * recording of a failure. The message of a failure is in this thread's loom_last_error(). */
 int loom__pg_execute(loom_pg *pg, const loom__coll *c);
+
+/* A blocking all-gather whose bytes move even in a dry run (loom_mem_set_dry_run), for
+ * metadata the run's structure depends on (loom_pg_split's colors, keys and addresses).
+ * (collectives.c) */
+int loom__pg_allgather_always(loom_pg *pg, const void *send, void *recv, size_t count,
+                              loom_dtype dt);
 
 /* Issue a collective: validated already; blocking when out == NULL. (work.c) */
 int loom__pg_issue(loom_pg *pg, const loom__coll *c, loom_work **out);

@@ -29,7 +29,7 @@ int loom_pg_split(loom_pg *pg, int color, int key, loom_pg **out) {
   int *members = loom__calloc(LOOM_POOL_META, (size_t)size, sizeof *members);
   int rc = all && m && members ? LOOM_OK
                                : loom__fail(LOOM_ENOMEM, "loom_pg_split: out of memory");
-  if (!rc) rc = loom_pg_allgather(pg, mine, all, 2, LOOM_I64, NULL);
+  if (!rc) rc = loom__pg_allgather_always(pg, mine, all, 2, LOOM_I64);
   int n = 0, my_rank = -1;
   for (int r = 0; r < size && !rc && color >= 0; r++)
     if (all[2 * r] == color) m[n++] = (member){all[2 * r + 1], r};

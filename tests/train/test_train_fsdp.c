@@ -12,29 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static double file_diff(const char *a, const char *b) {
-  loom_safetensors *fa = NULL, *fb = NULL;
-  double worst = INFINITY;
-  if (!loom_safetensors_open(a, 0, &fa) && !loom_safetensors_open(b, 0, &fb) &&
-      loom_safetensors_count(fa) == loom_safetensors_count(fb)) {
-    worst = 0;
-    for (size_t i = 0; i < loom_safetensors_count(fa); i++) {
-      loom_safetensors_info ia, ib;
-      if (loom_safetensors_info_at(fa, i, &ia) || loom_safetensors_find(fb, ia.name, &ib) ||
-          ia.numel != ib.numel || ia.dtype != LOOM_F32 || ib.dtype != LOOM_F32) {
-        worst = INFINITY;
-        break;
-      }
-      const float *x = ia.data, *y = ib.data;
-      for (size_t k = 0; k < ia.numel; k++)
-        if (fabs(x[k] - y[k]) > worst) worst = fabs(x[k] - y[k]);
-    }
-  }
-  loom_safetensors_free(fa);
-  loom_safetensors_free(fb);
-  return worst;
-}
-
 LT_TEST(train_fsdp_matches_ddp_on_the_same_ranks) {
   const char *d = tt_tempdir();
   const char *common = "--hidden 48,32 --limit 1024 --epochs 2 --threads 1 --seed 7 --quiet "
@@ -47,7 +24,7 @@ LT_TEST(train_fsdp_matches_ddp_on_the_same_ranks) {
   char a[512], b[512];
   snprintf(a, sizeof a, "%s/ddp/model.safetensors", d);
   snprintf(b, sizeof b, "%s/fsdp/model.safetensors", d);
-  double diff = file_diff(a, b);
+  double diff = tt_model_diff(a, b);
   if (!(diff <= 1e-4)) lt_fail_at(__FILE__, __LINE__, "parameters differ by %g", diff);
   /* the same summary: the same accuracy */
   const char *acc_d = strstr(ddp.out, "test accuracy"), *acc_f = strstr(fsdp.out, "test accuracy");
@@ -142,7 +119,7 @@ LT_TEST(train_fsdp_cnn_with_either_wrap_policy_matches_ddp) {
     snprintf(model[i], sizeof model[i], "%s/%s/model.safetensors", d, runs[i][0]);
   }
   for (int i = 1; i < 3; i++) {
-    double diff = file_diff(model[0], model[i]);
+    double diff = tt_model_diff(model[0], model[i]);
     if (!(diff <= 1e-4))
       lt_fail_at(__FILE__, __LINE__, "%s: parameters differ from DDP's by %g", runs[i][1], diff);
   }
@@ -200,7 +177,7 @@ LT_TEST(train_fsdp_resumes_at_another_rank_count) {
   char x[512], y[512];
   snprintf(x, sizeof x, "%s/u/model.safetensors", d);
   snprintf(y, sizeof y, "%s/r/model.safetensors", d);
-  double diff = file_diff(x, y);
+  double diff = tt_model_diff(x, y);
   if (!(diff <= 1e-4)) lt_fail_at(__FILE__, __LINE__, "parameters differ by %g", diff);
   tt_run e = tt_train("%s --ranks 2 --batch 16 --resume %s/r", common, d);
   LT_EQ(e.rc, 1);

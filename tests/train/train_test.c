@@ -5,6 +5,8 @@
 #include "commands.h"
 #include "lt_tree.h"
 
+#include <loom/io.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,4 +122,27 @@ int tt_copy_file(const char *from, const char *to) {
   int rc = bytes ? tt_write_file(to, bytes, n) : -1;
   free(bytes);
   return rc;
+}
+
+double tt_model_diff(const char *a, const char *b) {
+  loom_safetensors *fa = NULL, *fb = NULL;
+  double worst = INFINITY;
+  if (!loom_safetensors_open(a, 0, &fa) && !loom_safetensors_open(b, 0, &fb) &&
+      loom_safetensors_count(fa) == loom_safetensors_count(fb)) {
+    worst = 0;
+    for (size_t i = 0; i < loom_safetensors_count(fa); i++) {
+      loom_safetensors_info ia, ib;
+      if (loom_safetensors_info_at(fa, i, &ia) || loom_safetensors_find(fb, ia.name, &ib) ||
+          ia.numel != ib.numel || ia.dtype != LOOM_F32 || ib.dtype != LOOM_F32) {
+        worst = INFINITY;
+        break;
+      }
+      const float *x = ia.data, *y = ib.data;
+      for (size_t k = 0; k < ia.numel; k++)
+        if (fabs(x[k] - y[k]) > worst) worst = fabs(x[k] - y[k]);
+    }
+  }
+  loom_safetensors_free(fa);
+  loom_safetensors_free(fb);
+  return worst;
 }

@@ -32,5 +32,8 @@ int tt_same_file(const char *a, const char *b);
 int tt_write_file(const char *path, const void *data, size_t n);
 /* Copy file `from` over `to`; 0 on success. */
 int tt_copy_file(const char *from, const char *to);
+/* The largest difference between two model files' f32 tensors of the same names (INFINITY if
+ * either cannot be read or they do not hold the same tensors). */
+double tt_model_diff(const char *a, const char *b);
 
 #endif

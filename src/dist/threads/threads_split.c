@@ -58,7 +58,7 @@ int loom__thr_split(loom_pg *pg, int color, int key, const int *members, int n, 
     return loom__fail(LOOM_ENOMEM, "loom_pg_split: out of memory");
   }
   /* on failure the world a leader made is not freed: a peer may have its address already */
-  int rc = loom_pg_allgather(pg, &mine, all, 1, LOOM_I64, NULL);
+  int rc = loom__pg_allgather_always(pg, &mine, all, 1, LOOM_I64);
   if (!rc && n > 0) {
     w = (loom__thr_world *)(intptr_t)all[members[0]];
     if (!w)
