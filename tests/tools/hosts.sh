@@ -12,6 +12,10 @@
 #                Open MPI's all-reduce adds 4 ranks' gradients in its own order, so 4 thread
 #                ranks, which add in rank order, round differently), and one rank per host
 #                equals 2 thread ranks of one process (a sum of two is the same either way)
+#   hsdp         the same with HSDP: --shard-size 2 on 4 ranks (a shard group per host,
+#                Open MPI placing ranks 0-1 on the first host and 2-3 on the second, the
+#                gradient shards all-reduced across the hosts), and --shard-size 1 on 2 ranks
+#                (one copy per host: replicas only)
 #   link-down    1 rank per host, DDP: the second host's link set down mid-step; every rank
 #                fails naming the other within --timeout, the job ends, and the last
 #                checkpoint resumes on the first host alone (see the case)
@@ -151,23 +155,25 @@ train_bounded() {
 }
 
 case $case in
-ddp | fsdp)
+ddp | fsdp | hsdp)
   run="train --strategy $case --hidden 32,16 --threads 1 --limit 1024 --batch 32 --epochs 1 --quiet"
-  [ "$case" = fsdp ] && run="$run --amp bf16"
+  [ "$case" = ddp ] || run="$run --amp bf16"
+  run4=$run run2=$run
+  [ "$case" = hsdp ] && run4="$run --shard-size 2" run2="$run --shard-size 1"
   # shellcheck disable=SC2086
   train_bounded "the run on 4 MPI ranks of one host" timeout -k 5 120 "$mpiexec" \
     --allow-run-as-root --oversubscribe -n 4 --mca btl self,vader \
-    "$loom" $run --backend mpi --save "$dir/one4"
+    "$loom" $run4 --backend mpi --save "$dir/one4"
   # shellcheck disable=SC2086
-  train_bounded "the run on 2 hosts x 2 ranks" mpirun_hosts 4 "$loom" $run --backend mpi \
+  train_bounded "the run on 2 hosts x 2 ranks" mpirun_hosts 4 "$loom" $run4 --backend mpi \
     --save "$dir/two4"
   cmp -s "$dir/one4/model.safetensors" "$dir/two4/model.safetensors" ||
     fail "the model trained on 2 hosts x 2 ranks differs from the one-host run's"
   # shellcheck disable=SC2086
-  train_bounded "the run on 2 thread ranks" timeout -k 5 120 "$loom" $run --ranks 2 \
+  train_bounded "the run on 2 thread ranks" timeout -k 5 120 "$loom" $run2 --ranks 2 \
     --save "$dir/one2"
   # shellcheck disable=SC2086
-  train_bounded "the run on 2 hosts x 1 rank" mpirun_hosts 2 --map-by node "$loom" $run \
+  train_bounded "the run on 2 hosts x 1 rank" mpirun_hosts 2 --map-by node "$loom" $run2 \
     --backend mpi --save "$dir/two2"
   cmp -s "$dir/one2/model.safetensors" "$dir/two2/model.safetensors" ||
     fail "the model trained on 2 hosts x 1 rank differs from 2 thread ranks'"

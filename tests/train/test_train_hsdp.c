@@ -109,10 +109,8 @@ LT_TEST(train_hsdp_options) {
   /* loom plan runs the HSDP step dry: a shard of half the model's per rank */
   tt_run p = tt_plan("--hidden 256,256 --ranks 4 --strategy hsdp --shard-size 2 --json");
   tt_run q = tt_plan("--hidden 256,256 --ranks 2 --strategy fsdp --json");
-  LT_EQ(p.rc, 0);
-  LT_EQ(q.rc, 0);
   const char *pp = strstr(p.out, "\"peak_bytes\": "), *qp = strstr(q.out, "\"peak_bytes\": ");
-  LT_TRUE(pp && qp && strstr(p.out, "\"strategy\": \"hsdp\""));
+  LT_TRUE(p.rc == 0 && q.rc == 0 && pp && qp && strstr(p.out, "\"strategy\": \"hsdp\""));
   if (pp && qp) LT_EQ(strtoull(pp + 14, NULL, 10), strtoull(qp + 14, NULL, 10));
   tt_run_free(&p);
   tt_run_free(&q);
