@@ -21,6 +21,10 @@
 #                checkpoint resumes on the first host alone (see the case)
 #   link-down-fsdp  the same with FSDP (the sharded checkpoint resharded for 1 rank)
 #   fsdp-fewer   FSDP on 2 hosts x 2 ranks resumed on one host at 2 ranks, then 1 (resharded)
+#   bench-hsdp   not a test (bench/hsdp_hosts.sh runs it): FSDP and HSDP (a shard group per
+#                host) on 2 hosts x 2 ranks with each host's link capped by `tc ... tbf` at
+#                $LINK (default 1gbit) both ways, alternating, $REPS runs each (default 3);
+#                prints each run's samples/s and cross-host bytes, and the medians
 # Usage: hosts.sh LOOM MPIEXEC CASE
 set -u
 loom=$1 mpiexec=$2 case=$3
@@ -302,6 +306,36 @@ fsdp-fewer)
     fail "a resume at another global batch was accepted"
   grep -q "give --batch 32 to keep the global batch" "$dir/err" ||
     fail "the refusal did not name the --batch to give"
+  ;;
+bench-hsdp)
+  link=${LINK:-1gbit} reps=${REPS:-3}
+  for i in 1 2; do # both directions of each host's link: the root's end and the host's end
+    tc qdisc add dev "lmv$tag$i" root tbf rate "$link" burst 256kb latency 100ms ||
+      fail "tc tbf on lmv$tag$i"
+    ip netns exec "${hosts[$((i - 1))]}" tc qdisc add dev eth0 root tbf rate "$link" \
+      burst 256kb latency 100ms || fail "tc tbf in ${hosts[$((i - 1))]}"
+  done
+  run="train --hidden ${HIDDEN:-1024,1024} --threads 1 --limit ${LIMIT:-1024} --batch ${BATCH:-8} \
+--epochs 1 --quiet --amp bf16 --backend mpi"
+  echo "link $link per host, each way; $run"
+  for r in $(seq 1 "$reps"); do
+    for s in fsdp hsdp; do
+      extra=
+      [ $s = hsdp ] && extra="--shard-size 2"
+      tx0=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
+      # shellcheck disable=SC2086
+      train_bounded "$s run $r" mpirun_hosts 4 "$loom" $run --strategy $s $extra
+      tx1=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
+      sps=$(grep -o '[0-9.]*k\? samples/s' "$dir/out" | awk '{ v = $1 + 0; if ($1 ~ /k$/) v *= 1000; print v }')
+      printf '%s run %s: %s samples/s, %s MB into host 1\n' "$s" "$r" "$sps" \
+        "$(awk "BEGIN { printf \"%.1f\", ($tx1 - $tx0) / 1e6 }")"
+      echo "$sps" >>"$dir/$s.sps"
+    done
+  done
+  for s in fsdp hsdp; do
+    printf '%s median: %s samples/s\n' "$s" "$(sort -n "$dir/$s.sps" | awk '{ v[NR] = $1 }
+      END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')"
+  done
   ;;
 *)
   fail "unknown case '$case'"
