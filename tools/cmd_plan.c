@@ -18,7 +18,10 @@ static const char usage[] = "[OPTIONS]\n\n"
     "  loom plan --hidden 4096,4096 --amp bf16\n"
     "  loom plan --ranks 2 --strategy fsdp --json\n"
     "  loom plan --model cnn --fit-memory 2GiB --fit batch   # the largest --batch that fits\n"
-    "A run under mpirun (--backend mpi) has one process per rank: give --ranks N for its N ranks.\n"
+    "  loom plan --strategy hsdp --shard-size 4 --hosts 2 --ranks-per-host 4 --link 1\n"
+    "A run under mpirun (--backend mpi) has one process per rank: give --ranks N for its N ranks\n"
+    "(or --hosts H --ranks-per-host R: then the plan adds each step's bytes through each host's\n"
+    "link, each collective a ring in rank order, and with --link GBPS their time).\n"
     "The options only a run uses are refused (plan would ignore them): --save, --overwrite,\n"
     "--resume, --metrics, --init (the memory does not depend on the weights' values; plan the\n"
     "run without it) and --timeout.";
@@ -117,11 +120,17 @@ int cmd_plan(int argc, char **argv) {
   double timeout = 0;
   bool timeout_seen = false, json = false, fit_seen = false;
   const char *fit_memory = NULL, *fit = "batch";
-  cli_option table[TRAIN_CLI_MAX + 4];
+  long hosts = 0, per_host = 0;
+  double link = 0;
+  bool hosts_seen = false, per_host_seen = false, link_seen = false;
+  cli_option table[TRAIN_CLI_MAX + 7];
   size_t n = train_cli_table(&o, &c, &timeout, &timeout_seen, table, TRAIN_CLI_MAX);
   table[n++] = (cli_option){"json", CLI_FLAG, &json, NULL, "print the plan as one JSON object", NULL, 0, 0, NULL, CLI_RANKS_SAME};
   table[n++] = (cli_option){"fit-memory", CLI_STRING, &fit_memory, "SIZE", "find the largest --fit value whose peak per rank fits in SIZE (8GiB, 512MiB, 1e9)", NULL, 0, 0, NULL, CLI_RANKS_SAME};
   table[n++] = (cli_option){"fit", CLI_CHOICE, &fit, NULL, "what --fit-memory searches: --batch, or one width for every hidden layer (the CNN's --fc)", "batch|hidden", 0, 0, &fit_seen, CLI_RANKS_SAME};
+  table[n++] = (cli_option){"hosts", CLI_POS_INT, &hosts, "H", "machines the run spans (with --ranks-per-host): the plan adds each step's bytes through each machine's link", NULL, 1, 1 << 20, &hosts_seen, CLI_RANKS_SAME};
+  table[n++] = (cli_option){"ranks-per-host", CLI_POS_INT, &per_host, "R", "ranks on each machine (consecutive ranks, as mpirun places them); the run has H x R ranks", NULL, 1, 1 << 20, &per_host_seen, CLI_RANKS_SAME};
+  table[n++] = (cli_option){"link", CLI_POS_DOUBLE, &link, "GBPS", "each machine's link in Gbit/s (each way): the plan adds the step's communication time through it", NULL, 1e-6, 1e6, &link_seen, CLI_RANKS_SAME};
   table[n] = (cli_option){0};
   bool given[NRUN_ONLY] = {false};
   watch_run_only(table, given);
@@ -133,6 +142,20 @@ int cmd_plan(int argc, char **argv) {
   /* under mpirun each rank is a process with the same pools as a thread rank: --ranks N says
    * how many processes the run will have */
   if (rc == 0 && strcmp(o.backend, "mpi") == 0) o.backend = "threads";
+  if (rc == 0 && (hosts_seen || per_host_seen || link_seen)) {
+    const char *bad = NULL;
+    if (hosts_seen != per_host_seen) bad = "--hosts and --ranks-per-host go together";
+    else if (!hosts_seen) bad = "--link: it needs --hosts H --ranks-per-host R";
+    else if (hosts * per_host > TRAIN_MAX_RANKS)
+      bad = "--hosts x --ranks-per-host: more ranks than loom plan runs";
+    else if (o.ranks != 1 && o.ranks != hosts * per_host)
+      bad = "--ranks: with --hosts and --ranks-per-host the ranks are their product";
+    if (bad) {
+      fprintf(stderr, "loom plan: %s\n", bad);
+      return 2;
+    }
+    o.ranks = hosts * per_host;
+  }
   if (rc < 0 || refuse_run_only(given) || train_opts_check(&o, &c)) return 2;
   double limit = fit_memory ? parse_size(fit_memory) : 0;
   if (fit_memory && limit <= 0) {
@@ -147,6 +170,7 @@ int cmd_plan(int argc, char **argv) {
   plan_result r;
   if (!fit_memory) {
     if (plan_of(&o, &r)) return 1;
+    if (hosts_seen) train_plan_links(&o, (int)hosts, (int)per_host, link, &r);
     if (json) train_plan_print_json(stdout, &o, &r);
     else train_plan_print(stdout, &o, &r);
     return 0;

@@ -103,6 +103,11 @@ typedef struct train_dry_result {
   size_t params;             /* parameters of the model */
   size_t host_bytes, file_bytes; /* FSDP offload: this rank's host and file pools after the
                                   * steps: what offload keeps */
+  /* one training step's collectives on this rank, each by the size of its whole buffer (the
+   * second step's: the library's own counters, loom_fsdp_stats / loom_ddp_stats): FSDP's
+   * all-gathers (gathered dtype) and reduce-scatters (f32), HSDP's replica all-reduces of
+   * shards, DDP's bucket all-reduces */
+  uint64_t gather_bytes, reduce_scatter_bytes, replica_bytes, allreduce_bytes;
 } train_dry_result;
 int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r);
 

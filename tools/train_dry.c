@@ -1,5 +1,6 @@
 /* train_dry.c: the dry run of a `loom train` run (train_run_dry, train_api.h): setup, two steps
- * and an evaluation batch under loom's dry run, each phase's peak read from loom's counters. */
+ * and an evaluation batch under loom's dry run, each phase's peak read from loom's counters,
+ * and the second step's collective bytes from the wrapper's. */
 #include "trainer.h"
 
 #include <string.h>
@@ -25,6 +26,20 @@ static size_t pool_now(loom_pool pool) {
   return ps.current_bytes;
 }
 
+/* The wrapper's collective bytes so far: gathers, reduce-scatters, replica and DDP all-reduces. */
+static void step_bytes(const trainer *t, uint64_t c[4]) {
+  loom_fsdp_stats fs;
+  loom_ddp_stats ds;
+  loom_fsdp *f = train_par_fsdp(t->par);
+  loom_ddp *d = train_par_ddp(t->par);
+  if (f && !loom_fsdp_stats_get(f, &fs)) {
+    c[0] = fs.gather_bytes;
+    c[1] = fs.reduce_bytes;
+    c[2] = fs.replica_bytes;
+  }
+  if (d && !loom_ddp_stats_get(d, &ds)) c[3] = ds.bytes;
+}
+
 int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r) {
   trainer t;
   memset(&t, 0, sizeof t);
@@ -35,11 +50,18 @@ int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r) {
   int rc = trainer_setup(&t, pg);
   phase_peak(&r->build);
   if (!rc) r->params = loom_module_numel(t.model.root);
+  uint64_t c0[4] = {0}, c1[4] = {0};
   for (int k = 0; k < 2 && !rc; k++) { /* the second step runs with what the first left */
     double loss = 0;
     loom_step_result res;
+    step_bytes(&t, c0);
     rc = trainer_step(&t, &loss, &res);
+    step_bytes(&t, c1);
   }
+  r->gather_bytes = c1[0] - c0[0];
+  r->reduce_scatter_bytes = c1[1] - c0[1];
+  r->replica_bytes = c1[2] - c0[2];
+  r->allreduce_bytes = c1[3] - c0[3];
   phase_peak(&r->train);
   r->host_bytes = pool_now(LOOM_POOL_HOST); /* what offload keeps once a step has run */
   r->file_bytes = pool_now(LOOM_POOL_FILE);

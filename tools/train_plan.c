@@ -59,10 +59,63 @@ int train_plan(const train_opts *o, plan_result *r) {
     if (x->host_bytes > r->host_bytes) r->host_bytes = x->host_bytes;
     if (x->file_bytes > r->file_bytes) r->file_bytes = x->file_bytes;
   }
+  if (!rc) { /* every rank issues the same collectives: rank 0's */
+    r->gather_bytes = d->r[0].gather_bytes;
+    r->reduce_scatter_bytes = d->r[0].reduce_scatter_bytes;
+    r->replica_bytes = d->r[0].replica_bytes;
+    r->allreduce_bytes = d->r[0].allreduce_bytes;
+  }
   free(d);
   r->peak = r->build.peak > r->train.peak ? r->build.peak : r->train.peak;
   if (r->eval.peak > r->peak) r->peak = r->eval.peak;
   return rc;
+}
+
+/* ---- communication across hosts ---------------------------------------------------------- */
+
+/* Bytes a kind of collective sends into host 0 through its link per step (the same out of it,
+ * and for every host, by symmetry). Its groups are `size` consecutive ranks (stride 1) or the
+ * ranks s, s + stride, ... (size = world / stride); each runs as a ring in rank order, which
+ * enters a host it shares with other hosts once, carrying `factor` x (M-1)/M of the buffer
+ * (M = size; factor 1 for an all-gather or a reduce-scatter, 2 for an all-reduce: its
+ * reduce-scatter and all-gather). `bytes` is one rank's buffer bytes of that kind per step. */
+static double ring_into_host0(int world, int per_host, int size, int stride, double factor,
+                              double bytes) {
+  if (size < 2 || bytes <= 0) return 0;
+  double total = 0;
+  int groups = world / size;
+  for (int g = 0; g < groups; g++) {
+    bool on = false, off = false;
+    for (int k = 0; k < size; k++) {
+      int r = stride == 1 ? g * size + k : g + k * stride;
+      if (r / per_host == 0) on = true;
+      else off = true;
+    }
+    if (on && off) total += factor * (double)(size - 1) / size * bytes;
+  }
+  return total;
+}
+
+void train_plan_links(const train_opts *o, int hosts, int ranks_per_host, double gbps,
+                      plan_result *r) {
+  int w = hosts * ranks_per_host;
+  double b = 0;
+  r->hosts = hosts;
+  r->ranks_per_host = ranks_per_host;
+  r->link_gbps = gbps;
+  if (hosts > 1 && strcmp(o->strategy, "ddp") == 0)
+    b = ring_into_host0(w, ranks_per_host, w, 1, 2, (double)r->allreduce_bytes);
+  if (hosts > 1 && strcmp(o->strategy, "fsdp") == 0)
+    b = ring_into_host0(w, ranks_per_host, w, 1, 1,
+                        (double)(r->gather_bytes + r->reduce_scatter_bytes));
+  if (hosts > 1 && strcmp(o->strategy, "hsdp") == 0) {
+    int n = (int)o->shard_size;
+    b = ring_into_host0(w, ranks_per_host, n, 1, 1,
+                        (double)(r->gather_bytes + r->reduce_scatter_bytes)) +
+        ring_into_host0(w, ranks_per_host, w / n, n, 2, (double)r->replica_bytes);
+  }
+  r->link_bytes = b;
+  r->link_s = gbps > 0 ? b / (gbps * 1e9 / 8) : 0;
 }
 
 /* ---- printing --------------------------------------------------------------------------- */
@@ -103,6 +156,17 @@ void train_plan_print(FILE *f, const train_opts *o, const plan_result *r) {
     fprintf(f, "offloaded per rank: %s in the offload file, %s in the host pool\n", file, pk);
   else if (r->host_bytes)
     fprintf(f, "offloaded per rank: %s in the host pool\n", pk);
+  if (!r->hosts) return;
+  double mb = 1e6;
+  fprintf(f, "communication per step: %.2f MB each way through each host's link (%d host%s x %d "
+          "rank%s; per rank: all-gathers %.2f MB, reduce-scatters %.2f MB, all-reduces %.2f MB, "
+          "each collective a ring in rank order)", r->link_bytes / mb, r->hosts,
+          r->hosts > 1 ? "s" : "", r->ranks_per_host, r->ranks_per_host > 1 ? "s" : "",
+          (double)r->gather_bytes / mb, (double)r->reduce_scatter_bytes / mb,
+          (double)(r->replica_bytes + r->allreduce_bytes) / mb);
+  if (r->link_gbps > 0)
+    fprintf(f, ": %.1f ms at %g Gbit/s", r->link_s * 1e3, r->link_gbps);
+  fputc('\n', f);
 }
 
 static void json_phase(FILE *f, const char *name, const train_dry_phase *ph) {
@@ -122,5 +186,13 @@ void train_plan_print_json(FILE *f, const train_opts *o, const plan_result *r) {
   json_phase(f, "train", &r->train);
   fputs(", ", f);
   json_phase(f, "eval", &r->eval);
+  fprintf(f, ", \"step_gather_bytes\": %llu, \"step_reduce_scatter_bytes\": %llu, "
+          "\"step_replica_allreduce_bytes\": %llu, \"step_allreduce_bytes\": %llu",
+          (unsigned long long)r->gather_bytes, (unsigned long long)r->reduce_scatter_bytes,
+          (unsigned long long)r->replica_bytes, (unsigned long long)r->allreduce_bytes);
+  if (r->hosts)
+    fprintf(f, ", \"hosts\": %d, \"ranks_per_host\": %d, \"link_gbps\": %g, "
+            "\"link_bytes\": %.0f, \"link_seconds\": %.6f", r->hosts, r->ranks_per_host,
+            r->link_gbps, r->link_bytes, r->link_s);
   fputs("}\n", f);
 }

@@ -26,7 +26,19 @@ typedef struct plan_result {
   size_t host_bytes;     /* FSDP offload: bytes kept in the host pool per rank */
   size_t file_bytes;     /* FSDP offload: bytes kept in the offload file per rank (tier disk) */
   bool widened;          /* --amp on a CPU without a native kernel: products widened to f32 */
+  /* one step's collectives on a rank, by buffer bytes (train_dry_result's) */
+  uint64_t gather_bytes, reduce_scatter_bytes, replica_bytes, allreduce_bytes;
+  /* --hosts H --ranks-per-host R [--link GBPS]: the ranks laid out host by host (ranks
+   * 0..R-1 on the first), each collective a ring in rank order; the bytes one step sends
+   * through each host's link, each way, and their time at GBPS (0: not asked) */
+  int hosts, ranks_per_host;
+  double link_gbps, link_bytes, link_s;
 } plan_result;
+
+/* Fill r's link figures for hosts x ranks_per_host (their product the run's ranks) and a link
+ * of gbps Gbit/s (0: bytes only), from r's step bytes and the options' strategy. */
+void train_plan_links(const train_opts *o, int hosts, int ranks_per_host, double gbps,
+                      plan_result *r);
 
 /* The plan of the run the (checked) options describe: the largest figure of any rank for each
  * phase. Returns a loom status; on failure train_last_error() says why (what `loom train`

@@ -315,3 +315,37 @@ LT_TEST(plan_refuses_the_options_only_a_run_uses) {
   LT_TRUE(strstr(h.out, "The options only a run uses are refused") != NULL);
   tt_run_free(&h);
 }
+
+/* --hosts H --ranks-per-host R --link GBPS: each step's bytes through a host's link from the
+ * step's own collectives (rings in rank order): at 2 hosts x 2 ranks FSDP sends 3/4 of its
+ * gathers and reduce-scatters across, HSDP with a shard group per host only its two replica
+ * rings' all-reduces (2 x (1/2) x 2 shards: the reduce-scatter's bytes), DDP 2 x 3/4 of its
+ * all-reduce; the time is the bytes at the link's rate. */
+LT_TEST(plan_hosts_link_bytes_and_time) {
+  const char *m = "--hidden 256,128 --amp bf16 --batch 8 --hosts 2 --ranks-per-host 2 --link 2 "
+                  "--json";
+  tt_run f = tt_plan("%s --strategy fsdp", m);
+  tt_run h = tt_plan("%s --strategy hsdp --shard-size 2", m);
+  tt_run d = tt_plan("%s --strategy ddp", m);
+  LT_TRUE(f.rc == 0 && h.rc == 0 && d.rc == 0);
+  double g = json_number(f.out, "step_gather_bytes"), rs = json_number(f.out, "step_reduce_scatter_bytes");
+  double fl = json_number(f.out, "link_bytes"), hl = json_number(h.out, "link_bytes");
+  LT_TRUE(g > 0 && rs > 0);
+  LT_TRUE(fabs(fl - 0.75 * (g + rs)) <= 1);
+  LT_TRUE(fabs(json_number(h.out, "step_replica_allreduce_bytes") * 2 - rs) <= 8);
+  LT_TRUE(fabs(hl - json_number(h.out, "step_replica_allreduce_bytes") * 2) <= 1);
+  LT_TRUE(fabs(json_number(d.out, "link_bytes") - 1.5 * json_number(d.out, "step_allreduce_bytes")) <= 1);
+  LT_TRUE(fabs(json_number(h.out, "link_seconds") - hl / 2.5e8) <= 1e-6);
+  tt_run_free(&f), tt_run_free(&h), tt_run_free(&d);
+  /* one host: nothing crosses; and the options that go together */
+  tt_run one = tt_plan("--hidden 64 --strategy fsdp --hosts 1 --ranks-per-host 2 --json");
+  LT_TRUE(one.rc == 0 && json_number(one.out, "link_bytes") == 0);
+  tt_run_free(&one);
+  static const char *bad[] = {"--strategy fsdp --hosts 2", "--strategy fsdp --link 1",
+                              "--strategy fsdp --ranks 3 --hosts 2 --ranks-per-host 2"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    tt_run b = tt_plan("--hidden 64 %s", bad[i]);
+    LT_EQ(b.rc, 2);
+    tt_run_free(&b);
+  }
+}
