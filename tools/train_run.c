@@ -461,9 +461,13 @@ static void fsdp_header(const trainer *t) {
   train_offload_describe(t->o, offload, sizeof offload);
   loom_fsdp_mp *mp = loom_fsdp_mp_manager(t->fsdp);
   const loom_fsdp_mp_cfg *mc = mp ? loom_fsdp_mp_config(mp) : NULL;
-  fprintf(t->o->out, "loom train: fsdp: %zu unit%s (--wrap %s: %s), %zu elements per rank (%s of "
+  char what[96] = "fsdp:";
+  if (strcmp(t->o->strategy, "hsdp") == 0)
+    snprintf(what, sizeof what, "hsdp: %d copies, each sharded over %ld ranks,",
+             t->nranks / (int)t->o->shard_size, t->o->shard_size);
+  fprintf(t->o->out, "loom train: %s %zu unit%s (--wrap %s: %s), %zu elements per rank (%s of "
           "f32 shards), reshard after forward %s, gather prefetch %ld, forward in %s%s%s\n",
-          s.units, s.units == 1 ? "" : "s", t->o->wrap, names, s.shard_numel, shard, t->o->reshard, t->o->gather_prefetch,
+          what, s.units, s.units == 1 ? "" : "s", t->o->wrap, names, s.shard_numel, shard, t->o->reshard, t->o->gather_prefetch,
           mc ? loom_dtype_name(mc->forward_dtype) : "f32",
           !mc ? "" : mc->use_loss_scaling ? " with loss scaling" : " without loss scaling",
           offload);
