@@ -573,3 +573,12 @@ LT_TEST(gemm_blas_core_names) {
   for (size_t i = 0; i < sizeof fast / sizeof *fast; i++) LT_TRUE(loom__blas_core_has_avx2(fast[i]));
   for (size_t i = 0; i < sizeof slow / sizeof *slow; i++) LT_TRUE(!loom__blas_core_has_avx2(slow[i]));
 }
+
+/* bf16 kernels chosen by speed (issue 27): AMX kernels and non-Intel CPUs natively, an Intel
+ * CPU without AMX widened to f32 (unless LOOM_BF16_KERNELS overrides the table). */
+LT_TEST(gemm_bf16_kernel_rule) {
+  if (getenv("LOOM_BF16_KERNELS")) return; /* the override answers instead of the table */
+  LT_TRUE(loom__bf16_kernel_fast(true, true));  /* Sapphire/Emerald Rapids with AMX */
+  LT_TRUE(!loom__bf16_kernel_fast(false, true)); /* Intel without AMX */
+  LT_TRUE(loom__bf16_kernel_fast(false, false)); /* AMD Zen 4, Zen 5 */
+}
