@@ -14,7 +14,8 @@
  *   return rc;
  *
  * The names are settable: #define LOOM_CHECK_RC and LOOM_CHECK_LABEL before including this
- * header to use another variable or label. LOOM_CHECK_RETURN(call) returns the status instead
+ * header to use another variable or label, or name them at each use with
+ * LOOM_CHECK_GOTO(call, rc_variable, label). LOOM_CHECK_RETURN(call) returns the status instead
  * (for a function with nothing to clean up). Define LOOM_CHECK_QUIET to print nothing (the
  * status and loom_last_error() stay for the caller). Any call returning a loom status works,
  * including the caller's own functions that follow the convention. */
@@ -46,14 +47,16 @@ int loom_check_report(const char *file, int line, const char *expr, int code);
 #define LOOM__CHECK_REPORT(expr, code) loom_check_report(__FILE__, __LINE__, expr, code)
 #endif
 
-#define LOOM_CHECK(call)                                                                      \
+#define LOOM_CHECK_GOTO(call, rc_variable, label)                                            \
   do {                                                                                        \
     int loom_check_rc_ = (call);                                                              \
     if (loom_check_rc_ != LOOM_OK) {                                                          \
-      LOOM_CHECK_RC = LOOM__CHECK_REPORT(#call, loom_check_rc_);                              \
-      goto LOOM_CHECK_LABEL;                                                                  \
+      (rc_variable) = LOOM__CHECK_REPORT(#call, loom_check_rc_);                              \
+      goto label;                                                                             \
     }                                                                                         \
   } while (0)
+
+#define LOOM_CHECK(call) LOOM_CHECK_GOTO(call, LOOM_CHECK_RC, LOOM_CHECK_LABEL)
 
 #define LOOM_CHECK_RETURN(call)                                                               \
   do {                                                                                        \

@@ -97,6 +97,14 @@ done:
   return rc;
 }
 
+static int checked_goto(void) {
+  int status = LOOM_OK;
+  LOOM_CHECK_GOTO(loom_tensor_narrow(NULL, 0, 0, 1, NULL), status, out);
+  status = 42;
+out:
+  return status;
+}
+
 static int checked_return(void) {
   LOOM_CHECK_RETURN(loom_tensor_narrow(NULL, 0, 0, 1, NULL));
   return 42;
@@ -111,6 +119,7 @@ LT_TEST(check_macro_stores_the_status_and_jumps) {
   LT_EQ(checked(2, &reached), LOOM_OK);
   LT_EQ(reached, 2);
   LT_EQ(checked_return(), LOOM_EINVAL);
+  LT_EQ(checked_goto(), LOOM_EINVAL);
   LT_EQ(loom_check_report("f.c", 1, "x", LOOM_OK), LOOM_OK);
 }
 
