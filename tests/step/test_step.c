@@ -316,6 +316,12 @@ LT_TEST(step_optimizer_for_module_refuses_what_it_cannot_step) {
   LT_OK(loom_nn_linear_create(4, 3, true, LOOM_BF16, 1, &half));
   LT_EQ(loom_adamw_create_for_module(half, NULL, &opt), LOOM_EDTYPE);
   LT_TRUE(strstr(loom_last_error(), "no f32 parameters") != NULL);
+  loom_ddp *ddp = NULL;
+  LT_EQ(loom_ddp_create_for_module(NULL, NULL, NULL, &ddp), LOOM_EINVAL); /* no module */
+  LT_TRUE(strstr(loom_last_error(), "module is NULL") != NULL);
+  LT_EQ(loom_ddp_create_for_module(NULL, m, NULL, &ddp), LOOM_EINVAL);   /* no group */
+  LT_EQ(loom_ddp_create_for_module(NULL, m, NULL, NULL), LOOM_EINVAL);
+  LT_TRUE(ddp == NULL);
   loom_adam_cfg bad = loom_adamw_cfg_default();
   bad.lr = -1;
   LT_EQ(loom_adamw_create_for_module(m, &bad, &opt), LOOM_EINVAL);
