@@ -49,6 +49,8 @@ struct loom_module {
   size_t arena_numel[LOOM_DTYPE_COUNT];
   loom__param **flat; /* every parameter of the tree, in order */
   size_t n_flat;
+  void *sharded_by; /* the FSDP wrapper holding the parameters since its arenas were given
+                       back (a loom_fsdp *, set and cleared by FSDP), or NULL */
 };
 
 /* A new module of `type` with forward fn (zeroed, training). */
