@@ -137,6 +137,13 @@ static int create(const char *who, loom_pool pool, loom_dtype dt, int ndim, cons
   return rc;
 }
 
+int loom__tensor_shell(loom_dtype dt, int ndim, const int64_t *shape, loom_tensor **out) {
+  *out = NULL;
+  size_t numel;
+  int rc = loom__check_shape("tensor", dt, ndim, shape, &numel);
+  return rc ? rc : make_header(dt, ndim, shape, &released_storage, out);
+}
+
 int loom_tensor_empty(loom_dtype dt, int ndim, const int64_t *shape, loom_tensor **out) {
   return create("loom_tensor_empty", LOOM_POOL_COMPUTE, dt, ndim, shape, NULL, false, out);
 }

@@ -139,10 +139,23 @@ static int collect(loom_module *m, const char *prefix, loom__param **flat, size_
   return LOOM_OK;
 }
 
-int loom__module_pack(loom_module *m) {
+int loom__module_pack(loom_module *m) { return loom__module_pack_as(m, loom_nn_deferred_init()); }
+
+/* Deferred: the parameters keep no memory; they are leaves that require grad, as in an arena. */
+static int defer_params(loom_module *m) {
+  for (size_t i = 0; i < m->n_flat; i++) {
+    int rc = loom_tensor_set_requires_grad(m->flat[i]->value, true);
+    if (rc) return rc;
+  }
+  m->deferred = true;
+  return LOOM_OK;
+}
+
+int loom__module_pack_as(loom_module *m, bool defer) {
   int rc = LOOM_OK;
   size_t n = 0;
   loom__module_drop_arenas(m);
+  m->deferred = false;
   collect(m, "", NULL, &n);
   m->flat = loom__calloc(LOOM_POOL_COMPUTE, n ? n : 1, sizeof *m->flat);
   LOOM_TRY_ALLOC(m->flat, "the parameter list");
@@ -154,6 +167,11 @@ int loom__module_pack(loom_module *m) {
   for (size_t i = 0; i < n; i++) { /* one flat layout per dtype, in parameter order */
     loom__param *p = m->flat[i];
     p->offset = loom__layout_add(&lay[loom_tensor_dtype(p->value)], loom_tensor_numel(p->value));
+    if (!loom__tensor_released(p->value)) defer = false; /* values to keep: an arena */
+  }
+  if (defer && n) {
+    rc = defer_params(m);
+    goto done;
   }
   for (int d = 0; d < LOOM_DTYPE_COUNT; d++) total[d] = lay[d].end;
   for (int d = 0; d < LOOM_DTYPE_COUNT; d++) {
@@ -172,7 +190,9 @@ int loom__module_pack(loom_module *m) {
     for (int k = old->ndim - 1; k >= 0; k--) strides[k] = s, s *= old->shape[k];
     LOOM_TRY(loom__tensor_view(m->arena[dt], old->ndim, old->shape, strides, p->offset, &v));
     rc = loom__tensor_view(m->grad_arena[dt], old->ndim, old->shape, strides, p->offset, &g);
-    if (!rc) rc = loom_tensor_copy(v, old);
+    if (!rc && loom__tensor_released(old)) /* a shell: its initialiser's values */
+      rc = loom__param_init_into(p, 0, loom_tensor_numel(v), loom_tensor_data(v), dt);
+    else if (!rc) rc = loom_tensor_copy(v, old);
     if (!rc) rc = loom_tensor_set_requires_grad(v, true);
     if (!rc) rc = loom_tensor_set_grad(v, g);
     if (rc) {
