@@ -56,8 +56,9 @@ int loom_fsdp_cfg_validate(const loom_fsdp_cfg *cfg) {
 /* A deferred model's values come from its initialisers on each rank, not from rank 0: every
  * rank must be deferred alike and hold the same initialisers (the same seed). */
 static int check_peers_init(loom_fsdp *f) {
-  const int64_t v[2] = {f->root->deferred, (int64_t)loom__module_init_hash(f->root)};
-  size_t n = f->root->deferred ? 2 : 1, first = n;
+  bool d = f->root->deferred;
+  const int64_t v[2] = {d, d ? (int64_t)loom__module_init_hash(f->root) : 0};
+  size_t n = 2, first = n;
   int rc = loom__pg_agree_i64(f->pg, v, n, &first);
   if (!rc && first == 0)
     rc = loom__fail(LOOM_EMISUSE, "fsdp: the model is built %s here and not on another rank: "
