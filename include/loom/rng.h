@@ -37,14 +37,22 @@ uint64_t loom_rng_hash(uint64_t seed, uint64_t index);
  * SC'11; Random123's philox4x32_R(10, ctr, key), whose known-answer vectors it gives): the four
  * 32-bit words of block `ctr` under `key`. Pure: no state, any thread. */
 void loom_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
-/* Element `index` of stream `stream` under `seed`, from one Philox block (counter words: index
- * low, index high, stream low, stream high; key: seed low, seed high):
- *   loom_rng_at_uniform: words 0 and 1 as a 53-bit fraction, uniform in [0, 1);
- *   loom_rng_at_normal: standard normal by Box-Muller, u1 from words 0-1 and u2 from words 2-3
- *   (53 bits each): sqrt(-2 log(1 - u1)) cos(2 pi u2), in double (libm's log, cos: the same
- *   bits wherever the same C library runs). */
+/* Element `index` of stream `stream` under `seed`. Philox block k (counter words: k low, k high,
+ * stream low, stream high; key words: seed low, seed high) gives elements 2k and 2k + 1:
+ *   loom_rng_at_uniform: uniform in [0, 1), 53 bits: words 0-1 (element 2k), 2-3 (2k + 1);
+ *   loom_rng_at_normal: standard normal by Box-Muller over the block's two uniforms u1, u2:
+ *   sqrt(-2 log(1 - u1)) cos(2 pi u2) for element 2k, the same times sin for 2k + 1, in double
+ *   (libm's log, cos, sin: the same bits wherever the same C library runs). */
 double loom_rng_at_uniform(uint64_t seed, uint64_t stream, uint64_t index);
 double loom_rng_at_normal(uint64_t seed, uint64_t stream, uint64_t index);
+/* dst[i - lo] for the elements i in [lo, hi): (float)(a + (b - a) u(i)) (uniform in [a, b);
+ * U(-c, c) is a = -c, b = c), or (float)(mean + std z(i)); the values of the single-element
+ * functions above, bit for bit, a block per pair and over the calling thread's OpenMP team when
+ * there are many (the team's size changes no value). dst holds hi - lo floats. */
+void loom_rng_at_fill_uniform(uint64_t seed, uint64_t stream, uint64_t lo, uint64_t hi,
+                              double a, double b, float *dst);
+void loom_rng_at_fill_normal(uint64_t seed, uint64_t stream, uint64_t lo, uint64_t hi,
+                             double mean, double std, float *dst);
 
 #ifdef __cplusplus
 }

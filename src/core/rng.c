@@ -77,8 +77,10 @@ void loom_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[
   out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
 }
 
-static void philox_at(uint64_t seed, uint64_t stream, uint64_t index, uint32_t out[4]) {
-  const uint32_t ctr[4] = {(uint32_t)index, (uint32_t)(index >> 32), (uint32_t)stream,
+/* Block `block` of stream `stream` under `seed`: counter words block low, block high, stream
+ * low, stream high; key words seed low, seed high. */
+static void philox_at(uint64_t seed, uint64_t stream, uint64_t block, uint32_t out[4]) {
+  const uint32_t ctr[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream,
                            (uint32_t)(stream >> 32)};
   const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
   loom_philox4x32(ctr, key, out);
@@ -89,15 +91,66 @@ static double fraction53(uint32_t a, uint32_t b) {
   return (double)((((uint64_t)a << 32) | b) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-double loom_rng_at_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
+/* The two uniforms of block k: elements 2k and 2k + 1. */
+static void uniform_pair(uint64_t seed, uint64_t stream, uint64_t k, double u[2]) {
   uint32_t w[4];
-  philox_at(seed, stream, index, w);
-  return fraction53(w[0], w[1]);
+  philox_at(seed, stream, k, w);
+  u[0] = fraction53(w[0], w[1]);
+  u[1] = fraction53(w[2], w[3]);
+}
+
+/* The two normals of block k (Box-Muller over its two uniforms). */
+static void normal_pair(uint64_t seed, uint64_t stream, uint64_t k, double z[2]) {
+  double u[2];
+  uniform_pair(seed, stream, k, u);
+  double r = sqrt(-2.0 * log(1.0 - u[0])), a = 2.0 * M_PI * u[1];
+  z[0] = r * cos(a);
+  z[1] = r * sin(a);
+}
+
+double loom_rng_at_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
+  double u[2];
+  uniform_pair(seed, stream, index >> 1, u);
+  return u[index & 1];
 }
 
 double loom_rng_at_normal(uint64_t seed, uint64_t stream, uint64_t index) {
-  uint32_t w[4];
-  philox_at(seed, stream, index, w);
-  double u1 = fraction53(w[0], w[1]), u2 = fraction53(w[2], w[3]);
-  return sqrt(-2.0 * log(1.0 - u1)) * cos(2.0 * M_PI * u2);
+  double z[2];
+  normal_pair(seed, stream, index >> 1, z);
+  return z[index & 1];
+}
+
+/* Fill dst[0, hi - lo) with f(element) for elements [lo, hi), a pair (one block) at a time, in
+ * chunks over the calling thread's OpenMP team when there are many: each element is a pure
+ * function of its coordinates, so the team's size changes no value. */
+enum { FILL_CHUNK = 8192, FILL_PAR_MIN = 1 << 16 };
+
+#define FILL_BODY(PAIR, EXPR)                                                                    \
+  uint64_t first = lo & ~(uint64_t)1, nchunks = (hi - first + FILL_CHUNK - 1) / FILL_CHUNK;    \
+  _Pragma("omp parallel for if (hi - lo >= FILL_PAR_MIN)")                                       \
+  for (int64_t c = 0; c < (int64_t)nchunks; c++) {                                              \
+    uint64_t from = first + (uint64_t)c * FILL_CHUNK, to = from + FILL_CHUNK;                    \
+    if (to > hi) to = hi;                                                                        \
+    for (uint64_t k = from; k < to; k += 2) {                                                    \
+      double v[2];                                                                               \
+      PAIR(seed, stream, k >> 1, v);                                                             \
+      if (k >= lo) dst[k - lo] = (float)(EXPR(v[0]));                                            \
+      if (k + 1 < to) dst[k + 1 - lo] = (float)(EXPR(v[1]));                                     \
+    }                                                                                            \
+  }
+
+void loom_rng_at_fill_uniform(uint64_t seed, uint64_t stream, uint64_t lo, uint64_t hi,
+                              double a, double b, float *dst) {
+  if (lo >= hi) return;
+#define UNIFORM(u) (a + (b - a) * (u))
+  FILL_BODY(uniform_pair, UNIFORM)
+#undef UNIFORM
+}
+
+void loom_rng_at_fill_normal(uint64_t seed, uint64_t stream, uint64_t lo, uint64_t hi,
+                             double mean, double std, float *dst) {
+  if (lo >= hi) return;
+#define NORMAL(z) (mean + std * (z))
+  FILL_BODY(normal_pair, NORMAL)
+#undef NORMAL
 }

@@ -23,12 +23,10 @@ void loom__init_values(const loom__init *in, size_t lo, size_t hi, float *dst) {
   const double a = in->a, b = in->b;
   switch (in->kind) {
   case LOOM__INIT_UNIFORM:
-    for (size_t i = lo; i < hi; i++)
-      dst[i - lo] = (float)(-a + 2.0 * a * loom_rng_at_uniform(in->seed, in->stream, i));
+    loom_rng_at_fill_uniform(in->seed, in->stream, lo, hi, -a, a, dst);
     break;
   case LOOM__INIT_NORMAL:
-    for (size_t i = lo; i < hi; i++)
-      dst[i - lo] = (float)(a + b * loom_rng_at_normal(in->seed, in->stream, i));
+    loom_rng_at_fill_normal(in->seed, in->stream, lo, hi, a, b, dst);
     break;
   default:
     for (size_t i = lo; i < hi; i++) dst[i - lo] = (float)a;

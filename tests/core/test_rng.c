@@ -5,6 +5,8 @@
  * a value depends on (seed, stream, index) only, whatever else was drawn before. */
 #include "lt.h"
 
+#include <stdlib.h>
+
 LT_TEST(philox4x32_10_matches_random123_known_answers) {
   static const uint32_t ctr[3][4] = {{0, 0, 0, 0},
                                      {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
@@ -21,18 +23,20 @@ LT_TEST(philox4x32_10_matches_random123_known_answers) {
   }
 }
 
-/* (seed, stream, index) -> the uniform (exact: 53 bits) and the normal, from philox.py-style
- * reference code written apart from rng.c (Python's integers, math.log and math.cos). */
+/* (seed, stream, index) -> the uniform (exact: 53 bits) and the normal, from reference code
+ * written apart from rng.c (Python's integers, math.log, math.cos and math.sin; block index/2,
+ * words 0-1 for an even index and 2-3 for an odd one, cos for even and sin for odd). */
 LT_TEST(rng_at_matches_an_independent_reference) {
   static const struct {
     uint64_t seed, stream, index;
     double u, z;
   } ref[] = {
       {0, 0, 0, 0x1.989fa35785a70p-2, -0.09047305844120267},
-      {42, 1, 7, 0x1.31e3117d4a070p-2, 0.6734744436817002},
-      {0x123456789abcdef0ull, 0xfedcba9876543210ull, (1ull << 40) + 3, 0x1.27efb8000b3d7p-1,
-       1.072383919938655},
-      {7, 0, 123456789, 0x1.a85bc5f90b74ap-2, -1.029599711782639},
+      {0, 0, 1, 0x1.78af58993601bp-1, -1.0051318150657187},
+      {42, 1, 7, 0x1.b6c23160405b0p-3, 0.4914999619538212},
+      {0x123456789abcdef0ull, 0xfedcba9876543210ull, (1ull << 40) + 3, 0x1.9bef59c635e00p-4,
+       1.3672749366944414},
+      {7, 0, 123456788, 0x1.4ba8d03ae1538p-1, -1.4436457186769776},
   };
   for (size_t k = 0; k < sizeof ref / sizeof ref[0]; k++) {
     double u = loom_rng_at_uniform(ref[k].seed, ref[k].stream, ref[k].index);
@@ -78,4 +82,29 @@ LT_TEST(rng_at_depends_only_on_seed_stream_and_index) {
   }
   LT_EQ(same_stream, 0);
   LT_EQ(same_seed, 0);
+}
+
+/* The fills equal the single-element functions bit for bit, from any start (odd or even) and
+ * whatever the calling thread's team. */
+LT_TEST(rng_at_fills_equal_the_single_elements) {
+  enum { N = 200000 };
+  float *u = malloc(N * sizeof *u), *z = malloc(N * sizeof *z);
+  LT_TRUE(u && z);
+  static const uint64_t starts[3] = {0, 1, 77777};
+  for (int team = 1; team <= 2; team++) {
+    LT_OK(loom_set_num_threads(team));
+    for (int s = 0; s < 3; s++) {
+      uint64_t lo = starts[s], hi = lo + N - (uint64_t)s; /* odd and even lengths */
+      loom_rng_at_fill_uniform(5, 6, lo, hi, -0.25, 0.25, u);
+      loom_rng_at_fill_normal(5, 6, lo, hi, 1.0, 0.5, z);
+      int bad = 0;
+      for (uint64_t i = lo; i < hi; i++) {
+        bad += u[i - lo] != (float)(-0.25 + 0.5 * loom_rng_at_uniform(5, 6, i));
+        bad += z[i - lo] != (float)(1.0 + 0.5 * loom_rng_at_normal(5, 6, i));
+      }
+      LT_EQ(bad, 0);
+    }
+  }
+  free(u);
+  free(z);
 }
