@@ -31,6 +31,7 @@ static size_t account_peak(void) {
 static int build_rank(loom_pg *pg, void *arg) {
   cfg *c = arg;
   int rank = pg ? loom_pg_rank(pg) : 0;
+  loom_set_num_threads(1); /* each rank (or the one process) fills on its own thread */
   loom_mem_account_reset_peak(loom_mem_account(), LOOM_POOL_COMPUTE);
   size_t base = account_peak();
   double t0 = bench_now();
@@ -79,7 +80,6 @@ int main(int argc, char **argv) {
   base.sizes[base.nsizes++] = 784;
   for (int i = 0; i < layers; i++) base.sizes[base.nsizes++] = width;
   base.sizes[base.nsizes++] = 10;
-  loom_set_num_threads(1); /* each rank a thread: initialisation is single-threaded per rank */
   static const char *const names[3] = {"whole, one process", "whole per rank, then FSDP",
                                        "deferred, FSDP shards"};
   printf("# building the MLP 784-%lldx%d-10 (median of %d runs; %d FSDP ranks as threads)\n",
