@@ -115,7 +115,8 @@ bool loom_module_deferred(const loom_module *m);
  * the same model built without deferral). Parameter tensors obtained from the module before
  * are no longer the module's: look them up again (loom_module_param). LOOM_OK doing nothing for
  * a module that is not deferred; LOOM_EMISUSE for a child (materialise the root); LOOM_ENOMEM
- * with nothing changed when the arenas cannot be had. */
+ * when the arenas cannot be had, the module still deferred. DDP refuses a deferred module's
+ * parameters (LOOM_EMISUSE, "holds no data"): materialise it first. */
 int loom_module_materialize(loom_module *m);
 /* Elements [lo, hi) of root parameter i's initial values (as f32, into dst[0, hi - lo)), from
  * its initialiser, whatever the parameter holds now: what materialising or FSDP puts there.

@@ -55,7 +55,8 @@ int loom__tensor_check_data(const loom_tensor *t, const char *who) {
   int rc = loom_tensor_check(t, who);
   if (!rc && t->storage == &released_storage)
     return loom__fail(LOOM_EMISUSE, "%s: the tensor holds no data (a sharded FSDP parameter "
-                      "outside its unit's forward and backward?)", who);
+                      "outside its unit's forward and backward, or a deferred module's: "
+                      "loom_module_materialize?)", who);
   return rc;
 }
 

@@ -90,7 +90,8 @@ int loom_module_materialize(loom_module *m) {
                       "materialise the root", m->parent->type);
   if (!m->deferred) return LOOM_OK;
   int rc = loom__module_pack_as(m, false);
-  if (!rc) m->deferred = false;
+  /* the arenas are made before any parameter changes: without them, deferred as before */
+  if (rc && loom__module_pack_as(m, true)) return rc;
   return rc;
 }
 

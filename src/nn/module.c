@@ -154,6 +154,7 @@ static int defer_params(loom_module *m) {
 int loom__module_pack_as(loom_module *m, bool defer) {
   int rc = LOOM_OK;
   size_t n = 0;
+  loom_tensor **views = NULL; /* value and gradient view of each parameter, in order */
   loom__module_drop_arenas(m);
   m->deferred = false;
   collect(m, "", NULL, &n);
@@ -181,32 +182,39 @@ int loom__module_pack_as(loom_module *m, bool defer) {
     LOOM_TRY(loom_tensor_zeros((loom_dtype)d, 1, &len, &m->grad_arena[d]));
     m->arena_numel[d] = total[d];
   }
+  /* every view made first, the parameters changed only once all are: a failure leaves them as
+   * they were (a deferred root's shells stay shells) */
+  views = loom__calloc(LOOM_POOL_COMPUTE, 2 * (n ? n : 1), sizeof *views);
+  LOOM_TRY_ALLOC(views, "the parameter views");
   for (size_t i = 0; i < n; i++) {
     loom__param *p = m->flat[i];
     loom_dtype dt = loom_tensor_dtype(p->value);
-    loom_tensor *v = NULL, *g = NULL;
+    loom_tensor **v = &views[2 * i], **g = &views[2 * i + 1];
     const loom_tensor *old = p->value;
     int64_t strides[LOOM_MAX_DIMS], s = 1;
     for (int k = old->ndim - 1; k >= 0; k--) strides[k] = s, s *= old->shape[k];
-    LOOM_TRY(loom__tensor_view(m->arena[dt], old->ndim, old->shape, strides, p->offset, &v));
-    rc = loom__tensor_view(m->grad_arena[dt], old->ndim, old->shape, strides, p->offset, &g);
-    if (!rc && loom__tensor_released(old)) /* a shell: its initialiser's values */
-      rc = loom__param_init_into(p, 0, loom_tensor_numel(v), loom_tensor_data(v), dt);
-    else if (!rc) rc = loom_tensor_copy(v, old);
-    if (!rc) rc = loom_tensor_set_requires_grad(v, true);
-    if (!rc) rc = loom_tensor_set_grad(v, g);
-    if (rc) {
-      loom_tensor_free(v);
-      loom_tensor_free(g);
-      goto done;
-    }
+    LOOM_TRY(loom__tensor_view(m->arena[dt], old->ndim, old->shape, strides, p->offset, v));
+    LOOM_TRY(loom__tensor_view(m->grad_arena[dt], old->ndim, old->shape, strides, p->offset, g));
+    if (loom__tensor_released(old)) /* a shell: its initialiser's values */
+      rc = loom__param_init_into(p, 0, loom_tensor_numel(*v), loom_tensor_data(*v), dt);
+    else rc = loom_tensor_copy(*v, old);
+    if (!rc) rc = loom_tensor_set_requires_grad(*v, true);
+    if (!rc) rc = loom_tensor_set_grad(*v, *g);
+    if (rc) goto done;
+  }
+  for (size_t i = 0; i < n; i++) {
+    loom__param *p = m->flat[i];
     loom_tensor_free(p->value);
     loom_tensor_free(p->grad);
-    p->value = v;
-    p->grad = g;
+    p->value = views[2 * i];
+    p->grad = views[2 * i + 1];
   }
 done:
-  if (rc) loom__module_drop_arenas(m);
+  if (rc) {
+    for (size_t i = 0; views && i < 2 * n; i++) loom_tensor_free(views[i]);
+    loom__module_drop_arenas(m);
+  }
+  loom__free(views);
   return rc;
 }
 

@@ -196,3 +196,31 @@ LT_TEST(fsdp_sharded_construction_refuses_ranks_that_build_differently) {
     LT_TRUE(strstr(b.msg[k], "same seed") != NULL);
   }
 }
+
+/* DDP takes values, not recipes: a deferred model's parameters are refused, naming the cause;
+ * materialised, the same model is wrapped. */
+static int ddp_deferred_rank(loom_pg *pg, void *arg) {
+  int *seen = arg;
+  loom_module *m = NULL;
+  loom_ddp *d = NULL;
+  loom_optim *opt = NULL;
+  int rc = build(false, true, 4, &m);
+  if (!rc) {
+    seen[loom_pg_rank(pg)] = fm_ddp_wrap(pg, m, &d, &opt);
+    if (seen[loom_pg_rank(pg)] == LOOM_EMISUSE && !strstr(loom_last_error(), "holds no data"))
+      seen[loom_pg_rank(pg)] = LOOM_EINVAL;
+  }
+  if (!rc) rc = loom_module_materialize(m);
+  if (!rc) rc = fm_ddp_wrap(pg, m, &d, &opt);
+  loom_optim_free(opt);
+  loom_ddp_free(d);
+  loom_module_free(m);
+  return rc;
+}
+
+LT_TEST(fsdp_sharded_construction_ddp_refuses_a_deferred_model) {
+  int seen[2] = {0, 0};
+  LT_OK(loom_threads_run(2, NULL, ddp_deferred_rank, seen));
+  LT_EQ(seen[0], LOOM_EMISUSE);
+  LT_EQ(seen[1], LOOM_EMISUSE);
+}

@@ -184,3 +184,57 @@ LT_TEST(nn_init_values_slices_equal_the_whole_and_errors) {
   LT_ERR(loom_module_materialize(NULL), LOOM_EINVAL, "NULL");
   loom_module_free(m);
 }
+
+/* Allocation n of materialising fails, for n = 1, 2, ...: LOOM_ENOMEM with the module still
+ * deferred (and a later materialise giving the right bits), until one succeeds. */
+LT_TEST(nn_materialize_out_of_memory_leaves_the_module_deferred) {
+  const int64_t sizes[] = {20, 16, 4};
+  loom_module *ref = NULL;
+  LT_OK(loom_nn_mlp_create(sizes, 3, LOOM_ACT_RELU, LOOM_F32, 3, &ref));
+  loom_tensor *ra = NULL;
+  size_t rn = 0;
+  LT_OK(loom_module_arena(ref, LOOM_F32, &ra, NULL, &rn));
+  bool ok = false;
+  for (uint64_t n = 1; n < 200 && !ok; n++) {
+    loom_module *m = NULL;
+    bool was = loom_nn_set_deferred_init(true);
+    int rc = loom_nn_mlp_create(sizes, 3, LOOM_ACT_RELU, LOOM_F32, 3, &m);
+    loom_nn_set_deferred_init(was);
+    LT_OK(rc);
+    loom_alloc_fail_nth(n);
+    rc = loom_module_materialize(m);
+    loom_alloc_fail_nth(0);
+    if (rc) {
+      LT_EQ(rc, LOOM_ENOMEM);
+      if (!loom_module_deferred(m))
+        lt_fail_at(__FILE__, __LINE__, "allocation %llu failing: the module is no longer "
+                   "deferred", (unsigned long long)n);
+      LT_OK(loom_module_materialize(m));
+    }
+    ok = rc == LOOM_OK;
+    loom_tensor *a = NULL;
+    size_t k = 0;
+    LT_OK(loom_module_arena(m, LOOM_F32, &a, NULL, &k));
+    LT_EQ(k, rn);
+    LT_TRUE(a && memcmp(loom_tensor_data(a), loom_tensor_data(ra), k * sizeof(float)) == 0);
+    loom_module_free(m);
+  }
+  LT_TRUE(ok);
+  loom_module_free(ref);
+}
+
+LT_TEST(nn_deferred_parameters_are_refused_by_what_reads_data) {
+  const int64_t sizes[] = {6, 5, 2};
+  loom_module *m = NULL;
+  bool was = loom_nn_set_deferred_init(true);
+  int rc = loom_nn_mlp_create(sizes, 3, LOOM_ACT_RELU, LOOM_F32, 3, &m);
+  loom_nn_set_deferred_init(was);
+  LT_OK(rc);
+  loom_param p;
+  LT_OK(loom_module_param(m, 0, &p));
+  /* a parameter of a deferred module is refused by what reads data */
+  loom_tensor *y = NULL;
+  LT_ERR(loom_tensor_cast(p.value, LOOM_F16, &y), LOOM_EMISUSE, "holds no data");
+  LT_TRUE(!loom_module_deferred(NULL));
+  loom_module_free(m);
+}
