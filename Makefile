@@ -66,10 +66,13 @@ fuzz: fuzz-build
 check-fuzz: fuzz-build
 	@scripts/fuzz.sh $(FUZZ_BUILD) 20
 
-# Install headers, libloom (shared and static), the loom tool, the CMake package and loom.pc
-# under PREFIX (default /usr/local).
+# Install headers, libloom (shared and static), the loom tool, the CMake package and loom.pc /
+# loom-static.pc under PREFIX (default /usr/local). Builds those targets only: no test,
+# benchmark or example (`make check` and `make bench` build them).
 PREFIX ?= /usr/local
-install: deps build
+install: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS) --target loom loom_shared loom_tool
 	@cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:

@@ -73,10 +73,19 @@ static inline void bench_torch_cmd(char *buf, size_t n, int threads) {
            threads);
 }
 
-/* Parses a "torch_threads <torch> <openblas>" line into t[0], t[1]; false for another line.
- * t[1] is -1 when no OpenBLAS was loaded. */
+/* Parses a "torch_threads <torch> <openblas> core <core...>" line into t[0], t[1]; false for
+ * another line. t[1] is -1 when no OpenBLAS was loaded. The first such line of the process also
+ * prints "pytorch: OpenBLAS core <core...>" (and whether torch_threads.py had to set
+ * OPENBLAS_CORETYPE), so every PyTorch figure names the kernels it ran on. */
 static inline bool bench_torch_threads(const char *line, int t[2]) {
-  return sscanf(line, "torch_threads %d %d", &t[0], &t[1]) == 2;
+  static bool said;
+  if (sscanf(line, "torch_threads %d %d", &t[0], &t[1]) != 2) return false;
+  const char *core = strstr(line, " core ");
+  if (core && !said) {
+    said = true;
+    printf("pytorch: OpenBLAS core %s", core + 6); /* the line ends with its newline */
+  }
+  return true;
 }
 
 /* The thread count from argv[1] (default 1), set for this thread's ops. */

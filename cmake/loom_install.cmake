@@ -1,8 +1,8 @@
 # loom_install.cmake: what `cmake --install build --prefix P` puts under P: the public headers,
 # libloom (shared, exporting only loom_*, and static), the loom tool, a CMake package
 # (find_package(loom) gives loom::loom, the shared library, and loom::loom_static) and loom.pc
-# for pkg-config. Both describe the dependencies libloom was built with; both are relocatable
-# (found relative to where they are installed).
+# (shared) and loom-static.pc (static) for pkg-config. All describe the dependencies libloom was
+# built with, and are relocatable (found relative to where they are installed).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -25,7 +25,9 @@ write_basic_package_version_file(${CMAKE_BINARY_DIR}/loomConfigVersion.cmake
 install(FILES ${CMAKE_BINARY_DIR}/loomConfig.cmake ${CMAKE_BINARY_DIR}/loomConfigVersion.cmake
         DESTINATION ${LOOM_CMAKE_DIR})
 
-# pkg-config: -lloom is the shared library; Libs.private what a static link needs
+# pkg-config: loom.pc's -lloom is the shared library, its Libs.private what a static link
+# needs; a linker given -lloom takes libloom.so where both exist, so loom-static.pc names
+# libloom.a itself (with the same dependencies): `pkg-config --libs loom-static`.
 set(LOOM_PC_PRIVATE "-lpthread -lm")
 foreach(lib ${LOOM_EXTRA_LIBS})
   if(lib STREQUAL "OpenMP::OpenMP_C")
@@ -41,4 +43,6 @@ foreach(lib ${LOOM_EXTRA_LIBS})
   endif()
 endforeach()
 configure_file(${CMAKE_SOURCE_DIR}/cmake/loom.pc.in ${CMAKE_BINARY_DIR}/loom.pc @ONLY)
-install(FILES ${CMAKE_BINARY_DIR}/loom.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+configure_file(${CMAKE_SOURCE_DIR}/cmake/loom-static.pc.in ${CMAKE_BINARY_DIR}/loom-static.pc @ONLY)
+install(FILES ${CMAKE_BINARY_DIR}/loom.pc ${CMAKE_BINARY_DIR}/loom-static.pc
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

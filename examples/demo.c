@@ -4,16 +4,6 @@
 
 #include <stdio.h>
 
-#define CHECK(call)                                                                           \
-  do {                                                                                        \
-    int rc_ = (call);                                                                         \
-    if (rc_) {                                                                                \
-      fprintf(stderr, "demo: %s failed: %s (%s)\n", #call, loom_strerror(rc_),               \
-              loom_last_error());                                                             \
-      return 1;                                                                               \
-    }                                                                                         \
-  } while (0)
-
 int main(void) {
   printf("loom demo: CPU level %s (best %s, AVX512-BF16 %s)\n",
          loom_cpu_level_name(loom_cpu_level_active()), loom_cpu_level_name(loom_cpu_level_best()),
@@ -22,10 +12,11 @@ int main(void) {
   float values[12];
   for (int i = 0; i < 12; i++) values[i] = 1.0f + (float)i / 3.0f;
   loom_tensor *x = NULL, *xt = NULL, *xb = NULL, *xh = NULL;
-  CHECK(loom_tensor_from_data(LOOM_F32, 2, shape, values, &x));
-  CHECK(loom_tensor_transpose(x, 0, 1, &xt));
-  CHECK(loom_tensor_cast(xt, LOOM_BF16, &xb));
-  CHECK(loom_tensor_cast(xt, LOOM_F16, &xh));
+  int rc = LOOM_OK; /* LOOM_CHECK (loom/check.h): a failure prints, sets rc, jumps to done */
+  LOOM_CHECK(loom_tensor_from_data(LOOM_F32, 2, shape, values, &x));
+  LOOM_CHECK(loom_tensor_transpose(x, 0, 1, &xt));
+  LOOM_CHECK(loom_tensor_cast(xt, LOOM_BF16, &xb));
+  LOOM_CHECK(loom_tensor_cast(xt, LOOM_F16, &xh));
   printf("x:\n");
   loom_tensor_print(x, stdout);
   printf("x transposed (a view):\n");
@@ -37,13 +28,15 @@ int main(void) {
   loom_pool_stats s;
   loom_mem_stats(LOOM_POOL_COMPUTE, &s);
   printf("compute pool: %zu bytes in use, peak %zu\n", s.current_bytes, s.peak_bytes);
+  int64_t bad[] = {-1, 4};
+  loom_tensor *none = NULL;
+  int status = loom_tensor_empty(LOOM_F32, 2, bad, &none);
+  printf("a bad call gives a status and a message: %s: %s\n", loom_status_name(status),
+         loom_last_error());
+done:
   loom_tensor_free(x);
   loom_tensor_free(xt);
   loom_tensor_free(xb);
   loom_tensor_free(xh);
-  int64_t bad[] = {-1, 4};
-  int rc = loom_tensor_empty(LOOM_F32, 2, bad, &x);
-  printf("a bad call gives a status and a message: %s: %s\n", loom_status_name(rc),
-         loom_last_error());
-  return 0;
+  return rc ? 1 : 0;
 }

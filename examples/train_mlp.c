@@ -12,12 +12,6 @@
 
 #define BATCH 128 /* per rank */
 
-#define TRY(call)                                                                             \
-  do {                                                                                        \
-    rc = (call);                                                                              \
-    if (rc) goto done;                                                                        \
-  } while (0)
-
 typedef struct options {
   const char *strategy; /* "none", "ddp", "fsdp" */
   loom_dtype amp;       /* LOOM_F32 (no autocast), LOOM_BF16, LOOM_F16 */
@@ -33,6 +27,7 @@ static int train_rank(loom_pg *pg, void *arg) {
   loom_optim *opt = NULL;
   loom_scaler *scaler = NULL;
   loom_step *step = NULL;
+  loom_scope *step_scope = NULL;
   loom_dataset *data = NULL;
   loom_loader *loader = NULL;
   const int64_t sizes[] = {784, 256, 10};
@@ -44,84 +39,73 @@ static int train_rank(loom_pg *pg, void *arg) {
   bool was = loom_nn_set_deferred_init(strcmp(o->strategy, "fsdp") == 0);
   rc = loom_nn_mlp_create(sizes, 3, LOOM_ACT_RELU, LOOM_F32, /*seed*/ 1, &model);
   loom_nn_set_deferred_init(was);
-  if (rc) goto done;
+  LOOM_CHECK(rc);
   sc.module = model;
   if (strcmp(o->strategy, "fsdp") == 0) {
     /* FSDP: one unit per Linear; gathers in the autocast dtype, f32 gradients; with f16 its
      * mixed-precision config makes the loss scaler */
     loom_fsdp_cfg fc = loom_fsdp_cfg_default();
     fc.mp = loom_fsdp_mp_cfg_for(o->amp);
-    TRY(loom_fsdp_create(pg, model, &fc, &fsdp));
-    const loom_param_seg *segs = NULL;
-    size_t nseg = 0;
-    TRY(loom_fsdp_segments(fsdp, &segs, &nseg)); /* this rank's shards, one per unit */
-    TRY(loom_optim_create_adamw(segs, nseg, &ac, &opt));
+    LOOM_CHECK(loom_fsdp_create(pg, model, &fc, &fsdp));
     sc.fsdp = fsdp;
   } else {
-    /* The optimizer over the model's flat arena: all weights and gradients, one buffer each */
-    loom_tensor *weights = NULL, *grads = NULL, *params[8];
-    size_t numel = 0, np = loom_module_param_count(model);
-    TRY(loom_module_arena(model, LOOM_F32, &weights, &grads, &numel));
-    loom_param_seg seg = {"mlp", loom_tensor_data(weights), loom_tensor_data(grads), numel, 0};
-    TRY(loom_optim_create_adamw(&seg, 1, &ac, &opt));
-    if (o->amp == LOOM_F16) TRY(loom_scaler_create_dynamic(NULL, &scaler));
+    if (o->amp == LOOM_F16) LOOM_CHECK(loom_scaler_create_dynamic(NULL, &scaler));
     sc.scaler = scaler;
-    if (strcmp(o->strategy, "ddp") == 0) {
-      /* DDP: broadcasts rank 0's weights; its buckets are views of the gradient arena, each
-       * all-reduced while backward still runs */
-      for (size_t i = 0; i < np; i++) {
-        loom_param p;
-        TRY(loom_module_param(model, i, &p));
-        params[i] = p.value;
-      }
-      TRY(loom_ddp_create(pg, params, NULL, np, NULL, &ddp));
-      sc.ddp = ddp;
-    }
+    /* DDP: broadcasts rank 0's weights; its buckets are views of the gradient arena, each
+     * all-reduced while backward still runs */
+    if (strcmp(o->strategy, "ddp") == 0) LOOM_CHECK(loom_ddp_create_for_module(pg, model, NULL, &ddp));
+    sc.ddp = ddp;
   }
+  /* The optimizer over the gradients the step finishes: the model's flat arena (all weights
+   * and gradients, one buffer each), or under FSDP this rank's shards, one per unit */
+  LOOM_CHECK(loom_adamw_create_for_module(model, &ac, &opt));
   sc.optim = opt;
   sc.clip = true; /* clip the global gradient norm to 1 */
-  TRY(loom_step_create(&sc, &step));
+  LOOM_CHECK(loom_step_create(&sc, &step));
 
-  TRY(loom_mnist_load(NULL, LOOM_SPLIT_TRAIN, &data));
+  LOOM_CHECK(loom_mnist_load(NULL, LOOM_SPLIT_TRAIN, &data));
   loom_loader_cfg lc = loom_loader_cfg_default();
   lc.batch = (size_t)BATCH * (size_t)nranks; /* a global batch; each rank takes its rows */
   lc.flatten = true;
   lc.drop_last = true;
-  TRY(loom_loader_create(data, &lc, &loader));
+  LOOM_CHECK(loom_loader_create(data, &lc, &loader));
 
+  /* the step's tensors belong to a scope: one call frees them all after each step */
+  loom_tensor *x = NULL, *y = NULL, *xr = NULL, *yr = NULL, *logits = NULL, *loss = NULL;
+  LOOM_CHECK(loom_scope_create(&step_scope));
+  LOOM_CHECK(loom_scope_track(step_scope, &x, &y, &xr, &yr, &logits, &loss));
   int skipped = 0;
   for (size_t b = 0; b < loom_loader_batches(loader); b++) {
-    loom_tensor *x = NULL, *y = NULL, *xr = NULL, *yr = NULL, *logits = NULL, *loss = NULL;
     loom_autocast_token tok = {0};
     loom_step_result r;
-    rc = loom_loader_batch(loader, 0, b, &x, &y);
-    if (!rc) rc = loom_tensor_narrow(x, 0, (int64_t)rank * BATCH, BATCH, &xr);
-    if (!rc) rc = loom_tensor_narrow(y, 0, (int64_t)rank * BATCH, BATCH, &yr);
+    LOOM_CHECK(loom_loader_batch(loader, 0, b, &x, &y));
+    LOOM_CHECK(loom_tensor_narrow(x, 0, (int64_t)rank * BATCH, BATCH, &xr));
+    LOOM_CHECK(loom_tensor_narrow(y, 0, (int64_t)rank * BATCH, BATCH, &yr));
     /* the recipe: the same five calls under every strategy */
-    if (!rc) rc = loom_step_zero_grad(step);
-    if (!rc && o->amp != LOOM_F32)
-      rc = loom_autocast_enter(o->amp == LOOM_F16 ? LOOM_AUTOCAST_F16 : LOOM_AUTOCAST_BF16, NULL,
-                               &tok);
-    if (!rc) rc = loom_module_forward(model, xr, &logits);
+    LOOM_CHECK(loom_step_zero_grad(step));
+    if (o->amp != LOOM_F32)
+      LOOM_CHECK(loom_autocast_enter(o->amp == LOOM_F16 ? LOOM_AUTOCAST_F16 : LOOM_AUTOCAST_BF16,
+                                     NULL, &tok));
+    rc = loom_module_forward(model, xr, &logits);
     if (!rc) rc = loom_cross_entropy(logits, yr, LOOM_REDUCTION_MEAN, -100, &loss);
-    if (tok.owner) {
+    if (tok.owner) { /* leave the autocast region whatever happened inside it */
       int rc2 = loom_autocast_exit(&tok);
       if (!rc) rc = rc2;
     }
-    if (!rc) rc = loom_step_backward(step, loss);
-    if (!rc) rc = loom_step_apply(step, &r);
-    skipped += !rc && r.skipped;
+    LOOM_CHECK(rc);
+    LOOM_CHECK(loom_step_backward(step, loss));
+    LOOM_CHECK(loom_step_apply(step, &r));
+    skipped += r.skipped;
     double v = 0;
-    if (!rc && rank == 0 && b % 50 == 0 && !loom_tensor_item(loss, &v))
+    if (rank == 0 && b % 50 == 0 && !loom_tensor_item(loss, &v))
       printf("step %4zu  loss %.4f  grad norm %.3f  loss scale %g\n", b, v, r.grad_norm, r.scale);
-    loom_tensor_free(x), loom_tensor_free(y), loom_tensor_free(xr), loom_tensor_free(yr);
-    loom_tensor_free(logits), loom_tensor_free(loss);
-    if (rc) goto done;
+    loom_scope_release(step_scope);
   }
   if (rank == 0)
     printf("rank 0: %s, %d ranks, %zu steps, %d skipped for overflow\n", o->strategy, nranks,
            loom_loader_batches(loader), skipped);
 done:
+  loom_scope_free(step_scope); /* a failed step's tensors too */
   loom_loader_free(loader);
   loom_dataset_free(data);
   loom_step_free(step);

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 # The layer a public header belongs to.
 declare -A header_layer=(
-  [status]=core [layout]=core [alloc]=core [dtype]=core [cpu]=core [tensor]=core [rng]=core [threadpool]=core
+  [status]=core [layout]=core [alloc]=core [dtype]=core [cpu]=core [tensor]=core [rng]=core [threadpool]=core [check]=core [version]=core [scope]=core
   [autocast]=autocast [ops]=ops [autograd]=autograd [amp]=amp [scaler]=amp [nn]=nn [gpt]=nn [optim]=optim
   [dist]=dist [dist_mpi]=dist [ddp]=ddp [fsdp]=fsdp [io]=io [step]=step [loom]=all
 )

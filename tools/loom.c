@@ -26,7 +26,8 @@ static void usage(FILE *f) {
   fprintf(f, "usage: loom COMMAND [OPTIONS]\n\ncommands:\n");
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
-  fprintf(f, "\n`loom COMMAND --help` describes a command's options.\n");
+  fprintf(f, "\n`loom COMMAND --help` describes a command's options; `loom --version` prints\n"
+             "the version of the tool and of the library it runs with.\n");
 }
 
 /* The library ignores a value of LOOM_CPU or LOOM_ALLOC_CACHE_MB it cannot use (loom/cpu.h,
@@ -72,6 +73,12 @@ int main(int argc, char **argv) {
   }
   if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
     usage(stdout);
+    return flushed(0);
+  }
+  if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+    /* the tool's own version (compiled in) and the library's (run time: a shared libloom may
+     * be another build) */
+    printf("loom %s (library %s)\n", LOOM_VERSION_STRING, loom_version());
     return flushed(0);
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

@@ -507,7 +507,7 @@ int train_run(const train_opts *o, loom_pg *pg) {
             "%lld steps per epoch%s\n",
             desc, loom_module_numel(t.model.root), o->optim, o->lr, o->batch, t.nranks,
             t.nranks > 1 ? "s" : "", o->amp,
-            loom_ops_native_dtype(amp_dt) ? "" : " (products in f32: no native kernel on this CPU)",
+            loom_ops_native_dtype(amp_dt) ? "" : " (products in f32 on this CPU)",
             scales_loss(&t) ? ", scaler " : "", scales_loss(&t) ? o->scaler : "",
             (long long)t.st.steps_per_epoch, o->resume ? ", resumed" : "");
     if (t.fsdp) fsdp_header(&t);

@@ -38,6 +38,7 @@
 #define LOOM_DDP_H
 
 #include "loom/dist.h"
+#include "loom/nn.h"
 #include "loom/optim.h"
 #include "loom/tensor.h"
 
@@ -156,6 +157,12 @@ typedef struct loom_ddp_stats {
  * cfg NULL: defaults. */
 int loom_ddp_create(loom_pg *pg, loom_tensor *const *params, const char *const *names, size_t n,
                     const loom_ddp_cfg *cfg, loom_ddp **out);
+/* loom_ddp_create over every parameter of module m (loom_module_param order, with their
+ * names): the usual way to wrap a model. m must be a root module (its gradient arena is then the
+ * bucket storage). Borrows m, which must outlive the wrapper. Errors: loom_ddp_create's, and
+ * LOOM_EINVAL for a NULL module or one without parameters. */
+int loom_ddp_create_for_module(loom_pg *pg, loom_module *m, const loom_ddp_cfg *cfg,
+                               loom_ddp **out);
 void loom_ddp_free(loom_ddp *d);
 
 /* Gradient accumulation: while sync is off (PyTorch's no_sync), backward only accumulates into

@@ -118,9 +118,10 @@ int loom_linear(loom_tensor *x, loom_tensor *w, loom_tensor *b, loom_tensor **ou
 int loom_conv2d(loom_tensor *x, loom_tensor *w, loom_tensor *b, const int64_t stride[2],
                 const int64_t padding[2], loom_tensor **out);
 /* True if matmul, linear and conv2d run operands of `dt` natively on this CPU: f32 always,
- * bf16 where oneDNN has bf16 kernels (CPUs with AVX-512), f16 never. Otherwise they widen the
- * operands to f32 (exact), compute in f32 and round the output once: the same numbers, at
- * f32 speed. Asked of oneDNN once per process. */
+ * bf16 where oneDNN has bf16 kernels (CPUs with AVX-512) that are faster than f32 (AMX, or a
+ * CPU other than Intel's; LOOM_BF16_KERNELS=native|widen overrides), f16 never. Otherwise they
+ * widen the operands to f32 (exact), compute in f32 and round the output once: the same
+ * numbers, at f32 speed. Asked of oneDNN once per process. */
 bool loom_ops_native_dtype(loom_dtype dt);
 /* Pooling of x [N, C, H, W] with window kernel[2], stride[2], zero padding[2]. max_pool pads
  * with -inf; avg_pool counts padding in the divisor (PyTorch's count_include_pad=True). */

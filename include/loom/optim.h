@@ -93,7 +93,8 @@ int loom_adam_cfg_validate(const loom_adam_cfg *cfg);
 
 typedef struct loom_optim loom_optim;
 
-/* Create an optimizer over nseg segments (nseg may be 0; segs may be NULL then). Every
+/* Create an optimizer over nseg segments (nseg may be 0; segs may be NULL then). (Over a
+ * whole model: loom_adamw_create_for_module and its siblings in loom/step.h.) Every
  * segment with n > 0 needs non-NULL param and grad; names must be unique. State starts at
  * zero, step count 0. Retains the param/grad pointers (see above). */
 int loom_optim_create_sgd(const loom_param_seg *segs, size_t nseg, const loom_sgd_cfg *cfg,

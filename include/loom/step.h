@@ -50,6 +50,23 @@
 extern "C" {
 #endif
 
+/* ---- an optimizer straight from a module ------------------------------------------------
+ * The optimizer over exactly the gradients a step finishes, whatever the strategy: with no
+ * strategy or DDP one segment over the module's f32 arena (loom_module_arena: every weight and
+ * every gradient, one buffer each; DDP's buckets are views of it), and once loom_fsdp_create
+ * has wrapped the module, this rank's shards (loom_fsdp_segments, one segment a unit). So
+ *   loom_adamw_create_for_module(model, NULL, &opt);
+ * is the four lines of loom_module_arena, a loom_param_seg and loom_optim_create_adamw, and
+ * the same line after loom_fsdp_create. cfg NULL: the defaults (loom_adamw_cfg_default,
+ * loom_adam_cfg_default, loom_sgd_cfg_default). m must be a root module. Borrows the module
+ * (and FSDP's shards): they must outlive the optimizer, which the caller frees with
+ * loom_optim_free. Errors: LOOM_EINVAL (NULL module or out, or a bad cfg: the create's
+ * messages), LOOM_EMISUSE (a child module), LOOM_EDTYPE (no f32 parameters: the optimizer
+ * keeps f32 master weights; see loom_master in loom/optim.h). */
+int loom_adamw_create_for_module(loom_module *m, const loom_adam_cfg *cfg, loom_optim **out);
+int loom_adam_create_for_module(loom_module *m, const loom_adam_cfg *cfg, loom_optim **out);
+int loom_sgd_create_for_module(loom_module *m, const loom_sgd_cfg *cfg, loom_optim **out);
+
 typedef struct loom_step_cfg {
   loom_module *module; /* the model (no strategy, DDP); with FSDP the wrapper's (may be NULL) */
   loom_ddp *ddp;       /* DDP over the module's parameters, or NULL */

@@ -48,6 +48,10 @@ void loom__mem_account_to(loom_pool pool, int account, ptrdiff_t delta);
  * For allocation paths that do not go through loom__malloc (mmap). */
 bool loom__alloc_should_fail(loom_pool pool);
 
+/* Whether the CPU is Intel's (cpuid's vendor; dispatch.c, the one file that tests the CPU):
+ * the bf16 kernel rule (ops/gemm_prim.c) depends on it. */
+bool loom__cpu_intel(void);
+
 /* Single exit on error: `int rc = LOOM_OK; ... LOOM_TRY(f()); ... done: cleanup; return rc;` */
 #define LOOM_TRY(call)                                                                        \
   do {                                                                                        \

@@ -1,5 +1,6 @@
 /* status.c: the status-code table's text and the thread-local last-error message. */
 #include "core/core_int.h"
+#include "loom/check.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -35,5 +36,13 @@ int loom__fail(int code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(last_error, sizeof last_error, fmt, ap);
   va_end(ap);
+  return code;
+}
+
+int loom_check_report(const char *file, int line, const char *expr, int code) {
+  if (code == LOOM_OK) return code;
+  const char *msg = last_error[0] ? last_error : loom_strerror(code);
+  fprintf(stderr, "%s:%d: %s: %s: %s\n", file ? file : "?", line, expr ? expr : "?",
+          loom_status_name(code), msg);
   return code;
 }

@@ -332,3 +332,24 @@ done:
   loom_ddp_free(d);
   return rc;
 }
+
+int loom_ddp_create_for_module(loom_pg *pg, loom_module *m, const loom_ddp_cfg *cfg,
+                               loom_ddp **out) {
+  static const char *who = "loom_ddp_create_for_module";
+  if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
+  *out = NULL;
+  if (!m) return loom__fail(LOOM_EINVAL, "%s: module is NULL", who);
+  size_t n = loom_module_param_count(m);
+  if (n == 0) return loom__fail(LOOM_EINVAL, "%s: the module has no parameters", who);
+  loom_tensor **params = loom__calloc(LOOM_POOL_META, n, sizeof *params);
+  const char **names = loom__calloc(LOOM_POOL_META, n, sizeof *names);
+  int rc = params && names ? LOOM_OK : loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
+  for (size_t i = 0; i < n && !rc; i++) {
+    loom_param p;
+    if (!(rc = loom_module_param(m, i, &p))) params[i] = p.value, names[i] = p.name;
+  }
+  if (!rc) rc = loom_ddp_create(pg, params, names, n, cfg, out);
+  loom__free(params);
+  loom__free(names);
+  return rc;
+}

@@ -247,6 +247,7 @@ int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
   }
   loom__module_release_arenas(module); /* from here on, the shards hold the model */
   module->deferred = false;
+  module->sharded_by = f;               /* loom_adamw_create_for_module finds the shards */
   reserve_cache(f);
   for (size_t u = 0; u < f->nunits; u++) f->stats.shard_numel += f->units[u].shard;
   f->stats.units = f->nunits;
@@ -256,6 +257,7 @@ int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
 
 void loom_fsdp_free(loom_fsdp *f) {
   if (!f) return;
+  if (f->root && f->root->sharded_by == f) f->root->sharded_by = NULL;
   for (size_t u = 0; f->units && u < f->nunits; u++) {
     fsdp_unit *un = &f->units[u];
     (void)loom__fsdp_reap(un);

@@ -66,6 +66,8 @@ struct loom_module {
   loom__param **flat; /* every parameter of the tree, in order */
   size_t n_flat;
   bool deferred; /* packed without arenas (loom_nn_set_deferred_init): parameters are shells */
+  void *sharded_by; /* the FSDP wrapper holding the parameters since its arenas were given
+                       back (a loom_fsdp *, set and cleared by FSDP), or NULL */
 };
 
 /* A new module of `type` with forward fn (zeroed, training). */

@@ -115,15 +115,16 @@ static void conv_sizes(const loom__conv2d_args *a, size_t n[4]) {
   n[3] = (size_t)(a->N * a->O * oh * ow);
 }
 
-/* bf16 convolutions have oneDNN kernels on this CPU: asked once per process (oneDNN 2.6 has
- * them with AVX-512 only). The forward probe answers for the three passes. */
+/* bf16 convolutions run on oneDNN kernels on this CPU: asked once per process (oneDNN 2.6 has
+ * them with AVX-512 only), where they are faster than widening (loom__bf16_kernel_fast). The
+ * forward probe answers for the three passes. */
 bool loom__conv2d_native(loom_dtype dtype) {
   if (dtype != LOOM_BF16) return dtype == LOOM_F32;
   static _Atomic int answer;
   loom__prim_key key = loom__prim_key_make(KEY_FWD, 1);
   const int64_t v[] = {1, 8, 8, 8, 8, 3, 3, 1, 1, 1, 1, LOOM_BF16, 0};
   memcpy(key.v, v, sizeof v);
-  return loom__prim_probe(&answer, &key, build_conv);
+  return loom__prim_probe_bf16(&answer, &key, build_conv);
 }
 
 /* One convolution: `ptr[i]` is the caller's buffer for bufs' argument i (tensor `which[i]`:

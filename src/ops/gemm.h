@@ -63,10 +63,16 @@ int loom__gemm_ref(const loom__gemm_args *g);
  * count to 1 on first use); LOOM_ENOSYS when loom was built without OpenBLAS, LOOM_EOVERFLOW
  * when a size does not fit OpenBLAS's int. loom__gemm_prefer_blas: whether loom__gemm should
  * run g there instead of on oneDNN; the whole choice is in gemm_blas.c's header comment
- * (f32, a calling thread with 1 GEMM thread, oneDNN below AVX-512, no dimension <= 16;
- * LOOM_GEMM_F32=onednn|openblas overrides it). Both may be called from any thread. */
+ * (f32, a calling thread with 1 GEMM thread, oneDNN below AVX-512, OpenBLAS on AVX2 kernels,
+ * no dimension <= 16; LOOM_GEMM_F32=onednn|openblas overrides it). Both may be called from any
+ * thread. loom__blas_core_has_avx2: whether an OpenBLAS core name (openblas_get_corename, any
+ * case) is one that runs AVX2 or AVX-512 kernels; false for NULL and for the fallback cores
+ * (Prescott, Core2, Nehalem, Sandybridge, ...) OpenBLAS picks on a CPU it does not know.
+ * loom__blas_core: OpenBLAS's core on this CPU (its static string), NULL without OpenBLAS. */
 int loom__gemm_f32_blas(const loom__gemm_args *g);
 bool loom__gemm_prefer_blas(const loom__gemm_args *g);
+bool loom__blas_core_has_avx2(const char *core);
+const char *loom__blas_core(void);
 typedef enum loom__gemm_blas_mode {
   LOOM__GEMM_BLAS_FROM_ENV = -1, /* as LOOM_GEMM_F32 says (the default: AUTO when unset) */
   LOOM__GEMM_BLAS_AUTO,  /* the measured rule */

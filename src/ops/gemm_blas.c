@@ -15,7 +15,10 @@
  *     OpenBLAS was found at build time; not under ThreadSanitizer (OpenBLAS's own locks are not
  *     visible to it).
  *   - auto (the default): eligible, oneDNN's effective ISA is below avx512_core (so its f32 is
- *     the AVX2 gemm:jit that was measured), and min(M, N, K) > 16.
+ *     the AVX2 gemm:jit that was measured), OpenBLAS runs AVX2 kernels on this CPU (its core,
+ *     openblas_get_corename, is one of loom__blas_core_has_avx2's: Debian's OpenBLAS 0.3.21
+ *     falls back to its SSE3 "Prescott" kernels on a CPU it does not know, e.g. an Intel Xeon of
+ *     family 6 model 167 or 207, 5x slower), and min(M, N, K) > 16.
  *   - LOOM_GEMM_F32=onednn in the environment (read once) never picks OpenBLAS, =openblas picks
  *     it whenever eligible; loom__gemm_blas_set_mode does the same from code (benchmarks).
  *
@@ -30,6 +33,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <strings.h>
 
 static _Atomic int mode_set = -1; /* loom__gemm_blas_mode; -1: from the environment (read once) */
 
@@ -52,13 +56,32 @@ static loom__gemm_blas_mode mode(void) {
   return (loom__gemm_blas_mode)m;
 }
 
+bool loom__blas_core_has_avx2(const char *core) {
+  /* the cores OpenBLAS 0.3.21's dynamic dispatch gives AVX2 and AVX-512 CPUs it knows */
+  static const char *const fast[] = {"haswell", "zen", "skylakex", "cooperlake",
+                                     "sapphirerapids"};
+  for (size_t i = 0; core && i < sizeof fast / sizeof *fast; i++)
+    if (!strcasecmp(core, fast[i])) return true;
+  return false;
+}
+
+#ifdef LOOM_HAVE_OPENBLAS
+char *openblas_get_corename(void); /* OpenBLAS's own (not in every cblas.h) */
+const char *loom__blas_core(void) { return openblas_get_corename(); }
+#else
+const char *loom__blas_core(void) { return NULL; }
+#endif
+
 /* oneDNN's f32 kernels are AVX-512 brgemm (faster than OpenBLAS) when its effective ISA, which
  * honours ONEDNN_MAX_CPU_ISA and loom's LOOM_CPU cap (set up with the engine), includes
  * avx512_core. */
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 static bool onednn_avx512;
 
+static bool blas_avx2; /* OpenBLAS's core runs AVX2 kernels */
+
 static void isa_probe(void) {
+  blas_avx2 = loom__blas_core_has_avx2(loom__blas_core());
   dnnl_engine_t eng;
   (void)loom__dnnl_engine("loom__gemm_prefer_blas", &eng); /* applies loom's ISA cap first */
   dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
@@ -96,7 +119,7 @@ bool loom__gemm_prefer_blas(const loom__gemm_args *g) {
   pthread_once(&isa_once, isa_probe);
   int64_t least = g->M < g->N ? g->M : g->N;
   if (g->K < least) least = g->K;
-  return !onednn_avx512 && least > 16;
+  return !onednn_avx512 && blas_avx2 && least > 16;
 }
 
 #ifdef LOOM_HAVE_OPENBLAS

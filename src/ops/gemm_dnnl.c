@@ -2,7 +2,8 @@
  *
  * f32 goes straight to oneDNN; so does bf16 (bf16 x bf16 with f32 accumulation, C in f32 or
  * bf16) where oneDNN has a bf16 kernel for this CPU (AVX-512: avx512_core, AVX512-BF16's dot
- * products where present), asked once per process. Elsewhere (AVX2-only CPUs) bf16 operands
+ * products where present) that is faster than f32 (loom__bf16_kernel_fast: AMX, or a CPU
+ * other than Intel's), asked once per process. Elsewhere (AVX2-only CPUs, Intel without AMX) bf16 operands
  * are widened to f32 like f16 ones below, which gives the same numbers. Transposes and leading dimensions are memory
  * strides, a batch is a 3-D matmul whose broadcast operand has batch dimension 1, alpha is an
  * output scale, a bias oneDNN's f32 bias (a [1, N] row) and beta = 1 a sum post-op. oneDNN 2.6 has no f16 x f16 matmul on CPUs
@@ -140,8 +141,9 @@ static int gemm_native(const loom__gemm_args *g) {
   return rc;
 }
 
-/* bf16 x bf16 has a oneDNN kernel on this CPU: asked of oneDNN once per process (2.6 has one
- * with AVX-512, avx512_core and up; none on AVX2-only CPUs). */
+/* bf16 x bf16 runs on a oneDNN kernel on this CPU: asked of oneDNN once per process (2.6 has
+ * one with AVX-512, avx512_core and up; none on AVX2-only CPUs), and only where that kernel is
+ * faster than widening to f32 (loom__bf16_kernel_fast). */
 bool loom__gemm_native(loom_dtype ab_dtype) {
   if (ab_dtype != LOOM_BF16) return ab_dtype == LOOM_F32;
   static _Atomic int answer;
@@ -150,7 +152,7 @@ bool loom__gemm_native(loom_dtype ab_dtype) {
   v[K_BATCH] = 1, v[K_M] = v[K_N] = v[K_K] = 16;
   v[K_LDA] = v[K_LDB] = v[K_LDC] = 16;
   v[K_ABDT] = LOOM_BF16, v[K_CDT] = LOOM_F32, v[K_ALPHA] = float_bits(1.0f);
-  return loom__prim_probe(&answer, &key, build_matmul);
+  return loom__prim_probe_bf16(&answer, &key, build_matmul);
 }
 
 /* Copies `nmat` matrices of rows x cols (row stride ld, `stride` apart) between a strided

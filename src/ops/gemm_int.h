@@ -72,11 +72,21 @@ int loom__prim_get(const loom__prim_key *key, loom__prim_build_fn build, const c
                    loom__prim *out);
 void loom__prim_release(loom__prim *p);
 
-/* True if oneDNN builds the primitive descriptor for `key` on this CPU (false when it answers
- * "unimplemented", for example bf16 without AVX-512). Asked once: the answer is kept in
- * *answer (0 until asked, then 1 or -1; a static the caller owns). Builds nothing that stays
- * and leaves the calling thread's last error as it was. */
-bool loom__prim_probe(_Atomic int *answer, const loom__prim_key *key, loom__prim_build_fn build);
+/* True if oneDNN builds the primitive descriptor for the bf16 primitive `key` on this CPU
+ * (false when it answers "unimplemented", as 2.6 does without AVX-512) and its kernel is faster
+ * than widening the operands to f32 (loom__bf16_kernel_fast on oneDNN's effective ISA). Asked once: the answer is kept in *answer (0 until asked, then 1 or -1; a static the
+ * caller owns). Builds nothing that stays and leaves the calling thread's last error as it was. */
+bool loom__prim_probe_bf16(_Atomic int *answer, const loom__prim_key *key,
+                           loom__prim_build_fn build);
+/* Whether oneDNN's bf16 kernels beat widening to f32, given whether oneDNN's effective ISA has
+ * AMX (amx) and the CPU's vendor: the per-CPU table of issue 27 (BENCHMARKS.md, "bf16 kernels
+ * chosen by speed"). With AMX they run natively (Intel Sapphire/Emerald Rapids with AMX:
+ * 2.7x the f32 MLP step); so does every non-Intel CPU (AMD Zen 4/5: full-rate VDPBF16PS, about
+ * 2x f32); an Intel CPU without AMX widens (AVX512-BF16's VDPBF16PS issues at half the FMA
+ * rate, so its peak is f32's, and oneDNN 2.6's avx512_core_bf16 kernels measured 1.4x slower
+ * than f32 on the MLP step's GEMMs). LOOM_BF16_KERNELS=native|widen in the environment (read
+ * once) overrides the table. */
+bool loom__bf16_kernel_fast(bool amx, bool intel);
 
 /* One buffer argument of a run: oneDNN's argument index (DNNL_ARG_SRC, ...) and the pointer. */
 typedef struct loom__dnnl_buf {

@@ -196,7 +196,20 @@ done:
   return rc;
 }
 
-bool loom__prim_probe(_Atomic int *answer, const loom__prim_key *key, loom__prim_build_fn build) {
+bool loom__bf16_kernel_fast(bool amx, bool intel) {
+  static _Atomic int mode = -1; /* 0 rule, 1 native, 2 widen: LOOM_BF16_KERNELS, read once */
+  int m = atomic_load(&mode);
+  if (m < 0) {
+    const char *e = getenv("LOOM_BF16_KERNELS");
+    m = e && !strcmp(e, "native") ? 1 : e && !strcmp(e, "widen") ? 2 : 0;
+    atomic_store(&mode, m);
+  }
+  if (m) return m == 1;
+  return amx || !intel;
+}
+
+bool loom__prim_probe_bf16(_Atomic int *answer, const loom__prim_key *key,
+                           loom__prim_build_fn build) {
   int known = atomic_load(answer);
   if (known) return known > 0;
   char saved[512]; /* the caller's last error, kept: a probe that fails is not an error */
@@ -208,9 +221,15 @@ bool loom__prim_probe(_Atomic int *answer, const loom__prim_key *key, loom__prim
     loom__fail(LOOM_EBACKEND, "%s", saved);
   else
     loom_clear_error();
+  /* oneDNN's effective ISA (after build_pd: the engine applied loom's cap), which the kernels
+   * of every shape use; the kernel of the probe's tiny shape need not be AMX's */
+  unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+  unsigned amx = (unsigned)dnnl_cpu_isa_avx512_core_amx;
+  ok = ok && loom__bf16_kernel_fast((isa & amx) == amx, loom__cpu_intel());
   atomic_store(answer, ok ? 1 : -1); /* threads probing at once all store the same answer */
   return ok;
 }
+
 
 int loom__prim_get(const loom__prim_key *key, loom__prim_build_fn build, const char *who,
                    loom__prim *out) {

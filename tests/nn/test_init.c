@@ -235,6 +235,11 @@ LT_TEST(nn_deferred_parameters_are_refused_by_what_reads_data) {
   /* a parameter of a deferred module is refused by what reads data */
   loom_tensor *y = NULL;
   LT_ERR(loom_tensor_cast(p.value, LOOM_F16, &y), LOOM_EMISUSE, "holds no data");
+  loom_optim *opt = NULL;
+  LT_ERR(loom_adamw_create_for_module(m, NULL, &opt), LOOM_EMISUSE, "built deferred");
+  LT_OK(loom_module_materialize(m));
+  LT_OK(loom_adamw_create_for_module(m, NULL, &opt));
+  loom_optim_free(opt);
   LT_TRUE(!loom_module_deferred(NULL));
   loom_module_free(m);
 }

@@ -522,8 +522,8 @@ LT_TEST(gemm_blas_bad_arguments) {
 }
 
 /* The rule: only f32, only for a calling thread with one GEMM thread, never for a tiny
- * dimension, only where oneDNN's f32 is below AVX-512; the modes override the CPU and size
- * parts, not eligibility. */
+ * dimension, only where oneDNN's f32 is below AVX-512 and OpenBLAS runs AVX2 kernels (not a
+ * fallback core); the modes override the CPU and size parts, not eligibility. */
 LT_TEST(gemm_blas_choice) {
   float x[1] = {0};
   loom__gemm_args g = {.batch = 1, .M = 256, .N = 1024, .K = 1024, .alpha = 1, .A = x,
@@ -550,15 +550,35 @@ LT_TEST(gemm_blas_choice) {
   LT_OK(loom__dnnl_engine("test", &eng));
   bool avx512 = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) ==
                 dnnl_cpu_isa_avx512_core;
-  LT_EQ(loom__gemm_prefer_blas(&g), eligible && !avx512);
+  bool auto_blas = eligible && !avx512 && loom__blas_core_has_avx2(loom__blas_core());
+  LT_EQ(loom__gemm_prefer_blas(&g), auto_blas);
   for (int d = 0; d < 3; d++) { /* 16 is tiny, 17 is not */
     h = g;
     int64_t *dim = d == 0 ? &h.M : d == 1 ? &h.N : &h.K;
     *dim = 16;
     LT_TRUE(!loom__gemm_prefer_blas(&h));
     *dim = 17;
-    LT_EQ(loom__gemm_prefer_blas(&h), eligible && !avx512);
+    LT_EQ(loom__gemm_prefer_blas(&h), auto_blas);
   }
   loom__gemm_blas_set_mode(LOOM__GEMM_BLAS_FROM_ENV);
   loom__gemm_set_threads(threads);
+}
+
+/* OpenBLAS's cores: those with AVX2 or AVX-512 kernels (any case), not the fallbacks it picks
+ * on a CPU its table does not know. */
+LT_TEST(gemm_blas_core_names) {
+  const char *fast[] = {"Haswell", "ZEN", "SkylakeX", "Cooperlake", "sapphirerapids"};
+  const char *slow[] = {"Prescott", "Core2", "Nehalem", "Sandybridge", "Unknown", "", "Haswel",
+                        "SkylakeX2", NULL};
+  for (size_t i = 0; i < sizeof fast / sizeof *fast; i++) LT_TRUE(loom__blas_core_has_avx2(fast[i]));
+  for (size_t i = 0; i < sizeof slow / sizeof *slow; i++) LT_TRUE(!loom__blas_core_has_avx2(slow[i]));
+}
+
+/* bf16 kernels chosen by speed (issue 27): AMX kernels and non-Intel CPUs natively, an Intel
+ * CPU without AMX widened to f32 (unless LOOM_BF16_KERNELS overrides the table). */
+LT_TEST(gemm_bf16_kernel_rule) {
+  if (getenv("LOOM_BF16_KERNELS")) return; /* the override answers instead of the table */
+  LT_TRUE(loom__bf16_kernel_fast(true, true));  /* Sapphire/Emerald Rapids with AMX */
+  LT_TRUE(!loom__bf16_kernel_fast(false, true)); /* Intel without AMX */
+  LT_TRUE(loom__bf16_kernel_fast(false, false)); /* AMD Zen 4, Zen 5 */
 }

@@ -30,6 +30,8 @@ typedef struct run {
   bool f16;      /* f16 autocast with loss scaling */
   bool clip;
   bool bad_step; /* rank ranks-1's loss overflows at BAD_STEP */
+  bool for_module; /* the optimizer and DDP made by loom_adam_create_for_module and
+                      loom_ddp_create_for_module instead of by hand */
   float *weights; /* rank 0: the full model after training, in parameter order */
   size_t nweights;
   bool skipped[MAXR][STEPS];
@@ -104,21 +106,29 @@ static int rank_fn(loom_pg *pg, void *arg) {
     const loom_param_seg *segs = NULL;
     size_t nseg = 0;
     TRY(loom_fsdp_segments(fsdp, &segs, &nseg));
-    TRY(loom_optim_create_adam(segs, nseg, &ac, &opt));
+    if (r->for_module) TRY(loom_adam_create_for_module(m, &ac, &opt)); /* finds the shards */
+    else TRY(loom_optim_create_adam(segs, nseg, &ac, &opt));
     sc.fsdp = fsdp;
   } else {
-    loom_tensor *w = NULL, *g = NULL;
-    size_t numel = 0;
-    TRY(loom_module_arena(m, LOOM_F32, &w, &g, &numel));
-    loom_param_seg seg = {"mlp", loom_tensor_data(w), loom_tensor_data(g), numel, 0};
-    TRY(loom_optim_create_adam(&seg, 1, &ac, &opt));
+    if (r->for_module) {
+      TRY(loom_adam_create_for_module(m, &ac, &opt));
+    } else {
+      loom_tensor *w = NULL, *g = NULL;
+      size_t numel = 0;
+      TRY(loom_module_arena(m, LOOM_F32, &w, &g, &numel));
+      loom_param_seg seg = {"mlp", loom_tensor_data(w), loom_tensor_data(g), numel, 0};
+      TRY(loom_optim_create_adam(&seg, 1, &ac, &opt));
+    }
     if (r->f16) {
       loom_dynamic_scaler_cfg dc = loom_dynamic_scaler_cfg_default();
       dc.initial_scale = 1024;
       TRY(loom_scaler_create_dynamic(&dc, &scaler));
       sc.scaler = scaler;
     }
-    if (r->strat == DDP) {
+    if (r->strat == DDP && r->for_module) {
+      TRY(loom_ddp_create_for_module(pg, m, NULL, &ddp));
+      sc.ddp = ddp;
+    } else if (r->strat == DDP) {
       loom_tensor *params[8];
       size_t np = loom_module_param_count(m);
       for (size_t i = 0; i < np; i++) {
@@ -173,11 +183,15 @@ done:
   return rc;
 }
 
-static run train(strategy strat, bool f16, bool clip, bool bad_step) {
+static run train_with(strategy strat, bool f16, bool clip, bool bad_step, bool for_module) {
   run r = {.strat = strat, .ranks = strat == NONE ? 1 : 2, .f16 = f16, .clip = clip,
-           .bad_step = bad_step};
+           .bad_step = bad_step, .for_module = for_module};
   LT_OK(loom_threads_run(r.ranks, NULL, rank_fn, &r));
   return r;
+}
+
+static run train(strategy strat, bool f16, bool clip, bool bad_step) {
+  return train_with(strat, f16, clip, bad_step, false);
 }
 
 /* Two runs ended at the same weights, to f32 summation order. */
@@ -270,4 +284,54 @@ LT_TEST(step_refuses_an_optimizer_that_does_not_read_its_gradients) {
   loom_module_free(m);
   free(w);
   free(g);
+}
+
+/* loom_adam_create_for_module (and loom_ddp_create_for_module) train exactly as the four-line
+ * form: the same segments over the same gradients, so the same bits, under every strategy. */
+LT_TEST(step_optimizer_for_module_trains_as_the_four_line_form) {
+  for (strategy st = NONE; st <= FSDP; st++) {
+    run hand = train_with(st, st != DDP, true, false, false);
+    run mod = train_with(st, st != DDP, true, false, true);
+    LT_TRUE(hand.weights && mod.weights && hand.nweights == mod.nweights);
+    if (hand.weights && mod.weights && hand.nweights == mod.nweights &&
+        memcmp(hand.weights, mod.weights, hand.nweights * sizeof(float)) != 0)
+      lt_fail_at(__FILE__, __LINE__, "strategy %d: the weights differ", (int)st);
+    for (int s = 0; s < STEPS; s++) LT_TRUE(hand.norm[s] == mod.norm[s]);
+    free(hand.weights), free(mod.weights);
+  }
+}
+
+LT_TEST(step_optimizer_for_module_refuses_what_it_cannot_step) {
+  loom_optim *opt = NULL;
+  LT_EQ(loom_adamw_create_for_module(NULL, NULL, &opt), LOOM_EINVAL);
+  LT_TRUE(opt == NULL);
+  loom_module *m = NULL, *kids[2] = {NULL, NULL}, *seq = NULL, *half = NULL;
+  LT_OK(loom_nn_mlp_create(SIZES, 4, LOOM_ACT_RELU, LOOM_F32, 11, &m));
+  LT_EQ(loom_adamw_create_for_module(m, NULL, NULL), LOOM_EINVAL);
+  LT_OK(loom_nn_linear_create(4, 3, true, LOOM_F32, 1, &kids[0]));
+  LT_OK(loom_nn_linear_create(3, 2, true, LOOM_F32, 2, &kids[1]));
+  loom_module *child = kids[0];
+  LT_OK(loom_nn_sequential_create(kids, 2, &seq)); /* owns the children now */
+  LT_EQ(loom_sgd_create_for_module(child, NULL, &opt), LOOM_EMISUSE); /* not the root */
+  LT_OK(loom_nn_linear_create(4, 3, true, LOOM_BF16, 1, &half));
+  LT_EQ(loom_adamw_create_for_module(half, NULL, &opt), LOOM_EDTYPE);
+  LT_TRUE(strstr(loom_last_error(), "no f32 parameters") != NULL);
+  loom_ddp *ddp = NULL;
+  LT_EQ(loom_ddp_create_for_module(NULL, NULL, NULL, &ddp), LOOM_EINVAL); /* no module */
+  LT_TRUE(strstr(loom_last_error(), "module is NULL") != NULL);
+  LT_EQ(loom_ddp_create_for_module(NULL, m, NULL, &ddp), LOOM_EINVAL);   /* no group */
+  LT_EQ(loom_ddp_create_for_module(NULL, m, NULL, NULL), LOOM_EINVAL);
+  LT_TRUE(ddp == NULL);
+  loom_adam_cfg bad = loom_adamw_cfg_default();
+  bad.lr = -1;
+  LT_EQ(loom_adamw_create_for_module(m, &bad, &opt), LOOM_EINVAL);
+  LT_OK(loom_sgd_create_for_module(m, NULL, &opt)); /* defaults: one segment, the arena */
+  LT_EQ(loom_optim_segments(opt), 1);
+  loom_param_seg seg;
+  LT_OK(loom_optim_segment(opt, 0, &seg));
+  LT_EQ(seg.n >= loom_module_numel(m), true);
+  loom_optim_free(opt);
+  loom_module_free(half);
+  loom_module_free(seq);
+  loom_module_free(m);
 }

@@ -16,7 +16,7 @@ fail() { echo "install_check: $*" >&2; exit 1; }
 
 cmake --install "$build" --prefix "$prefix" >/dev/null || fail "cmake --install failed"
 for f in include/loom/loom.h lib/libloom.so lib/libloom.a bin/loom lib/pkgconfig/loom.pc \
-         lib/cmake/loom/loomConfig.cmake; do
+         lib/pkgconfig/loom-static.pc lib/cmake/loom/loomConfig.cmake; do
   [ -e "$prefix/$f" ] || fail "$f was not installed"
 done
 export LD_LIBRARY_PATH=$prefix/lib

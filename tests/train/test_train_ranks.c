@@ -4,48 +4,16 @@
  * differ in that one option are both refused at start, naming it and both values. A test-only
  * option added to the table is compared with no other change. --init is compared by the
  * file's contents (different files refused, one rank only refused, one file under two paths
- * accepted), --save by its presence. (The same through mpiexec: tests/tools/mpi_ranks.sh.) */
+ * accepted), --save by its presence. (The same walk through the mpi backend:
+ * mpi/test_train_mpi_ranks.c; through the real binary under mpiexec: tests/tools/mpi_ranks.sh.) */
 #include "lt.h"
-#include "train_opts.h"
+#include "ranks_side.h"
 #include "train_test.h"
 
 #include <loom/dist.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* One rank's side: a command line parsed (cli_parse only) and its fingerprint. */
-typedef struct side {
-  train_opts o;
-  train_cmdline c;
-  double timeout;
-  bool timeout_seen;
-  cli_option table[TRAIN_CLI_MAX + 1];
-  train_fp_entry fp[TRAIN_CLI_MAX + 1];
-} side;
-
-/* The base command line: valid for two ranks as threads (the refusal comes before the data). */
-static const char *const base[] = {"--strategy", "ddp", "--ranks", "2", "--hidden", "8",
-                                   "--limit", "64", "--batch", "8", "--epochs", "1",
-                                   "--threads", "1", "--quiet"};
-enum { NBASE = sizeof base / sizeof *base };
-
-/* Parse base + extra[0..nextra) into s (with an extra table entry if given); 0 on success. */
-static int parse(side *s, const char *const *extra, int nextra, const cli_option *more) {
-  train_cli_defaults(&s->o, &s->c);
-  s->timeout = 300;
-  s->timeout_seen = false;
-  size_t n = train_cli_table(&s->o, &s->c, &s->timeout, &s->timeout_seen, s->table, TRAIN_CLI_MAX);
-  if (more) s->table[n++] = *more, s->table[n] = (cli_option){0};
-  char *argv[NBASE + 4];
-  int argc = 0;
-  for (int i = 0; i < NBASE; i++) argv[argc++] = (char *)base[i];
-  for (int i = 0; i < nextra; i++) argv[argc++] = (char *)extra[i];
-  if (cli_parse("loom train", s->table, argc, argv, NULL, 0, NULL) != 0) return -1;
-  s->o.nranks_fp = train_cli_fingerprint(s->table, s->fp, TRAIN_CLI_MAX + 1);
-  s->o.ranks_fp = s->fp;
-  return 0;
-}
 
 /* Two ranks as threads, rank r with options o[r]: each one's status and message. */
 typedef struct two {
@@ -65,10 +33,10 @@ static int rank_main(loom_pg *pg, void *arg) {
 /* Run rank 0 with the checked options of the base line and a's fingerprint, rank 1 with the
  * same options and b's fingerprint (and --init init1 if given); true when both ranks are
  * refused with a message holding want. */
-static bool refused(const side *a, const side *b, const char *init0, const char *init1,
+static bool refused(const ranks_side *a, const ranks_side *b, const char *init0, const char *init1,
                     const char *want) {
-  static side ok; /* the base line, checked (the folders normalised, the scaler filled) */
-  if (parse(&ok, NULL, 0, NULL) || train_opts_check(&ok.o, &ok.c)) return false;
+  static ranks_side ok; /* the base line, checked (the folders normalised, the scaler filled) */
+  if (ranks_side_base(&ok)) return false;
   train_opts o[2] = {ok.o, ok.o};
   o[0].ranks_fp = a->fp, o[0].nranks_fp = a->o.nranks_fp, o[0].init = init0;
   o[1].ranks_fp = b->fp, o[1].nranks_fp = b->o.nranks_fp, o[1].init = init1;
@@ -82,37 +50,6 @@ static bool refused(const side *a, const side *b, const char *init0, const char 
   return ok_both;
 }
 
-/* A value of option t other than its current one, as text ("" for a flag: it is given). */
-static void other_value(const cli_option *t, const char *file, char *buf, size_t cap) {
-  double x;
-  long v;
-  switch (t->kind) {
-  case CLI_FLAG: buf[0] = '\0'; return;
-  case CLI_INT:
-  case CLI_POS_INT:
-    v = *(long *)t->value;
-    snprintf(buf, cap, "%ld", t->min < t->max && v + 1 > t->max ? v - 1 : v + 1);
-    return;
-  case CLI_DOUBLE:
-  case CLI_POS_DOUBLE:
-  case CLI_F32:
-    x = *(double *)t->value;
-    x = x == 0 ? 1 : t->min < t->max && 2 * x > t->max ? x / 2 : 2 * x;
-    snprintf(buf, cap, "%.17g", x);
-    return;
-  case CLI_CHOICE: {
-    const char *cur = *(const char **)t->value, *p = t->choices;
-    for (;;) { /* the first choice that is not the current one */
-      size_t len = strcspn(p, "|");
-      snprintf(buf, cap, "%.*s", (int)len, p);
-      if (!cur || strcmp(buf, cur) != 0 || !p[len]) return;
-      p += len + 1;
-    }
-  }
-  case CLI_STRING: snprintf(buf, cap, "%s", file); return;
-  }
-}
-
 /* Every non-rank-local option of the table, one at a time: rank 1 gives it another value
  * (a flag: gives it; a string: names an existing file), rank 0 does not. */
 LT_TEST(train_ranks_differing_in_any_option_of_the_table_are_refused_naming_it) {
@@ -120,8 +57,8 @@ LT_TEST(train_ranks_differing_in_any_option_of_the_table_are_refused_naming_it) 
   char file[512];
   snprintf(file, sizeof file, "%s/some-file", d);
   LT_EQ(tt_write_file(file, "x", 1), 0);
-  static side a, b;
-  LT_EQ(parse(&a, NULL, 0, NULL), 0);
+  static ranks_side a, b;
+  LT_EQ(ranks_side_parse(&a, NULL, 0, NULL), 0);
   int compared = 0, local = 0;
   for (int i = 0; a.table[i].name; i++) {
     const cli_option *t = &a.table[i];
@@ -129,16 +66,12 @@ LT_TEST(train_ranks_differing_in_any_option_of_the_table_are_refused_naming_it) 
       local++;
       continue;
     }
-    char flag[64], value[600], want[128];
-    snprintf(flag, sizeof flag, "--%s", t->name);
-    other_value(t, file, value, sizeof value);
-    const char *extra[2] = {flag, value};
-    LT_EQ(parse(&b, extra, t->kind == CLI_FLAG ? 1 : 2, NULL), 0);
-    snprintf(want, sizeof want, "the ranks disagree: rank 1 has --%s%s", t->name,
-             t->kind == CLI_FLAG ? "," : " ");
-    if (!refused(&a, &b, NULL, NULL, want))
-      lt_fail_at(__FILE__, __LINE__, "--%s %s on rank 1 only was not refused naming it", t->name,
-                 value);
+    ranks_case c;
+    ranks_side_case(t, file, &c);
+    LT_EQ(ranks_side_parse(&b, c.extra, c.nextra, NULL), 0);
+    if (!refused(&a, &b, NULL, NULL, c.want))
+      lt_fail_at(__FILE__, __LINE__, "%s %s on rank 1 only was not refused naming it", c.flag,
+                 c.value);
     compared++;
   }
   LT_EQ(local, 3); /* --quiet, --metrics, --offload-dir */
@@ -151,11 +84,11 @@ LT_TEST(train_ranks_compare_an_option_added_to_the_table) {
   static long dummy_a, dummy_b; /* each side's value */
   cli_option more = {"test-only", CLI_INT, &dummy_a, "N", "an option of this test", NULL, 0, 0,
                      NULL, CLI_RANKS_SAME};
-  static side a, b;
+  static ranks_side a, b;
   const char *extra[2] = {"--test-only", "7"};
-  LT_EQ(parse(&a, NULL, 0, &more), 0);
+  LT_EQ(ranks_side_parse(&a, NULL, 0, &more), 0);
   more.value = &dummy_b;
-  LT_EQ(parse(&b, extra, 2, &more), 0);
+  LT_EQ(ranks_side_parse(&b, extra, 2, &more), 0);
   LT_TRUE(refused(&a, &b, NULL, NULL,
                   "the ranks disagree: rank 1 has --test-only 7, rank 0 has --test-only 0 "
                   "(every rank must be started with the same options)"));
@@ -178,14 +111,14 @@ LT_TEST(train_ranks_compare_init_by_contents_and_save_by_presence) {
   snprintf(copy, sizeof copy, "%s/copy.safetensors", d);
   snprintf(save, sizeof save, "%s/ck", d);
   LT_EQ(tt_copy_file(f1, copy), 0);
-  static side a, b, c, none, s;
+  static ranks_side a, b, c, none, s;
   const char *x1[2] = {"--init", f1}, *x2[2] = {"--init", f2}, *xc[2] = {"--init", copy};
   const char *xs[2] = {"--save", save};
-  LT_EQ(parse(&a, x1, 2, NULL), 0);
-  LT_EQ(parse(&b, x2, 2, NULL), 0);
-  LT_EQ(parse(&c, xc, 2, NULL), 0);
-  LT_EQ(parse(&none, NULL, 0, NULL), 0);
-  LT_EQ(parse(&s, xs, 2, NULL), 0);
+  LT_EQ(ranks_side_parse(&a, x1, 2, NULL), 0);
+  LT_EQ(ranks_side_parse(&b, x2, 2, NULL), 0);
+  LT_EQ(ranks_side_parse(&c, xc, 2, NULL), 0);
+  LT_EQ(ranks_side_parse(&none, NULL, 0, NULL), 0);
+  LT_EQ(ranks_side_parse(&s, xs, 2, NULL), 0);
   char want[1200];
   snprintf(want, sizeof want, "the ranks disagree: rank 1 has --init %s (bytes", f2);
   LT_TRUE(refused(&a, &b, f1, f2, want));

@@ -109,3 +109,8 @@ int loom_set_cpu_level(loom_cpu_level level) {
   atomic_store(&active, (int)level);
   return LOOM_OK;
 }
+
+bool loom__cpu_intel(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel");
+}
