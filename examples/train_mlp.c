@@ -34,7 +34,12 @@ static int train_rank(loom_pg *pg, void *arg) {
   loom_adam_cfg ac = loom_adamw_cfg_default();
   loom_step_cfg sc = loom_step_cfg_default();
 
-  LOOM_CHECK(loom_nn_mlp_create(sizes, 3, LOOM_ACT_RELU, LOOM_F32, /*seed*/ 1, &model));
+  /* FSDP: build the model deferred (no parameter memory): loom_fsdp_create then makes only this
+   * rank's shards, from the same initial values as a whole build (sharded construction) */
+  bool was = loom_nn_set_deferred_init(strcmp(o->strategy, "fsdp") == 0);
+  rc = loom_nn_mlp_create(sizes, 3, LOOM_ACT_RELU, LOOM_F32, /*seed*/ 1, &model);
+  loom_nn_set_deferred_init(was);
+  LOOM_CHECK(rc);
   sc.module = model;
   if (strcmp(o->strategy, "fsdp") == 0) {
     /* FSDP: one unit per Linear; gathers in the autocast dtype, f32 gradients; with f16 its

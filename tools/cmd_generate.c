@@ -43,7 +43,7 @@ static int load(const char *dir, train_model *m) {
   train_opts o = {.model = "gpt", .layers = (long)cfg.layers, .heads = (long)cfg.heads,
                   .dim = (long)cfg.dim, .context = (long)cfg.context};
   rc = train_model_create(&o, m);
-  if (!rc) rc = train_model_load(m, path, LOOM_F32, "--from");
+  if (!rc) rc = train_model_load(m, path, LOOM_F32, "--from", NULL);
   return rc;
 }
 

@@ -150,8 +150,10 @@ bool train_model_flat_input(const train_model *m);
  * parameter's shape and finite values, and the file must hold nothing else (PyTorch's strict
  * loading). With forward F16 or BF16 (--amp), a value above that dtype's largest finite value
  * (65504 for f16) is refused too, naming the tensor and the value: the forward's cast would
- * make it inf. */
-int train_model_load(train_model *m, const char *path, loom_dtype forward, const char *opt);
+ * make it inf. With fsdp (NULL: none), the model is sharded by it (built deferred): the file is
+ * mapped and each rank copies only its shards' parts (loom_fsdp_load_full_state). */
+int train_model_load(train_model *m, const char *path, loom_dtype forward, const char *opt,
+                     loom_fsdp *fsdp);
 /* Write the parameters (by name) and metadata (NULL, 0: none) to a safetensors file,
  * atomically. */
 int train_model_save(const train_model *m, const char *path, const loom_safetensors_meta_kv *meta,

@@ -4,7 +4,8 @@
  *                 ReLU(), MaxPool2d(2), Flatten(), Linear(C2*7*7,F), ReLU(), Linear(F,10))
  * module for module, so its parameters are "0.weight", "3.weight", "7.weight", "9.weight" (and
  * biases) and one forward of the root runs it (FSDP's hooks on the root see it). Also loading
- * (--init) and saving parameters. */
+ * (--init: into the model, or into FSDP's shards, each rank reading its slice) and saving
+ * parameters. */
 #include "train_api.h"
 
 #include <math.h>
@@ -126,30 +127,65 @@ int train_model_meta_gpt(const loom_safetensors *f, const char *path, loom_gpt_c
 
 /* LOOM_EINVAL naming the tensor and its first value whose magnitude is above the largest
  * finite value of the forward dtype (f16, bf16; f32 holds every value the file may have). */
-static int check_forward_range(const loom_param *p, const char *path, loom_dtype forward) {
+static int check_forward_range(const char *name, const float *x, size_t n, const char *path,
+                               loom_dtype forward) {
   double most = forward == LOOM_F16 ? 65504.0 : forward == LOOM_BF16 ? 3.3895313892515355e38 : 0;
   if (most == 0) return LOOM_OK;
-  const float *x = loom_tensor_data(p->value);
-  for (size_t i = 0, n = loom_tensor_numel(p->value); i < n; i++)
+  for (size_t i = 0; i < n; i++)
     if (fabs((double)x[i]) > most)
       return train_fail(LOOM_EINVAL, "--init %s: tensor '%s' element %zu is %.9g, above the "
                         "largest finite %s value %.9g: the --amp %s forward would make it inf",
-                        path, p->name, i, (double)x[i], loom_dtype_name(forward), most,
+                        path, name, i, (double)x[i], loom_dtype_name(forward), most,
                         loom_dtype_name(forward));
   return LOOM_OK;
 }
 
-int train_model_load(train_model *m, const char *path, loom_dtype forward, const char *opt) {
-  loom_safetensors *f = NULL;
-  int rc = loom_safetensors_open(path, 0, &f);
-  if (rc) return train_fail_loom(rc, opt);
+/* The file's tensor for parameter p, checked (F32, p's shape: loom_safetensors_read's checks and
+ * messages, given no buffer, so that nothing is copied; it then says only that dst is NULL),
+ * as a view over the mapped file's bytes. */
+static int file_view(loom_safetensors *f, const loom_param *p, const char *opt,
+                     loom_tensor **out) {
+  int rc = loom_safetensors_read(f, p->name, LOOM_F32, loom_tensor_ndim(p->value),
+                                 loom_tensor_shape(p->value), NULL);
+  if (rc == LOOM_EINVAL) rc = LOOM_OK; /* the checks passed; there was no buffer to fill */
+  if (!rc) rc = loom_safetensors_check_values(f, p->name, LOOM_CHECK_FINITE);
+  if (!rc) rc = loom_safetensors_view(f, p->name, out);
+  return rc ? train_fail_loom(rc, opt) : LOOM_OK;
+}
+
+/* --init into FSDP's shards: the file mapped, each rank copying only its slice of each
+ * parameter (loom_fsdp_load_full_state), so no rank holds the whole model. */
+static int load_sharded(train_model *m, loom_safetensors *f, const char *path, loom_dtype forward,
+                        const char *opt, loom_fsdp *fsdp) {
+  loom_named_tensor *st = calloc(m->nparams ? m->nparams : 1, sizeof *st);
+  int rc = st ? LOOM_OK : train_fail(LOOM_ENOMEM, "%s: out of memory", opt);
   for (size_t i = 0; i < m->nparams && !rc; i++) {
+    st[i].name = m->params[i].name;
+    rc = file_view(f, &m->params[i], opt, &st[i].tensor);
+    if (!rc)
+      rc = check_forward_range(st[i].name, loom_tensor_data(st[i].tensor),
+                               loom_tensor_numel(st[i].tensor), path, forward);
+  }
+  if (!rc && (rc = loom_fsdp_load_full_state(fsdp, st, m->nparams))) train_fail_loom(rc, opt);
+  for (size_t i = 0; st && i < m->nparams; i++) loom_tensor_free(st[i].tensor);
+  free(st);
+  return rc;
+}
+
+int train_model_load(train_model *m, const char *path, loom_dtype forward, const char *opt,
+                     loom_fsdp *fsdp) {
+  loom_safetensors *f = NULL;
+  int rc = loom_safetensors_open(path, fsdp ? LOOM_SAFETENSORS_MMAP : 0, &f);
+  if (rc) return train_fail_loom(rc, opt);
+  if (fsdp) rc = load_sharded(m, f, path, forward, opt, fsdp);
+  for (size_t i = 0; i < m->nparams && !rc && !fsdp; i++) {
     const loom_param *p = &m->params[i];
     rc = loom_safetensors_read(f, p->name, LOOM_F32, loom_tensor_ndim(p->value),
                                loom_tensor_shape(p->value), loom_tensor_data(p->value));
     if (!rc) rc = loom_safetensors_check_values(f, p->name, LOOM_CHECK_FINITE);
     if (rc) train_fail_loom(rc, opt);
-    else rc = check_forward_range(p, path, forward);
+    else rc = check_forward_range(p->name, loom_tensor_data(p->value),
+                                  loom_tensor_numel(p->value), path, forward);
   }
   for (size_t i = 0; i < loom_safetensors_count(f) && !rc; i++) {
     loom_safetensors_info info;

@@ -401,16 +401,24 @@ void trainer_teardown(trainer *t) {
 int trainer_setup(trainer *t, loom_pg *pg) {
   const train_opts *o = t->o;
   loom_mem_set_tag(TRAIN_TAG_MODEL);
+  /* FSDP: built deferred, so that each rank only ever makes its shards (sharded construction) */
+  bool sharded = pg && strcmp(o->strategy, "fsdp") == 0;
+  bool was = loom_nn_set_deferred_init(sharded);
   int rc = train_model_create(o, &t->model);
+  loom_nn_set_deferred_init(was);
   t->eval_step = -1;
   t->per_sample = t->model.gpt ? o->context : 1;
   t->unit = t->model.gpt ? "tokens" : "samples";
   loom_dtype forward = LOOM_F32; /* --amp off, bf16 or f16 */
   if (strcmp(o->amp, "off") != 0) loom_dtype_parse(o->amp, &forward);
-  if (!rc && o->init && !t->dry) rc = train_model_load(&t->model, o->init, forward, "--init");
+  if (!rc && o->init && !t->dry && !sharded)
+    rc = train_model_load(&t->model, o->init, forward, "--init", NULL);
   if (!rc) rc = train_par_create(pg, o, &t->model, &t->par);
   if (rc) return rc;
   t->fsdp = train_par_fsdp(t->par);
+  if (o->init && !t->dry && sharded &&
+      (rc = train_model_load(&t->model, o->init, forward, "--init", t->fsdp)))
+    return rc;
   t->rank = train_par_rank(t->par), t->nranks = train_par_size(t->par);
   t->lead = t->rank == 0;
   if (!rc) rc = trainer_load_data(t);

@@ -1,7 +1,8 @@
 /* loom/fsdp.h: fully sharded data parallelism (FSDP / ZeRO-3) with mixed precision.
  *
- * Every rank builds the same model; loom_fsdp_create cuts it into sharding units and keeps, on
- * each rank, only a contiguous 1/N of each unit's parameters, gradients and optimizer state:
+ * Every rank builds the same model (whole, or deferred: only its shards are then ever made,
+ * see loom_fsdp_create); loom_fsdp_create cuts it into sharding units and keeps, on each rank,
+ * only a contiguous 1/N of each unit's parameters, gradients and optimizer state:
  *   - a unit is a module of the tree (by default each child of the model's first Sequential
  *     that holds parameters: PyTorch's per-layer auto-wrap; or a size policy, or a list of
  *     module names). Its parameters, laid out as in the module's arena (PyTorch order, 64-byte
@@ -200,7 +201,8 @@ typedef struct loom_fsdp_cfg {
                                    default 1 */
   int backward_prefetch;        /* the same in backward; default 1 */
   bool broadcast_params;        /* start from rank 0's values (sync_module_states); default
-                                   true */
+                                   true. Nothing to broadcast for a deferred model: every rank
+                                   makes its shard from the same initialisers */
   bool limit_reduce_scatters;   /* a unit's local gradient is made only once the previous
                                    unit's reduce-scatter has completed (it runs while that unit
                                    computes its input's gradient): one local gradient at a
@@ -242,7 +244,17 @@ typedef struct loom_fsdp loom_fsdp;
  * LOOM_EMISUSE / LOOM_EDTYPE / LOOM_ESHAPE naming the first difference, on every rank), take
  * rank 0's values (cfg.broadcast_params), keep their shard and give the module's arenas back:
  * from here on the module's parameters hold data only while their unit is gathered, and
- * loom_module_arena has none. cfg NULL: the defaults. */
+ * loom_module_arena has none. cfg NULL: the defaults.
+ *
+ * Sharded construction: a module built with deferred initialisation (loom_nn_set_deferred_init,
+ * loom/nn.h; PyTorch's meta-device module given to FSDP, DeepSpeed's zero.Init) holds no
+ * parameter memory; each rank then makes only its shard of each unit, from the parameters'
+ * initialisers (counter-based: the shard's values are the same slice of the model built whole,
+ * bit for bit), so no rank ever holds the whole model and building costs no more than the
+ * shards. Every rank must build the model deferred, with the same seed: LOOM_EMISUSE on every
+ * rank if one is deferred and another is not, or if their initialisers differ. The module is no
+ * longer deferred once wrapped (loom_module_deferred false). Load other values afterwards with
+ * loom_fsdp_load_full_state (each rank copies its slice only). */
 int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
                      loom_fsdp **out);
 void loom_fsdp_free(loom_fsdp *f);

@@ -25,9 +25,11 @@
  *
  * Initialisation (GPT-2 / nanoGPT): every Linear and Embedding weight N(0, 0.02), except the
  * c_proj weights (the ones that write into the residual stream) N(0, 0.02 / sqrt(2 layers));
- * biases 0; LayerNorm weights 1, biases 0. All f32. Parameter i (named_parameters order) is
- * drawn from its own generator seeded with loom_rng_hash(seed, i), so a parameter's values
- * depend only on the seed, its index and its shape.
+ * biases 0; LayerNorm weights 1, biases 0. All f32. Element j of parameter i (named_parameters
+ * order) is loom_rng_at_normal(seed, i, j) scaled, so a parameter's values depend only on the
+ * seed, its index and its shape, and any slice of it (an FSDP shard) is made alone. Deferred
+ * initialisation (loom_nn_set_deferred_init, loom/nn.h) applies: a deferred GPT holds no
+ * parameter memory until materialised or wrapped by FSDP.
  *
  * Forward (loom_module_forward): token indices [B, T] (i32 or i64, each in [0, vocab), T in
  * 1..context) to logits [B, T, vocab] (f32; under autocast the head's matmul runs in the low

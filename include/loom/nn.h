@@ -5,7 +5,22 @@
  * name: Linear.weight is [out, in], Conv2d.weight is [out, in, kh, kw]; names nest with dots
  * ("0.weight" in a Sequential, "layers.2.bias" in an MLP). Initialisers are PyTorch's
  * defaults, from a seed: Linear and Conv2d weight and bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))
- * (kaiming_uniform with a = sqrt(5)); LayerNorm weight 1, bias 0; Embedding N(0, 1).
+ * (kaiming_uniform with a = sqrt(5)); LayerNorm weight 1, bias 0; Embedding N(0, 1). The values
+ * come from the counter-based generator (loom/rng.h, Philox4x32-10): element j of a Linear or
+ * Conv2d made with `seed` is loom_rng_at_uniform(seed, 0, j) for the weight (stream 1 for the
+ * bias) scaled to the bound, an Embedding's loom_rng_at_normal(seed, 0, j); so any slice of a
+ * parameter is computed without the rest, and a model built whole, built deferred and then
+ * materialised, or sharded by FSDP from a deferred build has the same bits (the same figures
+ * in distribution as PyTorch's, not PyTorch's values: load a state dict for those).
+ *
+ * Deferred initialisation (PyTorch's meta device + reset_parameters, DeepSpeed's zero.Init).
+ * With loom_nn_set_deferred_init(true) on a thread, the modules it creates record each
+ * parameter's initialiser instead of running it: their parameters have names, shapes and dtypes
+ * but no memory (loom_tensor_data is NULL; an op given one fails with LOOM_EMISUSE), and the root
+ * has no arenas (loom_module_deferred). Such a model costs a few headers whatever its size. It
+ * gets its values either from loom_module_materialize (the whole model, for one process or DDP)
+ * or from loom_fsdp_create, which makes on each rank only that rank's shard of each unit
+ * (loom/fsdp.h), so no rank ever holds the whole model.
  *
  * Flat arenas (llm.c). A root module (one not inside another) holds all its parameters in one
  * flat buffer per dtype, and their gradients in a second buffer with the same offsets: each
@@ -74,7 +89,9 @@ int loom_nn_max_pool2d_create(const int64_t kernel[2], const int64_t stride[2],
 /* Flatten dims start_dim..end_dim (negative: from the end) into one (loom_flatten; a view when
  * the input is contiguous). PyTorch's nn.Flatten is (1, -1). No parameters. */
 int loom_nn_flatten_create(int start_dim, int end_dim, loom_module **m);
-/* Sequential: children run in order, named "0", "1", ... Takes ownership of the n children. */
+/* Sequential: children run in order, named "0", "1", ... Takes ownership of the n children.
+ * Children with values (made without deferral) keep them; with every child deferred, and
+ * deferral on for this thread, the Sequential is deferred too. */
 int loom_nn_sequential_create(loom_module **children, size_t n, loom_module **m);
 /* MLP sizes[0] -> sizes[1] -> ... -> sizes[n-1]: Linear layers with `act` between them (none
  * after the last), held in a Sequential named "layers": "layers.0.weight", "layers.2.weight".
@@ -83,6 +100,29 @@ int loom_nn_mlp_create(const int64_t *sizes, size_t n, loom_activation act, loom
                        uint64_t seed, loom_module **m);
 
 void loom_module_free(loom_module *m);
+
+/* ---- deferred initialisation -------------------------------------------------------------- */
+
+/* Turn deferred initialisation on or off for the calling thread (each rank's thread sets its
+ * own); returns the previous setting. Off by default. While on, loom_nn_*_create and
+ * loom_nn_gpt_create make deferred modules (above); modules made before keep their values. */
+bool loom_nn_set_deferred_init(bool on);
+bool loom_nn_deferred_init(void);
+/* True if m's root was built deferred and has not been given memory (false for NULL, and once
+ * materialised or wrapped by FSDP). */
+bool loom_module_deferred(const loom_module *m);
+/* Give a deferred root its arenas and every parameter its initial values (bit for bit those of
+ * the same model built without deferral). Parameter tensors obtained from the module before
+ * are no longer the module's: look them up again (loom_module_param). LOOM_OK doing nothing for
+ * a module that is not deferred; LOOM_EMISUSE for a child (materialise the root); LOOM_ENOMEM
+ * when the arenas cannot be had, the module still deferred. DDP refuses a deferred module's
+ * parameters (LOOM_EMISUSE, "holds no data"): materialise it first. */
+int loom_module_materialize(loom_module *m);
+/* Elements [lo, hi) of root parameter i's initial values (as f32, into dst[0, hi - lo)), from
+ * its initialiser, whatever the parameter holds now: what materialising or FSDP puts there.
+ * LOOM_EINVAL for an index or range out of bounds, naming the parameter; LOOM_EMISUSE for a
+ * child module. */
+int loom_module_init_values(const loom_module *m, size_t i, size_t lo, size_t hi, float *dst);
 
 /* ---- running ---------------------------------------------------------------------------- */
 

@@ -55,7 +55,8 @@ int loom__tensor_check_data(const loom_tensor *t, const char *who) {
   int rc = loom_tensor_check(t, who);
   if (!rc && t->storage == &released_storage)
     return loom__fail(LOOM_EMISUSE, "%s: the tensor holds no data (a sharded FSDP parameter "
-                      "outside its unit's forward and backward?)", who);
+                      "outside its unit's forward and backward, or a deferred module's: "
+                      "loom_module_materialize?)", who);
   return rc;
 }
 
@@ -135,6 +136,13 @@ static int create(const char *who, loom_pool pool, loom_dtype dt, int ndim, cons
   rc = make_header(dt, ndim, shape, s, out);
   if (rc) storage_release(s);
   return rc;
+}
+
+int loom__tensor_shell(loom_dtype dt, int ndim, const int64_t *shape, loom_tensor **out) {
+  *out = NULL;
+  size_t numel;
+  int rc = loom__check_shape("tensor", dt, ndim, shape, &numel);
+  return rc ? rc : make_header(dt, ndim, shape, &released_storage, out);
 }
 
 int loom_tensor_empty(loom_dtype dt, int ndim, const int64_t *shape, loom_tensor **out) {

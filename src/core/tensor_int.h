@@ -53,6 +53,10 @@ void loom__tensor_rebind(loom_tensor *t, const loom_tensor *base, size_t offset,
 int loom__tensor_check_data(const loom_tensor *t, const char *who);
 /* True when t holds no storage (see loom__tensor_rebind). */
 bool loom__tensor_released(const loom_tensor *t);
+/* A new contiguous tensor of this shape and dtype with no storage (released, as above): the
+ * parameters of a module built with deferred initialisation (loom/nn.h), which cost only their
+ * header until they are given memory. */
+int loom__tensor_shell(loom_dtype dt, int ndim, const int64_t *shape, loom_tensor **out);
 
 /* Checks a shape argument (ndim in range, dims >= 0, numel * elem fits); sets *numel. */
 int loom__check_shape(const char *who, loom_dtype dt, int ndim, const int64_t *shape,

@@ -285,7 +285,7 @@ int loom_ddp_create(loom_pg *pg, loom_tensor *const *params, const char *const *
   int rc = loom_ddp_cfg_validate(cfg);
   if (rc) return rc;
   for (size_t i = 0; i < n; i++) {
-    if ((rc = loom_tensor_check(params[i], who))) return rc;
+    if ((rc = loom__tensor_check_data(params[i], who))) return rc; /* deferred: none */
     if (!loom_tensor_is_leaf(params[i]) || !loom_tensor_requires_grad(params[i]))
       return loom__fail(LOOM_EINVAL, "%s: parameter %zu is not a leaf that requires grad", who, i);
     if (!loom_tensor_is_contiguous(params[i]))

@@ -1,6 +1,6 @@
 /* fsdp.c: the FSDP wrapper's life: configuration, create (units, the check that every rank
- * wraps the same model, rank 0's values, this rank's shards, hooks, giving the module's arenas
- * back), free, and the per-shard services the optimizer step needs (segments, a flag over
+ * wraps the same model, rank 0's values or a deferred model's initialisers, this rank's shards,
+ * hooks, giving the module's arenas back), free, and the per-shard services the optimizer step needs (segments, a flag over
  * ranks, global gradient-norm clipping, statistics). */
 #include "fsdp/fsdp_int.h"
 #include "core/layout.h"
@@ -53,8 +53,25 @@ int loom_fsdp_cfg_validate(const loom_fsdp_cfg *cfg) {
 
 /* ---- create --------------------------------------------------------------------------------- */
 
+/* A deferred model's values come from its initialisers on each rank, not from rank 0: every
+ * rank must be deferred alike and hold the same initialisers (the same seed). */
+static int check_peers_init(loom_fsdp *f) {
+  bool d = f->root->deferred;
+  const int64_t v[2] = {d, d ? (int64_t)loom__module_init_hash(f->root) : 0};
+  size_t n = 2, first = n;
+  int rc = loom__pg_agree_i64(f->pg, v, n, &first);
+  if (!rc && first == 0)
+    rc = loom__fail(LOOM_EMISUSE, "fsdp: the model is built %s here and not on another rank: "
+                    "build it with deferred initialisation on every rank or on none",
+                    f->root->deferred ? "deferred" : "with values");
+  else if (!rc && first < n)
+    rc = loom__fail(LOOM_EMISUSE, "fsdp: the deferred model's initialisers differ between "
+                    "ranks: build it with the same seed on every rank");
+  return rc;
+}
+
 /* Every rank wraps the same model: parameters (count, names, dtypes, shapes, order), then the
- * same units (a wrap policy that differs). */
+ * same units (a wrap policy that differs), then the same way of getting values. */
 static int check_peers(loom_fsdp *f) {
   size_t n = f->nparams;
   loom_tensor **ts = loom__calloc(LOOM_POOL_META, n ? n : 1, sizeof *ts);
@@ -87,10 +104,11 @@ static int check_peers(loom_fsdp *f) {
     rc = loom__fail(LOOM_EMISUSE, "fsdp: ranks disagree on unit %zu ('%s' here, %zu elements): "
                     "is the wrap policy the same on every rank?", first / 2,
                     loom__fsdp_unit_shown(f->units[first / 2].name), f->units[first / 2].numel);
-  return rc;
+  return rc ? rc : check_peers_init(f);
 }
 
-/* This rank's part of unit u's flat layout, from the module's parameter values. */
+/* This rank's part of unit u's flat layout, from the module's parameter values, or, for a
+ * deferred model, from their initialisers: only this part is ever made. */
 static int make_shards(fsdp_unit *u, int rank) {
   u->param_shard = loom__calloc(LOOM_POOL_COMPUTE, u->shard ? u->shard : 1, sizeof(float));
   if (!loom__fsdp_offloading(u->f, OFF_GRAD)) /* offloaded: made by the first reduce-scatter */
@@ -103,6 +121,12 @@ static int make_shards(fsdp_unit *u, int rank) {
     const fsdp_param *fp = &u->params[i];
     size_t a, b;
     if (!loom__layout_slice(fp->offset, fp->numel, lo, hi, &a, &b) || loom__dry()) continue;
+    if (u->f->root->deferred) {
+      int rc = loom__param_init_into(fp->p, a - fp->offset, b - fp->offset,
+                                     u->param_shard + (a - lo), LOOM_F32);
+      if (rc) return rc;
+      continue;
+    }
     const float *src = loom_tensor_data(fp->p->value);
     memcpy(u->param_shard + (a - lo), src + (a - fp->offset), (b - a) * sizeof(float));
   }
@@ -136,7 +160,7 @@ static int check_module(loom_module *m) {
       return loom__fail(LOOM_EDTYPE, "loom_fsdp_create: every parameter must be f32 (master "
                         "weights; mixed precision is cfg.mp), the model has %s ones",
                         loom_dtype_name((loom_dtype)d));
-  for (size_t i = 0; i < m->n_flat; i++)
+  for (size_t i = 0; i < m->n_flat && !m->deferred; i++)
     if (loom__tensor_released(m->flat[i]->value))
       return loom__fail(LOOM_EMISUSE, "loom_fsdp_create: the module is wrapped already "
                         "(parameter %s holds no data)", m->flat[i]->full);
@@ -226,6 +250,7 @@ int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
     return rc;
   }
   loom__module_release_arenas(module); /* from here on, the shards hold the model */
+  module->deferred = false;
   module->sharded_by = f;               /* loom_adamw_create_for_module finds the shards */
   reserve_cache(f);
   for (size_t u = 0; u < f->nunits; u++) f->stats.shard_numel += f->units[u].shard;

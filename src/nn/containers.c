@@ -1,5 +1,5 @@
 /* containers.c: Sequential (children "0", "1", ... run in order) and MLP (Linear layers with an
- * activation between them, in a Sequential named "layers"), and the initialisers. */
+ * activation between them, in a Sequential named "layers"). */
 #include "nn/nn_int.h"
 
 #include <limits.h>
@@ -83,40 +83,4 @@ done:
   loom_module_free(seq);
   loom_module_free(m);
   return rc;
-}
-
-/* ---- initialisers ----------------------------------------------------------------------- */
-
-static int init_with(loom_dtype dt, int ndim, const int64_t *shape, loom_tensor **out,
-                     double (*gen)(loom_rng *, double), loom_rng *r, double arg) {
-  loom_tensor *f = NULL;
-  int rc = loom_tensor_empty(LOOM_F32, ndim, shape, &f);
-  if (rc) return rc;
-  float *p = loom_tensor_data(f);
-  for (size_t i = 0; i < loom_tensor_numel(f) && !loom__dry(); i++) p[i] = (float)gen(r, arg);
-  if (dt == LOOM_F32) {
-    *out = f;
-    return LOOM_OK;
-  }
-  rc = loom_tensor_cast(f, dt, out);
-  loom_tensor_free(f);
-  return rc;
-}
-
-static double gen_uniform(loom_rng *r, double bound) {
-  return -bound + 2 * bound * loom_rng_uniform_f64(r);
-}
-static double gen_normal(loom_rng *r, double unused) { return loom_rng_normal(r); }
-static double gen_const(loom_rng *r, double v) { return v; }
-
-int loom__init_uniform(loom_dtype dt, int ndim, const int64_t *shape, double bound, loom_rng *r,
-                       loom_tensor **out) {
-  return init_with(dt, ndim, shape, out, gen_uniform, r, bound);
-}
-int loom__init_normal(loom_dtype dt, int ndim, const int64_t *shape, loom_rng *r,
-                      loom_tensor **out) {
-  return init_with(dt, ndim, shape, out, gen_normal, r, 0);
-}
-int loom__init_fill(loom_dtype dt, int ndim, const int64_t *shape, double v, loom_tensor **out) {
-  return init_with(dt, ndim, shape, out, gen_const, NULL, v);
 }

@@ -80,40 +80,30 @@ done:
 
 typedef struct init_state {
   uint64_t seed;
-  size_t index; /* the next parameter's, in named_parameters order */
+  size_t index; /* the next parameter's, in named_parameters order: its stream */
   double proj_std;
 } init_state;
 
-/* t = mean, or N(mean, std^2): Box-Muller, both values of each pair used (element 2k gets the
- * cosine, 2k + 1 the sine), from a generator seeded with loom_rng_hash(seed, index). */
-static void fill_param(loom_tensor *t, double mean, double std, init_state *s) {
-  loom_rng r;
-  loom_rng_seed(&r, loom_rng_hash(s->seed, s->index++));
-  float *p = loom_tensor_data(t);
-  size_t n = loom_tensor_numel(t);
-  if (loom__dry()) return;
-  if (!std) {
-    for (size_t i = 0; i < n; i++) p[i] = (float)mean;
-    return;
-  }
-  for (size_t i = 0; i < n; i += 2) {
-    double u1 = loom_rng_uniform_f64(&r), u2 = loom_rng_uniform_f64(&r);
-    double rad = std * sqrt(-2.0 * log(1.0 - u1)), a = 2.0 * M_PI * u2;
-    p[i] = (float)(mean + rad * cos(a));
-    if (i + 1 < n) p[i + 1] = (float)(mean + rad * sin(a));
-  }
+/* p's initialiser: every element `mean`, or N(mean, std^2) from stream `index` under the seed
+ * (loom_rng_at_normal: one Box-Muller pair per element, its cosine). */
+static void set_init(loom__param *p, double mean, double std, init_state *s) {
+  p->init = std ? (loom__init){.kind = LOOM__INIT_NORMAL, .a = mean, .b = std, .seed = s->seed,
+                               .stream = s->index}
+                : (loom__init){.kind = LOOM__INIT_FILL, .a = mean};
+  s->index++;
 }
 
 /* GPT-2's initialiser over m's subtree, in the order packing lays parameters out (a module's
  * own, then its children's, depth first): LayerNorm weight 1; every other weight N(0, 0.02),
- * N(0, proj_std) under a child named c_proj; every bias 0. */
+ * N(0, proj_std) under a child named c_proj; every bias 0. Recipes only: packing (or FSDP, for
+ * its shards) makes the values. */
 static void init_tree(loom_module *m, bool proj, init_state *s) {
   bool ln = !strcmp(m->type, "LayerNorm");
   for (int i = 0; i < m->n_params; i++) {
     bool weight = !strcmp(m->params[i].name, "weight");
-    if (!weight) fill_param(m->params[i].value, 0, 0, s);
-    else if (ln) fill_param(m->params[i].value, 1, 0, s);
-    else fill_param(m->params[i].value, 0, proj ? s->proj_std : 0.02, s);
+    if (!weight) set_init(&m->params[i], 0, 0, s);
+    else if (ln) set_init(&m->params[i], 1, 0, s);
+    else set_init(&m->params[i], 0, proj ? s->proj_std : 0.02, s);
   }
   for (int c = 0; c < m->n_children; c++)
     init_tree(m->children[c], !strcmp(m->child_names[c], "c_proj"), s);
@@ -147,9 +137,9 @@ int loom_nn_gpt_create(const loom_gpt_cfg *cfg, uint64_t seed, loom_module **out
   rc = loom__module_adopt(m, kids, 4, names); /* takes the children */
   memset(kids, 0, sizeof kids);
   if (rc) goto done;
-  LOOM_TRY(loom__module_pack(m)); /* the one arena; the parts' zeros copied in, then set */
   init_state s = {.seed = seed, .proj_std = 0.02 / sqrt(2.0 * (double)L)};
   init_tree(m, false, &s);
+  LOOM_TRY(loom__module_pack(m)); /* the one arena, filled from the recipes (or deferred) */
   *out = m;
   m = NULL;
 done:

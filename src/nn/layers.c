@@ -24,6 +24,11 @@ static int check_out(const char *who, loom_module **out) {
   return LOOM_OK;
 }
 
+/* PyTorch's default for Linear and Conv2d: U[-bound, bound), stream 0 the weight, 1 the bias. */
+static loom__init uniform(double bound, uint64_t seed, uint64_t stream) {
+  return (loom__init){.kind = LOOM__INIT_UNIFORM, .a = bound, .seed = seed, .stream = stream};
+}
+
 static int check_float(const char *who, loom_dtype dt) {
   if (!loom_dtype_is_float(dt))
     return loom__fail(LOOM_EDTYPE, "%s: parameters must be f32, f16 or bf16, not %s", who,
@@ -50,15 +55,10 @@ int loom_nn_linear_create(int64_t in, int64_t out_f, bool bias, loom_dtype dt, u
   if ((rc = loom__module_new("Linear", linear_forward, &m))) return rc;
   m->cfg[0] = in;
   m->cfg[1] = out_f;
-  loom_rng r;
-  loom_rng_seed(&r, seed);
   double bound = 1.0 / sqrt((double)in); /* kaiming_uniform(a = sqrt(5)) and bias alike */
   int64_t ws[2] = {out_f, in};
-  loom_tensor *w = NULL, *b = NULL;
-  rc = loom__init_uniform(dt, 2, ws, bound, &r, &w);
-  if (!rc) loom__module_add_param(m, "weight", w);
-  if (!rc && bias) rc = loom__init_uniform(dt, 1, &out_f, bound, &r, &b);
-  if (!rc && bias) loom__module_add_param(m, "bias", b);
+  rc = loom__module_add_init(m, "weight", dt, 2, ws, uniform(bound, seed, 0));
+  if (!rc && bias) rc = loom__module_add_init(m, "bias", dt, 1, &out_f, uniform(bound, seed, 1));
   return finish(m, rc, out);
 }
 
@@ -88,15 +88,10 @@ int loom_nn_conv2d_create(int64_t in_ch, int64_t out_ch, const int64_t kernel[2]
   m->cfg[1] = stride[1];
   m->cfg[2] = padding[0];
   m->cfg[3] = padding[1];
-  loom_rng r;
-  loom_rng_seed(&r, seed);
   double bound = 1.0 / sqrt((double)(in_ch * kernel[0] * kernel[1]));
   int64_t ws[4] = {out_ch, in_ch, kernel[0], kernel[1]};
-  loom_tensor *w = NULL, *b = NULL;
-  rc = loom__init_uniform(dt, 4, ws, bound, &r, &w);
-  if (!rc) loom__module_add_param(m, "weight", w);
-  if (!rc && bias) rc = loom__init_uniform(dt, 1, &out_ch, bound, &r, &b);
-  if (!rc && bias) loom__module_add_param(m, "bias", b);
+  rc = loom__module_add_init(m, "weight", dt, 4, ws, uniform(bound, seed, 0));
+  if (!rc && bias) rc = loom__module_add_init(m, "bias", dt, 1, &out_ch, uniform(bound, seed, 1));
   return finish(m, rc, out);
 }
 
@@ -125,12 +120,10 @@ int loom_nn_layer_norm_create(int normalized_ndim, const int64_t *normalized_sha
   if ((rc = loom__module_new("LayerNorm", ln_forward, &m))) return rc;
   m->cfg[0] = normalized_ndim;
   m->fcfg[0] = eps;
-  loom_tensor *w = NULL, *b = NULL;
   if (affine) {
-    rc = loom__init_fill(dt, normalized_ndim, normalized_shape, 1.0, &w);
-    if (!rc) loom__module_add_param(m, "weight", w);
-    if (!rc) rc = loom__init_fill(dt, normalized_ndim, normalized_shape, 0.0, &b);
-    if (!rc) loom__module_add_param(m, "bias", b);
+    const loom__init one = {.kind = LOOM__INIT_FILL, .a = 1.0}, zero = {.kind = LOOM__INIT_FILL};
+    rc = loom__module_add_init(m, "weight", dt, normalized_ndim, normalized_shape, one);
+    if (!rc) rc = loom__module_add_init(m, "bias", dt, normalized_ndim, normalized_shape, zero);
   }
   return finish(m, rc, out);
 }
@@ -152,28 +145,23 @@ int loom_nn_embedding_create(int64_t num, int64_t dim, loom_dtype dt, uint64_t s
                       (long long)num, (long long)dim);
   loom_module *m = NULL;
   if ((rc = loom__module_new("Embedding", emb_forward, &m))) return rc;
-  loom_rng r;
-  loom_rng_seed(&r, seed);
   int64_t ws[2] = {num, dim};
-  loom_tensor *w = NULL;
-  rc = loom__init_normal(dt, 2, ws, &r, &w);
-  if (!rc) loom__module_add_param(m, "weight", w);
+  const loom__init normal = {.kind = LOOM__INIT_NORMAL, .a = 0.0, .b = 1.0, .seed = seed};
+  rc = loom__module_add_init(m, "weight", dt, 2, ws, normal);
   return finish(m, rc, out);
 }
 
 /* ---- bare leaves: parameters of zeros, not packed (a model's root initialises and packs) -- */
 
-/* A new module of `type` with n f32 parameters of zeros (names[i], shapes[i] of ndims[i]). */
+/* A new module of `type` with n f32 parameters (names[i], shapes[i] of ndims[i]) whose
+ * initialisers say zeros until the model sets them. */
 static int bare(const char *type, int (*fwd)(loom_module *, loom_tensor *, loom_tensor **),
                 int n, const char *const *names, const int *ndims, const int64_t (*shapes)[2],
                 loom_module **out) {
   loom_module *m = NULL;
   int rc = loom__module_new(type, fwd, &m);
-  for (int i = 0; i < n && !rc; i++) {
-    loom_tensor *t = NULL;
-    rc = loom_tensor_zeros(LOOM_F32, ndims[i], shapes[i], &t);
-    if (!rc) loom__module_add_param(m, names[i], t);
-  }
+  for (int i = 0; i < n && !rc; i++)
+    rc = loom__module_add_init(m, names[i], LOOM_F32, ndims[i], shapes[i], (loom__init){0});
   if (rc) {
     loom_module_free(m);
     return rc;

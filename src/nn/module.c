@@ -139,10 +139,24 @@ static int collect(loom_module *m, const char *prefix, loom__param **flat, size_
   return LOOM_OK;
 }
 
-int loom__module_pack(loom_module *m) {
+int loom__module_pack(loom_module *m) { return loom__module_pack_as(m, loom_nn_deferred_init()); }
+
+/* Deferred: the parameters keep no memory; they are leaves that require grad, as in an arena. */
+static int defer_params(loom_module *m) {
+  for (size_t i = 0; i < m->n_flat; i++) {
+    int rc = loom_tensor_set_requires_grad(m->flat[i]->value, true);
+    if (rc) return rc;
+  }
+  m->deferred = true;
+  return LOOM_OK;
+}
+
+int loom__module_pack_as(loom_module *m, bool defer) {
   int rc = LOOM_OK;
   size_t n = 0;
+  loom_tensor **views = NULL; /* value and gradient view of each parameter, in order */
   loom__module_drop_arenas(m);
+  m->deferred = false;
   collect(m, "", NULL, &n);
   m->flat = loom__calloc(LOOM_POOL_COMPUTE, n ? n : 1, sizeof *m->flat);
   LOOM_TRY_ALLOC(m->flat, "the parameter list");
@@ -154,6 +168,11 @@ int loom__module_pack(loom_module *m) {
   for (size_t i = 0; i < n; i++) { /* one flat layout per dtype, in parameter order */
     loom__param *p = m->flat[i];
     p->offset = loom__layout_add(&lay[loom_tensor_dtype(p->value)], loom_tensor_numel(p->value));
+    if (!loom__tensor_released(p->value)) defer = false; /* values to keep: an arena */
+  }
+  if (defer && n) {
+    rc = defer_params(m);
+    goto done;
   }
   for (int d = 0; d < LOOM_DTYPE_COUNT; d++) total[d] = lay[d].end;
   for (int d = 0; d < LOOM_DTYPE_COUNT; d++) {
@@ -163,30 +182,39 @@ int loom__module_pack(loom_module *m) {
     LOOM_TRY(loom_tensor_zeros((loom_dtype)d, 1, &len, &m->grad_arena[d]));
     m->arena_numel[d] = total[d];
   }
+  /* every view made first, the parameters changed only once all are: a failure leaves them as
+   * they were (a deferred root's shells stay shells) */
+  views = loom__calloc(LOOM_POOL_COMPUTE, 2 * (n ? n : 1), sizeof *views);
+  LOOM_TRY_ALLOC(views, "the parameter views");
   for (size_t i = 0; i < n; i++) {
     loom__param *p = m->flat[i];
     loom_dtype dt = loom_tensor_dtype(p->value);
-    loom_tensor *v = NULL, *g = NULL;
+    loom_tensor **v = &views[2 * i], **g = &views[2 * i + 1];
     const loom_tensor *old = p->value;
     int64_t strides[LOOM_MAX_DIMS], s = 1;
     for (int k = old->ndim - 1; k >= 0; k--) strides[k] = s, s *= old->shape[k];
-    LOOM_TRY(loom__tensor_view(m->arena[dt], old->ndim, old->shape, strides, p->offset, &v));
-    rc = loom__tensor_view(m->grad_arena[dt], old->ndim, old->shape, strides, p->offset, &g);
-    if (!rc) rc = loom_tensor_copy(v, old);
-    if (!rc) rc = loom_tensor_set_requires_grad(v, true);
-    if (!rc) rc = loom_tensor_set_grad(v, g);
-    if (rc) {
-      loom_tensor_free(v);
-      loom_tensor_free(g);
-      goto done;
-    }
+    LOOM_TRY(loom__tensor_view(m->arena[dt], old->ndim, old->shape, strides, p->offset, v));
+    LOOM_TRY(loom__tensor_view(m->grad_arena[dt], old->ndim, old->shape, strides, p->offset, g));
+    if (loom__tensor_released(old)) /* a shell: its initialiser's values */
+      rc = loom__param_init_into(p, 0, loom_tensor_numel(*v), loom_tensor_data(*v), dt);
+    else rc = loom_tensor_copy(*v, old);
+    if (!rc) rc = loom_tensor_set_requires_grad(*v, true);
+    if (!rc) rc = loom_tensor_set_grad(*v, *g);
+    if (rc) goto done;
+  }
+  for (size_t i = 0; i < n; i++) {
+    loom__param *p = m->flat[i];
     loom_tensor_free(p->value);
     loom_tensor_free(p->grad);
-    p->value = v;
-    p->grad = g;
+    p->value = views[2 * i];
+    p->grad = views[2 * i + 1];
   }
 done:
-  if (rc) loom__module_drop_arenas(m);
+  if (rc) {
+    for (size_t i = 0; views && i < 2 * n; i++) loom_tensor_free(views[i]);
+    loom__module_drop_arenas(m);
+  }
+  loom__free(views);
   return rc;
 }
 

@@ -12,11 +12,27 @@
 
 #define LOOM__NN_MAX_PARAMS 4
 
+/* A parameter's initialiser (its recipe, init.c): element i of the parameter is a pure
+ * function of (seed, stream, i) through loom_rng_at_uniform / _normal, so any slice of it can
+ * be made alone (FSDP's shards). Zeroed: every element 0. */
+typedef enum loom__init_kind {
+  LOOM__INIT_FILL = 0, /* every element a */
+  LOOM__INIT_UNIFORM,  /* U[-a, a): -a + 2a u */
+  LOOM__INIT_NORMAL,   /* N(a, b^2): a + b z */
+} loom__init_kind;
+
+typedef struct loom__init {
+  loom__init_kind kind;
+  double a, b;
+  uint64_t seed, stream;
+} loom__init;
+
 typedef struct loom__param {
   const char *name; /* local name, static ("weight") */
   loom_tensor *value, *grad;
   char *full; /* dotted name in the root's tree, set by packing */
   size_t offset;
+  loom__init init; /* its values when it is given memory without data to copy */
 } loom__param;
 
 /* Forward hooks (FSDP's unit boundaries): pre runs before the module's forward; once pre has
@@ -49,6 +65,7 @@ struct loom_module {
   size_t arena_numel[LOOM_DTYPE_COUNT];
   loom__param **flat; /* every parameter of the tree, in order */
   size_t n_flat;
+  bool deferred; /* packed without arenas (loom_nn_set_deferred_init): parameters are shells */
   void *sharded_by; /* the FSDP wrapper holding the parameters since its arenas were given
                        back (a loom_fsdp *, set and cleared by FSDP), or NULL */
 };
@@ -58,6 +75,10 @@ int loom__module_new(const char *type, int (*forward)(loom_module *, loom_tensor
                      loom_module **out);
 /* Add a local parameter with initial values (takes the reference to value). */
 int loom__module_add_param(loom_module *m, const char *name, loom_tensor *value);
+/* Add a local parameter of this shape and dtype without memory (a shell, loom__tensor_shell)
+ * and its initialiser: packing gives it its values. */
+int loom__module_add_init(loom_module *m, const char *name, loom_dtype dt, int ndim,
+                          const int64_t *shape, loom__init init);
 /* Make children[0..n) m's children, named names[i] (NULL: "0", "1", ...), dropping their
  * own arenas (pack m, or its root, afterwards). m must have no children yet. Takes the
  * children: on failure they are freed, or owned by m (freed with it). */
@@ -71,9 +92,21 @@ int loom__module_compose(const char *type,
                          loom_module **out);
 /* Free the arenas and full names a root holds (when it becomes a child, or is freed). */
 void loom__module_drop_arenas(loom_module *m);
-/* Lay out every parameter of the tree rooted at m in fresh arenas (values copied in) and
- * point the parameters at views of them, with gradients in the gradient arenas. */
+/* Lay out every parameter of the tree rooted at m in fresh arenas and point the parameters at
+ * views of them, with gradients in the gradient arenas: a parameter with data is copied in, a
+ * shell gets its initialiser's values. With deferred initialisation on for this thread
+ * (loom_nn_set_deferred_init) and no parameter holding data, only names and offsets are set:
+ * no arenas, the parameters stay shells, m->deferred. */
 int loom__module_pack(loom_module *m);
+/* The same, deferring when `defer` (and nothing has data) whatever the thread's setting. */
+int loom__module_pack_as(loom_module *m, bool defer);
+
+/* Elements [lo, hi) of p's initial values (its initialiser), as f32 (init.c). */
+void loom__init_values(const loom__init *in, size_t lo, size_t hi, float *dst);
+/* Elements [lo, hi) of p's initial values into dst, of dtype dt (rounded to nearest even). */
+int loom__param_init_into(const loom__param *p, size_t lo, size_t hi, void *dst, loom_dtype dt);
+/* A 64-bit hash of the initialisers of root's parameters (every rank's must agree). */
+uint64_t loom__module_init_hash(const loom_module *root);
 
 /* Run m's forward with its hooks: what loom_module_forward and containers call for a child. */
 int loom__module_run(loom_module *m, loom_tensor *x, loom_tensor **out);
@@ -97,11 +130,5 @@ int loom__sequential_bare(loom_module **children, size_t n, loom_module **m);
  * their values and arenas from the model that adopts it (gpt.c). */
 int loom__gpt_block_create(int64_t dim, int64_t heads, loom_module **out);
 
-/* f32 values uniform in [-bound, bound) or N(0, 1), then stored as dt: a new tensor. */
-int loom__init_uniform(loom_dtype dt, int ndim, const int64_t *shape, double bound, loom_rng *r,
-                       loom_tensor **out);
-int loom__init_normal(loom_dtype dt, int ndim, const int64_t *shape, loom_rng *r,
-                      loom_tensor **out);
-int loom__init_fill(loom_dtype dt, int ndim, const int64_t *shape, double v, loom_tensor **out);
 
 #endif

@@ -21,6 +21,10 @@ static int create_for_module(const char *who, loom_module *m, optim_kind kind,
   if (m->sharded_by) { /* FSDP holds the parameters: this rank's shards, one segment a unit */
     rc = loom_fsdp_segments((loom_fsdp *)m->sharded_by, &segs, &nseg);
     if (rc) return rc;
+  } else if (loom_module_deferred(m)) {
+    return loom__fail(LOOM_EMISUSE, "%s: the module was built deferred and holds no parameters "
+                      "yet: loom_module_materialize it, or wrap it with loom_fsdp_create, first",
+                      who);
   } else {
     loom_tensor *w = NULL, *g = NULL;
     size_t numel = 0;

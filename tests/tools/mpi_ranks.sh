@@ -21,6 +21,10 @@
 #                          resumed with offload from the sharded checkpoint, end with the model
 #                          file of the same run on NP threads without offload (byte for byte), and
 #                          leave no file in --offload-dir
+#   start NP               sharded construction: NP MPI processes with --strategy fsdp and
+#                          --lr 0 (no step changes a weight) save the one-process run's initial
+#                          model byte for byte; with --init of a model file (another seed),
+#                          that file's tensors
 #   launcher               started by the launcher without --backend: one run of 2 MPI ranks (one
 #                          summary line); with --backend threads: every process refuses at
 #                          start, saying how to run (never two independent trainings)
@@ -157,6 +161,25 @@ fsdp-offload)
   cmp -s "$dir/thr/model.safetensors" "$dir/mpi/model.safetensors" ||
     fail "the MPI run's model (offload on disk) differs from the threads run's (no offload)"
   [ -z "$(ls -A "$dir/off")" ] || fail "files left in --offload-dir: $(ls -A "$dir/off")"
+  ;;
+start)
+  n=$1
+  run="train --hidden 24,16 --threads 1 --limit 256 --batch 32 --max-steps 1 --lr 0 --quiet"
+  for seed in 1 2; do
+    timeout 120 "$loom" $run --seed $seed --save "$dir/one$seed" >"$dir/out" 2>"$dir/err" ||
+      fail "the one-process run failed"
+  done
+  # shellcheck disable=SC2086
+  timeout 120 "$mpiexec" $flags $np "$n" "$loom" $run --seed 1 --backend mpi --strategy fsdp \
+    --save "$dir/mpi" >"$dir/out" 2>"$dir/err" || fail "the MPI run failed"
+  cmp -s "$dir/one1/model.safetensors" "$dir/mpi/model.safetensors" ||
+    fail "FSDP on $n MPI processes starts from other weights than one process"
+  # shellcheck disable=SC2086
+  timeout 120 "$mpiexec" $flags $np "$n" "$loom" $run --seed 1 --backend mpi --strategy fsdp \
+    --init "$dir/one2/model.safetensors" --save "$dir/mpi-init" >"$dir/out" 2>"$dir/err" ||
+    fail "the MPI run with --init failed"
+  cmp -s "$dir/one2/model.safetensors" "$dir/mpi-init/model.safetensors" ||
+    fail "FSDP on $n MPI processes with --init starts from other weights than the file's"
   ;;
 launcher)
   run="train --strategy ddp --hidden 16 --threads 1 --limit 256 --batch 64 --epochs 1 --quiet"

@@ -1,7 +1,7 @@
 /* test_train_ddp.c: `loom train --ranks N --strategy ddp` (ranks as threads). Two ranks with
  * --batch B end with the parameters of one process with --batch 2B (within f32 summation
- * order: 1e-4 after 8 AdamW steps, whose updates are ~lr = 1e-3 each, so a wrong average
- * would show), the metrics carry the DDP statistics, f16 autocast with dynamic scaling runs
+ * order: 1e-4 after 16 AdamW steps for all but a few elements, whose updates are ~lr = 1e-3
+ * each, so a wrong average would show), the metrics carry the DDP statistics, f16 autocast with dynamic scaling runs
  * under DDP, and the data-parallel options (--timeout, LOOM_TIMEOUT) are checked. (Ranks that
  * disagree: test_train_ranks.c, and as MPI processes, with ranks that stall,
  * tests/tools/mpi_ranks.sh.) */
@@ -11,8 +11,9 @@
 #include <loom/io.h>
 #include <stdlib.h>
 
-/* The largest difference between same-named tensors of two safetensors files. */
-static double max_diff(const char *a, const char *b) {
+/* The largest difference between same-named tensors of two safetensors files, and (over) how
+ * many elements differ by more than `tol`. */
+static double max_diff(const char *a, const char *b, double tol, size_t *over) {
   loom_safetensors *fa = NULL, *fb = NULL;
   double worst = INFINITY;
   if (loom_safetensors_open(a, 0, &fa) || loom_safetensors_open(b, 0, &fb)) goto done;
@@ -26,8 +27,10 @@ static double max_diff(const char *a, const char *b) {
       worst = INFINITY;
     } else {
       const float *x = loom_tensor_data(ta), *y = loom_tensor_data(tb);
-      for (size_t k = 0; k < loom_tensor_numel(ta); k++)
+      for (size_t k = 0; k < loom_tensor_numel(ta); k++) {
         if (fabs(x[k] - y[k]) > worst) worst = fabs(x[k] - y[k]);
+        *over += fabs(x[k] - y[k]) > tol;
+      }
     }
     loom_tensor_free(ta);
     loom_tensor_free(tb);
@@ -50,8 +53,15 @@ LT_TEST(train_ddp_two_ranks_match_one_process_with_twice_the_batch) {
   char a[512], b[512];
   snprintf(a, sizeof a, "%s/one/model.safetensors", d);
   snprintf(b, sizeof b, "%s/two/model.safetensors", d);
-  double diff = max_diff(a, b);
-  if (!(diff <= 1e-4)) lt_fail_at(__FILE__, __LINE__, "parameters differ by %g", diff);
+  /* AdamW divides by sqrt(v) + eps: a gradient component near zero (a first-layer weight of a
+   * pixel that is almost always 0) whose value depends on the summation order can move its
+   * weight by up to lr = 1e-3 a step. So all but a few of the 38,000 elements agree within
+   * 1e-4 and none differs by more than one lr (seed 7: one element by 1.6e-4, the next 3e-7). */
+  size_t over = 0;
+  double diff = max_diff(a, b, 1e-4, &over);
+  if (!(diff <= 1e-3) || over > 3)
+    lt_fail_at(__FILE__, __LINE__, "parameters differ by %g, %zu elements by more than 1e-4",
+               diff, over);
   snprintf(a, sizeof a, "%s/m.jsonl", d);
   size_t mn = 0;
   char *m = tt_read_file(a, &mn);
