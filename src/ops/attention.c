@@ -49,12 +49,18 @@ static int64_t out_off(const attn_dims *a, int64_t bh) {
  * of scores is an accum (the score row in registers, kt's rows streaming by) rather than one
  * dot product, each ending in a horizontal sum, per key. */
 static void transpose_scaled(const attn_dims *a, const float *k, float *kt, float scale) {
+  enum { TT = 16 }; /* keys a tile: each kt row gets a whole cache line of them at a time */
   int64_t T = a->T, D = a->D;
 #pragma omp parallel for num_threads(loom__gemm_threads()) if (a->BH > 1)
-  for (int64_t bh = 0; bh < a->BH; bh++)
-    for (int64_t t = 0; t < T; t++)
+  for (int64_t bh = 0; bh < a->BH; bh++) {
+    const float *kb = k + in_off(a, bh);
+    float *tb = kt + bh * D * a->ldt;
+    for (int64_t t0 = 0; t0 < T; t0 += TT) {
+      int64_t t1 = t0 + TT < T ? t0 + TT : T;
       for (int64_t d = 0; d < D; d++)
-        kt[(bh * D + d) * a->ldt + t] = scale * k[in_off(a, bh) + t * a->ldi + d];
+        for (int64_t t = t0; t < t1; t++) tb[d * a->ldt + t] = scale * kb[t * a->ldi + d];
+    }
+  }
 }
 
 /* s[0..w) = q . kt's columns j0..j0+w (kt [D, ldt]): scores of one query row against a block. */
