@@ -6,9 +6,9 @@
  * the next allocation of the same rounded size takes one. The cache holds whole blocks and is
  * exact-size: a hit is a block that was allocated for this size. One mutex guards it (large
  * allocations only, each followed by at least 256 KiB of work).
- * The limit: by default automatic (LOOM_MEM_CACHE_AUTO): the cache keeps what keeps the bytes
- * of large blocks in use plus cached at most the most ever in use at once (`high`) plus
- * 256 MiB (plus what is reserved); a miss first drops cached blocks to stay within that. So a
+ * The limit: by default automatic (LOOM_MEM_CACHE_AUTO): the cache keeps blocks as long as the
+ * bytes of large blocks in use plus cached stay within the most ever in use at once (`high`)
+ * plus 256 MiB (plus what is reserved); a miss first drops cached blocks to stay within it. So a
  * training step whose working set is larger than 256 MiB gets all of it back the next step,
  * and the process never holds more than it could with the fixed 256 MiB limit (in use + 256).
  * LOOM_ALLOC_CACHE_MB from the environment, or loom_mem_set_cache_limit, sets a fixed limit
