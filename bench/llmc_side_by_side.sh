@@ -26,8 +26,12 @@
 # Usage: bench/llmc_side_by_side.sh LOOM_BIN [WORKDIR]
 # Environment: LLMC_SRC, STEPS (timed steps, default 5; one more is run and skipped),
 #   THREADS (default "1 2"), LAYERS HEADS DIM CONTEXT BATCH (default 6 6 384 256 16, the
-#   issue's model), AMP (loom's --amp, default off), TORCH (1: time PyTorch too), TEXT (a file
-#   instead of the fortunes).
+#   issue's model), AMP (off or bf16: loom's --amp and PyTorch's autocast, default off), TORCH
+#   (1: time PyTorch too), LLMC (0: leave llm.c out, e.g. for bf16 runs: it is f32 only),
+#   TEXT (a file instead of the fortunes), CPU (1: instead of wall-clock step times, each side's
+#   CPU time a step: the process's user + system time with STEPS + 1 steps less that with 1
+#   step, over STEPS; what to compare on a machine loaded by others, at 1 thread, where the
+#   other load takes wall-clock time from every side unevenly but not CPU time).
 set -eu
 LOOM=$(readlink -f "$1")
 WORK=${2:-$(mktemp -d /tmp/llmc_side_by_side.XXXXXX)}
@@ -38,6 +42,8 @@ THREADS=${THREADS:-"1 2"}
 L=${LAYERS:-6} H=${HEADS:-6} C=${DIM:-384} T=${CONTEXT:-256} B=${BATCH:-16}
 AMP=${AMP:-off}
 TORCH=${TORCH:-0}
+LLMC=${LLMC:-1}
+CPU=${CPU:-0}
 RUNS=$((STEPS + 1))
 mkdir -p "$WORK"
 echo "llmc_side_by_side: work in $WORK; model $L layers, $H heads, $C wide, context $T, batch $B;" \
@@ -96,6 +102,54 @@ median() {
 }
 tps() { awk -v ms="$1" -v n=$((B * T)) 'BEGIN { printf "%.0f", n / (ms / 1000) }'; }
 
+# CPU milliseconds (user + system) of the command's whole run; its output to $CPU_LOG.
+cpu_ms() {
+  "$PY" -c 'import os, subprocess, sys
+with open(sys.argv[1], "w") as log:
+    p = subprocess.Popen(sys.argv[2:], stdout=log, stderr=subprocess.STDOUT)
+    _, st, ru = os.wait4(p.pid, 0)
+if st:
+    sys.exit(1)
+print("%.0f" % ((ru.ru_utime + ru.ru_stime) * 1000))' "$CPU_LOG" "$@" ||
+    { cat "$CPU_LOG"; exit 1; }
+}
+# The CPU ms a step of a side: its command run with RUNS steps and with 1 (the command's last
+# argument is the step count; "$@" without it).
+cpu_step() {
+  a=$(cpu_ms "$@" "$RUNS")
+  b=$(cpu_ms "$@" 1)
+  awk -v a="$a" -v b="$b" -v n="$STEPS" 'BEGIN { printf "%.1f", (a - b) / n }'
+}
+if [ "$CPU" = 1 ]; then
+  summary=$WORK/summary.txt
+  : > "$summary"
+  [ "$TORCH" = 1 ] &&
+    echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, $(OPENBLAS_VERBOSE=2 "$PY" -c "import torch" 2>&1 | grep -m1 Core)" |
+      tee -a "$summary"
+  for n in $THREADS; do
+    CPU_LOG=$WORK/cpu-loom-$n.log
+    # shellcheck disable=SC2086
+    loom_ms=$(cpu_step "$LOOM" train $shape --threads "$n" --amp "$AMP" --lr 3e-4 --init "$init" \
+                --max-steps)
+    line="threads $n, CPU ms a step: loom $AMP $loom_ms ($(tps "$loom_ms") tokens/CPU s)"
+    if [ "$LLMC" = 1 ]; then
+      CPU_LOG=$WORK/cpu-llmc-$n.log
+      llmc_ms=$(OMP_NUM_THREADS=$n cpu_step "$src/llmc_steps" "$WORK/model.llmc.bin" \
+                  "$WORK/train.llmc.bin" "$B" "$T")
+      line="$line, llm.c $llmc_ms ($(tps "$llmc_ms")), loom/llm.c $(awk -v a="$llmc_ms" -v b="$loom_ms" 'BEGIN { printf "%.2f", a / b }')x"
+    fi
+    if [ "$TORCH" = 1 ]; then
+      CPU_LOG=$WORK/cpu-torch-$n.log
+      torch_ms=$(cpu_step "$PY" "$HERE/llmc/llmc_files.py" torch "$init" --layers "$L" \
+                   --heads "$H" --context "$T" --batch "$B" --threads "$n" --amp "$AMP" --steps)
+      line="$line, torch $AMP $torch_ms ($(tps "$torch_ms")), loom/torch $(awk -v a="$torch_ms" -v b="$loom_ms" 'BEGIN { printf "%.2f", a / b }')x"
+    fi
+    echo "$line" | tee -a "$summary"
+  done
+  echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  exit 0
+fi
+
 summary=$WORK/summary.txt
 : > "$summary"
 # the OpenBLAS core behind torch's f32 GEMMs: a generic fallback (Prescott) would make PyTorch
@@ -115,22 +169,25 @@ for n in $THREADS; do
             awk -v b="$B" '{ printf "%.6f\n", 1000 * b / $1 }' | median)
   echo "loom ($AMP) threads $n: step times (ms): $(sed -n 's/.*"samples_per_s": \([0-9.e+-]*\).*/\1/p' "$m" |
             awk -v b="$B" '{ printf "%.0f ", 1000 * b / $1 }')"
+  line="threads $n: loom $AMP $(tps "$loom_ms") tokens/s (${loom_ms%.*} ms/step)"
   # llm.c
-  OMP_NUM_THREADS=$n "$src/llmc_steps" "$WORK/model.llmc.bin" "$WORK/train.llmc.bin" "$B" "$T" \
-    "$RUNS" > "$WORK/llmc-$n.log" 2>&1 || { cat "$WORK/llmc-$n.log"; exit 1; }
-  llmc_ms=$(sed -n 's/.*(took \([0-9.]*\) ms).*/\1/p' "$WORK/llmc-$n.log" | median)
-  echo "llm.c threads $n: $(grep -m1 'omp threads' "$WORK/llmc-$n.log"); step times (ms):" \
-       "$(sed -n 's/.*(took \([0-9.]*\) ms).*/\1/p' "$WORK/llmc-$n.log" | awk '{ printf "%.0f ", $1 }')"
-  line="threads $n: loom $AMP $(tps "$loom_ms") tokens/s (${loom_ms%.*} ms/step), llm.c $(tps "$llmc_ms") tokens/s (${llmc_ms%.*} ms)"
-  line="$line, loom/llm.c $(awk -v a="$llmc_ms" -v b="$loom_ms" 'BEGIN { printf "%.2f", a / b }')x"
+  if [ "$LLMC" = 1 ]; then
+    OMP_NUM_THREADS=$n "$src/llmc_steps" "$WORK/model.llmc.bin" "$WORK/train.llmc.bin" "$B" "$T" \
+      "$RUNS" > "$WORK/llmc-$n.log" 2>&1 || { cat "$WORK/llmc-$n.log"; exit 1; }
+    llmc_ms=$(sed -n 's/.*(took \([0-9.]*\) ms).*/\1/p' "$WORK/llmc-$n.log" | median)
+    echo "llm.c threads $n: $(grep -m1 'omp threads' "$WORK/llmc-$n.log"); step times (ms):" \
+         "$(sed -n 's/.*(took \([0-9.]*\) ms).*/\1/p' "$WORK/llmc-$n.log" | awk '{ printf "%.0f ", $1 }')"
+    line="$line, llm.c $(tps "$llmc_ms") tokens/s (${llmc_ms%.*} ms)"
+    line="$line, loom/llm.c $(awk -v a="$llmc_ms" -v b="$loom_ms" 'BEGIN { printf "%.2f", a / b }')x"
+  fi
   if [ "$TORCH" = 1 ]; then
     "$PY" "$HERE/llmc/llmc_files.py" torch "$init" --layers "$L" --heads "$H" --context "$T" \
-      --batch "$B" --threads "$n" --steps "$RUNS" > "$WORK/torch-$n.log" 2>&1 ||
+      --batch "$B" --threads "$n" --steps "$RUNS" --amp "$AMP" > "$WORK/torch-$n.log" 2>&1 ||
       { cat "$WORK/torch-$n.log"; exit 1; }
     torch_ms=$(sed -n 's/.*(took \([0-9.]*\) ms).*/\1/p' "$WORK/torch-$n.log" | median)
-    echo "torch f32 threads $n: $(head -1 "$WORK/torch-$n.log"); step times (ms):" \
+    echo "torch $AMP threads $n: $(head -1 "$WORK/torch-$n.log"); step times (ms):" \
          "$(sed -n 's/.*(took \([0-9.]*\) ms).*/\1/p' "$WORK/torch-$n.log" | awk '{ printf "%.0f ", $1 }')"
-    line="$line, torch f32 $(tps "$torch_ms") tokens/s (${torch_ms%.*} ms), loom/torch $(awk -v a="$torch_ms" -v b="$loom_ms" 'BEGIN { printf "%.2f", a / b }')x"
+    line="$line, torch $AMP $(tps "$torch_ms") tokens/s (${torch_ms%.*} ms), loom/torch $(awk -v a="$torch_ms" -v b="$loom_ms" 'BEGIN { printf "%.2f", a / b }')x"
   fi
   echo "$line" | tee -a "$summary"
 done

@@ -35,7 +35,10 @@ typedef struct train_opts {
   bool checkpoint_activations;         /* recompute each block's forward in backward */
   long epochs, batch, seed;
   double lr, weight_decay, momentum, loss_scale;
+  double min_lr;                       /* --min-lr: the cosine schedule's floor */
   long warmup;
+  bool warmup_auto;                    /* warmup is the GPT's default: at most a tenth of the
+                                        * run's steps */
   const char *optim;                   /* "sgd", "adam", "adamw" */
   const char *schedule;                /* "constant", "warmup", "cosine" */
   const char *amp;                     /* "off", "bf16", "f16" */

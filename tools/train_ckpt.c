@@ -22,7 +22,7 @@
 #define KEY_MAX 160
 
 /* The options a resumed run must share with the run that wrote the checkpoint. */
-enum { NFP = 15 };
+enum { NFP = 16 };
 typedef struct fingerprint {
   const char *key[NFP];
   char value[NFP][96];
@@ -40,6 +40,7 @@ static void make_fingerprint(const train_opts *o, const train_model *m, fingerpr
   FP("momentum", "%.17g", o->momentum);
   FP("schedule", "%s", o->schedule);
   FP("warmup", "%ld", o->warmup);
+  FP("min_lr", "%.17g", o->min_lr);
   FP("epochs", "%ld", o->epochs);
   FP("amp", "%s", o->amp);
   FP("scaler", "%s", o->scaler);
@@ -60,6 +61,7 @@ static const char *const counter_keys[NCOUNT] = {"step", "epoch", "batch_index",
 static const char *option_of(const char *key) {
   const char *k = key + strlen("train.");
   if (strcmp(k, "weight_decay") == 0) return "weight-decay";
+  if (strcmp(k, "min_lr") == 0) return "min-lr";
   if (strcmp(k, "model") == 0) return "model (and its sizes)";
   return k;
 }
@@ -252,6 +254,7 @@ static int check_fingerprint(const loom_safetensors *f, const char *dir, const t
   }
   for (int i = 0; i < NFP; i++) {
     const char *v = loom_safetensors_meta(f, fp.key[i]);
+    if (!v && strcmp(fp.key[i], "train.min_lr") == 0) v = "0"; /* written before --min-lr */
     if (!v)
       return train_fail(LOOM_EFORMAT, "--resume %s: the checkpoint lacks '%s'", dir, fp.key[i]);
     if (st->from_ranks &&

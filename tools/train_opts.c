@@ -148,6 +148,12 @@ static int gpt_options(train_opts *o, const train_cmdline *c) {
   if (!c->seen_batch) o->batch = TRAIN_GPT_BATCH;
   if (!c->seen_epochs) o->epochs = TRAIN_GPT_EPOCHS;
   if (!c->seen_eval_batch) o->eval_batch = TRAIN_GPT_EVAL_BATCH;
+  if (!c->seen_warmup && strcmp(o->schedule, "constant") != 0) {
+    o->warmup = TRAIN_GPT_WARMUP;
+    o->warmup_auto = true;
+  }
+  if (!c->seen_min_lr && strcmp(o->schedule, "cosine") == 0)
+    o->min_lr = o->lr * TRAIN_GPT_MIN_LR_FRAC;
   return 0;
 }
 
@@ -166,6 +172,12 @@ static int unused(const train_opts *o, const train_cmdline *c) {
                  "--momentum is for --optim sgd", o->optim);
   if (c->seen_warmup && strcmp(o->schedule, "constant") == 0)
     return usage("--warmup: --schedule constant has no warmup; use --schedule warmup or cosine");
+  if (c->seen_min_lr && strcmp(o->schedule, "cosine") != 0)
+    return usage("--min-lr: --schedule %s does not decay; --min-lr is cosine's floor",
+                 o->schedule);
+  if (c->seen_min_lr && o->min_lr > o->lr)
+    return usage("--min-lr %g: above --lr %g (the cosine decay ends at --min-lr)", o->min_lr,
+                 o->lr);
   if (strcmp(o->amp, "off") == 0 && strcmp(o->scaler, "off") != 0)
     return usage("--scaler %s: loss scaling is for reduced-precision gradients: it needs --amp "
                  "f16 (or bf16)", o->scaler);

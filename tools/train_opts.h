@@ -20,7 +20,8 @@ typedef struct train_cmdline {
   bool no_shuffle, overwrite;
   bool seen_hidden, seen_channels, seen_fc, seen_momentum, seen_loss_scale, seen_scaler,
       seen_warmup, seen_wrap, seen_unit_min, seen_reshard, seen_gather_prefetch, seen_offload,
-      seen_offload_tier, seen_offload_dir, seen_prefetch, seen_backend, seen_shard_size;
+      seen_offload_tier, seen_offload_dir, seen_prefetch, seen_backend, seen_shard_size,
+      seen_min_lr;
   /* --model gpt: its options, and the ones whose default differs for it */
   bool seen_layers, seen_heads, seen_dim, seen_context, seen_text, seen_eval_every,
       seen_eval_windows, seen_batch, seen_epochs, seen_eval_batch, seen_checkpoint_activations;
@@ -53,6 +54,13 @@ int train_cli_fingerprint(const cli_option *table, train_fp_entry *out, int cap)
 #define TRAIN_GPT_BATCH 8
 #define TRAIN_GPT_EPOCHS 1
 #define TRAIN_GPT_EVAL_BATCH 32
+/* The GPT's learning-rate schedule when --warmup / --min-lr are not given (nanoGPT's for its
+ * character-level GPT of this shape: lr 1e-3, 100 warmup steps, cosine down to lr / 10): 100
+ * linear warmup steps (at most a tenth of the run's steps) with warmup or cosine, and cosine's
+ * floor a tenth of --lr. Without warmup, lr 1e-3 spiked the loss of the 6-layer, 384-wide
+ * model at step 22 (BENCHMARKS.md). */
+#define TRAIN_GPT_WARMUP 100
+#define TRAIN_GPT_MIN_LR_FRAC 0.1
 
 /* Fill the sizes, the scaler default, the offload flags and the normalised folders of o from
  * c, and check the options against each other. 0, or -1 after the message (a usage error:

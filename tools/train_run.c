@@ -63,11 +63,14 @@ static int make_optimizer(trainer *t) {
   t->sched = loom_lr_schedule_default();
   t->sched.lr = o->lr;
   t->sched.warmup_steps = o->warmup;
+  t->sched.min_lr = o->min_lr;
+  if (o->warmup_auto && t->sched.warmup_steps > t->total_steps / 10)
+    t->sched.warmup_steps = t->total_steps / 10; /* the GPT's default: a tenth at most */
   t->sched.kind = strcmp(o->schedule, "cosine") == 0   ? LOOM_LR_COSINE
                   : strcmp(o->schedule, "warmup") == 0 ? LOOM_LR_WARMUP
                                                        : LOOM_LR_CONSTANT;
   t->sched.total_steps = t->total_steps;
-  if (o->warmup > t->total_steps)
+  if (!o->warmup_auto && o->warmup > t->total_steps)
     return train_fail(LOOM_EINVAL, "--warmup %ld is more than the %lld steps of the run",
                       o->warmup, (long long)t->total_steps);
   if (t->sched.kind == LOOM_LR_COSINE && t->sched.total_steps <= t->sched.warmup_steps)

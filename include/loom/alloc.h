@@ -100,12 +100,20 @@ int loom_set_allocator(const loom_allocator *a);
 /* The default allocator's cache of large blocks. A block of 256 KiB or more that loom frees
  * is kept, up to a limit, and given to the next allocation of the same size, instead of going
  * back to the C library, which would return its pages to the kernel and fault them in again on
- * the next training step. The limit starts at LOOM_ALLOC_CACHE_MB from the environment (a
- * whole number of MiB; any other value is ignored here, and refused by the `loom` command),
- * else 256 MiB, or 0 in address-sanitizer builds. Cached bytes are not counted in any pool's
- * current_bytes.
+ * the next training step. The limit is by default automatic (LOOM_MEM_CACHE_AUTO): large
+ * blocks in use plus cached stay within the most ever in use at once plus 256 MiB (a training
+ * step's whole working set comes back the next step; the process holds no more than it could
+ * with a fixed 256 MiB limit); a new block first drops cached ones to stay within it.
+ * LOOM_ALLOC_CACHE_MB from the environment (a whole number of MiB; any other value is ignored
+ * here, and refused by the `loom` command) sets a fixed limit on the cached bytes instead, as
+ * loom_mem_set_cache_limit does; address-sanitizer builds start with the cache off (0).
+ * Cached bytes are not counted in any pool's current_bytes.
  * A custom allocator (loom_set_allocator) bypasses the cache. All four are thread-safe. */
-void loom_mem_set_cache_limit(size_t bytes); /* 0 turns it off; shrinks to the new limit */
+#define LOOM_MEM_CACHE_AUTO SIZE_MAX
+/* A fixed limit on cached bytes (0 turns the cache off), or LOOM_MEM_CACHE_AUTO; shrinks the
+ * cache to the new limit. */
+void loom_mem_set_cache_limit(size_t bytes);
+/* The limit in force (a fixed one plus what FSDP reserves), or LOOM_MEM_CACHE_AUTO. */
 size_t loom_mem_cache_limit(void);
 size_t loom_mem_cached_bytes(void);          /* bytes held in the cache now */
 void loom_mem_release_cache(void);           /* give every cached block back to the C library */

@@ -149,6 +149,16 @@ int loom_layer_norm(loom_tensor *x, int normalized_ndim, loom_tensor *w, loom_te
  * LOOM_OPK_SDPA ("scaled_dot_product_attention"), in the low dtype like matmul. */
 int loom_scaled_dot_product_attention(loom_tensor *q, loom_tensor *k, loom_tensor *v,
                                       bool is_causal, loom_tensor **out);
+/* Attention over packed heads: qkv [B, T, 3C] holds q, k and v side by side (C columns each,
+ * `heads` heads of C / heads columns side by side in each: GPT-2's c_attn output), out
+ * [B, T, C] the heads side by side (what c_proj takes). Equal to splitting qkv into q, k, v,
+ * viewing each as [B, heads, T, D], loom_scaled_dot_product_attention and merging the heads
+ * back, with the same kernels and so bit for bit, but with no copies of the heads apart or
+ * together, and its gradient is one [B, T, 3C] tensor rather than three sliced into zeros.
+ * Saves qkv, the output and the logsumexp. Errors: those of
+ * loom_scaled_dot_product_attention, and LOOM_ESHAPE unless qkv is of rank 3 with its last dim
+ * 3 x heads x D (heads >= 1). Autocast kind LOOM_OPK_SDPA. */
+int loom_sdpa_qkv(loom_tensor *qkv, int64_t heads, bool is_causal, loom_tensor **out);
 /* Rows of weight [V, D] picked by idx (i32 or i64, any shape, each in [0, V)): out is
  * idx.shape + [D]. */
 int loom_embedding(loom_tensor *weight, loom_tensor *idx, loom_tensor **out);

@@ -266,10 +266,13 @@ static void *alloc_block(loom_pool pool, size_t size, bool *fresh_zero) {
   } else if (hook.alloc == default_alloc) {
     size_t bytes = loom__cache_round(size + HEADER);
     raw = loom__cache_take(bytes);
-    if (!raw) raw = loom__raw_alloc(bytes, fresh_zero);
-    if (!raw && loom_mem_cached_bytes()) { /* out of memory: give the cache back, try again */
-      loom_mem_release_cache();
+    if (!raw) {
       raw = loom__raw_alloc(bytes, fresh_zero);
+      if (!raw && loom_mem_cached_bytes()) { /* out of memory: give the cache back, try again */
+        loom_mem_release_cache();
+        raw = loom__raw_alloc(bytes, fresh_zero);
+      }
+      if (raw) loom__cache_track(bytes); /* a new block in use (a cached one was counted) */
     }
   } else {
     raw = hook.alloc(hook.ctx, size + HEADER, HEADER);

@@ -5,9 +5,15 @@
  * LOOM__CACHE_MIN_BYTES that the default allocator frees are kept, up to a byte limit, and
  * the next allocation of the same rounded size takes one. The cache holds whole blocks and is
  * exact-size: a hit is a block that was allocated for this size. One mutex guards it (large
- * allocations only, each followed by at least 256 KiB of work). The limit starts at
- * LOOM_ALLOC_CACHE_MB from the environment if set, else 256 MiB; address sanitizer builds
- * start with the cache off, so a use after free is still caught. */
+ * allocations only, each followed by at least 256 KiB of work).
+ * The limit: by default automatic (LOOM_MEM_CACHE_AUTO): the cache keeps blocks as long as the
+ * bytes of large blocks in use plus cached stay within the most ever in use at once (`high`)
+ * plus 256 MiB (plus what is reserved); a miss first drops cached blocks to stay within it. So a
+ * training step whose working set is larger than 256 MiB gets all of it back the next step,
+ * and the process never holds more than it could with the fixed 256 MiB limit (in use + 256).
+ * LOOM_ALLOC_CACHE_MB from the environment, or loom_mem_set_cache_limit, sets a fixed limit
+ * on the cached bytes instead; address sanitizer builds start with the cache off, so a use
+ * after free is still caught. */
 #include "core/alloc_cache.h"
 
 #include <pthread.h>
@@ -15,7 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define SLOTS 64
+#define SLOTS 1024 /* a GPT step frees a few hundred large blocks */
 
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
@@ -24,11 +30,14 @@
 #endif
 #if defined(__SANITIZE_ADDRESS__) || defined(LOOM__ASAN)
 #define DEFAULT_LIMIT ((size_t)0)
+#define DEFAULT_AUTO false
 #define MAP_MIN SIZE_MAX /* every block through malloc, where the sanitizer watches it */
 #else
 #define DEFAULT_LIMIT ((size_t)256 << 20)
+#define DEFAULT_AUTO true
 #define MAP_MIN LOOM__MAP_MIN_BYTES
 #endif
+#define SLACK ((size_t)256 << 20) /* automatic: cached bytes beyond the high-water mark */
 
 typedef struct slot {
   void *raw;
@@ -41,15 +50,26 @@ static slot slots[SLOTS];
 static int used;
 static size_t cached, limit = DEFAULT_LIMIT;
 static size_t reserved; /* loom__mem_cache_reserve: room added on top of a limit that is on */
+static bool automatic = DEFAULT_AUTO; /* the limit follows the high-water mark (see the top) */
+static size_t live, high; /* bytes of cacheable blocks in use now, and the most ever */
 
-/* With mu held: the limit in force (what a user set, plus what is reserved, if it is on). */
-static size_t effective(void) { return limit ? limit + reserved : 0; }
+/* With mu held: the cached bytes allowed with `extra` more bytes in use: in automatic mode
+ * what keeps in use + cached within max(high, in use) + SLACK + reserved; else what a user
+ * set, plus what is reserved, if it is on. */
+static size_t effective(size_t extra) {
+  if (!automatic) return limit ? limit + reserved : 0;
+  size_t now = live + extra, top = high > now ? high : now;
+  return top - now + SLACK + reserved;
+}
 
 static void init_limit(void) {
   const char *e = getenv("LOOM_ALLOC_CACHE_MB");
   char *end = NULL;
   unsigned long long mb = e ? strtoull(e, &end, 10) : 0;
-  if (e && end != e && *end == '\0' && mb <= (SIZE_MAX >> 20)) limit = (size_t)mb << 20;
+  if (e && end != e && *end == '\0' && mb <= (SIZE_MAX >> 20)) {
+    limit = (size_t)mb << 20;
+    automatic = false;
+  }
 }
 
 void *loom__raw_alloc(size_t bytes, bool *fresh_zero) {
@@ -74,6 +94,8 @@ size_t loom__cache_round(size_t bytes) {
   return (bytes + 4095) & ~(size_t)4095;
 }
 
+static void shrink(size_t keep);
+
 void *loom__cache_take(size_t bytes) {
   if (bytes < LOOM__CACHE_MIN_BYTES) return NULL;
   pthread_once(&once, init_limit);
@@ -84,10 +106,20 @@ void *loom__cache_take(size_t bytes) {
       raw = slots[i].raw;
       cached -= bytes;
       slots[i] = slots[--used];
+      live += bytes;
       break;
     }
+  if (!raw) shrink(effective(bytes)); /* room for the block the caller maps next */
   pthread_mutex_unlock(&mu);
   return raw;
+}
+
+void loom__cache_track(size_t bytes) {
+  if (bytes < LOOM__CACHE_MIN_BYTES) return;
+  pthread_mutex_lock(&mu);
+  live += bytes;
+  if (live > high) high = live;
+  pthread_mutex_unlock(&mu);
 }
 
 bool loom__cache_put(void *raw, size_t bytes) {
@@ -95,7 +127,8 @@ bool loom__cache_put(void *raw, size_t bytes) {
   pthread_once(&once, init_limit);
   bool kept = false;
   pthread_mutex_lock(&mu);
-  size_t lim = effective();
+  live -= bytes < live ? bytes : live;
+  size_t lim = effective(0);
   if (used < SLOTS && bytes <= lim && cached <= lim - bytes) {
     slots[used++] = (slot){raw, bytes};
     cached += bytes;
@@ -105,7 +138,7 @@ bool loom__cache_put(void *raw, size_t bytes) {
   return kept;
 }
 
-/* With mu held: free cached blocks until at most keep bytes stay. */
+/* With mu held: free cached blocks until at most keep bytes stay (the latest kept go first). */
 static void shrink(size_t keep) {
   while (used && cached > keep) {
     slot s = slots[--used];
@@ -117,8 +150,9 @@ static void shrink(size_t keep) {
 void loom_mem_set_cache_limit(size_t bytes) {
   pthread_once(&once, init_limit);
   pthread_mutex_lock(&mu);
-  limit = bytes;
-  shrink(bytes);
+  automatic = bytes == LOOM_MEM_CACHE_AUTO;
+  limit = automatic ? DEFAULT_LIMIT : bytes;
+  shrink(effective(0));
   pthread_mutex_unlock(&mu);
 }
 
@@ -127,14 +161,14 @@ void loom__mem_cache_reserve(ptrdiff_t delta) {
   pthread_mutex_lock(&mu);
   if (delta >= 0) reserved += (size_t)delta;
   else reserved -= (size_t)-delta <= reserved ? (size_t)-delta : reserved;
-  shrink(effective());
+  shrink(effective(0));
   pthread_mutex_unlock(&mu);
 }
 
 size_t loom_mem_cache_limit(void) {
   pthread_once(&once, init_limit);
   pthread_mutex_lock(&mu);
-  size_t v = effective();
+  size_t v = automatic ? LOOM_MEM_CACHE_AUTO : effective(0);
   pthread_mutex_unlock(&mu);
   return v;
 }

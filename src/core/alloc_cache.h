@@ -27,10 +27,15 @@ void loom__raw_free(void *raw, size_t bytes);
 /* The size a raw block of `bytes` is allocated with (cacheable sizes round up to 4 KiB, so
  * that nearby sizes share blocks); other sizes unchanged. */
 size_t loom__cache_round(size_t bytes);
-/* A cached raw block of exactly `bytes` (a rounded size), taken out of the cache; NULL if none. */
+/* A cached raw block of exactly `bytes` (a rounded size), taken out of the cache (and counted
+ * in use); NULL if none, after dropping what the limit says to drop before a new block of
+ * `bytes` is mapped. */
 void *loom__cache_take(size_t bytes);
-/* Keep a raw block of `bytes` (a rounded size) for reuse; false if it does not fit (the caller
- * frees it). */
+/* A new raw block of `bytes` (a rounded size) is in use: counted towards the high-water mark
+ * of the automatic limit. */
+void loom__cache_track(size_t bytes);
+/* A raw block of `bytes` (a rounded size) is no longer in use: keep it for reuse; false if it
+ * does not fit (the caller frees it). */
 bool loom__cache_put(void *raw, size_t bytes);
 
 #endif

@@ -9,25 +9,13 @@ enum { ATTN_HEADS = 0 }; /* GPT2Attention's cfg slot */
 
 /* ---- attention ------------------------------------------------------------------------- */
 
-/* Causal scaled-dot-product attention, q, k, v [B, H, T, D] -> [B, H, T, D]: the fused op
- * (loom_scaled_dot_product_attention: the flash-attention recurrence, never the [T, T] scores),
- * in the low dtype under autocast as PyTorch 2's lists have it. */
-static int causal_attention(loom_tensor *q, loom_tensor *k, loom_tensor *v, loom_tensor **out) {
-  return loom_scaled_dot_product_attention(q, k, v, true, out);
-}
-
-/* Columns [part * C, (part + 1) * C) of qkv [B, T, 3C] as [B, H, T, D]. */
-static int head_view(loom_tensor *qkv, int part, int64_t H, loom_tensor **out) {
-  int64_t B = loom_tensor_dim(qkv, 0), T = loom_tensor_dim(qkv, 1);
-  int64_t C = loom_tensor_dim(qkv, 2) / 3;
-  int64_t shape[4] = {B, T, H, C / H};
-  loom_tensor *cols = NULL, *split = NULL;
-  int rc = loom_slice(qkv, 2, part * C, (part + 1) * C, 1, &cols);
-  if (!rc) rc = loom_reshape(cols, 4, shape, &split);
-  if (!rc) rc = loom_transpose(split, 1, 2, out);
-  loom_tensor_free(cols);
-  loom_tensor_free(split);
-  return rc;
+/* Causal self-attention over c_attn's output qkv [B, T, 3C] (q, k, v side by side, the heads
+ * side by side in each) to [B, T, C]: the fused op reading the heads in place
+ * (loom_sdpa_qkv: the flash-attention recurrence, never the [T, T] scores, bit for bit
+ * loom_scaled_dot_product_attention over the heads split apart), in the low dtype under
+ * autocast as PyTorch 2's lists have it. */
+static int causal_attention(loom_tensor *qkv, int64_t H, loom_tensor **out) {
+  return loom_sdpa_qkv(qkv, H, true, out);
 }
 
 static int attn_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {
@@ -39,24 +27,13 @@ static int attn_forward(loom_module *m, loom_tensor *x, loom_tensor **out) {
                       "last dim %lld", (long long)C, loom_tensor_ndim(x),
                       (long long)loom_tensor_dim(x, -1));
   int rc = LOOM_OK;
-  loom_tensor *qkv = NULL, *q = NULL, *k = NULL, *v = NULL, *y = NULL, *yt = NULL, *yc = NULL;
-  int64_t shape[3] = {loom_tensor_dim(x, 0), loom_tensor_dim(x, 1), C};
+  loom_tensor *qkv = NULL, *y = NULL;
   LOOM_TRY(loom__module_run(m->children[0], x, &qkv));
-  LOOM_TRY(head_view(qkv, 0, H, &q));
-  LOOM_TRY(head_view(qkv, 1, H, &k));
-  LOOM_TRY(head_view(qkv, 2, H, &v));
-  LOOM_TRY(causal_attention(q, k, v, &y));
-  LOOM_TRY(loom_transpose(y, 1, 2, &yt)); /* [B, T, H, D]: the heads side by side again */
-  LOOM_TRY(loom_reshape(yt, 3, shape, &yc));
-  LOOM_TRY(loom__module_run(m->children[1], yc, out));
+  LOOM_TRY(causal_attention(qkv, H, &y));
+  LOOM_TRY(loom__module_run(m->children[1], y, out));
 done:
   loom_tensor_free(qkv);
-  loom_tensor_free(q);
-  loom_tensor_free(k);
-  loom_tensor_free(v);
   loom_tensor_free(y);
-  loom_tensor_free(yt);
-  loom_tensor_free(yc);
   return rc;
 }
 

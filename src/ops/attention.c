@@ -9,7 +9,9 @@
  * in), so that every product is an accum kernel. All in f32; f16 / bf16 inputs are staged to
  * f32 and the output rounded once. The inner loops are the per-level kernels of attn_int.h.
  * (batch, head) slices (and, in forward, bands of query rows) run on the caller's OpenMP team
- * (loom_set_num_threads). */
+ * (loom_set_num_threads). The same kernels serve loom_sdpa_qkv, which reads q, k and v in
+ * place from one [B, T, 3C] tensor (GPT-2's c_attn output) and writes [B, T, C], so that a
+ * GPT's attention neither copies heads apart and together nor sums three sliced gradients. */
 #include "ops/attn_int.h"
 #include "ops/gemm.h"
 #include "ops/ops_int.h"
@@ -29,18 +31,36 @@ typedef struct attn_dims {
                   a power of two apart in bytes do not all map to the same cache sets */
   bool causal;
   float scale;
+  /* Where the rows are: slice bh = (b, h) of q, k, v and their gradients starts at
+   * b * T * ldi + h * D and its rows are ldi floats apart; of the output and its gradient at
+   * b * T * ldo + h * D, ldo apart. [B, H, T, D] contiguous: H 1 (b = bh), ldi = ldo = D;
+   * packed ([B, T, 3C] in, [B, T, C] out, loom_sdpa_qkv): H heads, ldi 3C, ldo C. */
+  int64_t H, ldi, ldo;
 } attn_dims;
+
+static int64_t in_off(const attn_dims *a, int64_t bh) {
+  return bh / a->H * a->T * a->ldi + bh % a->H * a->D;
+}
+static int64_t out_off(const attn_dims *a, int64_t bh) {
+  return bh / a->H * a->T * a->ldo + bh % a->H * a->D;
+}
 
 /* kt[bh] = scale * k[bh]^T: each (batch, head) slice's [T, D] rows as [D, ldt], so that a block
  * of scores is an accum (the score row in registers, kt's rows streaming by) rather than one
  * dot product, each ending in a horizontal sum, per key. */
 static void transpose_scaled(const attn_dims *a, const float *k, float *kt, float scale) {
+  enum { TT = 16 }; /* keys a tile: each kt row gets a whole cache line of them at a time */
   int64_t T = a->T, D = a->D;
 #pragma omp parallel for num_threads(loom__gemm_threads()) if (a->BH > 1)
-  for (int64_t bh = 0; bh < a->BH; bh++)
-    for (int64_t t = 0; t < T; t++)
+  for (int64_t bh = 0; bh < a->BH; bh++) {
+    const float *kb = k + in_off(a, bh);
+    float *tb = kt + bh * D * a->ldt;
+    for (int64_t t0 = 0; t0 < T; t0 += TT) {
+      int64_t t1 = t0 + TT < T ? t0 + TT : T;
       for (int64_t d = 0; d < D; d++)
-        kt[(bh * D + d) * a->ldt + t] = scale * k[(bh * T + t) * D + d];
+        for (int64_t t = t0; t < t1; t++) tb[d * a->ldt + t] = scale * kb[t * a->ldi + d];
+    }
+  }
 }
 
 /* s[0..w) = q . kt's columns j0..j0+w (kt [D, ldt]): scores of one query row against a block. */
@@ -50,8 +70,8 @@ static void block_scores(const loom__attn_kernels *kk, const attn_dims *a, float
   kk->accum(s, q, kt + j0, (size_t)a->ldt, (size_t)a->D, w);
 }
 
-/* Rows [r0, r1) of one (batch, head) slice: q, v, o are its [T, D] rows, kt its scaled
- * [D, T] keys, lse its [T]. A block's scores are computed for all its keys (w), those past
+/* Rows [r0, r1) of one (batch, head) slice: q, v (rows ldi apart), o (ldo apart) are its
+ * [T, D] rows, kt its scaled [D, T] keys, lse its [T]. A block's scores are computed for all its keys (w), those past
  * the causal limit (n) then left out. */
 static void fwd_rows(const loom__attn_kernels *kk, const attn_dims *a, const float *q,
                      const float *kt, const float *v, float *o, float *lse, int64_t r0,
@@ -59,8 +79,8 @@ static void fwd_rows(const loom__attn_kernels *kk, const attn_dims *a, const flo
   const size_t D = (size_t)a->D;
   float s[BLOCK];
   for (int64_t i = r0; i < r1; i++) {
-    const float *qi = q + i * a->D;
-    float *oi = o + i * a->D, m = -INFINITY, l = 0;
+    const float *qi = q + i * a->ldi;
+    float *oi = o + i * a->ldo, m = -INFINITY, l = 0;
     int64_t nk = a->causal ? i + 1 : a->T;
     for (size_t d = 0; d < D; d++) oi[d] = 0;
     for (int64_t j0 = 0; j0 < nk; j0 += BLOCK) {
@@ -71,7 +91,7 @@ static void fwd_rows(const loom__attn_kernels *kk, const attn_dims *a, const flo
       float sum = kk->expsum(s, s, n, bm);
       if (alpha != 1.0f)
         for (size_t d = 0; d < D; d++) oi[d] *= alpha;
-      kk->accum(oi, s, v + j0 * a->D, D, n, D);
+      kk->accum(oi, s, v + j0 * a->ldi, (size_t)a->ldi, n, D);
       l = l * alpha + sum;
       m = bm;
     }
@@ -84,14 +104,13 @@ static void fwd_rows(const loom__attn_kernels *kk, const attn_dims *a, const flo
 static void attn_fwd(const attn_dims *a, const float *q, float *kt, const float *k,
                      const float *v, float *o, float *lse) {
   const loom__attn_kernels *kk = loom__attn_k();
-  int64_t bands = (a->T + BAND - 1) / BAND, items = a->BH * bands, sz = a->T * a->D,
-          tsz = a->D * a->ldt;
+  int64_t bands = (a->T + BAND - 1) / BAND, items = a->BH * bands, tsz = a->D * a->ldt;
   transpose_scaled(a, k, kt, a->scale);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(loom__gemm_threads()) if (items > 1)
   for (int64_t it = 0; it < items; it++) {
     int64_t bh = it / bands, r0 = it % bands * BAND, r1 = r0 + BAND < a->T ? r0 + BAND : a->T;
-    fwd_rows(kk, a, q + bh * sz, kt + bh * tsz, v + bh * sz, o + bh * sz, lse + bh * a->T, r0,
-             r1);
+    fwd_rows(kk, a, q + in_off(a, bh), kt + bh * tsz, v + in_off(a, bh), o + out_off(a, bh),
+             lse + bh * a->T, r0, r1);
   }
 }
 
@@ -116,22 +135,22 @@ static void pair_scores(const loom__attn_kernels *kk, const attn_dims *a, float 
 static void bwd_slice(const loom__attn_kernels *kk, const attn_dims *a, const float *q,
                       const float *k, const float *kt, const float *vt, const float *o,
                       const float *lse, const float *go, float *dq, float *dk, float *dv) {
-  const size_t D = (size_t)a->D;
+  const size_t D = (size_t)a->D, li = (size_t)a->ldi, lo = (size_t)a->ldo;
   float pt[BLOCK][QTILE], dst[BLOCK][QTILE], dsr[QTILE][BLOCK], dp[2][BLOCK], di[QTILE];
   size_t nr[QTILE]; /* keys row r of the tile sees */
   for (int64_t i0 = 0; i0 < a->T; i0 += QTILE) {
     size_t ni = (size_t)(a->T - i0 < QTILE ? a->T - i0 : QTILE);
-    const float *qt = q + i0 * a->D, *got = go + i0 * a->D; /* the tile's rows */
-    for (size_t r = 0; r < ni; r++) di[r] = kk->dot(got + r * D, o + (i0 + (int64_t)r) * a->D, D);
+    const float *qt = q + i0 * a->ldi, *got = go + i0 * a->ldo; /* the tile's rows */
+    for (size_t r = 0; r < ni; r++) di[r] = kk->dot(got + r * lo, o + (i0 + (int64_t)r) * a->ldo, D);
     int64_t jend = a->causal ? i0 + (int64_t)ni : a->T;
     for (int64_t j0 = 0; j0 < jend; j0 += BLOCK) {
       size_t nj = (size_t)(jend - j0 < BLOCK ? jend - j0 : BLOCK);
       size_t w = (size_t)(a->T - j0 < BLOCK ? a->T - j0 : BLOCK);
       for (size_t r = 0; r < ni; r += 2) {
         bool two = r + 1 < ni;
-        pair_scores(kk, a, dsr[r], two ? dsr[r + 1] : NULL, qt + r * D,
-                    two ? qt + (r + 1) * D : NULL, kt, j0, w);
-        pair_scores(kk, a, dp[0], dp[1], got + r * D, two ? got + (r + 1) * D : NULL, vt, j0, w);
+        pair_scores(kk, a, dsr[r], two ? dsr[r + 1] : NULL, qt + r * li,
+                    two ? qt + (r + 1) * li : NULL, kt, j0, w);
+        pair_scores(kk, a, dp[0], dp[1], got + r * lo, two ? got + (r + 1) * lo : NULL, vt, j0, w);
         for (size_t u = r; u < r + 1 + two; u++) {
           int64_t see = a->causal ? i0 + (int64_t)u - j0 + 1 : (int64_t)nj;
           size_t n = nr[u] = see < 0 ? 0 : see > (int64_t)nj ? nj : (size_t)see, j;
@@ -144,25 +163,25 @@ static void bwd_slice(const loom__attn_kernels *kk, const attn_dims *a, const fl
           for (; j < nj; j++) pt[j][u] = dst[j][u] = p[j] = 0;
         }
       }
-      const float *kb = k + j0 * a->D;
+      const float *kb = k + j0 * a->ldi;
       for (size_t r = 0; r < ni; r += 2) {
-        float *dqr = dq + (i0 + (int64_t)r) * a->D;
+        float *dqr = dq + (i0 + (int64_t)r) * a->ldi;
         if (r + 1 < ni)
-          kk->accum2(dqr, dqr + D, dsr[r], dsr[r + 1], kb, D, nr[r + 1] > nr[r] ? nr[r + 1] : nr[r], D);
+          kk->accum2(dqr, dqr + li, dsr[r], dsr[r + 1], kb, li, nr[r + 1] > nr[r] ? nr[r + 1] : nr[r], D);
         else
-          kk->accum(dqr, dsr[r], kb, D, nr[r], D);
+          kk->accum(dqr, dsr[r], kb, li, nr[r], D);
       }
       for (size_t j = 0; j < nj; j += 2) { /* rows from the first that sees key j0 + j */
         int64_t first = a->causal ? j0 + (int64_t)j - i0 : 0;
         size_t r0 = first < 0 ? 0 : (size_t)first, m = ni - r0;
         if (r0 >= ni) break; /* later keys are seen later still */
-        float *dvj = dv + (j0 + (int64_t)j) * a->D, *dkj = dk + (j0 + (int64_t)j) * a->D;
+        float *dvj = dv + (j0 + (int64_t)j) * a->ldi, *dkj = dk + (j0 + (int64_t)j) * a->ldi;
         if (j + 1 < nj) {
-          kk->accum2(dvj, dvj + D, pt[j] + r0, pt[j + 1] + r0, got + r0 * D, D, m, D);
-          kk->accum2(dkj, dkj + D, dst[j] + r0, dst[j + 1] + r0, qt + r0 * D, D, m, D);
+          kk->accum2(dvj, dvj + li, pt[j] + r0, pt[j + 1] + r0, got + r0 * lo, lo, m, D);
+          kk->accum2(dkj, dkj + li, dst[j] + r0, dst[j + 1] + r0, qt + r0 * li, li, m, D);
         } else {
-          kk->accum(dvj, pt[j] + r0, got + r0 * D, D, m, D);
-          kk->accum(dkj, dst[j] + r0, qt + r0 * D, D, m, D);
+          kk->accum(dvj, pt[j] + r0, got + r0 * lo, lo, m, D);
+          kk->accum(dkj, dst[j] + r0, qt + r0 * li, li, m, D);
         }
       }
     }
@@ -173,20 +192,40 @@ static void attn_bwd(const attn_dims *a, const float *q, const float *k, const f
                      float *kt, float *vt, const float *o, const float *lse, const float *go,
                      float *dq, float *dk, float *dv) {
   const loom__attn_kernels *kk = loom__attn_k();
-  int64_t sz = a->T * a->D, tsz = a->D * a->ldt;
+  int64_t tsz = a->D * a->ldt;
   transpose_scaled(a, k, kt, a->scale);
   transpose_scaled(a, v, vt, 1.0f);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(loom__gemm_threads()) if (a->BH > 1)
-  for (int64_t bh = 0; bh < a->BH; bh++)
-    bwd_slice(kk, a, q + bh * sz, k + bh * sz, kt + bh * tsz, vt + bh * tsz, o + bh * sz,
-              lse + bh * a->T, go + bh * sz, dq + bh * sz, dk + bh * sz, dv + bh * sz);
+  for (int64_t bh = 0; bh < a->BH; bh++) {
+    int64_t i = in_off(a, bh), u = out_off(a, bh);
+    bwd_slice(kk, a, q + i, k + i, kt + bh * tsz, vt + bh * tsz, o + u, lse + bh * a->T, go + u,
+              dq + i, dk + i, dv + i);
+  }
 }
 
 static attn_dims dims_of(int ndim, const int64_t *shape, bool causal) {
-  attn_dims a = {1, shape[ndim - 2], shape[ndim - 1], shape[ndim - 2] + 16, causal, 1.0f};
+  attn_dims a = {1, shape[ndim - 2], shape[ndim - 1], shape[ndim - 2] + 16, causal, 1.0f, 1,
+                 shape[ndim - 1], shape[ndim - 1]};
   for (int i = 0; i < ndim - 2; i++) a.BH *= shape[i];
   if (a.D > 0) a.scale = (float)(1.0 / sqrt((double)a.D));
   return a;
+}
+
+/* Record the op's node (when autograd wants one): i[0] causal, i[1] heads, saved[0..n) the
+ * given tensors, saved[n] the logsumexp (taken: *lse becomes NULL). */
+static int record(loom__op *c, loom_tensor *y, loom__backward_fn bwd, bool causal, int64_t heads,
+                  loom_tensor *const *save, int n, loom_tensor **lse) {
+  loom__node *nd = NULL;
+  int rc = loom__op_record(c, y, bwd, &nd);
+  if (rc || !nd) return rc;
+  nd->i[0] = causal;
+  nd->i[1] = heads;
+  for (int k = 0; k < n && !rc; k++) rc = loom__node_save(nd, k, save[k]);
+  if (!rc) {
+    nd->saved[n] = *lse;
+    *lse = NULL;
+  }
+  return rc;
 }
 
 /* A scratch tensor for k or v transposed: [BH, D, ldt] f32. */
@@ -240,7 +279,6 @@ int loom_scaled_dot_product_attention(loom_tensor *q, loom_tensor *k, loom_tenso
   loom__op c;
   loom_tensor *in[3] = {q, k, v}, *y = NULL, *lse = NULL, *kt = NULL; /* kt: k transposed */
   loom__fbuf fq = {0}, fk = {0}, fv = {0}, fy = {0};
-  loom__node *nd = NULL;
   if ((rc = loom__op_begin(&c, LOOM_OPK_SDPA, in, 3))) return rc;
   q = c.in[0];
   k = c.in[1];
@@ -257,20 +295,88 @@ int loom_scaled_dot_product_attention(loom_tensor *q, loom_tensor *k, loom_tenso
   if (!loom__dry()) /* a dry run (loom/alloc.h): every buffer made, nothing computed */
     attn_fwd(&a, fq.p, loom__f(kt), fk.p, fv.p, fy.p, loom__f(lse));
   loom__f32_out_commit(y, &fy);
-  LOOM_TRY(loom__op_record(&c, y, sdpa_backward, &nd));
-  if (nd) {
-    nd->i[0] = is_causal;
-    LOOM_TRY(loom__node_save(nd, 0, q));
-    LOOM_TRY(loom__node_save(nd, 1, k));
-    LOOM_TRY(loom__node_save(nd, 2, v));
-    LOOM_TRY(loom__node_save(nd, 3, y));
-    nd->saved[4] = lse;
-    lse = NULL;
-  }
+  loom_tensor *save[4] = {q, k, v, y};
+  LOOM_TRY(record(&c, y, sdpa_backward, is_causal, 0, save, 4, &lse));
 done:
   loom__fbuf_free(&fq);
   loom__fbuf_free(&fk);
   loom__fbuf_free(&fv);
+  loom__fbuf_free(&fy);
+  loom_tensor_free(lse);
+  loom_tensor_free(kt);
+  return loom__op_finish(&c, rc, y, out);
+}
+
+/* ---- packed: q, k, v side by side in one [B, T, 3C] tensor ------------------------------ */
+
+/* The dims of loom_sdpa_qkv over qkv [B, T, 3C] with H heads. */
+static attn_dims packed_dims(const int64_t *shape, int64_t H, bool causal) {
+  int64_t C = shape[2] / 3, D = C / H, T = shape[1];
+  attn_dims a = {shape[0] * H, T, D, T + 16, causal, 1.0f, H, 3 * C, C};
+  if (D > 0) a.scale = (float)(1.0 / sqrt((double)D));
+  return a;
+}
+
+/* saved: qkv, the output, lse [B * H, T] (f32); i[0] causal, i[1] heads. */
+static int sdpa_qkv_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
+  int rc = LOOM_OK;
+  loom__fbuf fx = {0}, fy = {0};
+  loom_tensor *gr = NULL, *t[2] = {0};
+  const loom_tensor *qkv = n->saved[0];
+  attn_dims a = packed_dims(qkv->shape, n->i[1], n->i[0] != 0);
+  int64_t C = a.ldo;
+  LOOM_TRY(loom__f32_in(qkv, &fx));
+  LOOM_TRY(loom__f32_in(n->saved[1], &fy));
+  LOOM_TRY(loom__grad_new(3, qkv->shape, true, &gr));
+  for (int k = 0; k < 2; k++) LOOM_TRY(transposed_new(&a, &t[k]));
+  if (!loom__dry()) {
+    float *d = loom__f(gr);
+    attn_bwd(&a, fx.p, fx.p + C, fx.p + 2 * C, loom__f(t[0]), loom__f(t[1]), fy.p,
+             loom__f(n->saved[2]), loom__f(g), d, d + C, d + 2 * C);
+  }
+  if (loom__node_needs(n, 0)) {
+    gin[0] = gr;
+    gr = NULL;
+  }
+done:
+  loom__fbuf_free(&fx);
+  loom__fbuf_free(&fy);
+  loom_tensor_free(gr);
+  for (int k = 0; k < 2; k++) loom_tensor_free(t[k]);
+  return rc;
+}
+
+int loom_sdpa_qkv(loom_tensor *qkv, int64_t heads, bool is_causal, loom_tensor **out) {
+  static const char *name = "sdpa_qkv";
+  int rc = loom__check_out(name, out);
+  if (rc) return rc;
+  if ((rc = loom__check_float(name, qkv, "qkv"))) return rc;
+  char s1[96];
+  if (qkv->ndim != 3)
+    return loom__fail(LOOM_ESHAPE, "%s: qkv has shape %s (rank %d), expected [B, T, 3C]", name,
+                      loom__shape_str(qkv->ndim, qkv->shape, s1, sizeof s1), qkv->ndim);
+  if (heads < 1 || qkv->shape[2] % 3 != 0 || (qkv->shape[2] / 3) % heads != 0)
+    return loom__fail(LOOM_ESHAPE, "%s: qkv's last dim %lld is not 3 x heads (%lld) x a head's "
+                      "width", name, (long long)qkv->shape[2], (long long)heads);
+  loom__op c;
+  loom_tensor *in[1] = {qkv}, *y = NULL, *lse = NULL, *kt = NULL;
+  loom__fbuf fx = {0}, fy = {0};
+  if ((rc = loom__op_begin(&c, LOOM_OPK_SDPA, in, 1))) return rc;
+  qkv = c.in[0];
+  attn_dims a = packed_dims(qkv->shape, heads, is_causal);
+  int64_t C = a.ldo, yshape[3] = {qkv->shape[0], qkv->shape[1], C},
+          lshape[2] = {a.BH, a.T};
+  LOOM_TRY(loom_tensor_empty(LOOM_F32, 2, lshape, &lse));
+  LOOM_TRY(loom__f32_in(qkv, &fx));
+  LOOM_TRY(loom__f32_out(qkv->dtype, 3, yshape, &y, &fy));
+  LOOM_TRY(transposed_new(&a, &kt));
+  if (!loom__dry())
+    attn_fwd(&a, fx.p, loom__f(kt), fx.p + C, fx.p + 2 * C, fy.p, loom__f(lse));
+  loom__f32_out_commit(y, &fy);
+  loom_tensor *save[2] = {qkv, y};
+  LOOM_TRY(record(&c, y, sdpa_qkv_backward, is_causal, heads, save, 2, &lse));
+done:
+  loom__fbuf_free(&fx);
   loom__fbuf_free(&fy);
   loom_tensor_free(lse);
   loom_tensor_free(kt);

@@ -384,7 +384,15 @@ void loom__reduce_to(const float *g, int nout, const int64_t *sout, float *dst, 
   int64_t sd[LOOM_MAX_DIMS], sg[LOOM_MAX_DIMS];
   if (loom__dry()) return;
   size_t n = 1;
-  for (int i = 0; i < nd; i++) n *= (size_t)shape[i];
+  bool same = nd == nout;
+  for (int i = 0; i < nd; i++) {
+    n *= (size_t)shape[i];
+    same = same && shape[i] == sout[i];
+  }
+  if (same) { /* nothing to reduce: the gradient passes through as it is */
+    memcpy(dst, g, n * sizeof *dst);
+    return;
+  }
   memset(dst, 0, n * sizeof *dst);
   loom__bcast_strides(nout, sout, nd, shape, sd);
   loom__bcast_strides(nout, sout, nout, sout, sg);

@@ -100,7 +100,7 @@ void loom__iter3(int ndim, const int64_t *shape, float *p0, const int64_t *st0, 
                  const int64_t *st1, const float *p2, const int64_t *st2, loom__run_fn fn,
                  void *ctx);
 /* dst (shape nd/shape, zeroed here) = g (contiguous, shape nout/sout) summed over the dims
- * broadcast from dst's shape to sout's. */
+ * broadcast from dst's shape to sout's; a copy of g when the shapes are the same. */
 void loom__reduce_to(const float *g, int nout, const int64_t *sout, float *dst, int nd,
                      const int64_t *shape);
 

@@ -192,6 +192,42 @@ LT_TEST(cache_respects_its_limit) {
   loom_mem_set_cache_limit(old_limit);
 }
 
+/* The automatic limit keeps a working set larger than 256 MiB (the blocks are mapped, never
+ * touched: no memory is used), and before mapping a new block drops cached ones so that in use
+ * plus cached stays within the high-water mark plus 256 MiB. */
+LT_TEST(cache_automatic_limit_follows_the_working_set) {
+  size_t old_limit = loom_mem_cache_limit(); /* 0 in a sanitizer build: turned on here */
+  loom_mem_set_cache_limit(LOOM_MEM_CACHE_AUTO);
+  LT_EQ(loom_mem_cache_limit(), LOOM_MEM_CACHE_AUTO);
+  loom_mem_release_cache();
+  enum { N = 6 };
+  const size_t piece = (size_t)64 << 20; /* 6 x 64 MiB = 384 MiB, over the old fixed limit */
+  void *p[N], *q[N];
+  for (int i = 0; i < N; i++) LT_TRUE((p[i] = loom__malloc(LOOM_POOL_COMPUTE, piece)) != NULL);
+  for (int i = 0; i < N; i++) loom__free(p[i]);
+  LT_TRUE(loom_mem_cached_bytes() >= N * piece); /* all of the step's blocks kept */
+  for (int i = 0; i < N; i++) LT_TRUE((q[i] = loom__malloc(LOOM_POOL_COMPUTE, piece)) != NULL);
+  LT_EQ(loom_mem_cached_bytes(), 0); /* every one a hit */
+  for (int i = 0; i < N; i++) {
+    bool found = false;
+    for (int j = 0; j < N; j++) found = found || q[i] == p[j];
+    LT_TRUE(found);
+  }
+  for (int i = 0; i < N; i++) loom__free(q[i]);
+  /* a new block of another size, 1 GiB, above the high-water mark of this test binary: the
+   * cache drops blocks until at most 256 MiB stay (in use + cached <= that mark + 256 MiB) */
+  void *big = loom__malloc(LOOM_POOL_COMPUTE, (size_t)1 << 30);
+  LT_TRUE(big != NULL);
+  LT_TRUE(loom_mem_cached_bytes() <= ((size_t)256 << 20));
+  LT_TRUE(loom_mem_cached_bytes() >= 3 * piece); /* not more than needed: 4 x 64 fit */
+  loom__free(big);
+  /* a fixed limit again caps the cached bytes themselves */
+  loom_mem_set_cache_limit(piece);
+  LT_TRUE(loom_mem_cached_bytes() <= piece);
+  loom_mem_release_cache();
+  loom_mem_set_cache_limit(old_limit);
+}
+
 LT_TEST(cache_does_not_hide_injected_failures_or_custom_allocators) {
   size_t old_limit = loom_mem_cache_limit();
   loom_mem_set_cache_limit((size_t)64 << 20);

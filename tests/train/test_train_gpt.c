@@ -197,6 +197,35 @@ static double mean_of(const char *path, const char *key, int lo, int hi) {
   return count ? sum / count : NAN;
 }
 
+/* The GPT's default schedule (no --warmup, --min-lr): linear warmup over a tenth of the run's
+ * steps when that is under 100 (here 40 windows / batch 2 = 20 steps: 2 steps), then cosine
+ * down to a tenth of --lr; an explicit --warmup and --min-lr replace them, and a resumed run
+ * takes the same rates (train_gpt_resume_is_exact runs this default). */
+LT_TEST(train_gpt_default_schedule_warms_up_and_decays_to_a_tenth) {
+  const char *text = text_file(), *d = tt_tempdir();
+  char m[512];
+  snprintf(m, sizeof m, "%s/m.jsonl", d);
+  LT_TRUE(ran(tt_train(TINY " --text %s --batch 2 --limit 40 --lr 0.002 --metrics %s", text, m),
+              "default schedule"));
+  double lr1 = mean_of(m, "lr", 1, 1), lr2 = mean_of(m, "lr", 2, 2), lr20 = mean_of(m, "lr", 20, 20);
+  LT_NEAR(lr1, 0.001, 1e-12);                /* 0.002 x 1/2 */
+  LT_NEAR(lr2, 0.002, 1e-12);                /* the peak */
+  double p = 17.0 / 18.0;                    /* step 20 is t = 19: (19 - 2) / (20 - 2) */
+  LT_NEAR(lr20, 0.0002 + 0.0018 * 0.5 * (1 + cos(M_PI * p)), 1e-9);
+  LT_TRUE(lr20 < 0.00022); /* near the floor */
+  remove(m);
+  LT_TRUE(ran(tt_train(TINY " --text %s --batch 2 --limit 40 --lr 0.002 --warmup 4 --min-lr 0 "
+                       "--metrics %s", text, m), "explicit schedule"));
+  LT_NEAR(mean_of(m, "lr", 1, 1), 0.0005, 1e-12);
+  LT_NEAR(mean_of(m, "lr", 20, 20), 0.002 * 0.5 * (1 + cos(M_PI * 15.0 / 16.0)), 1e-9);
+  remove(m);
+  LT_TRUE(ran(tt_train(TINY " --text %s --batch 2 --limit 40 --schedule constant --metrics %s",
+                       text, m), "constant"));
+  LT_NEAR(mean_of(m, "lr", 1, 1), 0.001, 1e-12);
+  LT_NEAR(mean_of(m, "lr", 20, 20), 0.001, 1e-12);
+  tt_cleanup();
+}
+
 /* 60 steps on the fortunes: the training loss of the last ten steps well below the first ten's
  * and below ln 256 (a uniform guess), the validation loss recorded every 20 steps and falling. */
 LT_TEST(train_gpt_loss_falls_on_the_fortunes) {

@@ -92,6 +92,8 @@ LT_TEST(train_options_that_do_nothing_are_refused) {
       {"--amp f16 --scaler off --loss-scale 1024", "--loss-scale: this run has no loss scaler"},
       {"--init w.safetensors --resume ck", "--init: a resumed run takes its weights from the checkpoint"},
       {"--schedule constant --warmup 5", "--warmup: --schedule constant has no warmup"},
+      {"--schedule warmup --min-lr 0.0001", "--min-lr: --schedule warmup does not decay; --min-lr is cosine's floor"},
+      {"--lr 0.001 --min-lr 0.01", "--min-lr 0.01: above --lr 0.001"},
       {"--overwrite", "--overwrite: only with --save DIR"},
       {"--backend mpi", "--backend mpi: the MPI processes are data-parallel ranks: give --strategy ddp or fsdp and start them with mpirun"},
   };
@@ -103,4 +105,5 @@ LT_TEST(train_options_that_do_nothing_are_refused) {
   accepted("--hidden 8 --scaler off");
   accepted("--model cnn --channels 2,4 --fc 8");
   accepted("--hidden 8 --schedule warmup --warmup 1");
+  accepted("--hidden 8 --min-lr 0.0001");
 }
