@@ -160,6 +160,20 @@ int cli_parse(const char *cmd, const cli_option *opts, int argc, char **argv,
   return 0;
 }
 
+void cli_given(const cli_option *opts, int argc, char **argv, const char **text) {
+  size_t n = 0;
+  while (opts[n].name) text[n++] = NULL;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (strncmp(a, "--", 2) != 0 || a[2] == '\0') continue; /* a positional argument */
+    const char *name = a + 2, *eq = strchr(name, '=');
+    const cli_option *o = find(opts, name, eq ? (size_t)(eq - name) : strlen(name));
+    if (!o) continue;
+    const char *v = o->kind == CLI_FLAG ? "" : eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+    if (v) text[o - opts] = v;
+  }
+}
+
 void cli_number_text(double x, char *buf, size_t cap) {
   for (int pass = 0; pass < 2; pass++) /* without an exponent if it can, else with one */
     for (int digits = 1; digits <= 17; digits++) {

@@ -45,6 +45,11 @@ typedef struct cli_option {
 int cli_parse(const char *cmd, const cli_option *opts, int argc, char **argv,
               const char **positional, int max_positional, int *npositional);
 
+/* After a successful cli_parse of the same argv: for each option of opts (in table order) the
+ * value as argv wrote it into text[i] ("1e-3"; "" for a flag), NULL when argv does not give it;
+ * the last occurrence wins. text holds one entry per option of opts. */
+void cli_given(const cli_option *opts, int argc, char **argv, const char **text);
+
 /* A number in the shortest form that reads back the same, without an exponent when one is
  * not needed ("300", "0.001", "1e-07"). */
 void cli_number_text(double x, char *buf, size_t cap);

@@ -231,6 +231,29 @@ static int read_launcher(train_opts *o, const train_cmdline *c) {
   return 2;
 }
 
+/* cmd_train once the command line is parsed into o and c (which table points into). */
+static int run_parsed(train_opts *o, train_cmdline *c, double timeout, bool timeout_seen,
+                      const cli_option *table) {
+  loom_pg_cfg cfg;
+  if (read_launcher(o, c) || train_opts_check(o, c) ||
+      train_par_cfg(o, timeout_seen ? timeout : 0, &cfg))
+    return 2;
+  static train_fp_entry fp[TRAIN_CLI_MAX]; /* what every rank must share (one process: none) */
+  if (strcmp(o->strategy, "none") != 0 || strcmp(o->backend, "mpi") == 0) {
+    o->nranks_fp = train_cli_fingerprint(table, fp, TRAIN_CLI_MAX);
+    o->ranks_fp = fp;
+  }
+  if (c->save_into_resume) o->save = o->resume; /* after the ranks' fingerprint, so that a
+                                                  * rank without --resume is named as such */
+  train_signal_install();
+  if (strcmp(o->backend, "mpi") == 0) return run_mpi(o, c->overwrite, &cfg);
+  int code = train_save_check(o, c->overwrite);
+  if (!code) code = train_offload_dir_check(o);
+  if (code) return code;
+  train_warn_oversubscribed(o);
+  return finish(strcmp(o->strategy, "none") != 0 ? run_threads(o, &cfg) : train_run(o, NULL));
+}
+
 int cmd_train(int argc, char **argv) {
   train_opts o;
   static train_cmdline c; /* its folder buffers are large */
@@ -244,20 +267,12 @@ int cmd_train(int argc, char **argv) {
     cli_help(stdout, "loom train", usage, table);
     return 0;
   }
-  loom_pg_cfg cfg;
-  if (rc < 0 || read_launcher(&o, &c) || train_opts_check(&o, &c) || train_par_cfg(&o, timeout_seen ? timeout : 0, &cfg)) return 2;
-  static train_fp_entry fp[TRAIN_CLI_MAX]; /* what every rank must share (one process: none) */
-  if (strcmp(o.strategy, "none") != 0 || strcmp(o.backend, "mpi") == 0) {
-    o.nranks_fp = train_cli_fingerprint(table, fp, TRAIN_CLI_MAX);
-    o.ranks_fp = fp;
-  }
-  train_signal_install();
-  if (strcmp(o.backend, "mpi") == 0) return run_mpi(&o, c.overwrite, &cfg);
-  int code = train_save_check(&o, c.overwrite);
-  if (!code) code = train_offload_dir_check(&o);
-  if (code) return code;
-  train_warn_oversubscribed(&o);
-  if (strcmp(o.strategy, "none") != 0) rc = run_threads(&o, &cfg);
-  else rc = train_run(&o, NULL);
-  return finish(rc);
+  char **merged = NULL; /* --resume: the recorded options, then argv */
+  if (rc < 0 || train_resume_prepare(&o, &c, &timeout, &timeout_seen, table, &argc, &argv, &merged))
+    return 2;
+  o.ncli_kv = train_resume_record(table, argc, argv, &c);
+  o.cli_kv = c.cli_kv;
+  rc = run_parsed(&o, &c, timeout, timeout_seen, table);
+  free(merged);
+  return rc;
 }

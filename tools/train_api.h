@@ -20,6 +20,7 @@
 
 #define TRAIN_MAX_HIDDEN 8
 #define TRAIN_MAX_RANKS 64 /* --ranks on the threads backend */
+#define TRAIN_CLI_KV_MAX 65 /* the recorded command line: "cli" and one entry an option */
 
 typedef struct train_opts {
   const char *model;                   /* "mlp", "cnn" or "gpt" */
@@ -67,6 +68,9 @@ typedef struct train_opts {
   /* the command line's fingerprint (train_cli_fingerprint), which every rank must share */
   const struct train_fp_entry *ranks_fp;
   int nranks_fp;
+  /* the command line as the checkpoints record it (train_resume_record): "cli", "cli.<opt>" */
+  const loom_safetensors_meta_kv *cli_kv;
+  int ncli_kv;
 } train_opts;
 
 /* Train as the options say. pg == NULL: one process. Returns a loom status; on failure
