@@ -158,15 +158,26 @@ int train_model_save(const train_model *m, const char *path, const loom_safetens
  * entropy. */
 int train_model_loss(const train_model *m, loom_tensor *logits, loom_tensor *y, loom_tensor **out);
 /* What DIR/model.safetensors records of the model besides its tensors, so that a reader can
- * rebuild it (`loom generate`): for the GPT "model" = "gpt" and "gpt.vocab", "gpt.context",
- * "gpt.layers", "gpt.heads", "gpt.dim"; nothing for the MLP and CNN. */
-#define TRAIN_MODEL_META 6
+ * rebuild and feed it without the training command (`loom generate`, `loom eval`): for the GPT
+ * "model" = "gpt" and "gpt.vocab", "gpt.context", "gpt.layers", "gpt.heads", "gpt.dim"; for the
+ * image classifiers "model" = "mlp" with "mlp.sizes" ("784,1024,1024,10"), or "cnn" with
+ * "cnn.channels" ("32,64") and "cnn.fc" ("128"), then "classes" ("10"), "input.shape" ("784"
+ * flattened row by row, or "1,28,28"), the normalisation "input.mean" and "input.std" (a pixel
+ * x of 0..255 is fed as (x / 255 - mean) / std), "input" (that rule in words) and "amp" (the
+ * autocast of the run's evaluations: off, bf16, f16). */
+#define TRAIN_MODEL_META 10
 typedef struct train_model_meta {
-  char value[TRAIN_MODEL_META][32];
+  char value[TRAIN_MODEL_META][160];
   loom_safetensors_meta_kv kv[TRAIN_MODEL_META];
   size_t n;
 } train_model_meta;
-void train_model_meta_make(const train_model *m, train_model_meta *out);
+void train_model_meta_make(const train_model *m, const train_opts *o, train_model_meta *out);
+/* An image classifier's options from a model file's metadata (train_model_meta_make's keys):
+ * o->model, hidden/nhidden or channels/fc, and *amp; *mean and *std the normalisation.
+ * LOOM_EFORMAT naming the file and the key when one is missing or malformed, LOOM_EINVAL when
+ * the file is a GPT's or records no model (written before the record). */
+int train_model_meta_image(const loom_safetensors *f, const char *path, train_opts *o,
+                           float *mean, float *std);
 /* A GPT's configuration from a model file's metadata (train_model_meta_make's keys):
  * LOOM_EFORMAT naming the file and the key when one is missing or is not a size, LOOM_EINVAL
  * when the file is not a GPT's (no "model" = "gpt"). */

@@ -167,7 +167,7 @@ static void make_meta(const train_opts *o, const train_model *m, const loom_opti
     cm->kv[NCOUNT + i] = (loom_safetensors_meta_kv){cm->fp.key[i], cm->fp.value[i]};
   cm->nkv = NCOUNT + NFP;
   for (int i = 0; i < o->ncli_kv && i < TRAIN_CLI_KV_MAX; i++) cm->kv[cm->nkv++] = o->cli_kv[i];
-  train_model_meta_make(m, &cm->mm);
+  train_model_meta_make(m, o, &cm->mm);
   cm->nmodel = 0;
   for (int i = 0; i < 2; i++) cm->model_kv[cm->nmodel++] = cm->kv[i];
   for (size_t i = 0; i < cm->mm.n; i++) cm->model_kv[cm->nmodel++] = cm->mm.kv[i];

@@ -191,7 +191,10 @@ int trainer_step(trainer *t, double *loss_value, loom_step_result *res) {
 
 /* ---- evaluation ------------------------------------------------------------------------- */
 
-static int count_correct(loom_tensor *logits, loom_tensor *y, size_t n, size_t *correct) {
+/* The rows of a batch (at most n) whose largest logit is the label's, into *correct; per
+ * class too (hit[label], seen[label]) when hit is not NULL. */
+static int count_correct(loom_tensor *logits, loom_tensor *y, size_t n, size_t *correct,
+                         size_t *hit, size_t *seen) {
   size_t rows = (size_t)loom_tensor_dim(logits, 0), cls = (size_t)loom_tensor_dim(logits, 1);
   float *l = malloc(rows * cls * sizeof *l);
   int64_t *lab = malloc(rows * sizeof *lab);
@@ -203,6 +206,10 @@ static int count_correct(loom_tensor *logits, loom_tensor *y, size_t n, size_t *
     for (size_t c = 1; c < cls; c++)
       if (l[r * cls + c] > l[r * cls + best]) best = c;
     *correct += (int64_t)best == lab[r];
+    if (hit && lab[r] >= 0 && (size_t)lab[r] < cls) {
+      hit[lab[r]] += (int64_t)best == lab[r];
+      seen[lab[r]]++;
+    }
   }
   free(l);
   free(lab);
@@ -251,7 +258,8 @@ int trainer_evaluate(trainer *t, double *accuracy) {
                                           : (size_t)t->o->eval_batch), &x, &y)
                 : loom_loader_batch(t->test_loader, 0, b, &x, &y);
     if (!rc) rc = train_model_forward(&t->model, x, &logits);
-    if (!rc) rc = count_correct(logits, y, t->test_n - done, &correct);
+    if (!rc) rc = count_correct(logits, y, t->test_n - done, &correct, t->class_hit,
+                                   t->class_seen);
     if (!rc) done += (size_t)loom_tensor_dim(x, 0);
     loom_tensor_free(x);
     loom_tensor_free(y);
