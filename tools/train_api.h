@@ -294,8 +294,12 @@ typedef struct train_record {
   bool overflow;
   double samples_per_s;
   const char *extra; /* more JSON members ("\"ddp_bytes\": 12, ...") or NULL */
-  bool has_val;      /* GPT: the validation loss was measured after this step */
-  double val_loss;
+  bool has_val;      /* an evaluation ran after this step: the GPT's validation loss, or the
+                      * classifier's test loss and accuracy (%) */
+  double val_loss, test_accuracy;
+  double epochs;     /* epochs done after this step (2, or 0.75 within the first) */
+  int64_t samples;   /* global samples trained up to this step (windows for the GPT) */
+  bool classifier;   /* has_val names test_loss and test_accuracy (else val_loss) */
 } train_record;
 
 /* Metrics never wait (train_metrics.c): a regular file is written as a log is; a FIFO, pipe or

@@ -216,6 +216,25 @@ static int count_correct(loom_tensor *logits, loom_tensor *y, size_t n, size_t *
   return rc;
 }
 
+/* The batch's summed loss over its first n rows (at most all) into *sum: the model's mean
+ * loss over those rows times their count. */
+static int add_loss(const trainer *t, loom_tensor *logits, loom_tensor *y, size_t n,
+                    double *sum) {
+  int64_t rows = loom_tensor_dim(logits, 0);
+  if ((int64_t)n < rows) rows = (int64_t)n;
+  loom_tensor *l = NULL, *yy = NULL, *loss = NULL;
+  int rc = loom_tensor_narrow(logits, 0, 0, rows, &l);
+  if (!rc) rc = loom_tensor_narrow(y, 0, 0, rows, &yy);
+  if (!rc) rc = train_model_loss(&t->model, l, yy, &loss);
+  double v = 0;
+  if (!rc) rc = loom_tensor_item(loss, &v);
+  *sum += v * (double)rows;
+  loom_tensor_free(l);
+  loom_tensor_free(yy);
+  loom_tensor_free(loss);
+  return rc;
+}
+
 /* The GPT's validation loss: the mean cross entropy over the validation windows (every
  * token of each), in batches of --eval-batch windows (a dry run: the first batch). */
 static int evaluate_text(trainer *t, double *val_loss) {
@@ -244,6 +263,7 @@ static int evaluate_text(trainer *t, double *val_loss) {
 
 int trainer_evaluate(trainer *t, double *accuracy) {
   size_t correct = 0, done = 0;
+  double loss_sum = 0;
   size_t nb = t->dry || t->model.gpt ? 1 : loom_loader_batches(t->test_loader);
   int rc = LOOM_OK;
   loom_autocast_token tok = {0};
@@ -260,6 +280,7 @@ int trainer_evaluate(trainer *t, double *accuracy) {
     if (!rc) rc = train_model_forward(&t->model, x, &logits);
     if (!rc) rc = count_correct(logits, y, t->test_n - done, &correct, t->class_hit,
                                    t->class_seen);
+    if (!rc) rc = add_loss(t, logits, y, t->test_n - done, &loss_sum);
     if (!rc) done += (size_t)loom_tensor_dim(x, 0);
     loom_tensor_free(x);
     loom_tensor_free(y);
@@ -272,6 +293,7 @@ int trainer_evaluate(trainer *t, double *accuracy) {
   loom_mem_set_tag(TRAIN_TAG_OTHER);
   t->eval_step = t->st.step;
   if (!t->model.gpt) *accuracy = 100.0 * (double)correct / (double)(t->test_n ? t->test_n : 1);
+  if (!t->model.gpt) t->test_loss = loss_sum / (double)(t->test_n ? t->test_n : 1);
   return rc;
 }
 
@@ -287,11 +309,15 @@ static void fmt_rate(char *buf, size_t cap, double r) {
 static int write_record(trainer *t, double loss, const loom_step_result *res, double step_s) {
   char extra[2048];
   train_par_json(t->par, extra, sizeof extra);
+  bool gpt = t->model.gpt;
   train_record r = {t->st.step, (t->st.step - 1) / t->st.steps_per_epoch, loss,
                     loom_lr_at(&t->sched, t->st.step - 1),
                     res->scale, res->skipped,
                     (double)(t->o->batch * t->nranks) / step_s, extra,
-                    t->model.gpt && t->eval_step == t->st.step, t->accuracy};
+                    t->eval_step == t->st.step, gpt ? t->accuracy : t->test_loss,
+                    gpt ? 0 : t->accuracy,
+                    (double)t->st.step / (double)t->st.steps_per_epoch,
+                    t->st.step * t->o->batch * t->nranks, !gpt};
   return train_metrics_write(t->metrics, &r);
 }
 
@@ -301,11 +327,13 @@ static void result_text(const trainer *t, char *buf, size_t cap) {
   else snprintf(buf, cap, "test accuracy %.2f%%", t->accuracy);
 }
 
-/* The GPT evaluates inside the epoch: after every --eval-every steps and at the epoch's end
- * (rank 0, or every rank under FSDP, whose gathers need them all). */
+/* Evaluations run after the epoch's last step, before its metrics record (which carries the
+ * result), and the GPT's also after every --eval-every steps (rank 0, or every rank under
+ * FSDP, whose gathers need them all). */
 static bool evaluates_now(const trainer *t, int64_t end) {
-  if (!t->model.gpt || (!t->lead && !t->fsdp)) return false;
-  return t->st.step == end || (t->o->eval_every > 0 && t->st.step % t->o->eval_every == 0);
+  if (!t->lead && !t->fsdp) return false;
+  return t->st.step == end ||
+         (t->model.gpt && t->o->eval_every > 0 && t->st.step % t->o->eval_every == 0);
 }
 
 /* Steps to the end of this epoch or of the run, then (rank 0) test accuracy and checkpoint. */

@@ -32,6 +32,7 @@ typedef struct trainer {
   double train_s;  /* seconds inside steps */
   int64_t samples; /* global samples trained by this run */
   double accuracy;  /* test accuracy after the last evaluation, %; the GPT's validation loss */
+  double test_loss; /* the classifier's mean test loss after the last evaluation */
   int64_t eval_step; /* the step of the last evaluation, -1 before the first */
   size_t setup_peak; /* ranks as threads: this rank's compute peak while building (then reset) */
   size_t *class_hit, *class_seen; /* NULL, or per class: correct and all (loom eval) */
