@@ -118,7 +118,7 @@ void train_cli_defaults(train_opts *o, train_cmdline *c) {
                   .momentum = 0.9, .loss_scale = 65536, .optim = "adamw",
                   .schedule = "cosine", .amp = "off", .scaler = NULL, .fc = 128,
                   .eval_batch = 1000, .out = stdout, .ranks = 1, .backend = "threads",
-                  .strategy = "none", .wrap = "children", .unit_min = 100000000,
+                  .strategy = "none", .wrap = "children", .progress = "auto", .unit_min = 100000000,
                   .reshard = "yes", .gather_prefetch = 1, .offload = "none",
                   .offload_tier = "host", .prefetch = 1, .layers = 4, .heads = 4,
                   .dim = 128, .context = 128, .eval_windows = 64};
@@ -175,6 +175,7 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
       {"threads", CLI_INT, &o->threads, "N", "compute threads per rank (at most 4 per online CPU, 1024 in all); 0: OpenMP's default", NULL, 0, (double)LONG_MAX, NULL, CLI_RANKS_SAME},
       {"eval-batch", CLI_POS_INT, &o->eval_batch, "N", "samples per evaluation batch (gpt: windows, default 32)", NULL, 1, batch_max, &c->seen_eval_batch, CLI_RANKS_SAME},
       {"quiet", CLI_FLAG, &o->quiet, NULL, "print only the summary line", NULL, 0, 0, NULL, CLI_RANKS_LOCAL},
+      {"progress", CLI_CHOICE, &o->progress, NULL, "progress display: one line redrawn to the terminal's width where standard output is a terminal (not under mpirun, whose ranks' output is the launcher's), else plain lines (auto); always redrawn (bar); plain lines (lines)", "auto|bar|lines", 0, 0, NULL, CLI_RANKS_LOCAL},
       {"ranks", CLI_POS_INT, &o->ranks, "N", "data-parallel ranks (threads backend; each gets --batch samples of every step)", NULL, 1, TRAIN_MAX_RANKS, NULL, CLI_RANKS_SAME},
       {"backend", CLI_CHOICE, &o->backend, NULL, "process groups: ranks as threads, or MPI processes (the default under mpirun / mpiexec: mpirun -n N loom train ...)", "threads|mpi", 0, 0, &c->seen_backend, CLI_RANKS_SAME},
       {"timeout", CLI_POS_DOUBLE, timeout, "SECONDS", "seconds a rank waits for its peers before it fails (LOOM_TIMEOUT sets the default)", NULL, 1e-3, 1e9, timeout_seen, CLI_RANKS_SAME},

@@ -50,6 +50,7 @@ typedef struct train_opts {
   long eval_batch;
   FILE *out;                           /* progress and summary (stdout) */
   bool quiet;                          /* only the summary line */
+  const char *progress;                /* "auto", "bar" or "lines" (progress.h) */
   /* data parallelism */
   long ranks;
   const char *backend;                 /* "threads" or "mpi" */
@@ -72,6 +73,9 @@ typedef struct train_opts {
   const loom_safetensors_meta_kv *cli_kv;
   int ncli_kv;
 } train_opts;
+
+/* The progress display o->progress asks for (train_run.c). */
+int train_progress_mode(const train_opts *o);
 
 /* Train as the options say. pg == NULL: one process. Returns a loom status; on failure
  * train_last_error() says why. */

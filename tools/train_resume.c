@@ -17,8 +17,8 @@
  * machine's paths, --max-steps interrupts (a resume alone runs to the end), --init is replaced by
  * the checkpoint, and the rest change nothing a step computes. */
 static const char *const not_recorded[] = {"resume", "save", "overwrite", "init", "max-steps",
-                                           "metrics", "quiet", "threads", "timeout", "backend",
-                                           "offload-dir", NULL};
+                                           "metrics", "quiet", "progress", "threads", "timeout",
+                                           "backend", "offload-dir", NULL};
 /* Options a resumed run may give with another value: the above, more (or fewer) --epochs, the
  * rank count with --batch (the checkpoint's check keeps ranks x --batch), and the FSDP offload
  * options (bit-identical results). */

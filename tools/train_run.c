@@ -103,6 +103,12 @@ static int make_step(trainer *t) {
 }
 
 /* Whether the run scales its loss (a scaler, or FSDP's mixed precision with loss scaling). */
+int train_progress_mode(const train_opts *o) {
+  const char *m = o->progress ? o->progress : "auto";
+  return strcmp(m, "bar") == 0 ? PROGRESS_BAR : strcmp(m, "lines") == 0 ? PROGRESS_LINES
+                                                                       : PROGRESS_AUTO;
+}
+
 static bool scales_loss(const trainer *t) { return loom_step_scaler(t->step) != NULL; }
 
 /* ---- a step ----------------------------------------------------------------------------- */
@@ -344,7 +350,10 @@ static int run_epoch(trainer *t) {
   char label[48], figures[160], rate[32], result[48];
   snprintf(label, sizeof label, "epoch %lld/%ld", (long long)epoch + 1, o->epochs);
   progress pr;
-  if (t->lead && !o->quiet) progress_begin(&pr, o->out, label, (long)spe);
+  if (t->lead && !o->quiet) {
+    progress_begin(&pr, o->out, label, (long)spe, train_progress_mode(o));
+    progress_set_run(&pr, (long)(epoch * spe), (long)t->stop_step);
+  }
   double t0 = progress_now(), loss = 0, loss_sum = 0;
   int64_t n = 0;
   int rc = LOOM_OK;
@@ -364,9 +373,10 @@ static int run_epoch(trainer *t) {
       fmt_rate(rate, sizeof rate,
                (double)(n * o->batch * t->nranks * t->per_sample) / (progress_now() - t0));
       result_text(t, result, sizeof result);
-      snprintf(figures, sizeof figures, "loss %.4f  scale %g  %s %s/s%s%s", loss,
-               (double)res.scale, rate, t->unit, t->eval_step >= 0 ? "  " : "",
-               t->eval_step >= 0 ? result : "");
+      char scale[40] = ""; /* only where the loss is scaled (f16, or a scaler asked for) */
+      if (scales_loss(t)) snprintf(scale, sizeof scale, "  scale %g", (double)res.scale);
+      snprintf(figures, sizeof figures, "loss %.4f%s  %s %s/s%s%s", loss, scale, rate, t->unit,
+               t->eval_step >= 0 ? "  " : "", t->eval_step >= 0 ? result : "");
       progress_update(&pr, (long)(t->st.step - epoch * spe), figures);
     }
   }
@@ -378,8 +388,9 @@ static int run_epoch(trainer *t) {
     fmt_rate(rate, sizeof rate,
              (double)(n * o->batch * t->nranks * t->per_sample) / (progress_now() - t0));
     result_text(t, result, sizeof result);
-    snprintf(figures, sizeof figures, "loss %.4f (mean %.4f)  %s %s/s  %s",
-             loss, n ? loss_sum / (double)n : 0.0, rate, t->unit, result);
+    snprintf(figures, sizeof figures, "%s  loss %.4f (mean %.4f)  %s %s/s", result, loss,
+             n ? loss_sum / (double)n : 0.0, rate, t->unit); /* the result first: a narrow
+                                                             * terminal cuts the end */
     progress_end(&pr, figures);
   }
   t->evaluated = true;
