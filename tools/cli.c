@@ -199,9 +199,22 @@ void cli_value_text(const cli_option *o, char *buf, size_t cap) {
   }
 }
 
+static bool listed(const char *const *only, const char *name) {
+  if (!only) return true;
+  for (; *only; only++)
+    if (strcmp(*only, name) == 0) return true;
+  return false;
+}
+
 void cli_help(FILE *f, const char *cmd, const char *usage, const cli_option *opts) {
+  cli_help_only(f, cmd, usage, opts, NULL);
+}
+
+void cli_help_only(FILE *f, const char *cmd, const char *usage, const cli_option *opts,
+                   const char *const *only) {
   fprintf(f, "usage: %s %s\n\noptions:\n", cmd, usage);
   for (const cli_option *o = opts; o->name; o++) {
+    if (!listed(only, o->name)) continue;
     char left[64];
     const char *arg = o->kind == CLI_FLAG ? "" : (o->kind == CLI_CHOICE ? o->choices : o->arg);
     snprintf(left, sizeof left, "--%s%s%s", o->name, *arg ? " " : "", arg ? arg : "");

@@ -60,5 +60,9 @@ void cli_value_text(const cli_option *o, char *buf, size_t cap);
 
 /* Print "usage" and the options table, with each option's default taken from its value. */
 void cli_help(FILE *f, const char *cmd, const char *usage, const cli_option *opts);
+/* The same for the options named in only[] (NULL-terminated) alone: the others are accepted
+ * but not listed (loom plan: the options of loom train that change nothing in a plan). */
+void cli_help_only(FILE *f, const char *cmd, const char *usage, const cli_option *opts,
+                   const char *const *only);
 
 #endif

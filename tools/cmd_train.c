@@ -23,7 +23,8 @@ static const char usage[] = "[OPTIONS]\n\n"
     "  loom train --epochs 1                          # the MLP 784-1024-1024-10, AdamW, f32\n"
     "  loom train --model cnn --amp bf16 --epochs 10  # the CNN under bf16 autocast\n"
     "  loom train --amp f16 --metrics m.jsonl --save ck    # f16 with dynamic loss scaling\n"
-    "  loom train --resume ck --save ck               # continue an interrupted run exactly\n"
+    "  loom train --resume ck                         # continue the run in ck, its options recorded\n"
+    "  loom train --resume ck --epochs 20             # extend a finished run\n"
     "  loom train --ranks 2 --strategy ddp            # 2 data-parallel ranks (threads)\n"
     "  loom train --ranks 2 --strategy fsdp --amp bf16   # sharded over 2 ranks, bf16 forward\n"
     "  loom train --ranks 2 --strategy fsdp --offload all --offload-tier disk --offload-dir /scratch\n"
@@ -171,7 +172,7 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
       {"metrics", CLI_STRING, &o->metrics, "FILE", "one JSON object per step (loss, lr, scale, overflow, samples/s, memory); a FIFO or pipe is never waited on: one with no reader is refused, records a slow reader has no room for are dropped and counted", NULL, 0, 0, NULL, CLI_RANKS_LOCAL},
       {"save", CLI_STRING, &o->save, "DIR", "write DIR/checkpoint.safetensors and DIR/model.safetensors after each epoch and at the end", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},
       {"overwrite", CLI_FLAG, &c->overwrite, NULL, "let --save replace a checkpoint already in DIR (not needed with --resume DIR)", NULL, 0, 0, NULL, CLI_RANKS_SAME},
-      {"resume", CLI_STRING, &o->resume, "DIR", "continue from DIR/checkpoint.safetensors (same options; another rank count keeping ranks x --batch)", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},
+      {"resume", CLI_STRING, &o->resume, "DIR", "continue from DIR/checkpoint.safetensors with the options it records, saving into DIR (unless --save); may change --epochs, --max-steps, --save, --metrics, --quiet, --threads, --timeout, the offload options, and the rank count keeping ranks x --batch", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},
       {"threads", CLI_INT, &o->threads, "N", "compute threads per rank (at most 4 per online CPU, 1024 in all); 0: OpenMP's default", NULL, 0, (double)LONG_MAX, NULL, CLI_RANKS_SAME},
       {"eval-batch", CLI_POS_INT, &o->eval_batch, "N", "samples per evaluation batch (gpt: windows, default 32)", NULL, 1, batch_max, &c->seen_eval_batch, CLI_RANKS_SAME},
       {"quiet", CLI_FLAG, &o->quiet, NULL, "print only the summary line", NULL, 0, 0, NULL, CLI_RANKS_LOCAL},

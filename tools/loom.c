@@ -2,6 +2,7 @@
  * runs it, and fails (exit 1) if what it printed could not be written (a full disk, a closed
  * pipe: `loom train >/dev/full` must not exit 0). */
 #include "commands.h"
+#include "train_plan.h"
 
 #include <loom/loom.h>
 
@@ -67,6 +68,7 @@ static int flushed(int rc) {
 }
 
 int main(int argc, char **argv) {
+  train_plan_note_base(); /* the runtime's base, before any of loom runs (loom plan) */
   if (argc < 2) {
     usage(stderr);
     return 2;

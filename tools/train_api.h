@@ -113,6 +113,9 @@ typedef struct train_dry_result {
 } train_dry_result;
 int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r);
 
+/* The process's peak resident set so far, bytes (getrusage; train_offload.c). */
+size_t train_peak_rss(void);
+
 /* ---- errors ---------------------------------------------------------------------------- */
 
 /* Record a failure message for this thread (printf-style) and return code. */

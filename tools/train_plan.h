@@ -26,12 +26,30 @@ typedef struct plan_result {
   size_t host_bytes;     /* FSDP offload: bytes kept in the host pool per rank */
   size_t file_bytes;     /* FSDP offload: bytes kept in the offload file per rank (tier disk) */
   bool widened;          /* --amp on a CPU without a native kernel: products widened to f32 */
+  /* The process (comparable to its resident set): loom's blocks at their peak, in use and in
+   * the allocator's cache (loom_mem_dry_footprint_peak, every rank of the process), the data
+   * every rank loads (the dataset's bytes from its headers, the text as loaded), and the
+   * runtime's base (the resident set of this process when the command started: libraries,
+   * OpenMP). data_samples: the training samples an epoch has (windows for the GPT; --limit). */
+  size_t process_peak, loom_bytes, data_bytes, base_bytes, data_samples;
+  int data_loads;        /* ranks of the process that each load the data */
+  char data_note[160];   /* why data_bytes is 0 (the data could not be read), or "" */
 } plan_result;
+
+/* The runtime's base: this process's resident set now, noted by the `loom` command at start
+ * (loom.c), before anything of loom ran; a process that did not note it measures it when it
+ * first plans. */
+void train_plan_note_base(void);
 
 /* The plan of the run the (checked) options describe: the largest figure of any rank for each
  * phase. Returns a loom status; on failure train_last_error() says why (what `loom train`
  * would have said at the same point, such as a --warmup longer than the run). */
 int train_plan(const train_opts *o, plan_result *r);
+
+/* The training samples an epoch of these options has (windows for the GPT), what the most a
+ * --batch x --ranks may be: --limit, else the data's count (from its headers, or the text),
+ * else the dry run's nominal epoch (60000 images; 1 MiB of text) when the data cannot be read. */
+size_t train_plan_epoch_samples(const train_opts *o);
 
 /* Print the plan as a table, or as one JSON object. */
 void train_plan_print(FILE *f, const train_opts *o, const plan_result *r);

@@ -208,6 +208,9 @@ typedef struct loom_idx_info {
 } loom_idx_info;
 
 int loom_idx_read(const char *path, loom_idx **out);
+/* The bytes of an IDX file's data (prod(dims) x element size), from its header alone (the
+ * data is not read); the header is checked as loom_idx_read checks it. */
+int loom_idx_data_bytes(const char *path, size_t *bytes);
 void loom_idx_free(loom_idx *x);
 void loom_idx_get_info(const loom_idx *x, loom_idx_info *out);
 
@@ -232,6 +235,10 @@ typedef struct loom_dataset loom_dataset;
  * or without .gz. LOOM_ENOTFOUND naming the directory if neither form exists. Any image size
  * and label values are taken: loom_dataset_check what a model needs. */
 int loom_mnist_load(const char *dir, loom_split split, loom_dataset **out);
+/* What loom_mnist_load(dir, split) would hold, from the files' headers alone: *count
+ * samples, *bytes of images and labels (the LOOM_POOL_META bytes of the loaded dataset). The
+ * errors of loom_mnist_load for a missing or malformed header. */
+int loom_mnist_bytes(const char *dir, loom_split split, size_t *count, size_t *bytes);
 /* From two IDX files: images (u8, 3 dims, at least one image of at least 1x1) and labels
  * (u8, 1 dim, the same count). LOOM_EFORMAT naming the file otherwise. */
 int loom_dataset_from_idx(const char *images_path, const char *labels_path, loom_dataset **out);
