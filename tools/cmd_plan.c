@@ -1,6 +1,6 @@
 /* cmd_plan.c: `loom plan`: the compute-pool memory a `loom train` run with the same options
- * will need per rank (train_plan.h), as a table or JSON, and the largest batch or hidden width
- * that fits in a given amount of memory. Exit codes: 0 done, 1 nothing fits, 2 bad usage. */
+ * will need per rank, and its process's peak (train_plan.h), as a table or JSON, and the
+ * largest batch or hidden width that fits in a given amount of memory. Exit codes: 0 done, 1 nothing fits, 2 bad usage. */
 #include "cli.h"
 #include "commands.h"
 #include "train_opts.h"

@@ -19,7 +19,7 @@ static const struct {
     {"train", "train a classifier on Fashion-MNIST, or a GPT on text (loom train --help)", cmd_train},
     {"eval", "the test accuracy of a model loom train saved (loom eval --help)", cmd_eval},
     {"generate", "continue a text with a GPT loom train saved (loom generate --help)", cmd_generate},
-    {"plan", "the memory a loom train run will need per rank (loom plan --help)", cmd_plan},
+    {"plan", "the memory a loom train run will need, per rank and for the process (loom plan --help)", cmd_plan},
     {"bench", "run a benchmark (loom bench --help lists them)", cmd_bench},
     {"plot", "draw the metrics of loom train runs as an SVG (loom plot --help)", cmd_plot},
 };

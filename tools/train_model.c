@@ -95,8 +95,9 @@ int train_model_loss(const train_model *m, loom_tensor *logits, loom_tensor *y,
   return loom_cross_entropy(logits, y, LOOM_REDUCTION_MEAN, -100, out);
 }
 
-static const char *const gpt_keys[TRAIN_MODEL_META - 1] = {"gpt.vocab", "gpt.context",
-                                                            "gpt.layers", "gpt.heads", "gpt.dim"};
+#define GPT_KEYS 5
+static const char *const gpt_keys[GPT_KEYS] = {"gpt.vocab", "gpt.context", "gpt.layers",
+                                               "gpt.heads", "gpt.dim"};
 
 static void meta_put(train_model_meta *out, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -121,9 +122,9 @@ void train_model_meta_make(const train_model *m, const train_opts *o, train_mode
   out->n = 0;
   if (m->gpt) {
     const loom_gpt_cfg *c = &m->gpt_cfg;
-    const int64_t v[5] = {c->vocab, c->context, c->layers, c->heads, c->dim};
+    const int64_t v[GPT_KEYS] = {c->vocab, c->context, c->layers, c->heads, c->dim};
     meta_put(out, "model", "gpt");
-    for (int i = 0; i < 5; i++) meta_put(out, gpt_keys[i], "%lld", (long long)v[i]);
+    for (int i = 0; i < GPT_KEYS; i++) meta_put(out, gpt_keys[i], "%lld", (long long)v[i]);
     return;
   }
   char list[128];
@@ -216,8 +217,8 @@ int train_model_meta_gpt(const loom_safetensors *f, const char *path, loom_gpt_c
     return train_fail(LOOM_EINVAL, "%s: not a GPT's model file (its metadata has %s%.40s; "
                       "`loom train --model gpt --save DIR` writes one)", path,
                       model ? "model = " : "no \"model\" entry", model ? model : "");
-  int64_t v[TRAIN_MODEL_META - 1];
-  for (int i = 0; i < TRAIN_MODEL_META - 1; i++)
+  int64_t v[GPT_KEYS];
+  for (int i = 0; i < GPT_KEYS; i++)
     if (loom_safetensors_meta_i64(f, gpt_keys[i], &v[i]) || v[i] <= 0)
       return train_fail(LOOM_EFORMAT, "%s: the metadata entry \"%s\" is %s", path, gpt_keys[i],
                         loom_safetensors_meta(f, gpt_keys[i]) ? "not a positive size"

@@ -1,5 +1,6 @@
 /* train_plan.h: `loom plan`: the compute-pool memory a `loom train` run will need per rank,
- * before it starts, from the same options.
+ * and its process's peak (comparable to the resident set), before it starts, from the same
+ * options.
  *
  * The plan is the run itself, dry: loom's dry run (loom_mem_set_dry_run, loom/alloc.h) makes
  * every allocation and free the library makes, in order, with no kernel run and no memory

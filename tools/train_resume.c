@@ -14,16 +14,17 @@
 #include <sys/stat.h>
 
 /* Options of one invocation, not recorded: --save, --metrics and --offload-dir name this
- * machine's paths, --max-steps interrupts (a resume alone runs to the end), --init is replaced by
- * the checkpoint, and the rest change nothing a step computes. */
+ * machine's paths (and the offload options go with the folder: they change no result),
+ * --max-steps interrupts (a resume alone runs to the end), --init is replaced by the
+ * checkpoint, and the rest change nothing a step computes. */
 static const char *const not_recorded[] = {"resume", "save", "overwrite", "init", "max-steps",
                                            "metrics", "quiet", "progress", "threads", "timeout",
-                                           "backend", "offload-dir", NULL};
+                                           "backend", "offload", "offload-tier", "offload-dir",
+                                           "prefetch", NULL};
 /* Options a resumed run may give with another value: the above, more (or fewer) --epochs, the
  * rank count with --batch (the checkpoint's check keeps ranks x --batch), and the FSDP offload
  * options (bit-identical results). */
-static const char *const may_change[] = {"epochs", "ranks", "batch", "offload", "offload-tier",
-                                         "prefetch", "gather-prefetch", NULL};
+static const char *const may_change[] = {"epochs", "ranks", "batch", "gather-prefetch", NULL};
 
 static bool listed(const char *const *list, const char *name) {
   for (; *list; list++)
