@@ -1,5 +1,6 @@
-/* fuzz_plot.c: `loom plot`'s reader (tools/plot_read.c) on any bytes as a metrics file, then
- * its SVG writer (tools/cmd_plot.c) on what it read, drawn as two overlaid runs. The harness
+/* fuzz_plot.c: `loom plot`'s reader (tools/plot_read.c, on loom's JSON reader) on any bytes as a
+ * metrics file, then its SVG writer (tools/plot_svg.c) on what it read, drawn as two overlaid
+ * runs, x by step and by samples. The harness
  * checks the property the reader's range checks exist for: every coordinate attribute of the
  * SVG (x y x1 y1 x2 y2 width height points d transform) is a finite number of a sane size;
  * "nan" or "inf" anywhere in the SVG aborts. A hang (a tick loop that stands still) is caught
@@ -38,14 +39,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (rc) return 0;
   runs[1] = runs[0]; /* the same run twice: the overlay */
   runs[1].name = "second";
-  char *svg = NULL;
-  size_t len = 0;
-  FILE *out = open_memstream(&svg, &len);
-  if (!out) abort();
-  if (plot_write_svg(out, runs, 2)) abort();
-  fclose(out);
-  check_svg(svg);
-  free(svg);
+  for (int by_samples = 0; by_samples < 2; by_samples++) { /* x by step, then by samples */
+    char *svg = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&svg, &len);
+    if (!out) abort();
+    if (plot_write_svg(out, runs, 2, by_samples)) abort();
+    fclose(out);
+    check_svg(svg);
+    free(svg);
+  }
   plot_run_free(&runs[0]);
   return 0;
 }

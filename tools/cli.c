@@ -160,6 +160,20 @@ int cli_parse(const char *cmd, const cli_option *opts, int argc, char **argv,
   return 0;
 }
 
+void cli_given(const cli_option *opts, int argc, char **argv, const char **text) {
+  size_t n = 0;
+  while (opts[n].name) text[n++] = NULL;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (strncmp(a, "--", 2) != 0 || a[2] == '\0') continue; /* a positional argument */
+    const char *name = a + 2, *eq = strchr(name, '=');
+    const cli_option *o = find(opts, name, eq ? (size_t)(eq - name) : strlen(name));
+    if (!o) continue;
+    const char *v = o->kind == CLI_FLAG ? "" : eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+    if (v) text[o - opts] = v;
+  }
+}
+
 void cli_number_text(double x, char *buf, size_t cap) {
   for (int pass = 0; pass < 2; pass++) /* without an exponent if it can, else with one */
     for (int digits = 1; digits <= 17; digits++) {
@@ -185,9 +199,22 @@ void cli_value_text(const cli_option *o, char *buf, size_t cap) {
   }
 }
 
+static bool listed(const char *const *only, const char *name) {
+  if (!only) return true;
+  for (; *only; only++)
+    if (strcmp(*only, name) == 0) return true;
+  return false;
+}
+
 void cli_help(FILE *f, const char *cmd, const char *usage, const cli_option *opts) {
+  cli_help_only(f, cmd, usage, opts, NULL);
+}
+
+void cli_help_only(FILE *f, const char *cmd, const char *usage, const cli_option *opts,
+                   const char *const *only) {
   fprintf(f, "usage: %s %s\n\noptions:\n", cmd, usage);
   for (const cli_option *o = opts; o->name; o++) {
+    if (!listed(only, o->name)) continue;
     char left[64];
     const char *arg = o->kind == CLI_FLAG ? "" : (o->kind == CLI_CHOICE ? o->choices : o->arg);
     snprintf(left, sizeof left, "--%s%s%s", o->name, *arg ? " " : "", arg ? arg : "");

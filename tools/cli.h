@@ -45,6 +45,11 @@ typedef struct cli_option {
 int cli_parse(const char *cmd, const cli_option *opts, int argc, char **argv,
               const char **positional, int max_positional, int *npositional);
 
+/* After a successful cli_parse of the same argv: for each option of opts (in table order) the
+ * value as argv wrote it into text[i] ("1e-3"; "" for a flag), NULL when argv does not give it;
+ * the last occurrence wins. text holds one entry per option of opts. */
+void cli_given(const cli_option *opts, int argc, char **argv, const char **text);
+
 /* A number in the shortest form that reads back the same, without an exponent when one is
  * not needed ("300", "0.001", "1e-07"). */
 void cli_number_text(double x, char *buf, size_t cap);
@@ -55,5 +60,9 @@ void cli_value_text(const cli_option *o, char *buf, size_t cap);
 
 /* Print "usage" and the options table, with each option's default taken from its value. */
 void cli_help(FILE *f, const char *cmd, const char *usage, const cli_option *opts);
+/* The same for the options named in only[] (NULL-terminated) alone: the others are accepted
+ * but not listed (loom plan: the options of loom train that change nothing in a plan). */
+void cli_help_only(FILE *f, const char *cmd, const char *usage, const cli_option *opts,
+                   const char *const *only);
 
 #endif

@@ -1,6 +1,6 @@
 /* cmd_plan.c: `loom plan`: the compute-pool memory a `loom train` run with the same options
- * will need per rank (train_plan.h), as a table or JSON, and the largest batch or hidden width
- * that fits in a given amount of memory. Exit codes: 0 done, 1 nothing fits, 2 bad usage. */
+ * will need per rank, and its process's peak (train_plan.h), as a table or JSON, and the
+ * largest batch or hidden width that fits in a given amount of memory. Exit codes: 0 done, 1 nothing fits, 2 bad usage. */
 #include "cli.h"
 #include "commands.h"
 #include "train_opts.h"
@@ -22,7 +22,12 @@ static const char usage[] = "[OPTIONS]\n\n"
     "A run under mpirun (--backend mpi) has one process per rank: give --ranks N for its N ranks\n"
     "(or --hosts H --ranks-per-host R: then the plan adds each step's bytes through each host's\n"
     "link, each collective a ring in rank order, and with --link GBPS their time).\n"
-    "The options only a run uses are refused (plan would ignore them): --save, --overwrite,\n"
+    "Besides the compute pool per rank, the plan gives the process's peak, comparable to its\n"
+    "resident set: loom's blocks in use and in the allocation cache, the data (each rank of the\n"
+    "process loads its own), and the runtime (libraries, OpenMP) as this process measures it.\n"
+    "Only the options that change a plan are listed below, with loom train's defaults; the\n"
+    "others of loom train are accepted and change nothing (--lr, --epochs, --seed, ...), except\n"
+    "those only a run uses, which are refused (plan would ignore them): --save, --overwrite,\n"
     "--resume, --metrics, --init (the memory does not depend on the weights' values; plan the\n"
     "run without it) and --timeout.";
 
@@ -40,6 +45,17 @@ static const struct {
     {"timeout", "plan's ranks run dry in this process, and a timeout changes no figure of it"},
 };
 #define NRUN_ONLY (sizeof run_only / sizeof run_only[0])
+
+/* The options of `loom train` that change a plan (its sizes, precision, strategy, offload,
+ * batches, data), and plan's own: the only ones --help shows. The others are accepted, so that
+ * a train command line plans as it is, and change nothing (the run-only ones are refused,
+ * above). */
+static const char *const plan_changing[] = {
+    "model", "hidden", "channels", "fc", "layers", "heads", "dim", "context", "text",
+    "checkpoint-activations", "eval-windows", "batch", "optim", "momentum", "amp", "scaler",
+    "data", "limit", "eval-batch", "ranks", "backend", "strategy", "wrap", "unit-min",
+    "reshard-after-forward", "gather-prefetch", "offload", "offload-tier", "offload-dir",
+    "prefetch", "json", "fit-memory", "fit", NULL};
 
 /* Point the run-only options of table at given[] (set by cli_parse when one is given). */
 static void watch_run_only(cli_option *table, bool *given) {
@@ -136,7 +152,7 @@ int cmd_plan(int argc, char **argv) {
   watch_run_only(table, given);
   int rc = cli_parse("loom plan", table, argc, argv, NULL, 0, NULL);
   if (rc == 1) {
-    cli_help(stdout, "loom plan", usage, table);
+    cli_help_only(stdout, "loom plan", usage, table, plan_changing);
     return 0;
   }
   /* under mpirun each rank is a process with the same pools as a thread rank: --ranks N says
@@ -176,9 +192,10 @@ int cmd_plan(int argc, char **argv) {
     return 0;
   }
   bool by_batch = strcmp(fit, "batch") == 0;
-  /* a batch (x the ranks) no larger than the samples an epoch has (--limit) */
+  /* a batch (x the ranks) no larger than the samples an epoch has (the data's, or --limit) */
   long hi = by_batch ? TRAIN_MAX_BATCH : TRAIN_MAX_WIDTH;
-  if (by_batch && o.limit > 0 && o.limit / o.ranks < hi) hi = o.limit / o.ranks;
+  size_t epoch = train_plan_epoch_samples(&o);
+  if (by_batch && epoch / (size_t)o.ranks < (size_t)hi) hi = (long)(epoch / (size_t)o.ranks);
   long best = hi > 0 ? largest_fit(&o, by_batch, hi, limit) : 0;
   if (best > 0) {
     set_knob(&o, by_batch, best);
@@ -190,7 +207,10 @@ int cmd_plan(int argc, char **argv) {
            "\"peak_bytes\": %lld}\n", fit, limit, best, hi, best > 0 ? (long long)r.peak : 0LL);
   } else if (best > 0) {
     printf("largest %s that fits in %s per rank: %ld (peak %.1f MiB)%s\n", what, fit_memory, best,
-           (double)r.peak / 1048576.0, best == hi ? ", the most the option allows here" : "");
+           (double)r.peak / 1048576.0,
+           best < hi ? "" : by_batch ? ", all the samples an epoch has (x the ranks): a larger "
+                                       "batch would be more than an epoch"
+                                     : ", the most the option allows");
   } else {
     printf("nothing fits in %s per rank: even %s 1 needs more\n", fit_memory, what);
   }

@@ -23,7 +23,8 @@ static const char usage[] = "[OPTIONS]\n\n"
     "  loom train --epochs 1                          # the MLP 784-1024-1024-10, AdamW, f32\n"
     "  loom train --model cnn --amp bf16 --epochs 10  # the CNN under bf16 autocast\n"
     "  loom train --amp f16 --metrics m.jsonl --save ck    # f16 with dynamic loss scaling\n"
-    "  loom train --resume ck --save ck               # continue an interrupted run exactly\n"
+    "  loom train --resume ck                         # continue the run in ck, its options recorded\n"
+    "  loom train --resume ck --epochs 20             # extend a finished run\n"
     "  loom train --ranks 2 --strategy ddp            # 2 data-parallel ranks (threads)\n"
     "  loom train --ranks 2 --strategy fsdp --amp bf16   # sharded over 2 ranks, bf16 forward\n"
     "  loom train --ranks 2 --strategy fsdp --offload all --offload-tier disk --offload-dir /scratch\n"
@@ -119,7 +120,7 @@ void train_cli_defaults(train_opts *o, train_cmdline *c) {
                   .momentum = 0.9, .loss_scale = 65536, .optim = "adamw",
                   .schedule = "cosine", .amp = "off", .scaler = NULL, .fc = 128,
                   .eval_batch = 1000, .out = stdout, .ranks = 1, .backend = "threads",
-                  .strategy = "none", .wrap = "children", .unit_min = 100000000,
+                  .strategy = "none", .wrap = "children", .progress = "auto", .unit_min = 100000000,
                   .reshard = "yes", .gather_prefetch = 1, .offload = "none",
                   .offload_tier = "host", .prefetch = 1, .layers = 4, .heads = 4,
                   .dim = 128, .context = 128, .eval_windows = 64};
@@ -173,10 +174,11 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
       {"metrics", CLI_STRING, &o->metrics, "FILE", "one JSON object per step (loss, lr, scale, overflow, samples/s, memory); a FIFO or pipe is never waited on: one with no reader is refused, records a slow reader has no room for are dropped and counted", NULL, 0, 0, NULL, CLI_RANKS_LOCAL},
       {"save", CLI_STRING, &o->save, "DIR", "write DIR/checkpoint.safetensors and DIR/model.safetensors after each epoch and at the end", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},
       {"overwrite", CLI_FLAG, &c->overwrite, NULL, "let --save replace a checkpoint already in DIR (not needed with --resume DIR)", NULL, 0, 0, NULL, CLI_RANKS_SAME},
-      {"resume", CLI_STRING, &o->resume, "DIR", "continue from DIR/checkpoint.safetensors (same options; another rank count keeping ranks x --batch)", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},
+      {"resume", CLI_STRING, &o->resume, "DIR", "continue from DIR/checkpoint.safetensors with the options it records, saving into DIR (unless --save); may change --epochs, --max-steps, --save, --metrics, --quiet, --threads, --timeout, the offload options, and the rank count keeping ranks x --batch", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},
       {"threads", CLI_INT, &o->threads, "N", "compute threads per rank (at most 4 per online CPU, 1024 in all); 0: OpenMP's default", NULL, 0, (double)LONG_MAX, NULL, CLI_RANKS_SAME},
       {"eval-batch", CLI_POS_INT, &o->eval_batch, "N", "samples per evaluation batch (gpt: windows, default 32)", NULL, 1, batch_max, &c->seen_eval_batch, CLI_RANKS_SAME},
       {"quiet", CLI_FLAG, &o->quiet, NULL, "print only the summary line", NULL, 0, 0, NULL, CLI_RANKS_LOCAL},
+      {"progress", CLI_CHOICE, &o->progress, NULL, "progress display: one line redrawn to the terminal's width where standard output is a terminal (not under mpirun, whose ranks' output is the launcher's), else plain lines (auto); always redrawn (bar); plain lines (lines)", "auto|bar|lines", 0, 0, NULL, CLI_RANKS_LOCAL},
       {"ranks", CLI_POS_INT, &o->ranks, "N", "data-parallel ranks (threads backend; each gets --batch samples of every step)", NULL, 1, TRAIN_MAX_RANKS, NULL, CLI_RANKS_SAME},
       {"backend", CLI_CHOICE, &o->backend, NULL, "process groups: ranks as threads, or MPI processes (the default under mpirun / mpiexec: mpirun -n N loom train ...)", "threads|mpi", 0, 0, &c->seen_backend, CLI_RANKS_SAME},
       {"timeout", CLI_POS_DOUBLE, timeout, "SECONDS", "seconds a rank waits for its peers before it fails (LOOM_TIMEOUT sets the default)", NULL, 1e-3, 1e9, timeout_seen, CLI_RANKS_SAME},
@@ -234,6 +236,29 @@ static int read_launcher(train_opts *o, const train_cmdline *c) {
   return 2;
 }
 
+/* cmd_train once the command line is parsed into o and c (which table points into). */
+static int run_parsed(train_opts *o, train_cmdline *c, double timeout, bool timeout_seen,
+                      const cli_option *table) {
+  loom_pg_cfg cfg;
+  if (read_launcher(o, c) || train_opts_check(o, c) ||
+      train_par_cfg(o, timeout_seen ? timeout : 0, &cfg))
+    return 2;
+  static train_fp_entry fp[TRAIN_CLI_MAX]; /* what every rank must share (one process: none) */
+  if (strcmp(o->strategy, "none") != 0 || strcmp(o->backend, "mpi") == 0) {
+    o->nranks_fp = train_cli_fingerprint(table, fp, TRAIN_CLI_MAX);
+    o->ranks_fp = fp;
+  }
+  if (c->save_into_resume) o->save = o->resume; /* after the ranks' fingerprint, so that a
+                                                  * rank without --resume is named as such */
+  train_signal_install();
+  if (strcmp(o->backend, "mpi") == 0) return run_mpi(o, c->overwrite, &cfg);
+  int code = train_save_check(o, c->overwrite);
+  if (!code) code = train_offload_dir_check(o);
+  if (code) return code;
+  train_warn_oversubscribed(o);
+  return finish(strcmp(o->strategy, "none") != 0 ? run_threads(o, &cfg) : train_run(o, NULL));
+}
+
 int cmd_train(int argc, char **argv) {
   train_opts o;
   static train_cmdline c; /* its folder buffers are large */
@@ -247,20 +272,12 @@ int cmd_train(int argc, char **argv) {
     cli_help(stdout, "loom train", usage, table);
     return 0;
   }
-  loom_pg_cfg cfg;
-  if (rc < 0 || read_launcher(&o, &c) || train_opts_check(&o, &c) || train_par_cfg(&o, timeout_seen ? timeout : 0, &cfg)) return 2;
-  static train_fp_entry fp[TRAIN_CLI_MAX]; /* what every rank must share (one process: none) */
-  if (strcmp(o.strategy, "none") != 0 || strcmp(o.backend, "mpi") == 0) {
-    o.nranks_fp = train_cli_fingerprint(table, fp, TRAIN_CLI_MAX);
-    o.ranks_fp = fp;
-  }
-  train_signal_install();
-  if (strcmp(o.backend, "mpi") == 0) return run_mpi(&o, c.overwrite, &cfg);
-  int code = train_save_check(&o, c.overwrite);
-  if (!code) code = train_offload_dir_check(&o);
-  if (code) return code;
-  train_warn_oversubscribed(&o);
-  if (strcmp(o.strategy, "none") != 0) rc = run_threads(&o, &cfg);
-  else rc = train_run(&o, NULL);
-  return finish(rc);
+  char **merged = NULL; /* --resume: the recorded options, then argv */
+  if (rc < 0 || train_resume_prepare(&o, &c, &timeout, &timeout_seen, table, &argc, &argv, &merged))
+    return 2;
+  o.ncli_kv = train_resume_record(table, argc, argv, &c);
+  o.cli_kv = c.cli_kv;
+  rc = run_parsed(&o, &c, timeout, timeout_seen, table);
+  free(merged);
+  return rc;
 }

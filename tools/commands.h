@@ -5,6 +5,7 @@
 #define LOOM_TOOLS_COMMANDS_H
 
 int cmd_bench(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_plot(int argc, char **argv);

@@ -2,6 +2,7 @@
  * runs it, and fails (exit 1) if what it printed could not be written (a full disk, a closed
  * pipe: `loom train >/dev/full` must not exit 0). */
 #include "commands.h"
+#include "train_plan.h"
 
 #include <loom/loom.h>
 
@@ -16,8 +17,9 @@ static const struct {
   int (*fn)(int, char **);
 } commands[] = {
     {"train", "train a classifier on Fashion-MNIST, or a GPT on text (loom train --help)", cmd_train},
+    {"eval", "the test accuracy of a model loom train saved (loom eval --help)", cmd_eval},
     {"generate", "continue a text with a GPT loom train saved (loom generate --help)", cmd_generate},
-    {"plan", "the memory a loom train run will need per rank (loom plan --help)", cmd_plan},
+    {"plan", "the memory a loom train run will need, per rank and for the process (loom plan --help)", cmd_plan},
     {"bench", "run a benchmark (loom bench --help lists them)", cmd_bench},
     {"plot", "draw the metrics of loom train runs as an SVG (loom plot --help)", cmd_plot},
 };
@@ -67,6 +69,7 @@ static int flushed(int rc) {
 }
 
 int main(int argc, char **argv) {
+  train_plan_note_base(); /* the runtime's base, before any of loom runs (loom plan) */
   if (argc < 2) {
     usage(stderr);
     return 2;

@@ -1,5 +1,6 @@
 /* plot.h: `loom plot`: the metrics a `loom train --metrics FILE` run wrote (JSON Lines, one
- * record per step) read back (plot_read.c) and drawn as an SVG (cmd_plot.c), within limits:
+ * record per step) read back (plot_read.c) and drawn as an SVG (plot_svg.c; the command:
+ * cmd_plot.c), within limits:
  * what it reads and what it draws are bounded whatever the input (the libFuzzer harness
  * fuzz/fuzz_plot.c checks that no coordinate it writes is non-finite). */
 #ifndef LOOM_TOOLS_PLOT_H
@@ -23,9 +24,11 @@
 
 /* The series of a run, one entry per record; NAN where a record lacks the field. */
 typedef struct plot_run {
-  const char *name; /* the file's name, borrowed */
+  const char *name; /* the legend's label: the file's name (borrowed), or --label's */
   size_t n;
-  double *step, *loss, *lr, *scale, *samples_per_s, *mem_mb;
+  double *step, *loss, *lr, *scale, *samples_per_s, *mem_mib;
+  double *samples;  /* global samples trained up to the step */
+  double *accuracy; /* test accuracy, %, on the records after an evaluation */
   bool *overflow;
   size_t skipped_records, dropped_values; /* out of range (see above) */
 } plot_run;
@@ -39,7 +42,8 @@ int plot_read(const char *path, plot_run *out, size_t max_records);
 int plot_read_stream(FILE *f, const char *path, plot_run *out, size_t max_records);
 void plot_run_free(plot_run *r);
 
-/* The SVG of nruns runs into f: 0, or 1 if f has an error. */
-int plot_write_svg(FILE *f, const plot_run *runs, int nruns);
+/* The SVG of nruns runs into f (plot_svg.c), x by step or (by_samples) by samples trained:
+ * 0, or 1 if f has an error. */
+int plot_write_svg(FILE *f, const plot_run *runs, int nruns, bool by_samples);
 
 #endif

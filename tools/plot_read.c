@@ -1,40 +1,64 @@
 /* plot_read.c: reading back `loom train --metrics` files for `loom plot`: one JSON object a
- * line, the fields found by key (the records are flat but for the nested "mem" object, whose
- * compute-pool bytes are the memory series when rank_compute_bytes is absent). Bounded: only
+ * line, parsed by loom's JSON reader (loom_json_object_walk, the safetensors header's strict
+ * pieces), the members plotted taken by key path ("mem.compute.current_bytes" is the memory
+ * series when rank_compute_bytes is absent; null is a gap). Bounded: only
  * regular files (checked before opening), lines, size and records within plot.h's limits, every
  * value range-checked (out-of-range steps skip their record, other values become gaps; counted). */
 #include "plot.h"
 
+#include "loom/io.h"
+#include "loom/status.h"
+
 #include <fcntl.h>
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The number after "key": in line (strtod's: "nan" and "inf" too), or NAN; *found (NULL ok)
- * says whether there was a number. */
-static double field_found(const char *line, const char *key, bool *found) {
-  if (found) *found = false;
-  char pat[80];
-  snprintf(pat, sizeof pat, "\"%s\":", key);
-  const char *p = strstr(line, pat);
-  if (!p) return NAN;
-  p += strlen(pat);
-  while (*p == ' ') p++;
-  char *end = NULL;
-  double v = strtod(p, &end);
-  if (end == p) return NAN;
-  if (found) *found = true;
-  return v; /* overflow gives +-HUGE_VAL, out of range; underflow a tiny value, in range */
+/* One record as the JSON reader hands it over (loom_json_object_walk): the members plotted. */
+typedef struct record {
+  double step, loss, lr, scale, rate, samples, accuracy, rank_mem, pool_mem;
+  bool has_step, has_loss, overflow;
+} record;
+
+static int member(const loom_json_member *m, void *ctx) {
+  record *r = ctx;
+  static const struct {
+    const char *key;
+    size_t at;
+  } nums[] = {{"step", offsetof(record, step)},           {"loss", offsetof(record, loss)},
+              {"lr", offsetof(record, lr)},               {"scale", offsetof(record, scale)},
+              {"samples_per_s", offsetof(record, rate)},  {"samples", offsetof(record, samples)},
+              {"test_accuracy", offsetof(record, accuracy)},
+              {"rank_compute_bytes", offsetof(record, rank_mem)},
+              {"mem.compute.current_bytes", offsetof(record, pool_mem)}};
+  if (m->kind == LOOM_JSON_BOOL && strcmp(m->key, "overflow") == 0) r->overflow = m->boolean;
+  bool num = m->kind == LOOM_JSON_NUMBER, null = m->kind == LOOM_JSON_NULL;
+  if (!num && !null) return 0;
+  for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++)
+    if (strcmp(m->key, nums[i].key) == 0) {
+      *(double *)((char *)r + nums[i].at) = num ? m->number : NAN; /* null: a gap */
+      if (i == 0) r->has_step = num;
+      if (i == 1) r->has_loss = true;
+    }
+  return 0;
 }
 
-static double field(const char *line, const char *key) { return field_found(line, key, NULL); }
+/* The record of line[0..len): 0, or 1 when it is not JSON (why: loom's message). */
+static int parse_record(const char *line, size_t len, record *r, const char **why) {
+  *r = (record){NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, false, false, false};
+  if (loom_json_object_walk(line, len, "record", member, r) == LOOM_OK) return 0;
+  *why = loom_last_error();
+  return 1;
+}
 
 static int grow(plot_run *r, size_t cap) {
-  double **series[] = {&r->step, &r->loss, &r->lr, &r->scale, &r->samples_per_s, &r->mem_mb};
+  double **series[] = {&r->step,          &r->loss,    &r->lr,       &r->scale,
+                       &r->samples_per_s, &r->mem_mib, &r->samples, &r->accuracy};
   for (size_t i = 0; i < sizeof series / sizeof *series; i++) {
     double *p = realloc(*series[i], cap * sizeof(double));
     if (!p) return 1;
@@ -97,14 +121,17 @@ int plot_read_stream(FILE *f, const char *path, plot_run *out, size_t max_record
     size_t i = 0;
     while (line[i] == ' ' || line[i] == '\t' || line[i] == '\r') i++;
     if (!line[i] && !nul) continue;
-    bool has_step, has_loss;
-    double step = field_found(line, "step", &has_step), loss = field_found(line, "loss", &has_loss);
-    if (nul || line[i] != '{' || !has_step || !has_loss) {
+    record rec;
+    const char *why = NULL;
+    if (nul || parse_record(line, len, &rec, &why) || !rec.has_step || !rec.has_loss) {
+      const char *colon = why ? strstr(why, "record: ") : NULL; /* loom's "where: what" */
       fprintf(stderr, "loom plot: %s:%ld: not a loom train metrics record (a JSON object with "
-              "\"step\" and \"loss\")\n", path, lineno);
+              "\"step\" and \"loss\")%s%s\n", path, lineno, colon ? ": " : "",
+              colon ? colon + 8 : nul ? ": a NUL byte" : "");
       rc = 1;
       break;
     }
+    double step = rec.step;
     if (!(step >= 0 && step <= PLOT_MAX_STEP)) { /* nan, inf, negative, absurd */
       out->skipped_records++;
       continue;
@@ -121,14 +148,15 @@ int plot_read_stream(FILE *f, const char *path, plot_run *out, size_t max_record
     }
     size_t k = out->n++, *d = &out->dropped_values;
     out->step[k] = step;
-    out->loss[k] = checked(loss, false, d);
-    out->lr[k] = checked(field(line, "lr"), false, d);
-    out->scale[k] = checked(field(line, "scale"), true, d);
-    out->samples_per_s[k] = checked(field(line, "samples_per_s"), false, d);
-    double mem = field(line, "rank_compute_bytes");
-    if (isnan(mem)) mem = field(line, "current_bytes"); /* "mem": {"compute": {...}} first */
-    out->mem_mb[k] = checked(mem / 1e6, false, d);
-    out->overflow[k] = strstr(line, "\"overflow\": true") != NULL;
+    out->loss[k] = checked(rec.loss, false, d);
+    out->lr[k] = checked(rec.lr, false, d);
+    out->scale[k] = checked(rec.scale, true, d);
+    out->samples_per_s[k] = checked(rec.rate, false, d);
+    out->samples[k] = checked(rec.samples, false, d);
+    out->accuracy[k] = checked(rec.accuracy, false, d);
+    double mem = isnan(rec.rank_mem) ? rec.pool_mem : rec.rank_mem; /* this rank's, else the pool's */
+    out->mem_mib[k] = checked(mem / 1048576.0, false, d);
+    out->overflow[k] = rec.overflow;
   }
   if (!rc && ferror(f)) {
     fprintf(stderr, "loom plot: %s: read error: %s\n", path, strerror(errno));
@@ -193,7 +221,9 @@ void plot_run_free(plot_run *r) {
   free(r->lr);
   free(r->scale);
   free(r->samples_per_s);
-  free(r->mem_mb);
+  free(r->mem_mib);
+  free(r->samples);
+  free(r->accuracy);
   free(r->overflow);
   memset(r, 0, sizeof *r);
 }

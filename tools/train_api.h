@@ -20,6 +20,7 @@
 
 #define TRAIN_MAX_HIDDEN 8
 #define TRAIN_MAX_RANKS 64 /* --ranks on the threads backend */
+#define TRAIN_CLI_KV_MAX 65 /* the recorded command line: "cli" and one entry an option */
 
 typedef struct train_opts {
   const char *model;                   /* "mlp", "cnn" or "gpt" */
@@ -52,6 +53,7 @@ typedef struct train_opts {
   long eval_batch;
   FILE *out;                           /* progress and summary (stdout) */
   bool quiet;                          /* only the summary line */
+  const char *progress;                /* "auto", "bar" or "lines" (progress.h) */
   /* data parallelism */
   long ranks;
   const char *backend;                 /* "threads" or "mpi" */
@@ -71,7 +73,13 @@ typedef struct train_opts {
   /* the command line's fingerprint (train_cli_fingerprint), which every rank must share */
   const struct train_fp_entry *ranks_fp;
   int nranks_fp;
+  /* the command line as the checkpoints record it (train_resume_record): "cli", "cli.<opt>" */
+  const loom_safetensors_meta_kv *cli_kv;
+  int ncli_kv;
 } train_opts;
+
+/* The progress display o->progress asks for (train_run.c). */
+int train_progress_mode(const train_opts *o);
 
 /* Train as the options say. pg == NULL: one process. Returns a loom status; on failure
  * train_last_error() says why. */
@@ -113,6 +121,9 @@ typedef struct train_dry_result {
   uint64_t gather_bytes, reduce_scatter_bytes, replica_bytes, allreduce_bytes;
 } train_dry_result;
 int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r);
+
+/* The process's peak resident set so far, bytes (getrusage; train_offload.c). */
+size_t train_peak_rss(void);
 
 /* ---- errors ---------------------------------------------------------------------------- */
 
@@ -165,15 +176,26 @@ int train_model_save(const train_model *m, const char *path, const loom_safetens
  * entropy. */
 int train_model_loss(const train_model *m, loom_tensor *logits, loom_tensor *y, loom_tensor **out);
 /* What DIR/model.safetensors records of the model besides its tensors, so that a reader can
- * rebuild it (`loom generate`): for the GPT "model" = "gpt" and "gpt.vocab", "gpt.context",
- * "gpt.layers", "gpt.heads", "gpt.dim"; nothing for the MLP and CNN. */
-#define TRAIN_MODEL_META 6
+ * rebuild and feed it without the training command (`loom generate`, `loom eval`): for the GPT
+ * "model" = "gpt" and "gpt.vocab", "gpt.context", "gpt.layers", "gpt.heads", "gpt.dim"; for the
+ * image classifiers "model" = "mlp" with "mlp.sizes" ("784,1024,1024,10"), or "cnn" with
+ * "cnn.channels" ("32,64") and "cnn.fc" ("128"), then "classes" ("10"), "input.shape" ("784"
+ * flattened row by row, or "1,28,28"), the normalisation "input.mean" and "input.std" (a pixel
+ * x of 0..255 is fed as (x / 255 - mean) / std), "input" (that rule in words) and "amp" (the
+ * autocast of the run's evaluations: off, bf16, f16). */
+#define TRAIN_MODEL_META 10
 typedef struct train_model_meta {
-  char value[TRAIN_MODEL_META][32];
+  char value[TRAIN_MODEL_META][160];
   loom_safetensors_meta_kv kv[TRAIN_MODEL_META];
   size_t n;
 } train_model_meta;
-void train_model_meta_make(const train_model *m, train_model_meta *out);
+void train_model_meta_make(const train_model *m, const train_opts *o, train_model_meta *out);
+/* An image classifier's options from a model file's metadata (train_model_meta_make's keys):
+ * o->model, hidden/nhidden or channels/fc, and *amp; *mean and *std the normalisation.
+ * LOOM_EFORMAT naming the file and the key when one is missing or malformed, LOOM_EINVAL when
+ * the file is a GPT's or records no model (written before the record). */
+int train_model_meta_image(const loom_safetensors *f, const char *path, train_opts *o,
+                           float *mean, float *std);
 /* A GPT's configuration from a model file's metadata (train_model_meta_make's keys):
  * LOOM_EFORMAT naming the file and the key when one is missing or is not a size, LOOM_EINVAL
  * when the file is not a GPT's (no "model" = "gpt"). */
@@ -290,8 +312,12 @@ typedef struct train_record {
   bool overflow;
   double samples_per_s;
   const char *extra; /* more JSON members ("\"ddp_bytes\": 12, ...") or NULL */
-  bool has_val;      /* GPT: the validation loss was measured after this step */
-  double val_loss;
+  bool has_val;      /* an evaluation ran after this step: the GPT's validation loss, or the
+                      * classifier's test loss and accuracy (%) */
+  double val_loss, test_accuracy;
+  double epochs;     /* epochs done after this step (2, or 0.75 within the first) */
+  int64_t samples;   /* global samples trained up to this step (windows for the GPT) */
+  bool classifier;   /* has_val names test_loss and test_accuracy (else val_loss) */
 } train_record;
 
 /* Metrics never wait (train_metrics.c): a regular file is written as a log is; a FIFO, pipe or

@@ -1,8 +1,8 @@
 /* train_ckpt.c: checkpoints of `loom train`. DIR/checkpoint.safetensors holds the model
  * ("model.<name>"), the optimizer state ("optim.<param>.exp_avg", ...), the scaler
  * ("amp.scaler", loom_scaler_state_pack) and, as metadata, the step (with its epoch and batch
- * index, the steps per epoch and the optimizer step count) and every option that shapes the
- * trajectory; DIR/model.safetensors the parameters alone under their PyTorch names, with the
+ * index, the steps per epoch and the optimizer step count), every option that shapes the
+ * trajectory, and the command line (train_resume.c: "cli.<option>", what --resume alone runs); DIR/model.safetensors the parameters alone under their PyTorch names, with the
  * step and epoch as metadata. Both are written atomically (loom_safetensors_write, then
  * loom_checkpoint_save: the model file first, so the checkpoint is never ahead of it; a kill
  * between the two renames leaves the model one save ahead, which resume reports), after the
@@ -148,7 +148,8 @@ static void free_entries(entries *es) {
 typedef struct ckpt_meta {
   fingerprint fp;
   char num[NCOUNT][32];
-  loom_safetensors_meta_kv kv[NCOUNT + NFP];
+  loom_safetensors_meta_kv kv[NCOUNT + NFP + TRAIN_CLI_KV_MAX]; /* and the command line */
+  size_t nkv;
   train_model_meta mm;
   loom_safetensors_meta_kv model_kv[2 + TRAIN_MODEL_META]; /* the model file's: step, epoch */
   size_t nmodel;                                           /* and the model's shape */
@@ -166,7 +167,9 @@ static void make_meta(const train_opts *o, const train_model *m, const loom_opti
   }
   for (int i = 0; i < NFP; i++)
     cm->kv[NCOUNT + i] = (loom_safetensors_meta_kv){cm->fp.key[i], cm->fp.value[i]};
-  train_model_meta_make(m, &cm->mm);
+  cm->nkv = NCOUNT + NFP;
+  for (int i = 0; i < o->ncli_kv && i < TRAIN_CLI_KV_MAX; i++) cm->kv[cm->nkv++] = o->cli_kv[i];
+  train_model_meta_make(m, o, &cm->mm);
   cm->nmodel = 0;
   for (int i = 0; i < 2; i++) cm->model_kv[cm->nmodel++] = cm->kv[i];
   for (size_t i = 0; i < cm->mm.n; i++) cm->model_kv[cm->nmodel++] = cm->mm.kv[i];
@@ -206,7 +209,7 @@ int train_ckpt_save(const char *dir, const train_opts *o, const train_model *m,
   const loom_safetensors_meta_kv *meta = cm.kv;
   if (!rc) rc = train_model_save(m, model, cm.model_kv, cm.nmodel);
   if (!rc) {
-    rc = loom_checkpoint_save(ck, es.e, es.n, meta, NCOUNT + NFP);
+    rc = loom_checkpoint_save(ck, es.e, es.n, meta, cm.nkv);
     if (rc) train_fail_loom(rc, "--save");
   }
   free_entries(&es);
@@ -220,8 +223,9 @@ static long long positive(const char *v) {
   return n >= 1 && *end == '\0' ? n : -1;
 }
 
-/* Every fingerprint value of the file must be this run's, but the rank count and the batch per
- * rank: another rank count is well defined when the global batch (ranks x --batch) is the same
+/* Every fingerprint value of the file must be this run's, but --epochs (a run may be extended
+ * or cut short: check_counters keeps it past the checkpoint's step), the rank count and the
+ * batch per rank: another rank count is well defined when the global batch (ranks x --batch) is the same
  * (the same steps per epoch, data order and learning rates: the run continues as the one that
  * wrote the checkpoint would have, up to the order of the sums over ranks); the first time
  * otherwise. Sets st->from_ranks and from_batch to the checkpoint's on another rank count. */
@@ -260,6 +264,7 @@ static int check_fingerprint(const loom_safetensors *f, const char *dir, const t
     if (st->from_ranks &&
         (strcmp(fp.key[i], "train.ranks") == 0 || strcmp(fp.key[i], "train.batch") == 0))
       continue;
+    if (strcmp(fp.key[i], "train.epochs") == 0) continue; /* may grow: check_counters */
     if (strcmp(v, fp.value[i]) != 0) {
       char was[40], now[40];
       if (strcmp(fp.key[i], "train.shuffle") == 0)
@@ -405,7 +410,7 @@ int train_ckpt_save_fsdp(const char *dir, const train_opts *o, const train_model
   }
   char set[4096];
   fsdp_set_path(dir, set, sizeof set);
-  rc = loom_fsdp_save_sharded(fsdp, set, opt, meta, NCOUNT + NFP);
+  rc = loom_fsdp_save_sharded(fsdp, set, opt, meta, cm.nkv);
   if (rc && !rc_model) return train_fail_loom(rc, "--save");
   return rc_model ? rc_model : rc;
 }

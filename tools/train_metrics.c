@@ -170,7 +170,14 @@ static void format_record(FILE *f, const train_record *r) {
   number(f, "scale", r->scale);
   fprintf(f, "\"overflow\": %s, ", r->overflow ? "true" : "false");
   number(f, "samples_per_s", r->samples_per_s);
-  if (r->has_val) number(f, "val_loss", r->val_loss);
+  fprintf(f, "\"samples\": %lld, ", (long long)r->samples);
+  if (r->has_val && r->classifier) {
+    number(f, "test_loss", r->val_loss);
+    number(f, "test_accuracy", r->test_accuracy);
+  } else if (r->has_val) {
+    number(f, "val_loss", r->val_loss);
+  }
+  if (r->has_val) number(f, "epochs", r->epochs);
   if (r->extra && *r->extra) fprintf(f, "%s, ", r->extra);
   fprintf(f, "\"mem\": {");
   for (int p = 0; p < LOOM_POOL_COUNT; p++) {

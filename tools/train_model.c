@@ -9,6 +9,7 @@
 #include "train_api.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +41,15 @@ static int make_cnn(const train_opts *o, train_model *m) {
   return loom_nn_sequential_create(ch, 10, &m->root); /* takes the children, also on failure */
 }
 
+/* The MLP's layer sizes, input to classes, into sizes[0..n); returns n. */
+static int mlp_sizes(const train_opts *o, int64_t sizes[TRAIN_MAX_HIDDEN + 2]) {
+  int n = 0;
+  sizes[n++] = SIDE * SIDE;
+  for (int i = 0; i < o->nhidden; i++) sizes[n++] = o->hidden[i];
+  sizes[n++] = CLASSES;
+  return n;
+}
+
 int train_model_create(const train_opts *o, train_model *m) {
   memset(m, 0, sizeof *m);
   int rc;
@@ -54,10 +64,7 @@ int train_model_create(const train_opts *o, train_model *m) {
     rc = make_cnn(o, m);
   } else {
     int64_t sizes[TRAIN_MAX_HIDDEN + 2];
-    int n = 0;
-    sizes[n++] = SIDE * SIDE;
-    for (int i = 0; i < o->nhidden; i++) sizes[n++] = o->hidden[i];
-    sizes[n++] = CLASSES;
+    int n = mlp_sizes(o, sizes);
     rc = loom_nn_mlp_create(sizes, n, LOOM_ACT_RELU, LOOM_F32, (uint64_t)o->seed, &m->root);
   }
   if (rc) return train_fail_loom(rc, "building the model");
@@ -89,20 +96,120 @@ int train_model_loss(const train_model *m, loom_tensor *logits, loom_tensor *y,
   return loom_cross_entropy(logits, y, LOOM_REDUCTION_MEAN, -100, out);
 }
 
-static const char *const gpt_keys[TRAIN_MODEL_META - 1] = {"gpt.vocab", "gpt.context",
-                                                            "gpt.layers", "gpt.heads", "gpt.dim"};
+#define GPT_KEYS 5
+static const char *const gpt_keys[GPT_KEYS] = {"gpt.vocab", "gpt.context", "gpt.layers",
+                                               "gpt.heads", "gpt.dim"};
 
-void train_model_meta_make(const train_model *m, train_model_meta *out) {
+static void meta_put(train_model_meta *out, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void meta_put(train_model_meta *out, const char *key, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(out->value[out->n], sizeof out->value[out->n], fmt, ap);
+  va_end(ap);
+  out->kv[out->n] = (loom_safetensors_meta_kv){key, out->value[out->n]};
+  out->n++;
+}
+
+/* "a,b,c" of n sizes into buf. */
+static void size_list(const int64_t *v, int n, char *buf, size_t cap) {
+  size_t len = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < n && len < cap; i++)
+    len += (size_t)snprintf(buf + len, cap - len, "%s%lld", i ? "," : "", (long long)v[i]);
+}
+
+void train_model_meta_make(const train_model *m, const train_opts *o, train_model_meta *out) {
   out->n = 0;
-  if (!m->gpt) return;
-  const loom_gpt_cfg *c = &m->gpt_cfg;
-  const int64_t v[TRAIN_MODEL_META - 1] = {c->vocab, c->context, c->layers, c->heads, c->dim};
-  snprintf(out->value[0], sizeof out->value[0], "gpt");
-  out->kv[out->n++] = (loom_safetensors_meta_kv){"model", out->value[0]};
-  for (int i = 0; i < TRAIN_MODEL_META - 1; i++) {
-    snprintf(out->value[i + 1], sizeof out->value[i + 1], "%lld", (long long)v[i]);
-    out->kv[out->n++] = (loom_safetensors_meta_kv){gpt_keys[i], out->value[i + 1]};
+  if (m->gpt) {
+    const loom_gpt_cfg *c = &m->gpt_cfg;
+    const int64_t v[GPT_KEYS] = {c->vocab, c->context, c->layers, c->heads, c->dim};
+    meta_put(out, "model", "gpt");
+    for (int i = 0; i < GPT_KEYS; i++) meta_put(out, gpt_keys[i], "%lld", (long long)v[i]);
+    return;
   }
+  char list[128];
+  if (m->cnn) {
+    meta_put(out, "model", "cnn");
+    size_list(o->channels, 2, list, sizeof list);
+    meta_put(out, "cnn.channels", "%s", list);
+    meta_put(out, "cnn.fc", "%lld", (long long)o->fc);
+  } else {
+    int64_t sizes[TRAIN_MAX_HIDDEN + 2];
+    int n = mlp_sizes(o, sizes);
+    meta_put(out, "model", "mlp");
+    size_list(sizes, n, list, sizeof list);
+    meta_put(out, "mlp.sizes", "%s", list);
+  }
+  meta_put(out, "classes", "%d", CLASSES);
+  meta_put(out, "input.shape", m->cnn ? "1,%d,%d" : "%d", SIDE * (m->cnn ? 1 : SIDE), SIDE);
+  meta_put(out, "input.mean", "%g", (double)LOOM_FASHION_MNIST_MEAN);
+  meta_put(out, "input.std", "%g", (double)LOOM_FASHION_MNIST_STD);
+  meta_put(out, "input", "%s grey images of %dx%d pixels of 0..255: a pixel x is fed as "
+           "(x / 255 - input.mean) / input.std", m->cnn ? "[N,1,28,28]" : "[N,784] row-major",
+           SIDE, SIDE);
+  meta_put(out, "amp", "%s", o->amp);
+}
+
+/* A metadata number (a float of the file's text), or LOOM_EFORMAT naming the key. */
+static int meta_float(const loom_safetensors *f, const char *path, const char *key, float *out) {
+  const char *v = loom_safetensors_meta(f, key);
+  char *end = NULL;
+  double x = v ? strtod(v, &end) : 0;
+  if (!v || end == v || *end || !isfinite(x))
+    return train_fail(LOOM_EFORMAT, "%s: the metadata entry \"%s\" is %s", path, key,
+                      v ? "not a finite number" : "missing");
+  *out = (float)x;
+  return LOOM_OK;
+}
+
+/* "a,b,..." of positive sizes up to TRAIN_MAX_WIDTH into v[0..*n), at most max. */
+static int meta_sizes(const loom_safetensors *f, const char *path, const char *key, int64_t *v,
+                      int max, int *n) {
+  const char *s = loom_safetensors_meta(f, key);
+  *n = 0;
+  for (const char *p = s; p && *n < max;) {
+    char *end = NULL;
+    long long x = *p >= '0' && *p <= '9' ? strtoll(p, &end, 10) : 0;
+    if (!end || x < 1 || x > (1LL << 20) || (*end && *end != ',')) break;
+    v[(*n)++] = x;
+    if (!*end) return LOOM_OK;
+    p = end + 1;
+  }
+  return train_fail(LOOM_EFORMAT, "%s: the metadata entry \"%s\" is %s", path, key,
+                    s ? "not a list of at most 10 positive sizes" : "missing");
+}
+
+int train_model_meta_image(const loom_safetensors *f, const char *path, train_opts *o,
+                           float *mean, float *std) {
+  const char *model = loom_safetensors_meta(f, "model");
+  if (!model || (strcmp(model, "mlp") != 0 && strcmp(model, "cnn") != 0))
+    return train_fail(LOOM_EINVAL, "%s: not an image classifier's model file (its metadata has "
+                      "%s%.40s; `loom train --save DIR` writes one, with --model mlp or cnn)",
+                      path, model ? "model = " : "no \"model\" entry (an older file?)",
+                      model ? model : "");
+  int64_t v[TRAIN_MAX_HIDDEN + 2];
+  int n = 0, rc;
+  if (strcmp(model, "mlp") == 0) {
+    o->model = "mlp";
+    if ((rc = meta_sizes(f, path, "mlp.sizes", v, TRAIN_MAX_HIDDEN + 2, &n))) return rc;
+    if (n < 2 || v[0] != SIDE * SIDE || v[n - 1] != CLASSES)
+      return train_fail(LOOM_EFORMAT, "%s: \"mlp.sizes\" must run from %d to %d", path,
+                        SIDE * SIDE, CLASSES);
+    o->nhidden = n - 2;
+    for (int i = 0; i < n - 2; i++) o->hidden[i] = v[i + 1];
+  } else {
+    o->model = "cnn";
+    if ((rc = meta_sizes(f, path, "cnn.channels", o->channels, 2, &n))) return rc;
+    if (n != 2) return train_fail(LOOM_EFORMAT, "%s: \"cnn.channels\" must be two sizes", path);
+    if ((rc = meta_sizes(f, path, "cnn.fc", &o->fc, 1, &n))) return rc;
+  }
+  if ((rc = meta_float(f, path, "input.mean", mean)) || (rc = meta_float(f, path, "input.std", std)))
+    return rc;
+  if (!(*std > 0)) return train_fail(LOOM_EFORMAT, "%s: \"input.std\" must be positive", path);
+  const char *amp = loom_safetensors_meta(f, "amp");
+  o->amp = amp && strcmp(amp, "bf16") == 0 ? "bf16" : amp && strcmp(amp, "f16") == 0 ? "f16" : "off";
+  return LOOM_OK;
 }
 
 int train_model_meta_gpt(const loom_safetensors *f, const char *path, loom_gpt_cfg *cfg) {
@@ -111,8 +218,8 @@ int train_model_meta_gpt(const loom_safetensors *f, const char *path, loom_gpt_c
     return train_fail(LOOM_EINVAL, "%s: not a GPT's model file (its metadata has %s%.40s; "
                       "`loom train --model gpt --save DIR` writes one)", path,
                       model ? "model = " : "no \"model\" entry", model ? model : "");
-  int64_t v[TRAIN_MODEL_META - 1];
-  for (int i = 0; i < TRAIN_MODEL_META - 1; i++)
+  int64_t v[GPT_KEYS];
+  for (int i = 0; i < GPT_KEYS; i++)
     if (loom_safetensors_meta_i64(f, gpt_keys[i], &v[i]) || v[i] <= 0)
       return train_fail(LOOM_EFORMAT, "%s: the metadata entry \"%s\" is %s", path, gpt_keys[i],
                         loom_safetensors_meta(f, gpt_keys[i]) ? "not a positive size"

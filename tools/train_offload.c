@@ -52,9 +52,8 @@ void train_offload_describe(const train_opts *o, char *buf, size_t cap) {
   snprintf(buf, cap, ", offload %s to the %s tier (prefetch %ld)", k, o->offload_tier, o->prefetch);
 }
 
-/* The process's peak resident set (ru_maxrss is in KiB on Linux). */
-static size_t peak_rss(void) {
-  struct rusage ru;
+size_t train_peak_rss(void) {
+  struct rusage ru; /* ru_maxrss is in KiB on Linux */
   return getrusage(RUSAGE_SELF, &ru) == 0 ? (size_t)ru.ru_maxrss * 1024 : 0;
 }
 
@@ -75,7 +74,7 @@ void train_offload_json(const train_opts *o, const loom_fsdp_stats *s, char *buf
            "\"rank_file_peak_bytes\": %zu, \"peak_rss_bytes\": %zu, \"fsdp_offload_bytes\": %zu, "
            "\"fsdp_offload_to_bytes\": %llu, \"fsdp_offload_from_bytes\": %llu, "
            "\"fsdp_offload_transfer_s\": %.6f, \"fsdp_offload_wait_s\": %.6f",
-           host.current_bytes, host.peak_bytes, file.current_bytes, file.peak_bytes, peak_rss(),
+           host.current_bytes, host.peak_bytes, file.current_bytes, file.peak_bytes, train_peak_rss(),
            s->offload_bytes, (unsigned long long)s->offload_to_bytes,
            (unsigned long long)s->offload_from_bytes, s->offload_transfer_s, s->offload_wait_s);
 }
@@ -88,7 +87,7 @@ void train_offload_summary(const train_opts *o, loom_fsdp *f, FILE *out) {
   progress_bytes(held, sizeof held, s.offload_bytes);
   progress_bytes(host, sizeof host, rank_pool(LOOM_POOL_HOST).peak_bytes);
   progress_bytes(file, sizeof file, rank_pool(LOOM_POOL_FILE).peak_bytes);
-  progress_bytes(rss, sizeof rss, peak_rss());
+  progress_bytes(rss, sizeof rss, train_peak_rss());
   fprintf(out, "loom train: offload: %s tier, %s offloaded, %s moved, exposed wait %.2f s of "
           "%.2f s transfer, host pool peak %s, file pool peak %s (rank 0); peak RSS %s\n",
           o->offload_tier, held, moved, s.offload_wait_s, s.offload_transfer_s, host, file, rss);

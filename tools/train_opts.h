@@ -26,6 +26,11 @@ typedef struct train_cmdline {
   bool seen_layers, seen_heads, seen_dim, seen_context, seen_text, seen_eval_every,
       seen_eval_windows, seen_batch, seen_epochs, seen_eval_batch, seen_checkpoint_activations;
   char dirs[3][PATH_MAX];         /* --save, --resume, --data without trailing slashes */
+  /* the options recorded in the run's checkpoints (train_resume_record): "cli" = the count,
+   * then "cli.<option>" = the value as written */
+  loom_safetensors_meta_kv cli_kv[TRAIN_CLI_KV_MAX];
+  char cli_keys[TRAIN_CLI_KV_MAX][48], cli_count[16];
+  bool save_into_resume; /* --resume DIR of a recorded run without --save: it saves into DIR */
 } train_cmdline;
 
 /* The options of `loom train`, which `loom plan` takes too (cmd_train.c): the defaults into o
@@ -35,6 +40,20 @@ typedef struct train_cmdline {
 void train_cli_defaults(train_opts *o, train_cmdline *c);
 size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *timeout_seen,
                        cli_option *out, size_t cap);
+
+/* --resume DIR (train_resume.c): when DIR's checkpoint records its run's options, the run
+ * continues with them. The recorded options go before argv[0..*argc) (*argv and *argc are
+ * replaced by the merged command line, *merged is that array, to free after the run; NULL when
+ * nothing was merged); o, c, *timeout and table are parsed again from it. An option given with
+ * another value than the recorded one is refused naming it, but those a resumed run may change
+ * (train_resume_changeable); without --save the run saves into DIR again. Returns 0, or 2
+ * after the message. */
+extern const char *train_resume_changeable;
+int train_resume_prepare(train_opts *o, train_cmdline *c, double *timeout, bool *timeout_seen,
+                         cli_option *table, int *argc, char ***argv, char ***merged);
+/* The options argv gives, as the run's checkpoints record them (those of the invocation alone
+ * left out), into c->cli_kv; returns the number of entries. */
+int train_resume_record(const cli_option *table, int argc, char **argv, train_cmdline *c);
 
 /* The run's fingerprint for its ranks (train_par.c compares it, on every rank, before the
  * first step): one entry per option of table (ending with a zeroed entry) not marked

@@ -28,6 +28,72 @@ static void take_max(train_dry_phase *into, const train_dry_phase *p) {
   if (p->peak > into->peak) *into = *p;
 }
 
+static size_t noted_base;
+
+static void read_data(const train_opts *o, plan_result *r);
+
+void train_plan_note_base(void) { noted_base = train_peak_rss(); }
+
+/* The data a rank of the run loads (r->data_bytes: what its loading adds to the meta pool)
+ * and the training samples of an epoch, read for real (outside the dry run): the dataset's
+ * headers, or the text. A failure leaves them 0 with a note: the plan of the step stands. The
+ * last answer is kept for the same data (--fit-memory plans many batches of one run). */
+static void plan_data(const train_opts *o, plan_result *r) {
+  static struct {
+    bool valid;
+    char key[8200];
+    size_t bytes, samples;
+    char note[160];
+  } last;
+  char key[8200];
+  snprintf(key, sizeof key, "%s|%s|%s|%ld", o->model, o->data ? o->data : "",
+           o->text ? o->text : "", strcmp(o->model, "gpt") == 0 ? o->context : 0);
+  if (last.valid && strcmp(key, last.key) == 0) {
+    r->data_bytes = last.bytes, r->data_samples = last.samples;
+    snprintf(r->data_note, sizeof r->data_note, "%s", last.note);
+  } else {
+    read_data(o, r);
+    last.valid = true;
+    snprintf(last.key, sizeof last.key, "%s", key);
+    last.bytes = r->data_bytes, last.samples = r->data_samples;
+    snprintf(last.note, sizeof last.note, "%s", r->data_note);
+  }
+  if (o->limit > 0 && (size_t)o->limit < r->data_samples) r->data_samples = (size_t)o->limit;
+}
+
+size_t train_plan_epoch_samples(const train_opts *o) {
+  plan_result r;
+  memset(&r, 0, sizeof r);
+  plan_data(o, &r);
+  if (r.data_samples) return r.data_samples;
+  bool gpt = strcmp(o->model, "gpt") == 0; /* train_data.c's dry_data */
+  size_t nominal = gpt ? ((size_t)1 << 20) / (size_t)o->context : 60000;
+  return o->limit > 0 && (size_t)o->limit < nominal ? (size_t)o->limit : nominal;
+}
+
+static void read_data(const train_opts *o, plan_result *r) {
+  int rc;
+  if (strcmp(o->model, "gpt") == 0) {
+    loom_pool_stats before, after;
+    loom_mem_stats(LOOM_POOL_META, &before);
+    loom_mem_reset_peak(LOOM_POOL_META);
+    loom_text *t = NULL;
+    rc = loom_text_load(o->text, &t);
+    loom_mem_stats(LOOM_POOL_META, &after);
+    if (!rc) {
+      r->data_bytes = after.peak_bytes - before.current_bytes;
+      r->data_samples = loom_text_size(t, LOOM_SPLIT_TRAIN) / (size_t)o->context;
+    }
+    loom_text_free(t);
+  } else {
+    size_t n_train = 0, n_test = 0, b_train = 0, b_test = 0;
+    rc = loom_mnist_bytes(o->data, LOOM_SPLIT_TRAIN, &n_train, &b_train);
+    if (!rc) rc = loom_mnist_bytes(o->data, LOOM_SPLIT_TEST, &n_test, &b_test);
+    if (!rc) r->data_bytes = b_train + b_test, r->data_samples = n_train;
+  }
+  if (rc) snprintf(r->data_note, sizeof r->data_note, "%.150s", loom_last_error());
+}
+
 int train_plan(const train_opts *o, plan_result *r) {
   memset(r, 0, sizeof *r);
   loom_dtype amp = LOOM_F32;
@@ -49,6 +115,7 @@ int train_plan(const train_opts *o, plan_result *r) {
       else train_fail(rc, "%s", loom_last_error());
     }
   }
+  r->loom_bytes = loom_mem_dry_footprint_peak();
   loom_mem_set_dry_run(false);
   for (int k = 0; k < n && !rc; k++) {
     const train_dry_result *x = &d->r[k];
@@ -68,6 +135,12 @@ int train_plan(const train_opts *o, plan_result *r) {
   free(d);
   r->peak = r->build.peak > r->train.peak ? r->build.peak : r->train.peak;
   if (r->eval.peak > r->peak) r->peak = r->eval.peak;
+  if (rc) return rc;
+  plan_data(o, r);
+  r->data_loads = n; /* every rank (a thread of this process) loads its own copy */
+  if (!noted_base) noted_base = train_peak_rss(); /* a library caller's: its first plan's */
+  r->base_bytes = noted_base;
+  r->process_peak = r->loom_bytes + r->data_bytes * (size_t)n + r->base_bytes;
   return rc;
 }
 
@@ -149,6 +222,16 @@ void train_plan_print(FILE *f, const train_opts *o, const plan_result *r) {
   fprintf(f, "peak per rank: %s (%zu parameters, %ld rank%s, batch %ld per rank%s)\n", pk,
           r->params, o->ranks, o->ranks > 1 ? "s" : "", o->batch,
           r->widened ? "; low-precision products widened to f32 on this CPU" : "");
+  char lb[32], db[32], bb[32];
+  mib(pk, sizeof pk, r->process_peak);
+  mib(lb, sizeof lb, r->loom_bytes);
+  mib(db, sizeof db, r->data_bytes * (size_t)r->data_loads);
+  mib(bb, sizeof bb, r->base_bytes);
+  fprintf(f, "process peak: %s, comparable to its resident set (loom's blocks %s in use and "
+          "cached, data %s%s, runtime %s)\n", pk, lb, db,
+          r->data_loads > 1 ? " (a copy per rank)" : "", bb);
+  if (r->data_note[0]) fprintf(f, "  the data could not be read, so it is not counted: %s\n",
+                               r->data_note);
   char file[32];
   mib(pk, sizeof pk, r->host_bytes);
   mib(file, sizeof file, r->file_bytes);
@@ -178,9 +261,12 @@ static void json_phase(FILE *f, const char *name, const train_dry_phase *ph) {
 void train_plan_print_json(FILE *f, const train_opts *o, const plan_result *r) {
   fprintf(f, "{\"model\": \"%s\", \"parameters\": %zu, \"ranks\": %ld, \"batch\": %ld, "
           "\"amp\": \"%s\", \"strategy\": \"%s\", \"widened\": %s, \"peak_bytes\": %zu, "
-          "\"host_bytes\": %zu, \"file_bytes\": %zu, ",
+          "\"host_bytes\": %zu, \"file_bytes\": %zu, \"process_peak_bytes\": %zu, "
+          "\"loom_footprint_bytes\": %zu, \"data_bytes\": %zu, \"data_loads\": %d, "
+          "\"runtime_base_bytes\": %zu, \"epoch_samples\": %zu, ",
           o->model, r->params, o->ranks, o->batch, o->amp, o->strategy,
-          r->widened ? "true" : "false", r->peak, r->host_bytes, r->file_bytes);
+          r->widened ? "true" : "false", r->peak, r->host_bytes, r->file_bytes, r->process_peak,
+          r->loom_bytes, r->data_bytes, r->data_loads, r->base_bytes, r->data_samples);
   json_phase(f, "build", &r->build);
   fputs(", ", f);
   json_phase(f, "train", &r->train);

@@ -1,5 +1,6 @@
 /* train_plan.h: `loom plan`: the compute-pool memory a `loom train` run will need per rank,
- * before it starts, from the same options.
+ * and its process's peak (comparable to the resident set), before it starts, from the same
+ * options.
  *
  * The plan is the run itself, dry: loom's dry run (loom_mem_set_dry_run, loom/alloc.h) makes
  * every allocation and free the library makes, in order, with no kernel run and no memory
@@ -33,6 +34,14 @@ typedef struct plan_result {
    * through each host's link, each way, and their time at GBPS (0: not asked) */
   int hosts, ranks_per_host;
   double link_gbps, link_bytes, link_s;
+  /* The process (comparable to its resident set): loom's blocks at their peak, in use and in
+   * the allocator's cache (loom_mem_dry_footprint_peak, every rank of the process), the data
+   * every rank loads (the dataset's bytes from its headers, the text as loaded), and the
+   * runtime's base (the resident set of this process when the command started: libraries,
+   * OpenMP). data_samples: the training samples an epoch has (windows for the GPT; --limit). */
+  size_t process_peak, loom_bytes, data_bytes, base_bytes, data_samples;
+  int data_loads;        /* ranks of the process that each load the data */
+  char data_note[160];   /* why data_bytes is 0 (the data could not be read), or "" */
 } plan_result;
 
 /* Fill r's link figures for hosts x ranks_per_host (their product the run's ranks) and a link
@@ -40,10 +49,20 @@ typedef struct plan_result {
 void train_plan_links(const train_opts *o, int hosts, int ranks_per_host, double gbps,
                       plan_result *r);
 
+/* The runtime's base: this process's resident set now, noted by the `loom` command at start
+ * (loom.c), before anything of loom ran; a process that did not note it measures it when it
+ * first plans. */
+void train_plan_note_base(void);
+
 /* The plan of the run the (checked) options describe: the largest figure of any rank for each
  * phase. Returns a loom status; on failure train_last_error() says why (what `loom train`
  * would have said at the same point, such as a --warmup longer than the run). */
 int train_plan(const train_opts *o, plan_result *r);
+
+/* The training samples an epoch of these options has (windows for the GPT), what the most a
+ * --batch x --ranks may be: --limit, else the data's count (from its headers, or the text),
+ * else the dry run's nominal epoch (60000 images; 1 MiB of text) when the data cannot be read. */
+size_t train_plan_epoch_samples(const train_opts *o);
 
 /* Print the plan as a table, or as one JSON object. */
 void train_plan_print(FILE *f, const train_opts *o, const plan_result *r);

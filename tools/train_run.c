@@ -106,6 +106,12 @@ static int make_step(trainer *t) {
 }
 
 /* Whether the run scales its loss (a scaler, or FSDP's mixed precision with loss scaling). */
+int train_progress_mode(const train_opts *o) {
+  const char *m = o->progress ? o->progress : "auto";
+  return strcmp(m, "bar") == 0 ? PROGRESS_BAR : strcmp(m, "lines") == 0 ? PROGRESS_LINES
+                                                                       : PROGRESS_AUTO;
+}
+
 static bool scales_loss(const trainer *t) { return loom_step_scaler(t->step) != NULL; }
 
 /* ---- a step ----------------------------------------------------------------------------- */
@@ -194,7 +200,10 @@ int trainer_step(trainer *t, double *loss_value, loom_step_result *res) {
 
 /* ---- evaluation ------------------------------------------------------------------------- */
 
-static int count_correct(loom_tensor *logits, loom_tensor *y, size_t n, size_t *correct) {
+/* The rows of a batch (at most n) whose largest logit is the label's, into *correct; per
+ * class too (hit[label], seen[label]) when hit is not NULL. */
+static int count_correct(loom_tensor *logits, loom_tensor *y, size_t n, size_t *correct,
+                         size_t *hit, size_t *seen) {
   size_t rows = (size_t)loom_tensor_dim(logits, 0), cls = (size_t)loom_tensor_dim(logits, 1);
   float *l = malloc(rows * cls * sizeof *l);
   int64_t *lab = malloc(rows * sizeof *lab);
@@ -206,9 +215,32 @@ static int count_correct(loom_tensor *logits, loom_tensor *y, size_t n, size_t *
     for (size_t c = 1; c < cls; c++)
       if (l[r * cls + c] > l[r * cls + best]) best = c;
     *correct += (int64_t)best == lab[r];
+    if (hit && lab[r] >= 0 && (size_t)lab[r] < cls) {
+      hit[lab[r]] += (int64_t)best == lab[r];
+      seen[lab[r]]++;
+    }
   }
   free(l);
   free(lab);
+  return rc;
+}
+
+/* The batch's summed loss over its first n rows (at most all) into *sum: the model's mean
+ * loss over those rows times their count. */
+static int add_loss(const trainer *t, loom_tensor *logits, loom_tensor *y, size_t n,
+                    double *sum) {
+  int64_t rows = loom_tensor_dim(logits, 0);
+  if ((int64_t)n < rows) rows = (int64_t)n;
+  loom_tensor *l = NULL, *yy = NULL, *loss = NULL;
+  int rc = loom_tensor_narrow(logits, 0, 0, rows, &l);
+  if (!rc) rc = loom_tensor_narrow(y, 0, 0, rows, &yy);
+  if (!rc) rc = train_model_loss(&t->model, l, yy, &loss);
+  double v = 0;
+  if (!rc) rc = loom_tensor_item(loss, &v);
+  *sum += v * (double)rows;
+  loom_tensor_free(l);
+  loom_tensor_free(yy);
+  loom_tensor_free(loss);
   return rc;
 }
 
@@ -240,6 +272,7 @@ static int evaluate_text(trainer *t, double *val_loss) {
 
 int trainer_evaluate(trainer *t, double *accuracy) {
   size_t correct = 0, done = 0;
+  double loss_sum = 0;
   size_t nb = t->dry || t->model.gpt ? 1 : loom_loader_batches(t->test_loader);
   int rc = LOOM_OK;
   loom_autocast_token tok = {0};
@@ -254,7 +287,9 @@ int trainer_evaluate(trainer *t, double *accuracy) {
                                           : (size_t)t->o->eval_batch), &x, &y)
                 : loom_loader_batch(t->test_loader, 0, b, &x, &y);
     if (!rc) rc = train_model_forward(&t->model, x, &logits);
-    if (!rc) rc = count_correct(logits, y, t->test_n - done, &correct);
+    if (!rc) rc = count_correct(logits, y, t->test_n - done, &correct, t->class_hit,
+                                   t->class_seen);
+    if (!rc) rc = add_loss(t, logits, y, t->test_n - done, &loss_sum);
     if (!rc) done += (size_t)loom_tensor_dim(x, 0);
     loom_tensor_free(x);
     loom_tensor_free(y);
@@ -267,6 +302,7 @@ int trainer_evaluate(trainer *t, double *accuracy) {
   loom_mem_set_tag(TRAIN_TAG_OTHER);
   t->eval_step = t->st.step;
   if (!t->model.gpt) *accuracy = 100.0 * (double)correct / (double)(t->test_n ? t->test_n : 1);
+  if (!t->model.gpt) t->test_loss = loss_sum / (double)(t->test_n ? t->test_n : 1);
   return rc;
 }
 
@@ -282,11 +318,15 @@ static void fmt_rate(char *buf, size_t cap, double r) {
 static int write_record(trainer *t, double loss, const loom_step_result *res, double step_s) {
   char extra[2048];
   train_par_json(t->par, extra, sizeof extra);
+  bool gpt = t->model.gpt;
   train_record r = {t->st.step, (t->st.step - 1) / t->st.steps_per_epoch, loss,
                     loom_lr_at(&t->sched, t->st.step - 1),
                     res->scale, res->skipped,
                     (double)(t->o->batch * t->nranks) / step_s, extra,
-                    t->model.gpt && t->eval_step == t->st.step, t->accuracy};
+                    t->eval_step == t->st.step, gpt ? t->accuracy : t->test_loss,
+                    gpt ? 0 : t->accuracy,
+                    (double)t->st.step / (double)t->st.steps_per_epoch,
+                    t->st.step * t->o->batch * t->nranks, !gpt};
   return train_metrics_write(t->metrics, &r);
 }
 
@@ -296,11 +336,13 @@ static void result_text(const trainer *t, char *buf, size_t cap) {
   else snprintf(buf, cap, "test accuracy %.2f%%", t->accuracy);
 }
 
-/* The GPT evaluates inside the epoch: after every --eval-every steps and at the epoch's end
- * (rank 0, or every rank under FSDP, whose gathers need them all). */
+/* Evaluations run after the epoch's last step, before its metrics record (which carries the
+ * result), and the GPT's also after every --eval-every steps (rank 0, or every rank under
+ * FSDP, whose gathers need them all). */
 static bool evaluates_now(const trainer *t, int64_t end) {
-  if (!t->model.gpt || (!t->lead && !t->fsdp)) return false;
-  return t->st.step == end || (t->o->eval_every > 0 && t->st.step % t->o->eval_every == 0);
+  if (!t->lead && !t->fsdp) return false;
+  return t->st.step == end ||
+         (t->model.gpt && t->o->eval_every > 0 && t->st.step % t->o->eval_every == 0);
 }
 
 /* Steps to the end of this epoch or of the run, then (rank 0) test accuracy and checkpoint. */
@@ -311,7 +353,10 @@ static int run_epoch(trainer *t) {
   char label[48], figures[160], rate[32], result[48];
   snprintf(label, sizeof label, "epoch %lld/%ld", (long long)epoch + 1, o->epochs);
   progress pr;
-  if (t->lead && !o->quiet) progress_begin(&pr, o->out, label, (long)spe);
+  if (t->lead && !o->quiet) {
+    progress_begin(&pr, o->out, label, (long)spe, train_progress_mode(o));
+    progress_set_run(&pr, (long)(epoch * spe), (long)t->stop_step);
+  }
   double t0 = progress_now(), loss = 0, loss_sum = 0;
   int64_t n = 0;
   int rc = LOOM_OK;
@@ -331,9 +376,10 @@ static int run_epoch(trainer *t) {
       fmt_rate(rate, sizeof rate,
                (double)(n * o->batch * t->nranks * t->per_sample) / (progress_now() - t0));
       result_text(t, result, sizeof result);
-      snprintf(figures, sizeof figures, "loss %.4f  scale %g  %s %s/s%s%s", loss,
-               (double)res.scale, rate, t->unit, t->eval_step >= 0 ? "  " : "",
-               t->eval_step >= 0 ? result : "");
+      char scale[40] = ""; /* only where the loss is scaled (f16, or a scaler asked for) */
+      if (scales_loss(t)) snprintf(scale, sizeof scale, "  scale %g", (double)res.scale);
+      snprintf(figures, sizeof figures, "loss %.4f%s  %s %s/s%s%s", loss, scale, rate, t->unit,
+               t->eval_step >= 0 ? "  " : "", t->eval_step >= 0 ? result : "");
       progress_update(&pr, (long)(t->st.step - epoch * spe), figures);
     }
   }
@@ -345,8 +391,9 @@ static int run_epoch(trainer *t) {
     fmt_rate(rate, sizeof rate,
              (double)(n * o->batch * t->nranks * t->per_sample) / (progress_now() - t0));
     result_text(t, result, sizeof result);
-    snprintf(figures, sizeof figures, "loss %.4f (mean %.4f)  %s %s/s  %s",
-             loss, n ? loss_sum / (double)n : 0.0, rate, t->unit, result);
+    snprintf(figures, sizeof figures, "%s  loss %.4f (mean %.4f)  %s %s/s", result, loss,
+             n ? loss_sum / (double)n : 0.0, rate, t->unit); /* the result first: a narrow
+                                                             * terminal cuts the end */
     progress_end(&pr, figures);
   }
   t->evaluated = true;

@@ -1,5 +1,6 @@
 /* trainer.h: the state of one `loom train` run and the steps its files share (private to the
- * tool): train_run.c (setup, the step, evaluation, the loop), train_data.c (the data: images,
+ * tool): train_run.c (setup, the step, evaluation, the loop; cmd_eval.c evaluates a saved
+ * model through it), train_data.c (the data: images,
  * text, or a dry run's zeros) and train_dry.c (the dry run behind `loom plan`). */
 #ifndef LOOM_TOOLS_TRAINER_H
 #define LOOM_TOOLS_TRAINER_H
@@ -31,8 +32,10 @@ typedef struct trainer {
   double train_s;  /* seconds inside steps */
   int64_t samples; /* global samples trained by this run */
   double accuracy;  /* test accuracy after the last evaluation, %; the GPT's validation loss */
+  double test_loss; /* the classifier's mean test loss after the last evaluation */
   int64_t eval_step; /* the step of the last evaluation, -1 before the first */
   size_t setup_peak; /* ranks as threads: this rank's compute peak while building (then reset) */
+  size_t *class_hit, *class_seen; /* NULL, or per class: correct and all (loom eval) */
   bool evaluated;
   bool dry; /* train_run_dry: loom's dry run, batches of zeros, no data read (train_plan.c) */
 } trainer;

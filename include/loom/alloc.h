@@ -131,6 +131,12 @@ void loom_mem_release_cache(void);           /* give every cached block back to 
  * while no other thread uses loom. Turning it on empties the allocator cache. */
 void loom_mem_set_dry_run(bool on);
 bool loom_mem_dry_run(void);
+/* The peak, since the dry run was last turned on, of the bytes a real run of the same
+ * allocations would hold in loom's blocks: every block in use (any pool, headers and rounding
+ * included) plus the blocks the default allocator's cache would keep then (its exact-size
+ * policy, limit and slots, followed by size). That is the resident memory a real run owes to
+ * loom's blocks, what the pools' peaks leave out; the C library's own overheads aside. */
+size_t loom_mem_dry_footprint_peak(void);
 
 /* Failure injection for tests: make the nth allocation from now fail (n = 1: the next one),
  * once; n = 0 turns injection off. Counts allocations of every thread. */

@@ -1,5 +1,6 @@
 /* loom/io.h: files in and out: safetensors (read, write), IDX (the MNIST family, gzip'd or
- * not), the Fashion-MNIST dataset with seeded shuffling and batching, and checkpoints.
+ * not), the Fashion-MNIST dataset with seeded shuffling and batching, checkpoints, and one JSON
+ * object at a time (the records of a JSON Lines file).
  *
  * Files are untrusted: every size, offset and name is checked before it is used, each fault
  * gets a status (LOOM_EFORMAT for a malformed file, LOOM_EIO for the operating system's
@@ -207,6 +208,9 @@ typedef struct loom_idx_info {
 } loom_idx_info;
 
 int loom_idx_read(const char *path, loom_idx **out);
+/* The bytes of an IDX file's data (prod(dims) x element size), from its header alone (the
+ * data is not read); the header is checked as loom_idx_read checks it. */
+int loom_idx_data_bytes(const char *path, size_t *bytes);
 void loom_idx_free(loom_idx *x);
 void loom_idx_get_info(const loom_idx *x, loom_idx_info *out);
 
@@ -231,6 +235,10 @@ typedef struct loom_dataset loom_dataset;
  * or without .gz. LOOM_ENOTFOUND naming the directory if neither form exists. Any image size
  * and label values are taken: loom_dataset_check what a model needs. */
 int loom_mnist_load(const char *dir, loom_split split, loom_dataset **out);
+/* What loom_mnist_load(dir, split) would hold, from the files' headers alone: *count
+ * samples, *bytes of images and labels (the LOOM_POOL_META bytes of the loaded dataset). The
+ * errors of loom_mnist_load for a missing or malformed header. */
+int loom_mnist_bytes(const char *dir, loom_split split, size_t *count, size_t *bytes);
 /* From two IDX files: images (u8, 3 dims, at least one image of at least 1x1) and labels
  * (u8, 1 dim, the same count). LOOM_EFORMAT naming the file otherwise. */
 int loom_dataset_from_idx(const char *images_path, const char *labels_path, loom_dataset **out);
@@ -281,6 +289,37 @@ int loom_loader_batch(loom_loader *l, uint64_t epoch, size_t index, loom_tensor 
                       loom_tensor **y);
 /* The dataset indices of epoch `epoch` in batch order (size entries). */
 int loom_loader_order(loom_loader *l, uint64_t epoch, const uint32_t **order);
+
+/* ---- JSON objects (a line of JSON Lines: `loom train --metrics` records) ---------------- */
+
+/* One member of a JSON object as loom_json_object_walk hands it over: the dotted path of its
+ * key through the objects around it ("step", "mem.compute.peak_bytes") and its value. The
+ * strings are borrowed for the call. */
+typedef enum loom_json_kind {
+  LOOM_JSON_NUMBER, /* number: a double (+-inf beyond the range; NaN for NaN) */
+  LOOM_JSON_BOOL,   /* boolean */
+  LOOM_JSON_STRING, /* string: decoded, NUL-terminated (a NUL inside ends it early) */
+  LOOM_JSON_NULL,
+} loom_json_kind;
+typedef struct loom_json_member {
+  const char *key;
+  loom_json_kind kind;
+  double number;
+  bool boolean;
+  const char *string;
+} loom_json_member;
+/* Return LOOM_OK to go on; any other status stops the walk and is returned. */
+typedef int (*loom_json_member_fn)(const loom_json_member *m, void *ctx);
+
+/* Read text[0..n) as exactly one JSON object (whitespace around it allowed) and call fn for each
+ * scalar member in order, inside nested objects too (arrays are checked, not reported). The
+ * grammar is RFC 8259's, strict as the safetensors reader (every escape, UTF-8 validated, lone
+ * surrogates refused), with one extension: NaN, Infinity and -Infinity (as Python's json module
+ * writes them) and nan, inf, -inf are numbers. Keys' paths are at most 255 bytes and nesting at
+ * most 16 levels. LOOM_EFORMAT naming label and the byte offset of the fault; LOOM_EINVAL for
+ * a NULL text or fn. */
+int loom_json_object_walk(const char *text, size_t n, const char *label, loom_json_member_fn fn,
+                          void *ctx);
 
 /* ---- text: byte-level tokens for language models --------------------------------------- */
 

@@ -226,6 +226,7 @@ bool loom__alloc_should_fail(loom_pool pool) {
 void loom_mem_set_dry_run(bool on) {
   atomic_store(&loom__dry_flag, on);
   if (on) loom_mem_release_cache(); /* no block written by a real run is handed out */
+  if (on) loom__cache_dry_reset();
 }
 
 bool loom_mem_dry_run(void) { return loom__dry(); }
@@ -263,6 +264,7 @@ static void *alloc_block(loom_pool pool, size_t size, bool *fresh_zero) {
   if (dry) {
     raw = dry_alloc(size + HEADER);
     *fresh_zero = true;
+    if (raw) loom__cache_dry_alloc(loom__cache_round(size + HEADER), hook.alloc == default_alloc);
   } else if (hook.alloc == default_alloc) {
     size_t bytes = loom__cache_round(size + HEADER);
     raw = loom__cache_take(bytes);
@@ -314,7 +316,9 @@ void loom__free(void *p) {
   h->magic = 0;
   account_tagged((loom_pool)h->pool, h->account, h->tag, -(ptrdiff_t)h->size);
   if (h->dry) {
-    dry_free(raw, h->size + HEADER);
+    size_t size = h->size; /* before the block goes */
+    dry_free(raw, size + HEADER);
+    loom__cache_dry_free(loom__cache_round(size + HEADER), hook.free == default_free);
     return;
   }
   if (hook.free == default_free) {

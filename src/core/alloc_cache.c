@@ -13,7 +13,8 @@
  * and the process never holds more than it could with the fixed 256 MiB limit (in use + 256).
  * LOOM_ALLOC_CACHE_MB from the environment, or loom_mem_set_cache_limit, sets a fixed limit
  * on the cached bytes instead; address sanitizer builds start with the cache off, so a use
- * after free is still caught. */
+ * after free is still caught. In a dry run the cache is simulated by size (what a real
+ * run's cache would keep), for loom_mem_dry_footprint_peak. */
 #include "core/alloc_cache.h"
 
 #include <pthread.h>
@@ -186,4 +187,51 @@ void loom_mem_release_cache(void) {
   pthread_mutex_lock(&mu);
   shrink(0);
   pthread_mutex_unlock(&mu);
+}
+
+/* ---- the cache as a real run would fill it, in a dry run: sizes only (alloc.c) ------------- */
+
+static size_t dry_sizes[SLOTS];
+static int dry_used;
+static size_t dry_cached, dry_live, dry_peak;
+
+void loom__cache_dry_reset(void) {
+  pthread_mutex_lock(&mu);
+  dry_used = 0;
+  dry_cached = dry_live = dry_peak = 0;
+  pthread_mutex_unlock(&mu);
+}
+
+void loom__cache_dry_alloc(size_t bytes, bool cacheable) {
+  pthread_once(&once, init_limit);
+  pthread_mutex_lock(&mu);
+  for (int i = dry_used - 1; cacheable && bytes >= LOOM__CACHE_MIN_BYTES && i >= 0; i--)
+    if (dry_sizes[i] == bytes) { /* the block a real run would take from its cache */
+      dry_cached -= bytes;
+      dry_sizes[i] = dry_sizes[--dry_used];
+      break;
+    }
+  dry_live += bytes;
+  if (dry_live + dry_cached > dry_peak) dry_peak = dry_live + dry_cached;
+  pthread_mutex_unlock(&mu);
+}
+
+void loom__cache_dry_free(size_t bytes, bool cacheable) {
+  pthread_once(&once, init_limit);
+  pthread_mutex_lock(&mu);
+  dry_live -= bytes <= dry_live ? bytes : dry_live;
+  size_t lim = effective();
+  if (cacheable && bytes >= LOOM__CACHE_MIN_BYTES && dry_used < SLOTS && bytes <= lim &&
+      dry_cached <= lim - bytes) { /* as loom__cache_put would keep it */
+    dry_sizes[dry_used++] = bytes;
+    dry_cached += bytes;
+  }
+  pthread_mutex_unlock(&mu);
+}
+
+size_t loom_mem_dry_footprint_peak(void) {
+  pthread_mutex_lock(&mu);
+  size_t v = dry_peak;
+  pthread_mutex_unlock(&mu);
+  return v;
 }

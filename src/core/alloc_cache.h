@@ -38,4 +38,12 @@ void loom__cache_track(size_t bytes);
  * does not fit (the caller frees it). */
 bool loom__cache_put(void *raw, size_t bytes);
 
+/* A dry run's cache, by size alone (no memory): a dry block of `bytes` (a rounded size) made
+ * or freed as the default allocator would (cacheable: the default allocator is installed), so
+ * that loom_mem_dry_footprint_peak follows a real run's blocks in use and cached. Reset when a
+ * dry run is turned on. */
+void loom__cache_dry_reset(void);
+void loom__cache_dry_alloc(size_t bytes, bool cacheable);
+void loom__cache_dry_free(size_t bytes, bool cacheable);
+
 #endif

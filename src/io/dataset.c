@@ -107,6 +107,27 @@ int loom_mnist_load(const char *dir, loom_split split, loom_dataset **out) {
   return loom_dataset_from_idx(images, labels, out);
 }
 
+int loom_mnist_bytes(const char *dir, loom_split split, size_t *count, size_t *bytes) {
+  const char *who = "loom_mnist_bytes";
+  if (!count || !bytes) return loom__fail(LOOM_EINVAL, "%s: an output is NULL", who);
+  if (split != LOOM_SPLIT_TRAIN && split != LOOM_SPLIT_TEST)
+    return loom__fail(LOOM_EINVAL, "%s: split %d is neither train nor test", who, (int)split);
+  if (!dir) dir = LOOM_FASHION_MNIST_DIR;
+  const char *prefix = split == LOOM_SPLIT_TRAIN ? "train" : "t10k";
+  char name[64], images[4096], labels[4096];
+  snprintf(name, sizeof name, "%s-images-idx3-ubyte", prefix);
+  int rc = locate(who, dir, name, images, sizeof images);
+  snprintf(name, sizeof name, "%s-labels-idx1-ubyte", prefix);
+  if (!rc) rc = locate(who, dir, name, labels, sizeof labels);
+  size_t im = 0, lb = 0;
+  if (!rc) rc = loom_idx_data_bytes(images, &im);
+  if (!rc) rc = loom_idx_data_bytes(labels, &lb);
+  if (rc) return rc;
+  *count = lb; /* u8 labels: one byte each (loom_dataset_from_idx checks the rest) */
+  *bytes = im + lb;
+  return LOOM_OK;
+}
+
 int loom_dataset_check(const loom_dataset *d, size_t classes, size_t rows, size_t cols) {
   const char *who = "loom_dataset_check";
   if (!d) return loom__fail(LOOM_EINVAL, "%s: dataset is NULL", who);

@@ -79,11 +79,10 @@ static void swap_bytes(unsigned char *p, size_t numel, size_t esize) {
     }
 }
 
-int loom_idx_read(const char *path, loom_idx **out) {
-  const char *who = "loom_idx_read";
-  if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
-  *out = NULL;
-  if (!path) return loom__fail(LOOM_EINVAL, "%s: path is NULL", who);
+/* Read path's IDX header and, unless head_only, its data into *out; *data_bytes (NULL ok) the
+ * bytes of its data. */
+static int idx_read(const char *who, const char *path, bool head_only, loom_idx **out,
+                    size_t *data_bytes) {
   int fd = -1;
   size_t fsize;
   int rc = loom__file_open_read(who, path, &fd, &fsize);
@@ -132,6 +131,8 @@ int loom_idx_read(const char *path, loom_idx **out) {
                     path, bytes, plain ? "" : "gzip ", plain ? "" : "only ", plain ? fsize - head : fsize);
     goto done;
   }
+  if (data_bytes) *data_bytes = bytes;
+  if (head_only) goto done; /* rc is LOOM_OK */
   x->data = loom__malloc(LOOM_POOL_META, bytes ? bytes : 1);
   LOOM_TRY_ALLOC(x->data, "the IDX data");
   LOOM_TRY(gz_read(who, path, g, x->data, bytes, "data"));
@@ -153,4 +154,19 @@ done:
   gzclose(g);
   loom_idx_free(x);
   return rc;
+}
+
+int loom_idx_read(const char *path, loom_idx **out) {
+  const char *who = "loom_idx_read";
+  if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
+  *out = NULL;
+  if (!path) return loom__fail(LOOM_EINVAL, "%s: path is NULL", who);
+  return idx_read(who, path, false, out, NULL);
+}
+
+int loom_idx_data_bytes(const char *path, size_t *bytes) {
+  const char *who = "loom_idx_data_bytes";
+  if (!path || !bytes) return loom__fail(LOOM_EINVAL, "%s: %s is NULL", who, path ? "bytes" : "path");
+  loom_idx *x = NULL;
+  return idx_read(who, path, true, &x, bytes);
 }

@@ -84,9 +84,11 @@ typedef struct loom__json {
   const unsigned char *s;
   size_t n;
   size_t pos;
+  const char *unit; /* what pos counts in messages; NULL: "header byte" */
 } loom__json;
 
-/* Fail with LOOM_EFORMAT: "<who>: <label>: header byte <pos>: <what>". */
+/* Fail with LOOM_EFORMAT: "<who>: <label>: header byte <pos>: <what>" (unit for "header
+ * byte" when set). */
 int loom__json_fail(const loom__json *j, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void loom__json_ws(loom__json *j);
@@ -99,6 +101,10 @@ bool loom__json_peek(loom__json *j, char c);
 int loom__json_string(loom__json *j, loom__vec *out, size_t *len);
 /* A non-negative integer that fits in 63 bits (no sign, fraction or exponent). */
 int loom__json_uint(loom__json *j, uint64_t *out);
+/* A number: RFC 8259's grammar (no leading zeros, no '+', no bare '.'), and, as Python's json
+ * module writes them, NaN, Infinity and -Infinity (and nan, inf, -inf); a literal beyond the
+ * double range is +-inf. */
+int loom__json_number(loom__json *j, double *out);
 /* Append s as a JSON string (quoted, escaped) to a byte vector. */
 int loom__json_put_string(loom__vec *out, const char *s, const char *who);
 /* True if s[0..n) is valid UTF-8 (no overlongs, surrogates or code points above U+10FFFF). */

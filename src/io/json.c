@@ -1,9 +1,11 @@
 /* json.c: the strict JSON pieces a safetensors header needs (whitespace, punctuation, strings
- * with every escape and UTF-8 validation, non-negative integers) and string output with
- * escaping. The header's schema is walked by safetensors_header.c; there is no value tree. */
+ * with every escape and UTF-8 validation, non-negative integers), numbers (for json_walk.c)
+ * and string output with escaping. The header's schema is walked by safetensors_header.c; there is no value tree. */
 #include "io/io_int.h"
 
+#include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -13,7 +15,8 @@ int loom__json_fail(const loom__json *j, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
-  return loom__fail(LOOM_EFORMAT, "%s: %s: header byte %zu: %s", j->who, j->label, j->pos, what);
+  return loom__fail(LOOM_EFORMAT, "%s: %s: %s %zu: %s", j->who, j->label,
+                    j->unit ? j->unit : "header byte", j->pos, what);
 }
 
 void loom__json_ws(loom__json *j) {
@@ -180,6 +183,61 @@ int loom__json_uint(loom__json *j, uint64_t *out) {
   if (j->pos < j->n && (j->s[j->pos] == '.' || j->s[j->pos] == 'e' || j->s[j->pos] == 'E'))
     return loom__json_fail(j, "expected an integer, found a fraction or exponent");
   *out = v;
+  return LOOM_OK;
+}
+
+/* Whether s[pos..n) starts with word. */
+static bool starts(const loom__json *j, const char *word) {
+  size_t len = strlen(word);
+  return j->n - j->pos >= len && memcmp(j->s + j->pos, word, len) == 0;
+}
+
+int loom__json_number(loom__json *j, double *out) {
+  loom__json_ws(j);
+  static const struct {
+    const char *word;
+    double v;
+  } words[] = {{"NaN", NAN}, {"nan", NAN}, {"-nan", NAN}, {"Infinity", INFINITY},
+               {"-Infinity", -INFINITY}, {"inf", INFINITY}, {"-inf", -INFINITY}};
+  for (size_t w = 0; w < sizeof words / sizeof words[0]; w++)
+    if (starts(j, words[w].word)) {
+      j->pos += strlen(words[w].word);
+      *out = words[w].v;
+      return LOOM_OK;
+    }
+  size_t start = j->pos, i = start;
+  const unsigned char *s = j->s;
+#define DIGITS(at) ((at) < j->n && s[at] >= '0' && s[at] <= '9')
+  if (i < j->n && s[i] == '-') i++;
+  if (!DIGITS(i)) return loom__json_fail(j, "expected a number");
+  if (s[i] == '0' && DIGITS(i + 1)) return loom__json_fail(j, "leading zero in a number");
+  while (DIGITS(i)) i++;
+  if (i < j->n && s[i] == '.') {
+    if (!DIGITS(i + 1)) return loom__json_fail(j, "a digit must follow the decimal point");
+    for (i++; DIGITS(i); i++) {}
+  }
+  if (i < j->n && (s[i] == 'e' || s[i] == 'E')) {
+    i++;
+    if (i < j->n && (s[i] == '+' || s[i] == '-')) i++;
+    if (!DIGITS(i)) return loom__json_fail(j, "a digit must follow the exponent");
+    while (DIGITS(i)) i++;
+  }
+#undef DIGITS
+  char buf[64];
+  size_t len = i - start;
+  if (len >= sizeof buf) { /* a long literal: its digits beyond 17 do not change a double much */
+    char *copy = malloc(len + 1);
+    if (!copy) return loom__fail(LOOM_ENOMEM, "%s: out of memory", j->who);
+    memcpy(copy, s + start, len);
+    copy[len] = 0;
+    *out = strtod(copy, NULL);
+    free(copy);
+  } else {
+    memcpy(buf, s + start, len);
+    buf[len] = 0;
+    *out = strtod(buf, NULL); /* +-HUGE_VAL beyond the range: the caller checks */
+  }
+  j->pos = i;
   return LOOM_OK;
 }
 

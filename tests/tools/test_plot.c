@@ -1,8 +1,12 @@
 /* test_plot.c: `loom plot` as a process. The SVG it writes from two metrics files (one with
  * overflow steps) is well-formed XML (a checker below: every tag closed in order, attributes
- * quoted, only the five entities XML knows), has its five panels, one polyline per run for each
- * series (two for the loss: raw and smoothed) whose points are the records, one mark per skipped
- * step, and the runs' names escaped in the legend. Bad input fails with the file and line named,
+ * quoted, only the five entities XML knows), has its six panels, one polyline per run for each
+ * series (two for the loss and samples/s: raw and smoothed) whose points are the records, one
+ * mark per skipped step, and the runs' names escaped in the legend. Two runs with test accuracy
+ * get an accuracy panel with a mark per evaluation, distinct labels (files of one name by their
+ * paths, or --label), distinct dash patterns, one tick format per axis, the top tick of a scale
+ * reaching 131072, and an x axis by samples; the records are parsed as JSON (a key inside a
+ * string is not a member; malformed JSON is refused naming the line). Bad input fails with the file and line named,
  * and writes no output file. Extreme inputs (issue 24: steps of 1e16, scales of 1e308, 0 and
  * negative, nan and inf, a 10 MB line, an empty file, a folder, a FIFO with no writer, a file
  * past the size limit, more records than the limit) end promptly, and every SVG this file makes
@@ -150,9 +154,11 @@ LT_TEST(plot_writes_well_formed_svg_with_every_panel_and_the_skipped_steps) {
   bad = svg_coords_problem(svg);
   if (bad) lt_fail_at(__FILE__, __LINE__, "the SVG has a bad coordinate: %s", bad);
   LT_TRUE(strstr(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\"") != NULL);
-  LT_EQ(count(svg, "class=\"panel\""), 5);
+  LT_EQ(count(svg, "class=\"panel\""), 6);
   LT_TRUE(strstr(svg, "loss scale") && strstr(svg, "learning rate") && strstr(svg, "samples/s"));
-  LT_EQ(count(svg, "<polyline"), 2 * 6); /* 2 runs: loss twice, lr, scale, samples/s, memory */
+  LT_TRUE(strstr(svg, "test accuracy") && strstr(svg, "compute pool (MiB)"));
+  /* 2 runs: loss and samples/s twice (raw, smoothed), lr, scale, memory; no accuracy here */
+  LT_EQ(count(svg, "<polyline"), 2 * 7);
   LT_EQ(count(svg, "class=\"overflow\""), 40 / 7); /* one mark per skipped step */
   LT_TRUE(strstr(svg, "f16 &lt;run&gt;&amp;a.jsonl (40 steps, 5 skipped)") != NULL);
   LT_TRUE(strstr(svg, "b.jsonl (25 steps, 0 skipped)") != NULL);
@@ -349,4 +355,106 @@ LT_TEST(plot_output_never_replaces_what_is_not_a_regular_file) {
   LT_TRUE(xml_problem(r.out) == NULL && svg_coords_problem(r.out) == NULL);
   tool_run_free(&r);
   unlink(reglink), unlink(reg), unlink(link), unlink(fifo), unlink(in), rmdir(dir);
+}
+
+/* A run with evaluations: every 10th record carries test_accuracy; samples = step x 64; the
+ * scale doubles up to 131072; lr from 1e-3 down to near 0 (ticks across 0.001 and 0.0008). */
+static void write_eval_run(const char *path, int steps, double acc0) {
+  FILE *f = fopen(path, "w");
+  for (int s = 1; s <= steps; s++) {
+    double scale = s < 17 ? 65536 * (s / 16.0 >= 1 ? 2 : 1) : 131072;
+    fprintf(f, "{\"step\": %d, \"epoch\": %d, \"loss\": %.6f, \"lr\": %g, \"scale\": %g, "
+            "\"overflow\": false, \"samples_per_s\": %.1f, \"samples\": %d, ", s, (s - 1) / 10,
+            2.3 / (1 + 0.05 * s), 0.001 * (1 - s / (double)(steps + 1)), scale,
+            1000.0 + (s % 3) * 200, 64 * s);
+    if (s % 10 == 0) fprintf(f, "\"test_loss\": 0.5, \"test_accuracy\": %.2f, \"epochs\": %d, ", acc0 + s / 10.0, s / 10);
+    fprintf(f, "\"mem\": {\"host\": {\"current_bytes\": 5}, \"compute\": {\"current_bytes\": "
+            "%d, \"peak_bytes\": 0}}}\n", 3 << 20);
+  }
+  fclose(f);
+}
+
+/* The tick labels (text-anchor end) of the panel whose title starts with title. */
+static void panel_ticks(const char *svg, const char *title, char *out, size_t cap) {
+  out[0] = '\0';
+  const char *p = strstr(svg, title), *end = p ? strstr(p, "</g>") : NULL;
+  size_t len = 0;
+  for (const char *t = p; t && (t = strstr(t, "text-anchor=\"end\">")) && t < end; t++) {
+    t += strlen("text-anchor=\"end\">");
+    size_t n = strcspn(t, "<");
+    if (len + n + 2 < cap) len += (size_t)snprintf(out + len, cap - len, "%.*s|", (int)n, t);
+  }
+}
+
+LT_TEST(plot_two_runs_with_accuracy_labels_dashes_and_consistent_ticks) {
+  char dir[] = "/tmp/loom_plot_XXXXXX";
+  LT_TRUE(mkdtemp(dir) != NULL);
+  char da[96], db[96], a[128], b[128], out[96];
+  snprintf(da, sizeof da, "%s/a", dir);
+  snprintf(db, sizeof db, "%s/b", dir);
+  LT_EQ(mkdir(da, 0700), 0);
+  LT_EQ(mkdir(db, 0700), 0);
+  snprintf(a, sizeof a, "%s/metrics.jsonl", da);
+  snprintf(b, sizeof b, "%s/metrics.jsonl", db);
+  snprintf(out, sizeof out, "%s/run.svg", dir);
+  write_eval_run(a, 40, 70);
+  write_eval_run(b, 40, 70); /* the same series: told apart by the dash pattern */
+  const char *args[] = {"plot", a, b, "-o", out, NULL};
+  tool_run r = tool_loom(args, NULL, NULL);
+  LT_EQ(r.code, 0);
+  tool_run_free(&r);
+  char *svg = slurp(out);
+  LT_TRUE(svg && !xml_problem(svg) && !svg_coords_problem(svg));
+  if (svg) {
+    /* one file name, two folders: the labels are the paths */
+    char want[160];
+    snprintf(want, sizeof want, ">%s (40 steps", a);
+    LT_TRUE(strstr(svg, want) != NULL);
+    snprintf(want, sizeof want, ">%s (40 steps", b);
+    LT_TRUE(strstr(svg, want) != NULL);
+    LT_EQ(count(svg, "class=\"eval\""), 2 * 4); /* a mark per evaluation */
+    LT_TRUE(count(svg, "stroke-dasharray=\"none\"") > 0 && count(svg, "stroke-dasharray=\"8 4\"") > 0);
+    char ticks[512];
+    panel_ticks(svg, "learning rate", ticks, sizeof ticks);
+    if (!strstr(ticks, "|0.0010|") || strstr(ticks, "e-")) fprintf(stderr, "lr ticks: %s\n", ticks);
+    LT_TRUE(strstr(ticks, "|0.0002|") && strstr(ticks, "|0.0010|") && !strstr(ticks, "e-"));
+    panel_ticks(svg, "loss scale", ticks, sizeof ticks);
+    if (!strstr(ticks, "131072|")) fprintf(stderr, "scale ticks: %s\n", ticks);
+    LT_TRUE(strstr(ticks, "131072|") != NULL); /* the top tick */
+    panel_ticks(svg, "compute pool (MiB)", ticks, sizeof ticks);
+    if (!strstr(ticks, "|3.0|")) fprintf(stderr, "mem ticks: %s\n", ticks);
+    LT_TRUE(strstr(ticks, "|3.0|") != NULL); /* 3 MiB: the compute pool's bytes, not the host's */
+  }
+  free(svg);
+  /* --label names the runs; --x samples puts samples on the x axis */
+  const char *labelled[] = {"plot", a, b, "--label", "f16 run", "--label", "bf16", "--x", "samples", "-o", out, NULL};
+  r = tool_loom(labelled, NULL, NULL);
+  LT_EQ(r.code, 0);
+  tool_run_free(&r);
+  svg = slurp(out);
+  LT_TRUE(svg && strstr(svg, ">f16 run (40 steps") && strstr(svg, ">bf16 (40 steps"));
+  LT_TRUE(svg && strstr(svg, ">samples</text>") != NULL);
+  free(svg);
+  const char *too_many[] = {"plot", a, "--label", "x", "--label", "y", "-o", out, NULL};
+  r = tool_loom(too_many, NULL, NULL);
+  LT_TRUE(r.code == 2 && strstr(r.err, "--label: 2 labels for 1 run"));
+  tool_run_free(&r);
+  /* parsed as JSON: "loss" inside a string is not a member; broken JSON names the line */
+  static const char *const broken[][2] = {
+      {"{\"step\": 1, \"note\": \"\\\"loss\\\": 5\"}\n", "run.jsonl:1: not a loom train metrics record"},
+      {"{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": 2,}\n", "run.jsonl:2: not a loom train metrics record"},
+      {"{\"step\": 1, \"loss\": 02}\n", "leading zero"},
+      {"{\"step\": 1, \"loss\": 2} trailing\n", "more after the object"}};
+  char in[128];
+  snprintf(in, sizeof in, "%s/run.jsonl", dir);
+  for (size_t i = 0; i < sizeof broken / sizeof broken[0]; i++) {
+    write_text(in, broken[i][0]);
+    const char *one[] = {"plot", in, "-o", out, NULL};
+    r = tool_loom(one, NULL, NULL);
+    LT_EQ(r.code, 1);
+    LT_TRUE(strstr(r.err, broken[i][1]) != NULL);
+    if (!strstr(r.err, broken[i][1])) fprintf(stderr, "case %zu: %s", i, r.err);
+    tool_run_free(&r);
+  }
+  unlink(in), unlink(a), unlink(b), unlink(out), rmdir(da), rmdir(db), rmdir(dir);
 }

@@ -49,26 +49,28 @@ LT_TEST(train_resume_cnn_bitwise) {
 
 LT_TEST(train_resume_refuses_other_options) {
   const char *d = tt_tempdir();
-  tt_run r = tt_train("--hidden 16 " DATA " --epochs 1 --max-steps 2 --save %s", d);
+  tt_run r = tt_train("--hidden 16 " DATA " --epochs 10 --weight-decay 1e-2 --max-steps 2 --save %s", d);
   LT_EQ(r.rc, 0);
   tt_run_free(&r);
-  r = tt_train("--hidden 16 " DATA " --epochs 1 --optim sgd --resume %s", d);
-  LT_EQ(r.rc, 1);
-  LT_TRUE(strstr(r.err, "--optim adamw") && strstr(r.err, "this run has sgd"));
-  tt_run_free(&r);
-  /* numbers as the user wrote them (not 0.90000000000000002), the shuffle flag by its name */
+  /* a usage error naming the option, with the recorded value as the user wrote it */
   static const char *const other[][2] = {
-      {"--weight-decay 0.09", "--weight-decay 0.01, this run has 0.09"},
-      {"--no-shuffle", "written with shuffled batches (no --no-shuffle), this run has --no-shuffle"}};
-  for (int i = 0; i < 2; i++) {
-    r = tt_train("--hidden 16 " DATA " --epochs 1 %s --resume %s", other[i][0], d);
-    LT_EQ(r.rc, 1);
-    LT_TRUE(strstr(r.err, other[i][1]));
+      {"--optim sgd", "--optim sgd: the run in "},
+      {"--optim sgd", "trained with --optim adamw (the default)"},
+      {"--weight-decay 0.09", "--weight-decay 0.09: the run in"},
+      {"--weight-decay 0.09", "trained with --weight-decay 1e-2 "},
+      {"--hidden 17", "trained with --hidden 16 "},
+      {"--no-shuffle", "trained without --no-shuffle"},
+      {"--lr 0.002 --epochs 12", "drop --lr to continue it"}};
+  for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
+    r = tt_train("%s --resume %s", other[i][0], d);
+    LT_TRUE(tt_ended(&r, 2, other[i][1], other[i][0]));
+    LT_TRUE(!strstr(r.err, "e+0")); /* 10 is never 1e+01 */
     tt_run_free(&r);
   }
-  r = tt_train("--hidden 17 " DATA " --epochs 1 --resume %s", d);
-  LT_EQ(r.rc, 1);
-  LT_TRUE(strstr(r.err, "--model (and its sizes) mlp 784-16-10"));
+  /* the same values again, or only those that may change: accepted */
+  r = tt_train("--hidden 16 " DATA " --epochs 10 --weight-decay 0.01 --threads 2 --max-steps 3 "
+               "--resume %s", d);
+  LT_TRUE(tt_ended(&r, 0, "", "the recorded values again"));
   tt_run_free(&r);
   r = tt_train("--hidden 16 " DATA " --epochs 1 --resume %s/nope", d);
   LT_EQ(r.rc, 1);
@@ -89,6 +91,68 @@ LT_TEST(train_resume_refuses_other_options) {
   LT_EQ(r.rc, 1);
   LT_TRUE(strstr(r.err, "--resume") && strstr(r.err, "CRC"));
   if (!strstr(r.err, "CRC")) fprintf(stderr, "stderr: %s\n", r.err);
+  tt_run_free(&r);
+  tt_cleanup();
+}
+
+/* Two files of two folders hold the same bytes. */
+static int same_in(const char *a, const char *b, const char *file) {
+  char pa[512], pb[512];
+  snprintf(pa, sizeof pa, "%s/%s", a, file);
+  snprintf(pb, sizeof pb, "%s/%s", b, file);
+  return tt_same_file(pa, pb);
+}
+
+/* The checkpoint records the command line: `--resume DIR` alone continues the run (into DIR)
+ * and ends as the uninterrupted run, byte for byte. */
+LT_TEST(train_resume_alone_continues_bitwise) {
+  const char *a = tt_tempdir(), *b = tt_tempdir();
+  const char *opts = "--hidden 24 --epochs 2 --amp f16 --loss-scale 1024 --optim sgd "
+                     "--lr 5e-2 --limit 512 --batch 64 --seed 7";
+  tt_run r = tt_train("%s --threads 1 --quiet --save %s", opts, a);
+  LT_EQ(r.rc, 0);
+  tt_run_free(&r);
+  r = tt_train("%s --threads 1 --quiet --max-steps 6 --save %s", opts, b);
+  LT_EQ(r.rc, 0);
+  tt_run_free(&r);
+  LT_TRUE(!same_in(a, b, "model.safetensors"));
+  r = tt_train("--resume %s", b);
+  LT_TRUE(tt_ended(&r, 0, "", "--resume alone"));
+  LT_TRUE(strstr(r.out, "resumed") && strstr(r.out, "after 16 steps"));
+  tt_run_free(&r);
+  LT_TRUE(same_in(a, b, "model.safetensors"));
+  LT_TRUE(same_in(a, b, "checkpoint.safetensors"));
+  tt_cleanup();
+}
+
+/* A finished run extended with a larger --epochs ends as the run given that --epochs from the
+ * start (a schedule that does not depend on the total: warmup), checkpoint and all; under the
+ * cosine schedule, which spans all the epochs, the extension says the rates change. */
+LT_TEST(train_resume_extends_a_finished_run) {
+  const char *a = tt_tempdir(), *b = tt_tempdir(), *c = tt_tempdir();
+  const char *opts = "--hidden 20 --schedule warmup --warmup 3 " DATA;
+  tt_run r = tt_train("%s --epochs 3 --save %s", opts, a);
+  LT_EQ(r.rc, 0);
+  tt_run_free(&r);
+  r = tt_train("%s --epochs 2 --save %s", opts, b);
+  LT_EQ(r.rc, 0);
+  tt_run_free(&r);
+  r = tt_train("--resume %s --epochs 3 --quiet", b);
+  LT_TRUE(tt_ended(&r, 0, "", "--resume --epochs 3"));
+  LT_TRUE(strstr(r.out, "after 24 steps") != NULL);
+  LT_TRUE(!strstr(r.err, "cosine"));
+  tt_run_free(&r);
+  LT_TRUE(same_in(a, b, "model.safetensors"));
+  LT_TRUE(same_in(a, b, "checkpoint.safetensors"));
+  /* fewer epochs than the checkpoint's step: refused naming --epochs */
+  r = tt_train("--resume %s --epochs 1", b);
+  LT_TRUE(tt_ended(&r, 1, "--epochs 1", "--resume --epochs 1"));
+  tt_run_free(&r);
+  r = tt_train("--hidden 20 " DATA " --epochs 1 --save %s", c);
+  LT_EQ(r.rc, 0);
+  tt_run_free(&r);
+  r = tt_train("--resume %s --epochs 2", c);
+  LT_TRUE(tt_ended(&r, 0, "the cosine schedule now spans 2 epochs instead of 1", "cosine"));
   tt_run_free(&r);
   tt_cleanup();
 }

@@ -58,6 +58,7 @@ tt_run tt_train(const char *fmt, ...) { RUN_FORMATTED(cmd_train, fmt); }
 tt_run tt_plan(const char *fmt, ...) { RUN_FORMATTED(cmd_plan, fmt); }
 
 tt_run tt_generate(const char *fmt, ...) { RUN_FORMATTED(cmd_generate, fmt); }
+tt_run tt_eval(const char *fmt, ...) { RUN_FORMATTED(cmd_eval, fmt); }
 
 int tt_ended(const tt_run *r, int rc, const char *want, const char *what) {
   if (r->rc == rc && strstr(r->err, want)) return 1;

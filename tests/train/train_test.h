@@ -16,6 +16,8 @@ tt_run tt_train(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 tt_run tt_plan(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The same for `loom generate`. */
 tt_run tt_generate(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The same for `loom eval`. */
+tt_run tt_eval(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void tt_run_free(tt_run *r);
 /* Whether r ended with exit code rc and want in its stderr; if not, both are printed with
  * what (the arguments) for the log. */
