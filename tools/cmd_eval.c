@@ -61,7 +61,7 @@ static int evaluate(const eval_opts *e, train_opts *o) {
   rc = train_model_create(o, &t.model);
   loom_dtype fwd = t.amp == LOOM_AUTOCAST_OFF ? LOOM_F32
                    : strcmp(o->amp, "f16") == 0 ? LOOM_F16 : LOOM_BF16;
-  if (!rc) rc = train_model_load(&t.model, path, fwd, "--from");
+  if (!rc) rc = train_model_load(&t.model, path, fwd, "--from", NULL);
   char what[4200];
   snprintf(what, sizeof what, "loading the test data from %s%s",
            o->data ? o->data : LOOM_FASHION_MNIST_DIR, o->data ? "" : " (--data DIR names another folder)");

@@ -194,23 +194,41 @@ void loom_mem_release_cache(void) {
 static size_t dry_sizes[SLOTS];
 static int dry_used;
 static size_t dry_cached, dry_live, dry_peak;
+static size_t dry_clive, dry_chigh; /* the dry run's cacheable bytes in use, and their most */
+
+/* With mu held: effective()'s limit for the dry run's own counts. */
+static size_t dry_effective(size_t extra) {
+  if (!automatic) return limit ? limit + reserved : 0;
+  size_t now = dry_clive + extra, top = dry_chigh > now ? dry_chigh : now;
+  return top - now + SLACK + reserved;
+}
 
 void loom__cache_dry_reset(void) {
   pthread_mutex_lock(&mu);
   dry_used = 0;
-  dry_cached = dry_live = dry_peak = 0;
+  dry_cached = dry_live = dry_peak = dry_clive = dry_chigh = 0;
   pthread_mutex_unlock(&mu);
 }
 
 void loom__cache_dry_alloc(size_t bytes, bool cacheable) {
   pthread_once(&once, init_limit);
   pthread_mutex_lock(&mu);
-  for (int i = dry_used - 1; cacheable && bytes >= LOOM__CACHE_MIN_BYTES && i >= 0; i--)
+  bool large = cacheable && bytes >= LOOM__CACHE_MIN_BYTES, hit = false;
+  for (int i = dry_used - 1; large && i >= 0; i--)
     if (dry_sizes[i] == bytes) { /* the block a real run would take from its cache */
       dry_cached -= bytes;
       dry_sizes[i] = dry_sizes[--dry_used];
+      hit = true;
       break;
     }
+  if (large && !hit) { /* a miss: the cache shrinks as loom__cache_take's does */
+    size_t keep = dry_effective(bytes);
+    while (dry_used > 0 && dry_cached > keep) dry_cached -= dry_sizes[--dry_used];
+  }
+  if (large) {
+    dry_clive += bytes;
+    if (dry_clive > dry_chigh) dry_chigh = dry_clive;
+  }
   dry_live += bytes;
   if (dry_live + dry_cached > dry_peak) dry_peak = dry_live + dry_cached;
   pthread_mutex_unlock(&mu);
@@ -220,7 +238,9 @@ void loom__cache_dry_free(size_t bytes, bool cacheable) {
   pthread_once(&once, init_limit);
   pthread_mutex_lock(&mu);
   dry_live -= bytes <= dry_live ? bytes : dry_live;
-  size_t lim = effective();
+  if (cacheable && bytes >= LOOM__CACHE_MIN_BYTES)
+    dry_clive -= bytes <= dry_clive ? bytes : dry_clive;
+  size_t lim = dry_effective(0);
   if (cacheable && bytes >= LOOM__CACHE_MIN_BYTES && dry_used < SLOTS && bytes <= lim &&
       dry_cached <= lim - bytes) { /* as loom__cache_put would keep it */
     dry_sizes[dry_used++] = bytes;
