@@ -22,9 +22,11 @@ static const char *const not_recorded[] = {"resume", "save", "overwrite", "init"
                                            "backend", "offload", "offload-tier", "offload-dir",
                                            "prefetch", NULL};
 /* Options a resumed run may give with another value: the above, more (or fewer) --epochs, the
- * rank count with --batch (the checkpoint's check keeps ranks x --batch), and the FSDP offload
- * options (bit-identical results). */
-static const char *const may_change[] = {"epochs", "ranks", "batch", "gather-prefetch", NULL};
+ * rank count with --batch (the checkpoint's check keeps ranks x --batch), the FSDP offload
+ * options (bit-identical results), and FSDP <-> HSDP with its shard size (a sharded set
+ * reshards; the checkpoint's own check refuses what cannot resume). */
+static const char *const may_change[] = {"epochs", "ranks", "batch", "gather-prefetch",
+                                         "strategy", "shard-size", NULL};
 
 static bool listed(const char *const *list, const char *name) {
   for (; *list; list++)
@@ -34,7 +36,8 @@ static bool listed(const char *const *list, const char *name) {
 
 const char *train_resume_changeable =
     "--epochs, --max-steps, --save, --metrics, --quiet, --threads, --timeout, --ranks with "
-    "--batch (keeping ranks x --batch) and the FSDP offload options";
+    "--batch (keeping ranks x --batch), --strategy fsdp|hsdp with --shard-size, and the FSDP "
+    "offload options";
 
 /* The recorded options of DIR's checkpoint (checkpoint.safetensors, or FSDP's index) as argv
  * ("--lr", "1e-3", "--no-shuffle") into out (static storage); -1 when there is no record (no
@@ -94,6 +97,17 @@ int train_resume_prepare(train_opts *o, train_cmdline *c, double *timeout, bool 
   char *stored[2 * TRAIN_CLI_MAX];
   int ns = recorded(o->resume, table, stored);
   if (ns < 0) return 0;
+  /* a --strategy given again comes with its own --shard-size (HSDP's), not the recorded one */
+  const char *given[TRAIN_CLI_MAX];
+  cli_given(table, *argc, *argv, given);
+  size_t is = 0;
+  while (table[is].name && strcmp(table[is].name, "strategy") != 0) is++;
+  for (int i = 0; table[is].name && given[is] && i + 1 < ns; i++)
+    if (strcmp(stored[i], "--shard-size") == 0) {
+      memmove(&stored[i], &stored[i + 2], sizeof *stored * (size_t)(ns - i - 2));
+      ns -= 2;
+      break;
+    }
   char dir[PATH_MAX];
   snprintf(dir, sizeof dir, "%s", o->resume);
   /* the recorded run alone */
