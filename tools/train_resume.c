@@ -26,7 +26,13 @@ static const char *const not_recorded[] = {"resume", "save", "overwrite", "init"
  * options (bit-identical results), and FSDP <-> HSDP with its shard size (a sharded set
  * reshards; the checkpoint's own check refuses what cannot resume). */
 static const char *const may_change[] = {"epochs", "ranks", "batch", "gather-prefetch",
-                                         "strategy", "shard-size", NULL};
+                                         "shard-size", NULL};
+
+/* --strategy may change between the two sharded ones only (their checkpoints are one format). */
+static bool sharded_switch(const char *was, const char *now) {
+  bool a = !strcmp(was, "fsdp") || !strcmp(was, "hsdp"), b = !strcmp(now, "fsdp") || !strcmp(now, "hsdp");
+  return a && b;
+}
 
 static bool listed(const char *const *list, const char *name) {
   for (; *list; list++)
@@ -145,7 +151,7 @@ int train_resume_prepare(train_opts *o, train_cmdline *c, double *timeout, bool 
     char a[PATH_MAX], b[PATH_MAX];
     cli_value_text(&st[i], a, sizeof a);
     cli_value_text(&table[i], b, sizeof b);
-    if (strcmp(a, b) != 0) {
+    if (strcmp(a, b) != 0 && !(!strcmp(table[i].name, "strategy") && sharded_switch(a, b))) {
       free(m);
       return refuse(&st[i], was[i], now[i], dir);
     }
