@@ -25,12 +25,6 @@
  * each peer, about 1 us on shared memory); above it an MPI_Iallgather (libnbc: 3-12 us here,
  * but log p rounds). */
 #define HDR_P2P_MAX 8
-/* All-reduces of up to this many bytes (f16/bf16 counted widened to f32) travel with their
- * header: the reduction of a fixed-size block is posted first and the header exchange runs
- * while it flies, so a small all-reduce costs one round trip, not two (a loss-scale flag, a
- * norm). The block's size is the same on every rank whatever the count, so ranks whose headers
- * differ still post matching reductions; their result is then dropped. */
-#define SMALL_BYTES 256
 
 typedef struct fail_note {
   uint64_t gid; /* the group's id: a stale notice to a reused communicator id is dropped */
@@ -54,8 +48,6 @@ typedef struct mpi_pg {
   void *tmp[2];       /* [0] f32 widening / in-place result, [1] ring receive chunks */
   size_t tmp_bytes[2];
   bool single_copy;   /* every rank's MPI copies large messages once: MPI_Allreduce, not the ring */
-  int64_t *small;     /* SMALL_BYTES, a small all-reduce's block (kept if left in flight) */
-  bool small_active;  /* a small all-reduce's reduction was left in flight (a mismatch) */
 } mpi_pg;
 
 static bool loom_initialised_mpi;
@@ -376,45 +368,9 @@ static int large_allreduce(mpi_pg *m, void *buf, size_t n, loom_dtype dt, loom_r
                         : ring_allreduce(m, buf, n, dt, op, c);
 }
 
-/* An all-reduce of at most SMALL_BYTES (widened): the block's reduction posted before the
- * header exchange, waited for after it. On a header mismatch the reduction is left in flight
- * (the group is broken from then on, its block never freed). */
-static int small_allreduce(mpi_pg *m, const loom__coll *c) {
-  loom_pg *pg = &m->pg;
-  loom_dtype dt = half(c->dt) ? LOOM_F32 : c->dt;
-  size_t es = loom_dtype_size(dt);
-  memset(m->small, 0, SMALL_BYTES);
-  if (half(c->dt))
-    loom__widen(c->dt, c->send, (float *)m->small, c->count);
-  else
-    memcpy(m->small, c->send, c->count * es);
-  MPI_Request req;
-  int err = MPI_Iallreduce(MPI_IN_PLACE, m->small, (int)(SMALL_BYTES / es), mpi_type(dt),
-                           mpi_op(c->op), m->comm, &req);
-  if (err) return mpi_err(err, "all-reduce", "MPI_Iallreduce");
-  int rc = check_headers(m, c);
-  if (rc) {
-    m->broken = true;
-    m->small_active = true;
-    return rc;
-  }
-  if ((rc = wait_req(m, &req, c, -1))) {
-    m->small_active = true;
-    return rc;
-  }
-  if (c->op == LOOM_AVG) avg_div(m->small, dt, c->count, pg->size);
-  if (half(c->dt))
-    loom__narrow(c->dt, (float *)m->small, c->recv, c->count);
-  else
-    memcpy(c->recv, m->small, c->count * es);
-  return LOOM_OK;
-}
-
 static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
   mpi_pg *m = of(pg);
   int rc = LOOM_OK;
-  if (pg->size > 1 && c->count * (half(c->dt) ? 4 : loom_dtype_size(c->dt)) <= SMALL_BYTES)
-    return small_allreduce(m, c);
   /* f16/bf16: the f32 scratch before the header exchange, so that a rank that cannot get it
    * fails before its peers can be inside MPI_Allreduce, where nothing would wake them */
   float *f = NULL;
@@ -586,7 +542,6 @@ static void destroy(mpi_pg *m) {
   loom__free(m->hreq);
   loom__free(m->tmp[0]);
   loom__free(m->tmp[1]);
-  if (!m->small_active) loom__free(m->small); /* else MPI may still write it */
   loom__pg_fini(&m->pg);
   loom__free(m);
 }
@@ -671,8 +626,7 @@ int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out) {
   m->sends = loom__calloc(LOOM_POOL_META, (size_t)size, sizeof *m->sends);
   m->hdrs = loom__calloc(LOOM_POOL_META, (size_t)size * HDR, sizeof *m->hdrs);
   m->hreq = loom__calloc(LOOM_POOL_META, 2 * (size_t)size, sizeof *m->hreq);
-  m->small = loom__calloc(LOOM_POOL_META, SMALL_BYTES / sizeof *m->small, sizeof *m->small);
-  LOOM_TRY_ALLOC(m->sends && m->hdrs && m->hreq && m->small ? m : NULL, "the group");
+  LOOM_TRY_ALLOC(m->sends && m->hdrs && m->hreq ? m : NULL, "the group");
   if ((err = MPI_Comm_dup(user, &m->comm)) || (err = MPI_Comm_dup(user, &m->ctl))) {
     rc = mpi_err(err, who, "MPI_Comm_dup");
     goto done;
