@@ -90,35 +90,35 @@ static int locate(const char *who, const char *dir, const char *name, char *path
                     who, name, dir);
 }
 
-int loom_mnist_load(const char *dir, loom_split split, loom_dataset **out) {
-  const char *who = "loom_mnist_load";
-  if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
-  *out = NULL;
+/* The image and label files of a split in dir (NULL: the Debian package's folder). */
+static int mnist_paths(const char *who, const char *dir, loom_split split, char *images,
+                       char *labels, size_t cap) {
   if (split != LOOM_SPLIT_TRAIN && split != LOOM_SPLIT_TEST)
     return loom__fail(LOOM_EINVAL, "%s: split %d is neither train nor test", who, (int)split);
   if (!dir) dir = LOOM_FASHION_MNIST_DIR;
   const char *prefix = split == LOOM_SPLIT_TRAIN ? "train" : "t10k";
-  char name[64], images[4096], labels[4096];
+  char name[64];
   snprintf(name, sizeof name, "%s-images-idx3-ubyte", prefix);
-  int rc = locate(who, dir, name, images, sizeof images);
+  int rc = locate(who, dir, name, images, cap);
   if (rc) return rc;
   snprintf(name, sizeof name, "%s-labels-idx1-ubyte", prefix);
-  if ((rc = locate(who, dir, name, labels, sizeof labels))) return rc;
-  return loom_dataset_from_idx(images, labels, out);
+  return locate(who, dir, name, labels, cap);
+}
+
+int loom_mnist_load(const char *dir, loom_split split, loom_dataset **out) {
+  const char *who = "loom_mnist_load";
+  if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
+  *out = NULL;
+  char images[4096], labels[4096];
+  int rc = mnist_paths(who, dir, split, images, labels, sizeof images);
+  return rc ? rc : loom_dataset_from_idx(images, labels, out);
 }
 
 int loom_mnist_bytes(const char *dir, loom_split split, size_t *count, size_t *bytes) {
   const char *who = "loom_mnist_bytes";
   if (!count || !bytes) return loom__fail(LOOM_EINVAL, "%s: an output is NULL", who);
-  if (split != LOOM_SPLIT_TRAIN && split != LOOM_SPLIT_TEST)
-    return loom__fail(LOOM_EINVAL, "%s: split %d is neither train nor test", who, (int)split);
-  if (!dir) dir = LOOM_FASHION_MNIST_DIR;
-  const char *prefix = split == LOOM_SPLIT_TRAIN ? "train" : "t10k";
-  char name[64], images[4096], labels[4096];
-  snprintf(name, sizeof name, "%s-images-idx3-ubyte", prefix);
-  int rc = locate(who, dir, name, images, sizeof images);
-  snprintf(name, sizeof name, "%s-labels-idx1-ubyte", prefix);
-  if (!rc) rc = locate(who, dir, name, labels, sizeof labels);
+  char images[4096], labels[4096];
+  int rc = mnist_paths(who, dir, split, images, labels, sizeof images);
   size_t im = 0, lb = 0;
   if (!rc) rc = loom_idx_data_bytes(images, &im);
   if (!rc) rc = loom_idx_data_bytes(labels, &lb);
