@@ -15,6 +15,9 @@ need=(build-essential cmake pkg-config zlib1g-dev libdnnl-dev libopenblas-dev
 # Best effort: if it cannot be installed, the tests that need it skip and say why.
 optional=()
 [ "${LOOM_WITH_TORCH:-0}" = 1 ] && optional+=(python3-torch)
+# Optional: Chromium renders `loom plot`'s SVG in a real browser for tests/tools/plot_browser.sh
+# (ctest plot_browser, skipped without it). About 2 minutes to install here; CI asks for it.
+[ "${LOOM_WITH_BROWSER:-0}" = 1 ] && optional+=(chromium)
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=() missing_optional=()
 for p in "${need[@]}"; do installed "$p" || missing+=("$p"); done

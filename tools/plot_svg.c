@@ -155,9 +155,10 @@ static bool drawable(const frame *fr, double x, double y) {
          isfinite(py(fr, y));
 }
 
-/* One line through the drawable points of (x, v) (a new polyline after each gap). */
+/* One line through the drawable points of (x, v): a new polyline after each gap, or, with
+ * across_gaps (a series recorded only now and then, as the evaluations), one line through them. */
 static void line(FILE *f, const frame *fr, const plot_run *r, const double *x, const double *v,
-                 int style, double width, double opacity) {
+                 int style, double width, double opacity, bool across_gaps) {
   bool open = false;
   for (size_t i = 0; i < r->n; i++) {
     bool ok = drawable(fr, x[i], v[i]);
@@ -168,7 +169,7 @@ static void line(FILE *f, const frame *fr, const plot_run *r, const double *x, c
       open = true;
     }
     if (ok) fprintf(f, "%.1f,%.1f ", px(fr, x[i]), py(fr, v[i]));
-    if (!ok && open) {
+    if (!ok && open && !across_gaps) {
       fputs("\"/>\n", f);
       open = false;
     }
@@ -179,13 +180,13 @@ static void line(FILE *f, const frame *fr, const plot_run *r, const double *x, c
 /* The faint raw series and its exponential moving average over ~2% of the records, bold. */
 static void smoothed(FILE *f, const frame *fr, const plot_run *run, const double *x,
                      const double *v, int style) {
-  line(f, fr, run, x, v, style, 0.8, 0.3);
+  line(f, fr, run, x, v, style, 0.8, 0.3, false);
   double *ema = malloc((run->n ? run->n : 1) * sizeof(double)), a = 2.0 / (run->n / 50.0 + 2);
   if (!ema) return;
   double m = NAN;
   for (size_t i = 0; i < run->n; i++)
     ema[i] = isfinite(v[i]) ? (m = isfinite(m) ? m + a * (v[i] - m) : v[i]) : NAN;
-  line(f, fr, run, x, ema, style, 2.2, 1.0);
+  line(f, fr, run, x, ema, style, 2.2, 1.0, false);
   free(ema);
 }
 
@@ -223,7 +224,7 @@ static void panel(FILE *f, series_kind k, const plot_run *runs, int nruns, doubl
     const double *v = series_of(run, k), *x = by_samples ? run->samples : run->step;
     int style = r % MAX_STYLES;
     if (k == S_LOSS || k == S_RATE) smoothed(f, &fr, run, x, v, style);
-    else line(f, &fr, run, x, v, style, 1.6, 1.0);
+    else line(f, &fr, run, x, v, style, 1.6, 1.0, k == S_ACC);
     for (size_t i = 0; i < run->n; i++) {
       if (!drawable(&fr, x[i], v[i])) continue;
       if (k == S_ACC) /* each evaluation */
