@@ -4,24 +4,28 @@
  * + inf check (f32, f16, bf16, in place), absmax (the gradient-bound reads, f32 / f16 / bf16),
  * the dist layer's f32 sum (a += b, block by block, as the all-reduce folds a peer's chunk) and
  * its two-source sum written to two destinations (the threads backend's large all-reduce), and
- * the optimizer's SGD (momentum) and Adam steps.
- * 1 thread pinned to the CPU it starts on (sched_setaffinity), buffers of N elements (default
- * 16M: past the kernels' streaming threshold), each figure the median of ROUNDS rounds (default
- * 15) in which memcpy and every kernel at every level run interleaved, the order of the levels
- * rotated from round to round, each call timed by the thread's CPU time (time other processes
- * held the core is not counted; their traffic on the memory bus still is). GB/s counts bytes read plus bytes written, for the kernel and for
- * memcpy (of N f32), so ratio = kernel GB/s / memcpy GB/s compares memory throughput (as
- * bench_convert). The table has one row per kernel: each level's GB/s and ratio, the level the
- * dispatcher picks (the active one: LOOM_CPU caps it), and the picked level's speed over the
- * fastest lower level's ("vs lower"; "ok" when >= 0.95, the noise of a shared machine).
- * Usage: bench_kernels [ELEMENTS [ROUNDS]]. It calls private kernel tables (src/), so it stays
+ * the optimizer's SGD (momentum) and Adam steps, and the ops' per-level loops: relu, GELU (tanh
+ * form) forward and backward, layer norm forward and dx over rows of 768.
+ * 1 thread pinned to the CPU it starts on (sched_setaffinity), buffers of N elements on cache
+ * lines (default 16M: past the kernels' streaming threshold), each figure the median of ROUNDS
+ * rounds (default 15) in which memcpy and every kernel at every level run interleaved, the order
+ * of the levels rotated from round to round, each call timed by the thread's CPU time (time
+ * other processes held the core is not counted; their traffic on the memory bus still is).
+ * GB/s counts bytes read plus bytes written, for the kernel and for memcpy (of N f32), so ratio
+ * = kernel GB/s / memcpy GB/s compares memory throughput (as bench_convert). The table has one
+ * row per kernel: each level's GB/s and ratio, and the picked level's speed over the fastest
+ * lower level's ("vs lower"; "ok" when >= 0.95, the noise of a shared machine). The picked
+ * level is the active one (the highest the CPU runs; LOOM_CPU caps it).
+ * Usage: bench_kernels [ELEMENTS [ROUNDS [WORD]]] (WORD: only the kernels whose name holds it). It calls private kernel tables (src/), so it stays
  * out of the `loom bench` tool, which takes only benchmarks of the public API. */
 #define _GNU_SOURCE
 #include "bench_util.h"
 
 #include "amp/amp_int.h"
 #include "dist/reduce_int.h"
+#include "ops/norm_int.h"
 #include "ops/ops_int.h"
+#include "ops/unary_int.h"
 #include "optim/optim_int.h"
 
 #include <loom/loom.h>
@@ -29,17 +33,21 @@
 #include <sched.h>
 
 #define MAX_ROUNDS 101
+#define LN_C 768 /* layer norm's row length */
 
 enum {
   K_F32_BF16, K_BF16_F32, K_F32_F16, K_F16_F32, K_UNS_F32, K_UNS_F16, K_UNS_BF16, K_ABS_F32,
-  K_ABS_F16, K_ABS_BF16, K_SUM, K_SUM2, K_SGD, K_ADAM, NK
+  K_ABS_F16, K_ABS_BF16, K_SUM, K_SUM2, K_SGD, K_ADAM, K_RELU, K_GELU, K_GELU_BWD, K_LN,
+  K_LN_BWD, NK
 };
 static const char *const kname[NK] = {
     "cvt f32->bf16", "cvt bf16->f32", "cvt f32->f16", "cvt f16->f32", "unscale f32",
     "unscale f16",   "unscale bf16",  "absmax f32",   "absmax f16",   "absmax bf16",
-    "sum a += b",    "sum2 -> 2 dsts", "sgd momentum", "adam"};
+    "sum a += b",    "sum2 -> 2 dsts", "sgd momentum", "adam",       "relu",
+    "gelu tanh",     "gelu tanh bwd", "layernorm",    "layernorm dx"};
 /* f32-sized streams each kernel reads plus writes, per element (16-bit: half of one). */
-static const double kstreams[NK] = {1.5, 1.5, 1.5, 1.5, 2, 1, 1, 1, 0.5, 0.5, 3, 4, 5, 7};
+static const double kstreams[NK] = {1.5, 1.5, 1.5, 1.5, 2, 1, 1, 1, 0.5, 0.5, 3, 4, 5, 7,
+                                    2,   2,   3,   2,   3};
 
 typedef struct bufs {
   float *a, *b, *y, *z, *m, *v;
@@ -84,7 +92,19 @@ static void run_kernel(int k, loom_cpu_level level, bufs *B) {
     loom__optim_k_level(level)->sgd(&s, B->y, B->b, B->m, n);
     break;
   }
-  default: {
+  case K_RELU: loom__unary_kernels_level(level)->fwd[LOOM__U_RELU](B->y, B->a, n, 0); break;
+  case K_GELU: loom__unary_kernels_level(level)->fwd[LOOM__U_GELU_TANH](B->y, B->a, n, 0); break;
+  case K_GELU_BWD:
+    loom__unary_kernels_level(level)->bwd[LOOM__U_GELU_TANH](B->y, B->b, B->a, NULL, n, 0);
+    break;
+  /* rows of LN_C (a transformer's width), the weight from m, no bias, the stats in z */
+  case K_LN:
+    loom__norm_kernels_for(level)->fwd(B->y, B->z, B->a, B->m, NULL, 0, n / LN_C, LN_C, 1e-5f);
+    break;
+  case K_LN_BWD:
+    loom__norm_kernels_for(level)->bwd_dx(B->y, B->b, B->a, B->m, B->z, 0, n / LN_C, LN_C);
+    break;
+  case K_ADAM: {
     loom__adam_args a = {.beta1 = 0.9f, .omb1 = 0.1f, .beta2 = 0.999f, .omb2 = 0.001f,
                          .decay = 1, .bc2_sqrt = 0.5f, .eps = 1e-8f, .neg_step = -1e-3f,
                          .grad_scale = 1};
@@ -92,6 +112,8 @@ static void run_kernel(int k, loom_cpu_level level, bufs *B) {
   }
   }
 }
+
+static void *line_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
 
 /* Pins the process to the CPU it runs on; that CPU, or -1. */
 static int pin(void) {
@@ -106,14 +128,18 @@ static int pin(void) {
 int main(int argc, char **argv) {
   size_t n = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : ((size_t)16 << 20);
   int rounds = argc > 2 ? atoi(argv[2]) : 15;
+  const char *only = argc > 3 ? argv[3] : "";
   if (n < 1 || n > ((size_t)1 << 30) || rounds < 1 || rounds > MAX_ROUNDS) {
-    fprintf(stderr, "bench_kernels: usage: bench_kernels [ELEMENTS (1..2^30) [ROUNDS (1..%d)]]\n",
+    fprintf(stderr,
+            "bench_kernels: usage: bench_kernels [ELEMENTS (1..2^30) [ROUNDS (1..%d) [WORD]]]\n",
             MAX_ROUNDS);
     return 2;
   }
-  bufs B = {malloc(n * 4), malloc(n * 4), malloc(n * 4), malloc(n * 4), malloc(n * 4),
-            malloc(n * 4), malloc(n * 2), malloc(n * 2), malloc(n * 2), n};
-  float *cpy = malloc(n * 4);
+  /* on cache lines, as loom's tensors and arenas are (LOOM_LAYOUT_ALIGN_BYTES) */
+  bufs B = {line_alloc(n * 4), line_alloc(n * 4), line_alloc(n * 4), line_alloc(n * 4),
+            line_alloc(n * 4), line_alloc(n * 4), line_alloc(n * 2), line_alloc(n * 2),
+            line_alloc(n * 2), n};
+  float *cpy = line_alloc(n * 4);
   if (!B.a || !B.b || !B.y || !B.z || !B.m || !B.v || !B.h || !B.bh || !B.h2 || !cpy) {
     fprintf(stderr, "bench_kernels: out of memory for %zu elements\n", n);
     return 1;
@@ -139,7 +165,7 @@ int main(int argc, char **argv) {
     memcpy(cpy, B.a, n * 4);
     tm[r] = bench_cpu_now() - t0;
     for (int k = 0; k < NK; k++)
-      for (int j = 0; j < nl; j++) {
+      for (int j = 0; j < nl && strstr(kname[k], only); j++) {
         int l = (j + r) % nl; /* rotated: no level always runs first */
         BENCH_CHECK(loom_set_cpu_level(levels[l])); /* the levels the table-driven paths take */
         t0 = bench_cpu_now();
@@ -162,7 +188,10 @@ int main(int argc, char **argv) {
   for (int l = 0; l < nl; l++) printf(" %9s GB/s ratio", loom_cpu_level_name(levels[l]));
   printf(" %8s\n", "vs lower");
   int slower = 0;
+  int shown = 0;
   for (int k = 0; k < NK; k++) {
+    if (!strstr(kname[k], only)) continue;
+    shown++;
     double g[LOOM_CPU_LEVEL_COUNT];
     printf("%-15s", kname[k]);
     for (int l = 0; l < nl; l++) {
@@ -179,7 +208,7 @@ int main(int argc, char **argv) {
       printf(" %8s\n", "-");
     }
   }
-  printf("picked level slower than a lower one (< 0.95x): %d of %d kernels\n", slower, NK);
+  printf("picked level slower than a lower one (< 0.95x): %d of %d kernels\n", slower, shown);
   free(B.a), free(B.b), free(B.y), free(B.z), free(B.m), free(B.v), free(B.h), free(B.bh);
   free(B.h2), free(cpy);
   return sink < 0; /* never: magnitudes */
