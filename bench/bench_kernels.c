@@ -7,7 +7,7 @@
  * the optimizer's SGD (momentum) and Adam steps, and the ops' per-level loops: relu, GELU (tanh
  * form) forward and backward, layer norm forward and dx over rows of 768.
  * 1 thread pinned to the CPU it starts on (sched_setaffinity), buffers of N elements on cache
- * lines (default 16M: past the kernels' streaming threshold), each figure the median of ROUNDS
+ * lines unless SHIFT says otherwise (default 16M: past the kernels' streaming threshold), each figure the median of ROUNDS
  * rounds (default 15) in which memcpy and every kernel at every level run interleaved, the order
  * of the levels rotated from round to round, each call timed by the thread's CPU time (time
  * other processes held the core is not counted; their traffic on the memory bus still is).
@@ -16,7 +16,8 @@
  * row per kernel: each level's GB/s and ratio, and the picked level's speed over the fastest
  * lower level's ("vs lower"; "ok" when >= 0.95, the noise of a shared machine). The picked
  * level is the active one (the highest the CPU runs; LOOM_CPU caps it).
- * Usage: bench_kernels [ELEMENTS [ROUNDS [WORD]]] (WORD: only the kernels whose name holds it). It calls private kernel tables (src/), so it stays
+ * Usage: bench_kernels [ELEMENTS [ROUNDS [WORD [SHIFT]]]] (WORD: only the kernels whose name
+ * holds it, "" for all; SHIFT: every buffer starts that many bytes past a cache line, default 0). It calls private kernel tables (src/), so it stays
  * out of the `loom bench` tool, which takes only benchmarks of the public API. */
 #define _GNU_SOURCE
 #include "bench_util.h"
@@ -113,7 +114,18 @@ static void run_kernel(int k, loom_cpu_level level, bufs *B) {
   }
 }
 
-static void *line_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
+/* Buffers start `shift` bytes past a cache line (0: on it, as loom's tensors and arenas are,
+ * LOOM_LAYOUT_ALIGN_BYTES; else as a view or a rank's chunk may start); kept to be freed. */
+static size_t shift;
+static void *raws[16];
+static int nraw;
+
+static void *line_alloc(size_t bytes) {
+  char *p = aligned_alloc(64, (bytes + 64 + 63) & ~(size_t)63);
+  if (!p || nraw == 16) return NULL;
+  raws[nraw++] = p;
+  return p + shift;
+}
 
 /* Pins the process to the CPU it runs on; that CPU, or -1. */
 static int pin(void) {
@@ -129,13 +141,15 @@ int main(int argc, char **argv) {
   size_t n = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : ((size_t)16 << 20);
   int rounds = argc > 2 ? atoi(argv[2]) : 15;
   const char *only = argc > 3 ? argv[3] : "";
-  if (n < 1 || n > ((size_t)1 << 30) || rounds < 1 || rounds > MAX_ROUNDS) {
+  shift = argc > 4 ? (size_t)atoi(argv[4]) : 0;
+  if (n < 1 || n > ((size_t)1 << 30) || rounds < 1 || rounds > MAX_ROUNDS || shift > 60 ||
+      shift % 4) {
     fprintf(stderr,
-            "bench_kernels: usage: bench_kernels [ELEMENTS (1..2^30) [ROUNDS (1..%d) [WORD]]]\n",
+            "bench_kernels: usage: bench_kernels [ELEMENTS (1..2^30) [ROUNDS (1..%d) [WORD "
+            "[SHIFT (bytes past a cache line: 0, 4, .., 60)]]]]\n",
             MAX_ROUNDS);
     return 2;
   }
-  /* on cache lines, as loom's tensors and arenas are (LOOM_LAYOUT_ALIGN_BYTES) */
   bufs B = {line_alloc(n * 4), line_alloc(n * 4), line_alloc(n * 4), line_alloc(n * 4),
             line_alloc(n * 4), line_alloc(n * 4), line_alloc(n * 2), line_alloc(n * 2),
             line_alloc(n * 2), n};
@@ -182,8 +196,9 @@ int main(int argc, char **argv) {
     fclose(la);
   }
   printf("# dispatch-level kernels, %zu elements, 1 thread (pinned to CPU %d), median of %d "
-         "interleaved rounds, thread CPU time; memcpy of %zu MB: %.2f GB/s; picked level %s; load average %.2f\n",
-         n, cpu, rounds, n * 4 >> 20, gm, loom_cpu_level_name(keep), load[0]);
+         "interleaved rounds, thread CPU time, buffers %zu bytes past a line; memcpy of %zu MB: "
+         "%.2f GB/s; picked level %s; load average %.2f\n",
+         n, cpu, rounds, shift, n * 4 >> 20, gm, loom_cpu_level_name(keep), load[0]);
   printf("%-15s", "kernel");
   for (int l = 0; l < nl; l++) printf(" %9s GB/s ratio", loom_cpu_level_name(levels[l]));
   printf(" %8s\n", "vs lower");
@@ -209,7 +224,6 @@ int main(int argc, char **argv) {
     }
   }
   printf("picked level slower than a lower one (< 0.95x): %d of %d kernels\n", slower, shown);
-  free(B.a), free(B.b), free(B.y), free(B.z), free(B.m), free(B.v), free(B.h), free(B.bh);
-  free(B.h2), free(cpy);
+  for (int i = 0; i < nraw; i++) free(raws[i]);
   return sink < 0; /* never: magnitudes */
 }
