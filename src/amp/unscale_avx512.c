@@ -1,10 +1,10 @@
 /* unscale_avx512.c: the fused unscale + inf/NaN check and the early-exit check with AVX-512,
  * 64 elements a step (f32: four vectors; f16/bf16: two vectors widened to four), in place;
- * buffers larger than the cache are walked as interleaved prefetched streams (sweep_avx2.h), as
- * the AVX2 level walks them. The finite test is on the stored bits (exponent all ones), accumulated in a mask register,
- * so it costs no extra pass. bf16 rounds with integer arithmetic (exact for subnormal products,
- * which VCVTNEPS2BF16 would flush). Ragged ends go through the scalar reference. Built with
- * -mavx512f -mavx512bw -mavx512vl -mf16c. */
+ * buffers larger than the cache are walked as interleaved prefetched streams (sweep_avx2.h),
+ * as the AVX2 level walks them. The finite test is on the stored bits (exponent all ones),
+ * accumulated in a mask register, so it costs no extra pass. bf16 rounds with integer
+ * arithmetic (exact for subnormal products, which VCVTNEPS2BF16 would flush). Ragged ends go
+ * through the scalar reference. Built with -mavx512f -mavx512bw -mavx512vl -mf16c. */
 #include "amp/amp_int.h"
 
 #include "core/kernels/bf16_avx512.h"

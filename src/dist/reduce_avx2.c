@@ -28,7 +28,7 @@ static void sum_f32_avx2(void *av, const void *bv, size_t n) {
 static void sum2_f32_avx2(float *const *dsts, int ndst, const float *a, const float *b, size_t n,
                           float s) {
   const __m256 vs = _mm256_set1_ps(s);
-  size_t i = loom__sum2_head(dsts[0], n, a, b, s, dsts, ndst);
+  size_t i = loom__sum2_head(dsts, ndst, a, b, n, s);
   for (; i + 16 <= n; i += 16) {
     __m256 x0 = _mm256_mul_ps(_mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)), vs);
     __m256 x1 =

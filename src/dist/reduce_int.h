@@ -30,13 +30,13 @@ typedef void (*loom__div_fn)(float *a, size_t n, float d);
 typedef void (*loom__sum2_fn)(float *const *dsts, int ndst, const float *a, const float *b,
                               size_t n, float s);
 
-/* The first elements of a two-source sum, one by one, up to where d (the first destination)
+/* The first elements of a two-source sum, one by one, up to where the first destination
  * reaches a cache line, so that the SIMD levels' stores write whole lines (a chunk of a rank's
  * buffer may start anywhere); returns how many it did. */
-static inline size_t loom__sum2_head(const float *d, size_t n, const float *a, const float *b,
-                                     float s, float *const *dsts, int ndst) {
-  size_t h = (64 - ((uintptr_t)d & 63)) % 64 / sizeof(float);
-  if ((uintptr_t)d % sizeof(float)) h = 0;
+static inline size_t loom__sum2_head(float *const *dsts, int ndst, const float *a, const float *b,
+                                     size_t n, float s) {
+  uintptr_t d = (uintptr_t)dsts[0];
+  size_t h = d % sizeof(float) ? 0 : (64 - (d & 63)) % 64 / sizeof(float);
   if (h > n) h = n;
   for (size_t i = 0; i < h; i++) {
     float x = (a[i] + b[i]) * s;
