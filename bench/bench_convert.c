@@ -1,7 +1,9 @@
 /* bench_convert.c: GB/s of the four f32 <-> f16/bf16 conversions on 64M elements, 1 thread,
  * beside memcpy of the conversion's source buffer in the same run. GB/s counts bytes read plus
  * bytes written, for both, so the ratio compares memory throughput. Each figure is the median
- * of 9 interleaved runs; buffers are touched first so page faults are not timed.
+ * of 9 interleaved runs, timed by the thread's CPU time (time other processes held the core on
+ * a shared machine is not counted); buffers are touched first so page faults are not timed.
+ * Every level side by side: bench_kernels.
  * Usage: bench_convert [ELEMENTS]  (or `loom bench convert [ELEMENTS]`). */
 #include "bench_args.h"
 #include "bench_util.h"
@@ -57,11 +59,11 @@ int bench_convert_main(int argc, char **argv) {
     if (convs[c].src_size == 2) loom_cvt_f32_to_bf16(f, (uint16_t *)cpy, n); /* valid halves */
     const unsigned char *in = convs[c].src_size == 2 ? cpy : src;
     for (int r = 0; r < RUNS; r++) {
-      double t0 = bench_now();
+      double t0 = bench_cpu_now();
       memcpy(dst, in, sb);
-      double t1 = bench_now();
+      double t1 = bench_cpu_now();
       convs[c].fn(in, dst, n);
-      double t2 = bench_now();
+      double t2 = bench_cpu_now();
       tm[r] = t1 - t0;
       tc[r] = t2 - t1;
     }
@@ -69,9 +71,10 @@ int bench_convert_main(int argc, char **argv) {
     double gc = (double)(sb + db) / mc / 1e9, gm = (double)(2 * sb) / mm / 1e9;
     printf("%-12s %10.2f %10.2f %12.2f %12.2f %7.2f\n", convs[c].name, mc * 1e3, mm * 1e3, gc, gm,
            gc / gm);
-    if (gc / gm < 0.9) worst_ok = 0;
+    if (gc / gm < (convs[c].src_size == 4 ? 0.9 : 1.0)) worst_ok = 0;
   }
-  printf("target (each >= 0.90x memcpy): %s\n", worst_ok ? "met" : "NOT met");
+  printf("target (narrowing >= 0.90x memcpy, widening >= 1.00x): %s\n",
+         worst_ok ? "met" : "NOT met");
   free(src);
   free(dst);
   free(cpy);

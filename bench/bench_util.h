@@ -1,4 +1,4 @@
-/* bench_util.h: what the benchmarks share: a monotonic clock, the median of a sample, a check
+/* bench_util.h: what the benchmarks share: a monotonic clock, the thread's CPU time, the median of a sample, a check
  * that stops the benchmark on a loom error, random tensors, the thread count, and how to start
  * PyTorch as a baseline on the same thread count. Header-only, static functions. */
 #ifndef LOOM_BENCH_UTIL_H
@@ -15,6 +15,14 @@
 static inline double bench_now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* The calling thread's CPU time: time other processes held the core is not counted (the
+ * measure for 1-thread compute on a shared machine). */
+static inline double bench_cpu_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
 

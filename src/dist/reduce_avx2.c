@@ -2,7 +2,8 @@
  * with -mavx2 -mfma, and f32 sum by hand, 32 floats a step (four independent 8-lane adds, so
  * loads and adds overlap), the ragged end through the scalar table. Plain adds, no FMA, so
  * every element is the scalar's a + b. The two-source sum/average writes (a + b) * s straight
- * to every destination (s = 1 or 0.5: exact, the accumulator path's bits). */
+ * to every destination (s = 1 or 0.5: exact, the accumulator path's bits), from where the first
+ * destination reaches a cache line (loom__sum2_head). */
 #include "dist/reduce_int.h"
 
 #include <immintrin.h>
@@ -27,7 +28,7 @@ static void sum_f32_avx2(void *av, const void *bv, size_t n) {
 static void sum2_f32_avx2(float *const *dsts, int ndst, const float *a, const float *b, size_t n,
                           float s) {
   const __m256 vs = _mm256_set1_ps(s);
-  size_t i = 0;
+  size_t i = loom__sum2_head(dsts, ndst, a, b, n, s);
   for (; i + 16 <= n; i += 16) {
     __m256 x0 = _mm256_mul_ps(_mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)), vs);
     __m256 x1 =

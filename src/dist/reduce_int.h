@@ -30,6 +30,21 @@ typedef void (*loom__div_fn)(float *a, size_t n, float d);
 typedef void (*loom__sum2_fn)(float *const *dsts, int ndst, const float *a, const float *b,
                               size_t n, float s);
 
+/* The first elements of a two-source sum, one by one, up to where the first destination
+ * reaches a cache line, so that the SIMD levels' stores write whole lines (a chunk of a rank's
+ * buffer may start anywhere); returns how many it did. */
+static inline size_t loom__sum2_head(float *const *dsts, int ndst, const float *a, const float *b,
+                                     size_t n, float s) {
+  uintptr_t d = (uintptr_t)dsts[0];
+  size_t h = d % sizeof(float) ? 0 : (64 - (d & 63)) % 64 / sizeof(float);
+  if (h > n) h = n;
+  for (size_t i = 0; i < h; i++) {
+    float x = (a[i] + b[i]) * s;
+    for (int j = 0; j < ndst; j++) dsts[j][i] = x;
+  }
+  return h;
+}
+
 /* combine is indexed [accumulator kind][op]: 0 f32 (also f16/bf16 widened), 1 i32, 2 i64.
  * AVG entries combine as SUM; loom__reduce then divides (div_f32 for f32). */
 typedef struct loom__reduce_kernels {

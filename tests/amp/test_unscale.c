@@ -202,7 +202,8 @@ done:
 /* Buffers past LOOM__STREAM_BYTES, which the SIMD levels walk as interleaved streams: every
  * level against scalar, bit for bit, just below and past the threshold at misaligned starts;
  * and a single inf or NaN found wherever it sits: each stream's first and last elements (the
- * streams split the whole 32-element steps in LOOM__SWEEP_STREAMS equal parts) and the tail. */
+ * streams split the whole steps, 32 elements at AVX2 and 64 at AVX-512, in
+ * LOOM__SWEEP_STREAMS equal parts) and the tail. */
 LT_TEST(unscale_every_level_matches_scalar_on_streamed_buffers) {
   const loom__amp_kernels *k[LOOM_CPU_LEVEL_COUNT];
   const char *names[LOOM_CPU_LEVEL_COUNT];
@@ -223,18 +224,21 @@ LT_TEST(unscale_every_level_matches_scalar_on_streamed_buffers) {
                               t == 2 ? 2.0f : 1.0f / 3, &fa))
             goto done;
           if (t == 2 || off) continue;
-          /* one non-finite value at the streams' ends (len: elements per stream) */
-          size_t len = n / (4 * 32) * 32;
-          size_t at[] = {0,           len - 1, len,         2 * len - 1, 2 * len,
-                         3 * len - 1, 3 * len, 4 * len - 1, 4 * len,     n - 1};
+          /* one non-finite value at the streams' ends (len: elements per stream), for the
+           * AVX2 level's 32-element steps and the AVX-512 level's 64 */
           fill(src, dts[d], n);
-          for (size_t p = 0; p < sizeof at / sizeof at[0]; p++) {
-            memcpy(b, src, n * es);
-            put(b, dts[d], at[p], p % 2 ? NAN : -INFINITY);
-            if (!k_unscale(k[l], dts[d], b, n, 1.0f / 1024)) {
-              lt_fail_at(__FILE__, __LINE__, "%s %s n=%zu: non-finite at %zu missed", names[l],
-                         loom_dtype_name(dts[d]), n, at[p]);
-              goto done;
+          for (size_t step = 32; step <= 64; step *= 2) {
+            size_t len = n / (4 * step) * step; /* 4: LOOM__SWEEP_STREAMS */
+            size_t at[] = {0,           len - 1, len,         2 * len - 1, 2 * len,
+                           3 * len - 1, 3 * len, 4 * len - 1, 4 * len,     n - 1};
+            for (size_t p = 0; p < sizeof at / sizeof at[0]; p++) {
+              memcpy(b, src, n * es);
+              put(b, dts[d], at[p], p % 2 ? NAN : -INFINITY);
+              if (!k_unscale(k[l], dts[d], b, n, 1.0f / 1024)) {
+                lt_fail_at(__FILE__, __LINE__, "%s %s n=%zu: non-finite at %zu missed",
+                           names[l], loom_dtype_name(dts[d]), n, at[p]);
+                goto done;
+              }
             }
           }
           memcpy(b, src, n * es);
