@@ -19,13 +19,20 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #define SLOT_ALIGN ((size_t)4096) /* each slot's range in the file starts on a page */
-#define IO_CHUNK ((size_t)1 << 20) /* CRC and pread/pwrite one cache-warm MiB at a time */
+#define IO_CHUNK ((size_t)1 << 20) /* CRC and pwrite one cache-warm MiB at a time */
+#define READ_BLOCK ((size_t)4 << 20) /* pread up to 4 MiB at once: with no readahead (the file is
+                                      * POSIX_FADV_RANDOM), one request is all the disk sees */
 #define WRITEBACK_BYTES ((size_t)64 << 20) /* dirty bytes of the file at most */
+#define DIRECT_ALIGN ((size_t)4096)  /* O_DIRECT: buffer address, offset and length */
+#define DIRECT_BLOCK ((size_t)1 << 20) /* O_DIRECT: the bounce block of one transfer */
+
+static size_t round_up(size_t n, size_t a) { return (n + a - 1) & ~(a - 1); }
 
 typedef struct oslot {
   size_t bytes;     /* the slot's size, fixed by its first put (meaningful if declared) */
@@ -33,6 +40,7 @@ typedef struct oslot {
   void *buf;        /* host: its buffer (if space and bytes > 0) */
   uint32_t crc;     /* disk: CRC-32C of what the last put wrote (if data) */
   uint32_t pending; /* queued or running jobs on this slot */
+  bool running;     /* a worker is moving its bytes now */
   bool declared;    /* it has a size: it has space, or a job of it is pending */
   bool space;       /* it has its buffer / file range */
   bool data;        /* a put completed and no later put failed */
@@ -67,13 +75,17 @@ struct loom__ostore {
   size_t held;   /* sum of the sizes of the slots with space */
   ojob *live_head, *live_tail, *q_head, *q_tail, *free_jobs;
   loom__ojob last_id;
-  pthread_t thread;
-  bool thread_started, stop;
+  pthread_t threads[LOOM__OSTORE_MAX_WORKERS];
+  int nthreads, max_workers, idle; /* started, allowed, waiting for work */
+  bool stop;
   loom__ostore_stats st;
 
   pthread_mutex_t space_mu;
   size_t end; /* disk: the file's used length (under space_mu) */
   _Atomic size_t unsynced; /* disk: bytes written since the last wait for writeback */
+  bool direct;             /* disk: the file is open with O_DIRECT (no page cache at all) */
+  void *bounce;            /* O_DIRECT: free bounce blocks (raw, linked through their start;
+                            * under mu), one per transfer running at once */
 };
 
 static const char *tier_name(loom__otier t) { return t == LOOM__OTIER_DISK ? "disk" : "host"; }
@@ -125,6 +137,12 @@ static void slot_wait_idle(loom__ostore *s, size_t slot) {
 
 static bool errno_is_full(int e) { return e == ENOSPC || e == EDQUOT || e == EFBIG; }
 
+/* The file range a slot of `bytes` takes: O_DIRECT writes the last block whole, so its range
+ * goes up to the alignment. */
+static size_t span(const loom__ostore *s, size_t bytes) {
+  return s->direct ? round_up(bytes, DIRECT_ALIGN) : bytes;
+}
+
 /* Give `slot` (bytes) the next aligned range of the file, reserved with posix_fallocate so
  * that writing it can no longer run out of space. On failure the file is as it was. */
 static int disk_reserve(loom__ostore *s, const char *who, size_t slot, size_t bytes,
@@ -139,7 +157,8 @@ static int disk_reserve(loom__ostore *s, const char *who, size_t slot, size_t by
   }
   if (bytes && !s->dry) {
     int e;
-    do e = posix_fallocate(s->fd, (off_t)start, (off_t)bytes);
+    off_t len = (off_t)span(s, bytes);
+    do e = posix_fallocate(s->fd, (off_t)start, len);
     while (e == EINTR);
     if (e && errno_is_full(e)) {
       if (ftruncate(s->fd, (off_t)s->end) != 0) { /* best effort: drop what was reserved */
@@ -158,7 +177,7 @@ static int disk_reserve(loom__ostore *s, const char *who, size_t slot, size_t by
     }
   }
   *off = start;
-  s->end = start + bytes;
+  s->end = start + span(s, bytes);
 done:
   pthread_mutex_unlock(&s->space_mu);
   if (!rc) loom__mem_account_to(LOOM_POOL_FILE, s->account, (ptrdiff_t)bytes);
@@ -169,13 +188,127 @@ done:
  * placed after it (otherwise it stays a hole, harmless). */
 static void disk_unreserve(loom__ostore *s, size_t off, size_t bytes) {
   pthread_mutex_lock(&s->space_mu);
-  if (s->end == off + bytes) {
+  if (s->end == off + span(s, bytes)) {
     s->end = off;
     if (ftruncate(s->fd, (off_t)off) != 0) { /* the file just stays longer */
     }
   }
   pthread_mutex_unlock(&s->space_mu);
   loom__mem_account_to(LOOM_POOL_FILE, s->account, -(ptrdiff_t)bytes);
+}
+
+/* ---- O_DIRECT: bytes through an aligned bounce block, straight to and from the device ---- */
+
+/* A bounce block (raw pointer: the free list's link lives in its first bytes; the aligned
+ * block is bounce_at), NULL if out of memory. */
+static void *bounce_take(loom__ostore *s) {
+  pthread_mutex_lock(&s->mu);
+  void *raw = s->bounce;
+  if (raw) s->bounce = *(void **)raw;
+  pthread_mutex_unlock(&s->mu);
+  if (!raw) raw = loom__malloc(LOOM_POOL_META, DIRECT_BLOCK + 2 * DIRECT_ALIGN);
+  return raw;
+}
+
+static unsigned char *bounce_at(void *raw) {
+  uintptr_t a = ((uintptr_t)raw + sizeof(void *) + DIRECT_ALIGN - 1) & ~(uintptr_t)(DIRECT_ALIGN - 1);
+  return (unsigned char *)a;
+}
+
+static void bounce_give(loom__ostore *s, void *raw) {
+  pthread_mutex_lock(&s->mu);
+  *(void **)raw = s->bounce;
+  s->bounce = raw;
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Write the bounce block's first len bytes (a multiple of the alignment) at `at`. */
+static int direct_pwrite(loom__ostore *s, const char *who, size_t slot, size_t off, size_t bytes,
+                         const unsigned char *b, size_t len, size_t at) {
+  for (size_t w = 0; w < len;) {
+    ssize_t r = pwrite(s->fd, b + w, len - w, (off_t)(at + w));
+    if (r < 0 && errno == EINTR) continue;
+    int e = r < 0 ? errno : 0;
+    if (r == 0 || (r < 0 && errno_is_full(e)) || (r > 0 && ((size_t)r % DIRECT_ALIGN)))
+      return loom__fail(LOOM_EIO, "%s: '%s' is full: cannot write slot %zu (%zu bytes at offset "
+                        "%zu): %s", who, s->path, slot, bytes, off,
+                        r < 0 ? strerror(e) : "the write made no progress");
+    if (r < 0)
+      return loom__fail(LOOM_EIO, "%s: cannot write slot %zu to '%s': %s", who, slot, s->path,
+                        strerror(e));
+    w += (size_t)r;
+  }
+  return LOOM_OK;
+}
+
+/* Read n bytes (len rounded up to the alignment) at `at` into the bounce block; a read that
+ * ends before them is a truncated file. `done`: the slot's bytes before this block. */
+static int direct_pread(loom__ostore *s, const char *who, size_t slot, size_t bytes,
+                        unsigned char *b, size_t n, size_t len, size_t at, size_t done) {
+  for (size_t r = 0; r < n;) {
+    ssize_t got = pread(s->fd, b + r, len - r, (off_t)(at + r));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0)
+      return loom__fail(LOOM_EIO, "%s: cannot read slot %zu from '%s': %s", who, slot, s->path,
+                        strerror(errno));
+    r += (size_t)got;
+    if (got == 0 || (r < n && r % DIRECT_ALIGN))
+      return loom__fail(LOOM_EFORMAT, "%s: '%s' slot %zu: the file is truncated (%zu of its %zu "
+                        "bytes there): it changed behind loom's back", who, s->path, slot,
+                        done + r, bytes);
+  }
+  return LOOM_OK;
+}
+
+/* disk_write and disk_read with O_DIRECT: block by block through a bounce block, the CRC-32C
+ * taken there; a written block is padded with zeros to the alignment (the slot's range goes up
+ * to it). */
+static int direct_move(loom__ostore *s, const char *who, size_t slot, size_t off,
+                       unsigned char *p, size_t bytes, bool write, uint32_t *crc_out) {
+  void *raw = bounce_take(s);
+  if (!raw)
+    return loom__fail(LOOM_ENOMEM, "%s: out of memory for an I/O block of slot %zu", who, slot);
+  unsigned char *b = bounce_at(raw);
+  const loom__core_kernels *k = loom__k();
+  uint32_t crc = 0;
+  int rc = LOOM_OK;
+  for (size_t done = 0; done < bytes && !rc;) {
+    size_t n = bytes - done < DIRECT_BLOCK ? bytes - done : DIRECT_BLOCK;
+    size_t len = round_up(n, DIRECT_ALIGN);
+    if (write) {
+      memcpy(b, p + done, n);
+      crc = k->crc32c(crc, b, n);
+      if (len > n) memset(b + n, 0, len - n);
+      rc = direct_pwrite(s, who, slot, off, bytes, b, len, off + done);
+    } else if (!(rc = direct_pread(s, who, slot, bytes, b, n, len, off + done, done))) {
+      memcpy(p + done, b, n);
+      crc = k->crc32c(crc, b, n);
+    }
+    done += n;
+  }
+  bounce_give(s, raw);
+  *crc_out = crc;
+  return rc;
+}
+
+/* Open the file for O_DIRECT if the filesystem takes it (tmpfs before Linux 6.6 does not; some
+ * take the flag and refuse the transfers): a 4096-byte write and read at offset 0 must go
+ * through, then the file is empty again. Otherwise it stays buffered. */
+static int direct_try(loom__ostore *s) {
+  void *raw = bounce_take(s); /* the first transfer's block, kept */
+  if (!raw)
+    return loom__fail(LOOM_ENOMEM, "fsdp offload (disk tier): out of memory for an I/O block");
+  unsigned char *b = bounce_at(raw);
+  memset(b, 0, DIRECT_ALIGN);
+  int fl = fcntl(s->fd, F_GETFL);
+  bool ok = fl >= 0 && fcntl(s->fd, F_SETFL, fl | O_DIRECT) == 0;
+  ok = ok && pwrite(s->fd, b, DIRECT_ALIGN, 0) == (ssize_t)DIRECT_ALIGN &&
+       pread(s->fd, b, DIRECT_ALIGN, 0) == (ssize_t)DIRECT_ALIGN;
+  bounce_give(s, raw);
+  if (ftruncate(s->fd, 0) != 0) ok = false;
+  if (ok) s->direct = true;
+  else if (fl >= 0) (void)fcntl(s->fd, F_SETFL, fl);
+  return LOOM_OK;
 }
 
 /* Write src to the slot's range, computing its CRC-32C on the way (chunk by chunk, while the
@@ -186,6 +319,7 @@ static int disk_write(loom__ostore *s, const char *who, size_t slot, size_t off,
   const loom__core_kernels *k = loom__k();
   uint32_t crc = 0;
   if (s->dry) bytes = 0;
+  if (s->direct) return direct_move(s, who, slot, off, (unsigned char *)p, bytes, true, crc_out);
   for (size_t done = 0; done < bytes;) {
     size_t n = bytes - done < IO_CHUNK ? bytes - done : IO_CHUNK;
     crc = k->crc32c(crc, p + done, n);
@@ -231,8 +365,16 @@ static int disk_read(loom__ostore *s, const char *who, size_t slot, size_t off, 
   const loom__core_kernels *k = loom__k();
   uint32_t crc = 0;
   if (s->dry) bytes = 0;
+  if (s->direct) {
+    int rc = direct_move(s, who, slot, off, p, bytes, false, &crc);
+    if (!rc && crc != want)
+      rc = loom__fail(LOOM_EFORMAT, "%s: '%s' slot %zu: the bytes changed behind loom's back "
+                      "(CRC-32C %08x, %08x when put)", who, s->path, slot, (unsigned)crc,
+                      (unsigned)want);
+    return rc;
+  }
   for (size_t done = 0; done < bytes;) {
-    size_t n = bytes - done < IO_CHUNK ? bytes - done : IO_CHUNK;
+    size_t n = bytes - done < READ_BLOCK ? bytes - done : READ_BLOCK;
     for (size_t r = 0; r < n;) {
       ssize_t got = pread(s->fd, p + done + r, n - r, (off_t)(off + done + r));
       if (got < 0 && errno == EINTR) continue;
@@ -319,6 +461,10 @@ static int disk_open(loom__ostore *s, const char *dir) {
     if (fd >= 0) {
       s->path = path;
       s->fd = fd;
+      /* no readahead: every read is of one slot's range, which the caller asked for whole;
+       * the kernel's readahead (8 MiB on a virtio disk here) read past each 4 MiB slot into
+       * the next, bytes that were dropped with the slot before anyone used them */
+      (void)posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
       return LOOM_OK;
     }
     int e = errno;
@@ -472,6 +618,12 @@ static int get_impl(loom__ostore *s, size_t slot, void *dst, size_t bytes, const
 
 /* ---- the public calls ------------------------------------------------------------------ */
 
+/* O_DIRECT for the disk tier unless LOOM_OFFLOAD_DIRECT=0 in the environment. */
+static bool direct_wanted(void) {
+  const char *e = getenv("LOOM_OFFLOAD_DIRECT");
+  return !(e && !strcmp(e, "0"));
+}
+
 int loom__ostore_create(loom__otier tier, const char *dir, int rank, loom__ostore **out) {
   const char *who = "loom__ostore_create";
   if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
@@ -487,6 +639,7 @@ int loom__ostore_create(loom__otier tier, const char *dir, int rank, loom__ostor
   s->account = loom_mem_account();
   s->fd = -1;
   s->dry = loom__dry();
+  s->max_workers = tier == LOOM__OTIER_DISK ? LOOM__OSTORE_DISK_WORKERS : 1;
   int made = 0; /* how many of the four synchronisation objects exist */
   if (pthread_mutex_init(&s->mu, NULL) == 0 && ++made && pthread_mutex_init(&s->space_mu, NULL) == 0 &&
       ++made && pthread_cond_init(&s->cv_work, NULL) == 0 && ++made &&
@@ -495,7 +648,11 @@ int loom__ostore_create(loom__otier tier, const char *dir, int rank, loom__ostor
   int rc = made == 4 ? LOOM_OK
                      : loom__fail(LOOM_EBACKEND, "%s: cannot make the store's locks", who);
   if (!rc && tier == LOOM__OTIER_DISK) rc = s->dry ? disk_check(dir) : disk_open(s, dir);
+  if (!rc && tier == LOOM__OTIER_DISK && !s->dry && direct_wanted()) rc = direct_try(s);
   if (rc) {
+    if (s->fd >= 0) close(s->fd);
+    if (s->path) unlink(s->path);
+    loom__free(s->path);
     if (made > 3) pthread_cond_destroy(&s->cv_done);
     if (made > 2) pthread_cond_destroy(&s->cv_work);
     if (made > 1) pthread_mutex_destroy(&s->space_mu);
@@ -512,9 +669,9 @@ void loom__ostore_free(loom__ostore *s) {
   loom__ostore_clear(s); /* what has not started never will */
   pthread_mutex_lock(&s->mu);
   s->stop = true;
-  pthread_cond_signal(&s->cv_work);
+  pthread_cond_broadcast(&s->cv_work);
   pthread_mutex_unlock(&s->mu);
-  if (s->thread_started) pthread_join(s->thread, NULL); /* after the running job, if any */
+  for (int i = 0; i < s->nthreads; i++) pthread_join(s->threads[i], NULL); /* after the running jobs */
   for (ojob *j = s->live_head, *n; j; j = n) {
     n = j->next;
     loom__free(j);
@@ -528,6 +685,10 @@ void loom__ostore_free(loom__ostore *s) {
     if (!o->space) continue;
     if (s->tier == LOOM__OTIER_HOST) loom__free(o->buf);
     else loom__mem_account_to(LOOM_POOL_FILE, s->account, -(ptrdiff_t)o->bytes);
+  }
+  for (void *raw = s->bounce, *next; raw; raw = next) {
+    next = *(void **)raw;
+    loom__free(raw);
   }
   if (s->fd >= 0) close(s->fd);
   if (s->path) unlink(s->path);
@@ -583,6 +744,22 @@ size_t loom__ostore_bytes(const loom__ostore *s) {
 
 const char *loom__ostore_path(const loom__ostore *s) { return s ? s->path : NULL; }
 
+bool loom__ostore_direct(const loom__ostore *s) { return s && s->direct; }
+
+int loom__ostore_set_workers(loom__ostore *s, int n) {
+  if (!s) return loom__fail(LOOM_EINVAL, "loom__ostore_set_workers: store is NULL");
+  if (n < 1 || n > LOOM__OSTORE_MAX_WORKERS)
+    return loom__fail(LOOM_EINVAL, "loom__ostore_set_workers: %d workers: must be 1..%d", n,
+                      LOOM__OSTORE_MAX_WORKERS);
+  pthread_mutex_lock(&s->mu);
+  bool started = s->nthreads > 0;
+  if (!started) s->max_workers = n;
+  pthread_mutex_unlock(&s->mu);
+  return started ? loom__fail(LOOM_EMISUSE, "loom__ostore_set_workers: the workers have started "
+                              "(a job was submitted)")
+                 : LOOM_OK;
+}
+
 loom__otier loom__ostore_tier(const loom__ostore *s) { return s ? s->tier : LOOM__OTIER_HOST; }
 
 void loom__ostore_get_stats(const loom__ostore *s, loom__ostore_stats *out) {
@@ -596,17 +773,35 @@ void loom__ostore_get_stats(const loom__ostore *s, loom__ostore_stats *out) {
 
 /* ---- the worker ------------------------------------------------------------------------ */
 
+/* The first queued job whose slot no worker is moving now (under mu), taken off the queue;
+ * NULL if none. Jobs of one slot thus run one at a time in submission order, and with one
+ * worker every job does. */
+static ojob *take_job(loom__ostore *s) {
+  for (ojob *j = s->q_head, *prev = NULL; j; prev = j, j = j->qnext) {
+    if (s->slots[j->slot].running) continue;
+    if (prev) prev->qnext = j->qnext;
+    else s->q_head = j->qnext;
+    if (s->q_tail == j) s->q_tail = prev;
+    j->qnext = NULL;
+    return j;
+  }
+  return NULL;
+}
+
 static void *worker_main(void *arg) {
   loom__ostore *s = arg;
   loom_mem_set_account(s->account); /* host buffers it makes are the creator's (the rank's) */
   pthread_mutex_lock(&s->mu);
   for (;;) {
-    while (!s->stop && !s->q_head) pthread_cond_wait(&s->cv_work, &s->mu);
-    if (!s->q_head) break; /* stopping, and free dropped what was queued */
-    ojob *j = s->q_head;
-    s->q_head = j->qnext;
-    if (!s->q_head) s->q_tail = NULL;
+    ojob *j;
+    while (!(j = take_job(s)) && !s->stop) {
+      s->idle++;
+      pthread_cond_wait(&s->cv_work, &s->mu);
+      s->idle--;
+    }
+    if (!j) break; /* stopping, and free dropped what was queued */
     j->state = JOB_RUNNING;
+    s->slots[j->slot].running = true;
     pthread_mutex_unlock(&s->mu);
 
     char who[96];
@@ -620,9 +815,11 @@ static void *worker_main(void *arg) {
     j->status = rc;
     j->state = JOB_DONE;
     oslot *o = &s->slots[j->slot];
+    o->running = false;
     o->pending--;
     slot_settle(o);
     pthread_cond_broadcast(&s->cv_done);
+    if (s->q_head && s->idle) pthread_cond_broadcast(&s->cv_work); /* its slot's next job */
   }
   pthread_mutex_unlock(&s->mu);
   return NULL;
@@ -656,16 +853,16 @@ static int submit(loom__ostore *s, int kind, size_t slot, void *buf, size_t byte
     rc = loom__fail(LOOM_ENOMEM, "%s: out of memory for a job record", who);
     goto done;
   }
-  if (!s->thread_started) {
-    int e = pthread_create(&s->thread, NULL, worker_main, s);
-    if (e) {
+  if (s->idle == 0 && s->nthreads < s->max_workers) { /* every worker busy: one more */
+    int e = pthread_create(&s->threads[s->nthreads], NULL, worker_main, s);
+    if (e && s->nthreads == 0) {
       j->next = s->free_jobs;
       s->free_jobs = j;
       rc = loom__fail(LOOM_EBACKEND, "%s: cannot start the offload worker thread: %s", who,
                       strerror(e));
       goto done;
     }
-    s->thread_started = true;
+    if (!e) s->nthreads++; /* else the workers there are do the job */
   }
   o->declared = true; /* a put's size holds from now on, for the jobs and calls after it */
   o->bytes = bytes;
