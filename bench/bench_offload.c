@@ -13,6 +13,9 @@
  *                 one transfer at a time, as before the worker pool) instead of the default;
  *   disk p1 buf, disk p0 buf   the disk tier through the page cache (LOOM_OFFLOAD_DIRECT=0)
  *                 instead of O_DIRECT;
+ *   disk p1 g0    disk p1 with FSDP's gathers issued when needed, not one unit ahead
+ *                 (forward_prefetch = backward_prefetch = 0): one gathered unit per rank at a
+ *                 time, the resident memory's floor;
  *   disk p1, p0   the same on the disk tier, in a folder of the first argument (default
  *                 /var/tmp). The whole page cache is dropped before each run (sync;
  *                 drop_caches 1 when writable), and the tier file's pages before every step
@@ -88,6 +91,7 @@ typedef struct config {
   int prefetch;
   int io_threads; /* 0: the tier's default */
   bool buffered;  /* disk: LOOM_OFFLOAD_DIRECT=0 (page cache, no O_DIRECT) */
+  bool lean;      /* FSDP's gathers not issued ahead (forward_prefetch = backward_prefetch = 0) */
 } config;
 
 typedef struct result {
@@ -198,6 +202,7 @@ static int rank_main(loom_pg *pg, void *arg) {
   loom_module *m = NULL;
   BENCH_CHECK(loom_nn_mlp_create(sizes, NSIZES, LOOM_ACT_RELU, LOOM_F32, 1, &m));
   loom_fsdp_cfg fc = loom_fsdp_cfg_default();
+  if (c->lean) fc.forward_prefetch = fc.backward_prefetch = 0;
   loom_adam_cfg ac = loom_adamw_cfg_default();
   if (c->offload) {
     fc.offload = loom_fsdp_offload_cfg_default();
@@ -399,11 +404,12 @@ static result run(const config *c, const char *dir, int steps) {
 
 
 static const config configs[] = {
-    {"fsdp", false, LOOM_FSDP_TIER_HOST, 1, 0, false},   {"host p1", true, LOOM_FSDP_TIER_HOST, 1, 0, false},
-    {"host p0", true, LOOM_FSDP_TIER_HOST, 0, 0, false},  {"disk p1", true, LOOM_FSDP_TIER_DISK, 1, 0, false},
-    {"disk p0", true, LOOM_FSDP_TIER_DISK, 0, 0, false},  {"disk p1 t1", true, LOOM_FSDP_TIER_DISK, 1, 1, false},
-    {"disk p0 t1", true, LOOM_FSDP_TIER_DISK, 0, 1, false}, {"disk p1 buf", true, LOOM_FSDP_TIER_DISK, 1, 0, true},
-    {"disk p0 buf", true, LOOM_FSDP_TIER_DISK, 0, 0, true}};
+    {"fsdp", false, LOOM_FSDP_TIER_HOST, 1, 0, false, false},   {"host p1", true, LOOM_FSDP_TIER_HOST, 1, 0, false, false},
+    {"host p0", true, LOOM_FSDP_TIER_HOST, 0, 0, false, false},  {"disk p1", true, LOOM_FSDP_TIER_DISK, 1, 0, false, false},
+    {"disk p0", true, LOOM_FSDP_TIER_DISK, 0, 0, false, false},  {"disk p1 t1", true, LOOM_FSDP_TIER_DISK, 1, 1, false, false},
+    {"disk p0 t1", true, LOOM_FSDP_TIER_DISK, 0, 1, false, false}, {"disk p1 buf", true, LOOM_FSDP_TIER_DISK, 1, 0, true, false},
+    {"disk p0 buf", true, LOOM_FSDP_TIER_DISK, 0, 0, true, false},
+    {"disk p1 g0", true, LOOM_FSDP_TIER_DISK, 1, 0, false, true}};
 enum { NC = sizeof configs / sizeof configs[0] };
 
 static bool is_disk(const config *c) { return c->offload && c->tier == LOOM_FSDP_TIER_DISK; }
@@ -467,7 +473,7 @@ int main(int argc, char **argv) {
   if (steps < 1 || steps > MAXSTEPS || rounds < 1 || rounds > 16) {
     fprintf(stderr, "usage: bench_offload [dir] [steps 1..%d] [rounds 1..16] [configs: comma "
             "separated, of fsdp, host p1, host p0, disk p1, disk p0, disk p1 t1, disk p0 t1, "
-            "disk p1 buf, disk p0 buf; default all]\n", MAXSTEPS);
+            "disk p1 buf, disk p0 buf, disk p1 g0; default all]\n", MAXSTEPS);
     return 2;
   }
   const config *cs[NC];
@@ -547,11 +553,12 @@ int main(int argc, char **argv) {
     if (!is_disk(cs[i])) continue;
     /* the floor: this configuration's traffic per step replayed with no compute, right after
      * its run in the same round */
-    double fr[16], fl[16], fw[16];
+    double fr[16], fl[16], fw[16], fm[16];
     list[0] = 0;
     for (int k = 0, o = 0; k < rounds; k++) {
       fl[k] = floor_s[k][i];
       fr[k] = rs[k][i].step_s / fl[k];
+      fm[k] = rs[k][i].step_s / maxd(fl[k], rs[k][0].step_s);
       fw[k] = (rs[k][i].step_s + rs[k][i].sync_s) / fl[k];
       if (o < (int)sizeof list)
         o += snprintf(list + o, sizeof list - (size_t)o, "%s%.2f", k ? " " : "", fr[k]);
@@ -560,9 +567,11 @@ int main(int argc, char **argv) {
     printf("floor, %s: the step's traffic alone (%d ranks at once, each %.0f MB read + %.0f MB "
            "written, 4 MiB blocks interleaved, page cache dropped, no compute): median %.3f s "
            "= %.2f x the fsdp step; step / floor per round %s -> median %.2f (target <= 1.20); "
-           "with the writeback synced before each step counted in %.2f\n", cs[i]->name, NR,
+           "with the writeback synced before each step counted in %.2f; step / the larger of "
+           "the floor and the round's fsdp step (compute alone): median %.2f\n", cs[i]->name, NR,
            MB(r->moved - r->to_tier), MB(r->to_tier), bench_median(fl, rounds),
-           bench_median(fl, rounds) / bench_median(step_fsdp, rounds), list, bench_median(fr, rounds), bench_median(fw, rounds));
+           bench_median(fl, rounds) / bench_median(step_fsdp, rounds), list,
+           bench_median(fr, rounds), bench_median(fw, rounds), bench_median(fm, rounds));
   }
   /* prefetch on against off, same tier and I/O threads, round by round */
   for (int i = 1; i < nc; i++) {

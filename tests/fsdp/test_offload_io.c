@@ -1,6 +1,7 @@
 /* test_offload_io.c: how the offload store's disk tier uses the disk (src/fsdp/offload_store.h):
  * the bytes a get reads from storage are its slot's and no more (no readahead into the slots
- * around it: /proc/thread-self/io's read_bytes, where the kernel counts them); several workers
+ * around it: /proc/thread-self/io's read_bytes, where the kernel counts them), with O_DIRECT and
+ * buffered; several workers
  * moving jobs of different slots at once while the jobs of one slot stay in submission order
  * (every get sees the put queued just before it, over many rounds of put-get on few slots); the
  * worker count's checks; a job's failure on one worker of several returned by its wait.
@@ -72,13 +73,19 @@ static void rm_dir(const char *dir) {
 
 /* 24 slots of 1 MiB, every third one read back cold, synchronously (on this thread, where
  * read_bytes counts it): with a disk's readahead (8 MiB on a virtio disk) each 1 MiB read also
- * read the two slots after it; the store reads its slot and nothing else. */
-LT_TEST(ostore_io_disk_reads_only_the_slot) {
+ * read the two slots after it; the store reads its slot and nothing else, with O_DIRECT (the
+ * default where the filesystem takes it) and buffered (LOOM_OFFLOAD_DIRECT=0, as on a
+ * filesystem without O_DIRECT). */
+static void reads_only_the_slot(bool buffered) {
   enum { N = 24, SZ = 1 << 20, STRIDE = 3 };
   char dir[256];
   io_tmp_dir(dir, sizeof dir);
   loom__ostore *s = NULL;
+  if (buffered) setenv("LOOM_OFFLOAD_DIRECT", "0", 1);
   LT_OK(loom__ostore_create(LOOM__OTIER_DISK, dir, 0, &s));
+  unsetenv("LOOM_OFFLOAD_DIRECT");
+  if (buffered) LT_TRUE(!loom__ostore_direct(s)); /* turned off: the page cache, no readahead */
+  printf("  %s\n", loom__ostore_direct(s) ? "O_DIRECT" : "buffered, POSIX_FADV_RANDOM");
   unsigned char *src = malloc((size_t)N * SZ), *dst = malloc(SZ);
   io_fill(src, (size_t)N * SZ);
   for (int i = 0; i < N; i++) LT_OK(loom__ostore_put(s, (size_t)i, src + (size_t)i * SZ, SZ));
@@ -110,6 +117,10 @@ LT_TEST(ostore_io_disk_reads_only_the_slot) {
   free(dst);
   rm_dir(dir);
 }
+
+LT_TEST(ostore_io_disk_reads_only_the_slot) { reads_only_the_slot(false); }
+
+LT_TEST(ostore_io_disk_reads_only_the_slot_buffered) { reads_only_the_slot(true); }
 
 /* Many rounds of put-get-put-get on few slots through 8 workers: each get sees exactly the put
  * submitted before it on its slot, whatever runs at once; the workers' statistics add up. */
