@@ -96,7 +96,9 @@ static int put_all(fsdp_unit *u, int kind, const float *buf) {
 
 /* Copy the kind's bytes from the tier into buf, synchronously, on any thread: nothing of the
  * wrapper is written (the store's calls lock). On the disk tier the chunks are read by the
- * store's workers, several at once (as many as it has), and this thread waits for them all. */
+ * store's workers, several at once (as many as it has), and this thread waits for them all; a
+ * chunk whose job the rank's thread dropped meanwhile (loom_fsdp_prefetch_clear while a gather
+ * reads on the progress thread) is read synchronously instead. */
 static int read_all(fsdp_unit *u, int kind, float *buf) {
   loom_fsdp *f = u->f;
   off_kind *k = &u->off.k[kind];
@@ -118,6 +120,11 @@ static int read_all(fsdp_unit *u, int kind, float *buf) {
     loom__fsdp_err_save(&e, rc);
     for (size_t i = 0; i < n; i++) { /* every job submitted is waited for: buf is on loan */
       int rc2 = loom__ostore_wait(f->store, jobs[i], NULL);
+      if (rc2 == LOOM_EABORTED && !e.rc) { /* dropped by the rank's clear: read it here */
+        size_t c = c0 + i;
+        rc2 = loom__ostore_get(f->store, loom__fsdp_slot(u, kind, k->gen, c), buf + c * f->chunk,
+                               loom__fsdp_chunk_len(u, c) * sizeof(float));
+      }
       if (!e.rc && rc2) loom__fsdp_err_save(&e, rc2);
     }
     rc = loom__fsdp_err_restore(&e);
