@@ -16,6 +16,8 @@
  *   disk p1 g0    disk p1 with FSDP's gathers issued when needed, not one unit ahead
  *                 (forward_prefetch = backward_prefetch = 0): one gathered unit per rank at a
  *                 time, the resident memory's floor;
+ *   disk p1 cache disk p1 with loom's allocator cache on (its default): no fresh pages to fault
+ *                 in for each gathered unit, gradient and chunk buffer, more resident memory;
  *   disk p1, p0   the same on the disk tier, in a folder of the first argument (default
  *                 /var/tmp). The whole page cache is dropped before each run (sync;
  *                 drop_caches 1 when writable), and the tier file's pages before every step
@@ -92,6 +94,7 @@ typedef struct config {
   int io_threads; /* 0: the tier's default */
   bool buffered;  /* disk: LOOM_OFFLOAD_DIRECT=0 (page cache, no O_DIRECT) */
   bool lean;      /* FSDP's gathers not issued ahead (forward_prefetch = backward_prefetch = 0) */
+  bool cache;     /* disk: loom's allocator cache left on (its default) */
 } config;
 
 typedef struct result {
@@ -385,7 +388,7 @@ static result run(const config *c, const char *dir, int steps) {
     drop_page_cache(); /* between runs: nothing of the last configuration is cached */
     if (c->buffered) setenv("LOOM_OFFLOAD_DIRECT", "0", 1);
     /* the disk tier is about resident memory: no allocator cache (its blocks stay resident) */
-    if (c->offload && c->tier == LOOM_FSDP_TIER_DISK) loom_mem_set_cache_limit(0);
+    if (c->offload && c->tier == LOOM_FSDP_TIER_DISK && !c->cache) loom_mem_set_cache_limit(0);
     job j = {.c = c, .dir = dir, .steps = steps};
     pthread_barrier_init(&j.bar, NULL, NR);
     int rc = loom_threads_run(NR, NULL, rank_main, &j);
@@ -404,12 +407,13 @@ static result run(const config *c, const char *dir, int steps) {
 
 
 static const config configs[] = {
-    {"fsdp", false, LOOM_FSDP_TIER_HOST, 1, 0, false, false},   {"host p1", true, LOOM_FSDP_TIER_HOST, 1, 0, false, false},
-    {"host p0", true, LOOM_FSDP_TIER_HOST, 0, 0, false, false},  {"disk p1", true, LOOM_FSDP_TIER_DISK, 1, 0, false, false},
-    {"disk p0", true, LOOM_FSDP_TIER_DISK, 0, 0, false, false},  {"disk p1 t1", true, LOOM_FSDP_TIER_DISK, 1, 1, false, false},
-    {"disk p0 t1", true, LOOM_FSDP_TIER_DISK, 0, 1, false, false}, {"disk p1 buf", true, LOOM_FSDP_TIER_DISK, 1, 0, true, false},
-    {"disk p0 buf", true, LOOM_FSDP_TIER_DISK, 0, 0, true, false},
-    {"disk p1 g0", true, LOOM_FSDP_TIER_DISK, 1, 0, false, true}};
+    {"fsdp", false, LOOM_FSDP_TIER_HOST, 1, 0, false, false, false},   {"host p1", true, LOOM_FSDP_TIER_HOST, 1, 0, false, false, false},
+    {"host p0", true, LOOM_FSDP_TIER_HOST, 0, 0, false, false, false},  {"disk p1", true, LOOM_FSDP_TIER_DISK, 1, 0, false, false, false},
+    {"disk p0", true, LOOM_FSDP_TIER_DISK, 0, 0, false, false, false},  {"disk p1 t1", true, LOOM_FSDP_TIER_DISK, 1, 1, false, false, false},
+    {"disk p0 t1", true, LOOM_FSDP_TIER_DISK, 0, 1, false, false, false}, {"disk p1 buf", true, LOOM_FSDP_TIER_DISK, 1, 0, true, false, false},
+    {"disk p0 buf", true, LOOM_FSDP_TIER_DISK, 0, 0, true, false, false},
+    {"disk p1 g0", true, LOOM_FSDP_TIER_DISK, 1, 0, false, true, false},
+    {"disk p1 cache", true, LOOM_FSDP_TIER_DISK, 1, 0, false, false, true}};
 enum { NC = sizeof configs / sizeof configs[0] };
 
 static bool is_disk(const config *c) { return c->offload && c->tier == LOOM_FSDP_TIER_DISK; }
@@ -428,7 +432,7 @@ static int main_mpi(int argc, char **argv) {
             "p1'|'disk p0' [dir] [steps 1..%d]\n", MAXSTEPS);
     return 2;
   }
-  if (c->offload && c->tier == LOOM_FSDP_TIER_DISK) loom_mem_set_cache_limit(0);
+  if (c->offload && c->tier == LOOM_FSDP_TIER_DISK && !c->cache) loom_mem_set_cache_limit(0);
   drop_page_cache();
   loom_pg *pg = NULL;
   BENCH_CHECK(loom_mpi_pg_create(NULL, NULL, &pg));
@@ -473,7 +477,7 @@ int main(int argc, char **argv) {
   if (steps < 1 || steps > MAXSTEPS || rounds < 1 || rounds > 16) {
     fprintf(stderr, "usage: bench_offload [dir] [steps 1..%d] [rounds 1..16] [configs: comma "
             "separated, of fsdp, host p1, host p0, disk p1, disk p0, disk p1 t1, disk p0 t1, "
-            "disk p1 buf, disk p0 buf, disk p1 g0; default all]\n", MAXSTEPS);
+            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache; default all]\n", MAXSTEPS);
     return 2;
   }
   const config *cs[NC];

@@ -3,8 +3,8 @@
  * and out of them either synchronously or on the store's own worker threads (the issue's
  * prefetch manager: a real thread with a queue, not a timer). It knows nothing of units,
  * shards or optimizers: the caller numbers the slots (unit * 3 + kind, say) and owns the
- * compute-side buffers. Implemented in offload_store.c (slots, tiers, file I/O, statistics,
- * the job queue and the worker threads).
+ * compute-side buffers. Implemented in offload_store.c (slots, the host tier, statistics, the
+ * job queue and the worker threads) and offload_disk.c (the disk tier's file and its I/O).
  *
  * Ownership. loom__ostore_create makes the store, loom__ostore_free releases everything it
  * holds: host buffers (LOOM_POOL_HOST), the file (closed and unlinked), the worker threads and
