@@ -9,6 +9,15 @@
  *   fsdp          no offload (the optimizer's state in the compute pool, as bench_fsdp);
  *   host p1, p0   everything offloaded (parameters, gradients, optimizer state) to the host tier,
  *                 prefetch_steps 1 and 0 (0: no transfer ahead of its use);
+ *   disk p1 t1, disk p0 t1   the disk tier with one I/O thread per rank (io_threads 1:
+ *                 one transfer at a time, as before the worker pool) instead of the default;
+ *   disk p1 buf, disk p0 buf   the disk tier through the page cache (LOOM_OFFLOAD_DIRECT=0)
+ *                 instead of O_DIRECT;
+ *   disk p1 g0    disk p1 with FSDP's gathers issued when needed, not one unit ahead
+ *                 (forward_prefetch = backward_prefetch = 0): one gathered unit per rank at a
+ *                 time, the resident memory's floor;
+ *   disk p1 cache disk p1 with loom's allocator cache on (its default): no fresh pages to fault
+ *                 in for each gathered unit, gradient and chunk buffer, more resident memory;
  *   disk p1, p0   the same on the disk tier, in a folder of the first argument (default
  *                 /var/tmp). The whole page cache is dropped before each run (sync;
  *                 drop_caches 1 when writable), and the tier file's pages before every step
@@ -41,11 +50,15 @@
  * state; step host p1 <= 1.2 x fsdp, disk p1 <= 2 x; exposed wait <= 30% of the transfer time.
  * Speed: `rounds` rounds of every configuration (default 3), rank 0's median step time per run,
  * the ratio to the round's fsdp run, median over rounds. The step's floor on the disk tier is
- * measured at the end: each disk configuration's traffic per step (bytes read and written per
- * rank) replayed with plain pread/pwrite and no compute, 2 streams at once as the ranks' workers
- * run.
+ * measured right after each disk run, in the same round (the same load on the machine): that
+ * run's traffic per step (bytes read and written per rank) replayed with plain pread/pwrite and
+ * no compute, 2 streams at once, one per rank; "step / floor" is per round, median over the
+ * rounds (target <= 1.2), and prefetch on / off per round (target <= 1). "Bytes read from
+ * storage / the gets' bytes" is /proc/self/io's read_bytes per step over what the store's gets
+ * asked for, both ranks (target <= 1.05).
  *
- * Usage: bench_offload [dir] [steps] [rounds]. Under MPI, one rank per process (how a site runs
+ * Usage: bench_offload [dir] [steps] [rounds] [configs]: configs a comma-separated list of the
+ * names above (fsdp always runs: the ratios' reference), default all. Under MPI, one rank per process (how a site runs
  * it, and where "the process's peak RSS" is one rank's): mpirun -n 2 bench_offload --mpi CONFIG
  * [dir] [steps], CONFIG one of the names above; each process reports its own RSS. */
 #define _GNU_SOURCE /* sync_file_range */
@@ -78,6 +91,10 @@ typedef struct config {
   bool offload;
   loom_fsdp_tier tier;
   int prefetch;
+  int io_threads; /* 0: the tier's default */
+  bool buffered;  /* disk: LOOM_OFFLOAD_DIRECT=0 (page cache, no O_DIRECT) */
+  bool lean;      /* FSDP's gathers not issued ahead (forward_prefetch = backward_prefetch = 0) */
+  bool cache;     /* disk: loom's allocator cache left on (its default) */
 } config;
 
 typedef struct result {
@@ -108,7 +125,7 @@ typedef struct job {
 
 static void sync_ranks(job *j, loom_pg *pg) {
   if (j->mpi) BENCH_CHECK(loom_pg_barrier(pg, NULL));
-  else sync_ranks(j, pg);
+  else pthread_barrier_wait(&j->bar);
 }
 
 static double proc_status_kb(const char *key) {
@@ -188,6 +205,7 @@ static int rank_main(loom_pg *pg, void *arg) {
   loom_module *m = NULL;
   BENCH_CHECK(loom_nn_mlp_create(sizes, NSIZES, LOOM_ACT_RELU, LOOM_F32, 1, &m));
   loom_fsdp_cfg fc = loom_fsdp_cfg_default();
+  if (c->lean) fc.forward_prefetch = fc.backward_prefetch = 0;
   loom_adam_cfg ac = loom_adamw_cfg_default();
   if (c->offload) {
     fc.offload = loom_fsdp_offload_cfg_default();
@@ -195,6 +213,7 @@ static int rank_main(loom_pg *pg, void *arg) {
     fc.offload.dir = j->dir;
     fc.offload.prefetch_steps = c->prefetch;
     fc.offload.chunk_bytes = CHUNK_BYTES;
+    fc.offload.io_threads = c->io_threads;
     ac.state_pool = LOOM_POOL_HOST;
   }
   j->r.params = (double)loom_module_numel(m);
@@ -367,8 +386,9 @@ static result run(const config *c, const char *dir, int steps) {
   if (pid == 0) {
     close(fds[0]);
     drop_page_cache(); /* between runs: nothing of the last configuration is cached */
+    if (c->buffered) setenv("LOOM_OFFLOAD_DIRECT", "0", 1);
     /* the disk tier is about resident memory: no allocator cache (its blocks stay resident) */
-    if (c->offload && c->tier == LOOM_FSDP_TIER_DISK) loom_mem_set_cache_limit(0);
+    if (c->offload && c->tier == LOOM_FSDP_TIER_DISK && !c->cache) loom_mem_set_cache_limit(0);
     job j = {.c = c, .dir = dir, .steps = steps};
     pthread_barrier_init(&j.bar, NULL, NR);
     int rc = loom_threads_run(NR, NULL, rank_main, &j);
@@ -387,10 +407,16 @@ static result run(const config *c, const char *dir, int steps) {
 
 
 static const config configs[] = {
-    {"fsdp", false, LOOM_FSDP_TIER_HOST, 1},  {"host p1", true, LOOM_FSDP_TIER_HOST, 1},
-    {"host p0", true, LOOM_FSDP_TIER_HOST, 0}, {"disk p1", true, LOOM_FSDP_TIER_DISK, 1},
-    {"disk p0", true, LOOM_FSDP_TIER_DISK, 0}};
+    {"fsdp", false, LOOM_FSDP_TIER_HOST, 1, 0, false, false, false},   {"host p1", true, LOOM_FSDP_TIER_HOST, 1, 0, false, false, false},
+    {"host p0", true, LOOM_FSDP_TIER_HOST, 0, 0, false, false, false},  {"disk p1", true, LOOM_FSDP_TIER_DISK, 1, 0, false, false, false},
+    {"disk p0", true, LOOM_FSDP_TIER_DISK, 0, 0, false, false, false},  {"disk p1 t1", true, LOOM_FSDP_TIER_DISK, 1, 1, false, false, false},
+    {"disk p0 t1", true, LOOM_FSDP_TIER_DISK, 0, 1, false, false, false}, {"disk p1 buf", true, LOOM_FSDP_TIER_DISK, 1, 0, true, false, false},
+    {"disk p0 buf", true, LOOM_FSDP_TIER_DISK, 0, 0, true, false, false},
+    {"disk p1 g0", true, LOOM_FSDP_TIER_DISK, 1, 0, false, true, false},
+    {"disk p1 cache", true, LOOM_FSDP_TIER_DISK, 1, 0, false, false, true}};
 enum { NC = sizeof configs / sizeof configs[0] };
+
+static bool is_disk(const config *c) { return c->offload && c->tier == LOOM_FSDP_TIER_DISK; }
 
 /* `mpirun -n 2 bench_offload --mpi CONFIG [dir] [steps]`: one configuration, one rank per
  * process; each process prints its own peak RSS (the training's, VmHWM reset after the warm-up
@@ -406,7 +432,7 @@ static int main_mpi(int argc, char **argv) {
             "p1'|'disk p0' [dir] [steps 1..%d]\n", MAXSTEPS);
     return 2;
   }
-  if (c->offload && c->tier == LOOM_FSDP_TIER_DISK) loom_mem_set_cache_limit(0);
+  if (c->offload && c->tier == LOOM_FSDP_TIER_DISK && !c->cache) loom_mem_set_cache_limit(0);
   drop_page_cache();
   loom_pg *pg = NULL;
   BENCH_CHECK(loom_mpi_pg_create(NULL, NULL, &pg));
@@ -425,38 +451,64 @@ static int main_mpi(int argc, char **argv) {
   return rc ? 1 : 0;
 }
 
+/* The configurations named in `list` (comma separated), "fsdp" always first: the ratios'
+ * reference. NULL or "all": every one. */
+static int pick_configs(const char *list, const config **out) {
+  int n = 0;
+  out[n++] = &configs[0];
+  for (int i = 1; i < NC; i++) {
+    if (list && strcmp(list, "all")) {
+      const char *at = strstr(list, configs[i].name);
+      size_t len = strlen(configs[i].name);
+      bool found = false;
+      for (; at && !found; at = strstr(at + 1, configs[i].name))
+        found = (at == list || at[-1] == ',') && (at[len] == ',' || at[len] == 0);
+      if (!found) continue;
+    }
+    out[n++] = &configs[i];
+  }
+  return n;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "--mpi")) return main_mpi(argc, argv);
   const char *dir = argc > 1 ? argv[1] : "/var/tmp";
   int steps = argc > 2 ? atoi(argv[2]) : 3, rounds = argc > 3 ? atoi(argv[3]) : 3;
   if (steps < 1 || steps > MAXSTEPS || rounds < 1 || rounds > 16) {
-    fprintf(stderr, "usage: bench_offload [dir] [steps 1..%d] [rounds 1..16]\n", MAXSTEPS);
+    fprintf(stderr, "usage: bench_offload [dir] [steps 1..%d] [rounds 1..16] [configs: comma "
+            "separated, of fsdp, host p1, host p0, disk p1, disk p0, disk p1 t1, disk p0 t1, "
+            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache; default all]\n", MAXSTEPS);
     return 2;
   }
-  const config *cs = configs;
+  const config *cs[NC];
+  int nc = pick_configs(argc > 4 ? argv[4] : NULL, cs);
   printf("bench_offload: MLP 784-4096x4-10, FSDP %d ranks (threads), batch %d per rank, AdamW, "
          "%d timed steps after 1 warm-up, %d rounds; disk tier in %s; CPU level %s\n",
          NR, BATCH, steps, rounds, dir, loom_cpu_level_name(loom_cpu_level_active()));
   static result rs[16][NC];
+  static double floor_s[16][NC];
   for (int k = 0; k < rounds; k++)
-    for (int i = 0; i < NC; i++) {
-      rs[k][i] = run(&cs[i], dir, steps);
+    for (int i = 0; i < nc; i++) {
+      rs[k][i] = run(cs[i], dir, steps);
       if (!rs[k][i].ok) {
-        fprintf(stderr, "bench_offload: %s failed\n", cs[i].name);
+        fprintf(stderr, "bench_offload: %s failed\n", cs[i]->name);
         return 1;
       }
+      /* the floor right after the run it is the floor of: the same load on the machine */
+      if (is_disk(cs[i])) floor_s[k][i] = disk_floor(dir, &rs[k][i]);
     }
-  printf("\n%-8s %9s %9s %9s %9s %9s %9s %8s %8s %8s %9s %9s\n", "config", "peak MB", "state MB",
+  printf("\n%-10s %8s %8s %8s %8s %8s %8s %7s %7s %7s %8s %8s\n", "config", "peak MB", "state MB",
          "host MB", "file MB", "RSS MB", "RSSbuild", "step s", "cpu s", "wait s", "xfer s",
          "moved MB");
-  for (int i = 0; i < NC; i++) {
+  for (int i = 0; i < nc; i++) {
     const result *r = &rs[rounds - 1][i];
-    printf("%-8s %9.0f %9.0f %9.0f %9.0f %9.0f %9.0f %8.3f %8.3f %8.3f %9.3f %9.0f", cs[i].name,
+    printf("%-10s %8.0f %8.0f %8.0f %8.0f %8.0f %8.0f %7.3f %7.3f %7.3f %8.3f %8.0f", cs[i]->name,
            MB(worst(r->peak)), MB(worst(r->state)), MB(worst(r->host)), MB(worst(r->file)),
            MB(r->rss_train), MB(r->rss_build), r->step_s, r->cpu_s, r->wait_s, r->transfer_s,
            MB(r->moved));
-    if (cs[i].tier == LOOM_FSDP_TIER_DISK && cs[i].offload)
-      printf("  disk rd %.0f MB/step, writeback %.3f s", MB(r->disk_read), r->sync_s);
+    if (is_disk(cs[i]))
+      printf("  disk rd %.0f MB/step, writeback %.3f s; RSS now anon %.0f file %.0f MB",
+             MB(r->disk_read), r->sync_s, MB(r->rss_anon), MB(r->rss_file));
     printf("\n");
   }
   const result *base = &rs[rounds - 1][0];
@@ -464,20 +516,33 @@ int main(int argc, char **argv) {
   printf("\ntraining state (16 B x %.1f M params): %.0f MB; largest unit shard %.1f MB; fsdp's "
          "step transient %.0f MB\n", base->params / 1e6, MB(state_all), MB(base->shard_max),
          MB(transient));
-  for (int i = 1; i < NC; i++) {
-    bool disk = cs[i].tier == LOOM_FSDP_TIER_DISK;
-    double prefetched = disk && cs[i].prefetch ? base->shard_max : 0;
+  for (int i = 1; i < nc; i++) {
+    bool disk = is_disk(cs[i]);
+    double prefetched = disk && cs[i]->prefetch ? base->shard_max : 0;
     double ring = disk ? 12.0 * (double)CHUNK_BYTES : 0;
     double in_flight = transient + prefetched + ring, p = worst(rs[rounds - 1][i].peak);
     printf("compute peak, %s: %.0f MB; in flight (transient %.0f + prefetched shard %.0f + chunk "
            "ring %.0f) %.0f MB: peak / that %.2f (target <= 1.10); peak / fsdp %.2f (target <= "
-           "0.40)\n", cs[i].name, MB(p), MB(transient), MB(prefetched), MB(ring), MB(in_flight),
+           "0.40)\n", cs[i]->name, MB(p), MB(transient), MB(prefetched), MB(ring), MB(in_flight),
            p / in_flight, p / worst(base->peak));
   }
-  for (int i = 3; i < NC; i++)
-    printf("RSS, %s: %.0f MB = %.0f%% of the training state (target <= 35%%)\n", cs[i].name,
-           MB(rs[rounds - 1][i].rss_train), 100 * rs[rounds - 1][i].rss_train / state_all);
-  for (int i = 1; i < NC; i++) {
+  for (int i = 1; i < nc; i++) {
+    if (!is_disk(cs[i])) continue;
+    double rss[16], rd[16];
+    for (int k = 0; k < rounds; k++) {
+      rss[k] = rs[k][i].rss_train / state_all;
+      /* planned: what the store's gets read, every rank (rank 0's, the ranks' shards equal) */
+      rd[k] = rs[k][i].disk_read / (NR * (rs[k][i].moved - rs[k][i].to_tier));
+    }
+    printf("RSS, %s: median %.0f%% of the training state (target <= 35%%); bytes read from "
+           "storage / the gets' bytes: median %.3f (%.0f of %.0f MB in the last round; target "
+           "<= 1.05)\n", cs[i]->name, 100 * bench_median(rss, rounds), bench_median(rd, rounds),
+           MB(rs[rounds - 1][i].disk_read),
+           MB(NR * (rs[rounds - 1][i].moved - rs[rounds - 1][i].to_tier)));
+  }
+  double step_fsdp[16];
+  for (int k = 0; k < rounds; k++) step_fsdp[k] = rs[k][0].step_s;
+  for (int i = 1; i < nc; i++) {
     double ratio[16], w[16];
     for (int k = 0; k < rounds; k++) {
       ratio[k] = rs[k][i].step_s / rs[k][0].step_s;
@@ -487,36 +552,43 @@ int main(int argc, char **argv) {
     for (int k = 0, o = 0; k < rounds && o < (int)sizeof list; k++)
       o += snprintf(list + o, sizeof list - (size_t)o, "%s%.2f", k ? " " : "", ratio[k]);
     double med = bench_median(ratio, rounds), wmed = bench_median(w, rounds);
-    bool disk = cs[i].tier == LOOM_FSDP_TIER_DISK;
-    double target = disk ? 2.0 : 1.2;
-    printf("step %s / fsdp: %s -> median %.2f%s; exposed wait / transfer %.2f%s\n", cs[i].name,
-           list, med, cs[i].prefetch ? (med <= target ? " (target met)" : " (target NOT met)") : "",
-           wmed, cs[i].prefetch ? (wmed <= 0.30 ? " (target <= 0.30 met)" : " (target <= 0.30 NOT met)") : "");
-    if (disk) { /* the step's writes not yet on the disk when it returns are synced before the
-                   next, outside the timing: counted in, the steady-state cost */
-      for (int k = 0; k < rounds; k++)
-        ratio[k] = (rs[k][i].step_s + rs[k][i].sync_s) / rs[k][0].step_s;
-      printf("step %s / fsdp with the writeback synced before each step counted in: median %.2f\n",
-             cs[i].name, bench_median(ratio, rounds));
+    printf("step %s / fsdp: %s -> median %.2f; exposed wait / transfer %.2f\n", cs[i]->name, list,
+           med, wmed);
+    if (!is_disk(cs[i])) continue;
+    /* the floor: this configuration's traffic per step replayed with no compute, right after
+     * its run in the same round */
+    double fr[16], fl[16], fw[16], fm[16];
+    list[0] = 0;
+    for (int k = 0, o = 0; k < rounds; k++) {
+      fl[k] = floor_s[k][i];
+      fr[k] = rs[k][i].step_s / fl[k];
+      fm[k] = rs[k][i].step_s / maxd(fl[k], rs[k][0].step_s);
+      fw[k] = (rs[k][i].step_s + rs[k][i].sync_s) / fl[k];
+      if (o < (int)sizeof list)
+        o += snprintf(list + o, sizeof list - (size_t)o, "%s%.2f", k ? " " : "", fr[k]);
     }
-  }
-  double step_fsdp[16];
-  for (int k = 0; k < rounds; k++) step_fsdp[k] = rs[k][0].step_s;
-  for (int i = 3; i < NC; i++) {
     const result *r = &rs[rounds - 1][i];
-    enum { PROBES = 5 };
-    double fl[PROBES], lo = 1e30, hi = 0;
-    for (int k = 0; k < PROBES; k++) {
-      fl[k] = disk_floor(dir, r);
-      lo = fl[k] < lo ? fl[k] : lo;
-      hi = maxd(hi, fl[k]);
-    }
-    double floor_s = bench_median(fl, PROBES), fsdp_s = bench_median(step_fsdp, rounds);
     printf("floor, %s: the step's traffic alone (%d ranks at once, each %.0f MB read + %.0f MB "
-           "written, 4 MiB blocks interleaved, page cache dropped, no compute) takes %.2f s "
-           "(median of %d; %.2f-%.2f) = %.2f x the fsdp step (%.3f s, median over the rounds); "
-           "the step took %.3f s\n", cs[i].name, NR, MB(r->moved - r->to_tier),
-           MB(r->to_tier), floor_s, PROBES, lo, hi, floor_s / fsdp_s, fsdp_s, r->step_s);
+           "written, 4 MiB blocks interleaved, page cache dropped, no compute): median %.3f s "
+           "= %.2f x the fsdp step; step / floor per round %s -> median %.2f (target <= 1.20); "
+           "with the writeback synced before each step counted in %.2f; step / the larger of "
+           "the floor and the round's fsdp step (compute alone): median %.2f\n", cs[i]->name, NR,
+           MB(r->moved - r->to_tier), MB(r->to_tier), bench_median(fl, rounds),
+           bench_median(fl, rounds) / bench_median(step_fsdp, rounds), list,
+           bench_median(fr, rounds), bench_median(fw, rounds), bench_median(fm, rounds));
+  }
+  /* prefetch on against off, same tier and I/O threads, round by round */
+  for (int i = 1; i < nc; i++) {
+    if (!cs[i]->offload || !cs[i]->prefetch) continue;
+    for (int o = 1; o < nc; o++) {
+      if (!cs[o]->offload || cs[o]->prefetch || cs[o]->tier != cs[i]->tier ||
+          cs[o]->io_threads != cs[i]->io_threads || cs[o]->buffered != cs[i]->buffered)
+        continue;
+      double q[16];
+      for (int k = 0; k < rounds; k++) q[k] = rs[k][i].step_s / rs[k][o].step_s;
+      printf("prefetch on / off, %s / %s: median %.2f (target <= 1.00)\n", cs[i]->name,
+             cs[o]->name, bench_median(q, rounds));
+    }
   }
   return 0;
 }

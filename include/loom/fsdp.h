@@ -174,12 +174,15 @@ typedef struct loom_fsdp_offload_cfg {
   const char *dir;               /* the disk tier's folder (borrowed; copied by create) */
   size_t chunk_bytes;            /* transfer unit: a multiple of 64 (16 floats: clipping's norm
                                     keeps its summation lanes); default 4 MiB */
+  int io_threads;                /* transfers in flight at once per rank, each on an I/O
+                                    thread of its own, 0..16; 0 (default): 4 on the disk tier,
+                                    1 on the host tier */
 } loom_fsdp_offload_cfg;
 
 /* The specification's defaults (above). */
 loom_fsdp_offload_cfg loom_fsdp_offload_cfg_default(void);
 /* LOOM_EINVAL naming the field: prefetch_steps within 0..10 (the specification's rule), a tier,
- * a folder for the disk tier, chunk_bytes. A disabled configuration is valid whatever it holds. */
+ * a folder for the disk tier, chunk_bytes, io_threads. A disabled configuration is valid whatever it holds. */
 int loom_fsdp_offload_cfg_validate(const loom_fsdp_offload_cfg *cfg);
 
 /* ---- FSDP configuration ---------------------------------------------------------------- */

@@ -22,7 +22,8 @@ loom_fsdp_offload_cfg loom_fsdp_offload_cfg_default(void) {
                                  .prefetch_steps = 1,
                                  .tier = LOOM_FSDP_TIER_HOST,
                                  .dir = NULL,
-                                 .chunk_bytes = (size_t)4 << 20};
+                                 .chunk_bytes = (size_t)4 << 20,
+                                 .io_threads = 0};
 }
 
 int loom_fsdp_offload_cfg_validate(const loom_fsdp_offload_cfg *cfg) {
@@ -39,6 +40,9 @@ int loom_fsdp_offload_cfg_validate(const loom_fsdp_offload_cfg *cfg) {
   if (cfg->chunk_bytes < 64 || cfg->chunk_bytes % 64 || cfg->chunk_bytes > ((size_t)1 << 30))
     return loom__fail(LOOM_EINVAL, "fsdp offload cfg: chunk_bytes %zu must be a multiple of 64 "
                       "within 64..1 GiB", cfg->chunk_bytes);
+  if (cfg->io_threads < 0 || cfg->io_threads > LOOM__OSTORE_MAX_WORKERS)
+    return loom__fail(LOOM_EINVAL, "fsdp offload cfg: io_threads %d must be between 0 and %d "
+                      "(0: the tier's default)", cfg->io_threads, LOOM__OSTORE_MAX_WORKERS);
   return LOOM_OK;
 }
 
@@ -88,15 +92,43 @@ static int put_all(fsdp_unit *u, int kind, const float *buf) {
   return rc;
 }
 
+#define READ_BATCH 32 /* chunks of one read_all in flight at once, at most */
+
 /* Copy the kind's bytes from the tier into buf, synchronously, on any thread: nothing of the
- * wrapper is written (the store's calls lock). */
+ * wrapper is written (the store's calls lock). On the disk tier the chunks are read by the
+ * store's workers, several at once (as many as it has), and this thread waits for them all; a
+ * chunk whose job the rank's thread dropped meanwhile (loom_fsdp_prefetch_clear while a gather
+ * reads on the progress thread) is read synchronously instead. */
 static int read_all(fsdp_unit *u, int kind, float *buf) {
   loom_fsdp *f = u->f;
   off_kind *k = &u->off.k[kind];
   int rc = LOOM_OK;
-  for (size_t c = 0; c < u->off.nchunks && !rc; c++)
-    rc = loom__ostore_get(f->store, loom__fsdp_slot(u, kind, k->gen, c), buf + c * f->chunk,
-                          loom__fsdp_chunk_len(u, c) * sizeof(float));
+  if (loom__ostore_tier(f->store) != LOOM__OTIER_DISK) {
+    for (size_t c = 0; c < u->off.nchunks && !rc; c++)
+      rc = loom__ostore_get(f->store, loom__fsdp_slot(u, kind, k->gen, c), buf + c * f->chunk,
+                            loom__fsdp_chunk_len(u, c) * sizeof(float));
+    return rc;
+  }
+  for (size_t c0 = 0; c0 < u->off.nchunks && !rc; c0 += READ_BATCH) {
+    loom__ojob jobs[READ_BATCH] = {0};
+    size_t n = u->off.nchunks - c0 < READ_BATCH ? u->off.nchunks - c0 : READ_BATCH;
+    for (size_t c = c0; c < c0 + n && !rc; c++)
+      rc = loom__ostore_submit_get(f->store, loom__fsdp_slot(u, kind, k->gen, c),
+                                   buf + c * f->chunk, loom__fsdp_chunk_len(u, c) * sizeof(float),
+                                   &jobs[c - c0]);
+    loom__fsdp_err e; /* the first failure, whichever job it was */
+    loom__fsdp_err_save(&e, rc);
+    for (size_t i = 0; i < n; i++) { /* every job submitted is waited for: buf is on loan */
+      int rc2 = loom__ostore_wait(f->store, jobs[i], NULL);
+      if (rc2 == LOOM_EABORTED && !e.rc) { /* dropped by the rank's clear: read it here */
+        size_t c = c0 + i;
+        rc2 = loom__ostore_get(f->store, loom__fsdp_slot(u, kind, k->gen, c), buf + c * f->chunk,
+                               loom__fsdp_chunk_len(u, c) * sizeof(float));
+      }
+      if (!e.rc && rc2) loom__fsdp_err_save(&e, rc2);
+    }
+    rc = loom__fsdp_err_restore(&e);
+  }
   return rc;
 }
 
@@ -440,6 +472,7 @@ int loom__fsdp_offload_init(loom_fsdp *f) {
   f->cfg.offload.dir = f->offload_dir;
   int rc = loom__ostore_create(c->tier == LOOM_FSDP_TIER_DISK ? LOOM__OTIER_DISK : LOOM__OTIER_HOST,
                                f->offload_dir, f->rank, &f->store);
+  if (!rc && c->io_threads) rc = loom__ostore_set_workers(f->store, c->io_threads);
   if (rc) return rc;
   size_t slot = 0;
   for (size_t i = 0; i < f->nunits; i++) {

@@ -1,80 +1,21 @@
-/* offload_store.c: the offload store of offload_store.h. Owns the slot table, the two tiers
- * (host-pool buffers; one scratch file read and written with pread/pwrite, a CRC-32C per slot),
- * the synchronous put/get, the job queue with its worker thread, and the statistics.
+/* offload_store.c: the offload store of offload_store.h. Owns the slot table, the host tier's
+ * buffers, the synchronous put/get, the job queue with its pool of worker threads, and the
+ * statistics; the disk tier's file (space, pread/pwrite or O_DIRECT, CRC-32C) is
+ * offload_disk.c's, the layout both share offload_store_int.h.
  *
- * Locking: `mu` guards the slot table, the queue, the job records' states and the statistics;
- * nobody holds it while bytes move, so the caller can submit and wait while the worker copies.
- * `space_mu` guards the disk file's used length, the one thing a synchronous first put and the
- * worker may both change at once (each giving a different slot its range). Bytes of a slot are
- * only ever moved by one party at a time: jobs run one by one in order, and a synchronous call
- * on a slot first waits until no job of that slot is queued or running. */
-#define _GNU_SOURCE /* sync_file_range */
-#include "fsdp/offload_store.h"
-#include "core/kernels/kernels.h"
+ * Locking: `mu` guards the slot table, the queue, the job records' states, the statistics and
+ * the free bounce blocks; nobody holds it while bytes move, so the caller can submit and wait
+ * while the workers copy. `space_mu` guards the disk file's used length, the one thing a
+ * synchronous first put and the workers may change at once (each giving a different slot its
+ * range). Bytes of a slot are only ever moved by one party at a time: a worker takes a job only
+ * when no other is moving its slot, in submission order, and a synchronous call on a slot first
+ * waits until no job of that slot is queued or running. */
+#include "fsdp/offload_store_int.h"
 
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
-
-#define SLOT_ALIGN ((size_t)4096) /* each slot's range in the file starts on a page */
-#define IO_CHUNK ((size_t)1 << 20) /* CRC and pread/pwrite one cache-warm MiB at a time */
-#define WRITEBACK_BYTES ((size_t)64 << 20) /* dirty bytes of the file at most */
-
-typedef struct oslot {
-  size_t bytes;     /* the slot's size, fixed by its first put (meaningful if declared) */
-  size_t off;       /* disk: where its range starts (if space) */
-  void *buf;        /* host: its buffer (if space and bytes > 0) */
-  uint32_t crc;     /* disk: CRC-32C of what the last put wrote (if data) */
-  uint32_t pending; /* queued or running jobs on this slot */
-  bool declared;    /* it has a size: it has space, or a job of it is pending */
-  bool space;       /* it has its buffer / file range */
-  bool data;        /* a put completed and no later put failed */
-} oslot;
-
-enum { JOB_GET = 0, JOB_PUT = 1 };
-enum { JOB_QUEUED = 0, JOB_RUNNING = 1, JOB_DONE = 2 };
-
-typedef struct ojob {
-  struct ojob *next, *prev; /* live list (submitted, not yet waited for); next: free list */
-  struct ojob *qnext;       /* queue of jobs not yet started */
-  loom__ojob id;
-  int kind, state, status;
-  size_t slot, bytes;
-  void *buf; /* dst of a get, src of a put (on loan) */
-  char msg[512];
-} ojob;
-
-struct loom__ostore {
-  loom__otier tier;
-  int rank;
-  int account; /* the creator's memory account: the worker's too, and the file bytes' */
-  char *path;  /* disk tier */
-  int fd;
-  bool dry; /* made in a dry run (loom_mem_set_dry_run): no file, no bytes moved */
-
-  pthread_mutex_t mu;
-  pthread_cond_t cv_work; /* the worker: a job was queued, or stop */
-  pthread_cond_t cv_done; /* waiters: a job finished (or was dropped) */
-  oslot *slots;
-  size_t nslots; /* table length (slots beyond are undeclared) */
-  size_t held;   /* sum of the sizes of the slots with space */
-  ojob *live_head, *live_tail, *q_head, *q_tail, *free_jobs;
-  loom__ojob last_id;
-  pthread_t thread;
-  bool thread_started, stop;
-  loom__ostore_stats st;
-
-  pthread_mutex_t space_mu;
-  size_t end; /* disk: the file's used length (under space_mu) */
-  _Atomic size_t unsynced; /* disk: bytes written since the last wait for writeback */
-};
 
 static const char *tier_name(loom__otier t) { return t == LOOM__OTIER_DISK ? "disk" : "host"; }
 
@@ -121,248 +62,6 @@ static void slot_wait_idle(loom__ostore *s, size_t slot) {
   s->st.wait_s += loom__now() - t0;
 }
 
-/* ---- the disk tier's file -------------------------------------------------------------- */
-
-static bool errno_is_full(int e) { return e == ENOSPC || e == EDQUOT || e == EFBIG; }
-
-/* Give `slot` (bytes) the next aligned range of the file, reserved with posix_fallocate so
- * that writing it can no longer run out of space. On failure the file is as it was. */
-static int disk_reserve(loom__ostore *s, const char *who, size_t slot, size_t bytes,
-                        size_t *off) {
-  int rc = LOOM_OK;
-  pthread_mutex_lock(&s->space_mu);
-  size_t start = (s->end + SLOT_ALIGN - 1) & ~(SLOT_ALIGN - 1);
-  if (start < s->end || bytes > (size_t)INT64_MAX - start) {
-    rc = loom__fail(LOOM_EIO, "%s: '%s' would grow past the largest file offset for slot %zu",
-                    who, s->path, slot);
-    goto done;
-  }
-  if (bytes && !s->dry) {
-    int e;
-    do e = posix_fallocate(s->fd, (off_t)start, (off_t)bytes);
-    while (e == EINTR);
-    if (e && errno_is_full(e)) {
-      if (ftruncate(s->fd, (off_t)s->end) != 0) { /* best effort: drop what was reserved */
-      }
-      rc = loom__fail(LOOM_EIO, "%s: '%s' is full: no room for slot %zu (%zu bytes): %s", who,
-                      s->path, slot, bytes, strerror(e));
-      goto done;
-    }
-    /* a filesystem that cannot reserve space (EOPNOTSUPP and the like): the writes grow it */
-    if (e && e != EOPNOTSUPP && e != ENOSYS && e != EINVAL) {
-      if (ftruncate(s->fd, (off_t)s->end) != 0) {
-      }
-      rc = loom__fail(LOOM_EIO, "%s: cannot reserve %zu bytes for slot %zu in '%s': %s", who,
-                      bytes, slot, s->path, strerror(e));
-      goto done;
-    }
-  }
-  *off = start;
-  s->end = start + bytes;
-done:
-  pthread_mutex_unlock(&s->space_mu);
-  if (!rc) loom__mem_account_to(LOOM_POOL_FILE, s->account, (ptrdiff_t)bytes);
-  return rc;
-}
-
-/* Undo disk_reserve after the slot's first put failed: the range goes back if nothing was
- * placed after it (otherwise it stays a hole, harmless). */
-static void disk_unreserve(loom__ostore *s, size_t off, size_t bytes) {
-  pthread_mutex_lock(&s->space_mu);
-  if (s->end == off + bytes) {
-    s->end = off;
-    if (ftruncate(s->fd, (off_t)off) != 0) { /* the file just stays longer */
-    }
-  }
-  pthread_mutex_unlock(&s->space_mu);
-  loom__mem_account_to(LOOM_POOL_FILE, s->account, -(ptrdiff_t)bytes);
-}
-
-/* Write src to the slot's range, computing its CRC-32C on the way (chunk by chunk, while the
- * chunk is in cache). */
-static int disk_write(loom__ostore *s, const char *who, size_t slot, size_t off,
-                      const void *src, size_t bytes, uint32_t *crc_out) {
-  const unsigned char *p = src;
-  const loom__core_kernels *k = loom__k();
-  uint32_t crc = 0;
-  if (s->dry) bytes = 0;
-  for (size_t done = 0; done < bytes;) {
-    size_t n = bytes - done < IO_CHUNK ? bytes - done : IO_CHUNK;
-    crc = k->crc32c(crc, p + done, n);
-    for (size_t w = 0; w < n;) {
-      ssize_t r = pwrite(s->fd, p + done + w, n - w, (off_t)(off + done + w));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) {
-        int e = r < 0 ? errno : 0;
-        if (r == 0 || errno_is_full(e))
-          return loom__fail(LOOM_EIO, "%s: '%s' is full: cannot write slot %zu (%zu bytes at "
-                            "offset %zu): %s", who, s->path, slot, bytes, off,
-                            r == 0 ? "the write made no progress" : strerror(e));
-        return loom__fail(LOOM_EIO, "%s: cannot write slot %zu to '%s': %s", who, slot, s->path,
-                          strerror(e));
-      }
-      w += (size_t)r;
-    }
-    done += n;
-  }
-  /* start writing the range out; every WRITEBACK_BYTES wait for what was written and let the
-   * kernel drop those pages: the caller holds these bytes (or chose to put them away), and a
-   * second copy in the page cache is memory a cgroup limit counts. Dirty pages cannot be
-   * dropped, and without the wait a memory limit fills with them faster than the kernel writes
-   * them back (the run is killed); waiting after every put instead stalls the worker's reads
-   * behind the disk's writes */
-  if (bytes) {
-    (void)sync_file_range(s->fd, (off_t)off, (off_t)bytes, SYNC_FILE_RANGE_WRITE);
-    if (atomic_fetch_add(&s->unsynced, bytes) + bytes >= WRITEBACK_BYTES) {
-      atomic_store(&s->unsynced, 0);
-      (void)sync_file_range(s->fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
-                                             SYNC_FILE_RANGE_WAIT_AFTER);
-      (void)posix_fadvise(s->fd, 0, 0, POSIX_FADV_DONTNEED);
-    }
-  }
-  *crc_out = crc;
-  return LOOM_OK;
-}
-
-/* Read the slot's range into dst and check it against the size and CRC-32C of its put. */
-static int disk_read(loom__ostore *s, const char *who, size_t slot, size_t off, void *dst,
-                     size_t bytes, uint32_t want) {
-  unsigned char *p = dst;
-  const loom__core_kernels *k = loom__k();
-  uint32_t crc = 0;
-  if (s->dry) bytes = 0;
-  for (size_t done = 0; done < bytes;) {
-    size_t n = bytes - done < IO_CHUNK ? bytes - done : IO_CHUNK;
-    for (size_t r = 0; r < n;) {
-      ssize_t got = pread(s->fd, p + done + r, n - r, (off_t)(off + done + r));
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0)
-        return loom__fail(LOOM_EIO, "%s: cannot read slot %zu from '%s': %s", who, slot, s->path,
-                          strerror(errno));
-      if (got == 0)
-        return loom__fail(LOOM_EFORMAT, "%s: '%s' slot %zu: the file is truncated (%zu of its "
-                          "%zu bytes there): it changed behind loom's back", who, s->path, slot,
-                          done + r, bytes);
-      r += (size_t)got;
-    }
-    crc = k->crc32c(crc, p + done, n);
-    done += n;
-  }
-  if (bytes) (void)posix_fadvise(s->fd, (off_t)off, (off_t)bytes, POSIX_FADV_DONTNEED);
-  if (crc != want)
-    return loom__fail(LOOM_EFORMAT, "%s: '%s' slot %zu: the bytes changed behind loom's back "
-                      "(CRC-32C %08x, %08x when put)", who, s->path, slot, (unsigned)crc,
-                      (unsigned)want);
-  return LOOM_OK;
-}
-
-/* Create the store's file in dir, naming the folder in every error. */
-/* This machine's name for file names: the hostname with anything but [A-Za-z0-9.] as '_'. */
-static void host_name(char *buf, size_t cap) {
-  if (gethostname(buf, cap) != 0) snprintf(buf, cap, "host");
-  buf[cap - 1] = 0;
-  for (char *c = buf; *c; c++)
-    if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
-          *c == '.'))
-      *c = '_';
-}
-
-/* Remove the files a process of this machine and user left in dir when it died without
- * cleaning up (killed by a signal or the OOM killer): loom-offload-<host>-<pid>-<rank>-<n>.bin
- * whose pid no longer exists. Files of other machines (a shared folder), of other users and of
- * live processes stay. */
-static void sweep_stale(const char *dir, const char *host) {
-  DIR *d = opendir(dir);
-  if (!d) return;
-  char prefix[300];
-  int plen = snprintf(prefix, sizeof prefix, "loom-offload-%s-", host);
-  for (struct dirent *e; (e = readdir(d));) {
-    if (plen <= 0 || (size_t)plen >= sizeof prefix || strncmp(e->d_name, prefix, (size_t)plen))
-      continue;
-    long pid;
-    int rank, used = 0;
-    unsigned n;
-    if (sscanf(e->d_name + plen, "%ld-%d-%u.bin%n", &pid, &rank, &n, &used) != 3 || !used ||
-        e->d_name[plen + used] != 0 || pid <= 0 || pid == (long)getpid())
-      continue;
-    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */
-    struct stat st;
-    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
-        st.st_uid == geteuid())
-      (void)unlinkat(dirfd(d), e->d_name, 0);
-  }
-  closedir(d);
-}
-
-static bool is_folder(const char *dir) {
-  struct stat st;
-  return stat(dir, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static int disk_open(loom__ostore *s, const char *dir) {
-  static _Atomic unsigned counter; /* stores made by this process */
-  const char *who = "fsdp offload (disk tier)"; /* the user meets these: loom_fsdp_create */
-  size_t len = strlen(dir);
-  const char *sep = len && dir[len - 1] == '/' ? "" : "/";
-  char host[256];
-  host_name(host, sizeof host);
-  sweep_stale(dir, host);
-  for (int attempt = 0; attempt < 100; attempt++) {
-    unsigned n = atomic_fetch_add(&counter, 1);
-    int need = snprintf(NULL, 0, "%s%sloom-offload-%s-%ld-%d-%u.bin", dir, sep, host,
-                        (long)getpid(), s->rank, n);
-    char *path = need < 0 ? NULL : loom__malloc(LOOM_POOL_META, (size_t)need + 1);
-    if (!path) return loom__fail(LOOM_ENOMEM, "%s: out of memory for a path in '%s'", who, dir);
-    snprintf(path, (size_t)need + 1, "%s%sloom-offload-%s-%ld-%d-%u.bin", dir, sep, host,
-             (long)getpid(), s->rank, n);
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0600);
-    if (fd >= 0) {
-      s->path = path;
-      s->fd = fd;
-      return LOOM_OK;
-    }
-    int e = errno;
-    loom__free(path);
-    switch (e) {
-    case EEXIST: continue; /* left by an earlier process with our pid: take the next name */
-    case ENOENT: /* the folder, or (in /proc) a file made in it */
-      if (is_folder(dir))
-        return loom__fail(LOOM_EIO, "%s: offload folder '%s' takes no regular files (a "
-                          "pseudo-filesystem such as /proc?): creating one failed: %s", who, dir,
-                          strerror(e));
-      return loom__fail(LOOM_EIO, "%s: offload folder '%s' does not exist", who, dir);
-    case ENOTDIR: return loom__fail(LOOM_EIO, "%s: offload folder '%s' is not a folder", who, dir);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return loom__fail(LOOM_EIO, "%s: offload folder '%s' is read-only (cannot create a file "
-                        "in it: %s)", who, dir, strerror(e));
-    case ENOSPC:
-    case EDQUOT:
-      return loom__fail(LOOM_EIO, "%s: offload folder '%s' is full: %s", who, dir, strerror(e));
-    default:
-      return loom__fail(LOOM_EIO, "%s: cannot create a file in offload folder '%s': %s", who,
-                        dir, strerror(e));
-    }
-  }
-  return loom__fail(LOOM_EIO, "%s: no free file name in offload folder '%s'", who, dir);
-}
-
-/* A dry run's disk tier makes no file: it only says what disk_open would of a folder that
- * cannot take one. */
-static int disk_check(const char *dir) {
-  const char *who = "fsdp offload (disk tier)";
-  struct stat st;
-  if (stat(dir, &st) != 0)
-    return loom__fail(LOOM_EIO, "%s: offload folder '%s': %s", who, dir, strerror(errno));
-  if (!S_ISDIR(st.st_mode))
-    return loom__fail(LOOM_EIO, "%s: offload folder '%s' is not a folder", who, dir);
-  if (access(dir, W_OK | X_OK) != 0)
-    return loom__fail(LOOM_EIO, "%s: offload folder '%s' is read-only (cannot create a file "
-                      "in it: %s)", who, dir, strerror(errno));
-  return LOOM_OK;
-}
-
 /* ---- put and get, shared by the synchronous calls and the worker ------------------------ */
 
 static int put_impl(loom__ostore *s, size_t slot, const void *src, size_t bytes,
@@ -395,7 +94,7 @@ static int put_impl(loom__ostore *s, size_t slot, const void *src, size_t bytes,
         rc = loom__fail(LOOM_ENOMEM, "%s: out of memory for slot %zu's %zu-byte host buffer", who,
                         slot, bytes);
     } else {
-      rc = disk_reserve(s, who, slot, bytes, &off);
+      rc = loom__odisk_reserve(s, who, slot, bytes, &off);
     }
   }
   bool reserved = !had_space && !rc;
@@ -403,12 +102,12 @@ static int put_impl(loom__ostore *s, size_t slot, const void *src, size_t bytes,
     if (s->tier == LOOM__OTIER_HOST) {
       if (bytes && !s->dry) memcpy(buf, src, bytes);
     } else {
-      rc = disk_write(s, who, slot, off, src, bytes, &crc);
+      rc = loom__odisk_write(s, who, slot, off, src, bytes, &crc);
     }
   }
   if (rc && reserved) { /* a failed first put leaves the slot as it was: no space */
     if (s->tier == LOOM__OTIER_HOST) loom__free(buf);
-    else disk_unreserve(s, off, bytes);
+    else loom__odisk_unreserve(s, off, bytes);
   }
   double dt = loom__now() - t0;
 
@@ -456,7 +155,7 @@ static int get_impl(loom__ostore *s, size_t slot, void *dst, size_t bytes, const
   if (s->tier == LOOM__OTIER_HOST) {
     if (bytes && !s->dry) memcpy(dst, buf, bytes);
   } else {
-    rc = disk_read(s, who, slot, off, dst, bytes, crc);
+    rc = loom__odisk_read(s, who, slot, off, dst, bytes, crc);
   }
   double dt = loom__now() - t0;
 
@@ -487,6 +186,7 @@ int loom__ostore_create(loom__otier tier, const char *dir, int rank, loom__ostor
   s->account = loom_mem_account();
   s->fd = -1;
   s->dry = loom__dry();
+  s->max_workers = tier == LOOM__OTIER_DISK ? LOOM__OSTORE_DISK_WORKERS : 1;
   int made = 0; /* how many of the four synchronisation objects exist */
   if (pthread_mutex_init(&s->mu, NULL) == 0 && ++made && pthread_mutex_init(&s->space_mu, NULL) == 0 &&
       ++made && pthread_cond_init(&s->cv_work, NULL) == 0 && ++made &&
@@ -494,8 +194,12 @@ int loom__ostore_create(loom__otier tier, const char *dir, int rank, loom__ostor
     ++made;
   int rc = made == 4 ? LOOM_OK
                      : loom__fail(LOOM_EBACKEND, "%s: cannot make the store's locks", who);
-  if (!rc && tier == LOOM__OTIER_DISK) rc = s->dry ? disk_check(dir) : disk_open(s, dir);
+  if (!rc && tier == LOOM__OTIER_DISK) rc = s->dry ? loom__odisk_check(dir) : loom__odisk_open(s, dir);
+  if (!rc && tier == LOOM__OTIER_DISK && !s->dry && loom__odisk_direct_wanted()) rc = loom__odisk_direct_try(s);
   if (rc) {
+    if (s->fd >= 0) close(s->fd);
+    if (s->path) unlink(s->path);
+    loom__free(s->path);
     if (made > 3) pthread_cond_destroy(&s->cv_done);
     if (made > 2) pthread_cond_destroy(&s->cv_work);
     if (made > 1) pthread_mutex_destroy(&s->space_mu);
@@ -512,9 +216,9 @@ void loom__ostore_free(loom__ostore *s) {
   loom__ostore_clear(s); /* what has not started never will */
   pthread_mutex_lock(&s->mu);
   s->stop = true;
-  pthread_cond_signal(&s->cv_work);
+  pthread_cond_broadcast(&s->cv_work);
   pthread_mutex_unlock(&s->mu);
-  if (s->thread_started) pthread_join(s->thread, NULL); /* after the running job, if any */
+  for (int i = 0; i < s->nthreads; i++) pthread_join(s->threads[i], NULL); /* after the running jobs */
   for (ojob *j = s->live_head, *n; j; j = n) {
     n = j->next;
     loom__free(j);
@@ -528,6 +232,10 @@ void loom__ostore_free(loom__ostore *s) {
     if (!o->space) continue;
     if (s->tier == LOOM__OTIER_HOST) loom__free(o->buf);
     else loom__mem_account_to(LOOM_POOL_FILE, s->account, -(ptrdiff_t)o->bytes);
+  }
+  for (void *raw = s->bounce, *next; raw; raw = next) {
+    next = *(void **)raw;
+    loom__free(raw);
   }
   if (s->fd >= 0) close(s->fd);
   if (s->path) unlink(s->path);
@@ -583,6 +291,22 @@ size_t loom__ostore_bytes(const loom__ostore *s) {
 
 const char *loom__ostore_path(const loom__ostore *s) { return s ? s->path : NULL; }
 
+bool loom__ostore_direct(const loom__ostore *s) { return s && s->direct; }
+
+int loom__ostore_set_workers(loom__ostore *s, int n) {
+  if (!s) return loom__fail(LOOM_EINVAL, "loom__ostore_set_workers: store is NULL");
+  if (n < 1 || n > LOOM__OSTORE_MAX_WORKERS)
+    return loom__fail(LOOM_EINVAL, "loom__ostore_set_workers: %d workers: must be 1..%d", n,
+                      LOOM__OSTORE_MAX_WORKERS);
+  pthread_mutex_lock(&s->mu);
+  bool started = s->nthreads > 0;
+  if (!started) s->max_workers = n;
+  pthread_mutex_unlock(&s->mu);
+  return started ? loom__fail(LOOM_EMISUSE, "loom__ostore_set_workers: the workers have started "
+                              "(a job was submitted)")
+                 : LOOM_OK;
+}
+
 loom__otier loom__ostore_tier(const loom__ostore *s) { return s ? s->tier : LOOM__OTIER_HOST; }
 
 void loom__ostore_get_stats(const loom__ostore *s, loom__ostore_stats *out) {
@@ -596,17 +320,35 @@ void loom__ostore_get_stats(const loom__ostore *s, loom__ostore_stats *out) {
 
 /* ---- the worker ------------------------------------------------------------------------ */
 
+/* The first queued job whose slot no worker is moving now (under mu), taken off the queue;
+ * NULL if none. Jobs of one slot thus run one at a time in submission order, and with one
+ * worker every job does. */
+static ojob *take_job(loom__ostore *s) {
+  for (ojob *j = s->q_head, *prev = NULL; j; prev = j, j = j->qnext) {
+    if (s->slots[j->slot].running) continue;
+    if (prev) prev->qnext = j->qnext;
+    else s->q_head = j->qnext;
+    if (s->q_tail == j) s->q_tail = prev;
+    j->qnext = NULL;
+    return j;
+  }
+  return NULL;
+}
+
 static void *worker_main(void *arg) {
   loom__ostore *s = arg;
   loom_mem_set_account(s->account); /* host buffers it makes are the creator's (the rank's) */
   pthread_mutex_lock(&s->mu);
   for (;;) {
-    while (!s->stop && !s->q_head) pthread_cond_wait(&s->cv_work, &s->mu);
-    if (!s->q_head) break; /* stopping, and free dropped what was queued */
-    ojob *j = s->q_head;
-    s->q_head = j->qnext;
-    if (!s->q_head) s->q_tail = NULL;
+    ojob *j;
+    while (!(j = take_job(s)) && !s->stop) {
+      s->idle++;
+      pthread_cond_wait(&s->cv_work, &s->mu);
+      s->idle--;
+    }
+    if (!j) break; /* stopping, and free dropped what was queued */
     j->state = JOB_RUNNING;
+    s->slots[j->slot].running = true;
     pthread_mutex_unlock(&s->mu);
 
     char who[96];
@@ -620,9 +362,11 @@ static void *worker_main(void *arg) {
     j->status = rc;
     j->state = JOB_DONE;
     oslot *o = &s->slots[j->slot];
+    o->running = false;
     o->pending--;
     slot_settle(o);
     pthread_cond_broadcast(&s->cv_done);
+    if (s->q_head && s->idle) pthread_cond_broadcast(&s->cv_work); /* its slot's next job */
   }
   pthread_mutex_unlock(&s->mu);
   return NULL;
@@ -656,16 +400,16 @@ static int submit(loom__ostore *s, int kind, size_t slot, void *buf, size_t byte
     rc = loom__fail(LOOM_ENOMEM, "%s: out of memory for a job record", who);
     goto done;
   }
-  if (!s->thread_started) {
-    int e = pthread_create(&s->thread, NULL, worker_main, s);
-    if (e) {
+  if (s->idle == 0 && s->nthreads < s->max_workers) { /* every worker busy: one more */
+    int e = pthread_create(&s->threads[s->nthreads], NULL, worker_main, s);
+    if (e && s->nthreads == 0) {
       j->next = s->free_jobs;
       s->free_jobs = j;
       rc = loom__fail(LOOM_EBACKEND, "%s: cannot start the offload worker thread: %s", who,
                       strerror(e));
       goto done;
     }
-    s->thread_started = true;
+    if (!e) s->nthreads++; /* else the workers there are do the job */
   }
   o->declared = true; /* a put's size holds from now on, for the jobs and calls after it */
   o->bytes = bytes;

@@ -1,13 +1,13 @@
 /* offload_store.h: the storage layer under FSDP offload (private to loom). A store holds
  * numbered slots of bytes in one tier, host memory or a scratch file on disk, and moves bytes in
- * and out of them either synchronously or on the store's own worker thread (the issue's
+ * and out of them either synchronously or on the store's own worker threads (the issue's
  * prefetch manager: a real thread with a queue, not a timer). It knows nothing of units,
  * shards or optimizers: the caller numbers the slots (unit * 3 + kind, say) and owns the
- * compute-side buffers. Implemented in offload_store.c (slots, tiers, file I/O, statistics,
- * the job queue and the worker thread).
+ * compute-side buffers. Implemented in offload_store.c (slots, the host tier, statistics, the
+ * job queue and the worker threads) and offload_disk.c (the disk tier's file and its I/O).
  *
  * Ownership. loom__ostore_create makes the store, loom__ostore_free releases everything it
- * holds: host buffers (LOOM_POOL_HOST), the file (closed and unlinked), the worker thread and
+ * holds: host buffers (LOOM_POOL_HOST), the file (closed and unlinked), the worker threads and
  * the job records (LOOM_POOL_META, with the store and its slot table). Buffers passed to put/get belong to the caller; those passed to
  * loom__ostore_submit_* are on loan to the store until the job is waited for (or the store is
  * freed): the caller must neither free nor touch them (nor read a get's destination) before.
@@ -50,11 +50,23 @@
  *    worker's message, on the waiting thread.
  *
  * Threads. A store is used by one thread at a time (the rank's thread: put, get, has, bytes,
- * stats, submit, wait, clear, free), while its worker runs the queued jobs. Jobs run one at a
- * time in submission order. A synchronous put or get of a slot first waits until no queued or
+ * stats, submit, wait, clear, free), while its workers run the queued jobs. A worker takes the
+ * first queued job whose slot no other worker is moving: the jobs of one slot run one at a
+ * time in submission order, jobs of different slots may run at once on different workers (in
+ * submission order with one worker, the host tier's default; see loom__ostore_set_workers).
+ * A synchronous put or get of a slot first waits until no queued or
  * running job touches that slot, so it sees (and is seen by) the jobs submitted before it in
  * order; jobs on other slots keep running meanwhile. has() and bytes() reflect the jobs that
- * have completed. */
+ * have completed.
+ *
+ * Page cache (disk tier). The file is opened with O_DIRECT where the filesystem takes it (a
+ * 4096-byte write and read at create must go through; LOOM_OFFLOAD_DIRECT=0 in the environment
+ * turns it off): bytes go between the device and a 4096-aligned bounce block of 1 MiB per
+ * transfer running at once (LOOM_POOL_META), with no page cache at all, and a slot's range in
+ * the file extends to the next 4096 (its last block is written whole). Elsewhere (tmpfs before
+ * Linux 6.6) the file is buffered, read with POSIX_FADV_RANDOM: a get reads its slot's range
+ * and nothing past it (a disk's readahead would read the next slot too, and it would be dropped
+ * unused). Either way the bytes read from storage are the gets' bytes. */
 #ifndef LOOM_FSDP_OFFLOAD_STORE_H
 #define LOOM_FSDP_OFFLOAD_STORE_H
 
@@ -65,6 +77,12 @@
 #include <stdint.h>
 
 typedef enum loom__otier { LOOM__OTIER_HOST = 0, LOOM__OTIER_DISK = 1 } loom__otier;
+
+/* Worker threads: at most this many per store; by default 1 on the host tier (a memcpy gains
+ * nothing from company) and LOOM__OSTORE_DISK_WORKERS on the disk tier (requests in flight at
+ * once keep a disk's queue full; see BENCHMARKS.md "disk tier"). */
+#define LOOM__OSTORE_MAX_WORKERS 16
+#define LOOM__OSTORE_DISK_WORKERS 4
 
 typedef struct loom__ostore loom__ostore;
 
@@ -81,7 +99,7 @@ typedef struct loom__ostore loom__ostore;
 int loom__ostore_create(loom__otier tier, const char *dir, int rank, loom__ostore **out);
 
 /* Release the store: drop the jobs that have not started (their buffers are no longer on loan),
- * let a running one finish, stop the worker, close and unlink the file, free every buffer.
+ * let running ones finish, stop the workers, close and unlink the file, free every buffer.
  * NULL is a no-op. */
 void loom__ostore_free(loom__ostore *s);
 
@@ -106,6 +124,13 @@ bool loom__ostore_has(const loom__ostore *s, size_t slot);
 /* Bytes held in the tier: the sum of the sizes of the slots that have space. */
 size_t loom__ostore_bytes(const loom__ostore *s);
 
+/* Run at most n (1..LOOM__OSTORE_MAX_WORKERS) jobs at once, each on a worker thread of its
+ * own. Only before the first submit: LOOM_EMISUSE after; LOOM_EINVAL for n out of range. */
+int loom__ostore_set_workers(loom__ostore *s, int n);
+
+/* True if the disk tier's file is read and written with O_DIRECT (see "Page cache"). */
+bool loom__ostore_direct(const loom__ostore *s);
+
 /* The disk tier's file (borrowed, valid until free); NULL for the host tier. */
 const char *loom__ostore_path(const loom__ostore *s);
 
@@ -116,7 +141,7 @@ loom__otier loom__ostore_tier(const loom__ostore *s);
 /* A job's id: 1, 2, 3, ... in submission order; 0 is never a job. */
 typedef uint64_t loom__ojob;
 
-/* Queue a get (or put) for the store's worker thread (started on the first submit) and
+/* Queue a get (or put) for the store's workers (started as jobs come, up to the limit) and
  * return at once with the job's id in *job. The slot and size are checked now (LOOM_EINVAL:
  * a get of a slot that neither holds data nor has a put queued, or a size that is not the
  * slot's); everything else (full disk, a changed file) is the job's status, returned by
@@ -150,7 +175,9 @@ typedef struct loom__ostore_stats {
   uint64_t puts, gets;     /* completed (successful) puts and gets */
   uint64_t jobs;           /* jobs submitted */
   uint64_t jobs_cleared;   /* jobs dropped by clear or free before they started */
-  double transfer_s;       /* seconds spent moving bytes (and checking them): worker + sync */
+  double transfer_s;       /* seconds spent moving bytes (and checking them): the workers' and
+                            * the synchronous calls' summed (more than the wall time when
+                            * several workers move bytes at once) */
   double wait_s;           /* exposed wait: seconds the caller was blocked in wait, or in a
                             * synchronous call behind a job on the same slot */
   uint64_t waits_blocked;  /* waits that had to block */

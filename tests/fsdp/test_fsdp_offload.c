@@ -199,6 +199,15 @@ LT_TEST(fsdp_offload_cfg_defaults_and_rules) {
   c.chunk_bytes = 100;
   LT_EQ(loom_fsdp_offload_cfg_validate(&c), LOOM_EINVAL);
   LT_TRUE(strstr(loom_last_error(), "chunk_bytes") != NULL);
+  c.chunk_bytes = 64;
+  LT_EQ(c.io_threads, 0); /* the tier's default */
+  c.io_threads = 16;
+  LT_OK(loom_fsdp_offload_cfg_validate(&c));
+  c.io_threads = 17;
+  LT_EQ(loom_fsdp_offload_cfg_validate(&c), LOOM_EINVAL);
+  LT_TRUE(strstr(loom_last_error(), "io_threads") != NULL);
+  c.io_threads = -1;
+  LT_EQ(loom_fsdp_offload_cfg_validate(&c), LOOM_EINVAL);
   c.enabled = false; /* disabled: valid whatever it holds */
   LT_OK(loom_fsdp_offload_cfg_validate(&c));
   loom_fsdp_cfg fc = loom_fsdp_cfg_default();
@@ -239,6 +248,22 @@ LT_TEST(fsdp_offload_each_flag_both_tiers_1_and_2_ranks_bit_identical) {
         }
         free(o.params);
       }
+    /* everything on the disk tier with one I/O thread, and with 16 (more than the chunks in
+     * flight): the same bytes whatever runs at once */
+    for (int t = 0; t < 2; t++) {
+      char name[64];
+      snprintf(name, sizeof name, "io-%d-%d", n, t);
+      orun o = {.nranks = n, .ckpt = tmp_dir(name)};
+      o.cfg = loom_fsdp_cfg_default();
+      const char *dir = tmp_dir("tier");
+      offload_cfg(&o.cfg, LOOM_FSDP_TIER_DISK, dir);
+      o.cfg.offload.io_threads = t ? 16 : 1;
+      orun_go(&o);
+      snprintf(name, sizeof name, "%d ranks, disk tier, %d I/O threads", n, o.cfg.offload.io_threads);
+      expect_identical(&base, &o, name);
+      LT_EQ(files_in(dir), 0);
+      free(o.params);
+    }
     free(base.params);
   }
 }

@@ -192,7 +192,8 @@ LT_TEST(ostore_disk_round_trip_and_layout) {
   /* ranges in order of first put, each on a 4096 boundary: 0 @0, 1 @4096, 5 @12288,
    * 2 @24576 (123457 bytes), 7 (0 bytes) */
   LT_TRUE(stat(path, &st) == 0);
-  LT_EQ(st.st_size, 24576 + 123457);
+  /* (O_DIRECT writes the last block whole: the range ends on the next 4096) */
+  LT_EQ(st.st_size, 24576 + (loom__ostore_direct(s) ? 126976 : 123457));
   unsigned char a[4097], b[4097];
   LT_OK(loom__ostore_get(s, 1, a, sizeof a));
   int fd = open(path, O_RDONLY);
