@@ -20,6 +20,8 @@
 #                fails naming the other within --timeout, the job ends, and the last
 #                checkpoint resumes on the first host alone (see the case)
 #   link-down-fsdp  the same with FSDP (the sharded checkpoint resharded for 1 rank)
+#   fsdp-rings   FSDP with units of 256 KB and more, whose all-gathers and reduce-scatters
+#                across hosts are loom's rings: equals 4 ranks of one host in the same rings
 #   fsdp-fewer   FSDP on 2 hosts x 2 ranks resumed on one host at 2 ranks, then 1 (resharded)
 #   bench-hsdp   not a test (bench/hsdp_hosts.sh runs it): FSDP and HSDP (a shard group per
 #                host) on 2 hosts x 2 ranks with each host's link capped by `tc ... tbf` at
@@ -181,6 +183,21 @@ ddp | fsdp | hsdp)
     --backend mpi --save "$dir/two2"
   cmp -s "$dir/one2/model.safetensors" "$dir/two2/model.safetensors" ||
     fail "the model trained on 2 hosts x 1 rank differs from 2 thread ranks'"
+  ;;
+fsdp-rings)
+  # FSDP with units large enough (256 KB and more a collective) for the rings a group across
+  # hosts takes for its all-gathers and reduce-scatters (loom/dist_mpi.h): 2 hosts x 2 ranks
+  # equal, byte for byte, 4 ranks of one host told to take the same rings (LOOM_MPI_RINGS=1)
+  run="train --strategy fsdp --amp bf16 --hidden 256,128 --threads 1 --limit 512 --batch 32 \
+--epochs 1 --quiet --backend mpi"
+  # shellcheck disable=SC2086
+  train_bounded "the run on 4 MPI ranks of one host" timeout -k 5 120 env LOOM_MPI_RINGS=1 \
+    "$mpiexec" --allow-run-as-root --oversubscribe -n 4 --mca btl self,vader "$loom" $run \
+    --save "$dir/one4"
+  # shellcheck disable=SC2086
+  train_bounded "the run on 2 hosts x 2 ranks" mpirun_hosts 4 "$loom" $run --save "$dir/two4"
+  cmp -s "$dir/one4/model.safetensors" "$dir/two4/model.safetensors" ||
+    fail "the model trained on 2 hosts x 2 ranks differs from the one-host run's in rings"
   ;;
 link-down | link-down-fsdp)
   # One rank per host, DDP (or FSDP) with --timeout 10; after the first checkpoint the second host's link
