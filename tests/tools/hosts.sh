@@ -23,10 +23,13 @@
 #   fsdp-rings   FSDP with units of 256 KB and more, whose all-gathers and reduce-scatters
 #                across hosts are loom's rings: equals 4 ranks of one host in the same rings
 #   fsdp-fewer   FSDP on 2 hosts x 2 ranks resumed on one host at 2 ranks, then 1 (resharded)
-#   bench-hsdp   not a test (bench/hsdp_hosts.sh runs it): FSDP and HSDP (a shard group per
-#                host) on 2 hosts x 2 ranks with each host's link capped by `tc ... tbf` at
-#                $LINK (default 1gbit) both ways, alternating, $REPS runs each (default 3);
-#                prints each run's samples/s and cross-host bytes, and the medians
+#   bench-hsdp   not a test (bench/hsdp_hosts.sh runs it): FSDP in Open MPI's collectives,
+#                FSDP in loom's rings and HSDP (a shard group per host) on 2 hosts x 2 ranks,
+#                uncapped and with each host's link capped by `tc ... tbf` at $LINK (default
+#                1gbit) both ways, alternating, $REPS runs each (default 3), and a raw TCP
+#                transfer through the capped link; prints each run's samples/s and cross-host
+#                bytes, the medians, the time the cap adds and `loom plan`'s figures at the raw
+#                rate
 # Usage: hosts.sh LOOM MPIEXEC CASE
 set -u
 loom=$1 mpiexec=$2 case=$3
@@ -325,33 +328,107 @@ fsdp-fewer)
     fail "the refusal did not name the --batch to give"
   ;;
 bench-hsdp)
-  link=${LINK:-1gbit} reps=${REPS:-3}
-  for i in 1 2; do # both directions of each host's link: the root's end and the host's end
-    tc qdisc add dev "lmv$tag$i" root tbf rate "$link" burst 256kb latency 100ms ||
-      fail "tc tbf on lmv$tag$i"
-    ip netns exec "${hosts[$((i - 1))]}" tc qdisc add dev eth0 root tbf rate "$link" \
-      burst 256kb latency 100ms || fail "tc tbf in ${hosts[$((i - 1))]}"
-  done
-  run="train --hidden ${HIDDEN:-1024,1024} --threads 1 --limit ${LIMIT:-1024} --batch ${BATCH:-8} \
---epochs 1 --quiet --amp bf16 --backend mpi"
-  echo "link $link per host, each way; $run"
+  # Each repetition runs, with the links uncapped and then capped: FSDP in Open MPI's own
+  # all-gather and reduce-scatter (LOOM_MPI_RINGS=0), FSDP in loom's rings (the default across
+  # hosts), and HSDP; and, capped, one TCP stream of RAW_MB MiB from the second host into the
+  # first (the rate TCP achieves through tbf, which `loom plan --link` is then given).
+  link=${LINK:-1gbit} reps=${REPS:-3} hidden=${HIDDEN:-1024,1024} limit_n=${LIMIT:-1024}
+  batch=${BATCH:-8}
+  steps=$((limit_n / (batch * 4)))
+  cap() { # on | off: both ends of each host's link (the root's end and the host's)
+    local i
+    for i in 1 2; do
+      if [ "$1" = on ]; then
+        tc qdisc replace dev "lmv$tag$i" root tbf rate "$link" burst 256kb latency 100ms ||
+          fail "tc tbf on lmv$tag$i"
+        ip netns exec "${hosts[$((i - 1))]}" tc qdisc replace dev eth0 root tbf rate "$link" \
+          burst 256kb latency 100ms || fail "tc tbf in ${hosts[$((i - 1))]}"
+      else
+        tc qdisc del dev "lmv$tag$i" root 2>/dev/null
+        ip netns exec "${hosts[$((i - 1))]}" tc qdisc del dev eth0 root 2>/dev/null
+      fi
+    done
+  }
+  raw_rate() { # Mbit/s of one TCP stream, host 2 -> host 1, payload bytes over receive time
+    local port=$((20000 + tag % 20000)) srv
+    timeout 120 ip netns exec "${hosts[0]}" python3 -c '
+import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(1)
+c, _ = s.accept()
+t0, n = time.time(), 0
+while True:
+    b = c.recv(1 << 20)
+    if not b:
+        break
+    n += len(b)
+print("%.1f" % (n * 8 / (time.time() - t0) / 1e6))
+' "198.18.$net.1" "$port" >"$dir/raw" &
+    srv=$!
+    sleep 0.5
+    timeout 120 ip netns exec "${hosts[1]}" python3 -c '
+import socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
+buf = bytes(1 << 20)
+for _ in range(int(sys.argv[3])):
+    c.sendall(buf)
+c.close()
+' "198.18.$net.1" "$port" "${RAW_MB:-128}" || fail "the raw transfer"
+    wait "$srv" || fail "the raw transfer's receiver"
+    cat "$dir/raw"
+  }
+  median() { sort -n "$1" | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+  run="train --hidden $hidden --threads 1 --limit $limit_n --batch $batch --epochs 1 --quiet \
+--amp bf16 --backend mpi"
+  echo "link $link per host, each way; $run; $steps steps a run"
   for r in $(seq 1 "$reps"); do
-    for s in fsdp hsdp; do
-      extra=
-      [ $s = hsdp ] && extra="--shard-size 2"
-      tx0=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
-      # shellcheck disable=SC2086
-      train_bounded "$s run $r" mpirun_hosts 4 "$loom" $run --strategy $s $extra
-      tx1=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
-      sps=$(grep -o '[0-9.]*k\? samples/s' "$dir/out" | awk '{ v = $1 + 0; if ($1 ~ /k$/) v *= 1000; print v }')
-      printf '%s run %s: %s samples/s, %s MB into host 1\n' "$s" "$r" "$sps" \
-        "$(awk "BEGIN { printf \"%.1f\", ($tx1 - $tx0) / 1e6 }")"
-      echo "$sps" >>"$dir/$s.sps"
+    for c in off on; do
+      cap $c
+      if [ $c = on ]; then
+        raw=$(raw_rate)
+        echo "raw TCP run $r: $raw Mbit/s"
+        echo "$raw" >>"$dir/raw.all"
+      fi
+      for v in fsdp-mpi fsdp hsdp; do
+        case $v in
+        fsdp-mpi) extra="-x LOOM_MPI_RINGS=0 $loom $run --strategy fsdp" ;;
+        fsdp) extra="$loom $run --strategy fsdp" ;;
+        hsdp) extra="$loom $run --strategy hsdp --shard-size 2" ;;
+        esac
+        tx0=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
+        # shellcheck disable=SC2086
+        train_bounded "$v cap $c run $r" mpirun_hosts 4 $extra
+        tx1=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
+        sps=$(grep -o '[0-9.]*k\? samples/s' "$dir/out" | awk '{ v = $1 + 0; if ($1 ~ /k$/) v *= 1000; print v }')
+        mb=$(awk "BEGIN { printf \"%.2f\", ($tx1 - $tx0) / 1e6 / $steps }")
+        printf '%s cap %s run %s: %s samples/s, %s MB a step into host 1\n' "$v" $c "$r" "$sps" "$mb"
+        echo "$sps" >>"$dir/$v.$c.sps"
+        echo "$mb" >>"$dir/$v.$c.mb"
+      done
     done
   done
-  for s in fsdp hsdp; do
-    printf '%s median: %s samples/s\n' "$s" "$(sort -n "$dir/$s.sps" | awk '{ v[NR] = $1 }
-      END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')"
+  raw=$(median "$dir/raw.all")
+  gbps=$(awk "BEGIN { print $raw / 1000 }")
+  echo "raw TCP median: $raw Mbit/s (runs: $(tr '\n' ' ' <"$dir/raw.all"))"
+  for v in fsdp-mpi fsdp hsdp; do
+    s=fsdp extra=
+    [ $v = hsdp ] && s=hsdp extra="--shard-size 2"
+    # shellcheck disable=SC2086
+    plan=$("$loom" plan --hidden "$hidden" --batch "$batch" --amp bf16 --strategy $s $extra \
+      --hosts 2 --ranks-per-host 2 --link "$gbps" --json)
+    pmb=$(echo "$plan" | grep -o '"link_bytes": [0-9.]*' | awk '{ printf "%.2f", $2 / 1e6 }')
+    pms=$(echo "$plan" | grep -o '"link_seconds": [0-9.]*' | awk '{ printf "%.1f", $2 * 1e3 }')
+    off=$(median "$dir/$v.off.sps") on=$(median "$dir/$v.on.sps")
+    awk -v v=$v -v off="$off" -v on="$on" -v b=$((batch * 4)) -v mb="$(median "$dir/$v.on.mb")" \
+      -v pmb="$pmb" -v pms="$pms" 'BEGIN {
+      moff = 1000 * b / off; mon = 1000 * b / on; add = mon - moff
+      printf "%s median: uncapped %.0f samples/s (%.1f ms/step), capped %.0f (%.1f ms/step): " \
+        "the cap adds %.1f ms/step; %.2f MB a step into host 1; plan %.2f MB, %.1f ms at the raw " \
+        "rate: measured/plan bytes %.2fx, time %.2fx\n", v, off, moff, on, mon, add, mb, pmb, \
+        pms, mb / pmb, add / pms }'
+    echo "  runs uncapped: $(tr '\n' ' ' <"$dir/$v.off.sps")capped: $(tr '\n' ' ' <"$dir/$v.on.sps")"
   done
   ;;
 *)
