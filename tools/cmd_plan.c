@@ -146,7 +146,7 @@ int cmd_plan(int argc, char **argv) {
   table[n++] = (cli_option){"fit", CLI_CHOICE, &fit, NULL, "what --fit-memory searches: --batch, or one width for every hidden layer (the CNN's --fc)", "batch|hidden", 0, 0, &fit_seen, CLI_RANKS_SAME};
   table[n++] = (cli_option){"hosts", CLI_POS_INT, &hosts, "H", "machines the run spans (with --ranks-per-host): the plan adds each step's bytes through each machine's link", NULL, 1, 1 << 20, &hosts_seen, CLI_RANKS_SAME};
   table[n++] = (cli_option){"ranks-per-host", CLI_POS_INT, &per_host, "R", "ranks on each machine (consecutive ranks, as mpirun places them); the run has H x R ranks", NULL, 1, 1 << 20, &per_host_seen, CLI_RANKS_SAME};
-  table[n++] = (cli_option){"link", CLI_POS_DOUBLE, &link, "GBPS", "each machine's link in Gbit/s (each way): the plan adds the step's communication time through it", NULL, 1e-6, 1e6, &link_seen, CLI_RANKS_SAME};
+  table[n++] = (cli_option){"link", CLI_POS_DOUBLE, &link, "GBPS", "each machine's link in Gbit/s (each way; the rate it achieves: TCP filled 93-95% of a capped link): the plan adds the step's communication time through it", NULL, 1e-6, 1e6, &link_seen, CLI_RANKS_SAME};
   table[n] = (cli_option){0};
   bool given[NRUN_ONLY] = {false};
   watch_run_only(table, given);
@@ -162,8 +162,8 @@ int cmd_plan(int argc, char **argv) {
     const char *bad = NULL;
     if (hosts_seen != per_host_seen) bad = "--hosts and --ranks-per-host go together";
     else if (!hosts_seen) bad = "--link: it needs --hosts H --ranks-per-host R";
-    else if (hosts * per_host > TRAIN_MAX_RANKS)
-      bad = "--hosts x --ranks-per-host: more ranks than loom plan runs";
+    else if (hosts * per_host > TRAIN_PLAN_MAX_RANKS)
+      bad = "--hosts x --ranks-per-host: more than 1024 ranks (the dry run's thread ranks)";
     else if (o.ranks != 1 && o.ranks != hosts * per_host)
       bad = "--ranks: with --hosts and --ranks-per-host the ranks are their product";
     if (bad) {

@@ -20,6 +20,7 @@
 
 #define TRAIN_MAX_HIDDEN 8
 #define TRAIN_MAX_RANKS 64 /* --ranks on the threads backend */
+#define TRAIN_PLAN_MAX_RANKS 1024 /* loom plan --hosts H --ranks-per-host R: dry thread ranks */
 #define TRAIN_CLI_KV_MAX 65 /* the recorded command line: "cli" and one entry an option */
 
 typedef struct train_opts {

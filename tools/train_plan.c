@@ -7,7 +7,7 @@
 
 typedef struct dry_ranks {
   const train_opts *o;
-  train_dry_result r[TRAIN_MAX_RANKS];
+  train_dry_result r[TRAIN_PLAN_MAX_RANKS];
   char message[512]; /* the lowest failing rank's */
   int failed;        /* that rank + 1, 0 if none */
 } dry_ranks;
@@ -117,7 +117,9 @@ int train_plan(const train_opts *o, plan_result *r) {
   }
   r->loom_bytes = loom_mem_dry_footprint_peak();
   loom_mem_set_dry_run(false);
-  for (int k = 0; k < n && !rc; k++) {
+  /* ranks past 63 have no memory account of their own (loom/alloc.h): by symmetry (equal
+   * shards, batches and buckets) their figures are those of the ranks that do */
+  for (int k = 0; k < n && k < LOOM_MEM_ACCOUNTS - 1 && !rc; k++) {
     const train_dry_result *x = &d->r[k];
     take_max(&r->build, &x->build);
     take_max(&r->train, &x->train);

@@ -31,6 +31,16 @@
  *    stops calling collectives still gives LOOM_ETIMEDOUT; a peer process that dies inside the
  *    call is handled by the MPI launcher (Open MPI's mpirun and MPICH's hydra end the job), not
  *    by loom's timeout. LOOM_MPI_SINGLE_COPY=0 keeps every wait under the timeout.
+ * All-gathers and reduce-scatters of 256 KB and more (the whole buffer) in a group that spans
+ * machines (some rank's MPI_COMM_TYPE_SHARED peers are not all of the group) are loom's own
+ * rings too, of the same chunked steps in rank order, every wait under the timeout: Open MPI
+ * 4.1's MPI_Iallgather sends each block to every rank and its MPI_Ireduce_scatter_block
+ * reduces the whole buffer to rank 0 first, so across 2 machines x 2 ranks a machine's link
+ * carried 1.36x a ring's bytes (BENCHMARKS.md, "Rings across hosts"). A ring reduce-scatter
+ * goes in pieces of 2^20 elements of all the blocks together (16K per block at least), with
+ * f16/bf16 carried in f32, so its scratch is 2-3 such pieces. LOOM_MPI_RINGS=1 takes these
+ * rings on one machine too, LOOM_MPI_RINGS=0 never (every rank must agree; a rank that says
+ * 1 or spans machines makes it rings for all).
  * Before each collective the ranks exchange a small header (kind, count, dtype, op, root: a
  * 40-byte point-to-point message to each peer up to 8 ranks, about 1 us; one MPI_Iallgather
  * above) so that disagreeing ranks get LOOM_EMISUSE/ESHAPE/EDTYPE naming both calls (the

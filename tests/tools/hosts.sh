@@ -7,7 +7,8 @@
 # bounded in time and every namespace and link the harness made is removed on exit, also on
 # failure. Without root, `ip`, Open MPI or network namespaces it prints why and exits 77 (ctest's
 # skip).
-#   ddp | fsdp   2 hosts x 2 ranks, DDP (f32) or FSDP (bf16 forward) with --save: the model file
+#   ddp | fsdp   2 hosts x 2 ranks, DDP (f32) or FSDP (bf16 forward) with --save (and more than
+#                300 KB through the link): the model file
 #                equals, byte for byte, the same 4 MPI ranks on one host (over shared memory;
 #                Open MPI's all-reduce adds 4 ranks' gradients in its own order, so 4 thread
 #                ranks, which add in rank order, round differently), and one rank per host
@@ -20,11 +21,18 @@
 #                fails naming the other within --timeout, the job ends, and the last
 #                checkpoint resumes on the first host alone (see the case)
 #   link-down-fsdp  the same with FSDP (the sharded checkpoint resharded for 1 rank)
+#   fsdp-rings   FSDP with units of 256 KB and more, whose all-gathers and reduce-scatters
+#                across hosts are loom's rings: equals 4 ranks of one host in the same rings
 #   fsdp-fewer   FSDP on 2 hosts x 2 ranks resumed on one host at 2 ranks, then 1 (resharded)
-#   bench-hsdp   not a test (bench/hsdp_hosts.sh runs it): FSDP and HSDP (a shard group per
-#                host) on 2 hosts x 2 ranks with each host's link capped by `tc ... tbf` at
-#                $LINK (default 1gbit) both ways, alternating, $REPS runs each (default 3);
-#                prints each run's samples/s and cross-host bytes, and the medians
+#   bench-hsdp   not a test (bench/hsdp_hosts.sh runs it): FSDP in Open MPI's collectives,
+#                FSDP in loom's rings and HSDP (a shard group per host) on 2 hosts x 2 ranks,
+#                uncapped and with each host's link capped by `tc ... tbf` at $LINK (default
+#                1gbit) both ways, alternating, $REPS runs each (default 3), and a raw TCP
+#                transfer through the capped link; prints each run's samples/s and cross-host
+#                bytes, the medians, the time the cap adds and `loom plan`'s figures at the raw
+#                rate
+# MPIEXEC may be MPICH's hydra (mpiexec.mpich) for ddp, fsdp and hsdp, with a loom built against
+# MPICH; the other cases skip there.
 # Usage: hosts.sh LOOM MPIEXEC CASE
 set -u
 loom=$1 mpiexec=$2 case=$3
@@ -34,7 +42,22 @@ skip() {
 }
 [ "$(id -u)" = 0 ] || skip "network namespaces need root"
 command -v ip >/dev/null || skip "no 'ip' command (iproute2)"
-"$mpiexec" --version 2>/dev/null | grep -qE "Open MPI|OpenRTE" || skip "$mpiexec is not Open MPI's"
+command -v "$mpiexec" >/dev/null || skip "$mpiexec: not found (that MPI is not installed)"
+# Open MPI's mpirun, or MPICH's hydra (the ddp, fsdp and hsdp cases; its launcher takes the same
+# agent: -launcher rsh -launcher-exec AGENT), with a loom built against the same MPI
+case "$("$mpiexec" --version 2>&1)" in
+*"Open MPI"* | *OpenRTE*) impl=openmpi ;;
+*HYDRA*) impl=mpich ;;
+*) skip "$mpiexec is neither Open MPI's mpirun nor MPICH's hydra" ;;
+esac
+if [ $impl = mpich ]; then
+  ldd "$loom" 2>/dev/null | grep -q libmpich ||
+    skip "$loom is not built against MPICH (README.md, \"Open MPI or MPICH\")"
+  case $case in
+  ddp | fsdp | hsdp) ;;
+  *) skip "case $case uses Open MPI's launcher options" ;;
+  esac
+fi
 
 dir=$(mktemp -d)
 tag=$$                      # names unique to this run: several cases may run at once
@@ -74,6 +97,7 @@ done
 printf '#!/bin/sh\nhost=$1; shift\nexec ip netns exec "$host" sh -c "$*"\n' >"$dir/agent"
 chmod +x "$dir/agent"
 printf '%s slots=2\n' "${hosts[@]}" >"$dir/hostfile"
+printf '%s:2\n' "${hosts[@]}" >"$dir/hostfile.hydra"
 # Open MPI as root, both hosts through the agent, out-of-band and data over the subnet alone
 # The step a checkpoint was written at (its safetensors header's metadata; FSDP's index).
 start_step() {
@@ -88,16 +112,25 @@ start_step() {
 mpirun_hosts() {
   local n=$1 try
   shift
+  local launch=(--allow-run-as-root --oversubscribe -n "$n" --hostfile "$dir/hostfile" --mca
+    plm_rsh_agent "$dir/agent" --mca plm_rsh_no_tree_spawn 1 --mca oob_tcp_if_include "$subnet"
+    --mca btl self,tcp --mca btl_tcp_if_include "$subnet")
+  # MPICH: UCX over TCP alone, on eth0 (UCX's shared memory reaches across the network
+  # namespaces of one machine: with it nothing crossed the link). MPICH 4.0.2 with UCX 1.13
+  # has been seen to hang in MPI_Finalize after the run (about one run in three here, every
+  # rank's work done): the run then fails on the time limit.
+  if [ $impl = mpich ]; then
+    launch=(-f "$dir/hostfile.hydra" -launcher rsh -launcher-exec "$dir/agent" -iface eth0
+      -genv UCX_NET_DEVICES eth0 -genv UCX_TLS tcp -n "$n")
+    [ "${1:-}" = --map-by ] && [ "${2:-}" = node ] && shift 2 && launch+=(-ppn 1)
+  fi
   for try in 1 2 3; do
-    timeout -k 5 "${limit:-240}" ip netns exec "${hosts[0]}" "$mpiexec" --allow-run-as-root \
-      --oversubscribe -n "$n" --hostfile "$dir/hostfile" --mca plm_rsh_agent "$dir/agent" \
-      --mca plm_rsh_no_tree_spawn 1 --mca oob_tcp_if_include "$subnet" --mca btl self,tcp \
-      --mca btl_tcp_if_include "$subnet" "$@" &
+    timeout -k 5 "${limit:-240}" ip netns exec "${hosts[0]}" "$mpiexec" "${launch[@]}" "$@" &
     local pid=$! ticks=0 started=0 p
     while kill -0 "$pid" 2>/dev/null && [ $started = 0 ]; do
       for p in $(ip netns pids "${hosts[1]}" 2>/dev/null); do
         case "$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)" in
-        *orted* | "") ;;
+        *orted* | *hydra_pmi_proxy* | "") ;;
         *) started=1 ;;
         esac
       done
@@ -150,7 +183,7 @@ train_bounded() {
     [ $rc = 0 ] && return 0
     if [ $rc = 124 ] || [ $rc = 137 ]; then
       echo "$what: timed out (try $try); processes then:"
-      grep -E "loom|mpirun|orted" "$dir/ps" | grep -v grep
+      grep -E "loom|mpirun|orted|hydra" "$dir/ps" | grep -v grep
       for h in "${hosts[@]}"; do ip netns pids "$h" | xargs -r kill -9 2>/dev/null; done
       [ $try = 1 ] && ! grep -q "$loom train" "$dir/ps" && continue
     fi
@@ -165,12 +198,20 @@ ddp | fsdp | hsdp)
   run4=$run run2=$run
   [ "$case" = hsdp ] && run4="$run --shard-size 2" run2="$run --shard-size 1"
   # shellcheck disable=SC2086
-  train_bounded "the run on 4 MPI ranks of one host" timeout -k 5 120 "$mpiexec" \
-    --allow-run-as-root --oversubscribe -n 4 --mca btl self,vader \
+  one=(--allow-run-as-root --oversubscribe -n 4 --mca btl self,vader)
+  [ $impl = mpich ] && one=(-n 4)
+  # shellcheck disable=SC2086
+  train_bounded "the run on 4 MPI ranks of one host" timeout -k 5 120 "$mpiexec" "${one[@]}" \
     "$loom" $run4 --backend mpi --save "$dir/one4"
+  rx0=$(cat "/sys/class/net/lmv${tag}2/statistics/rx_bytes")
   # shellcheck disable=SC2086
   train_bounded "the run on 2 hosts x 2 ranks" mpirun_hosts 4 "$loom" $run4 --backend mpi \
     --save "$dir/two4"
+  rx1=$(cat "/sys/class/net/lmv${tag}2/statistics/rx_bytes")
+  # its collectives crossed the link: the second host sent more than 300 KB (32 steps of a
+  # 26K-parameter model; launching sends a few KB)
+  [ $((rx1 - rx0)) -gt 300000 ] ||
+    fail "only $((rx1 - rx0)) bytes left the second host: the ranks did not talk across the link"
   cmp -s "$dir/one4/model.safetensors" "$dir/two4/model.safetensors" ||
     fail "the model trained on 2 hosts x 2 ranks differs from the one-host run's"
   # shellcheck disable=SC2086
@@ -181,6 +222,21 @@ ddp | fsdp | hsdp)
     --backend mpi --save "$dir/two2"
   cmp -s "$dir/one2/model.safetensors" "$dir/two2/model.safetensors" ||
     fail "the model trained on 2 hosts x 1 rank differs from 2 thread ranks'"
+  ;;
+fsdp-rings)
+  # FSDP with units large enough (256 KB and more a collective) for the rings a group across
+  # hosts takes for its all-gathers and reduce-scatters (loom/dist_mpi.h): 2 hosts x 2 ranks
+  # equal, byte for byte, 4 ranks of one host told to take the same rings (LOOM_MPI_RINGS=1)
+  run="train --strategy fsdp --amp bf16 --hidden 256,128 --threads 1 --limit 512 --batch 32 \
+--epochs 1 --quiet --backend mpi"
+  # shellcheck disable=SC2086
+  train_bounded "the run on 4 MPI ranks of one host" timeout -k 5 120 env LOOM_MPI_RINGS=1 \
+    "$mpiexec" --allow-run-as-root --oversubscribe -n 4 --mca btl self,vader "$loom" $run \
+    --save "$dir/one4"
+  # shellcheck disable=SC2086
+  train_bounded "the run on 2 hosts x 2 ranks" mpirun_hosts 4 "$loom" $run --save "$dir/two4"
+  cmp -s "$dir/one4/model.safetensors" "$dir/two4/model.safetensors" ||
+    fail "the model trained on 2 hosts x 2 ranks differs from the one-host run's in rings"
   ;;
 link-down | link-down-fsdp)
   # One rank per host, DDP (or FSDP) with --timeout 10; after the first checkpoint the second host's link
@@ -308,33 +364,107 @@ fsdp-fewer)
     fail "the refusal did not name the --batch to give"
   ;;
 bench-hsdp)
-  link=${LINK:-1gbit} reps=${REPS:-3}
-  for i in 1 2; do # both directions of each host's link: the root's end and the host's end
-    tc qdisc add dev "lmv$tag$i" root tbf rate "$link" burst 256kb latency 100ms ||
-      fail "tc tbf on lmv$tag$i"
-    ip netns exec "${hosts[$((i - 1))]}" tc qdisc add dev eth0 root tbf rate "$link" \
-      burst 256kb latency 100ms || fail "tc tbf in ${hosts[$((i - 1))]}"
-  done
-  run="train --hidden ${HIDDEN:-1024,1024} --threads 1 --limit ${LIMIT:-1024} --batch ${BATCH:-8} \
---epochs 1 --quiet --amp bf16 --backend mpi"
-  echo "link $link per host, each way; $run"
+  # Each repetition runs, with the links uncapped and then capped: FSDP in Open MPI's own
+  # all-gather and reduce-scatter (LOOM_MPI_RINGS=0), FSDP in loom's rings (the default across
+  # hosts), and HSDP; and, capped, one TCP stream of RAW_MB MiB from the second host into the
+  # first (the rate TCP achieves through tbf, which `loom plan --link` is then given).
+  link=${LINK:-1gbit} reps=${REPS:-3} hidden=${HIDDEN:-1024,1024} limit_n=${LIMIT:-1024}
+  batch=${BATCH:-8}
+  steps=$((limit_n / (batch * 4)))
+  cap() { # on | off: both ends of each host's link (the root's end and the host's)
+    local i
+    for i in 1 2; do
+      if [ "$1" = on ]; then
+        tc qdisc replace dev "lmv$tag$i" root tbf rate "$link" burst 256kb latency 100ms ||
+          fail "tc tbf on lmv$tag$i"
+        ip netns exec "${hosts[$((i - 1))]}" tc qdisc replace dev eth0 root tbf rate "$link" \
+          burst 256kb latency 100ms || fail "tc tbf in ${hosts[$((i - 1))]}"
+      else
+        tc qdisc del dev "lmv$tag$i" root 2>/dev/null
+        ip netns exec "${hosts[$((i - 1))]}" tc qdisc del dev eth0 root 2>/dev/null
+      fi
+    done
+  }
+  raw_rate() { # Mbit/s of one TCP stream, host 2 -> host 1, payload bytes over receive time
+    local port=$((20000 + tag % 20000)) srv
+    timeout 120 ip netns exec "${hosts[0]}" python3 -c '
+import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(1)
+c, _ = s.accept()
+t0, n = time.time(), 0
+while True:
+    b = c.recv(1 << 20)
+    if not b:
+        break
+    n += len(b)
+print("%.1f" % (n * 8 / (time.time() - t0) / 1e6))
+' "198.18.$net.1" "$port" >"$dir/raw" &
+    srv=$!
+    sleep 0.5
+    timeout 120 ip netns exec "${hosts[1]}" python3 -c '
+import socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
+buf = bytes(1 << 20)
+for _ in range(int(sys.argv[3])):
+    c.sendall(buf)
+c.close()
+' "198.18.$net.1" "$port" "${RAW_MB:-128}" || fail "the raw transfer"
+    wait "$srv" || fail "the raw transfer's receiver"
+    cat "$dir/raw"
+  }
+  median() { sort -n "$1" | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+  run="train --hidden $hidden --threads 1 --limit $limit_n --batch $batch --epochs 1 --quiet \
+--amp bf16 --backend mpi"
+  echo "link $link per host, each way; $run; $steps steps a run"
   for r in $(seq 1 "$reps"); do
-    for s in fsdp hsdp; do
-      extra=
-      [ $s = hsdp ] && extra="--shard-size 2"
-      tx0=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
-      # shellcheck disable=SC2086
-      train_bounded "$s run $r" mpirun_hosts 4 "$loom" $run --strategy $s $extra
-      tx1=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
-      sps=$(grep -o '[0-9.]*k\? samples/s' "$dir/out" | awk '{ v = $1 + 0; if ($1 ~ /k$/) v *= 1000; print v }')
-      printf '%s run %s: %s samples/s, %s MB into host 1\n' "$s" "$r" "$sps" \
-        "$(awk "BEGIN { printf \"%.1f\", ($tx1 - $tx0) / 1e6 }")"
-      echo "$sps" >>"$dir/$s.sps"
+    for c in off on; do
+      cap $c
+      if [ $c = on ]; then
+        raw=$(raw_rate)
+        echo "raw TCP run $r: $raw Mbit/s"
+        echo "$raw" >>"$dir/raw.all"
+      fi
+      for v in fsdp-mpi fsdp hsdp; do
+        case $v in
+        fsdp-mpi) extra="-x LOOM_MPI_RINGS=0 $loom $run --strategy fsdp" ;;
+        fsdp) extra="$loom $run --strategy fsdp" ;;
+        hsdp) extra="$loom $run --strategy hsdp --shard-size 2" ;;
+        esac
+        tx0=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
+        # shellcheck disable=SC2086
+        train_bounded "$v cap $c run $r" mpirun_hosts 4 $extra
+        tx1=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
+        sps=$(grep -o '[0-9.]*k\? samples/s' "$dir/out" | awk '{ v = $1 + 0; if ($1 ~ /k$/) v *= 1000; print v }')
+        mb=$(awk "BEGIN { printf \"%.2f\", ($tx1 - $tx0) / 1e6 / $steps }")
+        printf '%s cap %s run %s: %s samples/s, %s MB a step into host 1\n' "$v" $c "$r" "$sps" "$mb"
+        echo "$sps" >>"$dir/$v.$c.sps"
+        echo "$mb" >>"$dir/$v.$c.mb"
+      done
     done
   done
-  for s in fsdp hsdp; do
-    printf '%s median: %s samples/s\n' "$s" "$(sort -n "$dir/$s.sps" | awk '{ v[NR] = $1 }
-      END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')"
+  raw=$(median "$dir/raw.all")
+  gbps=$(awk "BEGIN { print $raw / 1000 }")
+  echo "raw TCP median: $raw Mbit/s (runs: $(tr '\n' ' ' <"$dir/raw.all"))"
+  for v in fsdp-mpi fsdp hsdp; do
+    s=fsdp extra=
+    [ $v = hsdp ] && s=hsdp extra="--shard-size 2"
+    # shellcheck disable=SC2086
+    plan=$("$loom" plan --hidden "$hidden" --batch "$batch" --amp bf16 --strategy $s $extra \
+      --hosts 2 --ranks-per-host 2 --link "$gbps" --json)
+    pmb=$(echo "$plan" | grep -o '"link_bytes": [0-9.]*' | awk '{ printf "%.2f", $2 / 1e6 }')
+    pms=$(echo "$plan" | grep -o '"link_seconds": [0-9.]*' | awk '{ printf "%.1f", $2 * 1e3 }')
+    off=$(median "$dir/$v.off.sps") on=$(median "$dir/$v.on.sps")
+    awk -v v=$v -v off="$off" -v on="$on" -v b=$((batch * 4)) -v mb="$(median "$dir/$v.on.mb")" \
+      -v pmb="$pmb" -v pms="$pms" 'BEGIN {
+      moff = 1000 * b / off; mon = 1000 * b / on; add = mon - moff
+      printf "%s median: uncapped %.0f samples/s (%.1f ms/step), capped %.0f (%.1f ms/step): " \
+        "the cap adds %.1f ms/step; %.2f MB a step into host 1; plan %.2f MB, %.1f ms at the raw " \
+        "rate: measured/plan bytes %.2fx, time %.2fx\n", v, off, moff, on, mon, add, mb, pmb, \
+        pms, mb / pmb, add / pms }'
+    echo "  runs uncapped: $(tr '\n' ' ' <"$dir/$v.off.sps")capped: $(tr '\n' ' ' <"$dir/$v.on.sps")"
   done
   ;;
 *)

@@ -400,6 +400,20 @@ LT_TEST(plan_refuses_the_options_only_a_run_uses) {
   tt_run_free(&b);
 }
 
+/* Past 64 ranks (ranks 64 and up share the process's memory account): 80 dry thread ranks
+ * plan the peak per rank of ranks 0-63, near the 64-rank plan's (it was the process's, 6x),
+ * and FSDP's one ring of 80 ranks sends 79/80 of its gathers and reduce-scatters across. */
+LT_TEST(plan_hosts_past_64_ranks) {
+  const char *m = "--hidden 256,128 --batch 8 --strategy fsdp --ranks-per-host 8 --json";
+  tt_run a = tt_plan("%s --hosts 8", m), b = tt_plan("%s --hosts 10", m);
+  LT_TRUE(a.rc == 0 && b.rc == 0);
+  double pa = json_number(a.out, "peak_bytes"), pb = json_number(b.out, "peak_bytes");
+  LT_TRUE(pa > 0 && pb <= pa * 1.1 && pb >= pa * 0.5);
+  double g = json_number(b.out, "step_gather_bytes"), rs = json_number(b.out, "step_reduce_scatter_bytes");
+  LT_TRUE(g > 0 && fabs(json_number(b.out, "link_bytes") - 79.0 / 80 * (g + rs)) <= 1);
+  tt_run_free(&a), tt_run_free(&b);
+}
+
 /* --hosts H --ranks-per-host R --link GBPS: each step's bytes through a host's link from the
  * step's own collectives (rings in rank order): at 2 hosts x 2 ranks FSDP sends 3/4 of its
  * gathers and reduce-scatters across, HSDP with a shard group per host only its two replica
@@ -427,7 +441,8 @@ LT_TEST(plan_hosts_link_bytes_and_time) {
   LT_TRUE(one.rc == 0 && json_number(one.out, "link_bytes") == 0);
   tt_run_free(&one);
   static const char *bad[] = {"--strategy fsdp --hosts 2", "--strategy fsdp --link 1",
-                              "--strategy fsdp --ranks 3 --hosts 2 --ranks-per-host 2"};
+                              "--strategy fsdp --ranks 3 --hosts 2 --ranks-per-host 2",
+                              "--strategy fsdp --hosts 129 --ranks-per-host 8"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     tt_run b = tt_plan("--hidden 64 %s", bad[i]);
     LT_EQ(b.rc, 2);

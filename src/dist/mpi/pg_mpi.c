@@ -1,10 +1,10 @@
 /* pg_mpi.c: the mpi backend of loom_pg (see loom/dist_mpi.h for the contract): a private
  * duplicate of the communicator for data, another for failure notices, a header exchange
  * before each collective, MPI non-blocking collectives polled with MPI_Test under the group's
- * timeout, and f16/bf16 widened to f32 for reductions. With mpi_copy.c, the only files that
- * include mpi.h. */
-#include "dist/dist_int.h"
+ * timeout, and f16/bf16 widened to f32 for reductions; the rings are ring_mpi.c's. With
+ * mpi_copy.c and ring_mpi.c, the only files that include mpi.h (through pg_mpi.h). */
 #include "dist/mpi/mpi_int.h"
+#include "dist/mpi/pg_mpi.h"
 #include "loom/dist_mpi.h"
 
 #include <limits.h>
@@ -20,41 +20,16 @@
 
 #define TAG_FAIL 77
 #define TAG_HDR 79
-#define HDR 5 /* int64 fields of a header */
 /* Up to this many ranks the header exchange is point-to-point (one 40-byte eager message to
  * each peer, about 1 us on shared memory); above it an MPI_Iallgather (libnbc: 3-12 us here,
  * but log p rounds). */
 #define HDR_P2P_MAX 8
 
-typedef struct fail_note {
-  uint64_t gid; /* the group's id: a stale notice to a reused communicator id is dropped */
-  int rank, code;
-  char msg[256];
-} fail_note;
-
-typedef struct mpi_pg {
-  loom_pg pg;
-  MPI_Comm comm, ctl;
-  pthread_mutex_t ctl_mu; /* guards the notice receive and sends */
-  MPI_Request notice_req;
-  fail_note notice_in, notice_out;
-  MPI_Request *sends; /* notices sent to peers */
-  int nsends;
-  bool broken;        /* an MPI request was left active: do not free the communicators */
-  uint64_t gid;       /* rank 0's pick, broadcast at creation */
-  int64_t mine[HDR];  /* this rank's header (sent from here: stays valid if a wait fails) */
-  int64_t *hdrs;      /* size * HDR, the header exchange */
-  MPI_Request *hreq;  /* 2 * size, its point-to-point requests */
-  void *tmp[2];       /* [0] f32 widening / in-place result, [1] ring receive chunks */
-  size_t tmp_bytes[2];
-  bool single_copy;   /* every rank's MPI copies large messages once: MPI_Allreduce, not the ring */
-} mpi_pg;
-
 static bool loom_initialised_mpi;
 
 static mpi_pg *of(loom_pg *pg) { return (mpi_pg *)pg; }
 
-static int mpi_err(int err, const char *who, const char *call) {
+int loom__mpi_fail(int err, const char *who, const char *call) {
   char s[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(err, s, &len);
@@ -132,7 +107,7 @@ static void mpi_failed(loom_pg *pg, int code, const char *msg) {
  * fail on abort or a peer's notice. Polls spin at first, then sleep (wait.c): MPI makes
  * progress only inside MPI calls, so each poll is an MPI_Test. On failure the request stays
  * active and the group is marked broken. */
-static int wait_req(mpi_pg *m, MPI_Request *req, const loom__coll *c, int peer) {
+int loom__mpi_wait(mpi_pg *m, MPI_Request *req, const loom__coll *c, int peer) {
   loom_pg *pg = &m->pg;
   loom__wait w;
   loom__wait_begin(&w, pg, c, peer < 0 && pg->size == 2 ? 1 - pg->rank : peer);
@@ -140,7 +115,7 @@ static int wait_req(mpi_pg *m, MPI_Request *req, const loom__coll *c, int peer) 
     int flag = 0, err = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
     if (err != MPI_SUCCESS) {
       m->broken = true;
-      return mpi_err(err, loom__coll_name(c->kind), "MPI_Test");
+      return loom__mpi_fail(err, loom__coll_name(c->kind), "MPI_Test");
     }
     if (flag) return LOOM_OK;
     loom__wait_pause(&w);
@@ -189,17 +164,17 @@ static int check_headers(mpi_pg *m, const loom__coll *c) {
         err = MPI_Isend(mine, HDR, MPI_INT64_T, j, TAG_HDR, m->comm, &m->hreq[nq++]);
     if (err) {
       m->broken = true;
-      return mpi_err(err, loom__coll_name(c->kind), "MPI_Isend/MPI_Irecv (header)");
+      return loom__mpi_fail(err, loom__coll_name(c->kind), "MPI_Isend/MPI_Irecv (header)");
     }
     for (int i = 0; i < nq; i++) { /* receives, then sends, each in peer order */
       int k = i % (pg->size - 1), peer = k < pg->rank ? k : k + 1;
-      if ((rc = wait_req(m, &m->hreq[i], c, peer))) return rc;
+      if ((rc = loom__mpi_wait(m, &m->hreq[i], c, peer))) return rc;
     }
   } else {
     MPI_Request req;
     err = MPI_Iallgather(mine, HDR, MPI_INT64_T, m->hdrs, HDR, MPI_INT64_T, m->comm, &req);
-    if (err) return mpi_err(err, loom__coll_name(c->kind), "MPI_Iallgather (header)");
-    if ((rc = wait_req(m, &req, c, -1))) return rc;
+    if (err) return loom__mpi_fail(err, loom__coll_name(c->kind), "MPI_Iallgather (header)");
+    if ((rc = loom__mpi_wait(m, &req, c, -1))) return rc;
   }
   for (int j = 0; j < pg->size; j++) {
     const int64_t *o = &m->hdrs[j * HDR];
@@ -222,7 +197,7 @@ static int check_headers(mpi_pg *m, const loom__coll *c) {
 }
 
 /* Scratch buffer i of at least `bytes`, kept for the next collectives. */
-static int scratch_i(mpi_pg *m, int i, size_t bytes, const loom__coll *c, void **out) {
+int loom__mpi_scratch(mpi_pg *m, int i, size_t bytes, const loom__coll *c, void **out) {
   if (m->tmp_bytes[i] < bytes) {
     loom__free(m->tmp[i]);
     m->tmp_bytes[i] = 0;
@@ -237,7 +212,7 @@ static int scratch_i(mpi_pg *m, int i, size_t bytes, const loom__coll *c, void *
 }
 
 static int scratch(mpi_pg *m, size_t bytes, const loom__coll *c, void **out) {
-  return scratch_i(m, 0, bytes, c, out);
+  return loom__mpi_scratch(m, 0, bytes, c, out);
 }
 
 static int start(mpi_pg *m, const loom__coll *c) {
@@ -249,100 +224,13 @@ static int start(mpi_pg *m, const loom__coll *c) {
 
 static bool half(loom_dtype dt) { return dt == LOOM_F16 || dt == LOOM_BF16; }
 
-static void avg_div(void *buf, loom_dtype dt, size_t n, int size) {
+void loom__mpi_avg_div(void *buf, loom_dtype dt, size_t n, int size) {
   if (dt == LOOM_I32)
     for (size_t i = 0; i < n; i++) ((int32_t *)buf)[i] /= size;
   else if (dt == LOOM_I64)
     for (size_t i = 0; i < n; i++) ((int64_t *)buf)[i] /= size;
   else
     for (size_t i = 0; i < n; i++) ((float *)buf)[i] /= (float)size;
-}
-
-/* ---- ring all-reduce over point-to-point (large buffers) ----
- * Open MPI's non-blocking MPI_Iallreduce (libnbc) runs well behind its blocking MPI_Allreduce
- * on large buffers here, so large all-reduces are a ring reduce-scatter + all-gather of
- * MPI_Isend/MPI_Irecv, each step split into chunks that are all in flight at once and reduced
- * as they arrive (the reduction of chunk i overlaps the transfer of chunk i+1). Every rank
- * ends with the same bits (the all-gather copies the owner's). */
-
-#define RING_MIN_BYTES ((size_t)256 << 10)
-/* A step's block goes as RING_CHUNKS messages of 64-512 KB, so the reduction of one chunk
- * overlaps the transfer of the next. Measured, 2 ranks, min of 60 (us): 1 MB (one 512 KB
- * block per step): 512 KB chunks 246-252 against raw MPI_Allreduce 207, 64 KB 138-146, 32 KB
- * 134-142; 4 MB: 512 KB 795-862, 128 KB 437, 256 KB 463 against raw 1067. */
-#define RING_CHUNKS 8
-#define RING_CHUNK_MIN ((size_t)64 << 10)
-#define RING_CHUNK_MAX ((size_t)512 << 10)
-#define RING_MAX_CHUNKS 64
-#define TAG_RING 78
-
-static void ring_block(size_t n, int p, int j, size_t *off, size_t *len) {
-  size_t base = n / (size_t)p, rem = n % (size_t)p;
-  *off = (size_t)j * base + ((size_t)j < rem ? (size_t)j : rem);
-  *len = base + ((size_t)j < rem);
-}
-
-/* Send block sb of buf to the right and receive block rb from the left: into buf (gather), or
- * into scratch and folded into buf (reduce). */
-static int ring_step(mpi_pg *m, char *buf, size_t n, int parts, loom_dtype dt, loom_redop op,
-                     int sb, int rb, bool reduce, char *tmp, const loom__coll *c) {
-  int p = m->pg.size, r = m->pg.rank, right = (r + 1) % p, left = (r + p - 1) % p;
-  size_t es = loom_dtype_size(dt), so, sl, ro, rl;
-  ring_block(n, parts, sb, &so, &sl);
-  ring_block(n, parts, rb, &ro, &rl);
-  size_t big = (sl > rl ? sl : rl) * es;
-  size_t ch = big / RING_CHUNKS;
-  ch = ch < RING_CHUNK_MIN ? RING_CHUNK_MIN : ch > RING_CHUNK_MAX ? RING_CHUNK_MAX : ch;
-  if (big > ch * RING_MAX_CHUNKS) ch = (big + RING_MAX_CHUNKS - 1) / RING_MAX_CHUNKS;
-  ch = (ch + es - 1) / es * es;
-  MPI_Request rr[RING_MAX_CHUNKS], sr[RING_MAX_CHUNKS];
-  int nr = 0, ns = 0, err = MPI_SUCCESS;
-  for (size_t o = 0; o < rl * es && !err; o += ch, nr++) {
-    size_t b = rl * es - o < ch ? rl * es - o : ch;
-    char *dst = reduce ? tmp + o : buf + ro * es + o;
-    err = MPI_Irecv(dst, (int)b, MPI_BYTE, left, TAG_RING, m->comm, &rr[nr]);
-  }
-  for (size_t o = 0; o < sl * es && !err; o += ch, ns++) {
-    size_t b = sl * es - o < ch ? sl * es - o : ch;
-    err = MPI_Isend(buf + so * es + o, (int)b, MPI_BYTE, right, TAG_RING, m->comm, &sr[ns]);
-  }
-  if (err) {
-    m->broken = true;
-    return mpi_err(err, "all-reduce", "MPI_Isend/MPI_Irecv");
-  }
-  int rc;
-  for (int i = 0; i < nr; i++) {
-    if ((rc = wait_req(m, &rr[i], c, left))) return rc;
-    if (!reduce) continue;
-    size_t o = (size_t)i * ch, b = rl * es - o < ch ? rl * es - o : ch;
-    char *d = buf + ro * es + o;
-    const void *srcs[2] = {d, tmp + o};
-    loom__reduce(d, srcs, 2, b / es, dt, op);
-  }
-  for (int i = 0; i < ns; i++)
-    if ((rc = wait_req(m, &sr[i], c, right))) return rc;
-  return LOOM_OK;
-}
-
-/* In place on buf (n elements of f32, i32 or i64); AVG is the caller's. (Two ranks swapping
- * whole buffers and folding measured slower than the ring at 1-16 MB.) */
-static int ring_allreduce(mpi_pg *m, void *buf, size_t n, loom_dtype dt, loom_redop op,
-                          const loom__coll *c) {
-  int p = m->pg.size, r = m->pg.rank, rc;
-  if (op == LOOM_AVG) op = LOOM_SUM; /* the caller divides once at the end */
-  size_t off, len;
-  ring_block(n, p, 0, &off, &len);
-  char *tmp;
-  if ((rc = scratch_i(m, 1, len * loom_dtype_size(dt), c, (void **)&tmp))) return rc;
-  for (int s = 0; s < p - 1; s++)
-    if ((rc = ring_step(m, buf, n, p, dt, op, (r - s + p) % p, (r - s - 1 + 2 * p) % p, true,
-                        tmp, c)))
-      return rc;
-  for (int s = 0; s < p - 1; s++)
-    if ((rc = ring_step(m, buf, n, p, dt, op, (r + 1 - s + p) % p, (r - s + p) % p, false, tmp,
-                        c)))
-      return rc;
-  return LOOM_OK;
 }
 
 /* Large all-reduce under a single-copy transport (Open MPI's CMA: the receiver copies straight
@@ -355,7 +243,7 @@ static int blocking_allreduce(mpi_pg *m, void *buf, size_t n, loom_dtype dt, loo
                           mpi_op(op == LOOM_AVG ? LOOM_SUM : op), m->comm);
   if (err) {
     m->broken = true;
-    return mpi_err(err, "all-reduce", "MPI_Allreduce");
+    return loom__mpi_fail(err, "all-reduce", "MPI_Allreduce");
   }
   return LOOM_OK;
 }
@@ -365,7 +253,7 @@ static int blocking_allreduce(mpi_pg *m, void *buf, size_t n, loom_dtype dt, loo
 static int large_allreduce(mpi_pg *m, void *buf, size_t n, loom_dtype dt, loom_redop op,
                            const loom__coll *c) {
   return m->single_copy ? blocking_allreduce(m, buf, n, dt, op)
-                        : ring_allreduce(m, buf, n, dt, op, c);
+                        : loom__mpi_ring_allreduce(m, buf, n, dt, op, c);
 }
 
 static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
@@ -387,24 +275,24 @@ static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
       if ((rc = large_allreduce(m, f, c->count, LOOM_F32, c->op, c))) return rc;
     } else {
       err = MPI_Iallreduce(MPI_IN_PLACE, f, n, MPI_FLOAT, mpi_op(c->op), m->comm, &req);
-      if (err) return mpi_err(err, "all-reduce", "MPI_Iallreduce");
-      if ((rc = wait_req(m, &req, c, -1))) return rc;
+      if (err) return loom__mpi_fail(err, "all-reduce", "MPI_Iallreduce");
+      if ((rc = loom__mpi_wait(m, &req, c, -1))) return rc;
     }
-    if (c->op == LOOM_AVG) avg_div(f, LOOM_F32, c->count, pg->size);
+    if (c->op == LOOM_AVG) loom__mpi_avg_div(f, LOOM_F32, c->count, pg->size);
     loom__narrow(c->dt, f, c->recv, c->count);
     return LOOM_OK;
   }
   if (large) {
     if (c->send != c->recv) loom__copy(c->recv, c->send, c->count * loom_dtype_size(c->dt));
     if ((rc = large_allreduce(m, c->recv, c->count, c->dt, c->op, c))) return rc;
-    if (c->op == LOOM_AVG) avg_div(c->recv, c->dt, c->count, pg->size);
+    if (c->op == LOOM_AVG) loom__mpi_avg_div(c->recv, c->dt, c->count, pg->size);
     return LOOM_OK;
   }
   const void *s = c->send == c->recv ? MPI_IN_PLACE : c->send;
   err = MPI_Iallreduce(s, c->recv, n, mpi_type(c->dt), mpi_op(c->op), m->comm, &req);
-  if (err) return mpi_err(err, "all-reduce", "MPI_Iallreduce");
-  if ((rc = wait_req(m, &req, c, -1))) return rc;
-  if (c->op == LOOM_AVG) avg_div(c->recv, c->dt, c->count, pg->size);
+  if (err) return loom__mpi_fail(err, "all-reduce", "MPI_Iallreduce");
+  if ((rc = loom__mpi_wait(m, &req, c, -1))) return rc;
+  if (c->op == LOOM_AVG) loom__mpi_avg_div(c->recv, c->dt, c->count, pg->size);
   return LOOM_OK;
 }
 
@@ -447,9 +335,9 @@ static int pieces_reduce_scatter(mpi_pg *m, const loom__coll *c) {
     MPI_Request req;
     int err = MPI_Ireduce_scatter_block(tmp, res, (int)len, mpi_type(wt), mpi_op(c->op), m->comm,
                                         &req);
-    if (err) return mpi_err(err, "reduce-scatter", "MPI_Ireduce_scatter_block");
-    if ((rc = wait_req(m, &req, c, -1))) return rc;
-    if (c->op == LOOM_AVG) avg_div(res, wt, len, p);
+    if (err) return loom__mpi_fail(err, "reduce-scatter", "MPI_Ireduce_scatter_block");
+    if ((rc = loom__mpi_wait(m, &req, c, -1))) return rc;
+    if (c->op == LOOM_AVG) loom__mpi_avg_div(res, wt, len, p);
     if (widen) loom__narrow(c->dt, (const float *)res, dst, len);
   }
   return LOOM_OK;
@@ -460,6 +348,8 @@ static int mpi_reduce_scatter(loom_pg *pg, const loom__coll *c) {
   int rc = start(m, c);
   if (rc) return rc;
   size_t n = c->count, total = n * (size_t)pg->size, es = loom_dtype_size(c->dt);
+  if (m->across && pg->size > 1 && total * 4 >= RING_MIN_BYTES)
+    return loom__mpi_ring_reduce_scatter(m, c, piece_len(pg->size));
   if (n > piece_len(pg->size) && pg->size > 1) return pieces_reduce_scatter(m, c);
   MPI_Request req;
   int err;
@@ -469,9 +359,9 @@ static int mpi_reduce_scatter(loom_pg *pg, const loom__coll *c) {
     loom__widen(c->dt, c->send, f, total);
     err = MPI_Ireduce_scatter_block(f, f + total, (int)n, MPI_FLOAT, mpi_op(c->op), m->comm,
                                     &req);
-    if (err) return mpi_err(err, "reduce-scatter", "MPI_Ireduce_scatter_block");
-    if ((rc = wait_req(m, &req, c, -1))) return rc;
-    if (c->op == LOOM_AVG) avg_div(f + total, LOOM_F32, n, pg->size);
+    if (err) return loom__mpi_fail(err, "reduce-scatter", "MPI_Ireduce_scatter_block");
+    if ((rc = loom__mpi_wait(m, &req, c, -1))) return rc;
+    if (c->op == LOOM_AVG) loom__mpi_avg_div(f + total, LOOM_F32, n, pg->size);
     loom__narrow(c->dt, f + total, c->recv, n);
     return LOOM_OK;
   }
@@ -481,9 +371,9 @@ static int mpi_reduce_scatter(loom_pg *pg, const loom__coll *c) {
   if (inplace && n && (rc = scratch(m, n * es, c, &dst))) return rc;
   err = MPI_Ireduce_scatter_block(c->send, dst, (int)n, mpi_type(c->dt), mpi_op(c->op), m->comm,
                                   &req);
-  if (err) return mpi_err(err, "reduce-scatter", "MPI_Ireduce_scatter_block");
-  if ((rc = wait_req(m, &req, c, -1))) return rc;
-  if (c->op == LOOM_AVG) avg_div(dst, c->dt, n, pg->size);
+  if (err) return loom__mpi_fail(err, "reduce-scatter", "MPI_Ireduce_scatter_block");
+  if ((rc = loom__mpi_wait(m, &req, c, -1))) return rc;
+  if (c->op == LOOM_AVG) loom__mpi_avg_div(dst, c->dt, n, pg->size);
   if (dst != c->recv) loom__copy(c->recv, dst, n * es);
   return LOOM_OK;
 }
@@ -496,8 +386,8 @@ static int mpi_broadcast(loom_pg *pg, const loom__coll *c) {
   if (pg->rank == c->root && c->send != c->recv) loom__copy(c->recv, c->send, bytes);
   MPI_Request req;
   int err = MPI_Ibcast(c->recv, (int)c->count, mpi_type(c->dt), c->root, m->comm, &req);
-  if (err) return mpi_err(err, "broadcast", "MPI_Ibcast");
-  return wait_req(m, &req, c, -1);
+  if (err) return loom__mpi_fail(err, "broadcast", "MPI_Ibcast");
+  return loom__mpi_wait(m, &req, c, -1);
 }
 
 static int mpi_allgather(loom_pg *pg, const loom__coll *c) {
@@ -505,13 +395,15 @@ static int mpi_allgather(loom_pg *pg, const loom__coll *c) {
   int rc = start(m, c);
   if (rc) return rc;
   size_t bytes = c->count * loom_dtype_size(c->dt);
+  if (m->across && pg->size > 1 && bytes * (size_t)pg->size >= RING_MIN_BYTES)
+    return loom__mpi_ring_allgather(m, c);
   const void *s = c->send == (const char *)c->recv + (size_t)pg->rank * bytes ? MPI_IN_PLACE
                                                                               : c->send;
   MPI_Request req;
   MPI_Datatype t = mpi_type(c->dt);
   int err = MPI_Iallgather(s, (int)c->count, t, c->recv, (int)c->count, t, m->comm, &req);
-  if (err) return mpi_err(err, "all-gather", "MPI_Iallgather");
-  return wait_req(m, &req, c, -1);
+  if (err) return loom__mpi_fail(err, "all-gather", "MPI_Iallgather");
+  return loom__mpi_wait(m, &req, c, -1);
 }
 
 static int mpi_barrier(loom_pg *pg, const loom__coll *c) {
@@ -558,7 +450,7 @@ static int mpi_split(loom_pg *pg, int color, int key, const int *members, int n,
   mpi_pg *m = of(pg);
   MPI_Comm sub = MPI_COMM_NULL;
   int err = MPI_Comm_split(m->comm, color < 0 ? MPI_UNDEFINED : color, key, &sub);
-  if (err) return mpi_err(err, "loom_pg_split", "MPI_Comm_split");
+  if (err) return loom__mpi_fail(err, "loom_pg_split", "MPI_Comm_split");
   if (n == 0 || sub == MPI_COMM_NULL) return LOOM_OK;
   loom_pg_cfg cfg = loom_pg_cfg_default();
   cfg.timeout_s = loom_pg_timeout(pg);
@@ -587,7 +479,7 @@ static int ensure_mpi(void) {
   MPI_Initialized(&inited);
   if (!inited) {
     err = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
-    if (err) return mpi_err(err, who, "MPI_Init_thread");
+    if (err) return loom__mpi_fail(err, who, "MPI_Init_thread");
     loom_initialised_mpi = true;
   } else {
     MPI_Query_thread(&provided);
@@ -612,7 +504,7 @@ int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out) {
   MPI_Comm user = mpi_comm ? *(MPI_Comm *)mpi_comm : MPI_COMM_WORLD;
   int rank, size, err;
   if ((err = MPI_Comm_rank(user, &rank)) || (err = MPI_Comm_size(user, &size)))
-    return mpi_err(err, who, "MPI_Comm_rank/size");
+    return loom__mpi_fail(err, who, "MPI_Comm_rank/size");
   mpi_pg *m = loom__calloc(LOOM_POOL_META, 1, sizeof *m);
   if (!m) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
   m->comm = m->ctl = MPI_COMM_NULL;
@@ -628,7 +520,7 @@ int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out) {
   m->hreq = loom__calloc(LOOM_POOL_META, 2 * (size_t)size, sizeof *m->hreq);
   LOOM_TRY_ALLOC(m->sends && m->hdrs && m->hreq ? m : NULL, "the group");
   if ((err = MPI_Comm_dup(user, &m->comm)) || (err = MPI_Comm_dup(user, &m->ctl))) {
-    rc = mpi_err(err, who, "MPI_Comm_dup");
+    rc = loom__mpi_fail(err, who, "MPI_Comm_dup");
     goto done;
   }
   MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
@@ -654,21 +546,26 @@ int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out) {
              ((uint64_t)getpid() << 40) ^ (atomic_fetch_add(&made, 1) * 0x9e3779b97f4a7c15ULL);
   }
   if ((err = MPI_Bcast(&m->gid, 1, MPI_UINT64_T, 0, m->comm))) {
-    rc = mpi_err(err, who, "MPI_Bcast");
+    rc = loom__mpi_fail(err, who, "MPI_Bcast");
     goto done;
   }
   /* every rank must pick the same large all-reduce: MPI's only if all ranks have single copy,
    * which is a shared-memory transport's: a group across machines (a rank with a peer on
    * another node) takes the ring, whose every wait is under the timeout, since a blocking
    * MPI_Allreduce over a network that goes away (a link down) never returns */
-  int sc = lsize == size && loom__mpi_single_copy(), all_sc = 0;
-  if ((err = MPI_Allreduce(&sc, &all_sc, 1, MPI_INT, MPI_MIN, m->comm))) {
-    rc = mpi_err(err, who, "MPI_Allreduce");
+  /* and a group across machines gathers and reduce-scatters large buffers in rings too (libnbc's
+   * are not rings: ring_mpi.c), the traffic `loom plan --hosts` counts */
+  int mine[2] = {lsize == size && loom__mpi_single_copy(), lsize == size}, all[2] = {0, 0};
+  const char *rings = getenv("LOOM_MPI_RINGS"); /* 1: rings on one machine too; 0: never */
+  if (rings && (strcmp(rings, "0") == 0 || strcmp(rings, "1") == 0)) mine[1] = *rings == '0';
+  if ((err = MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MIN, m->comm))) {
+    rc = loom__mpi_fail(err, who, "MPI_Allreduce");
     goto done;
   }
-  m->single_copy = all_sc != 0;
+  m->single_copy = all[0] != 0;
+  m->across = all[1] == 0;
   if ((err = post_notice_recv(m))) {
-    rc = mpi_err(err, who, "MPI_Irecv");
+    rc = loom__mpi_fail(err, who, "MPI_Irecv");
     goto done;
   }
   *out = &m->pg;
