@@ -451,8 +451,9 @@ void trainer_teardown(trainer *t) {
 int trainer_setup(trainer *t, loom_pg *pg) {
   const train_opts *o = t->o;
   loom_mem_set_tag(TRAIN_TAG_MODEL);
-  /* FSDP: built deferred, so that each rank only ever makes its shards (sharded construction) */
-  bool sharded = pg && strcmp(o->strategy, "fsdp") == 0;
+  /* FSDP and HSDP: built deferred, so that each rank only ever makes its shards (sharded
+   * construction) */
+  bool sharded = pg && (strcmp(o->strategy, "fsdp") == 0 || strcmp(o->strategy, "hsdp") == 0);
   bool was = loom_nn_set_deferred_init(sharded);
   int rc = train_model_create(o, &t->model);
   loom_nn_set_deferred_init(was);

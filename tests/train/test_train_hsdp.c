@@ -114,4 +114,13 @@ LT_TEST(train_hsdp_options) {
   if (pp && qp) LT_EQ(strtoull(pp + 14, NULL, 10), strtoull(qp + 14, NULL, 10));
   tt_run_free(&p);
   tt_run_free(&q);
+  /* built sharded as FSDP is: a model whose whole build would pass the step's peak (at 4 ranks,
+   * 89 MiB built whole against 61 MiB) plans the same peak as FSDP over the same group */
+  p = tt_plan("--hidden 2048,2048 --batch 8 --ranks 4 --strategy hsdp --shard-size 4 --json");
+  q = tt_plan("--hidden 2048,2048 --batch 8 --ranks 4 --strategy fsdp --json");
+  pp = strstr(p.out, "\"peak_bytes\": "), qp = strstr(q.out, "\"peak_bytes\": ");
+  LT_TRUE(p.rc == 0 && q.rc == 0 && pp && qp);
+  if (pp && qp) LT_EQ(strtoull(pp + 14, NULL, 10), strtoull(qp + 14, NULL, 10));
+  tt_run_free(&p);
+  tt_run_free(&q);
 }
