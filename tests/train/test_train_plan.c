@@ -11,7 +11,8 @@
  * offload of everything or some (host tier) and of everything to the disk tier. Also the
  * --fit-memory search (its answer fits and one more does not, and it never proposes a batch
  * larger than an epoch), the process peak (loom's blocks in use and in the allocation cache,
- * the data, the runtime) against the run's resident set (within 15%), the JSON form, bad
+ * the data, the runtime) against the run's resident set (within 15%; shown, not held, under a
+ * sanitizer, whose shadow memory is resident), the JSON form, bad
  * --fit-memory values, and what being a dry run means (no memory, no file, the run's errors). */
 #include "lt.h"
 #include "train_test.h"
@@ -166,21 +167,20 @@ static void check_plan(const char *given) {
   within(opts, "step", planned, measured, 0.10);
   within(opts, "run", overall, summary, 0.10);
   /* the process: loom's blocks in use and cached, the data, the runtime, against the resident
-   * set. A run alone on the machine is within 15% with one rank and 20% with ranks as threads
-   * (the dry run's cache, simulated by size and shared by the rank threads, depends on how they
-   * interleave: a plan of 2 DDP ranks varies by 15% from one plan to the next), but the
-   * resident set also counts the library code a run maps in, which grows when other processes
-   * hold those files in the page cache: while other loom tests ran beside it the same runs
-   * measured up to 30% more (the GPT's up to 41%), and a clean-clone CI run an MLP in bf16
-   * 25.2% more. So held to 35% (the wide SGD model and the large GPT with FSDP offload plan high
-   * even alone, 28% and 25%: blocks the run never writes are not resident, and the simulated
-   * cache keeps blocks the run never touched); the GPT's shown, not held, and every one under
-   * a sanitizer. */
-  bool held = strstr(given, "--model gpt") == NULL;
+   * set, held to 15%. The dry run counts a gradient arena only from the step on (before it is
+   * a fresh mapping's untouched zeros: the wide SGD model planned 27% high when it counted the
+   * arenas its containers' packing replaced) and follows each rank's blocks and cache alone
+   * (one cache shared by unsynchronised dry ranks made a plan of 2 ranks vary by 15% from one
+   * plan to the next). On a machine loaded by other loom tests every configuration measured
+   * within 7.5% (BENCHMARKS.md); what is left is mostly the code of oneDNN and OpenBLAS that
+   * the kernels page in (the CNN's 7% under), which the dry run, running no kernel, cannot
+   * see. Under a sanitizer the resident set also holds its shadow memory and its allocator's
+   * quarantine, which no plan of loom's blocks counts: shown, not held. */
 #ifdef LOOM_SANITIZED
-  held = false; /* a sanitizer's shadow memory is resident too */
+  within(opts, "process (sanitizer: its shadow memory is resident, not held)", process, rss, 0);
+#else
+  within(opts, "process", process, rss, 0.15);
 #endif
-  within(opts, "process", process, rss, held ? 0.35 : 0);
 }
 
 LT_TEST(plan_matches_the_measured_peak_mlp) {
