@@ -163,6 +163,22 @@ static void check_plan(const char *given) {
   double summary = -1, rss = -1, measured = measure(opts, &summary, &rss);
   LT_TRUE(measured > 0);
   double process = plan_process_peak(opts); /* before tt_cleanup: --offload-dir must exist */
+  /* Other processes can add to a run's resident set (while other loom tests ran beside this
+   * one, one minute's single-rank runs measured 15 to 65 MB more than the same runs a minute
+   * before and after), not take from it (its anonymous memory is not reclaimed without swap).
+   * So a resident set more than 15% from the plan is measured again, twice at most, and the
+   * smallest is held below: a plan that is wrong misses every run. */
+  int again_runs = 2;
+#ifdef LOOM_SANITIZED
+  again_runs = 0; /* not held (below) */
+#endif
+  for (int k = 0; k < again_runs && !(fabs(process - rss) <= 0.15 * rss); k++) {
+    double again_summary, again = -1;
+    if (measure(opts, &again_summary, &again) > 0 && again > 0 && (rss < 0 || again < rss)) {
+      fprintf(stderr, "  %-60s process: measured again, %9.0f\n", opts, again);
+      rss = again;
+    }
+  }
   tt_cleanup();
   within(opts, "step", planned, measured, 0.10);
   within(opts, "run", overall, summary, 0.10);
