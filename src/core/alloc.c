@@ -305,20 +305,20 @@ void *loom__malloc(loom_pool pool, size_t size) {
 }
 
 /* A large fresh block is untouched zero pages: clearing it would only make them resident. */
-void *loom__calloc(loom_pool pool, size_t count, size_t elem) {
+static void *zeroed(loom_pool pool, size_t count, size_t elem, bool untouched) {
   if (elem && count > SIZE_MAX / elem) return NULL;
   bool fresh_zero;
-  void *p = alloc_block(pool, count * elem, false, &fresh_zero);
+  void *p = alloc_block(pool, count * elem, untouched, &fresh_zero);
   if (p && !fresh_zero) memset(p, 0, count * elem);
   return p;
 }
 
+void *loom__calloc(loom_pool pool, size_t count, size_t elem) {
+  return zeroed(pool, count, elem, false);
+}
+
 void *loom__calloc_untouched(loom_pool pool, size_t count, size_t elem) {
-  if (elem && count > SIZE_MAX / elem) return NULL;
-  bool fresh_zero;
-  void *p = alloc_block(pool, count * elem, true, &fresh_zero);
-  if (p && !fresh_zero) memset(p, 0, count * elem);
-  return p;
+  return zeroed(pool, count, elem, true);
 }
 
 void loom__free(void *p) {
