@@ -123,7 +123,8 @@ typedef struct train_dry_result {
 } train_dry_result;
 int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r);
 
-/* The process's peak resident set so far, bytes (getrusage; train_offload.c). */
+/* The process's peak resident set so far, bytes: this image's own (VmHWM, not what a parent
+ * it was forked from held), getrusage's where /proc is not there (train_offload.c). */
 size_t train_peak_rss(void);
 
 /* ---- errors ---------------------------------------------------------------------------- */

@@ -51,6 +51,7 @@ int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r) {
   phase_peak(&r->build);
   if (!rc) r->params = loom_module_numel(t.model.root);
   uint64_t c0[4] = {0}, c1[4] = {0};
+  if (!rc) loom_mem_dry_mark_written(); /* the step writes the gradients made untouched */
   for (int k = 0; k < 2 && !rc; k++) { /* the second step runs with what the first left */
     double loss = 0;
     loom_step_result res;

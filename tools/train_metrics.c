@@ -186,7 +186,7 @@ static void format_record(FILE *f, const train_record *r) {
     fprintf(f, "%s\"%s\": {\"current_bytes\": %zu, \"peak_bytes\": %zu}", p ? ", " : "",
             loom_pool_name((loom_pool)p), s.current_bytes, s.peak_bytes);
   }
-  fprintf(f, "}}\n");
+  fprintf(f, ", \"resident_peak_bytes\": %zu}}\n", train_peak_rss()); /* the process's */
 }
 
 int train_metrics_write(train_metrics *mt, const train_record *r) {

@@ -135,8 +135,15 @@ bool loom_mem_dry_run(void);
  * allocations would hold in loom's blocks: every block in use (any pool, headers and rounding
  * included) plus the blocks the default allocator's cache would keep then (its exact-size
  * policy, limit and slots, followed by size). That is the resident memory a real run owes to
- * loom's blocks, what the pools' peaks leave out; the C library's own overheads aside. */
+ * loom's blocks, what the pools' peaks leave out; the C library's own overheads aside. A large
+ * block of zeros that nothing writes before a training step (a module's gradient arena) is a
+ * fresh mapping whose pages are not resident: it counts from loom_mem_dry_mark_written on,
+ * and not at all if it is freed (or cached) before. */
 size_t loom_mem_dry_footprint_peak(void);
+/* In a dry run: the step starts writing what was made so far (gradients, optimizer state), so
+ * every block in use counts as resident from now on. Call it where the real run's first step
+ * starts (after building the model, its strategy and optimizer). Process-wide. */
+void loom_mem_dry_mark_written(void);
 
 /* Failure injection for tests: make the nth allocation from now fail (n = 1: the next one),
  * once; n = 0 turns injection off. Counts allocations of every thread. */

@@ -25,6 +25,7 @@ typedef struct block_header {
   int account; /* the allocating thread's account: loom__free credits it, not the freer's */
   int tag;     /* the allocating thread's tag (loom_mem_set_tag) */
   bool dry;    /* made in a dry run (dry_alloc): freed by dry_free whatever the mode then */
+  unsigned dry_gen; /* a dry block counted as untouched zeros: loom__cache_dry_alloc's answer */
 } block_header;
 _Static_assert(sizeof(block_header) <= HEADER, "the block header must fit in HEADER bytes");
 
@@ -251,7 +252,7 @@ static void dry_free(void *raw, size_t bytes) {
 
 /* The allocation behind loom__malloc and loom__calloc; *fresh_zero: the block is newly mapped
  * zero pages (nothing to clear). */
-static void *alloc_block(loom_pool pool, size_t size, bool *fresh_zero) {
+static void *alloc_block(loom_pool pool, size_t size, bool untouched, bool *fresh_zero) {
   *fresh_zero = false;
   if ((unsigned)pool >= LOOM_POOL_COUNT) pool = LOOM_POOL_COMPUTE;
   if (loom__alloc_should_fail(pool)) return NULL;
@@ -260,11 +261,14 @@ static void *alloc_block(loom_pool pool, size_t size, bool *fresh_zero) {
     return NULL;
   }
   unsigned char *raw;
+  unsigned gen = 0;
   bool dry = loom__dry();
   if (dry) {
     raw = dry_alloc(size + HEADER);
     *fresh_zero = true;
-    if (raw) loom__cache_dry_alloc(loom__cache_round(size + HEADER), hook.alloc == default_alloc);
+    if (raw)
+      gen = loom__cache_dry_alloc(my_account, loom__cache_round(size + HEADER),
+                                  hook.alloc == default_alloc, untouched);
   } else if (hook.alloc == default_alloc) {
     size_t bytes = loom__cache_round(size + HEADER);
     raw = loom__cache_take(bytes);
@@ -290,22 +294,31 @@ static void *alloc_block(loom_pool pool, size_t size, bool *fresh_zero) {
   h->account = my_account;
   h->tag = my_tag;
   h->dry = dry;
+  h->dry_gen = gen;
   account_tagged(pool, h->account, h->tag, (ptrdiff_t)size);
   return raw + HEADER;
 }
 
 void *loom__malloc(loom_pool pool, size_t size) {
   bool fresh_zero;
-  return alloc_block(pool, size, &fresh_zero);
+  return alloc_block(pool, size, false, &fresh_zero);
 }
 
 /* A large fresh block is untouched zero pages: clearing it would only make them resident. */
-void *loom__calloc(loom_pool pool, size_t count, size_t elem) {
+static void *zeroed(loom_pool pool, size_t count, size_t elem, bool untouched) {
   if (elem && count > SIZE_MAX / elem) return NULL;
   bool fresh_zero;
-  void *p = alloc_block(pool, count * elem, &fresh_zero);
+  void *p = alloc_block(pool, count * elem, untouched, &fresh_zero);
   if (p && !fresh_zero) memset(p, 0, count * elem);
   return p;
+}
+
+void *loom__calloc(loom_pool pool, size_t count, size_t elem) {
+  return zeroed(pool, count, elem, false);
+}
+
+void *loom__calloc_untouched(loom_pool pool, size_t count, size_t elem) {
+  return zeroed(pool, count, elem, true);
 }
 
 void loom__free(void *p) {
@@ -317,8 +330,11 @@ void loom__free(void *p) {
   account_tagged((loom_pool)h->pool, h->account, h->tag, -(ptrdiff_t)h->size);
   if (h->dry) {
     size_t size = h->size; /* before the block goes */
+    unsigned gen = h->dry_gen;
+    int account = h->account;
     dry_free(raw, size + HEADER);
-    loom__cache_dry_free(loom__cache_round(size + HEADER), hook.free == default_free);
+    loom__cache_dry_free(account, loom__cache_round(size + HEADER), hook.free == default_free,
+                         gen);
     return;
   }
   if (hook.free == default_free) {

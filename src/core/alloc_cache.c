@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define SLOTS 1024 /* a GPT step frees a few hundred large blocks */
 
@@ -191,67 +192,135 @@ void loom_mem_release_cache(void) {
 
 /* ---- the cache as a real run would fill it, in a dry run: sizes only (alloc.c) ------------- */
 
-static size_t dry_sizes[SLOTS];
-static int dry_used;
-static size_t dry_cached, dry_live, dry_peak;
-static size_t dry_clive, dry_chigh; /* the dry run's cacheable bytes in use, and their most */
+/* A block's residence in a real run: a fresh mapping (at least MAP_MIN) made for zeros is not
+ * resident until written, and a block nothing writes before the step (a gradient arena, made
+ * by loom__calloc_untouched) is only written once the step runs (loom_mem_dry_mark_written). So
+ * the dry run counts such a block as untouched (not in the footprint) from its making to that
+ * mark, and a cached one stays untouched until the cache hands it out again (cleared or
+ * written by its new owner). Generations tell a block made before the last mark (written
+ * since) from one made after it.
+ * Each account (a rank, or the process) is followed on its own: its blocks, a cache of its
+ * own with a share of the slack, and its own peak; the footprint is the sum of the accounts'
+ * peaks. The ranks of a data-parallel run take the same steps in lockstep, so their peaks
+ * coincide and their frees refill the shared cache with the sizes each takes back; one cache
+ * shared by dry ranks, which run unsynchronised, would give a peak that depends on how their
+ * threads happen to interleave (15% apart from one plan to the next). */
+typedef struct dry_account {
+  size_t sizes[SLOTS];
+  bool untouched[SLOTS];
+  int used;
+  size_t cached;       /* bytes cached, for the limit */
+  size_t cres;         /* the cached bytes that are resident (written) */
+  size_t live;         /* resident blocks in use */
+  size_t ulive;        /* blocks in use, untouched since their mapping */
+  size_t clive, chigh; /* cacheable bytes in use, and their most */
+  size_t peak;         /* of live + cres */
+  bool active;
+} dry_account;
 
-/* With mu held: effective()'s limit for the dry run's own counts. */
-static size_t dry_effective(size_t extra) {
-  if (!automatic) return limit ? limit + reserved : 0;
-  size_t now = dry_clive + extra, top = dry_chigh > now ? dry_chigh : now;
-  return top - now + SLACK + reserved;
+static dry_account dry[LOOM_MEM_ACCOUNTS];
+static int dry_active;       /* accounts that made a block in this dry run */
+static unsigned dry_gen = 1; /* bumped by each mark and reset; 0 is never a generation */
+
+static dry_account *dry_of(int account) {
+  return &dry[account >= 0 && account < LOOM_MEM_ACCOUNTS ? account : 0];
+}
+
+/* With mu held: effective()'s limit for an account's own counts, the slack and the reserve
+ * shared by the accounts that allocate. */
+static size_t dry_effective(const dry_account *a, size_t extra) {
+  size_t n = dry_active > 0 ? (size_t)dry_active : 1;
+  if (!automatic) return limit ? (limit + reserved) / n : 0;
+  size_t now = a->clive + extra, top = a->chigh > now ? a->chigh : now;
+  return top - now + (SLACK + reserved) / n;
+}
+
+static void dry_note_peak(dry_account *a) {
+  if (a->live + a->cres > a->peak) a->peak = a->live + a->cres;
+}
+
+/* With mu held: drop the account's latest cached slot. */
+static void dry_drop_last(dry_account *a) {
+  a->used--;
+  a->cached -= a->sizes[a->used];
+  if (!a->untouched[a->used]) a->cres -= a->sizes[a->used];
 }
 
 void loom__cache_dry_reset(void) {
   pthread_mutex_lock(&mu);
-  dry_used = 0;
-  dry_cached = dry_live = dry_peak = dry_clive = dry_chigh = 0;
+  for (int i = 0; i < LOOM_MEM_ACCOUNTS; i++)
+    if (dry[i].active || dry[i].used || dry[i].peak) memset(&dry[i], 0, sizeof dry[i]);
+  dry_active = 0;
+  dry_gen = dry_gen + 1 ? dry_gen + 1 : 1;
   pthread_mutex_unlock(&mu);
 }
 
-void loom__cache_dry_alloc(size_t bytes, bool cacheable) {
+unsigned loom__cache_dry_alloc(int account, size_t bytes, bool cacheable, bool untouched) {
   pthread_once(&once, init_limit);
   pthread_mutex_lock(&mu);
+  dry_account *a = dry_of(account);
+  if (!a->active) a->active = true, dry_active++;
   bool large = cacheable && bytes >= LOOM__CACHE_MIN_BYTES, hit = false;
-  for (int i = dry_used - 1; large && i >= 0; i--)
-    if (dry_sizes[i] == bytes) { /* the block a real run would take from its cache */
-      dry_cached -= bytes;
-      dry_sizes[i] = dry_sizes[--dry_used];
+  for (int i = a->used - 1; large && i >= 0; i--)
+    if (a->sizes[i] == bytes) { /* the block a real run would take from its cache */
+      a->cached -= bytes;
+      if (!a->untouched[i]) a->cres -= bytes;
+      a->sizes[i] = a->sizes[--a->used];
+      a->untouched[i] = a->untouched[a->used];
       hit = true;
       break;
     }
   if (large && !hit) { /* a miss: the cache shrinks as loom__cache_take's does */
-    size_t keep = dry_effective(bytes);
-    while (dry_used > 0 && dry_cached > keep) dry_cached -= dry_sizes[--dry_used];
+    size_t keep = dry_effective(a, bytes);
+    while (a->used > 0 && a->cached > keep) dry_drop_last(a);
   }
   if (large) {
-    dry_clive += bytes;
-    if (dry_clive > dry_chigh) dry_chigh = dry_clive;
+    a->clive += bytes;
+    if (a->clive > a->chigh) a->chigh = a->clive;
   }
-  dry_live += bytes;
-  if (dry_live + dry_cached > dry_peak) dry_peak = dry_live + dry_cached;
+  /* a fresh mapping (a miss, or the C library's maps when not cacheable) of zeros */
+  unsigned gen = untouched && !hit && bytes >= MAP_MIN ? dry_gen : 0;
+  if (gen) a->ulive += bytes;
+  else a->live += bytes;
+  dry_note_peak(a);
+  pthread_mutex_unlock(&mu);
+  return gen;
+}
+
+void loom__cache_dry_free(int account, size_t bytes, bool cacheable, unsigned gen) {
+  pthread_once(&once, init_limit);
+  pthread_mutex_lock(&mu);
+  dry_account *a = dry_of(account);
+  bool untouched = gen && gen == dry_gen; /* not written since it was made */
+  if (untouched) a->ulive -= bytes <= a->ulive ? bytes : a->ulive;
+  else a->live -= bytes <= a->live ? bytes : a->live;
+  if (cacheable && bytes >= LOOM__CACHE_MIN_BYTES) a->clive -= bytes <= a->clive ? bytes : a->clive;
+  size_t lim = dry_effective(a, 0);
+  if (cacheable && bytes >= LOOM__CACHE_MIN_BYTES && a->used < SLOTS && bytes <= lim &&
+      a->cached <= lim - bytes) { /* as loom__cache_put would keep it */
+    a->untouched[a->used] = untouched;
+    a->sizes[a->used++] = bytes;
+    a->cached += bytes;
+    if (!untouched) a->cres += bytes;
+  }
   pthread_mutex_unlock(&mu);
 }
 
-void loom__cache_dry_free(size_t bytes, bool cacheable) {
-  pthread_once(&once, init_limit);
+void loom_mem_dry_mark_written(void) {
   pthread_mutex_lock(&mu);
-  dry_live -= bytes <= dry_live ? bytes : dry_live;
-  if (cacheable && bytes >= LOOM__CACHE_MIN_BYTES)
-    dry_clive -= bytes <= dry_clive ? bytes : dry_clive;
-  size_t lim = dry_effective(0);
-  if (cacheable && bytes >= LOOM__CACHE_MIN_BYTES && dry_used < SLOTS && bytes <= lim &&
-      dry_cached <= lim - bytes) { /* as loom__cache_put would keep it */
-    dry_sizes[dry_used++] = bytes;
-    dry_cached += bytes;
+  for (int i = 0; i < LOOM_MEM_ACCOUNTS; i++) {
+    dry[i].live += dry[i].ulive;
+    dry[i].ulive = 0;
+    dry_note_peak(&dry[i]);
   }
+  dry_gen = dry_gen + 1 ? dry_gen + 1 : 1;
   pthread_mutex_unlock(&mu);
 }
 
 size_t loom_mem_dry_footprint_peak(void) {
   pthread_mutex_lock(&mu);
-  size_t v = dry_peak;
+  size_t v = 0;
+  for (int i = 0; i < LOOM_MEM_ACCOUNTS; i++) v += dry[i].peak;
   pthread_mutex_unlock(&mu);
   return v;
 }

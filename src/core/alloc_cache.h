@@ -39,11 +39,15 @@ void loom__cache_track(size_t bytes);
 bool loom__cache_put(void *raw, size_t bytes);
 
 /* A dry run's cache, by size alone (no memory): a dry block of `bytes` (a rounded size) made
- * or freed as the default allocator would (cacheable: the default allocator is installed), so
+ * or freed as the default allocator would (cacheable: the default allocator is installed), by
+ * the account that made it (each account is followed on its own, alloc_cache.c), so
  * that loom_mem_dry_footprint_peak follows a real run's blocks in use and cached. Reset when a
  * dry run is turned on. */
 void loom__cache_dry_reset(void);
-void loom__cache_dry_alloc(size_t bytes, bool cacheable);
-void loom__cache_dry_free(size_t bytes, bool cacheable);
+/* untouched: the block is zeros nothing writes before the step (loom__calloc_untouched); the
+ * answer is its generation if the dry run counts it as not resident (a fresh mapping, not
+ * one the cache would hand out), else 0; loom__cache_dry_free takes that answer back. */
+unsigned loom__cache_dry_alloc(int account, size_t bytes, bool cacheable, bool untouched);
+void loom__cache_dry_free(int account, size_t bytes, bool cacheable, unsigned gen);
 
 #endif

@@ -22,6 +22,10 @@ int loom__fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
  * loom__free(NULL) is a no-op. */
 void *loom__malloc(loom_pool pool, size_t size);
 void *loom__calloc(loom_pool pool, size_t count, size_t elem);
+/* loom__calloc for zeros nothing writes before a training step runs (a module's gradient
+ * arena): the same block; a dry run counts it as not resident (a fresh mapping's untouched
+ * pages) until loom_mem_dry_mark_written (alloc.h), for loom_mem_dry_footprint_peak. */
+void *loom__calloc_untouched(loom_pool pool, size_t count, size_t elem);
 void loom__free(void *p);
 char *loom__strdup(loom_pool pool, const char *s);
 

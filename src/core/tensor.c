@@ -107,8 +107,10 @@ static void storage_release(loom__storage *s) {
   loom__free(s);
 }
 
+/* zero: 0 uninitialised, 1 zeros, 2 zeros nothing writes before a step
+ * (loom__calloc_untouched). */
 static int create(const char *who, loom_pool pool, loom_dtype dt, int ndim, const int64_t *shape,
-                  void *user_data, bool zero, loom_tensor **out) {
+                  void *user_data, int zero, loom_tensor **out) {
   if (!out) return loom__fail(LOOM_EINVAL, "%s: out is NULL", who);
   *out = NULL;
   size_t numel;
@@ -126,7 +128,9 @@ static int create(const char *who, loom_pool pool, loom_dtype dt, int ndim, cons
     s->data = user_data;
   } else {
     s->owned = true;
-    s->data = zero ? loom__calloc(pool, 1, nbytes) : loom__malloc(pool, nbytes);
+    s->data = zero == 2 ? loom__calloc_untouched(pool, 1, nbytes)
+              : zero   ? loom__calloc(pool, 1, nbytes)
+                       : loom__malloc(pool, nbytes);
     if (!s->data) {
       loom__free(s);
       return loom__fail(LOOM_ENOMEM, "%s: out of memory for %zu bytes (%s pool)", who, nbytes,
@@ -146,16 +150,21 @@ int loom__tensor_shell(loom_dtype dt, int ndim, const int64_t *shape, loom_tenso
 }
 
 int loom_tensor_empty(loom_dtype dt, int ndim, const int64_t *shape, loom_tensor **out) {
-  return create("loom_tensor_empty", LOOM_POOL_COMPUTE, dt, ndim, shape, NULL, false, out);
+  return create("loom_tensor_empty", LOOM_POOL_COMPUTE, dt, ndim, shape, NULL, 0, out);
 }
 
 int loom_tensor_zeros(loom_dtype dt, int ndim, const int64_t *shape, loom_tensor **out) {
-  return create("loom_tensor_zeros", LOOM_POOL_COMPUTE, dt, ndim, shape, NULL, true, out);
+  return create("loom_tensor_zeros", LOOM_POOL_COMPUTE, dt, ndim, shape, NULL, 1, out);
+}
+
+int loom__tensor_zeros_untouched(loom_dtype dt, int ndim, const int64_t *shape,
+                                 loom_tensor **out) {
+  return create("loom_tensor_zeros", LOOM_POOL_COMPUTE, dt, ndim, shape, NULL, 2, out);
 }
 
 int loom_tensor_empty_pool(loom_pool pool, loom_dtype dt, int ndim, const int64_t *shape,
                            loom_tensor **out) {
-  return create("loom_tensor_empty_pool", pool, dt, ndim, shape, NULL, false, out);
+  return create("loom_tensor_empty_pool", pool, dt, ndim, shape, NULL, 0, out);
 }
 
 int loom_tensor_wrap(loom_dtype dt, int ndim, const int64_t *shape, void *data,
@@ -164,7 +173,7 @@ int loom_tensor_wrap(loom_dtype dt, int ndim, const int64_t *shape, void *data,
     if (out) *out = NULL;
     return loom__fail(LOOM_EINVAL, "loom_tensor_wrap: data is NULL");
   }
-  return create("loom_tensor_wrap", LOOM_POOL_COMPUTE, dt, ndim, shape, data, false, out);
+  return create("loom_tensor_wrap", LOOM_POOL_COMPUTE, dt, ndim, shape, data, 0, out);
 }
 
 int loom_tensor_from_data(loom_dtype dt, int ndim, const int64_t *shape, const void *data,
@@ -173,7 +182,7 @@ int loom_tensor_from_data(loom_dtype dt, int ndim, const int64_t *shape, const v
     if (out) *out = NULL;
     return loom__fail(LOOM_EINVAL, "loom_tensor_from_data: data is NULL");
   }
-  int rc = create("loom_tensor_from_data", LOOM_POOL_COMPUTE, dt, ndim, shape, NULL, false, out);
+  int rc = create("loom_tensor_from_data", LOOM_POOL_COMPUTE, dt, ndim, shape, NULL, 0, out);
   if (rc == LOOM_OK) memcpy((*out)->storage->data, data, (*out)->storage->nbytes);
   return rc;
 }

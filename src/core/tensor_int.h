@@ -57,6 +57,10 @@ bool loom__tensor_released(const loom_tensor *t);
  * parameters of a module built with deferred initialisation (loom/nn.h), which cost only their
  * header until they are given memory. */
 int loom__tensor_shell(loom_dtype dt, int ndim, const int64_t *shape, loom_tensor **out);
+/* loom_tensor_zeros for zeros nothing writes before a training step (a gradient arena): a dry
+ * run counts them as not resident until then (loom__calloc_untouched). */
+int loom__tensor_zeros_untouched(loom_dtype dt, int ndim, const int64_t *shape,
+                                 loom_tensor **out);
 
 /* Checks a shape argument (ndim in range, dims >= 0, numel * elem fits); sets *numel. */
 int loom__check_shape(const char *who, loom_dtype dt, int ndim, const int64_t *shape,

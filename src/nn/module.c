@@ -179,7 +179,9 @@ int loom__module_pack_as(loom_module *m, bool defer) {
     if (!total[d]) continue;
     int64_t len = (int64_t)total[d];
     LOOM_TRY(loom_tensor_zeros((loom_dtype)d, 1, &len, &m->arena[d]));
-    LOOM_TRY(loom_tensor_zeros((loom_dtype)d, 1, &len, &m->grad_arena[d]));
+    /* written by the first backward, not before: a fresh mapping's pages stay out of the
+     * resident set until then (and those of an arena a parent's packing replaces, never) */
+    LOOM_TRY(loom__tensor_zeros_untouched((loom_dtype)d, 1, &len, &m->grad_arena[d]));
     m->arena_numel[d] = total[d];
   }
   /* every view made first, the parameters changed only once all are: a failure leaves them as
