@@ -49,18 +49,11 @@ static int64_t out_off(const attn_dims *a, int64_t bh) {
  * of scores is an accum (the score row in registers, kt's rows streaming by) rather than one
  * dot product, each ending in a horizontal sum, per key. */
 static void transpose_scaled(const attn_dims *a, const float *k, float *kt, float scale) {
-  enum { TT = 16 }; /* keys a tile: each kt row gets a whole cache line of them at a time */
-  int64_t T = a->T, D = a->D;
+  const loom__attn_kernels *kk = loom__attn_k();
 #pragma omp parallel for num_threads(loom__gemm_threads()) if (a->BH > 1)
-  for (int64_t bh = 0; bh < a->BH; bh++) {
-    const float *kb = k + in_off(a, bh);
-    float *tb = kt + bh * D * a->ldt;
-    for (int64_t t0 = 0; t0 < T; t0 += TT) {
-      int64_t t1 = t0 + TT < T ? t0 + TT : T;
-      for (int64_t d = 0; d < D; d++)
-        for (int64_t t = t0; t < t1; t++) tb[d * a->ldt + t] = scale * kb[t * a->ldi + d];
-    }
-  }
+  for (int64_t bh = 0; bh < a->BH; bh++)
+    kk->transpose(kt + bh * a->D * a->ldt, (size_t)a->ldt, k + in_off(a, bh), (size_t)a->ldi,
+                  (size_t)a->T, (size_t)a->D, scale);
 }
 
 /* o[r] += sum_j p[r][j * ps] * v_j for r < c (c <= 4), j < n: a tile of four rows where there

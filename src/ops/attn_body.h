@@ -167,6 +167,37 @@ static void accum4(float *const o[4], const float *const p[4], size_t ps, const 
   }
 }
 
+/* An 8 x 8 block of src (rows ls apart) into dst transposed (rows ld apart), scaled, through
+ * registers: AVX's unpack / shuffle / 128-bit permute network (AVX2 and AVX-512 alike). */
+static inline void tr8(float *d, size_t ld, const float *s, size_t ls, __m256 sc) {
+  __m256 r[8], t[8], u[8];
+  for (int i = 0; i < 8; i++) r[i] = _mm256_mul_ps(sc, _mm256_loadu_ps(s + i * ls));
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; i++) {
+    _mm256_storeu_ps(d + i * ld, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+    _mm256_storeu_ps(d + (i + 4) * ld, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+  }
+}
+
+static void transpose(float *dst, size_t ldd, const float *src, size_t lds, size_t R, size_t C,
+                      float scale) {
+  size_t R8 = R / 8 * 8, C8 = C / 8 * 8;
+  __m256 sc = _mm256_set1_ps(scale);
+  for (size_t r = 0; r < R8; r += 8)
+    for (size_t c = 0; c < C8; c += 8) tr8(dst + c * ldd + r, ldd, src + r * lds + c, lds, sc);
+  for (size_t r = 0; r < R; r++) /* the ragged edges */
+    for (size_t c = r < R8 ? C8 : 0; c < C; c++) dst[c * ldd + r] = scale * src[r * lds + c];
+}
+
 static float expsum(float *p, const float *s, size_t n, float m) {
   size_t j = 0;
   AV acc = AV_ZERO();
@@ -190,4 +221,4 @@ static float max(const float *s, size_t n, float m) {
 }
 
 const loom__attn_kernels ATTN_TABLE = {
-    .dot = dot, .accum = accum, .accum2 = accum2, .accum4 = accum4, .expsum = expsum, .max = max};
+    .dot = dot, .accum = accum, .accum2 = accum2, .accum4 = accum4, .transpose = transpose, .expsum = expsum, .max = max};

@@ -198,6 +198,17 @@ LT_TEST(sdpa_kernels_every_level_matches_scalar) {
                 fabsf(w0[d] - w1[d]) <= 1e-5f * (1 + fabsf(w0[d]))))
             lt_fail_at(__FILE__, __LINE__, "%s accum2 D=%zu n=%zu [%zu]: %g, %g vs scalar %g, %g",
                        ln, D, n, d, u1[d], w1[d], u0[d], w0[d]);
+        { /* transpose: n rows of D into D rows of n, scaled (exact: one product each) */
+          enum { LT = N + 3 };
+          static float tr0[DM * LT], tr1[DM * LT];
+          for (size_t i = 0; i < DM * LT; i++) tr0[i] = tr1[i] = 7.0f; /* outside: untouched */
+          ref->transpose(tr0, LT, kv + 1, LD, n, D, 0.125f);
+          k->transpose(tr1, LT, kv + 1, LD, n, D, 0.125f);
+          for (size_t i = 0; i < DM * LT; i++)
+            if (tr0[i] != tr1[i])
+              lt_fail_at(__FILE__, __LINE__, "%s transpose n=%zu D=%zu [%zu]: %g vs scalar %g",
+                         ln, n, D, i, tr1[i], tr0[i]);
+        }
         { /* accum4: four rows of different weights and starting values */
           float t0[4][DM], t1[4][DM], c4[4][N], c4s[4][3 * N]; /* c4s: c4 with stride 3 */
           float *o4r[4] = {t0[0], t0[1], t0[2], t0[3]}, *o4k[4] = {t1[0], t1[1], t1[2], t1[3]};
