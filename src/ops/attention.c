@@ -1,12 +1,12 @@
 /* attention.c: scaled dot-product attention (PyTorch's F.scaled_dot_product_attention with
- * is_causal), fused: the flash-attention recurrence. Forward walks each query row over blocks
- * of BLOCK keys with an online softmax (running max m and sum l, the output rescaled when m
+ * is_causal), fused: the flash-attention recurrence. Forward walks query rows, four at a time
+ * (one register tile), over blocks of BLOCK keys with an online softmax (running max m and sum l, the output rescaled when m
  * grows), so no more than one block of a row of the score matrix exists at a time; it saves
  * only the output and each row's logsumexp. Backward (FlashAttention-2) recomputes the scores
  * tile by tile (QTILE query rows by BLOCK keys) from q, k and the logsumexp: p = exp(s - lse),
  * dp = dO . v, ds = p (dp - Di) with Di = dO . O, then dq += ds k, dk += ds^T q, dv += p^T dO
  * (ds scaled by 1/sqrt(D)). Scores come from k transposed ([D, T] per slice, the scale folded
- * in), so that every product is an accum kernel. All in f32; f16 / bf16 inputs are staged to
+ * in), so that every product is an accum kernel (accum4: four output rows a pass). All in f32; f16 / bf16 inputs are staged to
  * f32 and the output rounded once. The inner loops are the per-level kernels of attn_int.h.
  * (batch, head) slices (and, in forward, bands of query rows) run on the caller's OpenMP team
  * (loom_set_num_threads). The same kernels serve loom_sdpa_qkv, which reads q, k and v in
