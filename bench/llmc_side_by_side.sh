@@ -31,7 +31,12 @@
 #   TEXT (a file instead of the fortunes), CPU (1: instead of wall-clock step times, each side's
 #   CPU time a step: the process's user + system time with STEPS + 1 steps less that with 1
 #   step, over STEPS; what to compare on a machine loaded by others, at 1 thread, where the
-#   other load takes wall-clock time from every side unevenly but not CPU time).
+#   other load takes wall-clock time from every side unevenly but not CPU time). With CPU=1
+#   only: AMP may list modes ("off bf16"), each measured in turn; ROUNDS (default 1) repeats
+#   the whole set, sides alternating (loom, llm.c, torch, loom AVX2 per mode), and the medians
+#   over the rounds and their ratios close the output; AVX2=1 adds loom on this CPU capped to
+#   AVX2 (LOOM_CPU=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell: what an AVX2-only
+#   CPU would run) and the ratio of its bf16 step to its f32 step.
 set -eu
 LOOM=$(readlink -f "$1")
 WORK=${2:-$(mktemp -d /tmp/llmc_side_by_side.XXXXXX)}
@@ -44,6 +49,8 @@ AMP=${AMP:-off}
 TORCH=${TORCH:-0}
 LLMC=${LLMC:-1}
 CPU=${CPU:-0}
+ROUNDS=${ROUNDS:-1}
+AVX2=${AVX2:-0}
 RUNS=$((STEPS + 1))
 mkdir -p "$WORK"
 echo "llmc_side_by_side: work in $WORK; model $L layers, $H heads, $C wide, context $T, batch $B;" \
@@ -122,29 +129,75 @@ cpu_step() {
 }
 if [ "$CPU" = 1 ]; then
   summary=$WORK/summary.txt
+  vals=$WORK/cpu-values.txt # "amp threads side ms" per measurement, for the medians
   : > "$summary"
+  : > "$vals"
   [ "$TORCH" = 1 ] &&
     echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, $(OPENBLAS_VERBOSE=2 "$PY" -c "import torch" 2>&1 | grep -m1 Core)" |
       tee -a "$summary"
+  round=0
+  while [ "$round" -lt "$ROUNDS" ]; do
+    round=$((round + 1))
+    for amp in $AMP; do
+      for n in $THREADS; do
+        load0=$(cut -d' ' -f1 /proc/loadavg)
+        CPU_LOG=$WORK/cpu-loom-$amp-$n.log
+        # shellcheck disable=SC2086
+        loom_ms=$(cpu_step "$LOOM" train $shape --threads "$n" --amp "$amp" --lr 3e-4 \
+                    --init "$init" --max-steps)
+        echo "$amp $n loom $loom_ms" >> "$vals"
+        line="round $round, threads $n, CPU ms a step: loom $amp $loom_ms ($(tps "$loom_ms") tokens/CPU s)"
+        if [ "$LLMC" = 1 ] && [ "$amp" = off ]; then
+          CPU_LOG=$WORK/cpu-llmc-$n.log
+          llmc_ms=$(OMP_NUM_THREADS=$n cpu_step "$src/llmc_steps" "$WORK/model.llmc.bin" \
+                      "$WORK/train.llmc.bin" "$B" "$T")
+          echo "$amp $n llmc $llmc_ms" >> "$vals"
+          line="$line, llm.c $llmc_ms ($(tps "$llmc_ms")), loom/llm.c $(awk -v a="$llmc_ms" -v b="$loom_ms" 'BEGIN { printf "%.2f", a / b }')x"
+        fi
+        if [ "$TORCH" = 1 ]; then
+          CPU_LOG=$WORK/cpu-torch-$amp-$n.log
+          torch_ms=$(cpu_step "$PY" "$HERE/llmc/llmc_files.py" torch "$init" --layers "$L" \
+                       --heads "$H" --context "$T" --batch "$B" --threads "$n" --amp "$amp" --steps)
+          echo "$amp $n torch $torch_ms" >> "$vals"
+          line="$line, torch $amp $torch_ms ($(tps "$torch_ms")), loom/torch $(awk -v a="$torch_ms" -v b="$loom_ms" 'BEGIN { printf "%.2f", a / b }')x"
+        fi
+        if [ "$AVX2" = 1 ]; then # loom again on this CPU capped to AVX2 (OpenBLAS's too)
+          CPU_LOG=$WORK/cpu-avx2-$amp-$n.log
+          # shellcheck disable=SC2086
+          avx2_ms=$(LOOM_CPU=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell \
+                      cpu_step "$LOOM" train $shape --threads "$n" --amp "$amp" --lr 3e-4 \
+                      --init "$init" --max-steps)
+          echo "$amp $n avx2 $avx2_ms" >> "$vals"
+          line="$line, loom avx2 $amp $avx2_ms ($(tps "$avx2_ms"))"
+        fi
+        echo "$line; load $load0-$(cut -d' ' -f1 /proc/loadavg)" | tee -a "$summary"
+      done
+    done
+  done
+  # medians over the rounds, and the ratios of the medians
+  awk '{ k = $1 " " $2 " " $3; v[k] = v[k] " " $4 }
+       END { for (k in v) print k v[k] }' "$vals" | sort | while read -r amp n side ms; do
+    med=$(echo "$ms" | tr ' ' '\n' | sort -g | awk '{ x[NR] = $1 } END {
+            print NR % 2 ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2 }')
+    echo "$amp $n $side $med"
+  done > "$WORK/cpu-medians.txt"
+  med() { awk -v a="$1" -v n="$2" -v s="$3" '$1 == a && $2 == n && $3 == s { print $4 }' "$WORK/cpu-medians.txt"; }
   for n in $THREADS; do
-    CPU_LOG=$WORK/cpu-loom-$n.log
-    # shellcheck disable=SC2086
-    loom_ms=$(cpu_step "$LOOM" train $shape --threads "$n" --amp "$AMP" --lr 3e-4 --init "$init" \
-                --max-steps)
-    line="threads $n, CPU ms a step: loom $AMP $loom_ms ($(tps "$loom_ms") tokens/CPU s)"
-    if [ "$LLMC" = 1 ]; then
-      CPU_LOG=$WORK/cpu-llmc-$n.log
-      llmc_ms=$(OMP_NUM_THREADS=$n cpu_step "$src/llmc_steps" "$WORK/model.llmc.bin" \
-                  "$WORK/train.llmc.bin" "$B" "$T")
-      line="$line, llm.c $llmc_ms ($(tps "$llmc_ms")), loom/llm.c $(awk -v a="$llmc_ms" -v b="$loom_ms" 'BEGIN { printf "%.2f", a / b }')x"
-    fi
-    if [ "$TORCH" = 1 ]; then
-      CPU_LOG=$WORK/cpu-torch-$n.log
-      torch_ms=$(cpu_step "$PY" "$HERE/llmc/llmc_files.py" torch "$init" --layers "$L" \
-                   --heads "$H" --context "$T" --batch "$B" --threads "$n" --amp "$AMP" --steps)
-      line="$line, torch $AMP $torch_ms ($(tps "$torch_ms")), loom/torch $(awk -v a="$torch_ms" -v b="$loom_ms" 'BEGIN { printf "%.2f", a / b }')x"
-    fi
-    echo "$line" | tee -a "$summary"
+    for amp in $AMP; do
+      l=$(med "$amp" "$n" loom)
+      line="medians of $ROUNDS, threads $n, $amp: loom $l ms ($(tps "$l") tokens/CPU s)"
+      for side in llmc torch avx2; do
+        x=$(med "$amp" "$n" "$side")
+        [ -n "$x" ] || continue
+        line="$line, $side $x ms ($(tps "$x"))"
+        [ "$side" = avx2 ] || line="$line, loom/$side $(awk -v a="$x" -v b="$l" 'BEGIN { printf "%.2f", a / b }')x"
+      done
+      echo "$line" | tee -a "$summary"
+    done
+    f=$(med off "$n" avx2) h=$(med bf16 "$n" avx2)
+    [ -n "$f" ] && [ -n "$h" ] &&
+      echo "medians, threads $n: loom avx2 bf16 / loom avx2 f32 speed $(awk -v a="$f" -v b="$h" 'BEGIN { printf "%.2f", a / b }')x" |
+        tee -a "$summary"
   done
   echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
   exit 0

@@ -1,12 +1,12 @@
 /* attention.c: scaled dot-product attention (PyTorch's F.scaled_dot_product_attention with
- * is_causal), fused: the flash-attention recurrence. Forward walks each query row over blocks
- * of BLOCK keys with an online softmax (running max m and sum l, the output rescaled when m
+ * is_causal), fused: the flash-attention recurrence. Forward walks query rows, four at a time
+ * (one register tile), over blocks of BLOCK keys with an online softmax (running max m and sum l, the output rescaled when m
  * grows), so no more than one block of a row of the score matrix exists at a time; it saves
  * only the output and each row's logsumexp. Backward (FlashAttention-2) recomputes the scores
  * tile by tile (QTILE query rows by BLOCK keys) from q, k and the logsumexp: p = exp(s - lse),
  * dp = dO . v, ds = p (dp - Di) with Di = dO . O, then dq += ds k, dk += ds^T q, dv += p^T dO
  * (ds scaled by 1/sqrt(D)). Scores come from k transposed ([D, T] per slice, the scale folded
- * in), so that every product is an accum kernel. All in f32; f16 / bf16 inputs are staged to
+ * in), so that every product is an accum kernel (accum4: four output rows a pass). All in f32; f16 / bf16 inputs are staged to
  * f32 and the output rounded once. The inner loops are the per-level kernels of attn_int.h.
  * (batch, head) slices (and, in forward, bands of query rows) run on the caller's OpenMP team
  * (loom_set_num_threads). The same kernels serve loom_sdpa_qkv, which reads q, k and v in
@@ -49,55 +49,93 @@ static int64_t out_off(const attn_dims *a, int64_t bh) {
  * of scores is an accum (the score row in registers, kt's rows streaming by) rather than one
  * dot product, each ending in a horizontal sum, per key. */
 static void transpose_scaled(const attn_dims *a, const float *k, float *kt, float scale) {
-  enum { TT = 16 }; /* keys a tile: each kt row gets a whole cache line of them at a time */
-  int64_t T = a->T, D = a->D;
+  const loom__attn_kernels *kk = loom__attn_k();
 #pragma omp parallel for num_threads(loom__gemm_threads()) if (a->BH > 1)
-  for (int64_t bh = 0; bh < a->BH; bh++) {
-    const float *kb = k + in_off(a, bh);
-    float *tb = kt + bh * D * a->ldt;
-    for (int64_t t0 = 0; t0 < T; t0 += TT) {
-      int64_t t1 = t0 + TT < T ? t0 + TT : T;
-      for (int64_t d = 0; d < D; d++)
-        for (int64_t t = t0; t < t1; t++) tb[d * a->ldt + t] = scale * kb[t * a->ldi + d];
-    }
-  }
+  for (int64_t bh = 0; bh < a->BH; bh++)
+    kk->transpose(kt + bh * a->D * a->ldt, (size_t)a->ldt, k + in_off(a, bh), (size_t)a->ldi,
+                  (size_t)a->T, (size_t)a->D, scale);
 }
 
-/* s[0..w) = q . kt's columns j0..j0+w (kt [D, ldt]): scores of one query row against a block. */
-static void block_scores(const loom__attn_kernels *kk, const attn_dims *a, float *s,
-                         const float *q, const float *kt, int64_t j0, size_t w) {
-  for (size_t j = 0; j < w; j++) s[j] = 0;
-  kk->accum(s, q, kt + j0, (size_t)a->ldt, (size_t)a->D, w);
+/* o[r] += sum_j p[r][j * ps] * v_j for r < c (c <= 4), j < n: a tile of four rows where there
+ * are four, else pairs and a single row (their weights gathered first where ps is not 1: n is
+ * then at most QTILE). */
+static void accum_rows(const loom__attn_kernels *kk, float *const *o, const float *const *p,
+                       size_t ps, size_t c, const float *v, size_t ld, size_t n, size_t D) {
+  if (c == 4) {
+    kk->accum4(o, p, ps, v, ld, n, D);
+    return;
+  }
+  float g[3][QTILE];
+  const float *pr[3];
+  for (size_t r = 0; r < c; r++) {
+    pr[r] = p[r];
+    if (ps != 1) {
+      for (size_t j = 0; j < n; j++) g[r][j] = p[r][j * ps];
+      pr[r] = g[r];
+    }
+  }
+  size_t r = 0;
+  for (; r + 2 <= c; r += 2) kk->accum2(o[r], o[r + 1], pr[r], pr[r + 1], v, ld, n, D);
+  if (r < c) kk->accum(o[r], pr[r], v, ld, n, D);
+}
+
+/* s[r][0..w) = x[r] . t's columns j0..j0+w for r < c (t: k or v transposed, [D, ldt]): the
+ * scores of up to four rows against a block, from one pass over t's block. */
+static void tile_scores(const loom__attn_kernels *kk, const attn_dims *a, float *const *s,
+                        const float *const *x, size_t c, const float *t, int64_t j0, size_t w) {
+  for (size_t r = 0; r < c; r++)
+    for (size_t j = 0; j < w; j++) s[r][j] = 0;
+  accum_rows(kk, s, x, 1, c, t + j0, (size_t)a->ldt, (size_t)a->D, w);
 }
 
 /* Rows [r0, r1) of one (batch, head) slice: q, v (rows ldi apart), o (ldo apart) are its
- * [T, D] rows, kt its scaled [D, T] keys, lse its [T]. A block's scores are computed for all its keys (w), those past
- * the causal limit (n) then left out. */
+ * [T, D] rows, kt its scaled [D, T] keys, lse its [T]. Four rows at a time: a block's scores
+ * are computed for all its keys (w), those past each row's causal limit then left out (and
+ * zero in p, so that the four rows share one pass over the block's values). */
 static void fwd_rows(const loom__attn_kernels *kk, const attn_dims *a, const float *q,
                      const float *kt, const float *v, float *o, float *lse, int64_t r0,
                      int64_t r1) {
   const size_t D = (size_t)a->D;
-  float s[BLOCK];
-  for (int64_t i = r0; i < r1; i++) {
-    const float *qi = q + i * a->ldi;
-    float *oi = o + i * a->ldo, m = -INFINITY, l = 0;
-    int64_t nk = a->causal ? i + 1 : a->T;
-    for (size_t d = 0; d < D; d++) oi[d] = 0;
-    for (int64_t j0 = 0; j0 < nk; j0 += BLOCK) {
-      size_t n = (size_t)(nk - j0 < BLOCK ? nk - j0 : BLOCK);
-      block_scores(kk, a, s, qi, kt, j0, (size_t)(a->T - j0 < BLOCK ? a->T - j0 : BLOCK));
-      float bm = kk->max(s, n, m);
-      float alpha = expf(m - bm); /* 0 on the first block (m = -inf) */
-      float sum = kk->expsum(s, s, n, bm);
-      if (alpha != 1.0f)
-        for (size_t d = 0; d < D; d++) oi[d] *= alpha;
-      kk->accum(oi, s, v + j0 * a->ldi, (size_t)a->ldi, n, D);
-      l = l * alpha + sum;
-      m = bm;
+  float s[4][BLOCK], m[4], l[4];
+  for (int64_t i = r0; i < r1; i += 4) {
+    size_t c = (size_t)(r1 - i < 4 ? r1 - i : 4);
+    float *oi[4], *sr[4];
+    const float *qi[4];
+    int64_t nk[4], nkmax = 0;
+    for (size_t r = 0; r < c; r++) {
+      qi[r] = q + (i + (int64_t)r) * a->ldi;
+      oi[r] = o + (i + (int64_t)r) * a->ldo;
+      sr[r] = s[r];
+      m[r] = -INFINITY;
+      l[r] = 0;
+      nk[r] = a->causal ? i + (int64_t)r + 1 : a->T;
+      nkmax = nk[r] > nkmax ? nk[r] : nkmax;
+      for (size_t d = 0; d < D; d++) oi[r][d] = 0;
     }
-    float inv = 1.0f / l;
-    for (size_t d = 0; d < D; d++) oi[d] *= inv;
-    lse[i] = m + logf(l);
+    for (int64_t j0 = 0; j0 < nkmax; j0 += BLOCK) {
+      size_t nmax = (size_t)(nkmax - j0 < BLOCK ? nkmax - j0 : BLOCK);
+      tile_scores(kk, a, sr, qi, c, kt, j0, (size_t)(a->T - j0 < BLOCK ? a->T - j0 : BLOCK));
+      for (size_t r = 0; r < c; r++) {
+        int64_t left = nk[r] - j0;
+        size_t n = (size_t)(left <= 0 ? 0 : left < BLOCK ? left : BLOCK);
+        if (n) {
+          float bm = kk->max(s[r], n, m[r]);
+          float alpha = expf(m[r] - bm); /* 0 on the first block (m = -inf) */
+          float sum = kk->expsum(s[r], s[r], n, bm);
+          if (alpha != 1.0f)
+            for (size_t d = 0; d < D; d++) oi[r][d] *= alpha;
+          l[r] = l[r] * alpha + sum;
+          m[r] = bm;
+        }
+        for (size_t j = n; j < nmax; j++) s[r][j] = 0;
+      }
+      accum_rows(kk, oi, (const float *const *)sr, 1, c, v + j0 * a->ldi, (size_t)a->ldi, nmax, D);
+    }
+    for (size_t r = 0; r < c; r++) {
+      float inv = 1.0f / l[r];
+      for (size_t d = 0; d < D; d++) oi[r][d] *= inv;
+      lse[i + (int64_t)r] = m[r] + logf(l[r]);
+    }
   }
 }
 
@@ -114,29 +152,17 @@ static void attn_fwd(const attn_dims *a, const float *q, float *kt, const float 
   }
 }
 
-/* s0 (and s1, when x1 is not NULL) = the scores of query rows x0 (x1) against keys j0..j0+w of
- * t (k or v transposed, [D, ldt]): two rows from one pass over t's block. */
-static void pair_scores(const loom__attn_kernels *kk, const attn_dims *a, float *s0, float *s1,
-                        const float *x0, const float *x1, const float *t, int64_t j0, size_t w) {
-  if (!x1) {
-    block_scores(kk, a, s0, x0, t, j0, w);
-    return;
-  }
-  for (size_t j = 0; j < w; j++) s0[j] = s1[j] = 0;
-  kk->accum2(s0, s1, x0, x1, t + j0, (size_t)a->ldt, (size_t)a->D, w);
-}
-
 /* One (batch, head) slice's gradients: dq, dk, dv ([T, D], zeroed) from dO, O and lse, a tile
- * of QTILE query rows by BLOCK keys at a time. The tile's p and ds are kept both ways round
- * (rows for dq += ds k, columns for dk += ds^T q and dv += p^T dO), zero where a row does not
- * see a key, so that every product is an accum over pairs of outputs (accum2): two output rows
- * held in registers while the tile's rows stream by once, instead of a read-modify-write of
- * each dk and dv row for every query row. */
+ * of QTILE query rows by BLOCK keys at a time. The tile's p and ds are kept as rows, zero where
+ * a row does not see a key, so that every product is an accum over four outputs at a time
+ * (accum4): dq += ds k over rows of ds, dk += ds^T q and dv += p^T dO over its columns (the
+ * weights BLOCK apart): four output rows held in registers while the tile's rows stream by
+ * once, instead of a read-modify-write of each dk and dv row for every query row. */
 static void bwd_slice(const loom__attn_kernels *kk, const attn_dims *a, const float *q,
                       const float *k, const float *kt, const float *vt, const float *o,
                       const float *lse, const float *go, float *dq, float *dk, float *dv) {
   const size_t D = (size_t)a->D, li = (size_t)a->ldi, lo = (size_t)a->ldo;
-  float pt[BLOCK][QTILE], dst[BLOCK][QTILE], dsr[QTILE][BLOCK], dp[2][BLOCK], di[QTILE];
+  float pr[QTILE][BLOCK], dsr[QTILE][BLOCK], dp[4][BLOCK], di[QTILE];
   size_t nr[QTILE]; /* keys row r of the tile sees */
   for (int64_t i0 = 0; i0 < a->T; i0 += QTILE) {
     size_t ni = (size_t)(a->T - i0 < QTILE ? a->T - i0 : QTILE);
@@ -146,43 +172,53 @@ static void bwd_slice(const loom__attn_kernels *kk, const attn_dims *a, const fl
     for (int64_t j0 = 0; j0 < jend; j0 += BLOCK) {
       size_t nj = (size_t)(jend - j0 < BLOCK ? jend - j0 : BLOCK);
       size_t w = (size_t)(a->T - j0 < BLOCK ? a->T - j0 : BLOCK);
-      for (size_t r = 0; r < ni; r += 2) {
-        bool two = r + 1 < ni;
-        pair_scores(kk, a, dsr[r], two ? dsr[r + 1] : NULL, qt + r * li,
-                    two ? qt + (r + 1) * li : NULL, kt, j0, w);
-        pair_scores(kk, a, dp[0], dp[1], got + r * lo, two ? got + (r + 1) * lo : NULL, vt, j0, w);
-        for (size_t u = r; u < r + 1 + two; u++) {
+      for (size_t r = 0; r < ni; r += 4) {
+        size_t c = ni - r < 4 ? ni - r : 4;
+        float *sr[4], *gr[4];
+        const float *xq[4], *xg[4];
+        for (size_t u = 0; u < c; u++) {
+          sr[u] = pr[r + u];
+          gr[u] = dp[u];
+          xq[u] = qt + (r + u) * li;
+          xg[u] = got + (r + u) * lo;
+        }
+        tile_scores(kk, a, sr, xq, c, kt, j0, w);
+        tile_scores(kk, a, gr, xg, c, vt, j0, w);
+        for (size_t u = r; u < r + c; u++) {
           int64_t see = a->causal ? i0 + (int64_t)u - j0 + 1 : (int64_t)nj;
           size_t n = nr[u] = see < 0 ? 0 : see > (int64_t)nj ? nj : (size_t)see, j;
-          float *p = dsr[u], *g = dp[u - r];
+          float *p = pr[u], *ds = dsr[u], *g = dp[u - r], dd = di[u], sc = a->scale;
           kk->expsum(p, p, n, lse[i0 + (int64_t)u]);
-          for (j = 0; j < n; j++) {
-            pt[j][u] = p[j];
-            dst[j][u] = p[j] = p[j] * (g[j] - di[u]) * a->scale;
-          }
-          for (; j < nj; j++) pt[j][u] = dst[j][u] = p[j] = 0;
+          for (j = 0; j < n; j++) ds[j] = p[j] * (g[j] - dd) * sc;
+          for (; j < nj; j++) p[j] = ds[j] = 0;
         }
       }
       const float *kb = k + j0 * a->ldi;
-      for (size_t r = 0; r < ni; r += 2) {
-        float *dqr = dq + (i0 + (int64_t)r) * a->ldi;
-        if (r + 1 < ni)
-          kk->accum2(dqr, dqr + li, dsr[r], dsr[r + 1], kb, li, nr[r + 1] > nr[r] ? nr[r + 1] : nr[r], D);
-        else
-          kk->accum(dqr, dsr[r], kb, li, nr[r], D);
-      }
-      for (size_t j = 0; j < nj; j += 2) { /* rows from the first that sees key j0 + j */
-        int64_t first = a->causal ? j0 + (int64_t)j - i0 : 0;
-        size_t r0 = first < 0 ? 0 : (size_t)first, m = ni - r0;
-        if (r0 >= ni) break; /* later keys are seen later still */
-        float *dvj = dv + (j0 + (int64_t)j) * a->ldi, *dkj = dk + (j0 + (int64_t)j) * a->ldi;
-        if (j + 1 < nj) {
-          kk->accum2(dvj, dvj + li, pt[j] + r0, pt[j + 1] + r0, got + r0 * lo, lo, m, D);
-          kk->accum2(dkj, dkj + li, dst[j] + r0, dst[j + 1] + r0, qt + r0 * li, li, m, D);
-        } else {
-          kk->accum(dvj, pt[j] + r0, got + r0 * lo, lo, m, D);
-          kk->accum(dkj, dst[j] + r0, qt + r0 * li, li, m, D);
+      for (size_t r = 0; r < ni; r += 4) {
+        size_t c = ni - r < 4 ? ni - r : 4, n = 0;
+        float *dqr[4];
+        const float *ds[4];
+        for (size_t u = 0; u < c; u++) {
+          dqr[u] = dq + (i0 + (int64_t)(r + u)) * a->ldi;
+          ds[u] = dsr[r + u];
+          n = nr[r + u] > n ? nr[r + u] : n;
         }
+        accum_rows(kk, dqr, ds, 1, c, kb, li, n, D);
+      }
+      for (size_t j = 0; j < nj; j += 4) { /* rows from the first that sees key j0 + j */
+        int64_t first = a->causal ? j0 + (int64_t)j - i0 : 0;
+        size_t r0 = first < 0 ? 0 : (size_t)first, c = nj - j < 4 ? nj - j : 4;
+        if (r0 >= ni) break; /* later keys are seen later still */
+        float *dvj[4], *dkj[4];
+        const float *pc[4], *dc[4];
+        for (size_t u = 0; u < c; u++) {
+          dvj[u] = dv + (j0 + (int64_t)(j + u)) * a->ldi;
+          dkj[u] = dk + (j0 + (int64_t)(j + u)) * a->ldi;
+          pc[u] = &pr[r0][j + u];
+          dc[u] = &dsr[r0][j + u];
+        }
+        accum_rows(kk, dvj, pc, BLOCK, c, got + r0 * lo, lo, ni - r0, D);
+        accum_rows(kk, dkj, dc, BLOCK, c, qt + r0 * li, li, ni - r0, D);
       }
     }
   }

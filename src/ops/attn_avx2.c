@@ -32,6 +32,7 @@ static inline float hmax_avx2(__m256 v) {
 #define AV_ROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define AV_MAX _mm256_max_ps
 #define AV_HMAX hmax_avx2
+#define AV_NV4 2
 #define ATTN_TABLE loom__attn_kernels_avx2
 #include "ops/attn_body.h"
 

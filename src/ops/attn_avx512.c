@@ -18,6 +18,7 @@
 #define AV_ROUND(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define AV_MAX _mm512_max_ps
 #define AV_HMAX _mm512_reduce_max_ps
+#define AV_NV4 4
 #define ATTN_TABLE loom__attn_kernels_avx512
 #include "ops/attn_body.h"
 

@@ -2,8 +2,9 @@
  * included by attn_avx2.c and attn_avx512.c, which define it first: AV (the vector type), AW
  * (its float lanes), AV_LOAD, AV_STORE, AV_FMA(a, b, c) = a * b + c, AV_FNMA(a, b, c) =
  * c - a * b, AV_SET1, AV_ZERO, AV_ADD, AV_MUL, AV_ROUND (to nearest), AV_HSUM (the sum of the
- * lanes), AV_MAX(a, b) (b where either is NaN), AV_HMAX (the largest lane) and ATTN_TABLE (the
- * table's name); and after it av_exp (exp of each lane, from exp_reduced below and the level's
+ * lanes), AV_MAX(a, b) (b where either is NaN), AV_HMAX (the largest lane), AV_NV4 (vectors of
+ * each row accum4 keeps in registers: 4 rows x AV_NV4 accumulators plus AV_NV4 loaded ones must
+ * fit the register file) and ATTN_TABLE (the table's name); and after it av_exp (exp of each lane, from exp_reduced below and the level's
  * own 2^n). Ragged ends of a row run as scalar loops. No include guard on purpose. */
 
 static inline AV av_exp(AV x);
@@ -113,6 +114,90 @@ static void accum2(float *o0, float *o1, const float *p0, const float *p1, const
   }
 }
 
+/* An empty asm that says it changes x: the loaded vector stays in a register, where the
+ * compiler would otherwise fold the load into each of the four FMAs that use it (four loads
+ * where one does, and the load ports, not the FMAs, would set the speed). */
+#define AV_KEEP(x) __asm__("" : "+v"(x))
+
+/* Four output rows by AV_NV4 vectors in registers; each vector of a block row is loaded once
+ * for the four FMAs of the tile's rows (on AVX-512: 16 FMAs to 4 loads and 4 broadcasts). */
+static void accum4(float *const o[4], const float *const p[4], size_t ps, const float *v,
+                   size_t ld, size_t n, size_t D) {
+  size_t d = 0;
+  for (; d + AV_NV4 * AW <= D; d += AV_NV4 * AW) {
+    AV acc[4][AV_NV4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+      for (int c = 0; c < AV_NV4; c++) acc[r][c] = AV_LOAD(o[r] + d + c * AW);
+    const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
+    for (size_t j = 0; j < n; j++) {
+      const float *vj = v + j * ld + d;
+      AV x[AV_NV4];
+#pragma GCC unroll 4
+      for (int c = 0; c < AV_NV4; c++) {
+        x[c] = AV_LOAD(vj + c * AW);
+        AV_KEEP(x[c]);
+      }
+      size_t jp = j * ps;
+      AV b0 = AV_SET1(p0[jp]), b1 = AV_SET1(p1[jp]), b2 = AV_SET1(p2[jp]), b3 = AV_SET1(p3[jp]);
+#pragma GCC unroll 4
+      for (int c = 0; c < AV_NV4; c++) {
+        acc[0][c] = AV_FMA(b0, x[c], acc[0][c]);
+        acc[1][c] = AV_FMA(b1, x[c], acc[1][c]);
+        acc[2][c] = AV_FMA(b2, x[c], acc[2][c]);
+        acc[3][c] = AV_FMA(b3, x[c], acc[3][c]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+      for (int c = 0; c < AV_NV4; c++) AV_STORE(o[r] + d + c * AW, acc[r][c]);
+  }
+  for (int r = 0; r < 4; r++) { /* the rest of each row: a vector, then a float, at a time */
+    size_t e = d;
+    for (; e + AW <= D; e += AW) {
+      AV acc = AV_LOAD(o[r] + e);
+      for (size_t j = 0; j < n; j++)
+        acc = AV_FMA(AV_SET1(p[r][j * ps]), AV_LOAD(v + j * ld + e), acc);
+      AV_STORE(o[r] + e, acc);
+    }
+    for (; e < D; e++)
+      for (size_t j = 0; j < n; j++) o[r][e] += p[r][j * ps] * v[j * ld + e];
+  }
+}
+
+/* An 8 x 8 block of src (rows ls apart) into dst transposed (rows ld apart), scaled, through
+ * registers: AVX's unpack / shuffle / 128-bit permute network (AVX2 and AVX-512 alike). */
+static inline void tr8(float *d, size_t ld, const float *s, size_t ls, __m256 sc) {
+  __m256 r[8], t[8], u[8];
+  for (int i = 0; i < 8; i++) r[i] = _mm256_mul_ps(sc, _mm256_loadu_ps(s + i * ls));
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; i++) {
+    _mm256_storeu_ps(d + i * ld, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+    _mm256_storeu_ps(d + (i + 4) * ld, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+  }
+}
+
+static void transpose(float *dst, size_t ldd, const float *src, size_t lds, size_t R, size_t C,
+                      float scale) {
+  size_t R8 = R / 8 * 8, C8 = C / 8 * 8;
+  __m256 sc = _mm256_set1_ps(scale);
+  for (size_t r = 0; r < R8; r += 8)
+    for (size_t c = 0; c < C8; c += 8) tr8(dst + c * ldd + r, ldd, src + r * lds + c, lds, sc);
+  for (size_t r = 0; r < R; r++) /* the ragged edges */
+    for (size_t c = r < R8 ? C8 : 0; c < C; c++) dst[c * ldd + r] = scale * src[r * lds + c];
+}
+
 static float expsum(float *p, const float *s, size_t n, float m) {
   size_t j = 0;
   AV acc = AV_ZERO();
@@ -136,4 +221,4 @@ static float max(const float *s, size_t n, float m) {
 }
 
 const loom__attn_kernels ATTN_TABLE = {
-    .dot = dot, .accum = accum, .accum2 = accum2, .expsum = expsum, .max = max};
+    .dot = dot, .accum = accum, .accum2 = accum2, .accum4 = accum4, .transpose = transpose, .expsum = expsum, .max = max};

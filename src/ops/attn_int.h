@@ -16,6 +16,15 @@ typedef struct loom__attn_kernels {
    * pass over the block's rows (each v load feeds two FMAs) */
   void (*accum2)(float *o0, float *o1, const float *p0, const float *p1, const float *v,
                  size_t ld, size_t n, size_t D);
+  /* o[r] += sum_j p[r][j * ps] * v_j for r < 4, j < n: a tile of four output rows held in
+   * registers (on AVX-512 four rows by four vectors) while the block's rows stream by once;
+   * the weights ps apart (1: a row; a row length: a column of a row-major block) */
+  void (*accum4)(float *const o[4], const float *const p[4], size_t ps, const float *v,
+                 size_t ld, size_t n, size_t D);
+  /* dst[c * ldd + r] = scale * src[r * lds + c] for r < R, c < C: k or v transposed (and
+   * scaled) for the score blocks; SIMD levels move 8 x 8 blocks through registers */
+  void (*transpose)(float *dst, size_t ldd, const float *src, size_t lds, size_t R, size_t C,
+                    float scale);
   /* x . y over D floats */
   float (*dot)(const float *x, const float *y, size_t D);
   /* o += sum_j p[j] * v_j for j < n: a block of weighted value rows into one output row */

@@ -198,6 +198,39 @@ LT_TEST(sdpa_kernels_every_level_matches_scalar) {
                 fabsf(w0[d] - w1[d]) <= 1e-5f * (1 + fabsf(w0[d]))))
             lt_fail_at(__FILE__, __LINE__, "%s accum2 D=%zu n=%zu [%zu]: %g, %g vs scalar %g, %g",
                        ln, D, n, d, u1[d], w1[d], u0[d], w0[d]);
+        { /* transpose: n rows of D into D rows of n, scaled (exact: one product each) */
+          enum { LT = N + 3 };
+          static float tr0[DM * LT], tr1[DM * LT];
+          for (size_t i = 0; i < DM * LT; i++) tr0[i] = tr1[i] = 7.0f; /* outside: untouched */
+          ref->transpose(tr0, LT, kv + 1, LD, n, D, 0.125f);
+          k->transpose(tr1, LT, kv + 1, LD, n, D, 0.125f);
+          for (size_t i = 0; i < DM * LT; i++)
+            if (tr0[i] != tr1[i])
+              lt_fail_at(__FILE__, __LINE__, "%s transpose n=%zu D=%zu [%zu]: %g vs scalar %g",
+                         ln, n, D, i, tr1[i], tr0[i]);
+        }
+        { /* accum4: four rows of different weights and starting values */
+          float t0[4][DM], t1[4][DM], c4[4][N], c4s[4][3 * N]; /* c4s: c4 with stride 3 */
+          float *o4r[4] = {t0[0], t0[1], t0[2], t0[3]}, *o4k[4] = {t1[0], t1[1], t1[2], t1[3]};
+          const float *p4[4] = {c4[0], c4[1], c4[2], c4[3]},
+                      *p4s[4] = {c4s[0], c4s[1], c4s[2], c4s[3]};
+          for (size_t ps = 1; ps <= 3; ps += 2) { /* weights in a row, then in a column */
+            for (int r = 0; r < 4; r++) {
+              for (size_t j = 0; j < 3 * n; j++) c4s[r][j] = 1e30f; /* read: a wrong result */
+              for (size_t j = 0; j < n; j++)
+                c4s[r][j * 3] = c4[r][j] = a[(j * (size_t)(r + 1) + (size_t)r) % n];
+              for (size_t d = 0; d < D; d++) t0[r][d] = t1[r][d] = (float)(r - 1) * q[d];
+            }
+            ref->accum4(o4r, p4, 1, kv, LD, n, D);
+            k->accum4(o4k, ps == 1 ? p4 : p4s, ps, kv, LD, n, D);
+            for (int r = 0; r < 4; r++)
+              for (size_t d = 0; d < D; d++)
+                if (!(fabsf(t0[r][d] - t1[r][d]) <= 1e-5f * (1 + fabsf(t0[r][d]))))
+                  lt_fail_at(__FILE__, __LINE__,
+                             "%s accum4 D=%zu n=%zu ps=%zu row %d [%zu]: %g vs scalar %g", ln, D,
+                             n, ps, r, d, t1[r][d], t0[r][d]);
+          }
+        }
         for (size_t j = 0; j < n; j++) s0[j] = s1[j] = -30.0f * a[j] * a[j]; /* exp's range */
         float sum0 = ref->expsum(s0, s0, n, 0.25f), sum1 = k->expsum(s1, s1, n, 0.25f);
         for (size_t j = 0; j < n; j++)
