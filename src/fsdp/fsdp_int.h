@@ -72,6 +72,7 @@ struct fsdp_unit {
   bool reads_tier;       /* the gather's first step reads this rank's part out of the tier */
   double read_begin, read_end; /* when it did (written by the thread that ran it) */
   uint64_t share_gen;    /* shared gathers of this unit issued (fsdp_share.c) */
+  size_t share_counted;  /* bytes of `gathered` (a shared buffer) this rank's account counts */
   /* backward */
   bool in_backward;      /* its pre-backward ran in this backward */
   bool reduced;          /* its reduce-scatter was issued (or, with sync off, the gradient kept) */
@@ -154,6 +155,9 @@ bool loom__fsdp_shares(const fsdp_unit *u, loom_dtype dt);
 /* The shared buffer of the unit's next gather (padded elements of dt), a reference of this
  * rank's: rank 0 makes it, the others wait for it. */
 int loom__fsdp_share_buffer(fsdp_unit *u, loom_dtype dt, loom_tensor **out);
+/* Before `gathered` is freed: this rank's account stops counting its share (nothing if the
+ * buffer is not shared). */
+void loom__fsdp_share_release(fsdp_unit *u);
 
 /* fsdp_hooks.c */
 int loom__fsdp_install_hooks(loom_fsdp *f);

@@ -7,10 +7,13 @@
  * the bytes, and every rank's parameters view the same bytes, which nobody writes while the unit
  * is gathered (the gathered parameters are read-only: fsdp.h).
  *
- * Rank 0 (the leader) allocates each shared buffer (on its memory account) and publishes it in
- * the unit's slot for that gather, holding one reference for each other rank; the others take
- * theirs from the slot when they issue the same gather. Every rank frees its reference when it
- * reshards, and the last one frees the buffer. Gathers of one unit alternate between two slots
+ * Rank 0 (the leader) allocates each shared buffer and publishes it in the unit's slot for that
+ * gather, holding one reference for each other rank; the others take theirs from the slot when
+ * they issue the same gather. Every rank frees its reference when it reshards, and the last one
+ * frees the buffer. Memory: the process's compute pool counts the buffer once; the block itself
+ * is on account 0 (the process's, no rank's), and each rank's account counts its 1/n share
+ * (its shard's bytes) from taking its reference to freeing it (loom__mem_account_only), so a
+ * rank's figures never hold a unit only a slower peer still uses. Gathers of one unit alternate between two slots
  * by their count: the leader rewrites a slot only at its next-but-one gather of the unit, after
  * it waited for the next one, which every rank had issued (so taken its buffer of this one)
  * before that collective could complete.
@@ -116,6 +119,16 @@ void loom__fsdp_share_free(loom_fsdp *f) {
   f->share = NULL;
 }
 
+static ptrdiff_t share_bytes(const fsdp_unit *u, loom_dtype dt) {
+  return (ptrdiff_t)(u->shard * loom_dtype_size(dt));
+}
+
+void loom__fsdp_share_release(fsdp_unit *u) {
+  if (!u->share_counted) return;
+  loom__mem_account_only(LOOM_POOL_COMPUTE, loom_mem_account(), -(ptrdiff_t)u->share_counted);
+  u->share_counted = 0;
+}
+
 bool loom__fsdp_shares(const fsdp_unit *u, loom_dtype dt) {
   return u->f->share && dt == LOOM_F32;
 }
@@ -167,11 +180,16 @@ int loom__fsdp_share_buffer(fsdp_unit *u, loom_dtype dt, loom_tensor **out) {
     if (rc) return rc;
     *out = atomic_load_explicit(&s->t, memory_order_relaxed); /* our reference, held for us */
     atomic_fetch_sub(&s->untaken, 1);
+    u->share_counted = (size_t)share_bytes(u, dt);
+    loom__mem_account_only(LOOM_POOL_COMPUTE, loom_mem_account(), share_bytes(u, dt));
     return LOOM_OK;
   }
   int64_t len = (int64_t)u->padded;
   loom_tensor *t = NULL;
+  int account = loom_mem_account();
+  loom_mem_set_account(0); /* the block is no rank's: each counts its share (see the top) */
   int rc = loom_tensor_empty(dt, 1, &len, &t);
+  loom_mem_set_account(account);
   if (rc) {
     char msg[512];
     snprintf(msg, sizeof msg, "%s", loom_last_error());
@@ -188,6 +206,8 @@ int loom__fsdp_share_buffer(fsdp_unit *u, loom_dtype dt, loom_tensor **out) {
   atomic_store_explicit(&s->gen, gen, memory_order_release);
   pthread_cond_broadcast(&sh->cv);
   pthread_mutex_unlock(&sh->mu);
+  u->share_counted = (size_t)share_bytes(u, dt);
+  loom__mem_account_only(LOOM_POOL_COMPUTE, account, share_bytes(u, dt));
   *out = t;
   return LOOM_OK;
 }

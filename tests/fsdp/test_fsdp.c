@@ -3,7 +3,8 @@
  * with N x B rows, after several AdamW steps, in f32 and under bf16 and f16 mixed precision;
  * and as DDP with the same ranks. Also every wrap policy, resharding and prefetch options, no_sync
  * accumulation, the global overflow decision, cast-then-gather, and the full state dict; and
- * gathered units shared by the ranks against one buffer per rank, bit for bit.
+ * gathered units shared by the ranks against one buffer per rank, bit for bit (each rank's
+ * account counting its share).
  *
  * Tolerance. The ranks' averaged gradients and the single process's mean over all rows differ
  * only in f32 summation order (relative ~1e-7). AdamW divides by sqrt(v) + eps, so a gradient
@@ -211,6 +212,8 @@ LT_TEST(fsdp_wrap_policies_reshard_and_prefetch_options_all_match) {
  * accumulation. */
 typedef struct view_job {
   const void *data[MAXR]; /* each rank's first parameter's data while unit 0 is gathered */
+  int64_t counted[MAXR];  /* bytes the gather added to the rank's compute-pool account */
+  size_t shard, padded;   /* unit 0's elements per rank and in all */
 } view_job;
 
 static int view_rank(loom_pg *pg, void *arg) {
@@ -220,7 +223,17 @@ static int view_rank(loom_pg *pg, void *arg) {
   loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
   int rc = fm_create(1, &m);
   if (!rc) rc = loom_fsdp_create(pg, m, &cfg, &f);
+  loom_pool_stats a, b;
+  loom_fsdp_unit_info ui;
+  if (!rc) rc = loom_fsdp_unit_info_get(f, 0, &ui);
+  if (!rc) rc = loom_mem_account_stats(loom_mem_account(), LOOM_POOL_COMPUTE, &a);
   if (!rc) rc = loom_fsdp_gather_unit(f, 0, LOOM_F32);
+  if (!rc) rc = loom_mem_account_stats(loom_mem_account(), LOOM_POOL_COMPUTE, &b);
+  if (!rc) {
+    j->counted[loom_pg_rank(pg)] = (int64_t)b.current_bytes - (int64_t)a.current_bytes;
+    j->shard = ui.shard_numel;
+    j->padded = ui.padded_numel;
+  }
   loom_param p;
   if (!rc) rc = loom_module_param(m, 0, &p);
   if (!rc) j->data[loom_pg_rank(pg)] = loom_tensor_data(p.value);
@@ -241,12 +254,17 @@ LT_TEST(fsdp_ranks_in_one_process_share_gathered_units_bit_identical) {
     for (int share = 0; share < 2; share++) {
       if (share) unsetenv("LOOM_FSDP_SHARE_GATHERS");
       else setenv("LOOM_FSDP_SHARE_GATHERS", "0", 1);
-      view_job j = {{0}};
+      view_job j;
+      memset(&j, 0, sizeof j);
       LT_OK(loom_threads_run(n, NULL, view_rank, &j));
       for (int r = 1; r < n; r++) {
         LT_TRUE(j.data[r] != NULL);
         LT_EQ(j.data[r] == j.data[0], share == 1);
       }
+      /* shared: each rank's account counts its shard of the buffer, not the whole of it */
+      for (int r = 0; r < n; r++)
+        if (share) LT_EQ(j.counted[r], (int64_t)(j.shard * sizeof(float)));
+        else LT_TRUE(j.counted[r] >= (int64_t)(j.padded * sizeof(float)));
     }
     for (int variant = 0; variant < 4; variant++) {
       run own = {.nranks = n}, shared = {.nranks = n};
