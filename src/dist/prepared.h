@@ -28,6 +28,11 @@ int loom__pg_allreduce_prepared(loom_pg *pg, const void *send, void *recv, size_
                                 loom_dtype dt, loom_redop op, loom__coll_prepare_fn prepare,
                                 void *ctx, loom_work **out);
 
+/* A blocking all-gather whose bytes move even in a dry run (loom_mem_set_dry_run), for
+ * metadata the run's structure depends on (FSDP's shared buffers; also dist_int.h). */
+int loom__pg_allgather_always(loom_pg *pg, const void *send, void *recv, size_t count,
+                              loom_dtype dt);
+
 /* True when every rank of pg runs in this process (the threads backend): a layer above may then
  * share one buffer between the ranks (FSDP's gathered units, fsdp_share.c). */
 bool loom__pg_one_address_space(const loom_pg *pg);

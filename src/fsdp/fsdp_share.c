@@ -65,11 +65,12 @@ static bool sharing_wanted(void) {
 
 int loom__fsdp_share_init(loom_fsdp *f) {
   f->share = NULL;
-  /* the exchange below runs on every rank of a group in one process (the backend, the dry
-   * run and the environment are the process's); whether to share is then agreed: every rank
+  /* the exchange below runs on every rank of a group in one process (the backend and the
+   * environment are the process's; a dry run shares too, so that `loom plan` counts what the
+   * run will); whether to share is then agreed: every rank
    * must want it (the configuration may differ between ranks, which a later collective
    * reports) */
-  if (f->world < 2 || loom__dry() || !loom__pg_one_address_space(f->pg)) return LOOM_OK;
+  if (f->world < 2 || !loom__pg_one_address_space(f->pg)) return LOOM_OK;
   bool want = !f->mp && !f->cfg.offload.enabled && sharing_wanted();
   loom__fsdp_share *mine = NULL;
   if (f->rank == 0 && want) {
@@ -102,7 +103,8 @@ int loom__fsdp_share_init(loom_fsdp *f) {
     rc = loom__fail(LOOM_ENOMEM, "fsdp: out of memory sharing gathers");
     loom__pg_fail_group(f->pg, rc, loom_last_error()); /* the others must not wait for us */
   }
-  if (!rc) rc = loom_pg_allgather(f->pg, &send, all, 1, LOOM_I64, NULL);
+  /* bytes that move in a dry run too: `loom plan` shares as the run will */
+  if (!rc) rc = loom__pg_allgather_always(f->pg, &send, all, 1, LOOM_I64);
   bool every = !rc && all[0] != 0;
   for (int r = 1; r < f->world && every; r++) every = all[r] == 1;
   if (every) f->share = (loom__fsdp_share *)(intptr_t)all[0];
