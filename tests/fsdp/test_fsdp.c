@@ -231,8 +231,10 @@ static int view_rank(loom_pg *pg, void *arg) {
   if (!rc) rc = loom_mem_account_stats(loom_mem_account(), LOOM_POOL_COMPUTE, &b);
   if (!rc) {
     j->counted[loom_pg_rank(pg)] = (int64_t)b.current_bytes - (int64_t)a.current_bytes;
-    j->shard = ui.shard_numel;
-    j->padded = ui.padded_numel;
+    if (loom_pg_rank(pg) == 0) { /* the same on every rank */
+      j->shard = ui.shard_numel;
+      j->padded = ui.padded_numel;
+    }
   }
   loom_param p;
   if (!rc) rc = loom_module_param(m, 0, &p);
