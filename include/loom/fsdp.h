@@ -287,7 +287,10 @@ int loom_fsdp_segments(const loom_fsdp *f, const loom_param_seg **segs, size_t *
 
 /* Gather unit's parameters on every rank in dtype dt (LOOM_F32, or a forward dtype: the shard
  * is cast first) and point the parameters at them; LOOM_OK at once if already gathered in dt.
- * A collective: every rank calls it. */
+ * A collective: every rank calls it. Gathered parameters are read-only: on the threads backend
+ * the ranks' f32 parameters (without mixed precision or offload) view one buffer, each rank
+ * copying only its shard into it and its memory account counting that shard's bytes while it
+ * holds the buffer (LOOM_FSDP_SHARE_GATHERS=0 in the environment: one buffer per rank). */
 int loom_fsdp_gather_unit(loom_fsdp *f, size_t unit, loom_dtype dt);
 /* Free the gathered parameters (the parameters hold no data again). Not a collective. */
 int loom_fsdp_reshard_unit(loom_fsdp *f, size_t unit);

@@ -209,6 +209,12 @@ void loom__mem_account_to(loom_pool pool, int account, ptrdiff_t delta) {
   account_tagged(pool, account, 0, delta);
 }
 
+void loom__mem_account_only(loom_pool pool, int account, ptrdiff_t delta) {
+  if ((unsigned)pool >= LOOM_POOL_COUNT) return;
+  if ((unsigned)account >= LOOM_MEM_ACCOUNTS) account = 0;
+  count(&accounts[account].pool[pool], 0, delta);
+}
+
 void loom__mem_account(loom_pool pool, ptrdiff_t delta) {
   loom__mem_account_to(pool, my_account, delta);
 }

@@ -48,6 +48,10 @@ void loom__mem_cache_reserve(ptrdiff_t delta);
  * (an account out of range counts as 0), so the account's bytes cannot go below zero. */
 void loom__mem_account(loom_pool pool, ptrdiff_t delta);
 void loom__mem_account_to(loom_pool pool, int account, ptrdiff_t delta);
+/* Count bytes on an account only, not on the process's pool: a rank's share of a block that
+ * several ranks use and another account holds (FSDP's shared gathered units, fsdp_share.c:
+ * each holder counts its 1/n while it holds the block). Give them back the same way. */
+void loom__mem_account_only(loom_pool pool, int account, ptrdiff_t delta);
 /* True if the failure injector says this allocation attempt fails (counts the attempt).
  * For allocation paths that do not go through loom__malloc (mmap). */
 bool loom__alloc_should_fail(loom_pool pool);

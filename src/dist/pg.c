@@ -152,6 +152,12 @@ int loom__pg_execute(loom_pg *pg, const loom__coll *c) {
 int loom_pg_rank(const loom_pg *pg) { return pg ? pg->rank : -1; }
 int loom_pg_size(const loom_pg *pg) { return pg ? pg->size : -1; }
 const char *loom_pg_backend(const loom_pg *pg) { return pg ? pg->ops->name : "?"; }
+bool loom__pg_one_address_space(const loom_pg *pg) {
+  return pg && pg->ops->name && !strcmp(pg->ops->name, "threads");
+}
+int loom__pg_fail_group(loom_pg *pg, int code, const char *msg) {
+  return pg ? loom__pg_fail(pg, code, msg) : code;
+}
 int loom_pg_compute_threads(const loom_pg *pg) { return pg ? pg->compute_threads : 1; }
 double loom_pg_timeout(const loom_pg *pg) { return pg ? atomic_load(&pg->timeout_s) : 0; }
 

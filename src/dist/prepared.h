@@ -7,6 +7,8 @@
 
 #include "loom/dist.h"
 
+#include <stdbool.h>
+
 /* Fills the collective's send data; runs once, before the collective, on the thread that runs
  * it. A status other than LOOM_OK (with loom__fail's message) fails the group, as a failed
  * collective does, so peers waiting in it return that error rather than hang; the work's wait
@@ -25,5 +27,18 @@ int loom__pg_allgather_prepared(loom_pg *pg, const void *send, void *recv, size_
 int loom__pg_allreduce_prepared(loom_pg *pg, const void *send, void *recv, size_t count,
                                 loom_dtype dt, loom_redop op, loom__coll_prepare_fn prepare,
                                 void *ctx, loom_work **out);
+
+/* A blocking all-gather whose bytes move even in a dry run (loom_mem_set_dry_run), for
+ * metadata the run's structure depends on (FSDP's shared buffers; also dist_int.h). */
+int loom__pg_allgather_always(loom_pg *pg, const void *send, void *recv, size_t count,
+                              loom_dtype dt);
+
+/* True when every rank of pg runs in this process (the threads backend): a layer above may then
+ * share one buffer between the ranks (FSDP's gathered units, fsdp_share.c). */
+bool loom__pg_one_address_space(const loom_pg *pg);
+
+/* Fail the group with (code, msg) so that peers waiting for this rank outside a collective
+ * (polling loom_pg_async_error) stop; loom__pg_fail for the layers above dist. Returns code. */
+int loom__pg_fail_group(loom_pg *pg, int code, const char *msg);
 
 #endif

@@ -244,6 +244,7 @@ int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
   for (size_t u = 0; u < f->nunits && !rc; u++)
     if (!(rc = make_shards(&f->units[u], f->rank))) rc = loom__fsdp_param_done(&f->units[u]);
   if (!rc) rc = make_segments(f);
+  if (!rc) rc = loom__fsdp_share_init(f);
   if (!rc) rc = loom__fsdp_install_hooks(f);
   if (rc) {
     loom_fsdp_free(f);
@@ -274,6 +275,7 @@ void loom_fsdp_free(loom_fsdp *f) {
     if (un->autocast_on) (void)loom_autocast_exit(&un->autocast);
   }
   loom__fsdp_offload_free(f); /* its transfers end before the buffers they use go */
+  loom__fsdp_share_free(f);   /* after every unit let go of its shared buffer */
   for (size_t u = 0; f->units && u < f->nunits; u++) {
     loom__free(f->units[u].param_shard);
     loom__free(f->units[u].grad_shard);

@@ -1,7 +1,8 @@
 /* fsdp_gather.c: a unit's parameters in and out of existence. Gathering casts this rank's f32
  * shard to the wanted dtype (so a low-precision forward moves half the bytes), all-gathers it
  * asynchronously into one buffer of the unit's padded length, and, once that completes, points
- * every parameter of the unit at its offset in the buffer. With the shard offloaded, this
+ * every parameter of the unit at its offset in the buffer (on the threads backend one buffer
+ * shared by the ranks, each copying only its part: fsdp_share.c). With the shard offloaded, this
  * rank's part is read (or cast) straight out of the tier, with prefetch as the all-gather's
  * first step on the group's progress thread. Resharding points them at nothing and frees the
  * buffer. */
@@ -22,6 +23,7 @@ static void unbind_params(fsdp_unit *u) {
 }
 
 static void drop_buffers(fsdp_unit *u) {
+  loom__fsdp_share_release(u);
   loom_tensor_free(u->gathered);
   u->gathered = NULL;
   u->state = UNIT_RESHARDED;
@@ -85,7 +87,8 @@ int loom__fsdp_issue_gather(fsdp_unit *u, loom_dtype dt) {
     if (rc) return rc;
   }
   int64_t len = (int64_t)u->padded;
-  int rc = loom_tensor_empty(dt, 1, &len, &u->gathered);
+  int rc = loom__fsdp_shares(u, dt) ? loom__fsdp_share_buffer(u, dt, &u->gathered)
+                                    : loom_tensor_empty(dt, 1, &len, &u->gathered);
   if (rc) return rc;
   void *own = NULL;
   if ((rc = fill_own_part(u, dt, &own))) {

@@ -1,9 +1,10 @@
 /* fsdp_int.h: the FSDP wrapper's structs, shared by the fsdp files (private to loom):
  * fsdp.c (create, free, configuration, peers, segments, statistics), fsdp_units.c (wrap
  * policies and flat layouts), fsdp_gather.c (gather, reshard, the parameters' views),
- * fsdp_hooks.c (forward and backward hooks, reduce-scatter, finish, no_sync), fsdp_amp.c (the
- * specification's integration: overflow, loss scale), fsdp_state.c (full state dict) and
- * fsdp_ckpt.c (sharded checkpoints). */
+ * fsdp_share.c (gathered buffers shared by ranks in one process), fsdp_hooks.c (forward and
+ * backward hooks, reduce-scatter, finish, no_sync), fsdp_amp.c (the specification's
+ * integration: overflow, loss scale), fsdp_state.c (full state dict) and fsdp_ckpt.c (sharded
+ * checkpoints). */
 #ifndef LOOM_FSDP_INT_H
 #define LOOM_FSDP_INT_H
 
@@ -17,6 +18,7 @@
 typedef enum unit_state { UNIT_RESHARDED = 0, UNIT_GATHERING = 1, UNIT_GATHERED = 2 } unit_state;
 
 typedef struct fsdp_unit fsdp_unit;
+typedef struct loom__fsdp_share loom__fsdp_share;
 
 /* Offload: the kinds of a unit's bytes that move (the optimizer state has one kind per state
  * buffer: Adam's exp_avg and exp_avg_sq, SGD's momentum). */
@@ -69,6 +71,8 @@ struct fsdp_unit {
   double gather_issued;
   bool reads_tier;       /* the gather's first step reads this rank's part out of the tier */
   double read_begin, read_end; /* when it did (written by the thread that ran it) */
+  uint64_t share_gen;    /* shared gathers of this unit issued (fsdp_share.c) */
+  size_t share_counted;  /* bytes of `gathered` (a shared buffer) this rank's account counts */
   /* backward */
   bool in_backward;      /* its pre-backward ran in this backward */
   bool reduced;          /* its reduce-scatter was issued (or, with sync off, the gradient kept) */
@@ -120,6 +124,8 @@ struct loom_fsdp {
   bool in_step;
   int step_status;
   loom_fsdp_stats stats;
+  loom__fsdp_share *share; /* the ranks' shared gathered buffers (fsdp_share.c); NULL: each
+                            rank gathers into its own */
   loom_pg *replica;      /* hybrid sharding: cfg.replica_pg (NULL: plain FSDP) */
   int replica_rank;      /* this rank's place in it (0 without) */
 };
@@ -139,6 +145,19 @@ int loom__fsdp_reshard(fsdp_unit *u);
 int loom__fsdp_settle_tier_reads(loom_fsdp *f);
 /* The unit's parameters as views of the gathered buffer. */
 int loom__fsdp_bind_params(fsdp_unit *u);
+
+/* fsdp_share.c: one gathered buffer for all ranks of a group in one address space. At create
+ * (collective; f->share stays NULL where ranks do not share); at free (not a collective). */
+int loom__fsdp_share_init(loom_fsdp *f);
+void loom__fsdp_share_free(loom_fsdp *f);
+/* Whether the unit's gather in dt goes into a shared buffer (the same answer on every rank). */
+bool loom__fsdp_shares(const fsdp_unit *u, loom_dtype dt);
+/* The shared buffer of the unit's next gather (padded elements of dt), a reference of this
+ * rank's: rank 0 makes it, the others wait for it. */
+int loom__fsdp_share_buffer(fsdp_unit *u, loom_dtype dt, loom_tensor **out);
+/* Before `gathered` is freed: this rank's account stops counting its share (nothing if the
+ * buffer is not shared). */
+void loom__fsdp_share_release(fsdp_unit *u);
 
 /* fsdp_hooks.c */
 int loom__fsdp_install_hooks(loom_fsdp *f);

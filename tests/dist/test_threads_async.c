@@ -93,6 +93,50 @@ LT_TEST(threads_async_every_kind) {
   }
 }
 
+/* An all-gather whose recv is one buffer shared by every rank (FSDP's shared gathered units):
+ * each rank copies only its own part into it (threads_coll.c), and after the collective every
+ * rank sees every part, sent from separate buffers or in place, async and blocking. */
+typedef struct shared_ctx {
+  int32_t *recv;    /* size x N, shared */
+  int32_t *inplace; /* size x N, shared: each rank's part filled in place */
+} shared_ctx;
+
+static int shared_recv_gather(loom_pg *pg, void *arg) {
+  shared_ctx *c = arg;
+  int r = loom_pg_rank(pg), size = loom_pg_size(pg);
+  enum { N = 70001 }; /* odd, above the small-message sizes */
+  int32_t *mine = malloc(N * 4);
+  for (int i = 0; i < N; i++) mine[i] = (int32_t)dt_value(r, (size_t)i, 21, LOOM_I32, LOOM_SUM);
+  memcpy(c->inplace + (size_t)r * N, mine, N * 4);
+  loom_work *w = NULL;
+  DT_CHECK(loom_pg_allgather(pg, mine, c->recv, N, LOOM_I32, &w) == LOOM_OK, "async");
+  DT_CHECK(loom_work_wait(&w) == LOOM_OK, "wait");
+  DT_CHECK(loom_pg_allgather(pg, c->inplace + (size_t)r * N, c->inplace, N, LOOM_I32, NULL) ==
+               LOOM_OK, "in place");
+  for (int j = 0; j < size; j++)
+    for (int i = 0; i < N; i++) {
+      int32_t want = (int32_t)dt_value(j, (size_t)i, 21, LOOM_I32, LOOM_SUM);
+      DT_CHECK(c->recv[(size_t)j * N + i] == want, "rank %d: part %d element %d", r, j, i);
+      DT_CHECK(c->inplace[(size_t)j * N + i] == want, "rank %d: in place %d %d", r, j, i);
+    }
+  /* nobody rewrites the shared buffers before every rank checked them */
+  DT_CHECK(loom_pg_barrier(pg, NULL) == LOOM_OK, "barrier");
+  free(mine);
+  return LOOM_OK;
+}
+
+LT_TEST(threads_allgather_into_one_buffer_shared_by_the_ranks) {
+  for (int n = 1; n <= 4; n++) {
+    shared_ctx c = {calloc((size_t)n * 70001, 4), calloc((size_t)n * 70001, 4)};
+    memset(c.recv, 0xa5, (size_t)n * 70001 * 4);
+    atomic_store(&dt_failures, 0);
+    LT_OK(loom_threads_run(n, NULL, shared_recv_gather, &c));
+    LT_EQ(atomic_load(&dt_failures), 0);
+    free(c.recv);
+    free(c.inplace);
+  }
+}
+
 /* Returning with a handle not waited is LOOM_EBUSY for that rank (and nothing leaks). */
 static int leaves_work(loom_pg *pg, void *arg) {
   (void)arg;

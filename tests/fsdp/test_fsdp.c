@@ -2,7 +2,9 @@
  * no unit, so padding is exercised) with B rows each end with the same weights as one process
  * with N x B rows, after several AdamW steps, in f32 and under bf16 and f16 mixed precision;
  * and as DDP with the same ranks. Also every wrap policy, resharding and prefetch options, no_sync
- * accumulation, the global overflow decision, cast-then-gather, and the full state dict.
+ * accumulation, the global overflow decision, cast-then-gather, and the full state dict; and
+ * gathered units shared by the ranks against one buffer per rank, bit for bit (each rank's
+ * account counting its share).
  *
  * Tolerance. The ranks' averaged gradients and the single process's mean over all rows differ
  * only in f32 summation order (relative ~1e-7). AdamW divides by sqrt(v) + eps, so a gradient
@@ -201,6 +203,89 @@ LT_TEST(fsdp_wrap_policies_reshard_and_prefetch_options_all_match) {
     LT_EQ(r.units, want_units);
   }
   free(ref);
+}
+
+/* Ranks of the threads backend share each gathered unit (fsdp_share.c): every rank's
+ * parameters view one buffer while gathered, and training gives the same bits as each rank
+ * gathering into its own buffer (LOOM_FSDP_SHARE_GATHERS=0), at 2 and 3 ranks (3 pads every
+ * unit), with and without prefetch, with the root unit kept gathered, and with gradient
+ * accumulation. */
+typedef struct view_job {
+  const void *data[MAXR]; /* each rank's first parameter's data while unit 0 is gathered */
+  int64_t counted[MAXR];  /* bytes the gather added to the rank's compute-pool account */
+  size_t shard, padded;   /* unit 0's elements per rank and in all */
+} view_job;
+
+static int view_rank(loom_pg *pg, void *arg) {
+  view_job *j = arg;
+  loom_module *m = NULL;
+  loom_fsdp *f = NULL;
+  loom_fsdp_cfg cfg = loom_fsdp_cfg_default();
+  int rc = fm_create(1, &m);
+  if (!rc) rc = loom_fsdp_create(pg, m, &cfg, &f);
+  loom_pool_stats a, b;
+  loom_fsdp_unit_info ui;
+  if (!rc) rc = loom_fsdp_unit_info_get(f, 0, &ui);
+  if (!rc) rc = loom_mem_account_stats(loom_mem_account(), LOOM_POOL_COMPUTE, &a);
+  if (!rc) rc = loom_fsdp_gather_unit(f, 0, LOOM_F32);
+  if (!rc) rc = loom_mem_account_stats(loom_mem_account(), LOOM_POOL_COMPUTE, &b);
+  if (!rc) {
+    j->counted[loom_pg_rank(pg)] = (int64_t)b.current_bytes - (int64_t)a.current_bytes;
+    if (loom_pg_rank(pg) == 0) { /* the same on every rank */
+      j->shard = ui.shard_numel;
+      j->padded = ui.padded_numel;
+    }
+  }
+  loom_param p;
+  if (!rc) rc = loom_module_param(m, 0, &p);
+  if (!rc) j->data[loom_pg_rank(pg)] = loom_tensor_data(p.value);
+  if (!rc) rc = loom_pg_barrier(pg, NULL); /* every rank looked before any reshards */
+  if (!rc) rc = loom_fsdp_reshard_unit(f, 0);
+  loom_fsdp_free(f);
+  loom_module_free(m);
+  return rc;
+}
+
+static void run_keep(run *r) {
+  r->params = calloc(model_numel(), sizeof(float));
+  LT_OK(loom_threads_run(r->nranks, NULL, fsdp_rank, r));
+}
+
+LT_TEST(fsdp_ranks_in_one_process_share_gathered_units_bit_identical) {
+  for (int n = 2; n <= 3; n++) {
+    for (int share = 0; share < 2; share++) {
+      if (share) unsetenv("LOOM_FSDP_SHARE_GATHERS");
+      else setenv("LOOM_FSDP_SHARE_GATHERS", "0", 1);
+      view_job j;
+      memset(&j, 0, sizeof j);
+      LT_OK(loom_threads_run(n, NULL, view_rank, &j));
+      for (int r = 1; r < n; r++) {
+        LT_TRUE(j.data[r] != NULL);
+        LT_EQ(j.data[r] == j.data[0], share == 1);
+      }
+      /* shared: each rank's account counts its shard of the buffer, not the whole of it */
+      for (int r = 0; r < n; r++)
+        if (share) LT_EQ(j.counted[r], (int64_t)(j.shard * sizeof(float)));
+        else LT_TRUE(j.counted[r] >= (int64_t)(j.padded * sizeof(float)));
+    }
+    for (int variant = 0; variant < 4; variant++) {
+      run own = {.nranks = n}, shared = {.nranks = n};
+      own.cfg = loom_fsdp_cfg_default();
+      if (variant == 1) own.cfg.forward_prefetch = own.cfg.backward_prefetch = 0;
+      if (variant == 2) own.cfg.reshard_after_forward = false;
+      if (variant == 3) own.accumulate = true;
+      shared.cfg = own.cfg;
+      shared.accumulate = own.accumulate;
+      setenv("LOOM_FSDP_SHARE_GATHERS", "0", 1);
+      run_keep(&own);
+      unsetenv("LOOM_FSDP_SHARE_GATHERS");
+      run_keep(&shared);
+      LT_TRUE(memcmp(own.params, shared.params, model_numel() * sizeof(float)) == 0);
+      LT_EQ(own.stats[0].gathers, shared.stats[0].gathers);
+      free(own.params);
+      free(shared.params);
+    }
+  }
 }
 
 LT_TEST(fsdp_no_sync_accumulation_equals_one_large_batch) {

@@ -9,7 +9,8 @@
  *     reduce-scatter + all-gather move it, without the gather's second pass over the reduced
  *     data or any hand-off between the phases (1.2-2x the chunked reduce-scatter + all-gather
  *     it replaced at 1-64 MB, BENCHMARKS.md);
- *   - broadcast, all-gather, reduce-scatter: one barrier, direct copy / fold, a done barrier.
+ *   - broadcast, all-gather, reduce-scatter: one barrier, direct copy / fold, a done barrier
+ *     (an all-gather into one recv buffer shared by every rank: each copies only its part).
  * Every collective first publishes its header and checks it against every peer's, so ranks
  * that disagree get an error before any data moves. */
 #include "dist/threads/threads_int.h"
@@ -155,10 +156,19 @@ static void broadcast_body(loom__thr_rank *me, const loom__coll *c) {
   if (src != c->recv) loom__copy(c->recv, src, c->count * loom_dtype_size(c->dt));
 }
 
+/* Every rank passed the same recv buffer (one shared by the ranks: FSDP's gathered units,
+ * fsdp_share.c): each rank then copies only its own part into it, 1/n of the bytes, and the
+ * done barrier makes the whole buffer ready for all. */
+static bool shared_recv(loom__thr_rank *me, const loom__coll *c) {
+  for (int j = 0; j < me->world->n; j++)
+    if (peer(me, j, c)->recv != c->recv) return false;
+  return true;
+}
+
 static void allgather_body(loom__thr_rank *me, const loom__coll *c) {
   size_t bytes = c->count * loom_dtype_size(c->dt);
-  int n = me->world->n;
-  for (int d = 0; d < n; d++) {
+  int n = me->world->n, parts = n > 1 && shared_recv(me, c) ? 1 : n; /* 1: our own part */
+  for (int d = 0; d < parts; d++) {
     int j = (me->pg.rank + d) % n;
     const void *src = peer(me, j, c)->send;
     char *dst = (char *)c->recv + (size_t)j * bytes;

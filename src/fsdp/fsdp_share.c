@@ -1,0 +1,215 @@
+/* fsdp_share.c: one gathered buffer for every rank of a group whose ranks share an address
+ * space (the threads backend). Each rank used to all-gather a unit into its own buffer: every
+ * rank copied every rank's shard, n x the unit's bytes per gather for n ranks, on the cores the
+ * ranks compute on (issue 27: FSDP's step 1.26x DDP's on a 2-core Xeon, all of it those copies).
+ * With a shared buffer each rank copies only its own shard into it (the threads all-gather
+ * copies only the caller's part when every rank passes the same recv: threads_coll.c), 1/n of
+ * the bytes, and every rank's parameters view the same bytes, which nobody writes while the unit
+ * is gathered (the gathered parameters are read-only: fsdp.h).
+ *
+ * Rank 0 (the leader) allocates each shared buffer and publishes it in the unit's slot for that
+ * gather, holding one reference for each other rank; the others take theirs from the slot when
+ * they issue the same gather. Every rank frees its reference when it reshards, and the last one
+ * frees the buffer. Memory: the process's compute pool counts the buffer once; the block itself
+ * is on account 0 (the process's, no rank's), and each rank's account counts its 1/n share
+ * (its shard's bytes) from taking its reference to freeing it (loom__mem_account_only), so a
+ * rank's figures never hold a unit only a slower peer still uses. Gathers of one unit alternate between two slots
+ * by their count: the leader rewrites a slot only at its next-but-one gather of the unit, after
+ * it waited for the next one, which every rank had issued (so taken its buffer of this one)
+ * before that collective could complete.
+ *
+ * Only f32 gathers without mixed precision or offload share (the cast and tier paths fill their
+ * own part in place, per rank); the decision is the same on every rank, made from the
+ * configuration every rank holds alike. LOOM_FSDP_SHARE_GATHERS=0 in the environment turns it
+ * off (each rank gathers into its own buffer, as before: bench_fsdp compares the two). */
+#include "fsdp/fsdp_int.h"
+#include "dist/prepared.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct share_slot {
+  loom_tensor *_Atomic t;   /* the buffer of the gather numbered gen */
+  _Atomic uint64_t gen;     /* 1-based gather count of the unit; 0: never published */
+  _Atomic int untaken;      /* references not taken yet by the other ranks */
+} share_slot;
+
+struct loom__fsdp_share {
+  _Atomic int refs; /* the ranks' wrappers holding it */
+  pthread_mutex_t mu; /* publications: the others sleep on cv until theirs is there */
+  pthread_cond_t cv;
+  int world;
+  size_t nunits;
+  share_slot *slots; /* nunits x 2 */
+};
+
+static void share_release(loom__fsdp_share *s) {
+  if (!s || atomic_fetch_sub(&s->refs, 1) != 1) return;
+  for (size_t i = 0; i < 2 * s->nunits; i++) { /* references a failed rank never took */
+    loom_tensor *t = atomic_load(&s->slots[i].t);
+    for (int k = atomic_load(&s->slots[i].untaken); t && k > 0; k--) loom_tensor_free(t);
+  }
+  pthread_cond_destroy(&s->cv);
+  pthread_mutex_destroy(&s->mu);
+  loom__free(s->slots);
+  loom__free(s);
+}
+
+static bool sharing_wanted(void) {
+  const char *e = getenv("LOOM_FSDP_SHARE_GATHERS");
+  return !(e && !strcmp(e, "0"));
+}
+
+int loom__fsdp_share_init(loom_fsdp *f) {
+  f->share = NULL;
+  /* the exchange below runs on every rank of a group in one process (the backend and the
+   * environment are the process's; a dry run shares too, so that `loom plan` counts what the
+   * run will); whether to share is then agreed: every rank
+   * must want it (the configuration may differ between ranks, which a later collective
+   * reports) */
+  if (f->world < 2 || !loom__pg_one_address_space(f->pg)) return LOOM_OK;
+  bool want = !f->mp && !f->cfg.offload.enabled && sharing_wanted();
+  loom__fsdp_share *mine = NULL;
+  if (f->rank == 0 && want) {
+    mine = loom__calloc(LOOM_POOL_META, 1, sizeof *mine);
+    if (mine) mine->slots = loom__calloc(LOOM_POOL_META, 2 * (f->nunits ? f->nunits : 1),
+                                         sizeof *mine->slots);
+    if (mine && mine->slots && pthread_mutex_init(&mine->mu, NULL) == 0) {
+      if (pthread_cond_init(&mine->cv, NULL) != 0) {
+        pthread_mutex_destroy(&mine->mu);
+        loom__free(mine->slots);
+        loom__free(mine);
+        mine = NULL;
+      }
+    } else if (mine) {
+      loom__free(mine->slots);
+      loom__free(mine);
+      mine = NULL;
+    }
+    if (mine) {
+      atomic_init(&mine->refs, f->world);
+      mine->world = f->world;
+      mine->nunits = f->nunits;
+    }
+  }
+  /* rank 0 sends its object (0: nobody shares), the others whether they want to share */
+  int64_t send = f->rank == 0 ? (int64_t)(intptr_t)mine : (int64_t)want;
+  int64_t *all = loom__calloc(LOOM_POOL_META, (size_t)f->world, sizeof *all);
+  int rc = LOOM_OK;
+  if (!all) {
+    rc = loom__fail(LOOM_ENOMEM, "fsdp: out of memory sharing gathers");
+    loom__pg_fail_group(f->pg, rc, loom_last_error()); /* the others must not wait for us */
+  }
+  /* bytes that move in a dry run too: `loom plan` shares as the run will */
+  if (!rc) rc = loom__pg_allgather_always(f->pg, &send, all, 1, LOOM_I64);
+  bool every = !rc && all[0] != 0;
+  for (int r = 1; r < f->world && every; r++) every = all[r] == 1;
+  if (every) f->share = (loom__fsdp_share *)(intptr_t)all[0];
+  loom__free(all);
+  if (!f->share && mine) {
+    atomic_store(&mine->refs, 1);
+    share_release(mine);
+  }
+  return rc;
+}
+
+void loom__fsdp_share_free(loom_fsdp *f) {
+  share_release(f->share);
+  f->share = NULL;
+}
+
+static ptrdiff_t share_bytes(const fsdp_unit *u, loom_dtype dt) {
+  return (ptrdiff_t)(u->shard * loom_dtype_size(dt));
+}
+
+void loom__fsdp_share_release(fsdp_unit *u) {
+  if (!u->share_counted) return;
+  loom__mem_account_only(LOOM_POOL_COMPUTE, loom_mem_account(), -(ptrdiff_t)u->share_counted);
+  u->share_counted = 0;
+}
+
+bool loom__fsdp_shares(const fsdp_unit *u, loom_dtype dt) {
+  return u->f->share && dt == LOOM_F32;
+}
+
+/* Sleep until the leader publishes gather gen of the unit, waking every 20 ms to check the
+ * group's health and timeout (a failed leader fails the group: loom__pg_fail_group). */
+static int wait_published(fsdp_unit *u, share_slot *s, uint64_t gen) {
+  loom_fsdp *f = u->f;
+  loom__fsdp_share *sh = f->share;
+  double t0 = loom__now(), timeout = loom_pg_timeout(f->pg);
+  int rc = LOOM_OK;
+  pthread_mutex_lock(&sh->mu);
+  for (;;) {
+    uint64_t g = atomic_load_explicit(&s->gen, memory_order_acquire);
+    if (g == gen) break;
+    if (g > gen) {
+      rc = loom__fail(LOOM_EMISUSE, "fsdp: rank %d is behind rank 0 in gathers of unit '%s' "
+                      "(its gather %llu, rank 0's %llu): do the ranks run the same steps?",
+                      f->rank, loom__fsdp_unit_shown(u->name), (unsigned long long)gen,
+                      (unsigned long long)g);
+      break;
+    }
+    if ((rc = loom_pg_async_error(f->pg))) break;
+    if (loom__now() - t0 > timeout) {
+      rc = loom__fail(LOOM_ETIMEDOUT, "fsdp: rank %d waited %.0f s for rank 0 to gather unit "
+                      "'%s'", f->rank, timeout, loom__fsdp_unit_shown(u->name));
+      break;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 20000000;
+    if (until.tv_nsec >= 1000000000) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&sh->cv, &sh->mu, &until);
+  }
+  pthread_mutex_unlock(&sh->mu);
+  return rc;
+}
+
+int loom__fsdp_share_buffer(fsdp_unit *u, loom_dtype dt, loom_tensor **out) {
+  loom_fsdp *f = u->f;
+  loom__fsdp_share *sh = f->share;
+  uint64_t gen = ++u->share_gen;
+  share_slot *s = &sh->slots[2 * u->index + (gen & 1)];
+  if (f->rank != 0) {
+    int rc = wait_published(u, s, gen);
+    if (rc) return rc;
+    *out = atomic_load_explicit(&s->t, memory_order_relaxed); /* our reference, held for us */
+    atomic_fetch_sub(&s->untaken, 1);
+    u->share_counted = (size_t)share_bytes(u, dt);
+    loom__mem_account_only(LOOM_POOL_COMPUTE, loom_mem_account(), share_bytes(u, dt));
+    return LOOM_OK;
+  }
+  int64_t len = (int64_t)u->padded;
+  loom_tensor *t = NULL;
+  int account = loom_mem_account();
+  loom_mem_set_account(0); /* the block is no rank's: each counts its share (see the top) */
+  int rc = loom_tensor_empty(dt, 1, &len, &t);
+  loom_mem_set_account(account);
+  if (rc) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", loom_last_error());
+    loom__pg_fail_group(f->pg, rc, msg); /* the others wait for this buffer: let them go */
+    return loom__fail(rc, "%s", msg);
+  }
+  /* the slot's previous buffer (gather gen - 2) was taken by every rank (see the top) */
+  loom_tensor *old = atomic_load_explicit(&s->t, memory_order_relaxed);
+  for (int k = atomic_load(&s->untaken); old && k > 0; k--) loom_tensor_free(old);
+  for (int k = 1; k < sh->world; k++) loom_tensor_retain(t);
+  atomic_store_explicit(&s->t, t, memory_order_relaxed);
+  atomic_store_explicit(&s->untaken, sh->world - 1, memory_order_relaxed);
+  pthread_mutex_lock(&sh->mu);
+  atomic_store_explicit(&s->gen, gen, memory_order_release);
+  pthread_cond_broadcast(&sh->cv);
+  pthread_mutex_unlock(&sh->mu);
+  u->share_counted = (size_t)share_bytes(u, dt);
+  loom__mem_account_only(LOOM_POOL_COMPUTE, account, share_bytes(u, dt));
+  *out = t;
+  return LOOM_OK;
+}
