@@ -127,16 +127,6 @@ static void *line_alloc(size_t bytes) {
   return p + shift;
 }
 
-/* Pins the process to the CPU it runs on; that CPU, or -1. */
-static int pin(void) {
-  int cpu = sched_getcpu();
-  if (cpu < 0) return -1;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  return sched_setaffinity(0, sizeof set, &set) == 0 ? cpu : -1;
-}
-
 int main(int argc, char **argv) {
   size_t n = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : ((size_t)16 << 20);
   int rounds = argc > 2 ? atoi(argv[2]) : 15;
@@ -168,7 +158,7 @@ int main(int argc, char **argv) {
   loom_cvt_f32_to_bf16(B.a, B.bh, n);
   memset(B.h2, 0, n * 2);
   memset(cpy, 0, n * 4);
-  int cpu = pin();
+  int cpu = bench_pin();
   loom_cpu_level keep = loom_cpu_level_active(), levels[LOOM_CPU_LEVEL_COUNT];
   int nl = 0;
   for (int l = 0; l <= (int)keep; l++)

@@ -142,13 +142,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   loom_set_num_threads(1);
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  int cpu = sched_getcpu();
-  if (cpu >= 0) {
-    CPU_SET(cpu, &set);
-    sched_setaffinity(0, sizeof set, &set);
-  }
+  int cpu = bench_pin();
   __builtin_cpu_init();
   const char *why[NP] = {0};
   bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");

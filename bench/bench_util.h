@@ -1,4 +1,4 @@
-/* bench_util.h: what the benchmarks share: a monotonic clock, the thread's CPU time, the median of a sample, a check
+/* bench_util.h: what the benchmarks share: a monotonic clock, the thread's CPU time, pinning to a CPU, the median of a sample, a check
  * that stops the benchmark on a loom error, random tensors, the thread count, and how to start
  * PyTorch as a baseline on the same thread count. Header-only, static functions. */
 #ifndef LOOM_BENCH_UTIL_H
@@ -25,6 +25,20 @@ static inline double bench_cpu_now(void) {
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
+
+#ifdef _GNU_SOURCE
+#include <sched.h>
+/* Pins the process to the CPU it runs on (a file that wants it defines _GNU_SOURCE before
+ * including this header); that CPU, or -1. */
+static inline int bench_pin(void) {
+  int cpu = sched_getcpu();
+  if (cpu < 0) return -1;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return sched_setaffinity(0, sizeof set, &set) == 0 ? cpu : -1;
+}
+#endif
 
 static inline int bench_cmp(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
