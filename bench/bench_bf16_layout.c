@@ -11,7 +11,8 @@
  * largest difference relative to the largest |C| (summation order changes with the layout).
  * "uses per update to break even" = reorder / (plain - blocked): a weight must be reused that
  * many times between writes for a cache of reordered weights to pay.
- * Usage: bench_bf16_layout [M [N [K [ROUNDS]]]], default 1024 1024 1024 15. Prints "skipped"
+ * Usage: bench_bf16_layout [M [N [K [ROUNDS [t]]]]], default 1024 1024 1024 15; a fifth
+ * argument `t` stores B transposed ([N, K], as loom_linear's weight is in the forward). Prints "skipped"
  * and exits 0 where oneDNN has no bf16 matmul (AVX2-only CPUs, ONEDNN_MAX_CPU_ISA=AVX2). */
 #define _GNU_SOURCE
 #include "bench_util.h"
@@ -58,9 +59,10 @@ int main(int argc, char **argv) {
   int64_t M = argc > 1 ? atoll(argv[1]) : 1024, N = argc > 2 ? atoll(argv[2]) : 1024;
   int64_t K = argc > 3 ? atoll(argv[3]) : 1024;
   int rounds = argc > 4 ? atoi(argv[4]) : 15;
+  bool trans = argc > 5 && strcmp(argv[5], "t") == 0;
   if (M < 1 || N < 1 || K < 1 || M > 16384 || N > 16384 || K > 16384 || rounds < 1 ||
       rounds > 1000) {
-    fprintf(stderr, "usage: bench_bf16_layout [M [N [K [ROUNDS]]]] (sizes 1..16384, rounds "
+    fprintf(stderr, "usage: bench_bf16_layout [M [N [K [ROUNDS [t]]]]] (sizes 1..16384, rounds "
                     "1..1000)\n");
     return 2;
   }
@@ -72,7 +74,7 @@ int main(int argc, char **argv) {
   DN(dnnl_stream_create(&st, eng, dnnl_stream_default_flags));
   dnnl_memory_desc_t a, b, bany, c, b_plain_chosen, b_blk;
   DN(dnnl_memory_desc_init_by_tag(&a, 2, (dnnl_dims_t){M, K}, dnnl_bf16, dnnl_ab));
-  DN(dnnl_memory_desc_init_by_tag(&b, 2, (dnnl_dims_t){K, N}, dnnl_bf16, dnnl_ab));
+  DN(dnnl_memory_desc_init_by_tag(&b, 2, (dnnl_dims_t){K, N}, dnnl_bf16, trans ? dnnl_ba : dnnl_ab));
   DN(dnnl_memory_desc_init_by_tag(&bany, 2, (dnnl_dims_t){K, N}, dnnl_bf16,
                                   dnnl_format_tag_any));
   DN(dnnl_memory_desc_init_by_tag(&c, 2, (dnnl_dims_t){M, N}, dnnl_f32, dnnl_ab));
@@ -90,7 +92,7 @@ int main(int argc, char **argv) {
   DN(dnnl_primitive_create(&ro, rpd));
   DN(dnnl_primitive_desc_destroy(rpd));
 
-  int64_t shape_a[2] = {M, K}, shape_b[2] = {K, N};
+  int64_t shape_a[2] = {M, K}, shape_b[2] = {trans ? N : K, trans ? K : N};
   loom_tensor *ta = bench_rand_tensor(2, shape_a, LOOM_BF16, 1);
   loom_tensor *tb = bench_rand_tensor(2, shape_b, LOOM_BF16, 2);
   float *c1 = malloc((size_t)(M * N) * sizeof *c1), *c2 = malloc((size_t)(M * N) * sizeof *c2);
@@ -120,9 +122,10 @@ int main(int argc, char **argv) {
     cmax = fmax(cmax, fabs(c1[i]));
     dmax = fmax(dmax, fabs((double)c1[i] - c2[i]));
   }
-  printf("# bf16 matmul %lldx%lldx%lld, B plain vs oneDNN's blocked layout, 1 thread (CPU %d), "
+  printf("# bf16 matmul %lldx%lldx%lld, B plain%s vs oneDNN's blocked layout, 1 thread (CPU %d), "
          "median of %d interleaved rounds, thread CPU time\n",
-         (long long)M, (long long)N, (long long)K, cpu, rounds);
+         (long long)M, (long long)N, (long long)K, trans ? " (stored transposed)" : "", cpu,
+         rounds);
   printf("plain   (%s): %.3f ms  %.1f GFLOP/s\n", impl_plain, p * 1e3, flop / p / 1e9);
   printf("blocked (%s): %.3f ms  %.1f GFLOP/s  (%.2fx plain)\n", impl_blk, bk * 1e3,
          flop / bk / 1e9, p / bk);
