@@ -136,7 +136,8 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
   /* The ranks of a run compare every option (train_cli_fingerprint) but these, marked in the
    * last field: rank-local, since they change nothing any rank computes and may name a rank's
    * own place: --quiet (what a rank prints), --metrics (where a rank writes its own records),
-   * --offload-dir (a folder on the rank's own node: offload never changes a value). Compared by
+   * --offload-dir (a folder on the rank's own node: offload never changes a value),
+   * --offload-io-threads (what the rank's own disk takes in flight; no value changes). Compared by
    * presence alone: --save and --resume (the folder may be a node's own path; the checkpoint's
    * start step is compared once read, train_par_check_start). By contents: --init (the file's
    * bytes, whatever its path). */
@@ -191,6 +192,7 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
       {"offload", CLI_STRING, &o->offload, "LIST", "FSDP: keep these shards out of the compute pool between uses: a comma list of params,grads,optim, or all, or none (results are bit-identical)", NULL, 0, 0, &c->seen_offload, CLI_RANKS_SAME},
       {"offload-tier", CLI_CHOICE, &o->offload_tier, NULL, "FSDP --offload: where the offloaded bytes live: host memory, or one file per rank in --offload-dir", "host|disk", 0, 0, &c->seen_offload_tier, CLI_RANKS_SAME},
       {"offload-dir", CLI_STRING, &o->offload_dir, "DIR", "FSDP --offload-tier disk: an existing folder for the offload files (removed at the end)", NULL, 0, 0, &c->seen_offload_dir, CLI_RANKS_LOCAL},
+      {"offload-io-threads", CLI_INT, &o->offload_io_threads, "N", "FSDP --offload: transfers to and from the tier in flight at once per rank, each on an I/O thread of its own (0: the tier's default, 4 on the disk, 1 on the host; results are bit-identical)", NULL, 0, 16, &c->seen_offload_io_threads, CLI_RANKS_LOCAL},
       {"prefetch", CLI_INT, &o->prefetch, "N", "FSDP --offload: units whose offloaded bytes are brought back ahead of use (0: each waits when needed; host-tier parameters are read in place)", NULL, 0, 10, &c->seen_prefetch, CLI_RANKS_SAME},
       {0}};
   size_t n = 0;

@@ -71,6 +71,7 @@ typedef struct train_opts {
   const char *offload_tier;            /* "host" or "disk" */
   const char *offload_dir;             /* the disk tier's folder */
   long prefetch;                       /* units brought back ahead of use, 0..10 */
+  long offload_io_threads;             /* transfers in flight per rank, 0..16 (0: the tier's) */
   /* the command line's fingerprint (train_cli_fingerprint), which every rank must share */
   const struct train_fp_entry *ranks_fp;
   int nranks_fp;
@@ -251,7 +252,8 @@ loom_pool train_offload_state_pool(const train_opts *o);
  * momentum. */
 bool train_offload_has_state(const train_opts *o);
 /* Offload's part of the FSDP header line: "" without offload, else such as ", offload
- * params,grads,optim to the host tier (prefetch 1)"; optim, when the optimizer keeps no state,
+ * params,grads,optim to the host tier (prefetch 1)" (", 16 I/O threads" after the prefetch
+ * where --offload-io-threads was given); optim, when the optimizer keeps no state,
  * as "optim (none: SGD without momentum keeps no state)". */
 void train_offload_describe(const train_opts *o, char *buf, size_t cap);
 /* JSON members for the metrics, each after ", " (nothing without offload): this rank's

@@ -1,5 +1,5 @@
 /* train_offload.c: FSDP offload in `loom train` (--offload, --offload-tier, --offload-dir,
- * --prefetch): the library's offload configuration made from the options, and what the run
+ * --offload-io-threads, --prefetch): the library's offload configuration made from the options, and what the run
  * reports about it: the bytes in the tier, the rank's host-pool and file-pool bytes (its memory
  * account; the host pool counts offloaded bytes and nothing else, loom/alloc.h), the
  * process's peak RSS, and the bytes moved to and from the tier with the time spent moving them
@@ -27,6 +27,7 @@ void train_offload_cfg(const train_opts *o, loom_fsdp_offload_cfg *c) {
   c->prefetch_steps = (int)o->prefetch;
   c->tier = strcmp(o->offload_tier, "disk") == 0 ? LOOM_FSDP_TIER_DISK : LOOM_FSDP_TIER_HOST;
   c->dir = c->tier == LOOM_FSDP_TIER_DISK ? o->offload_dir : NULL;
+  c->io_threads = (int)o->offload_io_threads;
 }
 
 bool train_offload_has_state(const train_opts *o) {
@@ -51,7 +52,12 @@ void train_offload_describe(const train_opts *o, char *buf, size_t cap) {
   if (!offload_on(o)) return;
   char k[96];
   kinds(o, k, sizeof k);
-  snprintf(buf, cap, ", offload %s to the %s tier (prefetch %ld)", k, o->offload_tier, o->prefetch);
+  char io[48] = "";
+  if (o->offload_io_threads)
+    snprintf(io, sizeof io, ", %ld I/O thread%s", o->offload_io_threads,
+             o->offload_io_threads == 1 ? "" : "s");
+  snprintf(buf, cap, ", offload %s to the %s tier (prefetch %ld%s)", k, o->offload_tier,
+           o->prefetch, io);
 }
 
 /* VmHWM, the high-water mark of this process image's own resident set: getrusage's

@@ -111,6 +111,7 @@ static int offload_options(const train_opts *o, const train_cmdline *c) {
   bool on = o->offload_params || o->offload_grads || o->offload_optim;
   bool disk = strcmp(o->offload_tier, "disk") == 0;
   const char *needs = c->seen_offload_tier ? "offload-tier" : c->seen_offload_dir ? "offload-dir"
+                      : c->seen_offload_io_threads ? "offload-io-threads"
                       : c->seen_prefetch ? "prefetch" : NULL;
   if (!on && needs)
     return usage("--%s: offload is off in this run (--offload none); give --offload all or a "
@@ -204,6 +205,7 @@ static int unused(const train_opts *o, const train_cmdline *c) {
                           : c->seen_gather_prefetch ? "gather-prefetch"
                           : c->seen_offload ? "offload" : c->seen_offload_tier ? "offload-tier"
                           : c->seen_offload_dir ? "offload-dir"
+                          : c->seen_offload_io_threads ? "offload-io-threads"
                           : c->seen_prefetch ? "prefetch" : NULL;
   if (fsdp_only && !fsdp)
     return usage("--%s: an FSDP option; it needs --strategy fsdp (or hsdp)", fsdp_only);

@@ -20,7 +20,7 @@ typedef struct train_cmdline {
   bool no_shuffle, overwrite;
   bool seen_hidden, seen_channels, seen_fc, seen_momentum, seen_loss_scale, seen_scaler,
       seen_warmup, seen_wrap, seen_unit_min, seen_reshard, seen_gather_prefetch, seen_offload,
-      seen_offload_tier, seen_offload_dir, seen_prefetch, seen_backend, seen_shard_size,
+      seen_offload_tier, seen_offload_dir, seen_offload_io_threads, seen_prefetch, seen_backend, seen_shard_size,
       seen_min_lr;
   /* --model gpt: its options, and the ones whose default differs for it */
   bool seen_layers, seen_heads, seen_dim, seen_context, seen_text, seen_eval_every,

@@ -20,7 +20,7 @@
 static const char *const not_recorded[] = {"resume", "save", "overwrite", "init", "max-steps",
                                            "metrics", "quiet", "progress", "threads", "timeout",
                                            "backend", "offload", "offload-tier", "offload-dir",
-                                           "prefetch", NULL};
+                                           "offload-io-threads", "prefetch", NULL};
 /* Options a resumed run may give with another value: the above, more (or fewer) --epochs, the
  * rank count with --batch (the checkpoint's check keeps ranks x --batch), the FSDP offload
  * options (bit-identical results), and FSDP <-> HSDP with its shard size (a sharded set

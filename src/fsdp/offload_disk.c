@@ -175,6 +175,10 @@ static int direct_move(loom__ostore *s, const char *who, size_t slot, size_t off
   return rc;
 }
 
+static _Atomic bool refuse_direct; /* loom__ostore_refuse_direct_for_test */
+
+void loom__ostore_refuse_direct_for_test(bool refuse) { atomic_store(&refuse_direct, refuse); }
+
 /* Open the file for O_DIRECT if the filesystem takes it (tmpfs before Linux 6.6 does not; some
  * take the flag and refuse the transfers): a 4096-byte write and read at offset 0 must go
  * through, then the file is empty again. Otherwise it stays buffered. */
@@ -187,7 +191,7 @@ int loom__odisk_direct_try(loom__ostore *s) {
   int fl = fcntl(s->fd, F_GETFL);
   bool ok = fl >= 0 && fcntl(s->fd, F_SETFL, fl | O_DIRECT) == 0;
   ok = ok && pwrite(s->fd, b, DIRECT_ALIGN, 0) == (ssize_t)DIRECT_ALIGN &&
-       pread(s->fd, b, DIRECT_ALIGN, 0) == (ssize_t)DIRECT_ALIGN;
+       !atomic_load(&refuse_direct) && pread(s->fd, b, DIRECT_ALIGN, 0) == (ssize_t)DIRECT_ALIGN;
   bounce_give(s, raw);
   if (ftruncate(s->fd, 0) != 0) ok = false;
   if (ok) s->direct = true;

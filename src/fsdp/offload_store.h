@@ -131,6 +131,12 @@ int loom__ostore_set_workers(loom__ostore *s, int n);
 /* True if the disk tier's file is read and written with O_DIRECT (see "Page cache"). */
 bool loom__ostore_direct(const loom__ostore *s);
 
+/* Tests only (tests/fsdp/test_offload_io.c): while `refuse` is true, the O_DIRECT check of
+ * the disk stores created meanwhile fails after its write went through, as on a filesystem
+ * that takes the flag and refuses the transfers, so the store runs buffered (the fallback a
+ * filesystem without O_DIRECT gets: tmpfs here takes it). Process-wide; false by default. */
+void loom__ostore_refuse_direct_for_test(bool refuse);
+
 /* The disk tier's file (borrowed, valid until free); NULL for the host tier. */
 const char *loom__ostore_path(const loom__ostore *s);
 

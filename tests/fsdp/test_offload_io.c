@@ -1,7 +1,8 @@
 /* test_offload_io.c: how the offload store's disk tier uses the disk (src/fsdp/offload_store.h):
  * the bytes a get reads from storage are its slot's and no more (no readahead into the slots
- * around it: /proc/thread-self/io's read_bytes, where the kernel counts them), with O_DIRECT and
- * buffered; several workers
+ * around it: /proc/thread-self/io's read_bytes, where the kernel counts them), with O_DIRECT,
+ * buffered, and buffered as the fallback where the filesystem refuses O_DIRECT (a test hook
+ * makes its check fail); several workers
  * moving jobs of different slots at once while the jobs of one slot stay in submission order
  * (every get sees the put queued just before it, over many rounds of put-get on few slots); the
  * worker count's checks; a job's failure on one worker of several returned by its wait.
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void io_tmp_dir(char *dir, size_t cap) {
@@ -74,19 +76,30 @@ static void rm_dir(const char *dir) {
 /* 24 slots of 1 MiB, every third one read back cold, synchronously (on this thread, where
  * read_bytes counts it): with a disk's readahead (8 MiB on a virtio disk) each 1 MiB read also
  * read the two slots after it; the store reads its slot and nothing else, with O_DIRECT (the
- * default where the filesystem takes it) and buffered (LOOM_OFFLOAD_DIRECT=0, as on a
- * filesystem without O_DIRECT). */
-static void reads_only_the_slot(bool buffered) {
+ * default where the filesystem takes it) and buffered: turned off (LOOM_OFFLOAD_DIRECT=0), or
+ * the fallback of a filesystem that refuses O_DIRECT (its check made to fail: the flag taken
+ * off the file again and the check's write gone, so an unaligned buffer still round-trips).
+ * Every get lands on an odd address: O_DIRECT or not, the caller's buffer needs no
+ * alignment. */
+enum { IO_DIRECT_DEFAULT, IO_DIRECT_OFF, IO_DIRECT_REFUSED };
+static void reads_only_the_slot(int mode) {
   enum { N = 24, SZ = 1 << 20, STRIDE = 3 };
   char dir[256];
   io_tmp_dir(dir, sizeof dir);
   loom__ostore *s = NULL;
-  if (buffered) setenv("LOOM_OFFLOAD_DIRECT", "0", 1);
+  if (mode == IO_DIRECT_OFF) setenv("LOOM_OFFLOAD_DIRECT", "0", 1);
+  loom__ostore_refuse_direct_for_test(mode == IO_DIRECT_REFUSED);
   LT_OK(loom__ostore_create(LOOM__OTIER_DISK, dir, 0, &s));
+  loom__ostore_refuse_direct_for_test(false);
   unsetenv("LOOM_OFFLOAD_DIRECT");
-  if (buffered) LT_TRUE(!loom__ostore_direct(s)); /* turned off: the page cache, no readahead */
+  if (mode != IO_DIRECT_DEFAULT) LT_TRUE(!loom__ostore_direct(s)); /* the page cache, no readahead */
+  if (mode == IO_DIRECT_REFUSED) { /* the check's 4096 bytes are not left in the file */
+    struct stat st;
+    LT_EQ(stat(loom__ostore_path(s), &st), 0);
+    LT_EQ((long long)st.st_size, 0);
+  }
   printf("  %s\n", loom__ostore_direct(s) ? "O_DIRECT" : "buffered, POSIX_FADV_RANDOM");
-  unsigned char *src = malloc((size_t)N * SZ), *dst = malloc(SZ);
+  unsigned char *src = malloc((size_t)N * SZ), *raw = malloc(SZ + 1), *dst = raw + 1;
   io_fill(src, (size_t)N * SZ);
   for (int i = 0; i < N; i++) LT_OK(loom__ostore_put(s, (size_t)i, src + (size_t)i * SZ, SZ));
   /* an odd size, the last page partly the slot's */
@@ -114,13 +127,17 @@ static void reads_only_the_slot(bool buffered) {
   }
   loom__ostore_free(s);
   free(src);
-  free(dst);
+  free(raw);
   rm_dir(dir);
 }
 
-LT_TEST(ostore_io_disk_reads_only_the_slot) { reads_only_the_slot(false); }
+LT_TEST(ostore_io_disk_reads_only_the_slot) { reads_only_the_slot(IO_DIRECT_DEFAULT); }
 
-LT_TEST(ostore_io_disk_reads_only_the_slot_buffered) { reads_only_the_slot(true); }
+LT_TEST(ostore_io_disk_reads_only_the_slot_buffered) { reads_only_the_slot(IO_DIRECT_OFF); }
+
+LT_TEST(ostore_io_disk_reads_only_the_slot_where_o_direct_is_refused) {
+  reads_only_the_slot(IO_DIRECT_REFUSED);
+}
 
 /* Many rounds of put-get-put-get on few slots through 8 workers: each get sees exactly the put
  * submitted before it on its slot, whatever runs at once; the workers' statistics add up. */

@@ -1,8 +1,8 @@
 /* test_train_fsdp_offload.c: `loom train --strategy fsdp --offload ...` (ranks as threads).
  * Offload moves bytes and nothing else, so every run here ends with the model file, byte for
- * byte, of the same run without offload: host and disk tiers, prefetch 0, 1 and 10, all kinds
- * of bytes or some, f32 and f16 mixed precision; a run interrupted (--max-steps) without offload
- * and resumed with it, or the reverse, ends as the uninterrupted run (the offload options are
+ * byte, of the same run without offload: host and disk tiers, prefetch 0, 1 and 10, 1 and 16
+ * I/O threads (--offload-io-threads), all kinds of bytes or some, f32 and f16 mixed
+ * precision; a run interrupted (--max-steps) without offload and resumed with it, or the reverse, ends as the uninterrupted run (the offload options are
  * not part of the resume fingerprint). The disk tier leaves
  * no file in --offload-dir; the summary and the metrics report the offload figures; the
  * offload options are checked, each error naming the option (or the folder). */
@@ -66,6 +66,15 @@ LT_TEST(train_fsdp_offload_is_bitwise) {
              tier);
     expect_same_model(d, amps[i], "disk0", extra);
     LT_EQ(files_in(tier), 0);
+    /* the I/O threads change when bytes move, never which: one, and the most */
+    snprintf(extra, sizeof extra, "--offload all --offload-tier disk --offload-dir %s "
+             "--offload-io-threads 1", tier);
+    expect_same_model(d, amps[i], "disk-io1", extra);
+    snprintf(extra, sizeof extra, "--offload all --offload-tier disk --offload-dir %s "
+             "--offload-io-threads 16 --prefetch 10", tier);
+    expect_same_model(d, amps[i], "disk-io16", extra);
+    LT_EQ(files_in(tier), 0);
+    expect_same_model(d, amps[i], "host-io16", "--offload all --offload-io-threads 16");
     tt_cleanup();
   }
 }
@@ -179,7 +188,8 @@ LT_TEST(train_host_pool_is_the_offload_figure) {
   tt_cleanup();
 }
 
-/* Interrupted without offload, resumed with it (and the reverse): the uninterrupted run's model. */
+/* Interrupted without offload, resumed with it (and the reverse, and with other I/O threads):
+ * the uninterrupted run's model. */
 LT_TEST(train_fsdp_resume_with_offload_is_bitwise_f16) {
   const char *d = tt_tempdir();
   const char *common = "--hidden 40 --limit 768 --epochs 2 --threads 1 --seed 3 --quiet "
@@ -193,12 +203,20 @@ LT_TEST(train_fsdp_resume_with_offload_is_bitwise_f16) {
                          "--offload-dir %s", common, d, d, tier);
   tt_run part2 = tt_train("%s --save %s/part2 --max-steps 9 --offload all", common, d);
   tt_run rest2 = tt_train("%s --resume %s/part2 --save %s/part2", common, d, d);
+  /* the I/O threads are not recorded either: 1 before the interruption, 16 after */
+  tt_run part3 = tt_train("%s --save %s/part3 --max-steps 9 --offload all --offload-io-threads 1",
+                          common, d);
+  tt_run rest3 = tt_train("%s --resume %s/part3 --save %s/part3 --offload all --offload-tier disk "
+                          "--offload-dir %s --offload-io-threads 16", common, d, d, tier);
   LT_EQ(whole.rc, 0);
   LT_EQ(part.rc, 0);
   LT_EQ(rest.rc, 0);
   if (rest.rc) fprintf(stderr, "%s", rest.err);
   LT_EQ(part2.rc, 0);
   LT_EQ(rest2.rc, 0);
+  LT_EQ(part3.rc, 0);
+  LT_EQ(rest3.rc, 0);
+  if (rest3.rc) fprintf(stderr, "%s", rest3.err);
   LT_TRUE(strstr(rest.out, "resumed") || strstr(rest.out, "after 24 steps"));
   char a[512], b[512];
   snprintf(a, sizeof a, "%s/whole/model.safetensors", d);
@@ -206,12 +224,16 @@ LT_TEST(train_fsdp_resume_with_offload_is_bitwise_f16) {
   LT_TRUE(tt_same_file(a, b));
   snprintf(b, sizeof b, "%s/part2/model.safetensors", d);
   LT_TRUE(tt_same_file(a, b));
+  snprintf(b, sizeof b, "%s/part3/model.safetensors", d);
+  LT_TRUE(tt_same_file(a, b));
   LT_EQ(files_in(tier), 0);
   tt_run_free(&whole);
   tt_run_free(&part);
   tt_run_free(&rest);
   tt_run_free(&part2);
   tt_run_free(&rest2);
+  tt_run_free(&part3);
+  tt_run_free(&rest3);
   tt_cleanup();
 }
 
@@ -253,6 +275,15 @@ LT_TEST(train_fsdp_offload_options) {
       {"--strategy ddp --offload-tier disk", "--offload-tier: an FSDP option; it needs --strategy fsdp", 2},
       {"--offload-dir /tmp", "--offload-dir: an FSDP option; it needs --strategy fsdp", 2},
       {"--prefetch 1", "--prefetch: an FSDP option; it needs --strategy fsdp", 2},
+      {"--strategy fsdp --offload all --offload-io-threads 17",
+       "--offload-io-threads: expected at most 16, got '17'", 2},
+      {"--strategy fsdp --offload all --offload-io-threads -1",
+       "--offload-io-threads: expected an integer >= 0, got '-1'", 2},
+      {"--strategy fsdp --offload all --offload-io-threads two",
+       "--offload-io-threads: expected an integer, got 'two'", 2},
+      {"--strategy fsdp --offload-io-threads 2",
+       "--offload-io-threads: offload is off in this run (--offload none)", 2},
+      {"--offload-io-threads 2", "--offload-io-threads: an FSDP option; it needs --strategy fsdp", 2},
       {args[0], want[0], 1},
       {args[1], want[1], 1},
   };

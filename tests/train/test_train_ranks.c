@@ -74,7 +74,7 @@ LT_TEST(train_ranks_differing_in_any_option_of_the_table_are_refused_naming_it) 
                  c.value);
     compared++;
   }
-  LT_EQ(local, 4); /* --quiet, --progress, --metrics, --offload-dir */
+  LT_EQ(local, 5); /* --quiet, --progress, --metrics, --offload-dir, --offload-io-threads */
   LT_TRUE(compared >= 35);
   tt_cleanup();
 }

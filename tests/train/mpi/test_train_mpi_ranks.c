@@ -85,8 +85,9 @@ int main(void) {
     fprintf(stderr, "FAIL: the test-only option was not compared\n");
     failed++;
   }
-  if (!failed && (local != 4 || compared < 36)) { /* --quiet, --metrics, --offload-dir, --progress */
-    fprintf(stderr, "FAIL: %ld rank-local options (want 4), %ld compared\n", local, compared);
+  if (!failed && (local != 5 || compared < 36)) { /* --quiet, --metrics, --offload-dir,
+                                                   * --offload-io-threads, --progress */
+    fprintf(stderr, "FAIL: %ld rank-local options (want 5), %ld compared\n", local, compared);
     failed++;
   }
   printf("mpi ranks: rank %d: %ld options compared, %ld failed\n", rank, compared, failed);
