@@ -50,6 +50,11 @@ static int why_stop(loom__thr_rank *me, int peer, uint32_t target, const loom__c
   loom__thr_world *w = me->world;
   const char *name = loom__coll_name(c->kind);
   int r = me->pg.rank;
+  /* a peer that reached the tick did its part: its failure after that (it went on, found an
+   * error of its own and failed the world) is the next collective's to report, not this one's
+   * (a rank descheduled between its last look at the tick and this check saw it so) */
+  if (reached(atomic_load_explicit(&w->ranks[peer].tick, memory_order_acquire), target))
+    return LOOM_OK;
   if (atomic_load(&me->pg.aborted))
     return loom__fail(LOOM_EABORTED, "rank %d: %s #%llu aborted (loom_pg_abort)", r, name,
                       (unsigned long long)c->seq);
