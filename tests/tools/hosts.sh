@@ -21,6 +21,10 @@
 #                fails naming the other within --timeout, the job ends, and the last
 #                checkpoint resumes on the first host alone (see the case)
 #   link-down-fsdp  the same with FSDP (the sharded checkpoint resharded for 1 rank)
+#   link-down-hsdp  the same with HSDP on 2 hosts x 2 ranks (--shard-size 2: a shard group per
+#                host): every rank of both hosts fails naming its replica on the other host by
+#                its rank in the run, and the checkpoint resumes on the first host at 2 ranks
+#                as HSDP (--shard-size 1) and as FSDP
 #   fsdp-rings   FSDP with units of 256 KB and more, whose all-gathers and reduce-scatters
 #                across hosts are loom's rings: equals 4 ranks of one host in the same rings
 #   fsdp-fewer   FSDP on 2 hosts x 2 ranks resumed on one host at 2 ranks, then 1 (resharded)
