@@ -263,10 +263,13 @@ link-down | link-down-fsdp | link-down-hsdp)
   nranks=$((2 * per_host))
   run="train --strategy $strategy --hidden 256 --threads 1 --epochs 50 --batch 32 --limit 4096"
   [ $strategy = hsdp ] && run="$run --shard-size 2"
+  # mpirun's own time limit is not what ends it (its end is asserted, 60 s after the link went
+  # down): three launch tries of 30 s and a slow start under load must not reach it, or it
+  # would kill the ranks before their timeout
   # shellcheck disable=SC2086
   (
     trap - EXIT
-    limit=120 mpirun_hosts $nranks "${place[@]}" --output-filename "$dir/ranks" "$loom" $run \
+    limit=240 mpirun_hosts $nranks "${place[@]}" --output-filename "$dir/ranks" "$loom" $run \
       --timeout $timeout --backend mpi --save "$dir/ck" >"$dir/out" 2>"$dir/err"
   ) &
   job=$!
