@@ -43,6 +43,8 @@ static void who(const loom_pg *pg, char *buf, size_t cap, int peer) {
 int loom__wait_check(loom__wait *w) {
   loom_pg *pg = w->pg;
   double timeout = atomic_load(&pg->timeout_s), waited = loom__now() - w->t0;
+  bool notice = !w->noticed && waited >= loom__wait_notice_after(timeout);
+  if (waited <= timeout && !notice) return LOOM_OK; /* the names only for a message */
   char me[48], peer[48];
   loom__pg_who(pg, pg->rank, me, sizeof me);
   who(pg, peer, sizeof peer, w->peer);
@@ -52,7 +54,7 @@ int loom__wait_check(loom__wait *w) {
     return loom__fail(LOOM_ETIMEDOUT, "%s: %s #%llu timed out after %g s waiting for %s%s",
                       me, name, seq, timeout, peer,
                       w->peer >= 0 ? "" : " (a rank stopped issuing collectives or died)");
-  if (!w->noticed && waited >= loom__wait_notice_after(timeout)) {
+  if (notice) {
     w->noticed = true;
     fprintf(stderr, "loom: %s waiting for %s in %s #%llu for %.2g s (timeout %g s)\n",
             me, peer, name, seq, waited, timeout);
