@@ -77,6 +77,9 @@ struct loom_pg {
   const loom__pg_ops *ops;
   void *impl; /* backend state */
   int rank, size;
+  int *run_ranks; /* a split group's (loom_pg_split): each member's rank in the run's group
+                   * (the world it was split from, at any depth); NULL for the run's own group.
+                   * Messages name both (loom__pg_who). Freed by loom__pg_fini. */
   int compute_threads;
   _Atomic double timeout_s;
   bool owned; /* by loom_threads_run: loom_pg_free refuses */
@@ -105,6 +108,11 @@ struct loom_pg {
 int loom__pg_init(loom_pg *pg, const loom__pg_ops *ops, void *impl, int rank, int size,
                   const loom_pg_cfg *cfg);
 void loom__pg_fini(loom_pg *pg);
+
+/* "rank R" for rank r of pg, or "rank R (rank W of the run)" in a split group, where W is its
+ * rank in the run's own group (MPI_COMM_WORLD's rank): how messages name a rank, so that a
+ * rank of a sub-group (HSDP's shard and replica groups) is not taken for the world's. */
+void loom__pg_who(const loom_pg *pg, int r, char *buf, size_t cap);
 
 /* Record the group's first failure (code, message) and tell the backend (ops->failed). Later
  * calls keep the first. Returns code. Thread-safe. */

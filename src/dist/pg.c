@@ -81,9 +81,18 @@ fail0:
 }
 
 void loom__pg_fini(loom_pg *pg) {
+  loom__free(pg->run_ranks);
+  pg->run_ranks = NULL;
   pthread_cond_destroy(&pg->cv_done);
   pthread_cond_destroy(&pg->cv_work);
   pthread_mutex_destroy(&pg->mu);
+}
+
+void loom__pg_who(const loom_pg *pg, int r, char *buf, size_t cap) {
+  if (pg->run_ranks && r >= 0 && r < pg->size)
+    snprintf(buf, cap, "rank %d (rank %d of the run)", r, pg->run_ranks[r]);
+  else
+    snprintf(buf, cap, "rank %d", r);
 }
 
 int loom__pg_fail(loom_pg *pg, int code, const char *msg) {

@@ -39,6 +39,14 @@ int loom_pg_split(loom_pg *pg, int color, int key, loom_pg **out) {
     if (m[i].rank == pg->rank) my_rank = i;
   }
   if (!rc) rc = pg->ops->split(pg, color, key, members, n, my_rank, out);
+  /* the members' ranks in the run's group, for messages (loom__pg_who) */
+  if (!rc && *out && !((*out)->run_ranks = loom__calloc(LOOM_POOL_META, (size_t)n, sizeof(int)))) {
+    loom_pg_free(*out);
+    *out = NULL;
+    rc = loom__fail(LOOM_ENOMEM, "loom_pg_split: out of memory");
+  }
+  for (int i = 0; !rc && *out && i < n; i++)
+    (*out)->run_ranks[i] = pg->run_ranks ? pg->run_ranks[members[i]] : members[i];
   loom__free(all);
   loom__free(m);
   loom__free(members);

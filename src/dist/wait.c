@@ -34,27 +34,30 @@ double loom__wait_notice_after(double timeout_s) {
   return after < timeout_s ? after : INFINITY;
 }
 
-/* "rank 1" or "its peers" */
-static void who(char *buf, size_t cap, int peer) {
-  if (peer >= 0) snprintf(buf, cap, "rank %d", peer);
+/* "rank 1", "rank 1 (rank 3 of the run)" in a split group, or "its peers" */
+static void who(const loom_pg *pg, char *buf, size_t cap, int peer) {
+  if (peer >= 0) loom__pg_who(pg, peer, buf, cap);
   else snprintf(buf, cap, "its peers");
 }
 
 int loom__wait_check(loom__wait *w) {
   loom_pg *pg = w->pg;
   double timeout = atomic_load(&pg->timeout_s), waited = loom__now() - w->t0;
-  char peer[32];
-  who(peer, sizeof peer, w->peer);
+  bool notice = !w->noticed && waited >= loom__wait_notice_after(timeout);
+  if (waited <= timeout && !notice) return LOOM_OK; /* the names only for a message */
+  char me[48], peer[48];
+  loom__pg_who(pg, pg->rank, me, sizeof me);
+  who(pg, peer, sizeof peer, w->peer);
   const char *name = loom__coll_name(w->c->kind);
   unsigned long long seq = (unsigned long long)w->c->seq;
   if (waited > timeout)
-    return loom__fail(LOOM_ETIMEDOUT, "rank %d: %s #%llu timed out after %g s waiting for %s%s",
-                      pg->rank, name, seq, timeout, peer,
+    return loom__fail(LOOM_ETIMEDOUT, "%s: %s #%llu timed out after %g s waiting for %s%s",
+                      me, name, seq, timeout, peer,
                       w->peer >= 0 ? "" : " (a rank stopped issuing collectives or died)");
-  if (!w->noticed && waited >= loom__wait_notice_after(timeout)) {
+  if (notice) {
     w->noticed = true;
-    fprintf(stderr, "loom: rank %d waiting for %s in %s #%llu for %.2g s (timeout %g s)\n",
-            pg->rank, peer, name, seq, waited, timeout);
+    fprintf(stderr, "loom: %s waiting for %s in %s #%llu for %.2g s (timeout %g s)\n",
+            me, peer, name, seq, waited, timeout);
   }
   return LOOM_OK;
 }

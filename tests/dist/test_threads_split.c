@@ -9,6 +9,7 @@
 #include "loom/alloc.h"
 
 #include <string.h>
+#include <time.h>
 
 enum { N = 6 };
 
@@ -191,6 +192,38 @@ LT_TEST(threads_split_failure_reaches_every_group) {
       for (int r = 0; r < 3; r++) LT_EQ(fc.rc[r], LOOM_EREMOTE);
     }
   }
+}
+
+/* A timeout in a group split from a split group names each rank by its rank there and in the
+ * run: of the 4 ranks, the replica group {0, 2} is split again in reverse order ({2, 0}), where
+ * rank 2 of the run joins no collective until rank 0's has timed out. */
+static int named(loom_pg *pg, void *arg) {
+  char *msg = arg;
+  int r = loom_pg_rank(pg);
+  loom_pg *rep = NULL, *rev = NULL;
+  int rc = loom_pg_split(pg, r % 2, r, &rep);
+  if (!rc) rc = loom_pg_split(rep, 0, -loom_pg_rank(rep), &rev);
+  float x = 1;
+  if (!rc && r == 0) {
+    rc = loom_pg_allreduce(rev, &x, &x, 1, LOOM_F32, LOOM_SUM, NULL);
+    snprintf(msg, 512, "%s", rc ? loom_last_error() : "");
+    rc = rc == LOOM_ETIMEDOUT ? LOOM_OK : LOOM_EINVAL;
+  } else if (!rc && r == 2) {
+    struct timespec ts = {1, 500000000}; /* well past rank 0's timeout */
+    nanosleep(&ts, NULL);
+  }
+  loom_pg_free(rev);
+  loom_pg_free(rep);
+  return rc;
+}
+
+LT_TEST(threads_split_timeout_names_ranks_of_the_run) {
+  loom_pg_cfg cfg = loom_pg_cfg_default();
+  cfg.timeout_s = 0.2;
+  char msg[512] = "";
+  loom_threads_run(4, &cfg, named, msg); /* rank 0's failure fails the run's group too */
+  LT_TRUE(strstr(msg, "rank 1 (rank 0 of the run): all-reduce #1 timed out after 0.2 s waiting "
+                      "for rank 0 (rank 2 of the run)") != NULL);
 }
 
 LT_TEST(threads_split_bad_arguments) {

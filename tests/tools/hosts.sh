@@ -21,6 +21,10 @@
 #                fails naming the other within --timeout, the job ends, and the last
 #                checkpoint resumes on the first host alone (see the case)
 #   link-down-fsdp  the same with FSDP (the sharded checkpoint resharded for 1 rank)
+#   link-down-hsdp  the same with HSDP on 2 hosts x 2 ranks (--shard-size 2: a shard group per
+#                host): every rank of both hosts fails naming its replica on the other host by
+#                its rank in the run, and the checkpoint resumes on the first host at 2 ranks
+#                as HSDP (--shard-size 1) and as FSDP
 #   fsdp-rings   FSDP with units of 256 KB and more, whose all-gathers and reduce-scatters
 #                across hosts are loom's rings: equals 4 ranks of one host in the same rings
 #   fsdp-fewer   FSDP on 2 hosts x 2 ranks resumed on one host at 2 ranks, then 1 (resharded)
@@ -238,52 +242,61 @@ fsdp-rings)
   cmp -s "$dir/one4/model.safetensors" "$dir/two4/model.safetensors" ||
     fail "the model trained on 2 hosts x 2 ranks differs from the one-host run's in rings"
   ;;
-link-down | link-down-fsdp)
-  # One rank per host, DDP (or FSDP) with --timeout 10; after the first checkpoint the second host's link
-  # goes down mid-step. loom's part: each rank fails with a message naming the other one within
-  # the timeout and ends (MPI_Abort, or exit if that cannot reach the launcher); measured from
-  # the link going down to each loom process's end. The launcher's part: mpirun learns that the
-  # daemon of the unreachable host is gone only when TCP gives up retransmitting to it
-  # (net.ipv4.tcp_retries2, 15 by default: about 15 minutes), so the namespaces get 5 (about
-  # 12 s), a per-namespace setting; the daemon left on the cut host is the cleanup's. Each
-  # rank's output goes to a file written on its own host (--output-filename), since what the
-  # cut host prints never reaches mpirun. Then the last checkpoint, intact, is resumed on the
-  # first host alone: 2 ranks there over shared memory, then 1 rank (another rank count).
+link-down | link-down-fsdp | link-down-hsdp)
+  # DDP or FSDP with one rank per host, or HSDP with 2 ranks per host (--shard-size 2: a shard
+  # group per host, ranks 0-1 and 2-3, replicas across the link), --timeout 10; after the first
+  # checkpoint the second host's link goes down mid-step. loom's part: each rank fails with a
+  # message naming a rank of the other host within the timeout and ends (MPI_Abort, or exit if
+  # that cannot reach the launcher); measured from the link going down to each loom process's
+  # end. The launcher's part: mpirun learns that the daemon of the unreachable host is gone only
+  # when TCP gives up retransmitting to it (net.ipv4.tcp_retries2, 15 by default: about 15
+  # minutes), so the namespaces get 5 (about 12 s), a per-namespace setting; the daemon left on
+  # the cut host is the cleanup's. Each rank's output goes to a file written on its own host
+  # (--output-filename), since what the cut host prints never reaches mpirun. Then the last
+  # checkpoint, intact, is resumed on the first host alone: 2 ranks there over shared memory,
+  # then another rank count or strategy (see below).
   timeout=10
   for h in "${hosts[@]}"; do ip netns exec "$h" sysctl -qw net.ipv4.tcp_retries2=5; done
-  strategy=ddp
-  [ "$case" = link-down-fsdp ] && strategy=fsdp
+  per_host=1 strategy=${case#link-down-} place=(--map-by node)
+  [ "$case" = link-down ] && strategy=ddp
+  [ $strategy = hsdp ] && per_host=2 place=()
+  nranks=$((2 * per_host))
   run="train --strategy $strategy --hidden 256 --threads 1 --epochs 50 --batch 32 --limit 4096"
+  [ $strategy = hsdp ] && run="$run --shard-size 2"
+  # mpirun's own time limit is not what ends it (its end is asserted, 60 s after the link went
+  # down): three launch tries of 30 s and a slow start under load must not reach it, or it
+  # would kill the ranks before their timeout
   # shellcheck disable=SC2086
   (
     trap - EXIT
-    limit=120 mpirun_hosts 2 --map-by node --output-filename "$dir/ranks" "$loom" $run \
+    limit=240 mpirun_hosts $nranks "${place[@]}" --output-filename "$dir/ranks" "$loom" $run \
       --timeout $timeout --backend mpi --save "$dir/ck" >"$dir/out" 2>"$dir/err"
   ) &
   job=$!
   ck=$dir/ck/checkpoint.safetensors
-  [ $strategy = fsdp ] && ck=$dir/ck/fsdp/fsdp-index.safetensors
-  for _ in $(seq 1 300); do # until the first checkpoint is written
-    [ -f "$ck" ] && break
-    sleep 0.1
-  done
-  [ -f "$ck" ] || fail "no checkpoint before the link went down"
+  [ $strategy = ddp ] || ck=$dir/ck/fsdp/fsdp-index.safetensors
+  # until the first checkpoint is written, as long as the job runs (its launch may take up to
+  # three tries of 30 s on a loaded machine: a fixed wait here was seen to run out)
+  while [ ! -f "$ck" ] && kill -0 $job 2>/dev/null; do sleep 0.1; done
+  [ -f "$ck" ] || fail "no checkpoint before the link went down (the run ended first)"
   sleep 0.5 # mid-epoch
-  loom_in() { # the loom process of a namespace, if any
+  loom_in() { # the loom processes of a namespace, if any
     local p
     for p in $(ip netns pids "$1" 2>/dev/null); do
       [ "$(cat "/proc/$p/comm" 2>/dev/null)" = loom ] && echo "$p"
     done
   }
-  [ -n "$(loom_in "${hosts[0]}")" ] && [ -n "$(loom_in "${hosts[1]}")" ] ||
-    fail "a rank ended before the link went down"
+  for i in 0 1; do
+    [ "$(loom_in "${hosts[$i]}" | wc -l)" = $per_host ] ||
+      fail "a rank on host $((i + 1)) ended before the link went down"
+  done
   ip link set "lmv${tag}2" down
   t0=$(date +%s.%N)
   gone=(- -) job_end=-
   while :; do
     now=$(date +%s.%N)
     el=$(awk "BEGIN { printf \"%.1f\", $now - $t0 }")
-    for i in 0 1; do
+    for i in 0 1; do # the time the host's last loom process ended
       [ "${gone[$i]}" = - ] && [ -z "$(loom_in "${hosts[$i]}")" ] && gone[i]=$el
     done
     if [ "$job_end" = - ] && ! kill -0 $job 2>/dev/null; then job_end=$el; fi
@@ -293,18 +306,42 @@ link-down | link-down-fsdp)
   done
   wait $job
   rc=$?
-  printf 'link down -> rank 0 ended after %s s, rank 1 after %s s, mpirun after %s s (exit %s)\n' \
+  printf 'link down -> host 1 ranks ended after %s s, host 2 ranks after %s s, mpirun after %s s (exit %s)\n' \
     "${gone[0]}" "${gone[1]}" "$job_end" "$rc"
-  for r in 0 1; do
+  # every rank's error names the rank its wait was on. DDP and FSDP (one rank per host): the
+  # other host's. HSDP: in a group split from the world (the replica groups, across the link,
+  # and the shard groups) a rank is named by its rank there and in the run ("rank 0 (rank 1 of
+  # the run): ... waiting for rank 1 (rank 3 of the run)"). The ranks of a host wait across the
+  # link in their replica all-reduce, but one may instead wait on its own host's other rank in
+  # the shard group's reduce-scatter (that rank being stuck in the replica all-reduce; seen in 1
+  # of 7 runs): each rank names a rank by its rank in the run, and on each host at least one
+  # names a rank of the other host (README, "A host that fails")
+  for i in 0 1; do across[i]=0; done
+  for r in $(seq 0 $((nranks - 1))); do
     f=$(find "$dir/ranks" -path "*rank.$r/stderr" 2>/dev/null | head -1)
     echo "--- rank $r's stderr"
     grep -v '^\[' "${f:-/dev/null}"
-    grep -q "rank $r: .* timed out after $timeout s waiting for rank $((1 - r))" "${f:-/dev/null}" ||
-      fail "rank $r did not say it timed out waiting for rank $((1 - r))"
+    host=$((r / per_host)) ok=
+    for o in $(seq 0 $((nranks - 1))); do
+      [ $o = $r ] && continue
+      [ $strategy != hsdp ] && [ $((o / per_host)) = $host ] && continue
+      if [ $strategy = hsdp ]; then
+        grep -q "rank [0-9]* (rank $r of the run): .* timed out after $timeout s waiting for rank [0-9]* (rank $o of the run)" \
+          "${f:-/dev/null}" && ok=$o
+      else
+        grep -q "rank $r: .* timed out after $timeout s waiting for rank $o\b" "${f:-/dev/null}" &&
+          ok=$o
+      fi
+    done
+    [ -n "$ok" ] || fail "rank $r did not say it timed out waiting for a rank (named by its rank in the run)"
+    [ $((ok / per_host)) != $host ] && across[host]=1
+  done
+  for i in 0 1; do
+    [ "${across[$i]}" = 1 ] || fail "no rank of host $((i + 1)) named a rank of the other host"
   done
   for i in 0 1; do
     [ "${gone[$i]}" != - ] && awk "BEGIN { exit !(${gone[$i]} <= $timeout + 6) }" ||
-      fail "rank $i still ran ${gone[$i]} s after the link went down (--timeout $timeout)"
+      fail "host $((i + 1))'s ranks still ran ${gone[$i]} s after the link went down (--timeout $timeout)"
   done
   [ "$rc" != 0 ] || fail "mpirun exited 0 after the link went down"
   [ "$job_end" != - ] && awk "BEGIN { exit !($job_end <= 60) }" ||
@@ -312,24 +349,41 @@ link-down | link-down-fsdp)
   # the cut host's daemon (and anything else the run left) goes; the link comes back up
   for h in "${hosts[@]}"; do ip netns pids "$h" | xargs -r kill -9 2>/dev/null; done
   ip link set "lmv${tag}2" up
-  # resume on the first host alone: the same 2 ranks over shared memory, 2 epochs more
+  # resume on the first host alone: 2 ranks over shared memory, 2 epochs more, the global batch
+  # kept (HSDP's 4 x 32 as 2 x 64; as an HSDP of 2 replicas of 1 shard: its checkpoint, written
+  # by one shard group of 2, resharded)
   cp -r "$dir/ck" "$dir/ck1"
+  run2=$run
+  if [ $strategy = hsdp ]; then
+    run2=${run/--batch 32/--batch 64}
+    run2=${run2/--shard-size 2/--shard-size 1}
+  fi
   # shellcheck disable=SC2086
   timeout 120 ip netns exec "${hosts[0]}" "$mpiexec" --allow-run-as-root --oversubscribe -n 2 \
-    --mca btl self,vader "$loom" $run --timeout $timeout --backend mpi --resume "$dir/ck" \
+    --mca btl self,vader "$loom" $run2 --timeout $timeout --backend mpi --resume "$dir/ck" \
     --save "$dir/ck" --max-steps "$(($(start_step "$dir/ck") + 128))" >"$dir/out" 2>"$dir/err" ||
     fail "the resume on one host (2 ranks) failed"
   grep -q "resuming at step" "$dir/out" || fail "the run on one host did not resume"
-  grep "resuming at step" "$dir/out"
-  # and at another rank count: 1 rank with the same global batch (2 x 32)
-  run=${run/--batch 32/--batch 64}
+  [ $strategy = hsdp ] && { grep -q "written by 4 ranks x batch 32; this run has 2 ranks x batch 64" \
+    "$dir/out" || fail "the resume on 2 ranks did not say what changed"; }
+  grep "resuming at step\|written by" "$dir/out"
+  # and at another rank count: 1 rank with the same global batch (2 x 32); HSDP's checkpoint
+  # under FSDP at 2 ranks (the surviving count, its shards resharded from HSDP's shard group)
+  if [ $strategy = hsdp ]; then
+    run=${run/--strategy hsdp/--strategy fsdp}
+    run=${run/ --shard-size 2/}
+    run=${run/--batch 32/--batch 64}
+    n1=2 btl=self,vader said="written by 4 ranks x batch 32; this run has 2 ranks x batch 64"
+  else
+    run=${run/--batch 32/--batch 64}
+    n1=1 btl=self said="written by 2 ranks x batch 32; this run has 1 rank x batch 64"
+  fi
   # shellcheck disable=SC2086
-  timeout 120 ip netns exec "${hosts[0]}" "$mpiexec" --allow-run-as-root -n 1 --mca btl self \
-    "$loom" $run --timeout $timeout --backend mpi --resume "$dir/ck1" --save "$dir/ck1" \
-    --max-steps "$(($(start_step "$dir/ck1") + 64))" >"$dir/out" 2>"$dir/err" ||
-    fail "the resume on one host (1 rank) failed"
-  grep -q "written by 2 ranks x batch 32; this run has 1 rank x batch 64" "$dir/out" ||
-    fail "the resume on 1 rank did not say what changed"
+  timeout 120 ip netns exec "${hosts[0]}" "$mpiexec" --allow-run-as-root --oversubscribe -n $n1 \
+    --mca btl $btl "$loom" $run --timeout $timeout --backend mpi --resume "$dir/ck1" \
+    --save "$dir/ck1" --max-steps "$(($(start_step "$dir/ck1") + 64))" >"$dir/out" 2>"$dir/err" ||
+    fail "the resume on one host ($n1 ranks, $strategy's checkpoint) failed"
+  grep -q "$said" "$dir/out" || fail "the resume on $n1 ranks did not say what changed"
   grep "resuming at step\|written by" "$dir/out"
   ;;
 fsdp-fewer)

@@ -78,8 +78,10 @@ static int check_notice(mpi_pg *m) {
   }
   pthread_mutex_unlock(&m->ctl_mu);
   if (!flag) return LOOM_OK;
-  return loom__fail(LOOM_EREMOTE, "rank %d: rank %d failed: %s", m->pg.rank, m->notice_in.rank,
-                    m->notice_in.msg);
+  char me[48], peer[48];
+  loom__pg_who(&m->pg, m->pg.rank, me, sizeof me);
+  loom__pg_who(&m->pg, m->notice_in.rank, peer, sizeof peer);
+  return loom__fail(LOOM_EREMOTE, "%s: %s failed: %s", me, peer, m->notice_in.msg);
 }
 
 static int mpi_health(loom_pg *pg) { return check_notice(of(pg)); }
