@@ -44,7 +44,10 @@
  * Before each collective the ranks exchange a small header (kind, count, dtype, op, root: a
  * 40-byte point-to-point message to each peer up to 8 ranks, about 1 us; one MPI_Iallgather
  * above) so that disagreeing ranks get LOOM_EMISUSE/ESHAPE/EDTYPE naming both calls (the
- * barrier is that exchange alone). A failing rank (an error, loom_pg_abort) sends its message
+ * barrier is that exchange alone). An all-reduce of at most 256 bytes on up to 8 ranks
+ * carries its data in that header message and each rank reduces every rank's data in rank
+ * order (all ranks get the same bits; one round trip in all, within 2x of MPI_Allreduce at 4
+ * bytes in BENCHMARKS.md). A failing rank (an error, loom_pg_abort) sends its message
  * to every peer on a second private communicator; peers fail with LOOM_EREMOTE naming it. A
  * peer that dies or stops calling gives LOOM_ETIMEDOUT, naming the rank when the wait is on
  * one peer's message (the point-to-point header exchange, a ring step); inside MPI's own

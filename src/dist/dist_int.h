@@ -121,9 +121,10 @@ int loom__pg_fail(loom_pg *pg, int code, const char *msg);
 /* LOOM_OK, or the sticky failure / abort with a message from `who` for this thread. */
 int loom__pg_check(loom_pg *pg, const char *who);
 
-/* Run one collective now on this thread (no queue): the sticky check, the backend call, and
- * recording of a failure. The message of a failure is in this thread's loom_last_error(). */
-int loom__pg_execute(loom_pg *pg, const loom__coll *c);
+/* Run one collective now on this thread (no queue): the sticky check (skipped when `checked`:
+ * the caller ran loom__pg_check just before), the backend call, and recording of a failure.
+ * The message of a failure is in this thread's loom_last_error(). */
+int loom__pg_execute(loom_pg *pg, const loom__coll *c, bool checked);
 
 /* A blocking all-gather whose bytes move even in a dry run (loom_mem_set_dry_run), for
  * metadata the run's structure depends on (loom_pg_split's colors, keys and addresses).

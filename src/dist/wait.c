@@ -15,6 +15,7 @@
  * steps (chunks of 64-512 KB, about 250 us each at 2 GB/s) and sleeping starts only when a peer
  * is late. */
 #define SPIN_S 500e-6
+#define SPIN_PAUSES 4 /* CPU pauses between two polls while spinning */
 /* Sleep between polls: a fraction of the time waited so far (so the extra latency stays a
  * small share of the wait), between these bounds. */
 #define SLEEP_MIN_S 10e-6
@@ -65,7 +66,9 @@ int loom__wait_check(loom__wait *w) {
 void loom__wait_pause(loom__wait *w) {
   double waited = loom__now() - w->t0;
   if (waited < SPIN_S) {
-    for (int i = 0; i < 32; i++) loom__cpu_relax();
+    /* a few pauses only: 32 (about 0.35 us on the Xeon of BENCHMARKS.md) were as long as a
+     * whole small all-reduce of raw MPI, and the message waited for was seen that much later */
+    for (int i = 0; i < SPIN_PAUSES; i++) loom__cpu_relax();
     return;
   }
   double s = fmin(SLEEP_MAX_S, fmax(SLEEP_MIN_S, waited * SLEEP_SHARE));

@@ -37,7 +37,7 @@ static void *progress_main(void *arg) {
     pg->running = true;
     pthread_mutex_unlock(&pg->mu);
 
-    int rc = loom__pg_execute(pg, &w->c);
+    int rc = loom__pg_execute(pg, &w->c, false);
     if (rc) snprintf(w->msg, sizeof w->msg, "%s", loom_last_error());
 
     pthread_mutex_lock(&pg->mu);
@@ -105,7 +105,7 @@ int loom__pg_issue(loom_pg *pg, const loom__coll *c, loom_work **out) {
   if (!out && !pg->head && !pg->running) { /* run inline */
     pg->running = true;
     pthread_mutex_unlock(&pg->mu);
-    rc = loom__pg_execute(pg, &w->c);
+    rc = loom__pg_execute(pg, &w->c, true); /* checked above, a moment ago */
     pthread_mutex_lock(&pg->mu);
     pg->running = false;
     if (pg->head) pthread_cond_signal(&pg->cv_work);

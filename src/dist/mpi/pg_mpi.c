@@ -144,8 +144,12 @@ static const char *kind_name(int64_t k) {
   return k >= 0 && k <= LOOM__BARRIER ? loom__coll_name((loom__coll_kind)k) : "?";
 }
 
-/* Exchange headers and check that every rank issued the same collective. */
-static int check_headers(mpi_pg *m, const loom__coll *c) {
+/* Exchange headers and check that every rank issued the same collective. With `data` (point-
+ * to-point exchange only, bytes <= SMALL_BYTES), this rank's data rides in its header message
+ * and every rank's lands after its header in m->hdrs (slot j at j * SLOT): the message is
+ * eager on every transport, so a small all-reduce costs one round trip. Receives are always
+ * posted for a whole slot, so a peer's header of any collective is read and refused by name. */
+static int check_headers(mpi_pg *m, const loom__coll *c, const void *data, size_t bytes) {
   loom_pg *pg = &m->pg;
   bool has_op = c->kind == LOOM__ALLREDUCE || c->kind == LOOM__REDUCE_SCATTER;
   int64_t *mine = m->mine;
@@ -154,16 +158,22 @@ static int check_headers(mpi_pg *m, const loom__coll *c) {
   mine[2] = c->dt;
   mine[3] = has_op ? (int64_t)c->op : -1;
   mine[4] = c->kind == LOOM__BROADCAST ? c->root : -1;
+  int words = HDR;
+  if (data && bytes) {
+    memcpy(&mine[HDR], data, bytes);
+    words += (int)((bytes + 7) / 8);
+  }
   int rc, err = MPI_SUCCESS;
   if (pg->size <= HDR_P2P_MAX) {
-    memcpy(&m->hdrs[pg->rank * HDR], mine, sizeof m->mine);
+    memcpy(&m->hdrs[pg->rank * SLOT], mine, (size_t)words * sizeof *mine);
     int nq = 0;
     for (int j = 0; j < pg->size && !err; j++)
       if (j != pg->rank)
-        err = MPI_Irecv(&m->hdrs[j * HDR], HDR, MPI_INT64_T, j, TAG_HDR, m->comm, &m->hreq[nq++]);
+        err = MPI_Irecv(&m->hdrs[j * SLOT], SLOT, MPI_INT64_T, j, TAG_HDR, m->comm,
+                        &m->hreq[nq++]);
     for (int j = 0; j < pg->size && !err; j++)
       if (j != pg->rank)
-        err = MPI_Isend(mine, HDR, MPI_INT64_T, j, TAG_HDR, m->comm, &m->hreq[nq++]);
+        err = MPI_Isend(mine, words, MPI_INT64_T, j, TAG_HDR, m->comm, &m->hreq[nq++]);
     if (err) {
       m->broken = true;
       return loom__mpi_fail(err, loom__coll_name(c->kind), "MPI_Isend/MPI_Irecv (header)");
@@ -174,12 +184,12 @@ static int check_headers(mpi_pg *m, const loom__coll *c) {
     }
   } else {
     MPI_Request req;
-    err = MPI_Iallgather(mine, HDR, MPI_INT64_T, m->hdrs, HDR, MPI_INT64_T, m->comm, &req);
+    err = MPI_Iallgather(mine, SLOT, MPI_INT64_T, m->hdrs, SLOT, MPI_INT64_T, m->comm, &req);
     if (err) return loom__mpi_fail(err, loom__coll_name(c->kind), "MPI_Iallgather (header)");
     if ((rc = loom__mpi_wait(m, &req, c, -1))) return rc;
   }
   for (int j = 0; j < pg->size; j++) {
-    const int64_t *o = &m->hdrs[j * HDR];
+    const int64_t *o = &m->hdrs[j * SLOT];
     int code = o[0] != mine[0] || o[3] != mine[3] || o[4] != mine[4] ? LOOM_EMISUSE
                : o[1] != mine[1]                                       ? LOOM_ESHAPE
                : o[2] != mine[2]                                       ? LOOM_EDTYPE
@@ -221,7 +231,7 @@ static int start(mpi_pg *m, const loom__coll *c) {
   if (c->count > INT_MAX / (size_t)m->pg.size)
     return loom__fail(LOOM_EOVERFLOW, "%s: count %zu exceeds what MPI's int counts hold",
                       loom__coll_name(c->kind), c->count);
-  return check_headers(m, c);
+  return check_headers(m, c, NULL, 0);
 }
 
 static bool half(loom_dtype dt) { return dt == LOOM_F16 || dt == LOOM_BF16; }
@@ -258,8 +268,30 @@ static int large_allreduce(mpi_pg *m, void *buf, size_t n, loom_dtype dt, loom_r
                         : loom__mpi_ring_allreduce(m, buf, n, dt, op, c);
 }
 
+/* A small all-reduce on a group small enough for the point-to-point header exchange: every
+ * rank's data comes with its header (check_headers), and each rank reduces the slots in rank
+ * order, so all ranks hold the same bits. One round trip in all, as MPI's own for 2 ranks;
+ * loom's header check followed by MPI_Iallreduce (libnbc) took 5.5-6x raw MPI_Allreduce at
+ * 4 bytes (BENCHMARKS.md). */
+static bool small_allreduce(const loom_pg *pg, const loom__coll *c) {
+  return pg->size > 1 && pg->size <= HDR_P2P_MAX &&
+         c->count * loom_dtype_size(c->dt) <= SMALL_BYTES;
+}
+
+static int allreduce_in_header(mpi_pg *m, const loom__coll *c) {
+  loom_pg *pg = &m->pg;
+  size_t bytes = c->count * loom_dtype_size(c->dt);
+  int rc = check_headers(m, c, c->send, bytes);
+  if (rc) return rc;
+  const void *srcs[HDR_P2P_MAX];
+  for (int j = 0; j < pg->size; j++) srcs[j] = &m->hdrs[j * SLOT + HDR];
+  loom__reduce(c->recv, srcs, pg->size, c->count, c->dt, c->op);
+  return LOOM_OK;
+}
+
 static int mpi_allreduce(loom_pg *pg, const loom__coll *c) {
   mpi_pg *m = of(pg);
+  if (small_allreduce(pg, c)) return allreduce_in_header(m, c);
   int rc = LOOM_OK;
   /* f16/bf16: the f32 scratch before the header exchange, so that a rank that cannot get it
    * fails before its peers can be inside MPI_Allreduce, where nothing would wake them */
@@ -518,7 +550,7 @@ int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out) {
     return rc;
   }
   m->sends = loom__calloc(LOOM_POOL_META, (size_t)size, sizeof *m->sends);
-  m->hdrs = loom__calloc(LOOM_POOL_META, (size_t)size * HDR, sizeof *m->hdrs);
+  m->hdrs = loom__calloc(LOOM_POOL_META, (size_t)size * SLOT, sizeof *m->hdrs);
   m->hreq = loom__calloc(LOOM_POOL_META, 2 * (size_t)size, sizeof *m->hreq);
   LOOM_TRY_ALLOC(m->sends && m->hdrs && m->hreq ? m : NULL, "the group");
   if ((err = MPI_Comm_dup(user, &m->comm)) || (err = MPI_Comm_dup(user, &m->ctl))) {

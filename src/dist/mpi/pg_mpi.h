@@ -11,6 +11,11 @@
 #include <stdint.h>
 
 #define HDR 5 /* int64 fields of a collective's header */
+/* A small all-reduce's data travels inside its header message (pg_mpi.c): up to this many
+ * bytes, i.e. SMALL_WORDS int64 words after the header. */
+#define SMALL_BYTES 256
+#define SMALL_WORDS (SMALL_BYTES / 8)
+#define SLOT (HDR + SMALL_WORDS) /* int64 words of one rank's header message, at most */
 
 typedef struct fail_note {
   uint64_t gid; /* the group's id: a stale notice to a reused communicator id is dropped */
@@ -28,8 +33,8 @@ typedef struct mpi_pg {
   int nsends;
   bool broken;        /* an MPI request was left active: do not free the communicators */
   uint64_t gid;       /* rank 0's pick, broadcast at creation */
-  int64_t mine[HDR];  /* this rank's header (sent from here: stays valid if a wait fails) */
-  int64_t *hdrs;      /* size * HDR, the header exchange */
+  int64_t mine[SLOT]; /* this rank's header [+ data] (sent from here: valid if a wait fails) */
+  int64_t *hdrs;      /* size * SLOT, the header exchange (every rank's header [+ data]) */
   MPI_Request *hreq;  /* 2 * size, its point-to-point requests */
   void *tmp[2];       /* [0] f32 widening / in-place result / ring sums, [1] ring receive chunks */
   size_t tmp_bytes[2];

@@ -78,6 +78,30 @@ static void test_mismatch(void) {
   CHECK_RC(loom_pg_free(pg), LOOM_OK);
 }
 
+/* A small all-reduce (data inside the header message) against a larger all-reduce, a
+ * broadcast, another dtype: each refused by name on every rank, on a group of its own. */
+static void test_mismatch_small(void) {
+  float x[4096] = {0};
+  struct {
+    int want;
+    const char *what;
+  } cases[] = {{LOOM_ESHAPE, "count"}, {LOOM_EMISUSE, "broadcast"}, {LOOM_EDTYPE, "dtype"}};
+  for (int k = 0; k < 3; k++) {
+    loom_pg *pg = make_pg(10);
+    int rc;
+    if (rank_ != 1 || k == 2)
+      rc = loom_pg_allreduce(pg, x, x, 4, rank_ == 1 ? LOOM_I32 : LOOM_F32, LOOM_SUM, NULL);
+    else if (k == 0)
+      rc = loom_pg_allreduce(pg, x, x, 4096, LOOM_F32, LOOM_SUM, NULL);
+    else
+      rc = loom_pg_broadcast(pg, x, x, 4, LOOM_F32, 0, NULL);
+    DT_CHECK(rc == cases[k].want, "small %s mismatch gave %s", cases[k].what,
+             loom_status_name(rc));
+    DT_CHECK(strstr(loom_last_error(), "mismatch"), "message %s", loom_last_error());
+    CHECK_RC(loom_pg_free(pg), LOOM_OK);
+  }
+}
+
 static void test_abort(void) {
   loom_pg *pg = make_pg(30);
   float x[1000] = {0};
@@ -234,6 +258,7 @@ int main(int argc, char **argv) {
     void (*fn)(void);
   } tests[] = {{"bad_args", test_bad_args},   {"collectives", test_collectives},
                {"async", test_async},         {"mismatch", test_mismatch},
+               {"mismatch_small", test_mismatch_small},
                {"abort", test_abort},         {"timeout", test_timeout},
                {"stall", test_stall},         {"oom", test_oom},
                {"split", test_split}};
