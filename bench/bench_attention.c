@@ -69,13 +69,6 @@ static void validate(loom_tensor *const qkv[3], loom_tensor *w, int64_t T) {
   }
 }
 
-/* CPU seconds used by the process (every thread). */
-static double cpu_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 /* Median ms of a step, wall (ms[0]) and process CPU time (ms[1]), and its peak compute bytes
  * above the bytes held before it. */
 static void measure(attn_fn f, loom_tensor *const qkv[3], loom_tensor *w, double ms[2],
@@ -88,10 +81,10 @@ static void measure(attn_fn f, loom_tensor *const qkv[3], loom_tensor *w, double
     loom_pool_stats s0, s1;
     BENCH_CHECK(loom_mem_stats(LOOM_POOL_COMPUTE, &s0));
     loom_mem_reset_peak(LOOM_POOL_COMPUTE);
-    double t0 = bench_now(), c0 = cpu_now();
+    double t0 = bench_now(), c0 = bench_process_cpu_now();
     step(f, qkv, w, NULL);
     t[r] = (bench_now() - t0) * 1e3;
-    c[r] = (cpu_now() - c0) * 1e3;
+    c[r] = (bench_process_cpu_now() - c0) * 1e3;
     BENCH_CHECK(loom_mem_stats(LOOM_POOL_COMPUTE, &s1));
     size_t p = s1.peak_bytes - s0.current_bytes;
     peak = p > peak ? p : peak;

@@ -90,12 +90,6 @@ static void validate(int64_t layers, loom_autocast_mode amp) {
   drop(&b);
 }
 
-static double cpu_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 /* The step's compute-pool peak above what was allocated before it, in MiB (deterministic). */
 static double step_peak(model *md, loom_autocast_mode amp) {
   loom_pool_stats st;
@@ -120,9 +114,9 @@ static void measure(int64_t layers, loom_autocast_mode amp, double ms[2], double
   }
   for (int i = 0; i < RUNS; i++)
     for (int k = 0; k < 2; k++) {
-      double t0 = bench_now(), c0 = cpu_now();
+      double t0 = bench_now(), c0 = bench_process_cpu_now();
       step(&md[k], amp, true);
-      c[k][i] = (cpu_now() - c0) * 1e3;
+      c[k][i] = (bench_process_cpu_now() - c0) * 1e3;
       t[k][i] = (bench_now() - t0) * 1e3;
     }
   for (int k = 0; k < 2; k++) {

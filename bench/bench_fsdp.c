@@ -134,18 +134,6 @@ static double acct_phase_peak(int acct) {
 
 static double maxd(double a, double b) { return a > b ? a : b; }
 
-static double cpu_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static double thread_cpu_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static double minor_faults(void) {
   struct rusage ru;
   return getrusage(RUSAGE_SELF, &ru) ? 0 : (double)ru.ru_minflt;
@@ -210,8 +198,8 @@ static int rank_main(loom_pg *pg, void *arg) {
       r->state[rank] = acct_current(acct);
       if (f) BENCH_CHECK(loom_fsdp_stats_get(f, &before));
       faults0 = minor_faults();
-      cpu0 = cpu_now();
-      tcpu0 = thread_cpu_now();
+      cpu0 = bench_process_cpu_now();
+      tcpu0 = bench_cpu_now();
     }
     loom_mem_account_reset_peak(acct, LOOM_POOL_COMPUTE);
     if (rank == 0 && s == 1) r->before_fwd = acct_current(acct);
@@ -253,8 +241,8 @@ static int rank_main(loom_pg *pg, void *arg) {
     r->opt_s = bench_median(opt_t, n);
     r->params = total;
     r->faults = (minor_faults() - faults0) / n;
-    r->cpu_s = (cpu_now() - cpu0) / n;
-    r->rank_cpu_s = (thread_cpu_now() - tcpu0) / n;
+    r->cpu_s = (bench_process_cpu_now() - cpu0) / n;
+    r->rank_cpu_s = (bench_cpu_now() - tcpu0) / n;
     if (f) {
       BENCH_CHECK(loom_fsdp_stats_get(f, &after));
       r->comm_s = (after.comm_s - before.comm_s) / n;

@@ -220,14 +220,6 @@ static int compare(const shape *s, const operands *o) {
   return 0;
 }
 
-/* CPU seconds of the calling thread: with 1 thread both libraries compute on it, and the time
- * other processes held the core is not counted (the figure to trust on a shared machine). */
-static double thread_cpu_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 /* Calls per side: enough for about 0.3 s of each at 50 GFLOP/s, 15 to 301. */
 static int calls_for(double flop) {
   double n = 0.3 * 50e9 / flop;
@@ -277,12 +269,12 @@ static int gemm_choice(int threads) {
       double *t = malloc(4 * (size_t)calls * sizeof *t), m[4];
       if (!t) exit(1);
       for (int r = 0; r < calls; r++) {
-        double w0 = bench_now(), c0 = thread_cpu_now();
+        double w0 = bench_now(), c0 = bench_cpu_now();
         run_loom(s, &o);
-        double w1 = bench_now(), c1 = thread_cpu_now();
+        double w1 = bench_now(), c1 = bench_cpu_now();
         run_openblas(s, &o);
         t[r] = w1 - w0, t[calls + r] = bench_now() - w1;
-        t[2 * calls + r] = c1 - c0, t[3 * calls + r] = thread_cpu_now() - c1;
+        t[2 * calls + r] = c1 - c0, t[3 * calls + r] = bench_cpu_now() - c1;
       }
       for (int k = 0; k < 4; k++) m[k] = bench_median(t + k * calls, calls);
       printf("gemm %-12s %lldx%lldx%lld runs %d onednn %.1f GFLOP/s openblas %.1f GFLOP/s "
@@ -302,11 +294,11 @@ static int gemm_choice(int threads) {
     double w[4], c[4];
     for (int side = 0; side < 3; side++) {
       loom__gemm_blas_set_mode(side == 2 ? LOOM__GEMM_BLAS_AUTO : LOOM__GEMM_BLAS_NEVER);
-      w[side] = bench_now(), c[side] = thread_cpu_now();
+      w[side] = bench_now(), c[side] = bench_cpu_now();
       for (int i = 0; i < NMLP; i++)
         side == 1 ? run_openblas(&mlp[i], &o[i]) : run_loom(&mlp[i], &o[i]);
     }
-    w[3] = bench_now(), c[3] = thread_cpu_now();
+    w[3] = bench_now(), c[3] = bench_cpu_now();
     for (int side = 0; r >= 0 && side < 3; side++) {
       t[side][r] = w[side + 1] - w[side];
       t[3 + side][r] = c[side + 1] - c[side];

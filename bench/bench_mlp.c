@@ -28,13 +28,6 @@
 
 static const int64_t dims[4] = {784, 1024, 1024, 10};
 
-/* CPU seconds used by the process (every thread). */
-static double cpu_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 typedef struct mlp {
   loom_tensor *w[3], *b[3], *x, *labels;
 } mlp;
@@ -163,12 +156,12 @@ int main(int argc, char **argv) {
     gemms_init(&g, bf ? LOOM_BF16 : LOOM_F32);
     for (int r = 0; r < WARM; r++) loss = step(&m, bf), gemms_run(&g); /* primitives, buffers */
     for (int r = 0; r < RUNS; r++) { /* interleaved, so both see the same machine load */
-      double t0 = bench_now(), c0 = cpu_now();
+      double t0 = bench_now(), c0 = bench_process_cpu_now();
       step(&m, bf);
-      double t1 = bench_now(), c1 = cpu_now();
+      double t1 = bench_now(), c1 = bench_process_cpu_now();
       gemms_run(&g);
       t[r] = t1 - t0, tg[r] = bench_now() - t1;
-      c[r] = c1 - c0, cg[r] = cpu_now() - c1;
+      c[r] = c1 - c0, cg[r] = bench_process_cpu_now() - c1;
     }
     gemms_free(&g);
     double s = bench_median(t, RUNS), gs = bench_median(tg, RUNS);

@@ -184,12 +184,6 @@ static void drop_tier_cache(const char *dir) {
   if (d) closedir(d);
 }
 
-static double cpu_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static double pool_now(int acct, loom_pool pool) {
   loom_pool_stats st;
   BENCH_CHECK(loom_mem_account_stats(acct, pool, &st));
@@ -250,7 +244,7 @@ static int rank_main(loom_pg *pg, void *arg) {
       if (s == 1) { /* the training's own peak RSS from here */
         r->rss_build = proc_status_kb("VmHWM:");
         write_file("/proc/self/clear_refs", "5");
-        cpu0 = cpu_now();
+        cpu0 = bench_process_cpu_now();
       }
       if (c->offload && c->tier == LOOM_FSDP_TIER_DISK) {
         double d0 = bench_now(); /* the last step's writes still in flight land here */
@@ -281,7 +275,7 @@ static int rank_main(loom_pg *pg, void *arg) {
     int n = j->steps;
     r->step_s = bench_median(step_t, n);
     r->sync_s = bench_median(sync_t, n);
-    r->cpu_s = (cpu_now() - cpu0) / n;
+    r->cpu_s = (bench_process_cpu_now() - cpu0) / n;
     r->rss_train = proc_status_kb("VmHWM:");
     r->rss_anon = proc_status_kb("RssAnon:");
     r->rss_file = proc_status_kb("RssFile:");

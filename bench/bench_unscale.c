@@ -32,16 +32,9 @@ static double now(void) {
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-/* The process's CPU time: robust to a shared machine (time descheduled is not counted). */
-static double cpu_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 /* Wall clock and thread CPU time together. */
 typedef struct tick { double w, c; } tick;
-static tick tick_now(void) { return (tick){now(), cpu_now()}; }
+static tick tick_now(void) { return (tick){now(), bench_process_cpu_now()}; }
 static tick tick_since(tick a) { tick b = tick_now(); return (tick){b.w - a.w, b.c - a.c}; }
 static void tick_add(tick *acc, tick d) { acc->w += d.w, acc->c += d.c; }
 

@@ -26,6 +26,14 @@ static inline double bench_cpu_now(void) {
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* The process's CPU time, every thread's (the measure for a multi-threaded or multi-rank step
+ * on a shared machine). */
+static inline double bench_process_cpu_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
 #ifdef _GNU_SOURCE
 #include <sched.h>
 /* Pins the process to the CPU it runs on (a file that wants it defines _GNU_SOURCE before
