@@ -59,6 +59,9 @@ bool loom__alloc_should_fail(loom_pool pool);
 /* Whether the CPU is Intel's (cpuid's vendor; dispatch.c, the one file that tests the CPU):
  * the bf16 kernel rule (ops/gemm_prim.c) depends on it. */
 bool loom__cpu_intel(void);
+/* Whether the CPU has AMX-TILE and AMX-BF16 (cpuid) besides AVX512-BF16 (dispatch.c); the OS's
+ * permission to use the tiles is asked separately (ops/gemm_amx.c). */
+bool loom__cpu_amx_bf16(void);
 
 /* Single exit on error: `int rc = LOOM_OK; ... LOOM_TRY(f()); ... done: cleanup; return rc;` */
 #define LOOM_TRY(call)                                                                        \

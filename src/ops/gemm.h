@@ -82,6 +82,26 @@ typedef enum loom__gemm_blas_mode {
 /* Overrides the environment's choice for the whole process (benchmarks compare the two). */
 void loom__gemm_blas_set_mode(loom__gemm_blas_mode m);
 
+/* bf16 GEMM on Intel AMX tiles (gemm_amx.c), for CPUs where it beats oneDNN's bf16 (README
+ * "GEMM"; the blocking and the whole choice in gemm_amx.c's header comment).
+ * loom__gemm_bf16_amx: the same contract as loom__gemm for bf16 A and B with an f32 or bf16 C
+ * (LOOM_EDTYPE otherwise), run on the calling thread's GEMM threads; LOOM_ENOSYS where
+ * loom__gemm_amx_available is false. loom__gemm_amx_available: the active CPU level is avx512,
+ * the CPU has AMX-BF16 and the kernel granted the tile state (asked once per process).
+ * loom__gemm_prefer_amx: whether loom__gemm should run g there instead of on oneDNN
+ * (LOOM_GEMM_BF16=onednn|amx overrides the size rule; loom__gemm_amx_set_mode from code).
+ * All may be called from any thread. */
+int loom__gemm_bf16_amx(const loom__gemm_args *g);
+bool loom__gemm_amx_available(void);
+bool loom__gemm_prefer_amx(const loom__gemm_args *g);
+typedef enum loom__gemm_amx_mode {
+  LOOM__GEMM_AMX_FROM_ENV = -1, /* as LOOM_GEMM_BF16 says (the default: AUTO when unset) */
+  LOOM__GEMM_AMX_AUTO,          /* the measured rule */
+  LOOM__GEMM_AMX_NEVER,         /* always oneDNN (LOOM_GEMM_BF16=onednn) */
+  LOOM__GEMM_AMX_ALWAYS         /* AMX whenever available (LOOM_GEMM_BF16=amx) */
+} loom__gemm_amx_mode;
+void loom__gemm_amx_set_mode(loom__gemm_amx_mode m);
+
 /* 2-D convolution, NCHW input [N,C,H,W], weight [O,C,KH,KW], optional bias [O], output
  * [N,O,OH,OW] with OH = (H + 2*pad_h - KH) / stride_h + 1 (likewise OW). */
 typedef struct loom__conv2d_args {

@@ -213,6 +213,7 @@ done:
 }
 
 static int gemm_checked(const loom__gemm_args *g) {
+  if (loom__gemm_prefer_amx(g)) return loom__gemm_bf16_amx(g);
   return loom__gemm_native(g->ab_dtype) ? gemm_native(g) : gemm_widened(g);
 }
 

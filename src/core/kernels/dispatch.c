@@ -114,3 +114,9 @@ bool loom__cpu_intel(void) {
   __builtin_cpu_init();
   return __builtin_cpu_is("intel");
 }
+
+bool loom__cpu_amx_bf16(void) {
+  unsigned a, b, c, d;
+  if (!loom_cpu_has_avx512bf16() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return (d & (1u << 24)) && (d & (1u << 22)); /* AMX-TILE, AMX-BF16 */
+}
