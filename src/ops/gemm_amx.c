@@ -1,34 +1,39 @@
 /* gemm_amx.c: loom's own bf16 GEMM on Intel AMX tiles (TDPBF16PS), and the one place that
  * decides when loom__gemm uses it instead of oneDNN.
  *
- * Why: on an Intel Xeon with AMX (family 6 model 143/167/207 class) oneDNN 2.6's AMX matmul
- * with plain-layout operands reached 0.19 of the measured TDPBF16PS peak at 1024^3 (it repacks
- * B on every call and blocks for another shape); this file reaches the figures of BENCHMARKS.md
- * ("loom's AMX GEMM").
+ * Why: on an Intel Xeon with AMX (family 6 model 167, 1 thread) oneDNN 2.6's AMX matmul with
+ * plain-layout operands ran 1024^3 at 0.19 of the measured TDPBF16PS peak; this kernel runs it
+ * 1.4-1.6x faster (BENCHMARKS.md, "loom's AMX GEMM", with why 0.8 of that peak is out of reach
+ * on that machine: the peak loop reuses constant tiles, and a 1024^3 product must also move
+ * its 12 MB through memory).
  *
- * The kernel (the blocking of oneDNN's brgemm and llama.cpp's AMX code, 1 to n threads):
+ * The kernel (the blocking of oneDNN's brgemm and llama.cpp's AMX code):
  *   - tiles: 0-3 a 2x2 block of 16x16 f32 accumulators (a 32x32 block of C), 4-5 two A tiles
  *     (16 rows x 32 bf16), 6-7 two B tiles (16 k-pairs x 16 columns x 2: VNNI pairs); each
- *     32-deep step is 4 loads and 4 TDPBF16PS.
- *   - B (either storage) is packed panel by panel, KC x NC (at most 512 x 256: 256 KiB, kept
- *     in L2 while every 32-row block of A passes over it) into 1 KiB VNNI tiles, a 16-column
- *     strip's tiles contiguous; zero-padded past K and N.
- *   - A is read in place (tile loads with its row stride) when it is stored [M,K] with M a
- *     multiple of 16 and K of 32; otherwise (transposed, or ragged) it is packed once per call
- *     into zero-padded 16x32 tiles.
- *   - K longer than KC: the partial sums live in C itself (f32 C, alpha 1, no bias, M and N
- *     multiples of 16) or in an f32 work buffer; the last K block applies
- *     C = alpha * sum + bias + beta * C and rounds to C's dtype (bf16: to nearest even).
- *   - threads: the caller's GEMM thread count (loom__gemm_threads); B panels are packed by all
- *     of them, the 32-row blocks of A split between them.
+ *     32-deep step is 4 tile loads and 4 TDPBF16PS.
+ *   - A (either storage) is packed once per product into zero-padded 16x32 tiles; B panel by
+ *     panel (all of K x up to NC columns, about PANEL bytes: kept in L2 while every 32-row block
+ *     of A passes over it) into VNNI tiles; both with a pair of tiles adjacent per 32-deep step
+ *     (tile_at). Reading A in place (tile loads with its row stride) measured 10-20% slower.
+ *   - K is walked in blocks of KC, so A's 32 x KC block stays in L1 while the panel's strips
+ *     pass; between K blocks a 32x32 block's sums wait in a per-thread f32 stripe. The last
+ *     K block writes C: copied where C is f32 with alpha 1, no bias and M, N multiples of 16
+ *     (beta 1 then starts the sums from C), else C = alpha * sum + bias + beta * C rounded to
+ *     C's dtype (bf16: to nearest even).
+ *   - threads: the caller's GEMM thread count (loom__gemm_threads, OpenMP); A and each B panel
+ *     are packed by all of them, the 32-row blocks of A split between them.
  *
  * The choice (loom__gemm_prefer_amx), per call, cheap after a one-time probe:
  *   - eligible: bf16 A and B; the active CPU level is avx512 (LOOM_CPU=avx2 or scalar route
  *     away); the CPU has AMX-TILE, AMX-BF16 and AVX512-BF16 (loom__cpu_amx_bf16) and the kernel
  *     granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once:
  *     refused on kernels before 5.16, and then oneDNN runs everything).
- *   - auto (the default): eligible, and M, N and K all at least 32 (below that the per-call
- *     packing outweighs the product; measured in BENCHMARKS.md, "loom's AMX GEMM").
+ *   - auto (the default): eligible, the calling thread's GEMM thread count is 1 (the kernel
+ *     splits over threads, but was measured on one), M and N at least 128, K at least 256 and
+ *     M N K at least 2^26 (256x256x1024). Packing costs M K + K N copies per call, the product
+ *     M N K: with a small M or N the copies win, and oneDNN was as fast or faster (a dimension
+ *     of 10 to 64: 0.5-0.9x; 256^3: 0.5-1.0x; the MLP's 256x1024x784 and 1024^3: 1.3-1.6x;
+ *     BENCHMARKS.md, "loom's AMX GEMM").
  *   - LOOM_GEMM_BF16=onednn in the environment (read once) never picks it, =amx picks it
  *     whenever eligible; loom__gemm_amx_set_mode does the same from code (benchmarks, tests).
  * Every transpose, leading dimension, batch stride (0 broadcasts), alpha, beta, bias and C
@@ -93,7 +98,8 @@ bool loom__gemm_prefer_amx(const loom__gemm_args *g) {
   if (m == LOOM__GEMM_AMX_NEVER || g->ab_dtype != LOOM_BF16) return false;
   if (!loom__gemm_amx_available()) return false;
   if (m == LOOM__GEMM_AMX_ALWAYS) return true;
-  return g->M >= 32 && g->N >= 32 && g->K >= 32;
+  if (loom__gemm_threads() != 1) return false; /* measured on one thread only */
+  return g->M >= 128 && g->N >= 128 && g->K >= 256 && (double)g->M * g->N * g->K >= 0x1p26;
 }
 
 /* ---- packing ------------------------------------------------------------------------- */
