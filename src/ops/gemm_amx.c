@@ -3,9 +3,9 @@
  *
  * Why: on an Intel Xeon with AMX (family 6 model 167, 1 thread) oneDNN 2.6's AMX matmul with
  * plain-layout operands ran 1024^3 at 0.19 of the measured TDPBF16PS peak; this kernel runs it
- * 1.4-1.6x faster (BENCHMARKS.md, "loom's AMX GEMM", with why 0.8 of that peak is out of reach
- * on that machine: the peak loop reuses constant tiles, and a 1024^3 product must also move
- * its 12 MB through memory).
+ * 1.05-1.3x faster, large products up to 1.46x (BENCHMARKS.md, "loom's AMX GEMM", with why 0.8
+ * of that peak is out of reach on that machine: the peak loop keeps its input tiles constant,
+ * and a 1024^3 product must also move its 12 MB through memory).
  *
  * The kernel (the blocking of oneDNN's brgemm and llama.cpp's AMX code):
  *   - tiles: 0-3 a 2x2 block of 16x16 f32 accumulators (a 32x32 block of C), 4-5 two A tiles
@@ -29,11 +29,13 @@
  *     granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once:
  *     refused on kernels before 5.16, and then oneDNN runs everything).
  *   - auto (the default): eligible, the calling thread's GEMM thread count is 1 (the kernel
- *     splits over threads, but was measured on one), M and N at least 128, K at least 256 and
- *     M N K at least 2^26 (256x256x1024). Packing costs M K + K N copies per call, the product
- *     M N K: with a small M or N the copies win, and oneDNN was as fast or faster (a dimension
- *     of 10 to 64: 0.5-0.9x; 256^3: 0.5-1.0x; the MLP's 256x1024x784 and 1024^3: 1.3-1.6x;
- *     BENCHMARKS.md, "loom's AMX GEMM").
+ *     splits over threads, but was measured on one), M, N and K at least 256 and M N K at least
+ *     2^27 (512^3). Packing costs M K + K N copies per call against M N K of product, so a
+ *     small M or N loses: bench_amx (family 6 model 167, 1 thread, warm and cold operands)
+ *     measured AMX / oneDNN 1.05-1.46 at 1024^3 (NN, NT, TN) and 4096x4096x1024, 1.04-1.35 on
+ *     the MLP's 256x1024x1024 and 1024x(1024|784)x256, 0.96-0.97 on 256x1024x784, about 1 at
+ *     512^3, and 0.61-0.89 with a dimension of 10 to 128 or 256^3 NT (BENCHMARKS.md, "loom's
+ *     AMX GEMM").
  *   - LOOM_GEMM_BF16=onednn in the environment (read once) never picks it, =amx picks it
  *     whenever eligible; loom__gemm_amx_set_mode does the same from code (benchmarks, tests).
  * Every transpose, leading dimension, batch stride (0 broadcasts), alpha, beta, bias and C
@@ -99,7 +101,7 @@ bool loom__gemm_prefer_amx(const loom__gemm_args *g) {
   if (!loom__gemm_amx_available()) return false;
   if (m == LOOM__GEMM_AMX_ALWAYS) return true;
   if (loom__gemm_threads() != 1) return false; /* measured on one thread only */
-  return g->M >= 128 && g->N >= 128 && g->K >= 256 && (double)g->M * g->N * g->K >= 0x1p26;
+  return g->M >= 256 && g->N >= 256 && g->K >= 256 && (double)g->M * g->N * g->K >= 0x1p27;
 }
 
 /* ---- packing ------------------------------------------------------------------------- */

@@ -117,6 +117,8 @@ LT_TEST(gemm_amx_choice) {
   LT_TRUE(!loom__gemm_prefer_amx(&h));
   h = g, h.M = h.N = h.K = 256;
   LT_TRUE(!loom__gemm_prefer_amx(&h));
+  h = g, h.M = 128; /* a thin product: oneDNN */
+  LT_TRUE(!loom__gemm_prefer_amx(&h));
   h = g, h.M = 256, h.K = 784; /* the MLP's first layer: AMX */
   LT_EQ(loom__gemm_prefer_amx(&h), avail);
   loom__gemm_set_threads(2);
