@@ -27,7 +27,10 @@
  *   - eligible: bf16 A and B; the active CPU level is avx512 (LOOM_CPU=avx2 or scalar route
  *     away); the CPU has AMX-TILE, AMX-BF16 and AVX512-BF16 (loom__cpu_amx_bf16) and the kernel
  *     granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once:
- *     refused on kernels before 5.16, and then oneDNN runs everything).
+ *     refused on kernels before 5.16, and then oneDNN runs everything). loom__gemm asks only
+ *     for products it runs natively in bf16 (loom__gemm_native: not under
+ *     LOOM_BF16_KERNELS=widen, nor with oneDNN capped below AMX by ONEDNN_MAX_CPU_ISA, which
+ *     then emulates a CPU without AMX for loom too).
  *   - auto (the default): eligible, the calling thread's GEMM thread count is 1 (the kernel
  *     splits over threads, but was measured on one), M, N and K at least 256 and M N K at least
  *     2^27 (512^3). Packing costs M K + K N copies per call against M N K of product, so a
@@ -55,9 +58,7 @@
 
 /* KC: the K block, so that A's 32 x KC block (16 KiB) stays in L1 while a panel's strips pass;
  * NC, PANEL: a B panel's most columns and about its bytes (all of K; in L2). */
-enum { KC = 256, NC = 256, PANEL = 512 * 1024,  TILE_ELEMS = 512 /* bf16 elements of a 1 KiB tile */ };
-
-
+enum { KC = 256, NC = 256, PANEL = 512 * 1024, TILE_ELEMS = 512 /* bf16 of a 1 KiB tile */ };
 
 /* ---- the choice ---------------------------------------------------------------------- */
 
@@ -106,8 +107,13 @@ bool loom__gemm_prefer_amx(const loom__gemm_args *g) {
 
 /* ---- packing ------------------------------------------------------------------------- */
 
-static __mmask16 mask16(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
-static __mmask32 mask32(int64_t n) { return n >= 32 ? (__mmask32)~0u : (__mmask32)((1u << n) - 1); }
+/* The first n lanes (n >= 1). */
+static __mmask16 mask16(int64_t n) {
+  return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+}
+static __mmask32 mask32(int64_t n) {
+  return n >= 32 ? (__mmask32)~0u : (__mmask32)((1u << n) - 1);
+}
 
 /* Rows r and r+1 (zero past `rows`) of 16 columns (zero past `cols`) of a [rows, ld] bf16
  * matrix at p, interleaved into 16 pairs: the 64 bytes at dst. */
@@ -115,7 +121,8 @@ static void pair_rows(const uint16_t *p, int64_t ld, int64_t r, int64_t rows, in
                       uint16_t *dst) {
   __mmask16 m = mask16(cols);
   __m256i r0 = r < rows ? _mm256_maskz_loadu_epi16(m, p + r * ld) : _mm256_setzero_si256();
-  __m256i r1 = r + 1 < rows ? _mm256_maskz_loadu_epi16(m, p + (r + 1) * ld) : _mm256_setzero_si256();
+  __m256i r1 =
+      r + 1 < rows ? _mm256_maskz_loadu_epi16(m, p + (r + 1) * ld) : _mm256_setzero_si256();
   __m256i lo = _mm256_unpacklo_epi16(r0, r1), hi = _mm256_unpackhi_epi16(r0, r1);
   _mm256_storeu_si256((__m256i *)dst, _mm256_permute2x128_si256(lo, hi, 0x20));
   _mm256_storeu_si256((__m256i *)(dst + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
@@ -328,7 +335,8 @@ static void block(const plan *p, float *sums, int64_t mi, int nm, int64_t j, int
 #define WRITE(a, b, T)                                                                             \
   do {                                                                                             \
     int64_t i = (mi + (a)) * 16, jj = (strip + (b)) * 16;                                          \
-    write_tile(p, SUM(a, b), i, jj, g->M - i < 16 ? g->M - i : 16, g->N - jj < 16 ? g->N - jj : 16); \
+    int64_t rows = g->M - i < 16 ? g->M - i : 16, cols = g->N - jj < 16 ? g->N - jj : 16;        \
+    write_tile(p, SUM(a, b), i, jj, rows, cols);                                                   \
   } while (0)
   EACH_TILE(WRITE);
 #undef WRITE

@@ -212,9 +212,11 @@ done:
   return rc;
 }
 
+/* Native bf16 (never where it is widened: LOOM_BF16_KERNELS=widen, oneDNN capped below AMX)
+ * goes to loom's AMX GEMM where gemm_amx.c's rule picks it. */
 static int gemm_checked(const loom__gemm_args *g) {
-  if (loom__gemm_prefer_amx(g)) return loom__gemm_bf16_amx(g);
-  return loom__gemm_native(g->ab_dtype) ? gemm_native(g) : gemm_widened(g);
+  if (!loom__gemm_native(g->ab_dtype)) return gemm_widened(g);
+  return loom__gemm_prefer_amx(g) ? loom__gemm_bf16_amx(g) : gemm_native(g);
 }
 
 int loom__gemm(const loom__gemm_args *g) {

@@ -33,8 +33,9 @@ static void amx_sweep(gemm_fn kernel, loom_dtype cdt) {
   sweep_dims(kernel, amx_dims, NAMX, LOOM_BF16, cdt);
   for (int d = 0; d < 3; d++) /* alpha 1, no bias, beta 0 and 1: f32 C copied, or summed from */
     for (int t = 0; t < 8; t++) {
-      shape s = {1,     whole_dims[d][0], whole_dims[d][1], whole_dims[d][2], t & 1, (t >> 1) & 1, 0,
-                 false, false,            1.0f,             (float)(t >> 2),  false};
+      const int64_t *w = whole_dims[d];
+      shape s = {1,     w[0],  w[1], w[2], t & 1, (t >> 1) & 1, 0, false,
+                 false, 1.0f, (float)(t >> 2), false};
       LT_EQ(check_with(kernel, s, LOOM_BF16, cdt), 0);
     }
   for (int bc = 0; bc < 4; bc++) /* batches: none, A, B, both broadcast */
