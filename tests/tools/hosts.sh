@@ -423,7 +423,7 @@ bench-hsdp)
   # hosts), and HSDP; and, capped, one TCP stream of RAW_MB MiB from the second host into the
   # first (the rate TCP achieves through tbf, which `loom plan --link` is then given).
   link=${LINK:-1gbit} reps=${REPS:-3} hidden=${HIDDEN:-1024,1024} limit_n=${LIMIT:-1024}
-  batch=${BATCH:-8}
+  batch=${BATCH:-8} variants=${VARIANTS:-fsdp-mpi fsdp hsdp}
   steps=$((limit_n / (batch * 4)))
   cap() { # on | off: both ends of each host's link (the root's end and the host's)
     local i
@@ -481,28 +481,36 @@ c.close()
         echo "raw TCP run $r: $raw Mbit/s"
         echo "$raw" >>"$dir/raw.all"
       fi
-      for v in fsdp-mpi fsdp hsdp; do
+      for v in $variants; do
         case $v in
         fsdp-mpi) extra="-x LOOM_MPI_RINGS=0 $loom $run --strategy fsdp" ;;
         fsdp) extra="$loom $run --strategy fsdp" ;;
         hsdp) extra="$loom $run --strategy hsdp --shard-size 2" ;;
         esac
         tx0=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
+        rm -f "$dir/metrics.jsonl"
         # shellcheck disable=SC2086
-        train_bounded "$v cap $c run $r" mpirun_hosts 4 $extra
+        train_bounded "$v cap $c run $r" mpirun_hosts 4 $extra --metrics "$dir/metrics.jsonl"
         tx1=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
         sps=$(grep -o '[0-9.]*k\? samples/s' "$dir/out" | awk '{ v = $1 + 0; if ($1 ~ /k$/) v *= 1000; print v }')
         mb=$(awk "BEGIN { printf \"%.2f\", ($tx1 - $tx0) / 1e6 / $steps }")
-        printf '%s cap %s run %s: %s samples/s, %s MB a step into host 1\n' "$v" $c "$r" "$sps" "$mb"
+        # exposed communication, rank 0's: the time its compute waited for a gather, a
+        # reduce-scatter or (HSDP) a replica all-reduce (fsdp_exposed_s of --metrics, summed
+        # over the run), per step from the second step on (the first includes the start-up)
+        exp=$(grep -o '"fsdp_exposed_s": [0-9.]*' "$dir/metrics.jsonl" | awk '{ v[NR] = $2 }
+          END { if (NR > 1) printf "%.1f", 1000 * (v[NR] - v[1]) / (NR - 1); else print "nan" }')
+        printf '%s cap %s run %s: %s samples/s, %s MB a step into host 1, exposed %s ms a step\n' \
+          "$v" $c "$r" "$sps" "$mb" "$exp"
         echo "$sps" >>"$dir/$v.$c.sps"
         echo "$mb" >>"$dir/$v.$c.mb"
+        echo "$exp" >>"$dir/$v.$c.exp"
       done
     done
   done
   raw=$(median "$dir/raw.all")
   gbps=$(awk "BEGIN { print $raw / 1000 }")
   echo "raw TCP median: $raw Mbit/s (runs: $(tr '\n' ' ' <"$dir/raw.all"))"
-  for v in fsdp-mpi fsdp hsdp; do
+  for v in $variants; do
     s=fsdp extra=
     [ $v = hsdp ] && s=hsdp extra="--shard-size 2"
     # shellcheck disable=SC2086
