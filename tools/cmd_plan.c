@@ -149,7 +149,7 @@ int cmd_plan(int argc, char **argv) {
   table[n++] = (cli_option){"hosts", CLI_POS_INT, &hosts, "H", "machines the run spans (with --ranks-per-host): the plan adds each step's bytes through each machine's link", NULL, 1, 1 << 20, &hosts_seen, CLI_RANKS_SAME};
   table[n++] = (cli_option){"ranks-per-host", CLI_POS_INT, &per_host, "R", "ranks on each machine (consecutive ranks, as mpirun places them); the run has H x R ranks", NULL, 1, 1 << 20, &per_host_seen, CLI_RANKS_SAME};
   table[n++] = (cli_option){"link", CLI_POS_DOUBLE, &link, "GBPS", "each machine's link in Gbit/s (each way; the rate it achieves: TCP filled 93-95% of a capped link): the plan adds the step's communication time through it", NULL, 1e-6, 1e6, &link_seen, CLI_RANKS_SAME};
-  table[n++] = (cli_option){"gflops", CLI_POS_DOUBLE, &gflops, "G", "with --link: the matrix-multiply rate one rank achieves, GFLOP/s, for the compute that hides FSDP's and HSDP's communication (default: measured here at start, a 256x1024x1024 product in the run's dtype on a rank's threads)", NULL, 1e-6, 1e9, &gflops_seen, CLI_RANKS_SAME};
+  table[n++] = (cli_option){"gflops", CLI_POS_DOUBLE, &gflops, "G", "with --link: the matrix-multiply rate one rank achieves, GFLOP/s, for the compute that hides FSDP's and HSDP's communication; not given: measured here at start (a 256x1024x1024 product in the run's dtype on a rank's threads)", NULL, 1e-6, 1e9, &gflops_seen, CLI_RANKS_SAME};
   table[n] = (cli_option){0};
   bool given[NRUN_ONLY] = {false};
   watch_run_only(table, given);

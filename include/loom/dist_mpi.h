@@ -93,8 +93,8 @@ int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out);
  * every group. MPI_Finalize gets `seconds`: if it has not returned by then, the process
  * writes a line saying so to stderr and ends with _exit(exit_status & 0xff), since nothing
  * after it could run anyway. MPICH 4.0.2 with UCX 1.13 over TCP has been seen to hang there
- * in about half the runs of 4 ranks across two hosts, in any program that communicated (one
- * rank closing its UCX endpoints, waiting for peers that had gone on into the launcher's
+ * in about one launch in three of 4 ranks across two hosts, in any program that communicated
+ * (one rank closing its UCX endpoints, waiting for peers that had gone on into the launcher's
  * final barrier); Open MPI returns at once. Give the status the program would exit with.
  * LOOM_EINVAL if seconds is not in (0, 1e6]. loom_mpi_finalize() is
  * loom_mpi_finalize_within(LOOM_MPI_FINALIZE_S, 1). */

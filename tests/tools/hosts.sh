@@ -501,9 +501,11 @@ c.close()
         mb=$(awk "BEGIN { printf \"%.2f\", ($tx1 - $tx0) / 1e6 / $steps }")
         # exposed communication, rank 0's: the time its compute waited for a gather, a
         # reduce-scatter or (HSDP) a replica all-reduce (fsdp_exposed_s of --metrics, summed
-        # over the run), per step from the second step on (the first includes the start-up)
-        exp=$(grep -o '"fsdp_exposed_s": [0-9.]*' "$dir/metrics.jsonl" | awk '{ v[NR] = $2 }
-          END { if (NR > 1) printf "%.1f", 1000 * (v[NR] - v[1]) / (NR - 1); else print "nan" }')
+        # over the run): the median step's, from the second step on (the first includes the
+        # start-up; the median leaves out the steps another process's burst of load held up)
+        exp=$(grep -o '"fsdp_exposed_s": [0-9.]*' "$dir/metrics.jsonl" |
+          awk 'NR > 1 { print 1000 * ($2 - last) } { last = $2 }' | sort -n |
+          awk '{ v[NR] = $1 } END { if (!NR) print "nan"; else printf "%.1f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
         printf '%s cap %s run %s: %s samples/s, %s MB a step into host 1, exposed %s ms a step\n' \
           "$v" $c "$r" "$sps" "$mb" "$exp"
         echo "$sps" >>"$dir/$v.$c.sps"

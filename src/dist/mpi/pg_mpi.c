@@ -666,10 +666,10 @@ static void watchdog_end(watchdog *w, pthread_t t) {
 }
 
 int loom_mpi_finalize_within(double seconds, int exit_status) {
-  if (!loom_initialised_mpi) return LOOM_OK;
   if (!(seconds > 0 && seconds <= 1e6))
     return loom__fail(LOOM_EINVAL, "loom_mpi_finalize_within: seconds must be in (0, 1e6], got %g",
                       seconds);
+  if (!loom_initialised_mpi) return LOOM_OK;
   int fin = 0;
   MPI_Finalized(&fin);
   if (!fin) {
