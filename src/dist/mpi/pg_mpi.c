@@ -708,7 +708,7 @@ int loom_mpi_abort(int errorcode) {
   snprintf(w.msg, sizeof w.msg, "loom: MPI_Abort did not end this process within %d s (the "
            "launcher unreachable?): exiting\n", ABORT_GRACE_S);
   pthread_t t;
-  watchdog_start(&w, &t);
+  if (watchdog_start(&w, &t)) pthread_detach(t);
   MPI_Abort(MPI_COMM_WORLD, errorcode);
   return loom__fail(LOOM_EBACKEND, "loom_mpi_abort: MPI_Abort returned");
 }
