@@ -210,8 +210,8 @@ void train_plan_print(FILE *f, const train_opts *o, const plan_result *r) {
   if (r->exposed_modeled)
     fprintf(f, "exposed communication per step: %.1f ms of the %.1f ms the link is busy (the "
             "rest hidden behind %.1f ms of compute: the units' matrix products at %.3g GFLOP/s "
-            "per rank, %s; gathers prefetched, each reduce-scatter beside the next unit's "
-            "backward)\n", r->exposed_s * 1e3, r->link_s * 1e3, r->compute_s * 1e3, r->gflops,
+            "per rank, %s; gathers prefetched, each reduce-scatter beside its unit's input "
+            "gradient)\n", r->exposed_s * 1e3, r->link_s * 1e3, r->compute_s * 1e3, r->gflops,
             r->gflops_measured ? "measured here (--gflops to give yours)" : "--gflops");
 }
 

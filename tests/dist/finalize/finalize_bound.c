@@ -1,9 +1,10 @@
-/* finalize_bound.c: loom_mpi_finalize_within under mpiexec with 2 ranks (tests/dist/CMakeLists.txt).
- * Its argument is checked (a bound not in (0, 1e6] is refused with LOOM_EINVAL and a message).
- * Then rank 1 holds back from MPI_Finalize for 20 s while rank 0 gives it 1.5 s: MPI_Finalize
- * waits for every rank (Open MPI's and MPICH's both end with a barrier of the launcher), so
- * rank 0's bound must end it, saying so on stderr, with exit status 7, long before rank 1
- * arrives; the launcher then ends the job. The test's command checks the line and the time. */
+/* finalize_bound.c: loom_mpi_finalize_within under mpiexec with 2 ranks
+ * (tests/dist/CMakeLists.txt). Its argument is checked (a bound not in (0, 1e6] is refused
+ * with LOOM_EINVAL and a message). Then rank 1 holds back from MPI_Finalize for 20 s while
+ * rank 0 gives it 1.5 s: MPI_Finalize waits for every rank (Open MPI's and MPICH's both end
+ * with a barrier of the launcher), so rank 0's bound must end it, saying so on stderr, with
+ * exit status 7, long before rank 1 arrives; the launcher then ends the job. The test's
+ * command checks the line and the time. */
 #include "loom/dist.h"
 #include "loom/dist_mpi.h"
 #include "loom/status.h"
