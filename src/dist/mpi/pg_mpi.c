@@ -681,7 +681,15 @@ int loom_mpi_finalize_within(double seconds, int exit_status) {
              "rank's work is done; exiting with status %d\n", seconds, w.status);
     pthread_t t;
     bool watched = watchdog_start(&w, &t);
+    /* a peer that ended on its own bound has closed its sockets: MPI's writes to them must
+     * fail (EPIPE), not end this rank by SIGPIPE (the launcher would report the job killed) */
+    struct sigaction ignore, before;
+    memset(&ignore, 0, sizeof ignore);
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    bool restore = sigaction(SIGPIPE, &ignore, &before) == 0;
     MPI_Finalize();
+    if (restore) sigaction(SIGPIPE, &before, NULL);
     if (watched) watchdog_end(&w, t);
   }
   loom_initialised_mpi = false;
