@@ -111,8 +111,11 @@ static int run_mpi(const train_opts *o, bool overwrite, const loom_pg_cfg *cfg) 
     loom_mpi_abort(code); /* ends the process, within 5 s even with a machine unreachable */
   }
   loom_pg_free(pg);
-  loom_mpi_finalize();
-  return code ? code : finish(rc);
+  code = code ? code : finish(rc);
+  /* MPI_Finalize bounded: a rank whose finalise hangs (MPICH with UCX, loom/dist_mpi.h) ends
+   * after a line on stderr with the run's exit code */
+  loom_mpi_finalize_within(LOOM_MPI_FINALIZE_S, code);
+  return code;
 }
 
 void train_cli_defaults(train_opts *o, train_cmdline *c) {

@@ -21,6 +21,7 @@
 #define TRAIN_MAX_HIDDEN 8
 #define TRAIN_MAX_RANKS 64 /* --ranks on the threads backend */
 #define TRAIN_PLAN_MAX_RANKS 1024 /* loom plan --hosts H --ranks-per-host R: dry thread ranks */
+#define TRAIN_PLAN_MAX_UNITS 256  /* FSDP units whose timeline loom plan replays */
 #define TRAIN_CLI_KV_MAX 65 /* the recorded command line: "cli" and one entry an option */
 
 typedef struct train_opts {
@@ -121,6 +122,15 @@ typedef struct train_dry_result {
    * all-gathers (gathered dtype) and reduce-scatters (f32), HSDP's replica all-reduces of
    * shards, DDP's bucket all-reduces */
   uint64_t gather_bytes, reduce_scatter_bytes, replica_bytes, allreduce_bytes;
+  /* FSDP and HSDP: the units in forward order (their index order), each with its elements,
+   * padded and per shard, and whether it stays gathered from its forward to its backward (the
+   * root unit, the last one, or every one with reshard-after-forward off); nunits 0 past
+   * TRAIN_PLAN_MAX_UNITS (the plan then gives no exposed time) */
+  size_t nunits;
+  struct train_dry_unit {
+    size_t numel, padded, shard;
+    bool kept;
+  } unit[TRAIN_PLAN_MAX_UNITS];
 } train_dry_result;
 int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r);
 

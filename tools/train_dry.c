@@ -40,6 +40,21 @@ static void step_bytes(const trainer *t, uint64_t c[4]) {
   if (d && !loom_ddp_stats_get(d, &ds)) c[3] = ds.bytes;
 }
 
+/* The FSDP units, for the plan's timeline (train_dry_result). */
+static void dry_units(const trainer *t, train_dry_result *r) {
+  loom_fsdp *f = train_par_fsdp(t->par);
+  size_t n = f ? loom_fsdp_unit_count(f) : 0;
+  if (n > TRAIN_PLAN_MAX_UNITS) return;
+  for (size_t u = 0; u < n; u++) {
+    loom_fsdp_unit_info in;
+    if (loom_fsdp_unit_info_get(f, u, &in)) return;
+    r->unit[u] = (struct train_dry_unit){in.numel, in.padded_numel, in.shard_numel,
+                                         strcmp(t->o->reshard, "yes") != 0 || !in.name[0] ||
+                                             u == n - 1};
+  }
+  r->nunits = n;
+}
+
 int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r) {
   trainer t;
   memset(&t, 0, sizeof t);
@@ -63,6 +78,7 @@ int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r) {
   r->reduce_scatter_bytes = c1[1] - c0[1];
   r->replica_bytes = c1[2] - c0[2];
   r->allreduce_bytes = c1[3] - c0[3];
+  if (!rc) dry_units(&t, r);
   phase_peak(&r->train);
   r->host_bytes = pool_now(LOOM_POOL_HOST); /* what offload keeps once a step has run */
   r->file_bytes = pool_now(LOOM_POOL_FILE);

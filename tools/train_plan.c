@@ -133,6 +133,8 @@ int train_plan(const train_opts *o, plan_result *r) {
     r->reduce_scatter_bytes = d->r[0].reduce_scatter_bytes;
     r->replica_bytes = d->r[0].replica_bytes;
     r->allreduce_bytes = d->r[0].allreduce_bytes;
+    r->nunits = d->r[0].nunits;
+    memcpy(r->unit, d->r[0].unit, r->nunits * sizeof r->unit[0]);
   }
   free(d);
   r->peak = r->build.peak > r->train.peak ? r->build.peak : r->train.peak;
@@ -144,53 +146,6 @@ int train_plan(const train_opts *o, plan_result *r) {
   r->base_bytes = noted_base;
   r->process_peak = r->loom_bytes + r->data_bytes * (size_t)n + r->base_bytes;
   return rc;
-}
-
-/* ---- communication across hosts ---------------------------------------------------------- */
-
-/* Bytes a kind of collective sends into host 0 through its link per step (the same out of it,
- * and for every host, by symmetry). Its groups are `size` consecutive ranks (stride 1) or the
- * ranks s, s + stride, ... (size = world / stride); each runs as a ring in rank order, which
- * enters a host it shares with other hosts once, carrying `factor` x (M-1)/M of the buffer
- * (M = size; factor 1 for an all-gather or a reduce-scatter, 2 for an all-reduce: its
- * reduce-scatter and all-gather). `bytes` is one rank's buffer bytes of that kind per step. */
-static double ring_into_host0(int world, int per_host, int size, int stride, double factor,
-                              double bytes) {
-  if (size < 2 || bytes <= 0) return 0;
-  double total = 0;
-  int groups = world / size;
-  for (int g = 0; g < groups; g++) {
-    bool on = false, off = false;
-    for (int k = 0; k < size; k++) {
-      int r = stride == 1 ? g * size + k : g + k * stride;
-      if (r / per_host == 0) on = true;
-      else off = true;
-    }
-    if (on && off) total += factor * (double)(size - 1) / size * bytes;
-  }
-  return total;
-}
-
-void train_plan_links(const train_opts *o, int hosts, int ranks_per_host, double gbps,
-                      plan_result *r) {
-  int w = hosts * ranks_per_host;
-  double b = 0;
-  r->hosts = hosts;
-  r->ranks_per_host = ranks_per_host;
-  r->link_gbps = gbps;
-  if (hosts > 1 && strcmp(o->strategy, "ddp") == 0)
-    b = ring_into_host0(w, ranks_per_host, w, 1, 2, (double)r->allreduce_bytes);
-  if (hosts > 1 && strcmp(o->strategy, "fsdp") == 0)
-    b = ring_into_host0(w, ranks_per_host, w, 1, 1,
-                        (double)(r->gather_bytes + r->reduce_scatter_bytes));
-  if (hosts > 1 && strcmp(o->strategy, "hsdp") == 0) {
-    int n = (int)o->shard_size;
-    b = ring_into_host0(w, ranks_per_host, n, 1, 1,
-                        (double)(r->gather_bytes + r->reduce_scatter_bytes)) +
-        ring_into_host0(w, ranks_per_host, w / n, n, 2, (double)r->replica_bytes);
-  }
-  r->link_bytes = b;
-  r->link_s = gbps > 0 ? b / (gbps * 1e9 / 8) : 0;
 }
 
 /* ---- printing --------------------------------------------------------------------------- */
@@ -252,6 +207,12 @@ void train_plan_print(FILE *f, const train_opts *o, const plan_result *r) {
   if (r->link_gbps > 0)
     fprintf(f, ": %.1f ms at %g Gbit/s", r->link_s * 1e3, r->link_gbps);
   fputc('\n', f);
+  if (r->exposed_modeled)
+    fprintf(f, "exposed communication per step: %.1f ms of the %.1f ms the link is busy (the "
+            "rest hidden behind %.1f ms of compute: the units' matrix products at %.3g GFLOP/s "
+            "per rank, %s; gathers prefetched, each reduce-scatter beside its unit's input "
+            "gradient)\n", r->exposed_s * 1e3, r->link_s * 1e3, r->compute_s * 1e3, r->gflops,
+            r->gflops_measured ? "measured here (--gflops to give yours)" : "--gflops");
 }
 
 static void json_phase(FILE *f, const char *name, const train_dry_phase *ph) {
@@ -282,5 +243,9 @@ void train_plan_print_json(FILE *f, const train_opts *o, const plan_result *r) {
     fprintf(f, ", \"hosts\": %d, \"ranks_per_host\": %d, \"link_gbps\": %g, "
             "\"link_bytes\": %.0f, \"link_seconds\": %.6f", r->hosts, r->ranks_per_host,
             r->link_gbps, r->link_bytes, r->link_s);
+  if (r->exposed_modeled)
+    fprintf(f, ", \"exposed_seconds\": %.6f, \"compute_seconds\": %.6f, \"gflops\": %.6g, "
+            "\"gflops_measured\": %s", r->exposed_s, r->compute_s, r->gflops,
+            r->gflops_measured ? "true" : "false");
   fputs("}\n", f);
 }

@@ -34,6 +34,15 @@ typedef struct plan_result {
    * through each host's link, each way, and their time at GBPS (0: not asked) */
   int hosts, ranks_per_host;
   double link_gbps, link_bytes, link_s;
+  /* FSDP and HSDP with --link: the step replayed unit by unit (train_plan_comm.c): its
+   * collectives through the link in issue order, its matrix products at gflops GFLOP/s per
+   * rank (--gflops, or measured: gflops_measured), and the part of link_s the rank waits for
+   * (exposed_s) beside compute_s of compute; exposed_modeled false where no timeline is made
+   * (DDP, no --link, units past TRAIN_PLAN_MAX_UNITS) */
+  bool exposed_modeled, gflops_measured;
+  double gflops, exposed_s, compute_s;
+  size_t nunits; /* the units in forward order (train_dry_result's) */
+  struct train_dry_unit unit[TRAIN_PLAN_MAX_UNITS];
   /* The process (comparable to its resident set): loom's blocks at their peak, in use and in
    * the allocator's cache (loom_mem_dry_footprint_peak, every rank of the process), the data
    * every rank loads (the dataset's bytes from its headers, the text as loaded), and the
@@ -45,9 +54,37 @@ typedef struct plan_result {
 } plan_result;
 
 /* Fill r's link figures for hosts x ranks_per_host (their product the run's ranks) and a link
- * of gbps Gbit/s (0: bytes only), from r's step bytes and the options' strategy. */
+ * of gbps Gbit/s (0: bytes only), from r's step bytes and the options' strategy; with a link,
+ * FSDP's and HSDP's exposed time with the compute at gflops GFLOP/s per rank (the caller's
+ * --gflops, or train_plan_gemm_gflops'; measured says which). */
 void train_plan_links(const train_opts *o, int hosts, int ranks_per_host, double gbps,
-                      plan_result *r);
+                      double gflops, bool measured, plan_result *r);
+
+/* The matrix-multiply rate one rank of the run achieves here, GFLOP/s: a 256x1024 by 1024x1024
+ * product in the run's forward dtype (--amp, else f32) on `threads` threads, timed by the wall
+ * clock (what a step waits for), the median of 5 after one to warm up. Sets loom's thread
+ * count. 0 if the product fails. */
+double train_plan_gemm_gflops(const train_opts *o, int threads);
+
+/* One step of FSDP replayed on two clocks, the rank's compute and its host's link: per unit
+ * (forward order) the link seconds of one all-gather, of its gradient's reduce-scatter and
+ * (HSDP) of its shard's all-reduce over the replicas (0: not through the link), its forward's
+ * compute seconds (backward: that for the weights' gradient, then that again for the input's,
+ * none for the first unit), and whether it stays gathered from forward to backward. The
+ * schedule is loom's FSDP's (fsdp_hooks.c): a unit's gather issued at its start with the
+ * next `prefetch` units' (forward: the following ones; backward: the preceding ones), waited
+ * for before its compute; its reduce-scatter issued once its weights' gradient is made, the
+ * replica all-reduce as that ends, both waited for before the next unit's backward
+ * (limit_reduce_scatters) and at the end. The link runs its collectives one at a time, in
+ * issue order. comm_s: the link's busy time; exposed_s: the time the compute waited. */
+typedef struct plan_unit_time {
+  double gather_s, reduce_s, replica_s, forward_s;
+  bool kept;
+} plan_unit_time;
+typedef struct plan_timeline {
+  double comm_s, exposed_s, compute_s;
+} plan_timeline;
+void plan_step_timeline(const plan_unit_time *u, size_t n, int prefetch, plan_timeline *out);
 
 /* The runtime's base: this process's resident set now, noted by the `loom` command at start
  * (loom.c), before anything of loom ran; a process that did not note it measures it when it

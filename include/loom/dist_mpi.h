@@ -90,7 +90,21 @@ extern "C" {
 int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out);
 
 /* Finalise MPI if loom_mpi_pg_create initialised it (a no-op otherwise). Call after freeing
- * every group. */
+ * every group. MPI_Finalize gets `seconds`: if it has not returned by then, the process
+ * writes a line saying so to stderr and ends with _exit(exit_status & 0xff), since nothing
+ * after it could run anyway. MPICH 4.0.2 with UCX 1.13 over TCP has been seen to hang there
+ * in about one launch in three of 4 ranks across two hosts, in any program that communicated
+ * (one rank closing its UCX endpoints, waiting for peers that had gone on into the launcher's
+ * final barrier); Open MPI returns at once. Give the status the program would exit with.
+ * SIGPIPE is ignored while MPI_Finalize runs (a peer that ended on its bound has closed its
+ * sockets, and a write to them would otherwise end this rank by the signal), then restored.
+ * The launcher may still report the job failed: MPICH's hydra exits 255 ("error writing PMI
+ * line") when a rank ends this way while another is in, or later enters, its final barrier;
+ * every rank's work was done by then.
+ * LOOM_EINVAL if seconds is not in (0, 1e6]. loom_mpi_finalize() is
+ * loom_mpi_finalize_within(LOOM_MPI_FINALIZE_S, 1). */
+#define LOOM_MPI_FINALIZE_S 10.0
+int loom_mpi_finalize_within(double seconds, int exit_status);
 int loom_mpi_finalize(void);
 
 /* End every process of the job: MPI_Abort(MPI_COMM_WORLD, errorcode), for a rank that failed

@@ -11,6 +11,14 @@ int loom_mpi_pg_create(void *mpi_comm, const loom_pg_cfg *cfg, loom_pg **out) {
 
 int loom_mpi_finalize(void) { return LOOM_OK; }
 
+int loom_mpi_finalize_within(double seconds, int exit_status) {
+  (void)exit_status;
+  if (!(seconds > 0 && seconds <= 1e6))
+    return loom__fail(LOOM_EINVAL, "loom_mpi_finalize_within: seconds must be in (0, 1e6], got %g",
+                      seconds);
+  return LOOM_OK;
+}
+
 int loom_mpi_abort(int errorcode) {
   (void)errorcode;
   return loom__fail(LOOM_ENOSYS, "loom_mpi_abort: loom was built without MPI");

@@ -15,6 +15,8 @@
  * sanitizer, whose shadow memory is resident), the JSON form, bad
  * --fit-memory values, and what being a dry run means (no memory, no file, the run's errors). */
 #include "lt.h"
+#include "train_opts.h"
+#include "train_plan.h"
 #include "train_test.h"
 
 #include <dirent.h>
@@ -438,6 +440,12 @@ LT_TEST(plan_hosts_link_bytes_and_time) {
   LT_TRUE(fabs(hl - json_number(h.out, "step_replica_allreduce_bytes") * 2) <= 1);
   LT_TRUE(fabs(json_number(d.out, "link_bytes") - 1.5 * json_number(d.out, "step_allreduce_bytes")) <= 1);
   LT_TRUE(fabs(json_number(h.out, "link_seconds") - hl / 2.5e8) <= 1e-6);
+  /* the exposed time (plan_hosts_exposed_time): the compute's rate measured without --gflops;
+   * none for DDP */
+  LT_TRUE(json_number(h.out, "gflops") > 0);
+  LT_TRUE(strstr(h.out, "\"gflops_measured\": true") != NULL);
+  LT_TRUE(json_number(h.out, "exposed_seconds") <= json_number(h.out, "link_seconds"));
+  LT_TRUE(strstr(d.out, "exposed_seconds") == NULL);
   tt_run_free(&f), tt_run_free(&h), tt_run_free(&d);
   /* one host: nothing crosses; and the options that go together */
   tt_run one = tt_plan("--hidden 64 --strategy fsdp --hosts 1 --ranks-per-host 2 --json");
@@ -445,10 +453,92 @@ LT_TEST(plan_hosts_link_bytes_and_time) {
   tt_run_free(&one);
   static const char *bad[] = {"--strategy fsdp --hosts 2", "--strategy fsdp --link 1",
                               "--strategy fsdp --ranks 3 --hosts 2 --ranks-per-host 2",
-                              "--strategy fsdp --hosts 129 --ranks-per-host 8"};
+                              "--strategy fsdp --hosts 129 --ranks-per-host 8",
+                              "--strategy fsdp --gflops 10", /* --gflops without --link */
+                              "--strategy fsdp --hosts 2 --ranks-per-host 1 --gflops 10",
+                              "--strategy fsdp --hosts 2 --ranks-per-host 1 --link 1 --gflops 0"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     tt_run b = tt_plan("--hidden 64 %s", bad[i]);
     LT_EQ(b.rc, 2);
     tt_run_free(&b);
   }
+}
+
+/* The step's timeline (plan_step_timeline) on numbers worked by hand, in ms. FSDP, 2 units,
+ * prefetch 1, the last kept for backward: forward G0 [0,10] and G1 [10,16] (issued at 0),
+ * waits 10 + 2, compute to 21; backward prefetches G0 [21,31], unit 1's weight gradient to 26,
+ * its reduce-scatter [31,39] behind G0 on the link, its input's gradient to 31; unit 0 waits 8
+ * for that reduce-scatter (39), computes to 43, its reduce-scatter [43,63] waited for at the
+ * end: 20. The link busy 54, the compute 23, exposed 10 + 2 + 8 + 20 = 40, the step 63. */
+LT_TEST(plan_timeline_worked_example) {
+  plan_unit_time u[2] = {{10, 20, 0, 4, false}, {6, 8, 0, 5, true}};
+  plan_timeline t;
+  plan_step_timeline(u, 2, 1, &t);
+  LT_NEAR(t.comm_s, 54, 1e-9);
+  LT_NEAR(t.compute_s, 23, 1e-9);
+  LT_NEAR(t.exposed_s, 40, 1e-9);
+  /* no prefetch: forward waits 10 and 6 (G1 [14,20]), backward's G0 [38,48] after unit 1's
+   * reduce-scatter [30,38] waits 13, the last reduce-scatter [52,72] 20: 49 */
+  plan_step_timeline(u, 2, 0, &t);
+  LT_NEAR(t.comm_s, 54, 1e-9);
+  LT_NEAR(t.exposed_s, 49, 1e-9);
+  /* HSDP, a shard group per host: only the replica all-reduces cross. Unit 1's [14,17] is
+   * hidden behind its input's gradient (to 19); unit 0's [23,35] is the last: 12 exposed */
+  plan_unit_time h[2] = {{0, 0, 12, 4, false}, {0, 0, 3, 5, true}};
+  plan_step_timeline(h, 2, 1, &t);
+  LT_NEAR(t.comm_s, 15, 1e-9);
+  LT_NEAR(t.exposed_s, 12, 1e-9);
+  /* a unit whose compute hides nothing (0 s) exposes every collective */
+  plan_unit_time z[2] = {{10, 20, 0, 0, false}, {6, 8, 0, 0, true}};
+  plan_step_timeline(z, 2, 1, &t);
+  LT_NEAR(t.exposed_s, t.comm_s, 1e-9);
+}
+
+/* The plan's units are the run's: their gathers (each unit twice but the kept last one, in
+ * bf16) and reduce-scatters (f32) add up to the dry run's own counters. */
+LT_TEST(plan_units_add_up_to_the_step_bytes) {
+  train_opts o;
+  static train_cmdline c;
+  train_cli_defaults(&o, &c);
+  o.nhidden = 2, o.hidden[0] = 256, o.hidden[1] = 128;
+  o.amp = "bf16", o.strategy = "fsdp", o.ranks = 4, o.batch = 8;
+  c.cmd = "loom plan";
+  LT_EQ(train_opts_check(&o, &c), 0);
+  plan_result *r = calloc(1, sizeof *r);
+  LT_TRUE(r != NULL);
+  LT_OK(train_plan(&o, r));
+  LT_EQ(r->nunits, 3);
+  double g = 0, rs = 0;
+  for (size_t i = 0; i < r->nunits; i++) {
+    g += (double)r->unit[i].padded * 2 * (r->unit[i].kept ? 1 : 2);
+    rs += (double)r->unit[i].padded * 4;
+    LT_EQ(r->unit[i].shard * 4, r->unit[i].padded);
+  }
+  LT_TRUE(r->unit[2].kept && !r->unit[0].kept && !r->unit[1].kept);
+  LT_NEAR(g, (double)r->gather_bytes, 0);
+  LT_NEAR(rs, (double)r->reduce_scatter_bytes, 0);
+  free(r);
+}
+
+/* `loom plan --link --gflops`: the exposed time is at most the link's; with compute far faster
+ * than the link (1e9 GFLOP/s) nothing hides, so it is all of it; slower compute hides more.
+ * (Without --gflops the rate is measured, DDP has no timeline, and --gflops without --link or
+ * not positive is refused: plan_hosts_link_bytes_and_time.) */
+LT_TEST(plan_hosts_exposed_time) {
+  const char *m = "--hidden 256,128 --amp bf16 --batch 8 --hosts 2 --ranks-per-host 2 --link 1 "
+                  "--json";
+  tt_run fast = tt_plan("%s --strategy fsdp --gflops 1e9", m);
+  tt_run slow = tt_plan("%s --strategy fsdp --gflops 0.05", m);
+  LT_TRUE(fast.rc == 0 && slow.rc == 0);
+  double link = json_number(fast.out, "link_seconds");
+  LT_NEAR(json_number(fast.out, "exposed_seconds"), link, link * 1e-3);
+  double e = json_number(slow.out, "exposed_seconds");
+  LT_TRUE(e > 0 && e < 0.8 * link);
+  LT_TRUE(json_number(slow.out, "compute_seconds") > 0.05);
+  LT_TRUE(strstr(slow.out, "\"gflops_measured\": false") != NULL);
+  tt_run_free(&fast), tt_run_free(&slow);
+  tt_run text = tt_plan("--hidden 64 --strategy fsdp --hosts 2 --ranks-per-host 1 --link 1 "
+                        "--gflops 10");
+  LT_TRUE(text.rc == 0 && strstr(text.out, "exposed communication per step: ") != NULL);
+  tt_run_free(&text);
 }

@@ -11,6 +11,7 @@
 #include <mpi.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -609,25 +610,95 @@ done:
   return rc;
 }
 
-int loom_mpi_finalize(void) {
+/* A deadline for a call that may never return (MPI_Finalize, MPI_Abort): a thread that waits
+ * until `seconds` have passed or the call returned (watchdog_end), and in the first case writes
+ * msg to stderr and ends the process with _exit(status). SIGPIPE is blocked on that thread: a
+ * launcher that has already closed the rank's stderr must not turn the exit into a signal. */
+typedef struct watchdog {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool done;
+  double seconds;
+  int status;
+  char msg[256];
+} watchdog;
+
+static void *watchdog_main(void *arg) {
+  watchdog *w = arg;
+  sigset_t pipe_set;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_set, NULL);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += (time_t)w->seconds;
+  until.tv_nsec += (long)((w->seconds - (double)(time_t)w->seconds) * 1e9);
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  pthread_mutex_lock(&w->mu);
+  while (!w->done && pthread_cond_timedwait(&w->cv, &w->mu, &until) == 0) {}
+  bool done = w->done;
+  pthread_mutex_unlock(&w->mu);
+  if (done) return NULL;
+  ssize_t n = write(STDERR_FILENO, w->msg, strlen(w->msg));
+  (void)n;
+  _exit(w->status);
+}
+
+/* Start w's thread (false if it cannot be made: the call then runs without a deadline). */
+static bool watchdog_start(watchdog *w, pthread_t *t) {
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+  w->done = false;
+  if (pthread_create(t, NULL, watchdog_main, w) == 0) return true;
+  pthread_cond_destroy(&w->cv);
+  pthread_mutex_destroy(&w->mu);
+  return false;
+}
+
+static void watchdog_end(watchdog *w, pthread_t t) {
+  pthread_mutex_lock(&w->mu);
+  w->done = true;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  pthread_join(t, NULL);
+  pthread_cond_destroy(&w->cv);
+  pthread_mutex_destroy(&w->mu);
+}
+
+int loom_mpi_finalize_within(double seconds, int exit_status) {
+  if (!(seconds > 0 && seconds <= 1e6))
+    return loom__fail(LOOM_EINVAL, "loom_mpi_finalize_within: seconds must be in (0, 1e6], got %g",
+                      seconds);
   if (!loom_initialised_mpi) return LOOM_OK;
   int fin = 0;
   MPI_Finalized(&fin);
-  if (!fin) MPI_Finalize();
+  if (!fin) {
+    static watchdog w;
+    w.seconds = seconds;
+    w.status = exit_status & 0xff;
+    snprintf(w.msg, sizeof w.msg, "loom: MPI_Finalize did not return within %g s (MPICH 4.0 "
+             "with UCX over TCP has been seen to hang there after a complete run): this "
+             "rank's work is done; exiting with status %d\n", seconds, w.status);
+    pthread_t t;
+    bool watched = watchdog_start(&w, &t);
+    /* a peer that ended on its own bound has closed its sockets: MPI's writes to them must
+     * fail (EPIPE), not end this rank by SIGPIPE (the launcher would report the job killed) */
+    struct sigaction ignore, before;
+    memset(&ignore, 0, sizeof ignore);
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    bool restore = sigaction(SIGPIPE, &ignore, &before) == 0;
+    MPI_Finalize();
+    if (restore) sigaction(SIGPIPE, &before, NULL);
+    if (watched) watchdog_end(&w, t);
+  }
   loom_initialised_mpi = false;
   return LOOM_OK;
 }
 
-#define ABORT_GRACE_S 5 /* loom_mpi_abort: seconds MPI_Abort gets to end the process */
+int loom_mpi_finalize(void) { return loom_mpi_finalize_within(LOOM_MPI_FINALIZE_S, 1); }
 
-static void *abort_watchdog(void *arg) {
-  sleep(ABORT_GRACE_S);
-  static const char msg[] = "loom: MPI_Abort did not end this process within "
-                            "5 s (the launcher unreachable?): exiting\n";
-  ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
-  (void)w;
-  _exit((int)(intptr_t)arg & 0xff ? (int)(intptr_t)arg & 0xff : 1);
-}
+#define ABORT_GRACE_S 5 /* loom_mpi_abort: seconds MPI_Abort gets to end the process */
 
 int loom_mpi_abort(int errorcode) {
   int inited = 0, fin = 0;
@@ -639,9 +710,13 @@ int loom_mpi_abort(int errorcode) {
   fflush(stderr);
   /* MPI_Abort asks the launcher to end the job; with a machine unreachable it may wait for
    * that machine's daemon and never return: this process ends itself if it still runs then */
+  static watchdog w;
+  w.seconds = ABORT_GRACE_S;
+  w.status = errorcode & 0xff ? errorcode & 0xff : 1;
+  snprintf(w.msg, sizeof w.msg, "loom: MPI_Abort did not end this process within %d s (the "
+           "launcher unreachable?): exiting\n", ABORT_GRACE_S);
   pthread_t t;
-  if (pthread_create(&t, NULL, abort_watchdog, (void *)(intptr_t)errorcode) == 0)
-    pthread_detach(t);
+  if (watchdog_start(&w, &t)) pthread_detach(t);
   MPI_Abort(MPI_COMM_WORLD, errorcode);
   return loom__fail(LOOM_EBACKEND, "loom_mpi_abort: MPI_Abort returned");
 }

@@ -1,0 +1,214 @@
+/* train_plan_comm.c: `loom plan --hosts H --ranks-per-host R [--link GBPS] [--gflops G]`
+ * (train_plan.h): the bytes one step sends through each host's link, each collective a ring
+ * in rank order; their time at the link's rate; and, for FSDP and HSDP, the part of that time
+ * the step's compute cannot hide (exposed), from the step replayed unit by unit on two clocks
+ * (plan_step_timeline) with the compute timed from each unit's multiply-adds at a measured
+ * matrix-multiply rate (train_plan_gemm_gflops). */
+#include "progress.h"
+#include "train_plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Bytes a kind of collective sends into host 0 through its link per step (the same out of it,
+ * and for every host, by symmetry). Its groups are `size` consecutive ranks (stride 1) or the
+ * ranks s, s + stride, ... (size = world / stride); each runs as a ring in rank order, which
+ * enters a host it shares with other hosts once, carrying `factor` x (M-1)/M of the buffer
+ * (M = size; factor 1 for an all-gather or a reduce-scatter, 2 for an all-reduce: its
+ * reduce-scatter and all-gather). `bytes` is one rank's buffer bytes of that kind per step. */
+static double ring_into_host0(int world, int per_host, int size, int stride, double factor,
+                              double bytes) {
+  if (size < 2 || bytes <= 0) return 0;
+  double total = 0;
+  int groups = world / size;
+  for (int g = 0; g < groups; g++) {
+    bool on = false, off = false;
+    for (int k = 0; k < size; k++) {
+      int r = stride == 1 ? g * size + k : g + k * stride;
+      if (r / per_host == 0) on = true;
+      else off = true;
+    }
+    if (on && off) total += factor * (double)(size - 1) / size * bytes;
+  }
+  return total;
+}
+
+/* ---- the step's timeline ------------------------------------------------------------------ */
+
+typedef struct clocks {
+  double t;    /* the rank's compute */
+  double link; /* when the link is free: its collectives run one at a time, in issue order */
+  double comm, exposed;
+} clocks;
+
+/* A collective of dur link seconds issued at `at` (no earlier than the compute clock): when
+ * it completes. One that does not cross the link (dur 0) completes as issued. */
+static double issue_at(clocks *c, double at, double dur) {
+  if (dur <= 0) return at;
+  double s = c->link > at ? c->link : at;
+  c->link = s + dur;
+  c->comm += dur;
+  return c->link;
+}
+
+static void wait_until(clocks *c, double done) {
+  if (done <= c->t) return;
+  c->exposed += done - c->t;
+  c->t = done;
+}
+
+enum { RESHARDED, GATHERING, GATHERED };
+
+void plan_step_timeline(const plan_unit_time *u, size_t n, int prefetch, plan_timeline *out) {
+  memset(out, 0, sizeof *out);
+  if (!n) return;
+  clocks c = {0, 0, 0, 0};
+  int *st = calloc(n, sizeof *st);
+  double *gdone = calloc(n, sizeof *gdone), *rdone = calloc(n, sizeof *rdone);
+  bool *rpending = calloc(n, sizeof *rpending);
+  if (!st || !gdone || !rdone || !rpending) goto done;
+  /* forward, unit by unit: its gather (unless prefetched), the next units', wait, compute */
+  for (size_t i = 0; i < n; i++) {
+    for (size_t k = 0; k <= (size_t)prefetch && i + k < n; k++)
+      if (st[i + k] == RESHARDED) {
+        gdone[i + k] = issue_at(&c, c.t, u[i + k].gather_s);
+        st[i + k] = GATHERING;
+      }
+    wait_until(&c, gdone[i]);
+    c.t += u[i].forward_s;
+    out->compute_s += u[i].forward_s;
+    st[i] = u[i].kept ? GATHERED : RESHARDED;
+  }
+  /* backward, in reverse: gather (and prefetch the units before), wait for it and for the
+   * reduce-scatters still running, the weights' gradient, its reduce-scatter (and replica
+   * all-reduce), the input's gradient */
+  for (size_t i = n; i-- > 0;) {
+    for (size_t k = 0; k <= (size_t)prefetch && k <= i; k++)
+      if (st[i - k] == RESHARDED) {
+        gdone[i - k] = issue_at(&c, c.t, u[i - k].gather_s);
+        st[i - k] = GATHERING;
+      }
+    wait_until(&c, gdone[i]);
+    st[i] = GATHERED;
+    for (size_t j = 0; j < n; j++)
+      if (rpending[j]) {
+        wait_until(&c, rdone[j]);
+        rpending[j] = false;
+      }
+    c.t += u[i].forward_s;
+    double rs = issue_at(&c, c.t, u[i].reduce_s);
+    rdone[i] = issue_at(&c, rs, u[i].replica_s);
+    rpending[i] = true;
+    double dx = i > 0 ? u[i].forward_s : 0;
+    c.t += dx;
+    out->compute_s += u[i].forward_s + dx;
+  }
+  for (size_t j = 0; j < n; j++)
+    if (rpending[j]) wait_until(&c, rdone[j]);
+  out->comm_s = c.comm;
+  out->exposed_s = c.exposed;
+done:
+  free(st);
+  free(gdone);
+  free(rdone);
+  free(rpending);
+}
+
+/* ---- the compute's rate ------------------------------------------------------------------- */
+
+double train_plan_gemm_gflops(const train_opts *o, int threads) {
+  loom_dtype dt = LOOM_F32;
+  if (strcmp(o->amp, "off") != 0) loom_dtype_parse(o->amp, &dt);
+  if (loom_set_num_threads(threads > 0 ? threads : 1)) return 0;
+  const int64_t m = 256, k = 1024, nn = 1024;
+  int64_t sa[2] = {m, k}, sb[2] = {k, nn};
+  loom_tensor *a = NULL, *b = NULL;
+  double t[6], rate = 0;
+  int rc = loom_tensor_zeros(dt, 2, sa, &a);
+  if (!rc) rc = loom_tensor_zeros(dt, 2, sb, &b);
+  for (int rep = 0; rep < 6 && !rc; rep++) {
+    loom_tensor *c = NULL;
+    double t0 = progress_now();
+    rc = loom_matmul(a, b, &c);
+    t[rep] = progress_now() - t0;
+    loom_tensor_free(c);
+  }
+  if (!rc) { /* the median of the five after the first */
+    double *s = t + 1;
+    for (int i = 1; i < 5; i++)
+      for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
+        double x = s[j];
+        s[j] = s[j - 1];
+        s[j - 1] = x;
+      }
+    if (s[2] > 0) rate = 2.0 * (double)(m * k * nn) / s[2] / 1e9;
+  }
+  loom_tensor_free(a);
+  loom_tensor_free(b);
+  return rate;
+}
+
+/* ---- the plan's figures ------------------------------------------------------------------- */
+
+/* Tokens a rank's step multiplies each weight by: its batch, or its batch's windows' tokens
+ * (GPT). A convolution uses each weight at every position too, which this leaves out: for
+ * the CNN the compute is a lower bound and the exposed time an upper one (README). */
+static double step_tokens(const train_opts *o) {
+  return (double)o->batch * (strcmp(o->model, "gpt") == 0 ? (double)o->context : 1.0);
+}
+
+/* The exposed time of FSDP or HSDP: each unit's collectives through the link at its rate,
+ * each unit's compute from its multiply-adds (2 FLOPs an element a token) at gflops. */
+static void exposed(const train_opts *o, int w, int per_host, double bps, plan_result *r) {
+  bool hybrid = strcmp(o->strategy, "hsdp") == 0;
+  int n = hybrid ? (int)o->shard_size : w;
+  double gsize = strcmp(o->amp, "off") != 0 ? 2 : 4; /* gathered in the forward dtype */
+  double flop_s = r->gflops * 1e9, tokens = step_tokens(o);
+  plan_unit_time *u = calloc(r->nunits ? r->nunits : 1, sizeof *u);
+  if (!u || !r->nunits || flop_s <= 0) {
+    free(u);
+    return;
+  }
+  for (size_t i = 0; i < r->nunits; i++) {
+    const struct train_dry_unit *x = &r->unit[i];
+    u[i].gather_s = ring_into_host0(w, per_host, n, 1, 1, (double)x->padded * gsize) / bps;
+    u[i].reduce_s = ring_into_host0(w, per_host, n, 1, 1, (double)x->padded * 4) / bps;
+    if (hybrid)
+      u[i].replica_s = ring_into_host0(w, per_host, w / n, n, 2, (double)x->shard * 4) / bps;
+    u[i].forward_s = 2.0 * tokens * (double)x->numel / flop_s;
+    u[i].kept = x->kept;
+  }
+  plan_timeline tl;
+  plan_step_timeline(u, r->nunits, (int)o->gather_prefetch, &tl);
+  free(u);
+  r->exposed_modeled = true;
+  r->exposed_s = tl.exposed_s;
+  r->compute_s = tl.compute_s;
+}
+
+void train_plan_links(const train_opts *o, int hosts, int ranks_per_host, double gbps,
+                      double gflops, bool measured, plan_result *r) {
+  int w = hosts * ranks_per_host;
+  double b = 0;
+  r->hosts = hosts;
+  r->ranks_per_host = ranks_per_host;
+  r->link_gbps = gbps;
+  if (hosts > 1 && strcmp(o->strategy, "ddp") == 0)
+    b = ring_into_host0(w, ranks_per_host, w, 1, 2, (double)r->allreduce_bytes);
+  if (hosts > 1 && strcmp(o->strategy, "fsdp") == 0)
+    b = ring_into_host0(w, ranks_per_host, w, 1, 1,
+                        (double)(r->gather_bytes + r->reduce_scatter_bytes));
+  if (hosts > 1 && strcmp(o->strategy, "hsdp") == 0) {
+    int n = (int)o->shard_size;
+    b = ring_into_host0(w, ranks_per_host, n, 1, 1,
+                        (double)(r->gather_bytes + r->reduce_scatter_bytes)) +
+        ring_into_host0(w, ranks_per_host, w / n, n, 2, (double)r->replica_bytes);
+  }
+  r->link_bytes = b;
+  r->link_s = gbps > 0 ? b / (gbps * 1e9 / 8) : 0;
+  r->exposed_modeled = false;
+  r->gflops = gflops;
+  r->gflops_measured = measured;
+  bool sharded = strcmp(o->strategy, "fsdp") == 0 || strcmp(o->strategy, "hsdp") == 0;
+  if (gbps > 0 && sharded) exposed(o, w, ranks_per_host, gbps * 1e9 / 8, r);
+}
