@@ -121,6 +121,9 @@ typedef struct train_dry_result {
    * all-gathers (gathered dtype) and reduce-scatters (f32), HSDP's replica all-reduces of
    * shards, DDP's bucket all-reduces */
   uint64_t gather_bytes, reduce_scatter_bytes, replica_bytes, allreduce_bytes;
+  /* FSDP offload: the second step's bytes read from and written to the tier on this rank
+   * (loom_fsdp_stats' offload_from_bytes, offload_to_bytes) */
+  uint64_t offload_read_bytes, offload_write_bytes;
 } train_dry_result;
 int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r);
 

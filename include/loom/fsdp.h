@@ -177,6 +177,14 @@ typedef struct loom_fsdp_offload_cfg {
   int io_threads;                /* transfers in flight at once per rank, each on an I/O
                                     thread of its own, 0..16; 0 (default): 4 on the disk tier,
                                     1 on the host tier */
+  bool low_precision_params;     /* with mixed precision (a f16 / bf16 forward) and parameters
+                                    offloaded: keep a copy of each parameter shard in the
+                                    forward dtype in the tier, cast once per step as the
+                                    optimizer step writes the f32 shard, and let the gathers
+                                    read it instead of the f32 shard (half the bytes, no cast;
+                                    the same bits: a gather casts to that dtype anyway). Costs
+                                    half the parameter shard's bytes more in the tier. Ignored
+                                    without mixed precision. Default true */
 } loom_fsdp_offload_cfg;
 
 /* The specification's defaults (above). */

@@ -35,10 +35,16 @@ typedef struct off_kind {
   uint64_t *jobs;     /* nchunks ids of the transfer in flight (0: none) */
 } off_kind;
 
+/* The low-precision copy of the parameter shard (fsdp_lowp.c): not a kind of k[] (it has no
+ * compute-pool buffer and one slot set), named by this pseudo-kind where a kind is asked. */
+enum { OFF_LOW = OFF_KINDS };
+
 typedef struct off_unit {
   loom_tensor *grad_src; /* the local gradient whose slice (reduced in place) is on its way out */
   size_t nchunks;     /* chunks of the shard */
-  size_t slot0;       /* first store slot: slot = slot0 + (gen * OFF_KINDS + kind) * nchunks + c */
+  size_t slot0;       /* first store slot: slot = slot0 + (gen * OFF_KINDS + kind) * nchunks + c;
+                         the low-precision copy's after them: slot0 + 2 * OFF_KINDS * nchunks + c */
+  bool low_ok;        /* the tier's low-precision copy holds the current f32 shard, cast */
   off_kind k[OFF_KINDS];
 } off_unit;
 
@@ -180,9 +186,10 @@ void loom__fsdp_offload_free(loom_fsdp *f);
 /* the unit's parameter shard in the compute pool (waiting for it, or reading it now) */
 int loom__fsdp_param_need(fsdp_unit *u);
 /* With parameters offloaded and not on their way back, a gather reads them straight into its
- * own part of the gathered buffer (loom__fsdp_param_into): true for f32 from either tier, and
- * for f16 / bf16 from the host tier, cast from its buffers where they are (the disk tier's
- * come into the shard first). */
+ * own part of the gathered buffer (loom__fsdp_param_into): true for f32 from either tier, for
+ * the forward dtype from the tier's low-precision copy while it is current (fsdp_lowp.c), and
+ * for f16 / bf16 from the host tier, cast from its buffers where they are (otherwise the disk
+ * tier's come into the shard first). */
 bool loom__fsdp_param_readable(const fsdp_unit *u, loom_dtype dt);
 /* Read (or cast) them into dst, of dtype dt, when loom__fsdp_param_readable. Safe on another
  * thread (the group's progress thread, as the all-gather's first step) while the rank computes:
@@ -246,6 +253,21 @@ size_t loom__fsdp_slot(const fsdp_unit *u, int kind, unsigned gen, size_t c);
 int loom__fsdp_check_optim(const loom_fsdp *f, const loom_optim *opt, const char *who);
 /* The optimizer's state buffer k of unit's segment (NULL while released). */
 float *loom__fsdp_state_buf(loom_optim *opt, size_t unit, int k);
+
+/* fsdp_lowp.c: the low-precision parameter copy in the tier (cfg.offload.low_precision_params).
+ * loom__fsdp_low_on: the wrapper keeps one (mixed precision, parameters offloaded, asked for).
+ * loom__fsdp_low_readable: a gather in dt may read the unit's copy (current, and dt the
+ * forward dtype). loom__fsdp_low_slot: chunk c's slot. loom__fsdp_low_put: write chunk c of
+ * the copy from n f32 values (cast): in place on the host tier; on the disk tier cast into
+ * `scratch` (n elements of the forward dtype, on loan until *job is waited for) and submitted
+ * as a put (*job; 0 when it was written synchronously). loom__fsdp_low_drop: every unit's
+ * copy is stale (the f32 shards were rewritten). */
+bool loom__fsdp_low_on(const loom_fsdp *f);
+bool loom__fsdp_low_readable(const fsdp_unit *u, loom_dtype dt);
+size_t loom__fsdp_low_slot(const fsdp_unit *u, size_t c);
+int loom__fsdp_low_put(fsdp_unit *u, size_t c, const float *src, size_t n, void *scratch,
+                       uint64_t *job);
+void loom__fsdp_low_drop(loom_fsdp *f);
 
 /* fsdp_stream.c: a pass over every unit's shards chunk by chunk. `read` and `write` are masks
  * of (1 << OFF_*); kinds in the compute pool are used in place, offloaded ones stream through

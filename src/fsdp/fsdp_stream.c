@@ -13,7 +13,11 @@
  *
  * On the disk tier a pass that writes parameters or optimizer state writes them to the unit's
  * other slot set and switches only once every chunk has succeeded: a read that fails half-way
- * (a file changed behind loom's back) leaves the tier's weights and state as they were. */
+ * (a file changed behind loom's back) leaves the tier's weights and state as they were.
+ *
+ * A pass that writes parameters with a low-precision copy on (fsdp_lowp.c) also casts each
+ * chunk, once final, to the forward dtype and writes it to the copy's slots (a ring buffer of
+ * its own on the disk tier, in place on the host tier). */
 #include "fsdp/fsdp_int.h"
 #include "fsdp/offload_store.h"
 
@@ -24,12 +28,15 @@
 typedef struct ring_set {
   float *buf[OFF_KINDS];
   uint64_t get[OFF_KINDS], put[OFF_KINDS];
+  void *low;        /* disk tier: the chunk cast to the forward dtype on its way out */
+  uint64_t low_put;
 } ring_set;
 
 typedef struct stream {
   loom_fsdp *f;
   loom_optim *opt;
   unsigned read, write;
+  bool low;         /* the pass rewrites the parameters: their low-precision copy too */
   size_t nsets;
   ring_set set[RING];
   size_t *unit_of, *chunk_of; /* items: (unit, chunk) in order */
@@ -69,6 +76,7 @@ static int wait_set(stream *s, ring_set *r, bool gets, bool puts) {
     if (gets && r->get[k]) rc = wait_one(s, &r->get[k], rc);
     if (puts && r->put[k]) rc = wait_one(s, &r->put[k], rc);
   }
+  if (puts && r->low_put) rc = wait_one(s, &r->low_put, rc);
   return rc;
 }
 
@@ -111,6 +119,8 @@ static int work_on(stream *s, size_t i, loom__fsdp_chunk_fn fn, void *ctx) {
     k_ptr[k] = host ? host : kind_offloaded(s, u, k) ? r->buf[k] : resident(s, u, k) + at;
   }
   if ((rc = fn(ctx, u, at, n, k_ptr))) return rc;
+  if (s->low && k_ptr[OFF_PARAM]) /* after the f32 values are final: cast once, out */
+    rc = loom__fsdp_low_put(u, c, k_ptr[OFF_PARAM], n, r->low, &r->low_put);
   for (int k = 0; k < OFF_KINDS && !rc; k++) {
     if (!(s->write & (1u << k)) || !k_ptr[k] || !kind_offloaded(s, u, k) || k_ptr[k] != r->buf[k])
       continue;
@@ -126,6 +136,7 @@ static void stream_free(stream *s) {
   for (size_t i = 0; i < s->nsets; i++) {
     (void)wait_set(s, &s->set[i], true, true);
     for (int k = 0; k < OFF_KINDS; k++) loom__free(s->set[i].buf[k]);
+    loom__free(s->set[i].low);
   }
   loom__free(s->unit_of);
   loom__free(s->chunk_of);
@@ -146,6 +157,8 @@ int loom__fsdp_stream(loom_fsdp *f, loom_optim *opt, unsigned read, unsigned wri
       if ((read | write) & (1u << k)) rc = loom__fsdp_arrive(&f->units[i], k);
   if (!rc) rc = loom__fsdp_grad_settle(f);
   if (rc) return rc;
+  s.low = (write & (1u << OFF_PARAM)) && loom__fsdp_low_on(f);
+  if (s.low) loom__fsdp_low_drop(f); /* current again once every chunk went through */
   for (size_t i = 0; i < f->nunits; i++) {
     fsdp_unit *u = &f->units[i];
     s.nitems += u->off.nchunks;
@@ -176,6 +189,12 @@ int loom__fsdp_stream(loom_fsdp *f, loom_optim *opt, unsigned read, unsigned wri
         rc = loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory for a %zu-byte chunk buffer",
                         ring_n * sizeof(float));
     }
+  bool disk = loom__ostore_tier(f->store) == LOOM__OTIER_DISK;
+  size_t low_bytes = (ring_n ? ring_n : 1) * loom_dtype_size(f->fwd_dtype);
+  for (size_t i = 0; i < s.nsets && s.low && disk && !rc; i++)
+    if (!(s.set[i].low = loom__malloc(LOOM_POOL_COMPUTE, low_bytes)))
+      rc = loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory for a %zu-byte chunk buffer",
+                      low_bytes);
   if (!rc && s.nitems) rc = issue_reads(&s, 0);
   for (size_t i = 0; i < s.nitems && !rc; i++) {
     if (s.nsets > 1 && i + 1 < s.nitems) rc = issue_reads(&s, i + 1);
@@ -190,6 +209,7 @@ int loom__fsdp_stream(loom_fsdp *f, loom_optim *opt, unsigned read, unsigned wri
   /* every chunk went through: the tier's copies written now are the current ones */
   for (size_t i = 0; i < f->nunits; i++) {
     fsdp_unit *u = &f->units[i];
+    if (s.low) u->off.low_ok = true;
     for (int k = 0; k < OFF_KINDS; k++) {
       if (!(write & (1u << k))) continue;
       if (k >= OFF_STATE && (!opt || (size_t)(k - OFF_STATE) >= loom_optim_state_per_segment(opt)))

@@ -342,3 +342,59 @@ LT_TEST(train_offload_optim_without_optimizer_state) {
   LT_EQ(m.rc, 0);
   tt_run_free(&m);
 }
+
+/* The number after `"key": ` in the record-th line (1-based) of a metrics file's text, -1. */
+static double record_number(const char *text, int record, const char *key) {
+  const char *line = text;
+  for (int i = 1; i < record && line; i++) {
+    line = strchr(line, '\n');
+    if (line) line++;
+  }
+  if (!line || !*line) return -1;
+  const char *end = strchr(line, '\n');
+  char pat[96];
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  const char *p = strstr(line, pat);
+  return p && (!end || p < end) ? strtod(p + strlen(pat), NULL) : -1;
+}
+
+/* `loom plan`'s offload traffic per step and rank (the dry run's second step) is the bytes a
+ * real run's second step moves (its metrics' counters, record 2 less record 1), exactly: with
+ * the low-precision parameter copy (bf16, disk and host tiers: the gathers read the copy, the
+ * step writes it) and without it (f32). */
+LT_TEST(train_plan_offload_traffic_is_the_runs) {
+  const char *d = tt_tempdir();
+  char tier[512];
+  snprintf(tier, sizeof tier, "%s/tier", d);
+  LT_EQ(mkdir(tier, 0700), 0);
+  char disk[700];
+  snprintf(disk, sizeof disk, "--offload all --offload-tier disk --offload-dir %s", tier);
+  const char *cases[][2] = {{"bf16", disk}, {"bf16", "--offload all"}, {"off", disk},
+                            {"bf16", "--offload params --prefetch 0"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/m%zu.jsonl", d, i);
+    tt_run r = tt_train(RUN " --amp %s %s --max-steps 3 --metrics %s", cases[i][0], cases[i][1],
+                        path);
+    LT_EQ(r.rc, 0);
+    tt_run p = tt_plan(RUN " --amp %s %s --json", cases[i][0], cases[i][1]);
+    LT_EQ(p.rc, 0);
+    size_t n = 0;
+    char *m = tt_read_file(path, &n);
+    LT_TRUE(m != NULL);
+    double rd = record_number(m, 2, "fsdp_offload_from_bytes") -
+                record_number(m, 1, "fsdp_offload_from_bytes");
+    double wr = record_number(m, 2, "fsdp_offload_to_bytes") -
+                record_number(m, 1, "fsdp_offload_to_bytes");
+    double prd = last_number(p.out, "step_offload_read_bytes");
+    double pwr = last_number(p.out, "step_offload_write_bytes");
+    if (!(rd > 0 && rd == prd && wr == pwr))
+      lt_fail_at(__FILE__, __LINE__, "--amp %s %s: the run's second step read %.0f and wrote %.0f "
+                 "bytes, the plan says %.0f and %.0f", cases[i][0], cases[i][1], rd, wr, prd, pwr);
+    free(m);
+    tt_run_free(&p);
+    tt_run_free(&r);
+  }
+  LT_EQ(files_in(tier), 0);
+  tt_cleanup();
+}
