@@ -35,6 +35,7 @@ typedef struct train_opts {
   long eval_every;                     /* validation loss every N steps too; 0: epochs' ends */
   long eval_windows;                   /* validation windows an evaluation takes; 0: all */
   bool checkpoint_activations;         /* recompute each block's forward in backward */
+  bool optim_in_backward;              /* FSDP: each unit's optimizer step inside backward */
   long epochs, batch, seed;
   double lr, weight_decay, momentum, loss_scale;
   double min_lr;                       /* --min-lr: the cosine schedule's floor */

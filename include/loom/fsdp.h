@@ -240,6 +240,15 @@ typedef struct loom_fsdp_cfg {
    * 0's shard group alone (an FSDP checkpoint of shard_size ranks, which FSDP or HSDP at any
    * rank count resume: loom_fsdp_load_sharded reshards), its outcome shared with every rank. */
   loom_pg *replica_pg;
+  /* The optimizer step inside backward (PyTorch's optimizer-in-backward): each unit's shard is
+   * stepped by the optimizer given to loom_fsdp_set_optim right after its gradient is
+   * reduce-scattered, so a gradient never waits for the others (and with offload never goes to
+   * the tier and back); loom_fsdp_optim_step after such a backward only checks and prefetches.
+   * The same bits as the step after backward, with a learning rate set before backward. Only
+   * where nothing needs the whole gradient first: refused (LOOM_EINVAL) with dynamic loss
+   * scaling (mp.use_loss_scaling), and loom_fsdp_clip_grad_norm refuses after such a backward
+   * (LOOM_EMISUSE). Default false. */
+  bool optim_in_backward;
 } loom_fsdp_cfg;
 
 loom_fsdp_cfg loom_fsdp_cfg_default(void);
@@ -411,6 +420,15 @@ void loom_fsdp_prefetch_clear(loom_fsdp *f);
  * through the compute pool in chunks; bit-identical to the step without offload. Fails before
  * any parameter changes if a chunk cannot be read; opt must be over this wrapper's segments. */
 int loom_fsdp_optim_step(loom_fsdp *f, loom_optim *opt, float grad_scale);
+
+/* The optimizer that steps each unit inside backward (cfg.optim_in_backward), borrowed: it must
+ * outlive its use or be replaced (NULL: none). Any wrapper takes one (it is used only with
+ * optim_in_backward); LOOM_EINVAL if it is not over this wrapper's segments, LOOM_EMISUSE
+ * during a backward. A backward with optim_in_backward and no optimizer fails with
+ * LOOM_EMISUSE at its first hook. */
+int loom_fsdp_set_optim(loom_fsdp *f, loom_optim *opt);
+/* cfg.optim_in_backward of the wrapper (false for NULL). */
+bool loom_fsdp_optim_in_backward(const loom_fsdp *f);
 
 /* ---- checkpoints ------------------------------------------------------------------------ */
 

@@ -85,6 +85,7 @@ struct fsdp_unit {
   size_t pending;        /* parameters whose gradient is not complete yet */
   loom_tensor *full_grad; /* padded f32: the local gradient, while it exists */
   loom_work *rs_work;    /* the reduce-scatter's (hybrid sharding: the replica all-reduce's) */
+  float *rs_recv;        /* where it reduces into (loom__fsdp_grad_target's answer) */
   loom_work *rs_shard;   /* hybrid sharding: the reduce-scatter, waited by the all-reduce's
                             first step on the replica group's thread (or by the reap) */
   double rs_issued;
@@ -129,6 +130,11 @@ struct loom_fsdp {
   bool sync;
   bool in_step;
   int step_status;
+  loom_optim *step_opt;  /* cfg.optim_in_backward: loom_fsdp_set_optim's (borrowed) */
+  bool oib_open;         /* this backward stepped a unit */
+  int64_t oib_step0;     /* step_opt's step count before it did */
+  bool oib_stepped;      /* the last backward stepped every unit: loom_fsdp_optim_step has
+                            nothing left to step */
   loom_fsdp_stats stats;
   loom__fsdp_share *share; /* the ranks' shared gathered buffers (fsdp_share.c); NULL: each
                             rank gathers into its own */
@@ -268,6 +274,13 @@ size_t loom__fsdp_low_slot(const fsdp_unit *u, size_t c);
 int loom__fsdp_low_put(fsdp_unit *u, size_t c, const float *src, size_t n, void *scratch,
                        uint64_t *job);
 void loom__fsdp_low_drop(loom_fsdp *f);
+
+/* fsdp_stream.c: the optimizer step of one unit inside backward (cfg.optim_in_backward), its
+ * gradient at `grad` (reduced), at the step count the backward's first unit took; its gradient
+ * then goes nowhere (with gradients offloaded, the unit holds none). And the end of that
+ * backward's steps (`ok`: every unit stepped, loom_fsdp_optim_step has nothing to do). */
+int loom__fsdp_step_unit(fsdp_unit *u, float *grad);
+int loom__fsdp_step_close(loom_fsdp *f, bool ok);
 
 /* fsdp_stream.c: a pass over every unit's shards chunk by chunk. `read` and `write` are masks
  * of (1 << OFF_*); kinds in the compute pool are used in place, offloaded ones stream through

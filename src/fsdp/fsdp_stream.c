@@ -37,6 +37,9 @@ typedef struct stream {
   loom_optim *opt;
   unsigned read, write;
   bool low;         /* the pass rewrites the parameters: their low-precision copy too */
+  size_t u0, u1;    /* the units passed over: [u0, u1) */
+  float *grad;      /* one unit's gradient where it was reduced (optimizer in backward), or
+                       NULL: the gradient shard */
   size_t nsets;
   ring_set set[RING];
   size_t *unit_of, *chunk_of; /* items: (unit, chunk) in order */
@@ -82,7 +85,7 @@ static int wait_set(stream *s, ring_set *r, bool gets, bool puts) {
 
 static float *resident(stream *s, fsdp_unit *u, int kind) {
   if (kind == OFF_PARAM) return u->param_shard;
-  if (kind == OFF_GRAD) return u->grad_shard;
+  if (kind == OFF_GRAD) return s->grad ? s->grad : u->grad_shard;
   return loom__fsdp_state_buf(s->opt, u->index, kind - OFF_STATE);
 }
 
@@ -142,25 +145,27 @@ static void stream_free(stream *s) {
   loom__free(s->chunk_of);
 }
 
-int loom__fsdp_stream(loom_fsdp *f, loom_optim *opt, unsigned read, unsigned write,
-                      loom__fsdp_chunk_fn fn, void *ctx) {
-  stream s = {.f = f, .opt = opt, .read = read, .write = write};
+/* The pass over units [u0, u1) (every unit, or the one a backward steps: its gather is done,
+ * and the other units' gathers read nothing of its slots). */
+static int stream_units(loom_fsdp *f, loom_optim *opt, size_t u0, size_t u1, float *grad,
+                        unsigned read, unsigned write, loom__fsdp_chunk_fn fn, void *ctx) {
+  stream s = {.f = f, .opt = opt, .read = read, .write = write, .u0 = u0, .u1 = u1, .grad = grad};
   const loom_fsdp_offload_cfg *c = &f->cfg.offload;
   if (!f->store) return loom__fail(LOOM_EMISUSE, "fsdp: a streamed pass without offload");
   s.nsets = c->prefetch_gradients && c->prefetch_steps > 0 ? RING : 1;
   int rc = LOOM_OK;
   /* gathers still reading their part out of the tier, and kinds still arriving from a
    * prefetch: let them land first (the pass may rewrite those bytes) */
-  rc = loom__fsdp_settle_tier_reads(f);
-  for (size_t i = 0; i < f->nunits && !rc; i++)
+  if (u0 == 0 && u1 == f->nunits) rc = loom__fsdp_settle_tier_reads(f);
+  for (size_t i = u0; i < u1 && !rc; i++)
     for (int k = 0; k < OFF_KINDS && !rc; k++)
       if ((read | write) & (1u << k)) rc = loom__fsdp_arrive(&f->units[i], k);
   if (!rc) rc = loom__fsdp_grad_settle(f);
   if (rc) return rc;
   s.low = (write & (1u << OFF_PARAM)) && loom__fsdp_low_on(f);
-  if (s.low) loom__fsdp_low_drop(f); /* current again once every chunk went through */
-  for (size_t i = 0; i < f->nunits; i++) {
+  for (size_t i = u0; i < u1; i++) { /* a copy is current again once every chunk went through */
     fsdp_unit *u = &f->units[i];
+    if (s.low) u->off.low_ok = false;
     s.nitems += u->off.nchunks;
   }
   s.unit_of = loom__calloc(LOOM_POOL_META, s.nitems ? s.nitems : 1, sizeof(size_t));
@@ -168,7 +173,7 @@ int loom__fsdp_stream(loom_fsdp *f, loom_optim *opt, unsigned read, unsigned wri
   if (!s.unit_of || !s.chunk_of) rc = loom__fail(LOOM_ENOMEM, "fsdp: out of memory for a pass");
   size_t item = 0;
   bool any_streamed = false;
-  for (size_t i = 0; i < f->nunits && !rc; i++) {
+  for (size_t i = u0; i < u1 && !rc; i++) {
     fsdp_unit *u = &f->units[i];
     for (size_t ch = 0; ch < u->off.nchunks; ch++, item++) {
       s.unit_of[item] = i;
@@ -207,7 +212,7 @@ int loom__fsdp_stream(loom_fsdp *f, loom_optim *opt, unsigned read, unsigned wri
   stream_free(&s); /* waits for the dropped jobs: their messages are not the failure */
   if (rc) return loom__fsdp_err_restore(&e);
   /* every chunk went through: the tier's copies written now are the current ones */
-  for (size_t i = 0; i < f->nunits; i++) {
+  for (size_t i = u0; i < u1; i++) {
     fsdp_unit *u = &f->units[i];
     if (s.low) u->off.low_ok = true;
     for (int k = 0; k < OFF_KINDS; k++) {
@@ -225,6 +230,11 @@ int loom__fsdp_stream(loom_fsdp *f, loom_optim *opt, unsigned read, unsigned wri
     }
   }
   return LOOM_OK;
+}
+
+int loom__fsdp_stream(loom_fsdp *f, loom_optim *opt, unsigned read, unsigned write,
+                      loom__fsdp_chunk_fn fn, void *ctx) {
+  return stream_units(f, opt, 0, f->nunits, NULL, read, write, fn, ctx);
 }
 
 int loom__fsdp_each(loom_fsdp *f, unsigned read, unsigned write, loom__fsdp_chunk_fn fn,
@@ -264,6 +274,75 @@ static int prefetch_next_forward(loom_fsdp *f) {
   return rc;
 }
 
+/* The masks of the optimizer's pass: parameters, gradients and state read; parameters and
+ * state written. */
+static void step_masks(size_t per, unsigned *read, unsigned *write) {
+  unsigned state = per == 2 ? (3u << OFF_STATE) : per == 1 ? (1u << OFF_STATE) : 0;
+  *read = (1u << OFF_PARAM) | (1u << OFF_GRAD) | state;
+  *write = (1u << OFF_PARAM) | state;
+}
+
+/* Each unit's step is a chunked step of its own (the state moves to and from the tier between
+ * them, which an open step forbids), every one with the step count of the backward's first:
+ * the same scalars (learning rate, bias corrections), so the same bits as one step over all. */
+int loom__fsdp_step_unit(fsdp_unit *u, float *grad) {
+  loom_fsdp *f = u->f;
+  loom_optim *opt = f->step_opt;
+  int rc = LOOM_OK;
+  step_ctx c = {opt, loom_optim_state_per_segment(opt)};
+  /* state never offloaded goes to the tier first, whole (as loom_fsdp_optim_step's) */
+  if (f->store && loom__fsdp_offloading(f, OFF_STATE)) rc = loom__fsdp_state_out(u, opt);
+  if (rc) return rc;
+  if (!f->oib_open) {
+    f->oib_step0 = loom_optim_step_count(opt);
+    f->oib_open = true;
+  } else if ((rc = loom_optim_set_step_count(opt, f->oib_step0))) {
+    return rc;
+  }
+  if ((rc = loom_optim_step_begin(opt, 1.0f))) return rc;
+  if (!f->store) {
+    float *k[OFF_KINDS] = {u->param_shard, grad, NULL, NULL};
+    for (size_t s = 0; s < c.per; s++) k[OFF_STATE + s] = loom__fsdp_state_buf(opt, u->index, (int)s);
+    rc = step_chunk(&c, u, 0, u->shard, k);
+    int rc2 = loom_optim_step_end(opt, true); /* a failed unit fails the backward */
+    return rc ? rc : rc2;
+  }
+  unsigned read, write;
+  step_masks(c.per, &read, &write);
+  rc = stream_units(f, opt, u->index, u->index + 1, grad, read, write, step_chunk, &c);
+  int rc2 = loom_optim_step_end(opt, true);
+  if (!rc) rc = rc2;
+  if (!rc && loom__fsdp_offloading(f, OFF_PARAM)) rc = loom__fsdp_param_out(u);
+  if (!rc && loom__fsdp_offloading(f, OFF_STATE)) rc = loom__fsdp_state_out(u, opt);
+  if (!rc && loom__fsdp_offloading(f, OFF_GRAD)) { /* consumed: nothing to keep */
+    loom__free(u->grad_shard);
+    u->grad_shard = NULL;
+    u->off.k[OFF_GRAD].offloaded = true;
+    u->off.k[OFF_GRAD].stored = false;
+  }
+  return rc;
+}
+
+int loom__fsdp_step_close(loom_fsdp *f, bool ok) {
+  if (!f->oib_open) return LOOM_OK;
+  f->oib_open = false;
+  f->oib_stepped = ok;
+  return LOOM_OK;
+}
+
+int loom_fsdp_set_optim(loom_fsdp *f, loom_optim *opt) {
+  static const char *who = "loom_fsdp_set_optim";
+  if (!f) return loom__fail(LOOM_EINVAL, "%s: fsdp is NULL", who);
+  if (f->in_step) return loom__fail(LOOM_EMISUSE, "%s: a backward is running", who);
+  int rc = opt ? loom__fsdp_check_optim(f, opt, who) : LOOM_OK;
+  if (rc) return rc;
+  f->step_opt = opt;
+  f->oib_stepped = false;
+  return LOOM_OK;
+}
+
+bool loom_fsdp_optim_in_backward(const loom_fsdp *f) { return f && f->cfg.optim_in_backward; }
+
 int loom_fsdp_optim_step(loom_fsdp *f, loom_optim *opt, float grad_scale) {
   static const char *who = "loom_fsdp_optim_step";
   if (!f) return loom__fail(LOOM_EINVAL, "%s: fsdp is NULL", who);
@@ -271,6 +350,16 @@ int loom_fsdp_optim_step(loom_fsdp *f, loom_optim *opt, float grad_scale) {
   if (rc) return rc;
   if (f->in_step)
     return loom__fail(LOOM_EMISUSE, "%s: backward has not finished (call loom_fsdp_finish)", who);
+  if (f->oib_stepped) { /* backward stepped every unit already */
+    if (opt != f->step_opt)
+      return loom__fail(LOOM_EINVAL, "%s: backward stepped with the optimizer given to "
+                        "loom_fsdp_set_optim, not this one", who);
+    if (grad_scale != 1.0f)
+      return loom__fail(LOOM_EINVAL, "%s: grad_scale %g after a backward that stepped with 1 "
+                        "(optim_in_backward)", who, (double)grad_scale);
+    f->oib_stepped = false;
+    return prefetch_next_forward(f);
+  }
   if (!f->store) return loom_optim_step_scaled(opt, grad_scale);
   /* state that has never been offloaded goes to the tier first, whole: the pass then only
    * rewrites slots that exist (a first put could fail half-way) */
@@ -278,9 +367,8 @@ int loom_fsdp_optim_step(loom_fsdp *f, loom_optim *opt, float grad_scale) {
     if (loom__fsdp_offloading(f, OFF_STATE)) rc = loom__fsdp_state_out(&f->units[i], opt);
   if (rc) return rc;
   step_ctx c = {opt, loom_optim_state_per_segment(opt)};
-  unsigned state = c.per == 2 ? (3u << OFF_STATE) : c.per == 1 ? (1u << OFF_STATE) : 0;
-  unsigned read = (1u << OFF_PARAM) | (1u << OFF_GRAD) | state;
-  unsigned write = (1u << OFF_PARAM) | state;
+  unsigned read, write;
+  step_masks(c.per, &read, &write);
   if ((rc = loom_optim_step_begin(opt, grad_scale))) return rc;
   rc = loom__fsdp_stream(f, opt, read, write, step_chunk, &c);
   int rc2 = loom_optim_step_end(opt, rc == LOOM_OK);
