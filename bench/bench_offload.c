@@ -24,6 +24,8 @@
  *                 "fsdp bf16" is their reference for step / fsdp;
  *   host p1 bf16 nocopy, disk p1 bf16 nocopy   the same without that copy
  *                 (low_precision_params false: the gathers read the f32 shard and cast it);
+ *   disk p1 oib, disk p1 bf16 oib   disk p1 and disk p1 bf16 with the optimizer step inside
+ *                 backward (cfg.optim_in_backward): no gradient goes to the tier and back;
  *   disk p1, p0   the same on the disk tier, in a folder of the first argument (default
  *                 /var/tmp). The whole page cache is dropped before each run (sync;
  *                 drop_caches 1 when writable), and the tier file's pages before every step
@@ -47,10 +49,10 @@
  * the largest over the ranks. What offload has to keep in the compute pool ("in flight"): the
  * no-offload run's peak less its state between steps (the gathered units, local gradients and
  * activations of the step, which offload does not change), plus, with prefetch on the disk
- * tier, the parameter shard brought back ahead of its gather (gathers read straight into their
+ * tier under bf16 without the low-precision copy, the parameter shard brought back ahead of its
+ * gather to be cast (every other gather reads its part straight out of the tier into its
  * buffer, and gradients are reduce-scattered in place, so nothing else of a shard is in the
- * compute pool; on the host tier nothing comes back ahead: gathers read the tier's buffers),
- * plus on the disk tier the optimizer's chunk ring (3 sets of 4 chunks of chunk_bytes; the host
+ * compute pool), plus on the disk tier the optimizer's chunk ring (3 sets of 4 chunks of chunk_bytes; the host
  * tier's step works on the tier's buffers). Targets (the offload issue):
  * compute peak <= 1.1 x that, and <= 0.4 x the no-offload peak; disk RSS <= 35% of the training
  * state; step host p1 <= 1.2 x fsdp, disk p1 <= 2 x; exposed wait <= 30% of the transfer time.
@@ -104,6 +106,7 @@ typedef struct config {
   bool bf16;      /* FSDP mixed precision, bf16 forward (loom_fsdp_mp_cfg_for(LOOM_BF16)) */
   bool no_copy;   /* bf16: no low-precision parameter copy in the tier (the gathers read and
                      cast the f32 shard) */
+  bool oib;       /* the optimizer step inside backward (cfg.optim_in_backward) */
 } config;
 
 typedef struct result {
@@ -210,6 +213,7 @@ static int rank_main(loom_pg *pg, void *arg) {
   loom_fsdp_cfg fc = loom_fsdp_cfg_default();
   if (c->lean) fc.forward_prefetch = fc.backward_prefetch = 0;
   if (c->bf16) fc.mp = loom_fsdp_mp_cfg_for(LOOM_BF16);
+  fc.optim_in_backward = c->oib;
   loom_adam_cfg ac = loom_adamw_cfg_default();
   if (c->offload) {
     fc.offload = loom_fsdp_offload_cfg_default();
@@ -229,6 +233,7 @@ static int rank_main(loom_pg *pg, void *arg) {
   size_t nseg = 0;
   BENCH_CHECK(loom_fsdp_segments(f, &fs, &nseg));
   BENCH_CHECK(loom_optim_create_adamw(fs, nseg, &ac, &opt));
+  BENCH_CHECK(loom_fsdp_set_optim(f, opt)); /* backward steps with it (optim_in_backward) */
   for (size_t u = 0; u < nseg; u++)
     if (4.0 * (double)fs[u].n > j->r.shard_max && rank == 0) j->r.shard_max = 4.0 * (double)fs[u].n;
   srand(1 + (unsigned)rank);
@@ -430,7 +435,9 @@ static const config configs[] = {
     {.name = "host p1 bf16 nocopy", .offload = true, .tier = HOST, .prefetch = 1, .bf16 = true, .no_copy = true},
     {.name = "disk p1 bf16", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true},
     {.name = "disk p0 bf16", .offload = true, .tier = DISK, .prefetch = 0, .bf16 = true},
-    {.name = "disk p1 bf16 nocopy", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .no_copy = true}};
+    {.name = "disk p1 bf16 nocopy", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .no_copy = true},
+    {.name = "disk p1 oib", .offload = true, .tier = DISK, .prefetch = 1, .oib = true},
+    {.name = "disk p1 bf16 oib", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .oib = true}};
 enum { NC = sizeof configs / sizeof configs[0] };
 
 static bool is_disk(const config *c) { return c->offload && c->tier == LOOM_FSDP_TIER_DISK; }
@@ -503,7 +510,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: bench_offload [dir] [steps 1..%d] [rounds 1..16] [configs: comma "
             "separated, of fsdp, host p1, host p0, disk p1, disk p0, disk p1 t1, disk p0 t1, "
             "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, fsdp bf16, host p1 bf16, host p1 bf16 "
-            "nocopy, disk p1 bf16, disk p0 bf16, disk p1 bf16 nocopy; default all]\n", MAXSTEPS);
+            "nocopy, disk p1 bf16, disk p0 bf16, disk p1 bf16 nocopy, disk p1 oib, disk p1 bf16 oib; "
+            "default all]\n", MAXSTEPS);
     return 2;
   }
   const config *cs[NC];
@@ -544,7 +552,8 @@ int main(int argc, char **argv) {
          MB(transient));
   for (int i = 1; i < nc; i++) {
     bool disk = is_disk(cs[i]);
-    double prefetched = disk && cs[i]->prefetch ? base->shard_max : 0;
+    /* a shard comes back ahead of its gather only to be cast (bf16 with no copy) */
+    double prefetched = disk && cs[i]->prefetch && cs[i]->no_copy ? base->shard_max : 0;
     double ring = disk ? 12.0 * (double)CHUNK_BYTES : 0;
     double in_flight = transient + prefetched + ring, p = worst(rs[rounds - 1][i].peak);
     printf("compute peak, %s: %.0f MB; in flight (transient %.0f + prefetched shard %.0f + chunk "
@@ -611,7 +620,7 @@ int main(int argc, char **argv) {
     for (int o = 1; o < nc; o++) {
       if (!cs[o]->offload || cs[o]->prefetch || cs[o]->tier != cs[i]->tier ||
           cs[o]->io_threads != cs[i]->io_threads || cs[o]->buffered != cs[i]->buffered ||
-          cs[o]->bf16 != cs[i]->bf16 || cs[o]->no_copy != cs[i]->no_copy)
+          cs[o]->bf16 != cs[i]->bf16 || cs[o]->no_copy != cs[i]->no_copy || cs[o]->oib != cs[i]->oib)
         continue;
       double q[16];
       for (int k = 0; k < rounds; k++) q[k] = rs[k][i].step_s / rs[k][o].step_s;
@@ -619,12 +628,35 @@ int main(int argc, char **argv) {
              cs[o]->name, bench_median(q, rounds));
     }
   }
+  /* the optimizer step inside backward against after it, same everything else */
+  for (int i = 1; i < nc; i++) {
+    if (!cs[i]->oib) continue;
+    for (int o = 1; o < nc; o++) {
+      if (cs[o]->oib || !cs[o]->offload || cs[o]->tier != cs[i]->tier ||
+          cs[o]->prefetch != cs[i]->prefetch || cs[o]->bf16 != cs[i]->bf16 ||
+          cs[o]->no_copy != cs[i]->no_copy || cs[o]->io_threads != cs[i]->io_threads ||
+          cs[o]->buffered != cs[i]->buffered || cs[o]->lean != cs[i]->lean ||
+          cs[o]->cache != cs[i]->cache)
+        continue;
+      double fq[16], sq[16], mq[16];
+      for (int k = 0; k < rounds; k++) {
+        fq[k] = is_disk(cs[i]) ? floor_s[k][i] / floor_s[k][o] : 0;
+        sq[k] = rs[k][i].step_s / rs[k][o].step_s;
+        mq[k] = rs[k][i].moved / rs[k][o].moved;
+      }
+      printf("in backward / after, %s / %s: bytes moved %.3f (%.0f / %.0f MB per rank); floor "
+             "%.2f; step %.2f (medians)\n", cs[i]->name, cs[o]->name, bench_median(mq, rounds),
+             MB(rs[rounds - 1][i].moved), MB(rs[rounds - 1][o].moved), bench_median(fq, rounds),
+             bench_median(sq, rounds));
+    }
+  }
   /* the low-precision parameter copy against none, same tier and prefetch, round by round:
    * the bytes, the floor and the step */
   for (int i = 1; i < nc; i++) {
-    if (!cs[i]->offload || !cs[i]->bf16 || cs[i]->no_copy) continue;
+    if (!cs[i]->offload || !cs[i]->bf16 || cs[i]->no_copy || cs[i]->oib) continue;
     for (int o = 1; o < nc; o++) {
-      if (!cs[o]->no_copy || cs[o]->tier != cs[i]->tier || cs[o]->prefetch != cs[i]->prefetch)
+      if (!cs[o]->no_copy || cs[o]->tier != cs[i]->tier || cs[o]->prefetch != cs[i]->prefetch ||
+          cs[o]->oib != cs[i]->oib)
         continue;
       double fq[16], sq[16], mq[16], rq[16];
       for (int k = 0; k < rounds; k++) {

@@ -206,12 +206,15 @@ int loom__fsdp_param_into(fsdp_unit *u, void *dst, loom_dtype dt);
 int loom__fsdp_param_done(fsdp_unit *u);
 /* start bringing the parameter shard back (with prefetch on) */
 int loom__fsdp_param_prefetch(fsdp_unit *u);
-/* The hooks' prefetch ahead of a gather: loom__fsdp_param_prefetch on the disk tier, nothing on
- * the host tier. There the tier's buffers are directly readable and the gather reads (or casts)
- * them straight into its own part of the gathered buffer (loom__fsdp_param_into: one pass, as
- * the all-gather's first step on the progress thread); bringing the shard back first would add
- * a second copy, whose cycles on a CPU come out of the ranks' GEMMs, and a shard in the compute
- * pool. The shard stays offloaded throughout (loom_fsdp_is_offloaded true). */
+/* The hooks' prefetch ahead of a gather: nothing where the gather can read its part straight
+ * out of the tier (loom__fsdp_param_readable in the forward dtype: f32 from either tier, the
+ * low-precision copy, the host tier's buffers cast), loom__fsdp_param_prefetch otherwise (the
+ * disk tier under mixed precision with no current copy: the f32 shard comes back to be cast).
+ * A readable part is read into the gathered buffer in one pass, as the all-gather's first step
+ * on the progress thread (on the disk tier by its I/O threads), while the unit before computes;
+ * bringing the shard back first would add a second copy, whose cycles on a CPU come out of the
+ * ranks' GEMMs, and a shard in the compute pool, resident (issue 29, item 4). The shard stays
+ * offloaded throughout (loom_fsdp_is_offloaded true). */
 int loom__fsdp_param_ahead(fsdp_unit *u);
 /* Where to reduce-scatter the unit's gradient (its old bytes are not needed): the gradient
  * shard, or, with gradients offloaded, this rank's slice of the local gradient itself (in

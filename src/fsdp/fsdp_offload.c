@@ -257,9 +257,10 @@ static bool host_tier(const loom_fsdp *f) {
 }
 
 int loom__fsdp_param_ahead(fsdp_unit *u) {
-  /* the gather reads the tier's low-precision copy straight into its buffer, as the host
-   * tier's: a f32 shard brought back ahead would be read for nothing */
-  if (host_tier(u->f) || loom__fsdp_low_readable(u, u->f->fwd_dtype)) return LOOM_OK;
+  /* a gather that reads its part straight out of the tier (f32, the low-precision copy, the
+   * host tier's buffers) needs no shard brought back ahead of it: that shard would be one more
+   * in the compute pool, resident, and one more copy */
+  if (loom__fsdp_param_readable(u, u->f->fwd_dtype)) return LOOM_OK;
   return loom__fsdp_param_prefetch(u);
 }
 

@@ -172,7 +172,7 @@ static int stream_units(loom_fsdp *f, loom_optim *opt, size_t u0, size_t u1, flo
   s.chunk_of = loom__calloc(LOOM_POOL_META, s.nitems ? s.nitems : 1, sizeof(size_t));
   if (!s.unit_of || !s.chunk_of) rc = loom__fail(LOOM_ENOMEM, "fsdp: out of memory for a pass");
   size_t item = 0;
-  bool any_streamed = false;
+  unsigned streamed = 0; /* the kinds that go through chunk buffers */
   for (size_t i = u0; i < u1 && !rc; i++) {
     fsdp_unit *u = &f->units[i];
     for (size_t ch = 0; ch < u->off.nchunks; ch++, item++) {
@@ -182,14 +182,14 @@ static int stream_units(loom_fsdp *f, loom_optim *opt, size_t u0, size_t u1, flo
     for (int k = 0; k < OFF_KINDS; k++)
       if (((read | write) & (1u << k)) && kind_offloaded(&s, u, k) &&
           (loom__ostore_tier(f->store) == LOOM__OTIER_DISK || !u->off.k[k].stored))
-        any_streamed = true; /* the host tier's stored bytes are worked on in place */
+        streamed |= 1u << k; /* the host tier's stored bytes are worked on in place */
   }
   size_t ring_n = 0; /* a chunk, or the largest shard when that is smaller */
   for (size_t i = 0; i < f->nunits; i++) ring_n = f->units[i].shard > ring_n ? f->units[i].shard : ring_n;
   if (ring_n > f->chunk) ring_n = f->chunk;
-  for (size_t i = 0; i < s.nsets && any_streamed && !rc; i++)
+  for (size_t i = 0; i < s.nsets && !rc; i++)
     for (int k = 0; k < OFF_KINDS && !rc; k++) {
-      if (!((read | write) & (1u << k))) continue;
+      if (!(streamed & (1u << k))) continue;
       if (!(s.set[i].buf[k] = loom__malloc(LOOM_POOL_COMPUTE, (ring_n ? ring_n : 1) * sizeof(float))))
         rc = loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory for a %zu-byte chunk buffer",
                         ring_n * sizeof(float));
