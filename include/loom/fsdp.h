@@ -163,9 +163,12 @@ typedef struct loom_fsdp_offload_cfg {
                                     reduce-scattered; default true */
   bool offload_parameters;       /* OffloadParameters: each parameter shard leaves once its
                                     gather is done; default true */
-  bool prefetch_parameters;      /* PrefetchParameters: bring parameter shards back ahead of
-                                    the gathers (disk tier; the host tier's gathers read its
-                                    buffers); false: when needed, waiting; default true */
+  bool prefetch_parameters;      /* PrefetchParameters: read each gather's part out of the
+                                    tier as the all-gather's first step, beside the compute of
+                                    the unit before (and, under mixed precision on the disk tier
+                                    without a current low-precision copy, bring the f32 shard
+                                    back prefetch_steps units ahead to be cast); false: when
+                                    needed, waiting; default true */
   bool prefetch_gradients;       /* PrefetchGradients: stream gradients and optimizer state
                                     into the step ahead of it (double buffered); default true */
   int prefetch_steps;            /* PrefetchSteps: units ahead, 0..10 (0: no prefetch at all);
@@ -360,11 +363,13 @@ int loom_fsdp_check_overflow(loom_fsdp *f, bool *overflow);
 /* ---- offload (cfg.offload) ------------------------------------------------------------- */
 
 /* With offload on, the step's bytes live in the tier between uses:
- *   - parameter shards are put there by create and come back for each gather, leaving once
- *     the gather is done: from the disk tier prefetched prefetch_steps units ahead of it; from
- *     the host tier read (or cast) by the gather straight out of the tier's buffers into its
- *     own part of the gathered buffer, with no prefetch (on a CPU that would be a second copy,
- *     taking its cycles from the computation, and a shard in the compute pool);
+ *   - parameter shards are put there by create and each gather reads its own part straight
+ *     out of the tier into the gathered buffer (the disk tier's I/O threads, the host tier's
+ *     buffers, cast there under mixed precision; or the low-precision copy, cfg.offload.
+ *     low_precision_params), with no shard brought back first (on a CPU that would be a second
+ *     copy, taking its cycles from the computation, and a shard in the compute pool); only
+ *     under mixed precision on the disk tier without a current copy does the f32 shard come
+ *     back, prefetch_steps units ahead, to be cast;
  *   - gradient shards leave (asynchronously) as each reduce-scatter completes;
  *   - the optimizer's state never needs to be whole in the compute pool: the optimizer step
  *     (loom_fsdp_optim_step) streams every unit's parameters, gradients and state through a

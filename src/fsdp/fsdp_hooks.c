@@ -11,7 +11,9 @@
  * reverse of the order the units finished forward), and gives each parameter a gradient view
  * into one f32 local-gradient buffer of the unit's padded length. Each parameter's gradient hook
  * counts the unit down; the last one reduce-scatters the buffer (averaged) into the rank's
- * gradient shard, asynchronously. The end of backward (a queued callback) reduces what is left,
+ * gradient shard, asynchronously; once that completes the optimizer steps the unit there and
+ * then with cfg.optim_in_backward (loom__fsdp_step_unit), or the shard leaves for the offload
+ * tier. The end of backward (a queued callback) reduces what is left,
  * waits, frees every local gradient and reshards every unit. With sync off the local gradients
  * stay and accumulate. */
 #include "fsdp/fsdp_int.h"

@@ -3,8 +3,8 @@
  * policies and flat layouts), fsdp_gather.c (gather, reshard, the parameters' views),
  * fsdp_share.c (gathered buffers shared by ranks in one process), fsdp_hooks.c (forward and
  * backward hooks, reduce-scatter, finish, no_sync), fsdp_amp.c (the specification's
- * integration: overflow, loss scale), fsdp_state.c (full state dict) and fsdp_ckpt.c (sharded
- * checkpoints). */
+ * integration: overflow, loss scale), fsdp_state.c (full state dict), fsdp_ckpt.c (sharded
+ * checkpoints), and the offloader's fsdp_offload.c, fsdp_stream.c and fsdp_lowp.c. */
 #ifndef LOOM_FSDP_INT_H
 #define LOOM_FSDP_INT_H
 
