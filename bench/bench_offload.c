@@ -18,6 +18,14 @@
  *                 time, the resident memory's floor;
  *   disk p1 cache disk p1 with loom's allocator cache on (its default): no fresh pages to fault
  *                 in for each gathered unit, gradient and chunk buffer, more resident memory;
+ *   fsdp bf16, host p1 bf16, disk p1 bf16, disk p0 bf16   FSDP mixed precision with a bf16
+ *                 forward (the gathers move bf16), with the tier's low-precision parameter copy
+ *                 (the default: the gathers read it, the optimizer step writes it);
+ *                 "fsdp bf16" is their reference for step / fsdp;
+ *   host p1 bf16 nocopy, disk p1 bf16 nocopy   the same without that copy
+ *                 (low_precision_params false: the gathers read the f32 shard and cast it);
+ *   disk p1 oib, disk p1 bf16 oib   disk p1 and disk p1 bf16 with the optimizer step inside
+ *                 backward (cfg.optim_in_backward): no gradient goes to the tier and back;
  *   disk p1, p0   the same on the disk tier, in a folder of the first argument (default
  *                 /var/tmp). The whole page cache is dropped before each run (sync;
  *                 drop_caches 1 when writable), and the tier file's pages before every step
@@ -41,10 +49,10 @@
  * the largest over the ranks. What offload has to keep in the compute pool ("in flight"): the
  * no-offload run's peak less its state between steps (the gathered units, local gradients and
  * activations of the step, which offload does not change), plus, with prefetch on the disk
- * tier, the parameter shard brought back ahead of its gather (gathers read straight into their
+ * tier under bf16 without the low-precision copy, the parameter shard brought back ahead of its
+ * gather to be cast (every other gather reads its part straight out of the tier into its
  * buffer, and gradients are reduce-scattered in place, so nothing else of a shard is in the
- * compute pool; on the host tier nothing comes back ahead: gathers read the tier's buffers),
- * plus on the disk tier the optimizer's chunk ring (3 sets of 4 chunks of chunk_bytes; the host
+ * compute pool), plus on the disk tier the optimizer's chunk ring (3 sets of 4 chunks of chunk_bytes; the host
  * tier's step works on the tier's buffers). Targets (the offload issue):
  * compute peak <= 1.1 x that, and <= 0.4 x the no-offload peak; disk RSS <= 35% of the training
  * state; step host p1 <= 1.2 x fsdp, disk p1 <= 2 x; exposed wait <= 30% of the transfer time.
@@ -95,6 +103,10 @@ typedef struct config {
   bool buffered;  /* disk: LOOM_OFFLOAD_DIRECT=0 (page cache, no O_DIRECT) */
   bool lean;      /* FSDP's gathers not issued ahead (forward_prefetch = backward_prefetch = 0) */
   bool cache;     /* disk: loom's allocator cache left on (its default) */
+  bool bf16;      /* FSDP mixed precision, bf16 forward (loom_fsdp_mp_cfg_for(LOOM_BF16)) */
+  bool no_copy;   /* bf16: no low-precision parameter copy in the tier (the gathers read and
+                     cast the f32 shard) */
+  bool oib;       /* the optimizer step inside backward (cfg.optim_in_backward) */
 } config;
 
 typedef struct result {
@@ -200,6 +212,8 @@ static int rank_main(loom_pg *pg, void *arg) {
   BENCH_CHECK(loom_nn_mlp_create(sizes, NSIZES, LOOM_ACT_RELU, LOOM_F32, 1, &m));
   loom_fsdp_cfg fc = loom_fsdp_cfg_default();
   if (c->lean) fc.forward_prefetch = fc.backward_prefetch = 0;
+  if (c->bf16) fc.mp = loom_fsdp_mp_cfg_for(LOOM_BF16);
+  fc.optim_in_backward = c->oib;
   loom_adam_cfg ac = loom_adamw_cfg_default();
   if (c->offload) {
     fc.offload = loom_fsdp_offload_cfg_default();
@@ -208,6 +222,7 @@ static int rank_main(loom_pg *pg, void *arg) {
     fc.offload.prefetch_steps = c->prefetch;
     fc.offload.chunk_bytes = CHUNK_BYTES;
     fc.offload.io_threads = c->io_threads;
+    fc.offload.low_precision_params = !c->no_copy;
     ac.state_pool = LOOM_POOL_HOST;
   }
   j->r.params = (double)loom_module_numel(m);
@@ -218,6 +233,7 @@ static int rank_main(loom_pg *pg, void *arg) {
   size_t nseg = 0;
   BENCH_CHECK(loom_fsdp_segments(f, &fs, &nseg));
   BENCH_CHECK(loom_optim_create_adamw(fs, nseg, &ac, &opt));
+  BENCH_CHECK(loom_fsdp_set_optim(f, opt)); /* backward steps with it (optim_in_backward) */
   for (size_t u = 0; u < nseg; u++)
     if (4.0 * (double)fs[u].n > j->r.shard_max && rank == 0) j->r.shard_max = 4.0 * (double)fs[u].n;
   srand(1 + (unsigned)rank);
@@ -400,17 +416,39 @@ static result run(const config *c, const char *dir, int steps) {
 }
 
 
+#define HOST LOOM_FSDP_TIER_HOST
+#define DISK LOOM_FSDP_TIER_DISK
 static const config configs[] = {
-    {"fsdp", false, LOOM_FSDP_TIER_HOST, 1, 0, false, false, false},   {"host p1", true, LOOM_FSDP_TIER_HOST, 1, 0, false, false, false},
-    {"host p0", true, LOOM_FSDP_TIER_HOST, 0, 0, false, false, false},  {"disk p1", true, LOOM_FSDP_TIER_DISK, 1, 0, false, false, false},
-    {"disk p0", true, LOOM_FSDP_TIER_DISK, 0, 0, false, false, false},  {"disk p1 t1", true, LOOM_FSDP_TIER_DISK, 1, 1, false, false, false},
-    {"disk p0 t1", true, LOOM_FSDP_TIER_DISK, 0, 1, false, false, false}, {"disk p1 buf", true, LOOM_FSDP_TIER_DISK, 1, 0, true, false, false},
-    {"disk p0 buf", true, LOOM_FSDP_TIER_DISK, 0, 0, true, false, false},
-    {"disk p1 g0", true, LOOM_FSDP_TIER_DISK, 1, 0, false, true, false},
-    {"disk p1 cache", true, LOOM_FSDP_TIER_DISK, 1, 0, false, false, true}};
+    {.name = "fsdp", .offload = false, .tier = HOST, .prefetch = 1},
+    {.name = "host p1", .offload = true, .tier = HOST, .prefetch = 1},
+    {.name = "host p0", .offload = true, .tier = HOST, .prefetch = 0},
+    {.name = "disk p1", .offload = true, .tier = DISK, .prefetch = 1},
+    {.name = "disk p0", .offload = true, .tier = DISK, .prefetch = 0},
+    {.name = "disk p1 t1", .offload = true, .tier = DISK, .prefetch = 1, .io_threads = 1},
+    {.name = "disk p0 t1", .offload = true, .tier = DISK, .prefetch = 0, .io_threads = 1},
+    {.name = "disk p1 buf", .offload = true, .tier = DISK, .prefetch = 1, .buffered = true},
+    {.name = "disk p0 buf", .offload = true, .tier = DISK, .prefetch = 0, .buffered = true},
+    {.name = "disk p1 g0", .offload = true, .tier = DISK, .prefetch = 1, .lean = true},
+    {.name = "disk p1 cache", .offload = true, .tier = DISK, .prefetch = 1, .cache = true},
+    {.name = "fsdp bf16", .offload = false, .tier = HOST, .prefetch = 1, .bf16 = true},
+    {.name = "host p1 bf16", .offload = true, .tier = HOST, .prefetch = 1, .bf16 = true},
+    {.name = "host p1 bf16 nocopy", .offload = true, .tier = HOST, .prefetch = 1, .bf16 = true, .no_copy = true},
+    {.name = "disk p1 bf16", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true},
+    {.name = "disk p0 bf16", .offload = true, .tier = DISK, .prefetch = 0, .bf16 = true},
+    {.name = "disk p1 bf16 nocopy", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .no_copy = true},
+    {.name = "disk p1 oib", .offload = true, .tier = DISK, .prefetch = 1, .oib = true},
+    {.name = "disk p1 bf16 oib", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .oib = true}};
 enum { NC = sizeof configs / sizeof configs[0] };
 
 static bool is_disk(const config *c) { return c->offload && c->tier == LOOM_FSDP_TIER_DISK; }
+
+/* The reference of configuration i's step ratios: "fsdp bf16" for a bf16 one when it runs,
+ * else "fsdp" (cs[0]). */
+static int ref_of(const config *const *cs, int nc, int i) {
+  for (int k = 1; k < nc && cs[i]->bf16; k++)
+    if (!cs[k]->offload && cs[k]->bf16) return k;
+  return 0;
+}
 
 /* `mpirun -n 2 bench_offload --mpi CONFIG [dir] [steps]`: one configuration, one rank per
  * process; each process prints its own peak RSS (the training's, VmHWM reset after the warm-up
@@ -471,7 +509,9 @@ int main(int argc, char **argv) {
   if (steps < 1 || steps > MAXSTEPS || rounds < 1 || rounds > 16) {
     fprintf(stderr, "usage: bench_offload [dir] [steps 1..%d] [rounds 1..16] [configs: comma "
             "separated, of fsdp, host p1, host p0, disk p1, disk p0, disk p1 t1, disk p0 t1, "
-            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache; default all]\n", MAXSTEPS);
+            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, fsdp bf16, host p1 bf16, host p1 bf16 "
+            "nocopy, disk p1 bf16, disk p0 bf16, disk p1 bf16 nocopy, disk p1 oib, disk p1 bf16 oib; "
+            "default all]\n", MAXSTEPS);
     return 2;
   }
   const config *cs[NC];
@@ -491,12 +531,12 @@ int main(int argc, char **argv) {
       /* the floor right after the run it is the floor of: the same load on the machine */
       if (is_disk(cs[i])) floor_s[k][i] = disk_floor(dir, &rs[k][i]);
     }
-  printf("\n%-10s %8s %8s %8s %8s %8s %8s %7s %7s %7s %8s %8s\n", "config", "peak MB", "state MB",
+  printf("\n%-19s %8s %8s %8s %8s %8s %8s %7s %7s %7s %8s %8s\n", "config", "peak MB", "state MB",
          "host MB", "file MB", "RSS MB", "RSSbuild", "step s", "cpu s", "wait s", "xfer s",
          "moved MB");
   for (int i = 0; i < nc; i++) {
     const result *r = &rs[rounds - 1][i];
-    printf("%-10s %8.0f %8.0f %8.0f %8.0f %8.0f %8.0f %7.3f %7.3f %7.3f %8.3f %8.0f", cs[i]->name,
+    printf("%-19s %8.0f %8.0f %8.0f %8.0f %8.0f %8.0f %7.3f %7.3f %7.3f %8.3f %8.0f", cs[i]->name,
            MB(worst(r->peak)), MB(worst(r->state)), MB(worst(r->host)), MB(worst(r->file)),
            MB(r->rss_train), MB(r->rss_build), r->step_s, r->cpu_s, r->wait_s, r->transfer_s,
            MB(r->moved));
@@ -512,7 +552,8 @@ int main(int argc, char **argv) {
          MB(transient));
   for (int i = 1; i < nc; i++) {
     bool disk = is_disk(cs[i]);
-    double prefetched = disk && cs[i]->prefetch ? base->shard_max : 0;
+    /* a shard comes back ahead of its gather only to be cast (bf16 with no copy) */
+    double prefetched = disk && cs[i]->prefetch && cs[i]->no_copy ? base->shard_max : 0;
     double ring = disk ? 12.0 * (double)CHUNK_BYTES : 0;
     double in_flight = transient + prefetched + ring, p = worst(rs[rounds - 1][i].peak);
     printf("compute peak, %s: %.0f MB; in flight (transient %.0f + prefetched shard %.0f + chunk "
@@ -535,19 +576,21 @@ int main(int argc, char **argv) {
            MB(NR * (rs[rounds - 1][i].moved - rs[rounds - 1][i].to_tier)));
   }
   double step_fsdp[16];
-  for (int k = 0; k < rounds; k++) step_fsdp[k] = rs[k][0].step_s;
   for (int i = 1; i < nc; i++) {
     double ratio[16], w[16];
+    int ref = ref_of(cs, nc, i);
+    if (!cs[i]->offload) continue;
+    for (int k = 0; k < rounds; k++) step_fsdp[k] = rs[k][ref].step_s;
     for (int k = 0; k < rounds; k++) {
-      ratio[k] = rs[k][i].step_s / rs[k][0].step_s;
+      ratio[k] = rs[k][i].step_s / rs[k][ref].step_s;
       w[k] = rs[k][i].transfer_s > 0 ? rs[k][i].wait_s / rs[k][i].transfer_s : 0;
     }
     char list[160] = "";
     for (int k = 0, o = 0; k < rounds && o < (int)sizeof list; k++)
       o += snprintf(list + o, sizeof list - (size_t)o, "%s%.2f", k ? " " : "", ratio[k]);
     double med = bench_median(ratio, rounds), wmed = bench_median(w, rounds);
-    printf("step %s / fsdp: %s -> median %.2f; exposed wait / transfer %.2f\n", cs[i]->name, list,
-           med, wmed);
+    printf("step %s / %s: %s -> median %.2f; exposed wait / transfer %.2f\n", cs[i]->name,
+           cs[ref]->name, list, med, wmed);
     if (!is_disk(cs[i])) continue;
     /* the floor: this configuration's traffic per step replayed with no compute, right after
      * its run in the same round */
@@ -556,7 +599,7 @@ int main(int argc, char **argv) {
     for (int k = 0, o = 0; k < rounds; k++) {
       fl[k] = floor_s[k][i];
       fr[k] = rs[k][i].step_s / fl[k];
-      fm[k] = rs[k][i].step_s / maxd(fl[k], rs[k][0].step_s);
+      fm[k] = rs[k][i].step_s / maxd(fl[k], rs[k][ref].step_s);
       fw[k] = (rs[k][i].step_s + rs[k][i].sync_s) / fl[k];
       if (o < (int)sizeof list)
         o += snprintf(list + o, sizeof list - (size_t)o, "%s%.2f", k ? " " : "", fr[k]);
@@ -576,12 +619,58 @@ int main(int argc, char **argv) {
     if (!cs[i]->offload || !cs[i]->prefetch) continue;
     for (int o = 1; o < nc; o++) {
       if (!cs[o]->offload || cs[o]->prefetch || cs[o]->tier != cs[i]->tier ||
-          cs[o]->io_threads != cs[i]->io_threads || cs[o]->buffered != cs[i]->buffered)
+          cs[o]->io_threads != cs[i]->io_threads || cs[o]->buffered != cs[i]->buffered ||
+          cs[o]->bf16 != cs[i]->bf16 || cs[o]->no_copy != cs[i]->no_copy || cs[o]->oib != cs[i]->oib)
         continue;
       double q[16];
       for (int k = 0; k < rounds; k++) q[k] = rs[k][i].step_s / rs[k][o].step_s;
       printf("prefetch on / off, %s / %s: median %.2f (target <= 1.00)\n", cs[i]->name,
              cs[o]->name, bench_median(q, rounds));
+    }
+  }
+  /* the optimizer step inside backward against after it, same everything else */
+  for (int i = 1; i < nc; i++) {
+    if (!cs[i]->oib) continue;
+    for (int o = 1; o < nc; o++) {
+      if (cs[o]->oib || !cs[o]->offload || cs[o]->tier != cs[i]->tier ||
+          cs[o]->prefetch != cs[i]->prefetch || cs[o]->bf16 != cs[i]->bf16 ||
+          cs[o]->no_copy != cs[i]->no_copy || cs[o]->io_threads != cs[i]->io_threads ||
+          cs[o]->buffered != cs[i]->buffered || cs[o]->lean != cs[i]->lean ||
+          cs[o]->cache != cs[i]->cache)
+        continue;
+      double fq[16], sq[16], mq[16];
+      for (int k = 0; k < rounds; k++) {
+        fq[k] = is_disk(cs[i]) ? floor_s[k][i] / floor_s[k][o] : 0;
+        sq[k] = rs[k][i].step_s / rs[k][o].step_s;
+        mq[k] = rs[k][i].moved / rs[k][o].moved;
+      }
+      printf("in backward / after, %s / %s: bytes moved %.3f (%.0f / %.0f MB per rank); floor "
+             "%.2f; step %.2f (medians)\n", cs[i]->name, cs[o]->name, bench_median(mq, rounds),
+             MB(rs[rounds - 1][i].moved), MB(rs[rounds - 1][o].moved), bench_median(fq, rounds),
+             bench_median(sq, rounds));
+    }
+  }
+  /* the low-precision parameter copy against none, same tier and prefetch, round by round:
+   * the bytes, the floor and the step */
+  for (int i = 1; i < nc; i++) {
+    if (!cs[i]->offload || !cs[i]->bf16 || cs[i]->no_copy || cs[i]->oib) continue;
+    for (int o = 1; o < nc; o++) {
+      if (!cs[o]->no_copy || cs[o]->tier != cs[i]->tier || cs[o]->prefetch != cs[i]->prefetch ||
+          cs[o]->oib != cs[i]->oib)
+        continue;
+      double fq[16], sq[16], mq[16], rq[16];
+      for (int k = 0; k < rounds; k++) {
+        fq[k] = is_disk(cs[i]) ? floor_s[k][i] / floor_s[k][o] : 0;
+        sq[k] = rs[k][i].step_s / rs[k][o].step_s;
+        mq[k] = rs[k][i].moved / rs[k][o].moved;
+        rq[k] = (rs[k][i].moved - rs[k][i].to_tier) / (rs[k][o].moved - rs[k][o].to_tier);
+      }
+      printf("copy / no copy, %s / %s: bytes moved %.3f, read %.3f (%.0f / %.0f MB per rank); "
+             "floor %.2f; step %.2f (medians)\n", cs[i]->name, cs[o]->name,
+             bench_median(mq, rounds), bench_median(rq, rounds),
+             MB(rs[rounds - 1][i].moved - rs[rounds - 1][i].to_tier),
+             MB(rs[rounds - 1][o].moved - rs[rounds - 1][o].to_tier), bench_median(fq, rounds),
+             bench_median(sq, rounds));
     }
   }
   return 0;

@@ -57,7 +57,8 @@ static const char *const plan_changing[] = {
     "checkpoint-activations", "eval-windows", "batch", "optim", "momentum", "amp", "scaler",
     "data", "limit", "eval-batch", "ranks", "backend", "strategy", "wrap", "unit-min",
     "reshard-after-forward", "gather-prefetch", "offload", "offload-tier", "offload-dir",
-    "prefetch", "json", "fit-memory", "fit", "hosts", "ranks-per-host", "link", "gflops", NULL};
+    "optim-in-backward", "prefetch", "json", "fit-memory", "fit", "hosts", "ranks-per-host", "link",
+    "gflops", NULL};
 
 /* Point the run-only options of table at given[] (set by cli_parse when one is given). */
 static void watch_run_only(cli_option *table, bool *given) {

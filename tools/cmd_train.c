@@ -196,6 +196,7 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
       {"offload-tier", CLI_CHOICE, &o->offload_tier, NULL, "FSDP --offload: where the offloaded bytes live: host memory, or one file per rank in --offload-dir", "host|disk", 0, 0, &c->seen_offload_tier, CLI_RANKS_SAME},
       {"offload-dir", CLI_STRING, &o->offload_dir, "DIR", "FSDP --offload-tier disk: an existing folder for the offload files (removed at the end)", NULL, 0, 0, &c->seen_offload_dir, CLI_RANKS_LOCAL},
       {"offload-io-threads", CLI_INT, &o->offload_io_threads, "N", "FSDP --offload: transfers to and from the tier in flight at once per rank, each on an I/O thread of its own (0: the tier's default, 4 on the disk, 1 on the host; results are bit-identical)", NULL, 0, 16, &c->seen_offload_io_threads, CLI_RANKS_LOCAL},
+      {"optim-in-backward", CLI_FLAG, &o->optim_in_backward, NULL, "FSDP: run each unit's optimizer step inside backward, as soon as its gradient is reduced (PyTorch's optimizer-in-backward): no gradient waits for the others or goes to the offload tier and back; not with --scaler dynamic (the default of --amp f16), which needs every gradient first (results are bit-identical)", NULL, 0, 0, &c->seen_optim_in_backward, CLI_RANKS_SAME},
       {"prefetch", CLI_INT, &o->prefetch, "N", "FSDP --offload: units whose offloaded bytes are brought back ahead of use (0: each waits when needed; host-tier parameters are read in place)", NULL, 0, 10, &c->seen_prefetch, CLI_RANKS_SAME},
       {0}};
   size_t n = 0;

@@ -36,6 +36,7 @@ typedef struct train_opts {
   long eval_every;                     /* validation loss every N steps too; 0: epochs' ends */
   long eval_windows;                   /* validation windows an evaluation takes; 0: all */
   bool checkpoint_activations;         /* recompute each block's forward in backward */
+  bool optim_in_backward;              /* FSDP: each unit's optimizer step inside backward */
   long epochs, batch, seed;
   double lr, weight_decay, momentum, loss_scale;
   double min_lr;                       /* --min-lr: the cosine schedule's floor */
@@ -131,6 +132,9 @@ typedef struct train_dry_result {
     size_t numel, padded, shard;
     bool kept;
   } unit[TRAIN_PLAN_MAX_UNITS];
+  /* FSDP offload: the second step's bytes read from and written to the tier on this rank
+   * (loom_fsdp_stats' offload_from_bytes, offload_to_bytes) */
+  uint64_t offload_read_bytes, offload_write_bytes;
 } train_dry_result;
 int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r);
 

@@ -26,8 +26,9 @@ static size_t pool_now(loom_pool pool) {
   return ps.current_bytes;
 }
 
-/* The wrapper's collective bytes so far: gathers, reduce-scatters, replica and DDP all-reduces. */
-static void step_bytes(const trainer *t, uint64_t c[4]) {
+/* The wrapper's collective bytes so far: gathers, reduce-scatters, replica and DDP all-reduces;
+ * then the offload tier's bytes read and written. */
+static void step_bytes(const trainer *t, uint64_t c[6]) {
   loom_fsdp_stats fs;
   loom_ddp_stats ds;
   loom_fsdp *f = train_par_fsdp(t->par);
@@ -36,6 +37,8 @@ static void step_bytes(const trainer *t, uint64_t c[4]) {
     c[0] = fs.gather_bytes;
     c[1] = fs.reduce_bytes;
     c[2] = fs.replica_bytes;
+    c[4] = fs.offload_from_bytes;
+    c[5] = fs.offload_to_bytes;
   }
   if (d && !loom_ddp_stats_get(d, &ds)) c[3] = ds.bytes;
 }
@@ -65,7 +68,7 @@ int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r) {
   int rc = trainer_setup(&t, pg);
   phase_peak(&r->build);
   if (!rc) r->params = loom_module_numel(t.model.root);
-  uint64_t c0[4] = {0}, c1[4] = {0};
+  uint64_t c0[6] = {0}, c1[6] = {0};
   if (!rc) loom_mem_dry_mark_written(); /* the step writes the gradients made untouched */
   for (int k = 0; k < 2 && !rc; k++) { /* the second step runs with what the first left */
     double loss = 0;
@@ -79,6 +82,8 @@ int train_run_dry(const train_opts *o, loom_pg *pg, train_dry_result *r) {
   r->replica_bytes = c1[2] - c0[2];
   r->allreduce_bytes = c1[3] - c0[3];
   if (!rc) dry_units(&t, r);
+  r->offload_read_bytes = c1[4] - c0[4];
+  r->offload_write_bytes = c1[5] - c0[5];
   phase_peak(&r->train);
   r->host_bytes = pool_now(LOOM_POOL_HOST); /* what offload keeps once a step has run */
   r->file_bytes = pool_now(LOOM_POOL_FILE);

@@ -206,12 +206,18 @@ static int unused(const train_opts *o, const train_cmdline *c) {
                           : c->seen_offload ? "offload" : c->seen_offload_tier ? "offload-tier"
                           : c->seen_offload_dir ? "offload-dir"
                           : c->seen_offload_io_threads ? "offload-io-threads"
+                          : c->seen_optim_in_backward ? "optim-in-backward"
                           : c->seen_prefetch ? "prefetch" : NULL;
   if (fsdp_only && !fsdp)
     return usage("--%s: an FSDP option; it needs --strategy fsdp (or hsdp)", fsdp_only);
   if (c->seen_unit_min && strcmp(o->wrap, "size") != 0)
     return usage("--unit-min: the size of a unit under --wrap size; this run has --wrap %s",
                  o->wrap);
+  if (o->optim_in_backward && strcmp(o->scaler, "dynamic") == 0)
+    return usage("--optim-in-backward: each unit steps as soon as its gradient is reduced, and "
+                 "--scaler dynamic%s needs every gradient checked for inf and NaN first; give "
+                 "--scaler off or drop --optim-in-backward",
+                 strcmp(o->amp, "f16") == 0 ? " (--amp f16's default)" : "");
   if (fsdp && strcmp(o->scaler, "static") == 0)
     return usage("--scaler static: FSDP's mixed precision scales the loss dynamically (its "
                  "specification's scaler); use --scaler dynamic or off");

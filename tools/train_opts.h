@@ -24,7 +24,8 @@ typedef struct train_cmdline {
       seen_min_lr;
   /* --model gpt: its options, and the ones whose default differs for it */
   bool seen_layers, seen_heads, seen_dim, seen_context, seen_text, seen_eval_every,
-      seen_eval_windows, seen_batch, seen_epochs, seen_eval_batch, seen_checkpoint_activations;
+      seen_eval_windows, seen_batch, seen_epochs, seen_eval_batch, seen_checkpoint_activations,
+      seen_optim_in_backward;
   char dirs[3][PATH_MAX];         /* --save, --resume, --data without trailing slashes */
   /* the options recorded in the run's checkpoints (train_resume_record): "cli" = the count,
    * then "cli.<option>" = the value as written */

@@ -141,6 +141,7 @@ static int make_fsdp(loom_pg *pg, loom_pg *replica, const train_opts *o, train_m
   c.reshard_after_forward = strcmp(o->reshard, "yes") == 0;
   c.forward_prefetch = c.backward_prefetch = (int)o->gather_prefetch;
   train_offload_cfg(o, &c.offload);
+  c.optim_in_backward = o->optim_in_backward;
   loom_dtype dt = LOOM_F32;
   if (strcmp(o->amp, "off") != 0 && loom_dtype_parse(o->amp, &dt) == LOOM_OK) {
     c.mp = loom_fsdp_mp_cfg_for(dt);

@@ -127,6 +127,9 @@ int train_plan(const train_opts *o, plan_result *r) {
     if (x->params > r->params) r->params = x->params;
     if (x->host_bytes > r->host_bytes) r->host_bytes = x->host_bytes;
     if (x->file_bytes > r->file_bytes) r->file_bytes = x->file_bytes;
+    if (x->offload_read_bytes > r->offload_read_bytes) r->offload_read_bytes = x->offload_read_bytes;
+    if (x->offload_write_bytes > r->offload_write_bytes)
+      r->offload_write_bytes = x->offload_write_bytes;
   }
   if (!rc) { /* every rank issues the same collectives: rank 0's */
     r->gather_bytes = d->r[0].gather_bytes;
@@ -196,6 +199,13 @@ void train_plan_print(FILE *f, const train_opts *o, const plan_result *r) {
     fprintf(f, "offloaded per rank: %s in the offload file, %s in the host pool\n", file, pk);
   else if (r->host_bytes)
     fprintf(f, "offloaded per rank: %s in the host pool\n", pk);
+  if (r->offload_read_bytes || r->offload_write_bytes) {
+    char rd[32], wr[32];
+    mib(rd, sizeof rd, (size_t)r->offload_read_bytes);
+    mib(wr, sizeof wr, (size_t)r->offload_write_bytes);
+    fprintf(f, "offload traffic per step and rank: %s read from the tier, %s written to it\n",
+            rd, wr);
+  }
   if (!r->hosts) return;
   double mb = 1e6;
   fprintf(f, "communication per step: %.2f MB each way through each host's link (%d host%s x %d "
@@ -236,9 +246,11 @@ void train_plan_print_json(FILE *f, const train_opts *o, const plan_result *r) {
   fputs(", ", f);
   json_phase(f, "eval", &r->eval);
   fprintf(f, ", \"step_gather_bytes\": %llu, \"step_reduce_scatter_bytes\": %llu, "
-          "\"step_replica_allreduce_bytes\": %llu, \"step_allreduce_bytes\": %llu",
+          "\"step_replica_allreduce_bytes\": %llu, \"step_allreduce_bytes\": %llu, "
+          "\"step_offload_read_bytes\": %llu, \"step_offload_write_bytes\": %llu",
           (unsigned long long)r->gather_bytes, (unsigned long long)r->reduce_scatter_bytes,
-          (unsigned long long)r->replica_bytes, (unsigned long long)r->allreduce_bytes);
+          (unsigned long long)r->replica_bytes, (unsigned long long)r->allreduce_bytes,
+          (unsigned long long)r->offload_read_bytes, (unsigned long long)r->offload_write_bytes);
   if (r->hosts)
     fprintf(f, ", \"hosts\": %d, \"ranks_per_host\": %d, \"link_gbps\": %g, "
             "\"link_bytes\": %.0f, \"link_seconds\": %.6f", r->hosts, r->ranks_per_host,

@@ -26,6 +26,8 @@ typedef struct plan_result {
   size_t params;         /* parameter count of the model */
   size_t host_bytes;     /* FSDP offload: bytes kept in the host pool per rank */
   size_t file_bytes;     /* FSDP offload: bytes kept in the offload file per rank (tier disk) */
+  uint64_t offload_read_bytes, offload_write_bytes; /* FSDP offload: one step's bytes read from
+                                                     * and written to the tier per rank */
   bool widened;          /* --amp on a CPU without a native kernel: products widened to f32 */
   /* one step's collectives on a rank, by buffer bytes (train_dry_result's) */
   uint64_t gather_bytes, reduce_scatter_bytes, replica_bytes, allreduce_bytes;

@@ -1,10 +1,11 @@
 /* train_run.c: the training loop of `loom train`. A step is the library's recipe (loom/step.h,
- * the same calls with no strategy, DDP and FSDP): batch (epoch, index) from the random-access
- * loader (this rank's rows of it), zero_grad, forward under autocast, cross-entropy,
- * loom_step_backward (loss x scale, gradients averaged over ranks); then the tool's own check
- * over the ranks (a non-finite loss or a signal stops every rank before the update); then the
- * learning rate of the step and loom_step_apply (overflow flag over ranks, unscale, optimizer
- * step unless the step overflowed, scaler update). The learning rate is a function of the step
+ * the same calls with no strategy, DDP and FSDP): the learning rate of the step, batch (epoch,
+ * index) from the random-access loader (this rank's rows of it), zero_grad, forward under
+ * autocast, cross-entropy, loom_step_backward (loss x scale, gradients averaged over ranks;
+ * with --optim-in-backward each FSDP unit steps there); then the tool's own check over the
+ * ranks (a non-finite loss or a signal stops every rank before the update); then
+ * loom_step_apply (overflow flag over ranks, unscale, optimizer step unless the step overflowed
+ * or backward took it, scaler update). The learning rate is a function of the step
  * index and the data of (seed, epoch, index), so a run resumed from a checkpoint takes exactly
  * the steps an uninterrupted one would. After each epoch: test accuracy, checkpoint (with the
  * step's scaler). At the end: a one-line summary (and one about FSDP offload when it is on). */
@@ -152,9 +153,12 @@ static int diverged(int64_t s, double loss, const char *when) {
 int trainer_step(trainer *t, double *loss_value, loom_step_result *res) {
   int64_t s = t->st.step, spe = t->st.steps_per_epoch;
   loom_tensor *x = NULL, *y = NULL, *loss = NULL;
+  /* the step's learning rate before backward: with --optim-in-backward, backward steps */
+  int rc;
+  TRY(loom_optim_set_lr(t->opt, loom_lr_at(&t->sched, s)), "learning rate");
   loom_mem_set_tag(TRAIN_TAG_BATCH);
   int64_t b = t->o->batch;
-  int rc = t->dry && t->model.gpt ? trainer_dry_batch(t, b, &x, &y)
+  rc = t->dry && t->model.gpt ? trainer_dry_batch(t, b, &x, &y)
            : t->dry               ? trainer_dry_batch(t, b * t->nranks, &x, &y)
            : t->model.gpt ? loom_text_batch(t->text, (uint64_t)t->o->seed, (uint64_t)s,
                                             (size_t)(t->rank * b), (size_t)b,
@@ -189,7 +193,6 @@ int trainer_step(trainer *t, double *loss_value, loom_step_result *res) {
     return train_fail(LOOM_EABORTED, "interrupted before step %lld; %s", (long long)s + 1,
                       t->o->save ? "the last checkpoint written is intact" : "nothing saved");
   if (stop && !scales_loss(t)) return diverged(s, *loss_value, "before the update");
-  TRY(loom_optim_set_lr(t->opt, loom_lr_at(&t->sched, s)), "learning rate");
   TRY(loom_step_apply(t->step, res), "optimizer step");
   loom_mem_set_tag(TRAIN_TAG_OTHER);
   if (stop && !res->skipped) return diverged(s, *loss_value, "after the update");

@@ -163,9 +163,12 @@ typedef struct loom_fsdp_offload_cfg {
                                     reduce-scattered; default true */
   bool offload_parameters;       /* OffloadParameters: each parameter shard leaves once its
                                     gather is done; default true */
-  bool prefetch_parameters;      /* PrefetchParameters: bring parameter shards back ahead of
-                                    the gathers (disk tier; the host tier's gathers read its
-                                    buffers); false: when needed, waiting; default true */
+  bool prefetch_parameters;      /* PrefetchParameters: read each gather's part out of the
+                                    tier as the all-gather's first step, beside the compute of
+                                    the unit before (and, under mixed precision on the disk tier
+                                    without a current low-precision copy, bring the f32 shard
+                                    back prefetch_steps units ahead to be cast); false: when
+                                    needed, waiting; default true */
   bool prefetch_gradients;       /* PrefetchGradients: stream gradients and optimizer state
                                     into the step ahead of it (double buffered); default true */
   int prefetch_steps;            /* PrefetchSteps: units ahead, 0..10 (0: no prefetch at all);
@@ -177,6 +180,14 @@ typedef struct loom_fsdp_offload_cfg {
   int io_threads;                /* transfers in flight at once per rank, each on an I/O
                                     thread of its own, 0..16; 0 (default): 4 on the disk tier,
                                     1 on the host tier */
+  bool low_precision_params;     /* with mixed precision (a f16 / bf16 forward) and parameters
+                                    offloaded: keep a copy of each parameter shard in the
+                                    forward dtype in the tier, cast once per step as the
+                                    optimizer step writes the f32 shard, and let the gathers
+                                    read it instead of the f32 shard (half the bytes, no cast;
+                                    the same bits: a gather casts to that dtype anyway). Costs
+                                    half the parameter shard's bytes more in the tier. Ignored
+                                    without mixed precision. Default true */
 } loom_fsdp_offload_cfg;
 
 /* The specification's defaults (above). */
@@ -232,6 +243,15 @@ typedef struct loom_fsdp_cfg {
    * 0's shard group alone (an FSDP checkpoint of shard_size ranks, which FSDP or HSDP at any
    * rank count resume: loom_fsdp_load_sharded reshards), its outcome shared with every rank. */
   loom_pg *replica_pg;
+  /* The optimizer step inside backward (PyTorch's optimizer-in-backward): each unit's shard is
+   * stepped by the optimizer given to loom_fsdp_set_optim right after its gradient is
+   * reduce-scattered, so a gradient never waits for the others (and with offload never goes to
+   * the tier and back); loom_fsdp_optim_step after such a backward only checks and prefetches.
+   * The same bits as the step after backward, with a learning rate set before backward. Only
+   * where nothing needs the whole gradient first: refused (LOOM_EINVAL) with dynamic loss
+   * scaling (mp.use_loss_scaling), and loom_fsdp_clip_grad_norm refuses after such a backward
+   * (LOOM_EMISUSE). Default false. */
+  bool optim_in_backward;
 } loom_fsdp_cfg;
 
 loom_fsdp_cfg loom_fsdp_cfg_default(void);
@@ -343,11 +363,13 @@ int loom_fsdp_check_overflow(loom_fsdp *f, bool *overflow);
 /* ---- offload (cfg.offload) ------------------------------------------------------------- */
 
 /* With offload on, the step's bytes live in the tier between uses:
- *   - parameter shards are put there by create and come back for each gather, leaving once
- *     the gather is done: from the disk tier prefetched prefetch_steps units ahead of it; from
- *     the host tier read (or cast) by the gather straight out of the tier's buffers into its
- *     own part of the gathered buffer, with no prefetch (on a CPU that would be a second copy,
- *     taking its cycles from the computation, and a shard in the compute pool);
+ *   - parameter shards are put there by create and each gather reads its own part straight
+ *     out of the tier into the gathered buffer (the disk tier's I/O threads, the host tier's
+ *     buffers, cast there under mixed precision; or the low-precision copy, cfg.offload.
+ *     low_precision_params), with no shard brought back first (on a CPU that would be a second
+ *     copy, taking its cycles from the computation, and a shard in the compute pool); only
+ *     under mixed precision on the disk tier without a current copy does the f32 shard come
+ *     back, prefetch_steps units ahead, to be cast;
  *   - gradient shards leave (asynchronously) as each reduce-scatter completes;
  *   - the optimizer's state never needs to be whole in the compute pool: the optimizer step
  *     (loom_fsdp_optim_step) streams every unit's parameters, gradients and state through a
@@ -403,6 +425,15 @@ void loom_fsdp_prefetch_clear(loom_fsdp *f);
  * through the compute pool in chunks; bit-identical to the step without offload. Fails before
  * any parameter changes if a chunk cannot be read; opt must be over this wrapper's segments. */
 int loom_fsdp_optim_step(loom_fsdp *f, loom_optim *opt, float grad_scale);
+
+/* The optimizer that steps each unit inside backward (cfg.optim_in_backward), borrowed: it must
+ * outlive its use or be replaced (NULL: none). Any wrapper takes one (it is used only with
+ * optim_in_backward); LOOM_EINVAL if it is not over this wrapper's segments, LOOM_EMISUSE
+ * during a backward. A backward with optim_in_backward and no optimizer fails with
+ * LOOM_EMISUSE at its first hook. */
+int loom_fsdp_set_optim(loom_fsdp *f, loom_optim *opt);
+/* cfg.optim_in_backward of the wrapper (false for NULL). */
+bool loom_fsdp_optim_in_backward(const loom_fsdp *f);
 
 /* ---- checkpoints ------------------------------------------------------------------------ */
 

@@ -48,6 +48,10 @@ int loom_fsdp_cfg_validate(const loom_fsdp_cfg *cfg) {
     return loom__fail(LOOM_EINVAL, "fsdp cfg: backward_prefetch %d must be within 0..%d",
                       cfg->backward_prefetch, MAX_PREFETCH);
   int rc = cfg->mp.enabled ? loom_fsdp_mp_cfg_validate(&cfg->mp) : LOOM_OK;
+  if (!rc && cfg->optim_in_backward && cfg->mp.enabled && cfg->mp.use_loss_scaling)
+    rc = loom__fail(LOOM_EINVAL, "fsdp cfg: optim_in_backward with dynamic loss scaling "
+                    "(mp.use_loss_scaling): a step may not run before every gradient is checked "
+                    "for inf and NaN; turn one of them off");
   return rc ? rc : loom_fsdp_offload_cfg_validate(&cfg->offload);
 }
 
@@ -369,6 +373,10 @@ int loom_fsdp_clip_grad_norm(loom_fsdp *f, double max_norm, bool error_if_nonfin
                              double *total_norm) {
   static const char *who = "loom_fsdp_clip_grad_norm";
   if (!f) return loom__fail(LOOM_EINVAL, "%s: fsdp is NULL", who);
+  if (f->cfg.optim_in_backward)
+    return loom__fail(LOOM_EMISUSE, "%s: optim_in_backward is on: backward steps each unit as "
+                      "its gradient is reduced, before a norm of the whole gradient exists to "
+                      "clip with; turn one of them off", who);
   int rc = loom__clip_check(who, max_norm);
   if (rc) return rc;
   sumsq_ctx c = {{0}, 0};

@@ -11,7 +11,9 @@
  * reverse of the order the units finished forward), and gives each parameter a gradient view
  * into one f32 local-gradient buffer of the unit's padded length. Each parameter's gradient hook
  * counts the unit down; the last one reduce-scatters the buffer (averaged) into the rank's
- * gradient shard, asynchronously. The end of backward (a queued callback) reduces what is left,
+ * gradient shard, asynchronously; once that completes the optimizer steps the unit there and
+ * then with cfg.optim_in_backward (loom__fsdp_step_unit), or the shard leaves for the offload
+ * tier. The end of backward (a queued callback) reduces what is left,
  * waits, frees every local gradient and reshards every unit. With sync off the local gradients
  * stay and accumulate. */
 #include "fsdp/fsdp_int.h"
@@ -84,6 +86,10 @@ static int fwd_post(loom_module *m, loom_tensor *out, int rc_fwd, void *ctx) {
 static int finish_cb(void *ctx) { return loom_fsdp_finish(ctx); }
 
 static int begin_step(loom_fsdp *f) {
+  if (f->cfg.optim_in_backward && f->sync && !f->step_opt)
+    return loom__fail(LOOM_EMISUSE, "fsdp: optim_in_backward is on and no optimizer was given "
+                      "(loom_fsdp_set_optim): backward has nothing to step with");
+  f->oib_stepped = false;
   f->in_step = true;
   f->step_status = LOOM_OK;
   f->order_closed = true;
@@ -130,15 +136,24 @@ static void drop_local_grad(fsdp_unit *u) {
   u->full_grad = NULL;
 }
 
-/* The unit's reduce-scatter has completed (status rc): its gradient leaves for the offload tier
- * (which takes the local gradient when it was reduced in place), the local gradient goes. */
+/* The unit's gradient is reduced: the optimizer steps the unit now (cfg.optim_in_backward),
+ * or it leaves for the offload tier (which takes the local gradient when it was reduced in
+ * place). */
+static int gradient_ready(fsdp_unit *u) {
+  loom_fsdp *f = u->f;
+  if (f->cfg.optim_in_backward && f->sync) return loom__fsdp_step_unit(u, u->rs_recv);
+  return loom__fsdp_grad_done(u);
+}
+
+/* The unit's reduce-scatter has completed (status rc): gradient_ready, and the local gradient
+ * goes. */
 static int reduced(fsdp_unit *u, int rc) {
   if (u->rs_shard) { /* the replica all-reduce ended before its first step waited for it */
     int rc2 = loom_work_wait(&u->rs_shard);
     if (!rc) rc = rc2;
   }
   unbind_local_grad(u);
-  if (!rc) rc = loom__fsdp_grad_done(u);
+  if (!rc) rc = gradient_ready(u);
   drop_local_grad(u); /* NULL if the offloader took it */
   return rc;
 }
@@ -189,6 +204,7 @@ static int post_backward(fsdp_unit *u) {
   if ((rc = reap_done(f))) return rc;
   float *recv = NULL;
   if ((rc = loom__fsdp_grad_target(u, &recv))) return rc;
+  u->rs_recv = recv;
   u->rs_issued = loom__now();
   rc = loom_pg_reduce_scatter(f->pg, loom_tensor_data(u->full_grad), recv, u->shard, LOOM_F32,
                               LOOM_AVG, f->replica ? &u->rs_shard : &u->rs_work);
@@ -279,7 +295,8 @@ int loom_fsdp_finish(loom_fsdp *f) {
       float *zero = NULL; /* no local gradient: a zero shard */
       if (!(rc = loom__fsdp_grad_target(u, &zero))) {
         if (!loom__dry()) memset(zero, 0, u->shard * sizeof(float));
-        rc = loom__fsdp_grad_done(u);
+        u->rs_recv = zero;
+        rc = gradient_ready(u);
       }
     }
   }
@@ -289,6 +306,8 @@ int loom_fsdp_finish(loom_fsdp *f) {
   }
   int rc_settle = loom__fsdp_grad_settle(f);
   if (!rc) rc = rc_settle;
+  int rc_close = loom__fsdp_step_close(f, rc == LOOM_OK);
+  if (!rc) rc = rc_close;
   for (size_t i = 0; i < f->nunits; i++) {
     int rc2 = loom__fsdp_reshard(&f->units[i]);
     if (!rc) rc = rc2;

@@ -3,8 +3,8 @@
  * policies and flat layouts), fsdp_gather.c (gather, reshard, the parameters' views),
  * fsdp_share.c (gathered buffers shared by ranks in one process), fsdp_hooks.c (forward and
  * backward hooks, reduce-scatter, finish, no_sync), fsdp_amp.c (the specification's
- * integration: overflow, loss scale), fsdp_state.c (full state dict) and fsdp_ckpt.c (sharded
- * checkpoints). */
+ * integration: overflow, loss scale), fsdp_state.c (full state dict), fsdp_ckpt.c (sharded
+ * checkpoints), and the offloader's fsdp_offload.c, fsdp_stream.c and fsdp_lowp.c. */
 #ifndef LOOM_FSDP_INT_H
 #define LOOM_FSDP_INT_H
 
@@ -35,10 +35,16 @@ typedef struct off_kind {
   uint64_t *jobs;     /* nchunks ids of the transfer in flight (0: none) */
 } off_kind;
 
+/* The low-precision copy of the parameter shard (fsdp_lowp.c): not a kind of k[] (it has no
+ * compute-pool buffer and one slot set), named by this pseudo-kind where a kind is asked. */
+enum { OFF_LOW = OFF_KINDS };
+
 typedef struct off_unit {
   loom_tensor *grad_src; /* the local gradient whose slice (reduced in place) is on its way out */
   size_t nchunks;     /* chunks of the shard */
-  size_t slot0;       /* first store slot: slot = slot0 + (gen * OFF_KINDS + kind) * nchunks + c */
+  size_t slot0;       /* first store slot: slot = slot0 + (gen * OFF_KINDS + kind) * nchunks + c;
+                         the low-precision copy's after them: slot0 + 2 * OFF_KINDS * nchunks + c */
+  bool low_ok;        /* the tier's low-precision copy holds the current f32 shard, cast */
   off_kind k[OFF_KINDS];
 } off_unit;
 
@@ -79,6 +85,7 @@ struct fsdp_unit {
   size_t pending;        /* parameters whose gradient is not complete yet */
   loom_tensor *full_grad; /* padded f32: the local gradient, while it exists */
   loom_work *rs_work;    /* the reduce-scatter's (hybrid sharding: the replica all-reduce's) */
+  float *rs_recv;        /* where it reduces into (loom__fsdp_grad_target's answer) */
   loom_work *rs_shard;   /* hybrid sharding: the reduce-scatter, waited by the all-reduce's
                             first step on the replica group's thread (or by the reap) */
   double rs_issued;
@@ -123,6 +130,11 @@ struct loom_fsdp {
   bool sync;
   bool in_step;
   int step_status;
+  loom_optim *step_opt;  /* cfg.optim_in_backward: loom_fsdp_set_optim's (borrowed) */
+  bool oib_open;         /* this backward stepped a unit */
+  int64_t oib_step0;     /* step_opt's step count before it did */
+  bool oib_stepped;      /* the last backward stepped every unit: loom_fsdp_optim_step has
+                            nothing left to step */
   loom_fsdp_stats stats;
   loom__fsdp_share *share; /* the ranks' shared gathered buffers (fsdp_share.c); NULL: each
                             rank gathers into its own */
@@ -180,9 +192,10 @@ void loom__fsdp_offload_free(loom_fsdp *f);
 /* the unit's parameter shard in the compute pool (waiting for it, or reading it now) */
 int loom__fsdp_param_need(fsdp_unit *u);
 /* With parameters offloaded and not on their way back, a gather reads them straight into its
- * own part of the gathered buffer (loom__fsdp_param_into): true for f32 from either tier, and
- * for f16 / bf16 from the host tier, cast from its buffers where they are (the disk tier's
- * come into the shard first). */
+ * own part of the gathered buffer (loom__fsdp_param_into): true for f32 from either tier, for
+ * the forward dtype from the tier's low-precision copy while it is current (fsdp_lowp.c), and
+ * for f16 / bf16 from the host tier, cast from its buffers where they are (otherwise the disk
+ * tier's come into the shard first). */
 bool loom__fsdp_param_readable(const fsdp_unit *u, loom_dtype dt);
 /* Read (or cast) them into dst, of dtype dt, when loom__fsdp_param_readable. Safe on another
  * thread (the group's progress thread, as the all-gather's first step) while the rank computes:
@@ -193,12 +206,15 @@ int loom__fsdp_param_into(fsdp_unit *u, void *dst, loom_dtype dt);
 int loom__fsdp_param_done(fsdp_unit *u);
 /* start bringing the parameter shard back (with prefetch on) */
 int loom__fsdp_param_prefetch(fsdp_unit *u);
-/* The hooks' prefetch ahead of a gather: loom__fsdp_param_prefetch on the disk tier, nothing on
- * the host tier. There the tier's buffers are directly readable and the gather reads (or casts)
- * them straight into its own part of the gathered buffer (loom__fsdp_param_into: one pass, as
- * the all-gather's first step on the progress thread); bringing the shard back first would add
- * a second copy, whose cycles on a CPU come out of the ranks' GEMMs, and a shard in the compute
- * pool. The shard stays offloaded throughout (loom_fsdp_is_offloaded true). */
+/* The hooks' prefetch ahead of a gather: nothing where the gather can read its part straight
+ * out of the tier (loom__fsdp_param_readable in the forward dtype: f32 from either tier, the
+ * low-precision copy, the host tier's buffers cast), loom__fsdp_param_prefetch otherwise (the
+ * disk tier under mixed precision with no current copy: the f32 shard comes back to be cast).
+ * A readable part is read into the gathered buffer in one pass, as the all-gather's first step
+ * on the progress thread (on the disk tier by its I/O threads), while the unit before computes;
+ * bringing the shard back first would add a second copy, whose cycles on a CPU come out of the
+ * ranks' GEMMs, and a shard in the compute pool, resident (issue 29, item 4). The shard stays
+ * offloaded throughout (loom_fsdp_is_offloaded true). */
 int loom__fsdp_param_ahead(fsdp_unit *u);
 /* Where to reduce-scatter the unit's gradient (its old bytes are not needed): the gradient
  * shard, or, with gradients offloaded, this rank's slice of the local gradient itself (in
@@ -246,6 +262,28 @@ size_t loom__fsdp_slot(const fsdp_unit *u, int kind, unsigned gen, size_t c);
 int loom__fsdp_check_optim(const loom_fsdp *f, const loom_optim *opt, const char *who);
 /* The optimizer's state buffer k of unit's segment (NULL while released). */
 float *loom__fsdp_state_buf(loom_optim *opt, size_t unit, int k);
+
+/* fsdp_lowp.c: the low-precision parameter copy in the tier (cfg.offload.low_precision_params).
+ * loom__fsdp_low_on: the wrapper keeps one (mixed precision, parameters offloaded, asked for).
+ * loom__fsdp_low_readable: a gather in dt may read the unit's copy (current, and dt the
+ * forward dtype). loom__fsdp_low_slot: chunk c's slot. loom__fsdp_low_put: write chunk c of
+ * the copy from n f32 values (cast): in place on the host tier; on the disk tier cast into
+ * `scratch` (n elements of the forward dtype, on loan until *job is waited for) and submitted
+ * as a put (*job; 0 when it was written synchronously). loom__fsdp_low_drop: every unit's
+ * copy is stale (the f32 shards were rewritten). */
+bool loom__fsdp_low_on(const loom_fsdp *f);
+bool loom__fsdp_low_readable(const fsdp_unit *u, loom_dtype dt);
+size_t loom__fsdp_low_slot(const fsdp_unit *u, size_t c);
+int loom__fsdp_low_put(fsdp_unit *u, size_t c, const float *src, size_t n, void *scratch,
+                       uint64_t *job);
+void loom__fsdp_low_drop(loom_fsdp *f);
+
+/* fsdp_stream.c: the optimizer step of one unit inside backward (cfg.optim_in_backward), its
+ * gradient at `grad` (reduced), at the step count the backward's first unit took; its gradient
+ * then goes nowhere (with gradients offloaded, the unit holds none). And the end of that
+ * backward's steps (`ok`: every unit stepped, loom_fsdp_optim_step has nothing to do). */
+int loom__fsdp_step_unit(fsdp_unit *u, float *grad);
+int loom__fsdp_step_close(loom_fsdp *f, bool ok);
 
 /* fsdp_stream.c: a pass over every unit's shards chunk by chunk. `read` and `write` are masks
  * of (1 << OFF_*); kinds in the compute pool are used in place, offloaded ones stream through

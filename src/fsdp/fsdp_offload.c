@@ -23,7 +23,8 @@ loom_fsdp_offload_cfg loom_fsdp_offload_cfg_default(void) {
                                  .tier = LOOM_FSDP_TIER_HOST,
                                  .dir = NULL,
                                  .chunk_bytes = (size_t)4 << 20,
-                                 .io_threads = 0};
+                                 .io_threads = 0,
+                                 .low_precision_params = true};
 }
 
 int loom_fsdp_offload_cfg_validate(const loom_fsdp_offload_cfg *cfg) {
@@ -94,36 +95,47 @@ static int put_all(fsdp_unit *u, int kind, const float *buf) {
 
 #define READ_BATCH 32 /* chunks of one read_all in flight at once, at most */
 
-/* Copy the kind's bytes from the tier into buf, synchronously, on any thread: nothing of the
- * wrapper is written (the store's calls lock). On the disk tier the chunks are read by the
- * store's workers, several at once (as many as it has), and this thread waits for them all; a
- * chunk whose job the rank's thread dropped meanwhile (loom_fsdp_prefetch_clear while a gather
- * reads on the progress thread) is read synchronously instead. */
-static int read_all(fsdp_unit *u, int kind, float *buf) {
+/* Chunk c of a kind (OFF_LOW: the low-precision parameter copy): its slot, and the bytes of
+ * the kind's elements. */
+static size_t read_slot(const fsdp_unit *u, int kind, size_t c) {
+  return kind == OFF_LOW ? loom__fsdp_low_slot(u, c)
+                         : loom__fsdp_slot(u, kind, u->off.k[kind].gen, c);
+}
+
+static size_t elem_bytes(const fsdp_unit *u, int kind) {
+  return kind == OFF_LOW ? loom_dtype_size(u->f->fwd_dtype) : sizeof(float);
+}
+
+/* Copy the kind's bytes (OFF_LOW too) from the tier into buf, synchronously, on any thread:
+ * nothing of the wrapper is written (the store's calls lock). On the disk tier the chunks are
+ * read by the store's workers, several at once (as many as it has), and this thread waits for
+ * them all; a chunk whose job the rank's thread dropped meanwhile (loom_fsdp_prefetch_clear
+ * while a gather reads on the progress thread) is read synchronously instead. */
+static int read_all(fsdp_unit *u, int kind, void *buf) {
   loom_fsdp *f = u->f;
-  off_kind *k = &u->off.k[kind];
+  size_t es = elem_bytes(u, kind);
+  char *at = buf;
   int rc = LOOM_OK;
   if (loom__ostore_tier(f->store) != LOOM__OTIER_DISK) {
     for (size_t c = 0; c < u->off.nchunks && !rc; c++)
-      rc = loom__ostore_get(f->store, loom__fsdp_slot(u, kind, k->gen, c), buf + c * f->chunk,
-                            loom__fsdp_chunk_len(u, c) * sizeof(float));
+      rc = loom__ostore_get(f->store, read_slot(u, kind, c), at + c * f->chunk * es,
+                            loom__fsdp_chunk_len(u, c) * es);
     return rc;
   }
   for (size_t c0 = 0; c0 < u->off.nchunks && !rc; c0 += READ_BATCH) {
     loom__ojob jobs[READ_BATCH] = {0};
     size_t n = u->off.nchunks - c0 < READ_BATCH ? u->off.nchunks - c0 : READ_BATCH;
     for (size_t c = c0; c < c0 + n && !rc; c++)
-      rc = loom__ostore_submit_get(f->store, loom__fsdp_slot(u, kind, k->gen, c),
-                                   buf + c * f->chunk, loom__fsdp_chunk_len(u, c) * sizeof(float),
-                                   &jobs[c - c0]);
+      rc = loom__ostore_submit_get(f->store, read_slot(u, kind, c), at + c * f->chunk * es,
+                                   loom__fsdp_chunk_len(u, c) * es, &jobs[c - c0]);
     loom__fsdp_err e; /* the first failure, whichever job it was */
     loom__fsdp_err_save(&e, rc);
     for (size_t i = 0; i < n; i++) { /* every job submitted is waited for: buf is on loan */
       int rc2 = loom__ostore_wait(f->store, jobs[i], NULL);
       if (rc2 == LOOM_EABORTED && !e.rc) { /* dropped by the rank's clear: read it here */
         size_t c = c0 + i;
-        rc2 = loom__ostore_get(f->store, loom__fsdp_slot(u, kind, k->gen, c), buf + c * f->chunk,
-                               loom__fsdp_chunk_len(u, c) * sizeof(float));
+        rc2 = loom__ostore_get(f->store, read_slot(u, kind, c), at + c * f->chunk * es,
+                               loom__fsdp_chunk_len(u, c) * es);
       }
       if (!e.rc && rc2) loom__fsdp_err_save(&e, rc2);
     }
@@ -245,7 +257,11 @@ static bool host_tier(const loom_fsdp *f) {
 }
 
 int loom__fsdp_param_ahead(fsdp_unit *u) {
-  return host_tier(u->f) ? LOOM_OK : loom__fsdp_param_prefetch(u);
+  /* a gather that reads its part straight out of the tier (f32, the low-precision copy, the
+   * host tier's buffers) needs no shard brought back ahead of it: that shard would be one more
+   * in the compute pool, resident, and one more copy */
+  if (loom__fsdp_param_readable(u, u->f->fwd_dtype)) return LOOM_OK;
+  return loom__fsdp_param_prefetch(u);
 }
 
 int loom__fsdp_param_need(fsdp_unit *u) {
@@ -285,10 +301,11 @@ static int cast_from_host(fsdp_unit *u, void *dst, loom_dtype dt) {
 bool loom__fsdp_param_readable(const fsdp_unit *u, loom_dtype dt) {
   const off_kind *k = &u->off.k[OFF_PARAM];
   if (!u->f->store || !k->offloaded || k->arriving) return false;
-  return dt == LOOM_F32 || host_tier(u->f);
+  return dt == LOOM_F32 || host_tier(u->f) || loom__fsdp_low_readable(u, dt);
 }
 
 int loom__fsdp_param_into(fsdp_unit *u, void *dst, loom_dtype dt) {
+  if (dt != LOOM_F32 && loom__fsdp_low_readable(u, dt)) return read_all(u, OFF_LOW, dst);
   return dt == LOOM_F32 ? read_all(u, OFF_PARAM, dst) : cast_from_host(u, dst, dt);
 }
 
@@ -479,7 +496,7 @@ int loom__fsdp_offload_init(loom_fsdp *f) {
     fsdp_unit *u = &f->units[i];
     u->off.nchunks = (u->shard + f->chunk - 1) / f->chunk;
     u->off.slot0 = slot;
-    slot += 2 * OFF_KINDS * u->off.nchunks;
+    slot += (2 * OFF_KINDS + 1) * u->off.nchunks; /* and the low-precision copy's */
     for (int k = 0; k < OFF_KINDS; k++) {
       u->off.k[k].jobs = loom__calloc(LOOM_POOL_META, u->off.nchunks ? u->off.nchunks : 1,
                                       sizeof(uint64_t));
@@ -528,6 +545,7 @@ int loom__fsdp_onload_all(loom_fsdp *f, loom_optim *opt) {
 
 int loom__fsdp_offload_all(loom_fsdp *f, loom_optim *opt, bool changed) {
   int rc = f->store ? loom__fsdp_settle_tier_reads(f) : LOOM_OK;
+  if (changed && f->store) loom__fsdp_low_drop(f); /* the f32 shards are new */
   for (size_t i = 0; f->store && i < f->nunits && !rc; i++) {
     fsdp_unit *u = &f->units[i];
     for (int k = 0; changed && k < OFF_KINDS; k++)

@@ -106,6 +106,15 @@ int loom_step_create(const loom_step_cfg *cfg, loom_step **out) {
     }
   }
   LOOM_TRY(check_segments(st));
+  if (cfg->fsdp && loom_fsdp_optim_in_backward(cfg->fsdp)) {
+    if (cfg->clip) {
+      rc = loom__fail(LOOM_EINVAL, "loom_step_create: clip with FSDP's optim_in_backward: "
+                      "backward steps each unit before the whole gradient's norm exists; turn "
+                      "one of them off");
+      goto done;
+    }
+    LOOM_TRY(loom_fsdp_set_optim(cfg->fsdp, cfg->optim)); /* backward steps with it */
+  }
   *out = st;
   return LOOM_OK;
 done:

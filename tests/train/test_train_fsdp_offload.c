@@ -46,16 +46,22 @@ static void expect_same_model(const char *d, const char *amp, const char *name, 
   tt_run_free(&r);
 }
 
+/* A fresh folder d with d/tier (into tier, cap bytes) and d/base, the run without offload. */
+static const char *base_run(const char *amp, char *tier, size_t cap) {
+  const char *d = tt_tempdir();
+  snprintf(tier, cap, "%s/tier", d);
+  LT_EQ(mkdir(tier, 0700), 0);
+  tt_run base = tt_train(RUN " --amp %s --save %s/base", amp, d);
+  LT_EQ(base.rc, 0);
+  tt_run_free(&base);
+  return d;
+}
+
 LT_TEST(train_fsdp_offload_is_bitwise) {
   const char *amps[] = {"off", "f16"};
   for (int i = 0; i < 2; i++) {
-    const char *d = tt_tempdir();
     char tier[512], extra[700];
-    snprintf(tier, sizeof tier, "%s/tier", d);
-    LT_EQ(mkdir(tier, 0700), 0);
-    tt_run base = tt_train(RUN " --amp %s --save %s/base", amps[i], d);
-    LT_EQ(base.rc, 0);
-    tt_run_free(&base);
+    const char *d = base_run(amps[i], tier, sizeof tier);
     expect_same_model(d, amps[i], "host", "--offload all");
     expect_same_model(d, amps[i], "host0", "--offload all --prefetch 0");
     expect_same_model(d, amps[i], "some", "--offload params,optim --prefetch 10");
@@ -341,4 +347,95 @@ LT_TEST(train_offload_optim_without_optimizer_state) {
   tt_run m = tt_train("%s --momentum 0.9 --offload optim --quiet", run); /* state: accepted */
   LT_EQ(m.rc, 0);
   tt_run_free(&m);
+}
+
+/* The number after `"key": ` in the record-th line (1-based) of a metrics file's text, -1. */
+static double record_number(const char *text, int record, const char *key) {
+  const char *line = text;
+  for (int i = 1; i < record && line; i++) {
+    line = strchr(line, '\n');
+    if (line) line++;
+  }
+  if (!line || !*line) return -1;
+  const char *end = strchr(line, '\n');
+  char pat[96];
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  const char *p = strstr(line, pat);
+  return p && (!end || p < end) ? strtod(p + strlen(pat), NULL) : -1;
+}
+
+/* `loom plan`'s offload traffic per step and rank (the dry run's second step) is the bytes a
+ * real run's second step moves (its metrics' counters, record 2 less record 1), exactly: with
+ * the low-precision parameter copy (bf16, disk and host tiers: the gathers read the copy, the
+ * step writes it), without it (f32), and with the optimizer step inside backward. */
+LT_TEST(train_plan_offload_traffic_is_the_runs) {
+  const char *d = tt_tempdir();
+  char tier[512];
+  snprintf(tier, sizeof tier, "%s/tier", d);
+  LT_EQ(mkdir(tier, 0700), 0);
+  char disk[700];
+  snprintf(disk, sizeof disk, "--offload all --offload-tier disk --offload-dir %s", tier);
+  char disk_oib[760];
+  snprintf(disk_oib, sizeof disk_oib, "%s --optim-in-backward", disk);
+  const char *cases[][2] = {{"bf16", disk}, {"bf16", "--offload all"}, {"off", disk},
+                            {"bf16", "--offload params --prefetch 0"}, {"bf16", disk_oib},
+                            {"off", "--offload all --optim-in-backward"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/m%zu.jsonl", d, i);
+    tt_run r = tt_train(RUN " --amp %s %s --max-steps 3 --metrics %s", cases[i][0], cases[i][1],
+                        path);
+    LT_EQ(r.rc, 0);
+    tt_run p = tt_plan(RUN " --amp %s %s --json", cases[i][0], cases[i][1]);
+    LT_EQ(p.rc, 0);
+    size_t n = 0;
+    char *m = tt_read_file(path, &n);
+    LT_TRUE(m != NULL);
+    double rd = record_number(m, 2, "fsdp_offload_from_bytes") -
+                record_number(m, 1, "fsdp_offload_from_bytes");
+    double wr = record_number(m, 2, "fsdp_offload_to_bytes") -
+                record_number(m, 1, "fsdp_offload_to_bytes");
+    double prd = last_number(p.out, "step_offload_read_bytes");
+    double pwr = last_number(p.out, "step_offload_write_bytes");
+    if (!(rd > 0 && rd == prd && wr == pwr))
+      lt_fail_at(__FILE__, __LINE__, "--amp %s %s: the run's second step read %.0f and wrote %.0f "
+                 "bytes, the plan says %.0f and %.0f", cases[i][0], cases[i][1], rd, wr, prd, pwr);
+    free(m);
+    tt_run_free(&p);
+    tt_run_free(&r);
+  }
+  LT_EQ(files_in(tier), 0);
+  tt_cleanup();
+}
+
+/* --optim-in-backward: the model of the run without it, byte for byte (f32 and bf16, without
+ * offload and with everything offloaded to either tier); refused with a message with dynamic
+ * loss scaling (--amp f16's default) and without FSDP. */
+LT_TEST(train_fsdp_optim_in_backward_is_bitwise) {
+  const char *amps[] = {"off", "bf16"};
+  for (int i = 0; i < 2; i++) {
+    char tier[512], extra[700];
+    const char *d = base_run(amps[i], tier, sizeof tier);
+    tt_run plain = tt_train(RUN " --amp %s --save %s/plain --optim-in-backward", amps[i], d);
+    LT_EQ(plain.rc, 0);
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/base/model.safetensors", d);
+    snprintf(b, sizeof b, "%s/plain/model.safetensors", d);
+    LT_TRUE(tt_same_file(a, b));
+    tt_run_free(&plain);
+    expect_same_model(d, amps[i], "host-oib", "--offload all --optim-in-backward");
+    snprintf(extra, sizeof extra, "--offload all --offload-tier disk --offload-dir %s "
+             "--optim-in-backward", tier);
+    expect_same_model(d, amps[i], "disk-oib", extra);
+    LT_EQ(files_in(tier), 0);
+    tt_cleanup();
+  }
+  tt_run f16 = tt_train(RUN " --amp f16 --optim-in-backward");
+  LT_EQ(f16.rc, 2);
+  LT_TRUE(strstr(f16.err, "--optim-in-backward") && strstr(f16.err, "--scaler dynamic"));
+  tt_run_free(&f16);
+  tt_run ddp = tt_train("--hidden 48 --limit 256 --ranks 2 --strategy ddp --optim-in-backward");
+  LT_EQ(ddp.rc, 2);
+  LT_TRUE(strstr(ddp.err, "--optim-in-backward: an FSDP option") != NULL);
+  tt_run_free(&ddp);
 }

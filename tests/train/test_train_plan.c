@@ -8,7 +8,8 @@
  * the GPT (f32, bf16, DDP, FSDP, and the issue's 6/6/384/256 under FSDP with offload);
  * FSDP in f32 and bf16, the size policy, no prefetch, 3 ranks without resharding, the CNN with
  * either policy, and
- * offload of everything or some (host tier) and of everything to the disk tier. Also the
+ * offload of everything or some (host tier) and of everything to the disk tier (also in bf16,
+ * with the tier's low-precision parameter copy, and with the optimizer step in backward). Also the
  * --fit-memory search (its answer fits and one more does not, and it never proposes a batch
  * larger than an epoch), the process peak (loom's blocks in use and in the allocation cache,
  * the data, the runtime) against the run's resident set (within 15%; shown, not held, under a
@@ -237,6 +238,15 @@ LT_TEST(plan_matches_the_measured_peak_fsdp_disk_tier) {
   d = tt_tempdir(); /* check_plan cleaned up: a new folder */
   snprintf(opts, sizeof opts, "--batch 8 --hidden 1024,1024,1024,1024 --ranks 2 --strategy fsdp "
            "--offload params --offload-tier disk --offload-dir %s --prefetch 4", d);
+  check_plan(opts);
+  /* bf16: the tier's low-precision parameter copy; and the optimizer step inside backward */
+  d = tt_tempdir();
+  snprintf(opts, sizeof opts, "--batch 64 --ranks 2 --strategy fsdp --amp bf16 --offload all "
+           "--offload-tier disk --offload-dir %s", d);
+  check_plan(opts);
+  d = tt_tempdir();
+  snprintf(opts, sizeof opts, "--batch 64 --ranks 2 --strategy fsdp --amp bf16 --offload all "
+           "--offload-tier disk --offload-dir %s --optim-in-backward", d);
   check_plan(opts);
 }
 
