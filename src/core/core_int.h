@@ -59,6 +59,10 @@ bool loom__alloc_should_fail(loom_pool pool);
 /* Whether the CPU is Intel's (cpuid's vendor; dispatch.c, the one file that tests the CPU):
  * the bf16 kernel rule (ops/gemm_prim.c) depends on it. */
 bool loom__cpu_intel(void);
+/* Whether bf16 products may run on AMX tiles (fused attention, ops/attn_amx.c): the CPU has
+ * AMX-TILE and AMX-BF16, the kernel granted the tile state to this process, and the active
+ * level is avx512 (so LOOM_CPU=avx2 or scalar turns AMX off too). */
+bool loom__cpu_amx_bf16(void);
 
 /* Single exit on error: `int rc = LOOM_OK; ... LOOM_TRY(f()); ... done: cleanup; return rc;` */
 #define LOOM_TRY(call)                                                                        \
