@@ -16,9 +16,6 @@
 #include <immintrin.h>
 #include <string.h>
 
-/* A pair of bf16 read as one 32-bit word */
-typedef uint32_t u32a __attribute__((may_alias, aligned(2)));
-
 enum { FB = 64 /* keys a forward block */, BT = 32 /* a backward tile's rows and keys */ };
 
 typedef struct tilecfg {
@@ -71,13 +68,34 @@ static void rows_f32(uint16_t *dst, const float *src, size_t ld, size_t T, size_
 /* dst [D/2, Tp] pairs: dst[p][i] = (src[i][2p], src[i][2p+1]), zero for i >= T: a B operand
  * whose K runs over the head's width (scores q k^T, dO v^T). */
 static void pairs_of_cols(uint32_t *dst, const uint16_t *src, size_t ld, size_t T, size_t D) {
-  size_t Tp = pad64(T), P = D / 2;
-  for (size_t i = 0; i < T; i++) {
-    const u32a *s = (const u32a *)(const void *)(src + i * ld);
-    for (size_t p = 0; p < P; p++) dst[p * Tp + i] = s[p];
+  size_t Tp = pad64(T), P = D / 2; /* P a multiple of 16 */
+  /* 16 x 16 words at a time through registers: four rounds of block swaps (blocks of 8, 4, 2,
+   * 1 words: row r's second half trades places with row r + b's first half) transpose it */
+  static const int b_of[4] = {8, 4, 2, 1};
+  __m512i lo[4], hi[4];
+  for (int k = 0; k < 4; k++) {
+    int b = b_of[k], il[16], ih[16];
+    for (int j = 0; j < 16; j++) {
+      il[j] = j & b ? 16 + j - b : j;
+      ih[j] = j & b ? 16 + j : j + b;
+    }
+    lo[k] = _mm512_loadu_si512(il);
+    hi[k] = _mm512_loadu_si512(ih);
   }
-  for (size_t p = 0; p < P; p++)
-    for (size_t i = T; i < Tp; i++) dst[p * Tp + i] = 0;
+  for (size_t i = 0; i < Tp; i += 16)
+    for (size_t p = 0; p < P; p += 16) {
+      __m512i r[16];
+      for (size_t u = 0; u < 16; u++)
+        r[u] = i + u < T ? _mm512_loadu_si512(src + (i + u) * ld + 2 * p) : _mm512_setzero_si512();
+      for (int k = 0; k < 4; k++)
+        for (int u = 0; u < 16; u++)
+          if (!(u & b_of[k])) {
+            __m512i x = r[u], y = r[u + b_of[k]];
+            r[u] = _mm512_permutex2var_epi32(x, lo[k], y);
+            r[u + b_of[k]] = _mm512_permutex2var_epi32(x, hi[k], y);
+          }
+      for (size_t u = 0; u < 16; u++) _mm512_storeu_si512(dst + (p + u) * Tp + i, r[u]);
+    }
 }
 
 /* dst [Tp/2, D] pairs: dst[i][d] = (src[2i][d], src[2i+1][d]), rows past T zero: a B operand
@@ -259,16 +277,24 @@ static inline void c_store(float *c, size_t cs) {
   _tile_stored(3, (char *)c + 16 * cs + 64, cs);
 }
 
-/* acc [Tp, D] f32 rows a0.. a0 + 31 += A [32 rows, 32] bf16 (rows 64 bytes apart) times the
- * pairs b [Tp/2, D] from pair row b0 / 2 on: one 32-column stripe of D at a time. */
-static void acc_rows(float *acc, size_t a0, const uint16_t *A, const uint32_t *b, size_t b0,
-                     size_t D) {
+/* acc rows a0.. a0 + 31 (f32, ld apart) += A [32 rows, 32] bf16 (rows 64 bytes apart) times
+ * the pairs b [Tp/2, D] from pair row b0 / 2 on, one 32-column stripe of D at a time; with
+ * first, = instead of += (the rows' first contribution: nothing to zero beforehand). */
+static void acc_rows(float *acc, size_t ld, size_t a0, const uint16_t *A, const uint32_t *b,
+                     size_t b0, size_t D, bool first) {
   for (size_t dc = 0; dc < D; dc += 32) {
-    float *c = acc + a0 * D + dc;
+    float *c = acc + a0 * ld + dc;
     const uint32_t *bb = b + b0 / 2 * D + dc;
-    c_load(c, D * 4);
+    if (first) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    } else {
+      c_load(c, ld * 4);
+    }
     DP4(A, 64, bb, bb + 16, D * 4);
-    c_store(c, D * 4);
+    c_store(c, ld * 4);
   }
 }
 
@@ -306,7 +332,15 @@ void loom__attn_amx_bwd_slice(void *work, const uint16_t *q, const uint16_t *k,
   pairs_of_rows(kp, k, ldi, T, D);
   pairs_of_rows(qp, qr, D, T, D);
   pairs_of_rows(gp, gr, D, T, D);
-  memset(aq, 0, 3 * TD * sizeof(float));
+  size_t la = D; /* the gradients' rows: in the work area, copied out at the end where T is
+                    not a multiple of 32 (a tile's rows would pass the tensor's end), else the
+                    outputs themselves */
+  if (T % BT == 0) {
+    aq = dq;
+    ak = dk;
+    av = dv;
+    la = ldi;
+  }
   for (size_t i = 0; i < Tp; i++) { /* Di = dO . O in f32 from dO rounded as dO v^T takes it,
                                         so that the two cancel where they should (zero on the
                                         padding rows) */
@@ -350,13 +384,14 @@ void loom__attn_amx_bwd_slice(void *work, const uint16_t *q, const uint16_t *k,
           dst[c][r] = ds[r][c];
         }
       for (size_t r = 0; r < BT; r++) dst[r][r] = ds[r][r];
-      acc_rows(aq, i0, &ds[0][0], kp, j0, D); /* dq += ds k */
-      acc_rows(ak, j0, &dst[0][0], qp, i0, D); /* dk += ds^T q */
-      acc_rows(av, j0, &pt[0][0], gp, i0, D);  /* dv += p^T dO */
+      bool kfirst = i0 == (causal ? j0 : 0); /* the first tile to see keys j0.. */
+      acc_rows(aq, la, i0, &ds[0][0], kp, j0, D, j0 == 0); /* dq += ds k */
+      acc_rows(ak, la, j0, &dst[0][0], qp, i0, D, kfirst);  /* dk += ds^T q */
+      acc_rows(av, la, j0, &pt[0][0], gp, i0, D, kfirst);   /* dv += p^T dO */
     }
   }
   _tile_release();
-  for (size_t i = 0; i < T; i++) {
+  for (size_t i = 0; i < T && aq != dq; i++) {
     memcpy(dq + i * ldi, aq + i * D, D * sizeof(float));
     memcpy(dk + i * ldi, ak + i * D, D * sizeof(float));
     memcpy(dv + i * ldi, av + i * D, D * sizeof(float));
