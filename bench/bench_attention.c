@@ -138,10 +138,10 @@ int main(int argc, char **argv) {
     if (loom__attn_amx_fits(D)) { /* bf16 inputs: products on AMX against the f32 path */
       loom_tensor *lo[3], *wl;
       for (int i = 0; i < 3; i++) {
-        BENCH_CHECK(loom_cast(qkv[i], LOOM_BF16, &lo[i]));
+        lo[i] = bench_rand_tensor(4, sh, LOOM_BF16, 1.0f);
         BENCH_CHECK(loom_tensor_set_requires_grad(lo[i], true));
       }
-      BENCH_CHECK(loom_cast(w, LOOM_BF16, &wl));
+      wl = bench_rand_tensor(4, sh, LOOM_BF16, 1.0f);
       measure(loom_scaled_dot_product_attention, lo, wl, ms[0], &mib[0]);
       loom__attn_set_amx(false);
       measure(loom_scaled_dot_product_attention, lo, wl, ms[1], &mib[1]);
