@@ -48,7 +48,8 @@ static void run(loom_tensor *const *in, int n, int64_t H, bool causal, loom_tens
 static void check(int n, int ndim, const int64_t *sh, int64_t H, bool causal, int *differs) {
   enum { AMX, STAGED, F32, RUNS };
   loom_tensor *lo[3], *hi[3], *y[RUNS], *g[RUNS][3], *w;
-  int64_t ysh[4] = {sh[0], sh[1], sh[2], sh[3]};
+  int64_t ysh[4] = {0};
+  for (int d = 0; d < ndim; d++) ysh[d] = sh[d];
   if (n == 1) ysh[2] = sh[2] / 3;
   for (int i = 0; i < n; i++) {
     loom_tensor *x = gc_rand(ndim, sh, -2, 2, &seed);
