@@ -6,12 +6,15 @@
  * compute pool's peak during a step above what was allocated before it (inputs excluded): what
  * the step itself holds at its worst, which must grow linearly in T for the fused op and grows
  * as T^2 for the unfused one. Before timing, the two agree (forward and gradients) at each T.
- * Then the fused step at T = 1024 on every CPU level this machine has (the inner loops' SIMD).
+ * Then the fused step at T = 1024 on every CPU level this machine has (the inner loops' SIMD),
+ * and, where AMX runs bf16 attention (attn_amx.c), the fused step on bf16 inputs at each T with
+ * its products on AMX tiles against the same inputs on the f32 path (loom__attn_set_amx).
  * Lines: `sdpa <fused|unfused> <level> T=<T> runs ms/step ms-cpu/step peak_MiB` (wall and
  * process CPU time: on a shared machine the CPU time leaves out the time other processes held
  * the core; with more than one thread it counts every thread) and a speed-up line per T.
  * Usage: bench_attention [threads] (loom_set_num_threads, default 1). */
 #include "bench_util.h"
+#include "ops/attn_int.h"
 #include "ops/ops_int.h"
 
 #include <math.h>
@@ -131,6 +134,25 @@ int main(int argc, char **argv) {
         report("fused", loom_cpu_level_name((loom_cpu_level)l), T, ms[0], mib[0]);
       }
       BENCH_CHECK(loom_set_cpu_level(keep));
+    }
+    if (loom__attn_amx_fits(D)) { /* bf16 inputs: products on AMX against the f32 path */
+      loom_tensor *lo[3], *wl;
+      for (int i = 0; i < 3; i++) {
+        lo[i] = bench_rand_tensor(4, sh, LOOM_BF16, 1.0f);
+        BENCH_CHECK(loom_tensor_set_requires_grad(lo[i], true));
+      }
+      wl = bench_rand_tensor(4, sh, LOOM_BF16, 1.0f);
+      measure(loom_scaled_dot_product_attention, lo, wl, ms[0], &mib[0]);
+      loom__attn_set_amx(false);
+      measure(loom_scaled_dot_product_attention, lo, wl, ms[1], &mib[1]);
+      loom__attn_set_amx(true);
+      report("fused-bf16-amx", lv, T, ms[0], mib[0]);
+      report("fused-bf16-f32", lv, T, ms[1], mib[1]);
+      printf("sdpa bf16 amx speedup T=%lld %.2fx wall %.2fx cpu\n", (long long)T,
+             ms[1][0] / ms[0][0], ms[1][1] / ms[0][1]);
+      fflush(stdout);
+      for (int i = 0; i < 3; i++) loom_tensor_free(lo[i]);
+      loom_tensor_free(wl);
     }
     for (int i = 0; i < 3; i++) loom_tensor_free(qkv[i]);
     loom_tensor_free(w);

@@ -59,8 +59,9 @@ bool loom__alloc_should_fail(loom_pool pool);
 /* Whether the CPU is Intel's (cpuid's vendor; dispatch.c, the one file that tests the CPU):
  * the bf16 kernel rule (ops/gemm_prim.c) depends on it. */
 bool loom__cpu_intel(void);
-/* Whether the CPU has AMX-TILE and AMX-BF16 (cpuid) besides AVX512-BF16 (dispatch.c); the OS's
- * permission to use the tiles is asked separately (ops/gemm_amx.c). */
+/* Whether bf16 products may run on AMX tiles (fused attention, ops/attn_amx.c): the CPU has
+ * AMX-TILE and AMX-BF16, the kernel granted the tile state to this process, and the active
+ * level is avx512 (so LOOM_CPU=avx2 or scalar turns AMX off too). */
 bool loom__cpu_amx_bf16(void);
 
 /* Single exit on error: `int rc = LOOM_OK; ... LOOM_TRY(f()); ... done: cleanup; return rc;` */

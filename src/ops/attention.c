@@ -239,6 +239,68 @@ static void attn_bwd(const attn_dims *a, const float *q, const float *k, const f
   }
 }
 
+/* ---- bf16 on AMX tiles (attn_amx.c) -------------------------------------------------------- */
+
+static _Atomic bool amx_off; /* tests: loom__attn_set_amx(false) */
+
+void loom__attn_set_amx(bool on) { amx_off = !on; }
+
+bool loom__attn_amx_fits(int64_t D) {
+  return !amx_off && D > 0 && D % 32 == 0 && D <= 256 && loom__cpu_amx_bf16();
+}
+
+/* Whether this op's products run on AMX: bf16 inputs and a head width that fits. */
+static bool use_amx(const attn_dims *a, loom_dtype dt) {
+  return dt == LOOM_BF16 && a->T > 0 && loom__attn_amx_fits(a->D);
+}
+
+static const uint16_t *h16(const loom_tensor *t) { return loom_tensor_data(t); }
+
+/* Forward on AMX: each slice's k and v packed into w ([BH, fwd_elems] bf16), then bands of
+ * query rows as attn_fwd walks them. q, k, v: bf16 slices as attn_dims says; o f32. */
+static void amx_fwd(const attn_dims *a, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                    uint16_t *w, float *o, float *lse) {
+  size_t T = (size_t)a->T, D = (size_t)a->D, we = loom__attn_amx_fwd_elems(T, D);
+  int64_t bands = (a->T + BAND - 1) / BAND, items = a->BH * bands;
+#pragma omp parallel for num_threads(loom__gemm_threads()) if (a->BH > 1)
+  for (int64_t bh = 0; bh < a->BH; bh++)
+    loom__attn_amx_fwd_pack(w + bh * we, k + in_off(a, bh), v + in_off(a, bh), (size_t)a->ldi,
+                            T, D);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(loom__gemm_threads()) if (items > 1)
+  for (int64_t it = 0; it < items; it++) {
+    int64_t bh = it / bands, r0 = it % bands * BAND, r1 = r0 + BAND < a->T ? r0 + BAND : a->T;
+    loom__attn_amx_fwd_rows(w + bh * we, q + in_off(a, bh), (size_t)a->ldi, o + out_off(a, bh),
+                            (size_t)a->ldo, lse + bh * a->T, T, D, a->causal, a->scale,
+                            (size_t)r0, (size_t)r1);
+  }
+}
+
+/* A work tensor for AMX: the forward's packed k and v, or one backward work area per thread. */
+static int amx_work_new(const attn_dims *a, bool backward, loom_tensor **out) {
+  size_t T = (size_t)a->T, D = (size_t)a->D;
+  int64_t shape[2] = {backward ? loom__gemm_threads() : a->BH,
+                      (int64_t)(backward ? (loom__attn_amx_bwd_bytes(T, D) + 63) / 64 * 32
+                                         : loom__attn_amx_fwd_elems(T, D))};
+  return loom_tensor_empty(LOOM_BF16, 2, shape, out);
+}
+
+/* Backward on AMX: the slices dealt out to the threads in turn (slice bh to worker bh mod n),
+ * each worker with its own work area. q, k, v, o: bf16; go, lse, dq, dk, dv: f32. */
+static void amx_bwd(const attn_dims *a, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                    const uint16_t *o, const float *go, const float *lse, float *dq, float *dk,
+                    float *dv, loom_tensor *work) {
+  int64_t n = work->shape[0], per = work->shape[1];
+  uint16_t *w = loom_tensor_data(work);
+#pragma omp parallel for schedule(static, 1) num_threads(loom__gemm_threads()) if (n > 1)
+  for (int64_t t = 0; t < n; t++)
+    for (int64_t bh = t; bh < a->BH; bh += n) {
+      int64_t i = in_off(a, bh), u = out_off(a, bh);
+      loom__attn_amx_bwd_slice(w + t * per, q + i, k + i, v + i, (size_t)a->ldi, o + u, go + u,
+                               (size_t)a->ldo, lse + bh * a->T, dq + i, dk + i, dv + i,
+                               (size_t)a->T, (size_t)a->D, a->causal, a->scale);
+    }
+}
+
 static attn_dims dims_of(int ndim, const int64_t *shape, bool causal) {
   attn_dims a = {1, shape[ndim - 2], shape[ndim - 1], shape[ndim - 2] + 16, causal, 1.0f, 1,
                  shape[ndim - 1], shape[ndim - 1]};
@@ -276,12 +338,22 @@ static int sdpa_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   loom__fbuf f[4] = {{0}};
   loom_tensor *gr[3] = {0}, *t[2] = {0}; /* t: k and v transposed */
   attn_dims a = dims_of(n->out_ndim, n->out_shape, n->i[0] != 0);
+  if (use_amx(&a, n->saved[0]->dtype) && n->saved[3]->dtype == LOOM_BF16) {
+    for (int k = 0; k < 3; k++) LOOM_TRY(loom__grad_new(n->out_ndim, n->out_shape, false, &gr[k]));
+    LOOM_TRY(amx_work_new(&a, true, &t[0]));
+    if (!loom__dry())
+      amx_bwd(&a, h16(n->saved[0]), h16(n->saved[1]), h16(n->saved[2]), h16(n->saved[3]),
+              loom__f(g), loom__f(n->saved[4]), loom__f(gr[0]), loom__f(gr[1]), loom__f(gr[2]),
+              t[0]);
+    goto give;
+  }
   for (int k = 0; k < 4; k++) LOOM_TRY(loom__f32_in(n->saved[k], &f[k]));
   for (int k = 0; k < 3; k++) LOOM_TRY(loom__grad_new(n->out_ndim, n->out_shape, true, &gr[k]));
   for (int k = 0; k < 2; k++) LOOM_TRY(transposed_new(&a, &t[k]));
   if (!loom__dry())
     attn_bwd(&a, f[0].p, f[1].p, f[2].p, loom__f(t[0]), loom__f(t[1]), f[3].p,
              loom__f(n->saved[4]), loom__f(g), loom__f(gr[0]), loom__f(gr[1]), loom__f(gr[2]));
+give:
   for (int k = 0; k < 3; k++)
     if (loom__node_needs(n, k)) {
       gin[k] = gr[k];
@@ -323,6 +395,13 @@ int loom_scaled_dot_product_attention(loom_tensor *q, loom_tensor *k, loom_tenso
   LOOM_TRY(loom__check_same_dtype(name, q, v));
   attn_dims a = dims_of(q->ndim, q->shape, is_causal);
   LOOM_TRY(loom_tensor_empty(LOOM_F32, 3, q->shape, &lse)); /* [B, H, T] */
+  if (use_amx(&a, q->dtype)) {
+    LOOM_TRY(loom__f32_out(q->dtype, q->ndim, q->shape, &y, &fy));
+    LOOM_TRY(amx_work_new(&a, false, &kt));
+    if (!loom__dry())
+      amx_fwd(&a, h16(q), h16(k), h16(v), loom_tensor_data(kt), fy.p, loom__f(lse));
+    goto out;
+  }
   LOOM_TRY(loom__f32_in(q, &fq));
   LOOM_TRY(loom__f32_in(k, &fk));
   LOOM_TRY(loom__f32_in(v, &fv));
@@ -330,6 +409,7 @@ int loom_scaled_dot_product_attention(loom_tensor *q, loom_tensor *k, loom_tenso
   LOOM_TRY(transposed_new(&a, &kt));
   if (!loom__dry()) /* a dry run (loom/alloc.h): every buffer made, nothing computed */
     attn_fwd(&a, fq.p, loom__f(kt), fk.p, fv.p, fy.p, loom__f(lse));
+out:
   loom__f32_out_commit(y, &fy);
   loom_tensor *save[4] = {q, k, v, y};
   LOOM_TRY(record(&c, y, sdpa_backward, is_causal, 0, save, 4, &lse));
@@ -361,6 +441,17 @@ static int sdpa_qkv_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   const loom_tensor *qkv = n->saved[0];
   attn_dims a = packed_dims(qkv->shape, n->i[1], n->i[0] != 0);
   int64_t C = a.ldo;
+  if (use_amx(&a, qkv->dtype) && n->saved[1]->dtype == LOOM_BF16) {
+    LOOM_TRY(loom__grad_new(3, qkv->shape, false, &gr));
+    LOOM_TRY(amx_work_new(&a, true, &t[0]));
+    if (!loom__dry()) {
+      const uint16_t *x = h16(qkv);
+      float *d = loom__f(gr);
+      amx_bwd(&a, x, x + C, x + 2 * C, h16(n->saved[1]), loom__f(g), loom__f(n->saved[2]), d,
+              d + C, d + 2 * C, t[0]);
+    }
+    goto give;
+  }
   LOOM_TRY(loom__f32_in(qkv, &fx));
   LOOM_TRY(loom__f32_in(n->saved[1], &fy));
   LOOM_TRY(loom__grad_new(3, qkv->shape, true, &gr));
@@ -370,6 +461,7 @@ static int sdpa_qkv_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
     attn_bwd(&a, fx.p, fx.p + C, fx.p + 2 * C, loom__f(t[0]), loom__f(t[1]), fy.p,
              loom__f(n->saved[2]), loom__f(g), d, d + C, d + 2 * C);
   }
+give:
   if (loom__node_needs(n, 0)) {
     gin[0] = gr;
     gr = NULL;
@@ -403,11 +495,21 @@ int loom_sdpa_qkv(loom_tensor *qkv, int64_t heads, bool is_causal, loom_tensor *
   int64_t C = a.ldo, yshape[3] = {qkv->shape[0], qkv->shape[1], C},
           lshape[2] = {a.BH, a.T};
   LOOM_TRY(loom_tensor_empty(LOOM_F32, 2, lshape, &lse));
+  if (use_amx(&a, qkv->dtype)) {
+    LOOM_TRY(loom__f32_out(qkv->dtype, 3, yshape, &y, &fy));
+    LOOM_TRY(amx_work_new(&a, false, &kt));
+    if (!loom__dry()) {
+      const uint16_t *x = h16(qkv);
+      amx_fwd(&a, x, x + C, x + 2 * C, loom_tensor_data(kt), fy.p, loom__f(lse));
+    }
+    goto out;
+  }
   LOOM_TRY(loom__f32_in(qkv, &fx));
   LOOM_TRY(loom__f32_out(qkv->dtype, 3, yshape, &y, &fy));
   LOOM_TRY(transposed_new(&a, &kt));
   if (!loom__dry())
     attn_fwd(&a, fx.p, loom__f(kt), fx.p + C, fx.p + 2 * C, fy.p, loom__f(lse));
+out:
   loom__f32_out_commit(y, &fy);
   loom_tensor *save[2] = {qkv, y};
   LOOM_TRY(record(&c, y, sdpa_qkv_backward, is_causal, heads, save, 2, &lse));

@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct loom__attn_kernels {
   /* o0 += sum_j p0[j] * v_j and o1 += sum_j p1[j] * v_j for j < n: two output rows from one
@@ -35,6 +36,33 @@ typedef struct loom__attn_kernels {
   /* the largest of m and s[0..n) (NaNs in s are passed over) */
   float (*max)(const float *s, size_t n, float m);
 } loom__attn_kernels;
+
+/* AMX (attn_amx.c): fused attention's products on bf16 tiles with f32 sums, for bf16 q, k, v
+ * where loom__attn_amx_fits(D) (loom__cpu_amx_bf16() and D a multiple of 32, at most 256).
+ * Pointers are one (batch, head) slice's first row; q, k, v rows ldi elements apart, o, dO
+ * ldo apart.
+ * - loom__attn_amx_fwd_pack: k and v of a slice into w (loom__attn_amx_fwd_elems(T, D) bf16
+ *   elements); then loom__attn_amx_fwd_rows: output rows [r0, r1) (f32, ldo apart) and their
+ *   logsumexp, from q and w; r0 a multiple of 16.
+ * - loom__attn_amx_bwd_slice: dq, dk, dv (f32, rows ldi apart, written, not added) from q, k,
+ *   v, the output o (bf16), dO (f32) and lse; work: loom__attn_amx_bwd_bytes(T, D) bytes,
+ *   64-byte aligned, one per thread.
+ * Each call sets and releases the thread's tile configuration. */
+bool loom__attn_amx_fits(int64_t D);
+/* Tests: false makes bf16 attention take the f32 path (staged) even where AMX fits. */
+void loom__attn_set_amx(bool on);
+size_t loom__attn_amx_fwd_elems(size_t T, size_t D);
+void loom__attn_amx_fwd_pack(uint16_t *w, const uint16_t *k, const uint16_t *v, size_t ld,
+                             size_t T, size_t D);
+void loom__attn_amx_fwd_rows(const uint16_t *w, const uint16_t *q, size_t ldi, float *o,
+                             size_t ldo, float *lse, size_t T, size_t D, bool causal,
+                             float scale, size_t r0, size_t r1);
+size_t loom__attn_amx_bwd_bytes(size_t T, size_t D);
+void loom__attn_amx_bwd_slice(void *work, const uint16_t *q, const uint16_t *k,
+                              const uint16_t *v, size_t ldi, const uint16_t *o,
+                              const float *go, size_t ldo, const float *lse, float *dq,
+                              float *dk, float *dv, size_t T, size_t D, bool causal,
+                              float scale);
 
 LOOM__KERNEL_TABLES(loom__attn_kernels, loom__attn_kernels, loom__attn_kernels_for,
                     loom__attn_k);

@@ -26,9 +26,9 @@
  * The choice (loom__gemm_prefer_amx), per call, cheap after a one-time probe:
  *   - eligible: bf16 A and B; the active CPU level is avx512 (LOOM_CPU=avx2 or scalar route
  *     away); the CPU has AMX-TILE, AMX-BF16 and AVX512-BF16 (loom__cpu_amx_bf16) and the kernel
- *     granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once:
- *     refused on kernels before 5.16, and then oneDNN runs everything). loom__gemm asks only
- *     for products it runs natively in bf16 (loom__gemm_native: not under
+ *     granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once in
+ *     dispatch.c; refused on kernels before 5.16, and then oneDNN runs everything).
+ *     loom__gemm asks only for products it runs natively in bf16 (loom__gemm_native: not under
  *     LOOM_BF16_KERNELS=widen, nor with oneDNN capped below AMX by ONEDNN_MAX_CPU_ISA, which
  *     then emulates a CPU without AMX for loom too).
  *   - auto (the default): eligible, the calling thread's GEMM thread count is 1 (the kernel
@@ -46,11 +46,8 @@
 #include "ops/gemm_int.h"
 
 #include <immintrin.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -62,22 +59,9 @@ enum { KC = 256, NC = 256, PANEL = 512 * 1024, TILE_ELEMS = 512 /* bf16 of a 1 K
 
 /* ---- the choice ---------------------------------------------------------------------- */
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-static pthread_once_t perm_once = PTHREAD_ONCE_INIT;
-static bool amx_ok;
-
-static void perm_probe(void) {
-  amx_ok = loom__cpu_amx_bf16() && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM,
-                                            XFEATURE_XTILEDATA) == 0;
-}
-
-bool loom__gemm_amx_available(void) {
-  if (loom_cpu_level_active() != LOOM_CPU_AVX512) return false;
-  pthread_once(&perm_once, perm_probe);
-  return amx_ok;
-}
+/* The CPU, the kernel's tile-state permission and the level: loom__cpu_amx_bf16 (dispatch.c),
+ * the one place that asks. */
+bool loom__gemm_amx_available(void) { return loom__cpu_amx_bf16(); }
 
 static _Atomic int mode_set = -1; /* loom__gemm_amx_mode; -1: from the environment (read once) */
 

@@ -162,23 +162,54 @@ done:
 
 /* ---- linear --------------------------------------------------------------------------- */
 
-/* dst[O] (beta 0: =, 1: +=) column sums of g [R, O]: the bias gradient. Blocks of 64
- * columns are summed down the rows in registers (vectorized), in row order. */
-__attribute__((optimize("O3"))) static void col_sums(const float *restrict g, int64_t R,
-                                                     int64_t O, float *restrict dst, float beta) {
+/* tmp[0..w) += the column sums of g's first w columns (R rows, ld apart), row by row, in
+ * blocks of 64 columns summed down the rows in registers (vectorized). tmp[k] continues its
+ * running sum: rows fed in pieces sum in the same order as all at once. */
+__attribute__((optimize("O3"))) static void col_sums_add(const float *restrict g, int64_t R,
+                                                         int64_t w, int64_t ld,
+                                                         float *restrict tmp) {
   enum { W = 64 };
-  for (int64_t o0 = 0; o0 < O; o0 += W) {
-    float acc[W] = {0};
-    if (O - o0 >= W) {
+  for (int64_t o0 = 0; o0 < w; o0 += W) {
+    float acc[W];
+    int64_t c = w - o0 < W ? w - o0 : W;
+    for (int64_t k = 0; k < c; k++) acc[k] = tmp[o0 + k];
+    if (c == W) {
       for (int64_t r = 0; r < R; r++)
-        for (int k = 0; k < W; k++) acc[k] += g[r * O + o0 + k];
+        for (int k = 0; k < W; k++) acc[k] += g[r * ld + o0 + k];
     } else {
       for (int64_t r = 0; r < R; r++)
-        for (int64_t k = 0; k < O - o0; k++) acc[k] += g[r * O + o0 + k];
+        for (int64_t k = 0; k < c; k++) acc[k] += g[r * ld + o0 + k];
     }
-    for (int64_t k = 0; k < W && o0 + k < O; k++)
-      dst[o0 + k] = beta == 0.0f ? acc[k] : dst[o0 + k] + acc[k];
+    for (int64_t k = 0; k < c; k++) tmp[o0 + k] = acc[k];
   }
+}
+
+/* dst[O] (beta 0: =, 1: +=) column sums of g [R, O]: the bias gradient, each column summed
+ * in row order from 0. */
+static void col_sums(const float *g, int64_t R, int64_t O, float *dst, float beta) {
+  for (int64_t o0 = 0; o0 < O; o0 += 64) {
+    float t[64] = {0};
+    int64_t c = O - o0 < 64 ? O - o0 : 64;
+    col_sums_add(g + o0, R, c, O, t);
+    for (int64_t k = 0; k < c; k++) dst[o0 + k] = beta == 0.0f ? t[k] : dst[o0 + k] + t[k];
+  }
+}
+
+enum { SUMS_MAX = 4096 }; /* widest bias whose sums cast_col_sums keeps on the stack */
+
+/* gd = g rounded to dt (f16 / bf16) and dst (beta 0: =, 1: +=) = g's column sums, in one pass
+ * over g: a piece of rows at a time is rounded and then summed while it is in cache (g is read
+ * from memory once, not twice). The same values as loom_tensor_cast and col_sums. O <= SUMS_MAX. */
+static void cast_col_sums(const float *g, void *gd, loom_dtype dt, int64_t R, int64_t O,
+                          float *dst, float beta) {
+  float tmp[SUMS_MAX] = {0};
+  int64_t rows = 16384 / O > 0 ? 16384 / O : 1; /* a piece: about 64 KiB of g */
+  for (int64_t r0 = 0; r0 < R; r0 += rows) {
+    int64_t n = R - r0 < rows ? R - r0 : rows;
+    loom__narrow(dt, g + r0 * O, (uint16_t *)gd + r0 * O, (size_t)(n * O));
+    col_sums_add(g + r0 * O, n, O, O, tmp);
+  }
+  for (int64_t k = 0; k < O; k++) dst[k] = beta == 0.0f ? tmp[k] : dst[k] + tmp[k];
 }
 
 /* Tell sink s what its write added at most, r * a * b for the maxima a and b of the inputs
@@ -198,13 +229,20 @@ static int linear_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   loom_tensor *gd = NULL;
   float *dst, beta;
   double gmax = -1; /* max |G| in f32, once a tracked bias or weight gradient wants it */
-  LOOM_TRY(grad_as(g, dt, &gd));
+  bool bias = n->n_in > 2 && loom__node_needs(n, 2);
+  /* a 16-bit G and the bias gradient from one pass over G */
+  bool fused = bias && dt != LOOM_F32 && O <= SUMS_MAX && loom_tensor_is_contiguous(g);
+  if (fused) LOOM_TRY(loom_tensor_empty(dt, g->ndim, g->shape, &gd));
+  else LOOM_TRY(grad_as(g, dt, &gd));
   /* the parameters' gradients first, each finished as soon as it is written (its hooks run
    * then: DDP launches its bucket while gX is still being computed) */
   loom__sink sb = {0}, sw = {0};
-  if (n->n_in > 2 && loom__node_needs(n, 2)) { /* gb = column sums of G, while G is in cache */
+  if (bias) { /* gb = column sums of G, while G is in cache */
     LOOM_TRY(loom__grad_dst_sink(n, 2, gin, &dst, &beta, &sb));
-    if (!loom__dry()) col_sums(loom__f(g), R, O, dst, beta);
+    if (!loom__dry() && fused)
+      cast_col_sums(loom__f(g), loom_tensor_data(gd), dt, R, O, dst, beta);
+    else if (!loom__dry())
+      col_sums(loom__f(g), R, O, dst, beta);
     if (sb.bound_wanted) { /* each sum adds at most R * max|G| */
       double t0 = loom__now();
       gmax = loom__absmax(loom__f(g), LOOM_F32, (size_t)(R * O));

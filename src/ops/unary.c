@@ -10,27 +10,66 @@
  * loom_set_num_threads); every element's value is the same whatever the split. */
 enum { PAR_MIN = 1 << 16, CHUNK = 1 << 14 };
 
+/* Floats of a 16-bit tensor's chunk staged at a time, on the stack (a few KiB, so the staged
+ * values stay in L1 between the widening, the kernel and the rounding). */
+enum { STAGE = 2048 };
+
 /* One call of a forward (g NULL: out = f(x)) or backward (out = g * f'(x), from x and/or y)
- * kernel, run in chunks. */
+ * kernel, run in chunks. A 16-bit x, y or out (x16, y16, out16 of dtype dt, contiguous) is
+ * widened to f32 (out: rounded from it) a piece of a chunk at a time, instead of a whole f32
+ * copy of the tensor made before and rounded after: the same values, a fraction of the memory
+ * traffic. */
 typedef struct job {
   loom__unary_fwd_fn fwd;
   loom__unary_bwd_fn bwd;
   float *out;
   const float *g, *x, *y;
   double p;
+  loom_dtype dt;
+  const uint16_t *x16, *y16;
+  uint16_t *out16;
 } job;
+
+static void run_piece(const job *j, size_t i, size_t m) {
+  float xs[STAGE], ys[STAGE], os[STAGE];
+  for (size_t k = i; k < i + m; k += STAGE) {
+    size_t e = i + m - k < STAGE ? i + m - k : STAGE;
+    const float *x = j->x ? j->x + k : NULL, *y = j->y ? j->y + k : NULL;
+    if (j->x16) {
+      loom__widen(j->dt, j->x16 + k, xs, e);
+      x = xs;
+    }
+    if (j->y16) {
+      loom__widen(j->dt, j->y16 + k, ys, e);
+      y = ys;
+    }
+    float *o = j->out16 ? os : j->out + k;
+    if (j->fwd) j->fwd(o, x, e, (float)j->p);
+    else j->bwd(o, j->g + k, x, y, e, j->p);
+    if (j->out16) loom__narrow(j->dt, os, j->out16 + k, e);
+  }
+}
 
 static void run(const job *j, size_t n) {
   int64_t chunks = (int64_t)((n + CHUNK - 1) / CHUNK);
   int t = n >= PAR_MIN ? loom__gemm_threads() : 1;
+  bool staged = j->x16 || j->y16 || j->out16;
   (void)t; /* unused without OpenMP */
 #pragma omp parallel for num_threads(t) if (t > 1 && chunks > 1)
   for (int64_t c = 0; c < chunks; c++) {
     size_t i = (size_t)c * CHUNK, m = n - i < CHUNK ? n - i : CHUNK;
     const float *x = j->x ? j->x + i : NULL, *y = j->y ? j->y + i : NULL;
-    if (j->fwd) j->fwd(j->out + i, x, m, (float)j->p);
+    if (staged) run_piece(j, i, m);
+    else if (j->fwd) j->fwd(j->out + i, x, m, (float)j->p);
     else j->bwd(j->out + i, j->g + i, x, y, m, j->p);
   }
+}
+
+/* A 16-bit (f16 / bf16) contiguous tensor's values, or NULL (then staged whole by f32_in). */
+static const uint16_t *bits16(const loom_tensor *t) {
+  return t && (t->dtype == LOOM_BF16 || t->dtype == LOOM_F16) && loom_tensor_is_contiguous(t)
+             ? loom_tensor_data(t)
+             : NULL;
 }
 
 /* +inf's bits in a 16-bit float dtype, or 0 for f32 (relu then goes through f32). */
@@ -41,8 +80,7 @@ static uint16_t inf16(loom_dtype dt) {
 static int unary_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   int rc = LOOM_OK;
   loom__fbuf fx = {0}, fy = {0};
-  const loom__unary_def *d = loom__unary_def_get((loom__unary)n->i[0]);
-  const loom_tensor *y = n->saved[1];
+  const loom_tensor *y = n->saved[1]; /* x and y, where saved, share the op's dtype */
   uint16_t inf = y ? inf16(y->dtype) : 0;
   /* elementwise, so g can be overwritten in place when nobody else holds it */
   if (loom__grad_exclusive(g)) gin[0] = loom_tensor_retain(g);
@@ -53,13 +91,17 @@ static int unary_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
                                       loom_tensor_numel(g), inf);
     goto done;
   }
-  if (n->saved[0]) LOOM_TRY(loom__f32_in(n->saved[0], &fx));
-  if (n->saved[1]) LOOM_TRY(loom__f32_in(n->saved[1], &fy));
-  job j = {NULL, loom__unary_kernels()->bwd[n->i[0]], loom__f(gin[0]), loom__f(g), fx.p, fy.p,
-           n->f[0]};
+  job j = {NULL, loom__unary_kernels()->bwd[n->i[0]], loom__f(gin[0]), loom__f(g), NULL, NULL,
+           n->f[0], LOOM_F32, bits16(n->saved[0]), bits16(n->saved[1]), NULL};
+  for (int k = 0; k < 2; k++) {
+    const loom_tensor *s = n->saved[k];
+    if (s && bits16(s)) j.dt = s->dtype;
+    else if (s) LOOM_TRY(loom__f32_in(s, k ? &fy : &fx));
+  }
+  j.x = fx.p;
+  j.y = fy.p;
   run(&j, (size_t)loom_tensor_numel(g));
-  (void)d;
-done:
+  done:
   loom__fbuf_free(&fx);
   loom__fbuf_free(&fy);
   return rc;
@@ -82,10 +124,16 @@ int loom__unary_op(loom__unary u, loom_tensor *x, double p, loom_tensor **out) {
     LOOM_TRY(loom_tensor_empty(x->dtype, x->ndim, x->shape, &y));
     if (!loom__dry()) loom__unary_kernels()->relu16(loom_tensor_data(y), loom_tensor_data(x),
                                   loom_tensor_numel(x), inf);
+  } else if (bits16(x)) { /* 16-bit in and out, staged a piece at a time */
+    LOOM_TRY(loom_tensor_empty(x->dtype, x->ndim, x->shape, &y));
+    job j = {loom__unary_kernels()->fwd[u], NULL, NULL, NULL, NULL, NULL, (float)p,
+             x->dtype, bits16(x), NULL, loom_tensor_data(y)};
+    if (!loom__dry()) run(&j, (size_t)loom_tensor_numel(x));
   } else {
     LOOM_TRY(loom__f32_in(x, &fx));
     LOOM_TRY(loom__f32_out(x->dtype, x->ndim, x->shape, &y, &fy));
-    job j = {loom__unary_kernels()->fwd[u], NULL, fy.p, NULL, fx.p, NULL, (float)p};
+    job j = {loom__unary_kernels()->fwd[u], NULL, fy.p, NULL, fx.p, NULL, (float)p, LOOM_F32,
+             NULL, NULL, NULL};
     if (!loom__dry()) run(&j, (size_t)loom_tensor_numel(x));
     loom__f32_out_commit(y, &fy);
   }

@@ -1,6 +1,7 @@
 /* gradcheck.c: the gradient checker of gradcheck.h (no tests of its own). */
 #include "gradcheck.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 float gc_uniform(uint64_t *s, float lo, float hi) {
@@ -171,4 +172,25 @@ done:
   loom_tensor_free(y);
   loom_tensor_free(rt);
   return fails;
+}
+
+double gc_rel_diff(loom_tensor *a, loom_tensor *b, double floor) {
+  size_t n = loom_tensor_numel(b);
+  float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+  loom_tensor *ac = NULL, *bc = NULL;
+  loom_tensor_contiguous(a, &ac);
+  loom_tensor_contiguous(b, &bc);
+  loom_convert(loom_tensor_data(ac), loom_tensor_dtype(ac), x, LOOM_F32, n);
+  loom_convert(loom_tensor_data(bc), loom_tensor_dtype(bc), y, LOOM_F32, n);
+  double md = 0, mb = floor;
+  for (size_t i = 0; i < n; i++) {
+    double d = fabs((double)x[i] - y[i]);
+    md = d > md || d != d ? d : md;
+    mb = fabs(y[i]) > mb ? fabs(y[i]) : mb;
+  }
+  free(x);
+  free(y);
+  loom_tensor_free(ac);
+  loom_tensor_free(bc);
+  return md / mb;
 }

@@ -36,6 +36,9 @@ int gc_run(const char *what, gc_fn fn, void *ctx, int n, const gc_input *ins,
 float gc_uniform(uint64_t *state, float lo, float hi);
 /* A new f32 tensor of the shape filled with uniform values in [lo, hi] rounded to bf16. */
 loom_tensor *gc_rand(int ndim, const int64_t *shape, float lo, float hi, uint64_t *state);
+/* max |a - b| over max(max |b|, floor): a and b any float dtype, any layout, same numel (a NaN
+ * difference gives NaN). */
+double gc_rel_diff(loom_tensor *a, loom_tensor *b, double floor);
 
 /* Test-writing shorthands: an op as a gc_fn, an input shape (S) or shape with value range
  * (SR), and a check with default options. */

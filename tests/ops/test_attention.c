@@ -42,27 +42,7 @@ static loom_tensor *leaf(int64_t B, int64_t H, int64_t T, int64_t D, float amp) 
   return t;
 }
 
-/* max |a - b| over max(|b|, 1e-30); a, b any float dtype, same numel. */
-static double rel_diff(loom_tensor *a, loom_tensor *b) {
-  size_t n = loom_tensor_numel(b);
-  float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
-  loom_tensor *ac = NULL, *bc = NULL;
-  loom_tensor_contiguous(a, &ac);
-  loom_tensor_contiguous(b, &bc);
-  loom_convert(loom_tensor_data(ac), ac->dtype, x, LOOM_F32, n);
-  loom_convert(loom_tensor_data(bc), bc->dtype, y, LOOM_F32, n);
-  double md = 0, mb = 1e-30;
-  for (size_t i = 0; i < n; i++) {
-    double d = fabs((double)x[i] - y[i]);
-    md = d > md || d != d ? d : md;
-    mb = fabs(y[i]) > mb ? fabs(y[i]) : mb;
-  }
-  free(x);
-  free(y);
-  loom_tensor_free(ac);
-  loom_tensor_free(bc);
-  return md / mb;
-}
+static double rel_diff(loom_tensor *a, loom_tensor *b) { return gc_rel_diff(a, b, 1e-30); }
 
 typedef int (*attn_fn)(loom_tensor *, loom_tensor *, loom_tensor *, bool, loom_tensor **);
 

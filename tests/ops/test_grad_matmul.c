@@ -34,3 +34,73 @@ LT_TEST(grad_conv2d) {
   CHECK("conv2d stride 2 pad 1", op_conv_sp, 3, S(4, 2, 2, 6, 5), S(4, 3, 2, 3, 2), S(1, 3));
   CHECK("conv2d no bias", op_conv_nb, 2, S(4, 1, 2, 5, 6), S(4, 3, 2, 2, 3));
 }
+
+/* linear's backward on bf16 / f16 with a bias: G rounded and its column sums taken in one pass
+ * over G, a piece of rows at a time (matmul.c, cast_col_sums; rows here span many pieces).
+ * The bias gradient must be the f32 column sums of G in row order, bit for bit, and x's and
+ * w's gradients those of the same op without a bias gradient (the separate cast). */
+LT_TEST(linear_low_precision_bias_grad_one_pass) {
+  loom_dtype dts[2] = {LOOM_BF16, LOOM_F16};
+  uint64_t st = 5;
+  for (int d = 0; d < 2; d++) {
+    int64_t R = 301, I = 24, O = 72, xs[2] = {R, I}, ws[2] = {O, I}, bs[1] = {O}, gs[2] = {R, O};
+    loom_tensor *x = NULL, *w = NULL, *b = NULL, *g32 = gc_rand(2, gs, -1, 1, &st), *gx[2],
+                *gw[2];
+    loom_tensor *x32 = gc_rand(2, xs, -1, 1, &st), *w32 = gc_rand(2, ws, -1, 1, &st),
+                *b32 = gc_rand(1, bs, -1, 1, &st);
+    LT_OK(loom_cast(x32, dts[d], &x));
+    LT_OK(loom_cast(w32, dts[d], &w));
+    LT_OK(loom_cast(b32, dts[d], &b));
+    const float *gv = loom_tensor_data(g32);
+    for (int with_bias = 1; with_bias >= 0; with_bias--) {
+      loom_tensor *y = NULL, *y32 = NULL, *l = NULL, *yg = NULL;
+      LT_OK(loom_tensor_set_requires_grad(x, true));
+      LT_OK(loom_tensor_set_requires_grad(w, true));
+      LT_OK(loom_tensor_set_requires_grad(b, with_bias));
+      LT_OK(loom_tensor_set_grad(x, NULL));
+      LT_OK(loom_tensor_set_grad(w, NULL));
+      LT_OK(loom_tensor_set_grad(b, NULL));
+      LT_OK(loom_linear(x, w, b, &y));
+      LT_OK(loom_cast(y, LOOM_F32, &y32)); /* L = sum(y32 * g32): dL/dy = g32 in f32 */
+      LT_OK(loom_mul(y32, g32, &yg));
+      LT_OK(loom_sum(yg, NULL, 0, false, &l));
+      LT_OK(loom_backward(l, NULL, false));
+      gx[with_bias] = loom_tensor_retain(loom_tensor_grad(x));
+      gw[with_bias] = loom_tensor_retain(loom_tensor_grad(w));
+      if (with_bias) {
+        loom_tensor *gb = NULL;
+        LT_OK(loom_cast(loom_tensor_grad(b), LOOM_F32, &gb));
+        const float *got = loom_tensor_data(gb);
+        int bad = 0;
+        for (int64_t o = 0; o < O; o++) {
+          float want = 0;
+          for (int64_t r = 0; r < R; r++) want += gv[r * O + o];
+          float want_dt = 0; /* the leaf's gradient is in dt: round the f32 sum the same way */
+          uint16_t h = 0;
+          LT_OK(loom_convert(&want, LOOM_F32, &h, dts[d], 1));
+          LT_OK(loom_convert(&h, dts[d], &want_dt, LOOM_F32, 1));
+          bad += got[o] != want_dt;
+        }
+        LT_EQ(bad, 0);
+        loom_tensor_free(gb);
+      }
+      loom_tensor_free(y);
+      loom_tensor_free(y32);
+      loom_tensor_free(yg);
+      loom_tensor_free(l);
+    }
+    LT_TRUE(gc_rel_diff(gx[0], gx[1], 1e-30) == 0);
+    LT_TRUE(gc_rel_diff(gw[0], gw[1], 1e-30) == 0);
+    for (int k = 0; k < 2; k++) {
+      loom_tensor_free(gx[k]);
+      loom_tensor_free(gw[k]);
+    }
+    loom_tensor_free(x);
+    loom_tensor_free(w);
+    loom_tensor_free(b);
+    loom_tensor_free(x32);
+    loom_tensor_free(w32);
+    loom_tensor_free(b32);
+    loom_tensor_free(g32);
+  }
+}

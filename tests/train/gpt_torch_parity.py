@@ -126,7 +126,9 @@ def build_model(torch, W, layers, heads, f32_attention=False):
     """The GPT-2 of loom/gpt.h over the parameters W (leaf tensors, requires_grad).
     f32_attention (a measurement, not the baseline): under autocast, the attention between
     c_attn and c_proj computed in f32 from the bf16 q, k, v and rounded once to bf16, as loom's
-    fused op does, instead of 1.13's bf16 scores and softmax."""
+    fused op does on a CPU without AMX (with AMX its products take bf16 operands, p and the
+    gradients rounded to bf16 as a bf16 matmul takes them), instead of 1.13's bf16 scores and
+    softmax."""
     F = torch.nn.functional
     C = W["wte.weight"].shape[1]
     D = C // heads
@@ -212,7 +214,7 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--f32-attention", action="store_true",
-                    help="bf16: attention in f32 as loom's fused op (a measurement)")
+                    help="bf16: attention in f32 as loom's fused op without AMX (a measurement)")
     ap.add_argument("--tol1", type=float, default=None)
     ap.add_argument("--tol", type=float, default=None)
     a = ap.parse_args()

@@ -4,6 +4,8 @@
 #include "core/kernels/kernels.h"
 
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,8 +117,23 @@ bool loom__cpu_intel(void) {
   return __builtin_cpu_is("intel");
 }
 
-bool loom__cpu_amx_bf16(void) {
+/* AVX512-BF16, AMX-TILE and AMX-BF16 from CPUID (leaf 7: EDX bits 24 and 22), and the kernel's
+ * leave to use the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, feature 18,
+ * process-wide; oneDNN asks the same): asked once, false where either is missing. The one
+ * place that asks: loom's AMX GEMM (ops/gemm_amx.c) and fused attention (ops/attn_amx.c). */
+static bool amx_ok;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static void amx_init(void) {
   unsigned a, b, c, d;
-  if (!loom_cpu_has_avx512bf16() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  return (d & (1u << 24)) && (d & (1u << 22)); /* AMX-TILE, AMX-BF16 */
+  if (!loom_cpu_has_avx512bf16() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) ||
+      !(d & (1u << 24)) || !(d & (1u << 22)))
+    return;
+#ifdef SYS_arch_prctl
+  amx_ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+#endif
+}
+
+bool loom__cpu_amx_bf16(void) {
+  pthread_once(&amx_once, amx_init);
+  return amx_ok && loom_cpu_level_active() == LOOM_CPU_AVX512;
 }
