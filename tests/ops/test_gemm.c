@@ -11,6 +11,7 @@
  * absolute values; a bf16 or f16 C adds one ulp of the result's dtype (2^-7 or 2^-10
  * relative) for the final rounding. Inputs are generated in f32 and rounded to the dtype
  * once, and both sides read the same rounded inputs. */
+#include "gemm_cases.h"
 #include "lt.h"
 #include "ops/gemm.h"
 #include "ops/gemm_int.h"
@@ -44,20 +45,9 @@ static size_t span(int64_t batch, int64_t stride, int64_t rows, int64_t ld) {
   return (size_t)((batch - 1) * stride + rows * ld);
 }
 
-typedef struct shape {
-  int64_t batch, M, N, K;
-  bool ta, tb;
-  int64_t pad; /* added to every leading dimension */
-  bool bcast_a, bcast_b;
-  float alpha, beta;
-  bool bias; /* an f32 bias row (alpha must be 1) */
-} shape;
-
-typedef int (*gemm_fn)(const loom__gemm_args *);
-
 /* Runs one case through `kernel` (loom__gemm, or another with its contract); returns the number
  * of elements out of tolerance (and reports the first). */
-static int check_with(gemm_fn kernel, shape s, loom_dtype ab, loom_dtype cdt) {
+int check_with(gemm_fn kernel, shape s, loom_dtype ab, loom_dtype cdt) {
   loom__gemm_args g = {.trans_a = s.ta,
                        .trans_b = s.tb,
                        .batch = s.batch,
@@ -126,7 +116,7 @@ static const int64_t dims[][3] = {{1, 1, 1},    {1, 7, 3},      {5, 1, 9},  {17,
 #define NDIMS (int)(sizeof dims / sizeof dims[0])
 
 /* Every shape with every transpose, cycling through pad / alpha / beta. */
-static void sweep_with(gemm_fn kernel, loom_dtype ab, loom_dtype cdt) {
+void sweep_with(gemm_fn kernel, loom_dtype ab, loom_dtype cdt) {
   static const float alphas[] = {1.0f, 0.5f, -2.0f};
   int i = 0;
   for (int d = 0; d < NDIMS; d++)
