@@ -36,7 +36,12 @@ enum {
   MC = 96,   /* rows per packed A block (144 KiB at KC: L2) */
   NC = 1536, /* columns per B block at most */
 };
-#define BBLOCK_FLOATS ((int64_t)640 * 1024) /* a packed B block: 2.5 MiB (L2 / L3) */
+/* A packed B block at most: for a 16-bit C, 2.5 MiB (a forward linear's whole weight at
+ * K = 384, so its activations are packed once); for an f32 C, 1 MiB (L2: the weight gradient's
+ * long K is cut in blocks whose partial sums go through C; 2.5 MiB ran its products 5-10%
+ * slower, bench_gemm_avx2). */
+#define BBLOCK_C16 ((int64_t)640 * 1024)
+#define BBLOCK_F32 ((int64_t)256 * 1024)
 
 /* ---- loading and storing 16-bit or f32 elements ---------------------------------------- */
 
@@ -349,10 +354,10 @@ int loom__gemm_avx2(const loom__gemm_args *g) {
    * an f32 C accumulates in place, so its block is as wide as N allows */
   p.nc = g->N < NC ? g->N : NC;
   if (c32) {
-    int64_t kb = BBLOCK_FLOATS / ((p.nc + NR - 1) / NR * NR);
+    int64_t kb = BBLOCK_F32 / ((p.nc + NR - 1) / NR * NR);
     p.kb = kb < KC ? KC : kb;
   } else {
-    int64_t nc = BBLOCK_FLOATS / g->K / NR * NR;
+    int64_t nc = BBLOCK_C16 / g->K / NR * NR;
     if (nc < NR) nc = NR;
     if (nc < p.nc) p.nc = nc;
     p.kb = g->K;
