@@ -77,7 +77,7 @@ LT_TEST(gemm_avx2_rounds_c_as_loom_convert) {
   bias[1] = 1.0f + 3 * 0x1p-8f;  /* a bf16 tie: to even (up) */
   bias[2] = 1.0f + 0x1p-11f;     /* an f16 tie */
   bias[3] = NAN, bias[4] = -INFINITY, bias[5] = 0x1p-130f, bias[6] = -0x1p-20f;
-  bias[7] = 3.4e38f; /* rounds to bf16 inf? no: bf16 keeps f32's range; f16 overflows */
+  bias[7] = 3.4e38f; /* near the top of f32's range (f16: overflows to inf) */
   for (int d = 0; d < 2; d++) {
     loom_dtype dt = d ? LOOM_F16 : LOOM_BF16;
     uint16_t A[M] = {0}, B[N] = {0}, C[M * N], want[N];
