@@ -9,6 +9,7 @@
  * output scale, a bias oneDNN's f32 bias (a [1, N] row) and beta = 1 a sum post-op. oneDNN 2.6 has no f16 x f16 matmul on CPUs
  * without AVX512-FP16, so f16 operands are widened to packed f32 copies, multiplied in f32 and
  * (for an f16 C) rounded back. */
+#include "ops/gemm_avx2.h"
 #include "ops/gemm_int.h"
 
 #include <stdatomic.h>
@@ -213,10 +214,12 @@ done:
 }
 
 /* Native bf16 (never where it is widened: LOOM_BF16_KERNELS=widen, oneDNN capped below AMX)
- * goes to loom's AMX GEMM where gemm_amx.c's rule picks it. */
+ * goes to loom's AMX GEMM where gemm_amx.c's rule picks it; widened 16-bit operands to loom's
+ * AVX2 GEMM (widened as packed) where gemm_avx2_pick.c's rule picks it, else to f32 copies. */
 static int gemm_checked(const loom__gemm_args *g) {
-  if (!loom__gemm_native(g->ab_dtype)) return gemm_widened(g);
-  return loom__gemm_prefer_amx(g) ? loom__gemm_bf16_amx(g) : gemm_native(g);
+  if (loom__gemm_native(g->ab_dtype))
+    return loom__gemm_prefer_amx(g) ? loom__gemm_bf16_amx(g) : gemm_native(g);
+  return loom__gemm_avx2_wanted(g) ? loom__gemm_avx2(g) : gemm_widened(g);
 }
 
 int loom__gemm(const loom__gemm_args *g) {
