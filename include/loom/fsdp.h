@@ -308,9 +308,14 @@ int loom_fsdp_segments(const loom_fsdp *f, const loom_param_seg **segs, size_t *
 /* Gather unit's parameters on every rank in dtype dt (LOOM_F32, or a forward dtype: the shard
  * is cast first) and point the parameters at them; LOOM_OK at once if already gathered in dt.
  * A collective: every rank calls it. Gathered parameters are read-only: on the threads backend
- * the ranks' f32 parameters (without mixed precision or offload) view one buffer, each rank
- * copying only its shard into it and its memory account counting that shard's bytes while it
- * holds the buffer (LOOM_FSDP_SHARE_GATHERS=0 in the environment: one buffer per rank). */
+ * the ranks' f32 parameters (without mixed precision or offload) view one buffer per unit
+ * whose slices are the ranks' parameter shards themselves, so a gather copies nothing (it
+ * waits for every rank to issue it) and costs no memory beyond the shards
+ * (LOOM_FSDP_SHARE_GATHERS=0 in the environment: one buffer per rank, each gather a copy).
+ * There a rank's shard (the optimizer step, loading state) is written while its peers may
+ * still read the unit unless a collective separates the two: as in every training step, write
+ * the shards after loom_fsdp_finish (whose reduce-scatters every rank joins after its last use
+ * of the parameters), never between a forward and the next finish. */
 int loom_fsdp_gather_unit(loom_fsdp *f, size_t unit, loom_dtype dt);
 /* Free the gathered parameters (the parameters hold no data again). Not a collective. */
 int loom_fsdp_reshard_unit(loom_fsdp *f, size_t unit);

@@ -87,6 +87,24 @@ int loom__pg_issue(loom_pg *pg, const loom__coll *c, loom_work **out) {
   if (out) *out = NULL;
   int rc = loom__pg_check(pg, who);
   if (rc) return rc;
+  if (!out) { /* blocking: run inline when nothing is queued or running, with no handle (a small
+               * all-reduce's whole bookkeeping is this lock and the one after it) */
+    loom__coll now = *c;
+    pthread_mutex_lock(&pg->mu);
+    if (!pg->head && !pg->running) {
+      now.seq = ++pg->seq;
+      pg->running = true;
+      pthread_mutex_unlock(&pg->mu);
+      rc = loom__pg_execute(pg, &now, true); /* checked above, a moment ago */
+      pthread_mutex_lock(&pg->mu);
+      pg->running = false;
+      if (pg->head) pthread_cond_signal(&pg->cv_work);
+      pthread_cond_broadcast(&pg->cv_done); /* for loom__pg_drain */
+      pthread_mutex_unlock(&pg->mu);
+      return rc;
+    }
+    pthread_mutex_unlock(&pg->mu);
+  }
   loom_work *w = NULL;
   loom_work local;
   if (out) {
@@ -102,17 +120,6 @@ int loom__pg_issue(loom_pg *pg, const loom__coll *c, loom_work **out) {
 
   pthread_mutex_lock(&pg->mu);
   w->c.seq = ++pg->seq;
-  if (!out && !pg->head && !pg->running) { /* run inline */
-    pg->running = true;
-    pthread_mutex_unlock(&pg->mu);
-    rc = loom__pg_execute(pg, &w->c, true); /* checked above, a moment ago */
-    pthread_mutex_lock(&pg->mu);
-    pg->running = false;
-    if (pg->head) pthread_cond_signal(&pg->cv_work);
-    pthread_cond_broadcast(&pg->cv_done); /* for loom__pg_drain */
-    pthread_mutex_unlock(&pg->mu);
-    return rc;
-  }
   rc = ensure_thread(pg);
   if (rc) {
     pg->seq--;

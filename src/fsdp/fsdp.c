@@ -114,7 +114,10 @@ static int check_peers(loom_fsdp *f) {
 /* This rank's part of unit u's flat layout, from the module's parameter values, or, for a
  * deferred model, from their initialisers: only this part is ever made. */
 static int make_shards(fsdp_unit *u, int rank) {
-  u->param_shard = loom__calloc(LOOM_POOL_COMPUTE, u->shard ? u->shard : 1, sizeof(float));
+  int rc = loom__fsdp_share_resident(u); /* ranks in one process: a slice of one buffer */
+  if (rc) return rc;
+  if (!u->resident)
+    u->param_shard = loom__calloc(LOOM_POOL_COMPUTE, u->shard ? u->shard : 1, sizeof(float));
   if (!loom__fsdp_offloading(u->f, OFF_GRAD)) /* offloaded: made by the first reduce-scatter */
     u->grad_shard = loom__calloc(LOOM_POOL_COMPUTE, u->shard ? u->shard : 1, sizeof(float));
   if (!u->param_shard || (!u->grad_shard && !loom__fsdp_offloading(u->f, OFF_GRAD)))
@@ -126,8 +129,8 @@ static int make_shards(fsdp_unit *u, int rank) {
     size_t a, b;
     if (!loom__layout_slice(fp->offset, fp->numel, lo, hi, &a, &b) || loom__dry()) continue;
     if (u->f->root->deferred) {
-      int rc = loom__param_init_into(fp->p, a - fp->offset, b - fp->offset,
-                                     u->param_shard + (a - lo), LOOM_F32);
+      rc = loom__param_init_into(fp->p, a - fp->offset, b - fp->offset,
+                                 u->param_shard + (a - lo), LOOM_F32);
       if (rc) return rc;
       continue;
     }
@@ -243,12 +246,12 @@ int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
       rc = loom_pg_broadcast(f->replica, data, data, loom_tensor_numel(a), LOOM_F32, 0, NULL);
   }
   if (!rc) rc = loom__fsdp_offload_init(f);
+  if (!rc) rc = loom__fsdp_share_init(f); /* before the shards, which may live in its buffers */
   /* unit by unit, each parameter shard to the offload tier before the next is made: they never
    * all exist at once in the compute pool */
   for (size_t u = 0; u < f->nunits && !rc; u++)
     if (!(rc = make_shards(&f->units[u], f->rank))) rc = loom__fsdp_param_done(&f->units[u]);
   if (!rc) rc = make_segments(f);
-  if (!rc) rc = loom__fsdp_share_init(f);
   if (!rc) rc = loom__fsdp_install_hooks(f);
   if (rc) {
     loom_fsdp_free(f);
@@ -279,11 +282,12 @@ void loom_fsdp_free(loom_fsdp *f) {
     if (un->autocast_on) (void)loom_autocast_exit(&un->autocast);
   }
   loom__fsdp_offload_free(f); /* its transfers end before the buffers they use go */
-  loom__fsdp_share_free(f);   /* after every unit let go of its shared buffer */
   for (size_t u = 0; f->units && u < f->nunits; u++) {
+    loom__fsdp_share_resident_free(&f->units[u]); /* NULLs param_shard if it was a slice */
     loom__free(f->units[u].param_shard);
     loom__free(f->units[u].grad_shard);
   }
+  loom__fsdp_share_free(f); /* after every unit let go of its shared buffers */
   if (f->units) loom__fsdp_remove_hooks(f);
   if (f->cache_reserved) loom__mem_cache_reserve(-(ptrdiff_t)f->cache_reserved);
   for (size_t i = 0; f->seg_names && i < f->nunits; i++) loom__free(f->seg_names[i]);

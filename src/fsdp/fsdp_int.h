@@ -79,6 +79,8 @@ struct fsdp_unit {
   double read_begin, read_end; /* when it did (written by the thread that ran it) */
   uint64_t share_gen;    /* shared gathers of this unit issued (fsdp_share.c) */
   size_t share_counted;  /* bytes of `gathered` (a shared buffer) this rank's account counts */
+  loom_tensor *resident; /* shared f32 gathers: the unit's one buffer whose slice param_shard is,
+                          * gathered without a copy (fsdp_share.c); NULL otherwise */
   /* backward */
   bool in_backward;      /* its pre-backward ran in this backward */
   bool reduced;          /* its reduce-scatter was issued (or, with sync off, the gradient kept) */
@@ -170,6 +172,11 @@ int loom__fsdp_share_buffer(fsdp_unit *u, loom_dtype dt, loom_tensor **out);
 /* Before `gathered` is freed: this rank's account stops counting its share (nothing if the
  * buffer is not shared). */
 void loom__fsdp_share_release(fsdp_unit *u);
+/* With f->share, at create (collective): the unit's resident buffer (padded f32, zeroed), rank 0
+ * making it; sets u->resident and points u->param_shard at this rank's slice of it (nothing
+ * without sharing: u->resident stays NULL). At free: this rank's reference. */
+int loom__fsdp_share_resident(fsdp_unit *u);
+void loom__fsdp_share_resident_free(fsdp_unit *u);
 
 /* fsdp_hooks.c */
 int loom__fsdp_install_hooks(loom_fsdp *f);

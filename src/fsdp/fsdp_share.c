@@ -18,6 +18,15 @@
  * it waited for the next one, which every rank had issued (so taken its buffer of this one)
  * before that collective could complete.
  *
+ * The f32 gathers go further: each unit has one resident buffer, made by rank 0 at create,
+ * whose slice at rank r x shard IS rank r's parameter shard (u->param_shard points into it; the
+ * optimizer updates it there). A gather then copies nothing: the threads all-gather sees send
+ * == its place in recv and only synchronises, which orders every rank's shard writes before
+ * any rank's reads (fsdp.h: shards are written after loom_fsdp_finish, so reads end before).
+ * The bytes each rank copied per gather before (its shard, 214 MB a step per rank in
+ * bench_fsdp) and the gathered buffers' allocations and page faults are gone; each rank's
+ * account counts its shard for the wrapper's life, as a shard of its own.
+ *
  * Only f32 gathers without mixed precision or offload share (the cast and tier paths fill their
  * own part in place, per rank); the decision is the same on every rank, made from the
  * configuration every rank holds alike. LOOM_FSDP_SHARE_GATHERS=0 in the environment turns it
@@ -44,17 +53,20 @@ struct loom__fsdp_share {
   int world;
   size_t nunits;
   share_slot *slots; /* nunits x 2 */
+  share_slot *resident; /* nunits: each unit's one buffer holding every rank's shard (gen 1) */
 };
 
 static void share_release(loom__fsdp_share *s) {
   if (!s || atomic_fetch_sub(&s->refs, 1) != 1) return;
-  for (size_t i = 0; i < 2 * s->nunits; i++) { /* references a failed rank never took */
-    loom_tensor *t = atomic_load(&s->slots[i].t);
-    for (int k = atomic_load(&s->slots[i].untaken); t && k > 0; k--) loom_tensor_free(t);
+  for (size_t i = 0; i < 3 * s->nunits; i++) { /* references a failed rank never took */
+    share_slot *x = i < 2 * s->nunits ? &s->slots[i] : &s->resident[i - 2 * s->nunits];
+    loom_tensor *t = atomic_load(&x->t);
+    for (int k = atomic_load(&x->untaken); t && k > 0; k--) loom_tensor_free(t);
   }
   pthread_cond_destroy(&s->cv);
   pthread_mutex_destroy(&s->mu);
   loom__free(s->slots);
+  loom__free(s->resident);
   loom__free(s);
 }
 
@@ -74,18 +86,25 @@ int loom__fsdp_share_init(loom_fsdp *f) {
   bool want = !f->mp && !f->cfg.offload.enabled && sharing_wanted();
   loom__fsdp_share *mine = NULL;
   if (f->rank == 0 && want) {
+    /* on account 0, as the buffers: the last rank to let go frees it, whichever that is */
+    int account = loom_mem_account();
+    loom_mem_set_account(0);
     mine = loom__calloc(LOOM_POOL_META, 1, sizeof *mine);
-    if (mine) mine->slots = loom__calloc(LOOM_POOL_META, 2 * (f->nunits ? f->nunits : 1),
-                                         sizeof *mine->slots);
-    if (mine && mine->slots && pthread_mutex_init(&mine->mu, NULL) == 0) {
+    size_t nu = f->nunits ? f->nunits : 1;
+    if (mine) mine->slots = loom__calloc(LOOM_POOL_META, 2 * nu, sizeof *mine->slots);
+    if (mine) mine->resident = loom__calloc(LOOM_POOL_META, nu, sizeof *mine->resident);
+    loom_mem_set_account(account);
+    if (mine && mine->slots && mine->resident && pthread_mutex_init(&mine->mu, NULL) == 0) {
       if (pthread_cond_init(&mine->cv, NULL) != 0) {
         pthread_mutex_destroy(&mine->mu);
         loom__free(mine->slots);
+        loom__free(mine->resident);
         loom__free(mine);
         mine = NULL;
       }
     } else if (mine) {
       loom__free(mine->slots);
+      loom__free(mine->resident);
       loom__free(mine);
       mine = NULL;
     }
@@ -172,25 +191,12 @@ static int wait_published(fsdp_unit *u, share_slot *s, uint64_t gen) {
   return rc;
 }
 
-int loom__fsdp_share_buffer(fsdp_unit *u, loom_dtype dt, loom_tensor **out) {
-  loom_fsdp *f = u->f;
-  loom__fsdp_share *sh = f->share;
-  uint64_t gen = ++u->share_gen;
-  share_slot *s = &sh->slots[2 * u->index + (gen & 1)];
-  if (f->rank != 0) {
-    int rc = wait_published(u, s, gen);
-    if (rc) return rc;
-    *out = atomic_load_explicit(&s->t, memory_order_relaxed); /* our reference, held for us */
-    atomic_fetch_sub(&s->untaken, 1);
-    u->share_counted = (size_t)share_bytes(u, dt);
-    loom__mem_account_only(LOOM_POOL_COMPUTE, loom_mem_account(), share_bytes(u, dt));
-    return LOOM_OK;
-  }
-  int64_t len = (int64_t)u->padded;
-  loom_tensor *t = NULL;
+/* Rank 0's new buffer of `len` elements of dt on account 0 (no rank's), zeroed if asked; a
+ * failure fails the group, since the others wait for it. */
+static int leader_alloc(loom_fsdp *f, loom_dtype dt, int64_t len, bool zero, loom_tensor **t) {
   int account = loom_mem_account();
   loom_mem_set_account(0); /* the block is no rank's: each counts its share (see the top) */
-  int rc = loom_tensor_empty(dt, 1, &len, &t);
+  int rc = loom_tensor_empty(dt, 1, &len, t);
   loom_mem_set_account(account);
   if (rc) {
     char msg[512];
@@ -198,9 +204,12 @@ int loom__fsdp_share_buffer(fsdp_unit *u, loom_dtype dt, loom_tensor **out) {
     loom__pg_fail_group(f->pg, rc, msg); /* the others wait for this buffer: let them go */
     return loom__fail(rc, "%s", msg);
   }
-  /* the slot's previous buffer (gather gen - 2) was taken by every rank (see the top) */
-  loom_tensor *old = atomic_load_explicit(&s->t, memory_order_relaxed);
-  for (int k = atomic_load(&s->untaken); old && k > 0; k--) loom_tensor_free(old);
+  if (zero && !loom__dry()) memset(loom_tensor_data(*t), 0, (size_t)len * loom_dtype_size(dt));
+  return LOOM_OK;
+}
+
+/* With sh->mu not held: slot s holds t (gen), with a reference for each other rank to take. */
+static void publish(loom__fsdp_share *sh, share_slot *s, loom_tensor *t, uint64_t gen) {
   for (int k = 1; k < sh->world; k++) loom_tensor_retain(t);
   atomic_store_explicit(&s->t, t, memory_order_relaxed);
   atomic_store_explicit(&s->untaken, sh->world - 1, memory_order_relaxed);
@@ -208,8 +217,63 @@ int loom__fsdp_share_buffer(fsdp_unit *u, loom_dtype dt, loom_tensor **out) {
   atomic_store_explicit(&s->gen, gen, memory_order_release);
   pthread_cond_broadcast(&sh->cv);
   pthread_mutex_unlock(&sh->mu);
+}
+
+/* A rank other than 0: its reference to what rank 0 published in s as gen. */
+static int take(fsdp_unit *u, share_slot *s, uint64_t gen, loom_tensor **out) {
+  int rc = wait_published(u, s, gen);
+  if (rc) return rc;
+  *out = atomic_load_explicit(&s->t, memory_order_relaxed); /* our reference, held for us */
+  atomic_fetch_sub(&s->untaken, 1);
+  return LOOM_OK;
+}
+
+int loom__fsdp_share_resident(fsdp_unit *u) {
+  loom_fsdp *f = u->f;
+  loom__fsdp_share *sh = f->share;
+  u->resident = NULL;
+  if (!sh || !u->shard) return LOOM_OK;
+  share_slot *s = &sh->resident[u->index];
+  loom_tensor *t = NULL;
+  int rc = f->rank == 0 ? leader_alloc(f, LOOM_F32, (int64_t)u->padded, true, &t)
+                        : take(u, s, 1, &t);
+  if (rc) return rc;
+  if (f->rank == 0) publish(sh, s, t, 1);
+  u->resident = t;
+  u->param_shard = (float *)loom_tensor_data(t) + (size_t)f->rank * u->shard;
+  loom__mem_account_only(LOOM_POOL_COMPUTE, loom_mem_account(), share_bytes(u, LOOM_F32));
+  return LOOM_OK;
+}
+
+void loom__fsdp_share_resident_free(fsdp_unit *u) {
+  if (!u->resident) return;
+  loom__mem_account_only(LOOM_POOL_COMPUTE, loom_mem_account(), -share_bytes(u, LOOM_F32));
+  loom_tensor_free(u->resident);
+  u->resident = NULL;
+  u->param_shard = NULL;
+}
+
+int loom__fsdp_share_buffer(fsdp_unit *u, loom_dtype dt, loom_tensor **out) {
+  loom_fsdp *f = u->f;
+  loom__fsdp_share *sh = f->share;
+  if (u->resident && dt == LOOM_F32) { /* the shards are the unit: nothing to make or count */
+    loom_tensor_retain(u->resident);
+    *out = u->resident;
+    return LOOM_OK;
+  }
+  uint64_t gen = ++u->share_gen;
+  share_slot *s = &sh->slots[2 * u->index + (gen & 1)];
+  loom_tensor *t = NULL;
+  int rc = f->rank == 0 ? leader_alloc(f, dt, (int64_t)u->padded, false, &t) : take(u, s, gen, &t);
+  if (rc) return rc;
+  if (f->rank == 0) {
+    /* the slot's previous buffer (gather gen - 2) was taken by every rank (see the top) */
+    loom_tensor *old = atomic_load_explicit(&s->t, memory_order_relaxed);
+    for (int k = atomic_load(&s->untaken); old && k > 0; k--) loom_tensor_free(old);
+    publish(sh, s, t, gen);
+  }
   u->share_counted = (size_t)share_bytes(u, dt);
-  loom__mem_account_only(LOOM_POOL_COMPUTE, account, share_bytes(u, dt));
+  loom__mem_account_only(LOOM_POOL_COMPUTE, loom_mem_account(), share_bytes(u, dt));
   *out = t;
   return LOOM_OK;
 }
