@@ -8,10 +8,10 @@
  * The two are timed in 3 alternating rounds (9 calls each at 1024, 3 at 4096) and each side's
  * median over all its calls is reported, so that both see the same machine load. Both sides
  * allocate their output on every call (loom_matmul and torch.matmul return a new tensor). Each
- * call is timed by the wall clock and by the calling thread's CPU time (loom: CLOCK_THREAD_CPUTIME_ID,
- * torch: time.thread_time()); at 1 thread both compute on the calling thread, so the "cpu"
- * figures leave out the time other processes held the core on a shared machine (with more
- * threads they mean nothing). Before
+ * call is timed by the wall clock and by the calling thread's CPU time (loom:
+ * CLOCK_THREAD_CPUTIME_ID, torch: time.thread_time()); at 1 thread both compute on the calling
+ * thread, so the "cpu" figures leave out the time other processes held the core on a shared
+ * machine (with more threads they mean nothing). Before
  * timing, loom's product is checked against a double-precision dot product at sampled elements.
  * PyTorch is capped to the same thread count as loom in both its pools (bench_torch_cmd:
  * torch.set_num_threads alone leaves Debian's OpenBLAS, which runs torch's f32 matmul, on every
@@ -150,8 +150,8 @@ static int against_torch(int threads) {
              ls * 1e3, flop / ls * 1e-9);
       if (torch) {
         double ts = bench_median(tt, nt), lcs = bench_median(lc, nl), tcs = bench_median(tc, nt);
-        printf(" torch %.1f GFLOP/s ratio %.2f (torch threads %d openblas %d) (cpu: loom %.1f torch "
-               "%.1f GFLOP/s ratio %.2f)\n",
+        printf(" torch %.1f GFLOP/s ratio %.2f (torch threads %d openblas %d) "
+               "(cpu: loom %.1f torch %.1f GFLOP/s ratio %.2f)\n",
                flop / ts * 1e-9, ts / ls, tthr[0], tthr[1], flop / lcs * 1e-9, flop / tcs * 1e-9,
                tcs / lcs);
       } else {
