@@ -7,7 +7,11 @@
  * skipped otherwise), with the ratio loom / PyTorch.
  * The two are timed in 3 alternating rounds (9 calls each at 1024, 3 at 4096) and each side's
  * median over all its calls is reported, so that both see the same machine load. Both sides
- * allocate their output on every call (loom_matmul and torch.matmul return a new tensor). Before
+ * allocate their output on every call (loom_matmul and torch.matmul return a new tensor). Each
+ * call is timed by the wall clock and by the calling thread's CPU time (loom:
+ * CLOCK_THREAD_CPUTIME_ID, torch: time.thread_time()); at 1 thread both compute on the calling
+ * thread, so the "cpu" figures leave out the time other processes held the core on a shared
+ * machine (with more threads they mean nothing). Before
  * timing, loom's product is checked against a double-precision dot product at sampled elements.
  * PyTorch is capped to the same thread count as loom in both its pools (bench_torch_cmd:
  * torch.set_num_threads alone leaves Debian's OpenBLAS, which runs torch's f32 matmul, on every
@@ -31,6 +35,7 @@
  * Usage: bench_matmul [threads] [torch|gemm] (one part only). Prints one line per size and dtype:
  *   matmul <dtype> <M>x<N>x<K> threads <t> runs <r> loom <ms> ms <GFLOP/s> GFLOP/s
  *   torch <GFLOP/s> GFLOP/s ratio <loom GFLOP/s / torch GFLOP/s> (torch threads <t> openblas <t>)
+ *   (cpu: loom <GFLOP/s> torch <GFLOP/s> ratio <loom / torch, CPU time>)
  * then one per GEMM-choice shape:
  *   gemm <variant> <M>x<N>x<K> runs <r> onednn <GFLOP/s> openblas <GFLOP/s> ratio <onednn/openblas>
  *   (cpu: <onednn GFLOP/s> <openblas GFLOP/s> ratio <onednn/openblas>)
@@ -78,10 +83,11 @@ static int validate(loom_tensor *a, loom_tensor *b, loom_tensor *c, int64_t M, i
   return bad;
 }
 
-/* Appends the seconds of `runs` torch.matmul calls for this size and dtype to t[*n] and stores
- * the thread counts PyTorch reported in tthr; false without torch. */
+/* Appends the seconds of `runs` torch.matmul calls for this size and dtype to t[*n] (wall) and
+ * tc[*n] (the calling thread's CPU time) and stores the thread counts PyTorch reported in tthr;
+ * false without torch. */
 static bool torch_times(int64_t M, int64_t N, int64_t K, const char *dt, int runs, int threads,
-                        double *t, int *n, int tthr[2]) {
+                        double *t, double *tc, int *n, int tthr[2]) {
   char py[96], cmd[2048];
   bench_torch_cmd(py, sizeof py, threads);
   snprintf(cmd, sizeof cmd,
@@ -91,7 +97,8 @@ static bool torch_times(int64_t M, int64_t N, int64_t K, const char *dt, int run
            "a=(torch.rand(%lld, %lld)*2-1).to(dt); b=(torch.rand(%lld, %lld)*2-1).to(dt)\n"
            "torch.matmul(a, b)\n"
            "for r in range(%d):\n"
-           "  t0=time.perf_counter(); c=torch.matmul(a, b); print(time.perf_counter()-t0); del c\n"
+           "  t0=time.perf_counter(); c0=time.thread_time(); c=torch.matmul(a, b)\n"
+           "  print(time.perf_counter()-t0, time.thread_time()-c0); del c\n"
            "\" 2>/dev/null",
            py, threads, dt, (long long)M, (long long)K, (long long)K, (long long)N, runs);
   FILE *p = popen(cmd, "r");
@@ -99,7 +106,9 @@ static bool torch_times(int64_t M, int64_t N, int64_t K, const char *dt, int run
   int got = 0;
   char line[256];
   while (got < runs && fgets(line, sizeof line, p))
-    if (!bench_torch_threads(line, tthr) && sscanf(line, "%lf", &t[*n + got]) == 1) got++;
+    if (!bench_torch_threads(line, tthr) &&
+        sscanf(line, "%lf %lf", &t[*n + got], &tc[*n + got]) == 2)
+      got++;
   pclose(p);
   *n += got;
   return got == runs;
@@ -122,26 +131,29 @@ static int against_torch(int threads) {
       BENCH_CHECK(loom_matmul(a, b, &c)); /* builds and caches the primitive */
       if (validate(a, b, c, M, N, K)) failed = 1;
       loom_tensor_free(c);
-      double lt[ROUNDS * 16], tt[ROUNDS * 16];
+      double lt[ROUNDS * 16], tt[ROUNDS * 16], lc[ROUNDS * 16], tc[ROUNDS * 16];
       int nl = 0, nt = 0, tthr[2] = {-1, -1};
       bool torch = true;
       for (int round = 0; round < ROUNDS; round++) { /* alternate, so both see the same load */
         for (int r = 0; r < runs; r++) {
-          double t0 = bench_now();
+          double t0 = bench_now(), c0 = bench_cpu_now();
           BENCH_CHECK(loom_matmul(a, b, &c));
+          lc[nl] = bench_cpu_now() - c0;
           lt[nl++] = bench_now() - t0;
           loom_tensor_free(c);
         }
-        if (torch) torch = torch_times(M, N, K, dts[d].torch, runs, threads, tt, &nt, tthr);
+        if (torch) torch = torch_times(M, N, K, dts[d].torch, runs, threads, tt, tc, &nt, tthr);
       }
       double flop = 2.0 * (double)M * (double)N * (double)K, ls = bench_median(lt, nl);
       printf("matmul %-4s %lldx%lldx%lld threads %d runs %d loom %.2f ms %.1f GFLOP/s",
              loom_dtype_name(dts[d].dt), (long long)M, (long long)N, (long long)K, threads, nl,
              ls * 1e3, flop / ls * 1e-9);
       if (torch) {
-        double ts = bench_median(tt, nt);
-        printf(" torch %.1f GFLOP/s ratio %.2f (torch threads %d openblas %d)\n", flop / ts * 1e-9,
-               ts / ls, tthr[0], tthr[1]);
+        double ts = bench_median(tt, nt), lcs = bench_median(lc, nl), tcs = bench_median(tc, nt);
+        printf(" torch %.1f GFLOP/s ratio %.2f (torch threads %d openblas %d) "
+               "(cpu: loom %.1f torch %.1f GFLOP/s ratio %.2f)\n",
+               flop / ts * 1e-9, ts / ls, tthr[0], tthr[1], flop / lcs * 1e-9, flop / tcs * 1e-9,
+               tcs / lcs);
       } else {
         printf(" torch n/a\n");
       }

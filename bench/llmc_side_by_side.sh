@@ -42,6 +42,14 @@ LOOM=$(readlink -f "$1")
 WORK=${2:-$(mktemp -d /tmp/llmc_side_by_side.XXXXXX)}
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=/usr/bin/python3
+# The OpenBLAS core behind torch's f32 GEMMs as the PyTorch runs get it (llmc_files.py calls
+# torch_threads.cap, which replaces a generic fallback such as Prescott with OPENBLAS_CORETYPE):
+# "torch_threads 1 1 core SkylakeX[ (OPENBLAS_CORETYPE set: OpenBLAS chose Prescott)]".
+torch_core() {
+  printf 'OPENBLAS_CORETYPE=%s, ' "${OPENBLAS_CORETYPE:-unset}"
+  "$PY" -c "import sys; sys.path.insert(0, '$HERE'); import torch_threads
+torch_threads.cap(1); print(torch_threads.line())"
+}
 STEPS=${STEPS:-5}
 THREADS=${THREADS:-"1 2"}
 L=${LAYERS:-6} H=${HEADS:-6} C=${DIM:-384} T=${CONTEXT:-256} B=${BATCH:-16}
@@ -132,9 +140,7 @@ if [ "$CPU" = 1 ]; then
   vals=$WORK/cpu-values.txt # "amp threads side ms" per measurement, for the medians
   : > "$summary"
   : > "$vals"
-  [ "$TORCH" = 1 ] &&
-    echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, $(OPENBLAS_VERBOSE=2 "$PY" -c "import torch" 2>&1 | grep -m1 Core)" |
-      tee -a "$summary"
+  [ "$TORCH" = 1 ] && torch_core | tee -a "$summary"
   round=0
   while [ "$round" -lt "$ROUNDS" ]; do
     round=$((round + 1))
@@ -207,10 +213,7 @@ summary=$WORK/summary.txt
 : > "$summary"
 # the OpenBLAS core behind torch's f32 GEMMs: a generic fallback (Prescott) would make PyTorch
 # look several times slower than it is (a fair baseline names it)
-if [ "$TORCH" = 1 ]; then
-  echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, $(OPENBLAS_VERBOSE=2 "$PY" -c "import torch" 2>&1 | grep -m1 Core)" |
-    tee -a "$summary"
-fi
+[ "$TORCH" = 1 ] && torch_core | tee -a "$summary"
 for n in $THREADS; do
   # loom
   m=$WORK/loom-$n.jsonl

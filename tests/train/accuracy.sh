@@ -18,6 +18,8 @@ if /usr/bin/python3 -c "import torch" 2>/dev/null; then
   # 1 thread in both of PyTorch's pools (torch_train.py caps them too and logs the counts)
   tpy="env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3"
   run torch-f32 $tpy "$(dirname "$0")/torch_train.py" f32 1
+  # the OpenBLAS core torch ran on (torch_threads.cap replaces a generic fallback core)
+  grep -m1 '^torch_threads' "$LOG/torch-f32.log"
   run torch-bf16 $tpy "$(dirname "$0")/torch_train.py" bf16 1
   run loom-f32-1epoch "$BUILD/tools/loom" train --threads 1 --epochs 1
   run loom-bf16-1epoch "$BUILD/tools/loom" train --threads 1 --epochs 1 --amp bf16
