@@ -37,6 +37,7 @@ typedef struct wrun {
   load_kind load;  /* between step 1 and step 2 */
   const char *dir; /* LOAD_SHARDED's folder */
   float *params;   /* rank 0's full state at the end, flat in parameter order */
+  float *mid;      /* LOAD_FULL: rank 0's full state taken before the load */
 } wrun;
 
 static size_t numel_of(bool gpt) {
@@ -63,6 +64,7 @@ static int reload_full(const wrun *r, loom_fsdp *f) {
   loom_named_tensor *st = NULL;
   size_t n = 0;
   int rc = loom_fsdp_full_state(f, &st, &n);
+  if (!rc && st) fm_flatten_state(st, n, r->mid);
   loom_fsdp_state_free(st, n);
   loom_module *o = NULL;
   if (!rc) rc = make_model(r->gpt, 777, &o);
@@ -131,6 +133,7 @@ static float *go(wrun *r, int n, bool share) {
   if (share) unsetenv("LOOM_FSDP_SHARE_GATHERS");
   else setenv("LOOM_FSDP_SHARE_GATHERS", "0", 1);
   r->params = calloc(numel_of(r->gpt), sizeof(float));
+  r->mid = calloc(numel_of(r->gpt), sizeof(float));
   LT_OK(loom_threads_run(n, NULL, wrank, r));
   unsetenv("LOOM_FSDP_SHARE_GATHERS");
   return r->params;
@@ -159,6 +162,7 @@ LT_TEST(fsdp_shared_shards_optim_in_backward_bitwise_mlp_and_gpt_2_3_ranks) {
           if (!(d <= 1e-5))
             lt_fail_at(__FILE__, __LINE__, "%s, %d ranks, step in backward %d, shared %d: %g "
                        "from one process", gpt ? "GPT" : "MLP", n, oib, share, d);
+          free(r.mid);
           if (!base) {
             base = p;
             continue;
@@ -193,6 +197,11 @@ LT_TEST(fsdp_shared_shards_loads_between_steps_bitwise) {
             if (!share && !oib) continue; /* that is `want` */
             wrun r = {.gpt = gpt, .oib = oib, .load = (load_kind)load, .dir = root};
             float *p = go(&r, n, share);
+            if (memcmp(plain.mid, r.mid, np * sizeof(float)) != 0)
+              lt_fail_at(__FILE__, __LINE__, "%s, %d ranks, shared %d, step in backward %d: the "
+                         "full state before the load is not the unshared run's",
+                         gpt ? "GPT" : "MLP", n, share, oib);
+            free(r.mid);
             if (memcmp(want, p, np * sizeof(float)) != 0)
               lt_fail_at(__FILE__, __LINE__, "%s, %d ranks, %s load, shared %d, step in "
                          "backward %d: not the bits of the unshared run", gpt ? "GPT" : "MLP",
@@ -201,5 +210,6 @@ LT_TEST(fsdp_shared_shards_loads_between_steps_bitwise) {
             fm_rm_tree(root);
           }
         free(want);
+        free(plain.mid);
       }
 }
