@@ -5,14 +5,21 @@
  * The optimizer step inside backward (cfg.optim_in_backward) writes a rank's slice of unit i
  * before loom_fsdp_finish, while its peers may still be in backward; the unit's reduce-scatter,
  * which every rank joins after its last read of the unit in that backward, is what must order
- * the two. Checked: the MLP (3 units) and the GPT (the root unit with the tied wte/lm_head kept
- * gathered for the whole step, one unit per block), 2 and 3 ranks, f32, the step in backward on
- * and off, the buffer shared and not (LOOM_FSDP_SHARE_GATHERS=0): the same bits in all four, and
- * within the summation-order bound of test_fsdp.c / test_fsdp_gpt.c (1e-5) of one process with
- * the whole batch. The loads between steps (loom_fsdp_full_state then loom_fsdp_load_full_state;
- * a model of another seed; loom_fsdp_save_sharded then loom_fsdp_load_sharded) write the
- * slices with no collective of their own: shared and unshared must give the same bits. The ctest tsan label runs all of it
- * under ThreadSanitizer, which reports a write ordered after no peer's read. */
+ * the two, and does not: loom_linear finishes its weight gradient (the hooks, the
+ * reduce-scatter) before it multiplies by the weight for its input gradient. So such wrappers
+ * keep their shards apart (fsdp_share.c); with the slices shared this test saw the MLP's weights
+ * 3e-2 off. Checked: the MLP (3 units, one Linear each) and the GPT (the root unit with the tied
+ * wte/lm_head kept gathered for the whole step, one unit per block), 2 and 3 ranks, f32, the
+ * step in backward on and off, the buffer shared and not (LOOM_FSDP_SHARE_GATHERS=0): the same
+ * bits in all four, and within the summation-order bound of test_fsdp.c / test_fsdp_gpt.c
+ * (1e-5) of one process with the whole batch.
+ *
+ * The loads between steps (loom_fsdp_full_state, then loom_fsdp_load_full_state of a model of
+ * another seed; loom_fsdp_save_sharded then loom_fsdp_load_sharded) write the slices with no
+ * collective of their own: shared and unshared must give the same bits, and
+ * so must rank 0's full state taken just before the load. ThreadSanitizer (the tsan label)
+ * does not see these races: the reads are GEMMs and SIMD kernels it does not instrument (it
+ * reported nothing with the slices shared and the weights wrong); the bits are the check. */
 #include "lt.h"
 #include "lt_gpt.h"
 #include "fsdp_model.h"
