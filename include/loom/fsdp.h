@@ -250,7 +250,11 @@ typedef struct loom_fsdp_cfg {
    * The same bits as the step after backward, with a learning rate set before backward. Only
    * where nothing needs the whole gradient first: refused (LOOM_EINVAL) with dynamic loss
    * scaling (mp.use_loss_scaling), and loom_fsdp_clip_grad_norm refuses after such a backward
-   * (LOOM_EMISUSE). Default false. */
+   * (LOOM_EMISUSE). A unit's reduce-scatter starts as soon as its parameters have their
+   * gradients, before backward has computed the unit's input gradient from them, so a peer may
+   * still read a unit a rank steps: on the threads backend such a wrapper's shards are not the
+   * slices of the unit's shared gathered buffer (loom_fsdp_gather_unit), each gather copies the
+   * rank's shard in. Default false. */
   bool optim_in_backward;
 } loom_fsdp_cfg;
 
@@ -315,7 +319,9 @@ int loom_fsdp_segments(const loom_fsdp *f, const loom_param_seg **segs, size_t *
  * There a rank's shard (the optimizer step, loading state) is written while its peers may
  * still read the unit unless a collective separates the two: as in every training step, write
  * the shards after loom_fsdp_finish (whose reduce-scatters every rank joins after its last use
- * of the parameters), never between a forward and the next finish. */
+ * of the parameters), never between a forward and the next finish (loom_fsdp_full_state ends
+ * with a barrier, so a load may follow it). Not with cfg.optim_in_backward, which steps each
+ * unit before finish: its shards are the rank's own and a gather copies them. */
 int loom_fsdp_gather_unit(loom_fsdp *f, size_t unit, loom_dtype dt);
 /* Free the gathered parameters (the parameters hold no data again). Not a collective. */
 int loom_fsdp_reshard_unit(loom_fsdp *f, size_t unit);

@@ -27,6 +27,14 @@
  * bench_fsdp) and the gathered buffers' allocations and page faults are gone; each rank's
  * account counts its shard for the wrapper's life, as a shard of its own.
  *
+ * Not with cfg.optim_in_backward: a rank steps its shard of a unit once the unit's
+ * reduce-scatter completes, which every rank joins once the unit's parameters have their
+ * gradients but before backward has computed the unit's input gradient from them (fsdp_hooks.c),
+ * so a peer may still read the slice being stepped (tests/fsdp/test_fsdp_share_write.c saw the
+ * weights 3e-2 off). Those wrappers keep their shards apart and share only the gathered buffers
+ * of the two slots above (rank 0's configuration decides; a rank configured otherwise does not
+ * share at all).
+ *
  * Only f32 gathers without mixed precision or offload share (the cast and tier paths fill their
  * own part in place, per rank); the decision is the same on every rank, made from the
  * configuration every rank holds alike. LOOM_FSDP_SHARE_GATHERS=0 in the environment turns it
@@ -54,6 +62,7 @@ struct loom__fsdp_share {
   size_t nunits;
   share_slot *slots; /* nunits x 2 */
   share_slot *resident; /* nunits: each unit's one buffer holding every rank's shard (gen 1) */
+  bool no_resident; /* rank 0's cfg.optim_in_backward: no resident buffers (see the top) */
 };
 
 static void share_release(loom__fsdp_share *s) {
@@ -109,13 +118,16 @@ int loom__fsdp_share_init(loom_fsdp *f) {
       mine = NULL;
     }
     if (mine) {
+      mine->no_resident = f->cfg.optim_in_backward;
       atomic_init(&mine->refs, f->world);
       mine->world = f->world;
       mine->nunits = f->nunits;
     }
   }
-  /* rank 0 sends its object (0: nobody shares), the others whether they want to share */
-  int64_t send = f->rank == 0 ? (int64_t)(intptr_t)mine : (int64_t)want;
+  /* rank 0 sends its object (0: nobody shares), the others whether they want to share (1) and
+   * with resident buffers or not (2: the step in backward) */
+  int64_t send = f->rank == 0 ? (int64_t)(intptr_t)mine
+                              : !want ? 0 : f->cfg.optim_in_backward ? 2 : 1;
   int64_t *all = loom__calloc(LOOM_POOL_META, (size_t)f->world, sizeof *all);
   int rc = LOOM_OK;
   if (!all) {
@@ -125,7 +137,8 @@ int loom__fsdp_share_init(loom_fsdp *f) {
   /* bytes that move in a dry run too: `loom plan` shares as the run will */
   if (!rc) rc = loom__pg_allgather_always(f->pg, &send, all, 1, LOOM_I64);
   bool every = !rc && all[0] != 0;
-  for (int r = 1; r < f->world && every; r++) every = all[r] == 1;
+  int64_t same = every && ((loom__fsdp_share *)(intptr_t)all[0])->no_resident ? 2 : 1;
+  for (int r = 1; r < f->world && every; r++) every = all[r] == same;
   if (every) f->share = (loom__fsdp_share *)(intptr_t)all[0];
   loom__free(all);
   if (!f->share && mine) {
@@ -232,7 +245,7 @@ int loom__fsdp_share_resident(fsdp_unit *u) {
   loom_fsdp *f = u->f;
   loom__fsdp_share *sh = f->share;
   u->resident = NULL;
-  if (!sh || !u->shard) return LOOM_OK;
+  if (!sh || !u->shard || sh->no_resident) return LOOM_OK;
   share_slot *s = &sh->resident[u->index];
   loom_tensor *t = NULL;
   int rc = f->rank == 0 ? leader_alloc(f, LOOM_F32, (int64_t)u->padded, true, &t)

@@ -273,6 +273,7 @@ typedef struct refuse_ctx {
   char msg_nopt[256], msg_clip[256], msg_step_clip[256], msg_other[256];
 } refuse_ctx;
 
+/* Rank 0 records the outcomes (the same on every rank; the ranks are threads). */
 static int refuse_rank(loom_pg *pg, void *arg) {
   refuse_ctx *c = arg;
   int rank = loom_pg_rank(pg);
@@ -285,19 +286,28 @@ static int refuse_rank(loom_pg *pg, void *arg) {
   /* no optimizer given: backward fails at its first hook, on every rank */
   if (!rc) {
     double loss;
-    c->rc_nopt = fm_backward(m, (int64_t)rank * B, B, LOOM_AUTOCAST_OFF, 1.0f, &loss);
-    if (rank == 0) snprintf(c->msg_nopt, sizeof c->msg_nopt, "%s", loom_last_error());
+    int got = fm_backward(m, (int64_t)rank * B, B, LOOM_AUTOCAST_OFF, 1.0f, &loss);
+    if (rank == 0) {
+      c->rc_nopt = got;
+      snprintf(c->msg_nopt, sizeof c->msg_nopt, "%s", loom_last_error());
+    }
   }
   /* clipping: refused by the wrapper and by loom_step */
-  c->rc_clip = loom_fsdp_clip_grad_norm(f, 1.0, false, NULL);
-  if (rank == 0) snprintf(c->msg_clip, sizeof c->msg_clip, "%s", loom_last_error());
+  int got = loom_fsdp_clip_grad_norm(f, 1.0, false, NULL);
+  if (rank == 0) {
+    c->rc_clip = got;
+    snprintf(c->msg_clip, sizeof c->msg_clip, "%s", loom_last_error());
+  }
   loom_step_cfg sc = loom_step_cfg_default();
   sc.optim = opt;
   sc.fsdp = f;
   sc.clip = true;
   loom_step *st = NULL;
-  c->rc_step_clip = loom_step_create(&sc, &st);
-  if (rank == 0) snprintf(c->msg_step_clip, sizeof c->msg_step_clip, "%s", loom_last_error());
+  got = loom_step_create(&sc, &st);
+  if (rank == 0) {
+    c->rc_step_clip = got;
+    snprintf(c->msg_step_clip, sizeof c->msg_step_clip, "%s", loom_last_error());
+  }
   /* a step with another optimizer than the one backward stepped with */
   const loom_param_seg *segs = NULL;
   size_t n = 0;
@@ -309,8 +319,11 @@ static int refuse_rank(loom_pg *pg, void *arg) {
   if (!rc) rc = fm_backward(m, (int64_t)rank * B, B, LOOM_AUTOCAST_OFF, 1.0f, &loss);
   if (!rc) rc = loom_fsdp_finish(f);
   if (!rc) {
-    c->rc_other = loom_fsdp_optim_step(f, other, 1.0f);
-    if (rank == 0) snprintf(c->msg_other, sizeof c->msg_other, "%s", loom_last_error());
+    got = loom_fsdp_optim_step(f, other, 1.0f);
+    if (rank == 0) {
+      c->rc_other = got;
+      snprintf(c->msg_other, sizeof c->msg_other, "%s", loom_last_error());
+    }
     rc = loom_fsdp_optim_step(f, opt, 1.0f);
   }
   loom_step_free(st);

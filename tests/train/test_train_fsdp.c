@@ -12,6 +12,40 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* f32 on the threads backend: the ranks' shards are slices of one buffer per unit
+ * (fsdp_share.c) unless the step runs in backward or LOOM_FSDP_SHARE_GATHERS=0. A run resumed
+ * from its sharded checkpoint (each rank loading its slice) writes the model of the whole run,
+ * byte for byte, shared or not, with the step after or in backward. */
+LT_TEST(train_fsdp_resume_shared_shards_is_bitwise_f32) {
+  const char *d = tt_tempdir();
+  const char *common = "--hidden 40 --limit 768 --epochs 2 --threads 1 --seed 3 --quiet "
+                       "--batch 32 --ranks 2 --strategy fsdp";
+  char want[512], got[512];
+  snprintf(want, sizeof want, "%s/whole/model.safetensors", d);
+  setenv("LOOM_FSDP_SHARE_GATHERS", "0", 1);
+  tt_run whole = tt_train("%s --save %s/whole", common, d);
+  unsetenv("LOOM_FSDP_SHARE_GATHERS");
+  LT_EQ(whole.rc, 0);
+  tt_run_free(&whole);
+  for (int v = 0; v < 4; v++) {
+    const char *oib = v & 1 ? "--optim-in-backward" : "";
+    if (v & 2) setenv("LOOM_FSDP_SHARE_GATHERS", "0", 1);
+    tt_run part = tt_train("%s %s --save %s/p%d --max-steps 17", common, oib, d, v);
+    tt_run rest = tt_train("%s %s --resume %s/p%d --save %s/p%d", common, oib, d, v, d, v);
+    unsetenv("LOOM_FSDP_SHARE_GATHERS");
+    LT_EQ(part.rc, 0);
+    LT_EQ(rest.rc, 0);
+    if (rest.rc) fprintf(stderr, "%s", rest.err);
+    snprintf(got, sizeof got, "%s/p%d/model.safetensors", d, v);
+    if (!tt_same_file(want, got))
+      lt_fail_at(__FILE__, __LINE__, "resumed, %s, shared %d: not the whole run's model",
+                 v & 1 ? "step in backward" : "step after backward", !(v & 2));
+    tt_run_free(&part);
+    tt_run_free(&rest);
+  }
+  tt_cleanup();
+}
+
 LT_TEST(train_fsdp_matches_ddp_on_the_same_ranks) {
   const char *d = tt_tempdir();
   const char *common = "--hidden 48,32 --limit 1024 --epochs 2 --threads 1 --seed 7 --quiet "
