@@ -318,9 +318,10 @@ int loom_fsdp_segments(const loom_fsdp *f, const loom_param_seg **segs, size_t *
  * (LOOM_FSDP_SHARE_GATHERS=0 in the environment: one buffer per rank, each gather a copy).
  * There a rank's shard (the optimizer step, loading state) is written while its peers may
  * still read the unit unless a collective separates the two: as in every training step, write
- * the shards after loom_fsdp_finish (whose reduce-scatters every rank joins after its last use
- * of the parameters), never between a forward and the next finish (loom_fsdp_full_state ends
- * with a barrier, so a load may follow it). Not with cfg.optim_in_backward, which steps each
+ * the shards after loom_fsdp_finish (which, with sync on and shared shards, ends with a barrier:
+ * a peer may still compute an input gradient from a unit it already reduced), never between a
+ * forward and the next finish (loom_fsdp_full_state ends with a barrier, so a load may follow
+ * it). Not with cfg.optim_in_backward, which steps each
  * unit before finish: its shards are the rank's own and a gather copies them. */
 int loom_fsdp_gather_unit(loom_fsdp *f, size_t unit, loom_dtype dt);
 /* Free the gathered parameters (the parameters hold no data again). Not a collective. */

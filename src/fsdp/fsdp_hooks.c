@@ -312,7 +312,13 @@ int loom_fsdp_finish(loom_fsdp *f) {
     int rc2 = loom__fsdp_reshard(&f->units[i]);
     if (!rc) rc = rc2;
   }
-  if (f->sync) f->stats.steps++;
+  /* a peer may still compute an input gradient from a unit it already reduced; the optimizer
+   * step that comes next writes the shards (fsdp_share.c) */
+  if (f->sync) {
+    int rc_fence = loom__fsdp_share_fence(f);
+    if (!rc) rc = rc_fence;
+    f->stats.steps++;
+  }
   f->in_step = false;
   f->step_status = rc;
   return rc;

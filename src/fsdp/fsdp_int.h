@@ -177,6 +177,11 @@ void loom__fsdp_share_release(fsdp_unit *u);
  * without sharing: u->resident stays NULL). At free: this rank's reference. */
 int loom__fsdp_share_resident(fsdp_unit *u);
 void loom__fsdp_share_resident_free(fsdp_unit *u);
+/* Where some unit's shards are slices of a resident buffer (and not in a dry run): a barrier,
+ * so that no rank writes its slice (optimizer step, a load) while a peer may still read the
+ * unit (a backward's input gradient after its reduce-scatter, rank 0 copying a full state).
+ * LOOM_OK with nothing to do otherwise; the barrier's error else. */
+int loom__fsdp_share_fence(loom_fsdp *f);
 
 /* fsdp_hooks.c */
 int loom__fsdp_install_hooks(loom_fsdp *f);

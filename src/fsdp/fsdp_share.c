@@ -290,3 +290,9 @@ int loom__fsdp_share_buffer(fsdp_unit *u, loom_dtype dt, loom_tensor **out) {
   *out = t;
   return LOOM_OK;
 }
+
+int loom__fsdp_share_fence(loom_fsdp *f) {
+  bool resident = false;
+  for (size_t u = 0; u < f->nunits; u++) resident = resident || f->units[u].resident;
+  return resident && !loom__dry() ? loom_pg_barrier(f->pg, NULL) : LOOM_OK;
+}

@@ -44,12 +44,8 @@ int loom_fsdp_full_state(loom_fsdp *f, loom_named_tensor **out, size_t *n) {
   }
   /* with resident shared buffers (fsdp_share.c) rank 0 may still be copying a peer's slice of
    * the last unit when the peer returns; a load may come next, writing that slice (fsdp.h) */
-  bool resident = false;
-  for (size_t u = 0; u < f->nunits; u++) resident = resident || f->units[u].resident;
-  if (resident && !loom__dry()) {
-    int rc2 = loom_pg_barrier(f->pg, NULL);
-    if (!rc) rc = rc2;
-  }
+  int rc_fence = loom__fsdp_share_fence(f);
+  if (!rc) rc = rc_fence;
   if (rc) {
     loom_fsdp_state_free(st, f->nparams);
     return rc;
