@@ -18,7 +18,8 @@ enum { STAGE = 2048 };
  * kernel, run in chunks. A 16-bit x, y or out (x16, y16, out16 of dtype dt, contiguous) is
  * widened to f32 (out: rounded from it) a piece of a chunk at a time, instead of a whole f32
  * copy of the tensor made before and rounded after: the same values, a fraction of the memory
- * traffic. */
+ * traffic. GELU (tanh form) on bf16 x has kernels that read (and write) the bf16 values
+ * directly, widening in registers (fwd16 / bwd16, set instead of fwd / bwd): no staging. */
 typedef struct job {
   loom__unary_fwd_fn fwd;
   loom__unary_bwd_fn bwd;
@@ -28,6 +29,8 @@ typedef struct job {
   loom_dtype dt;
   const uint16_t *x16, *y16;
   uint16_t *out16;
+  loom__gelu_bf16_fn fwd16;
+  loom__gelu_bf16_bwd_fn bwd16;
 } job;
 
 static void run_piece(const job *j, size_t i, size_t m) {
@@ -59,7 +62,9 @@ static void run(const job *j, size_t n) {
   for (int64_t c = 0; c < chunks; c++) {
     size_t i = (size_t)c * CHUNK, m = n - i < CHUNK ? n - i : CHUNK;
     const float *x = j->x ? j->x + i : NULL, *y = j->y ? j->y + i : NULL;
-    if (staged) run_piece(j, i, m);
+    if (j->fwd16) j->fwd16(j->out16 + i, j->x16 + i, m);
+    else if (j->bwd16) j->bwd16(j->out + i, j->g + i, j->x16 + i, m);
+    else if (staged) run_piece(j, i, m);
     else if (j->fwd) j->fwd(j->out + i, x, m, (float)j->p);
     else j->bwd(j->out + i, j->g + i, x, y, m, j->p);
   }
@@ -92,7 +97,7 @@ static int unary_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
     goto done;
   }
   job j = {NULL, loom__unary_kernels()->bwd[n->i[0]], loom__f(gin[0]), loom__f(g), NULL, NULL,
-           n->f[0], LOOM_F32, bits16(n->saved[0]), bits16(n->saved[1]), NULL};
+           n->f[0], LOOM_F32, bits16(n->saved[0]), bits16(n->saved[1]), NULL, NULL, NULL};
   for (int k = 0; k < 2; k++) {
     const loom_tensor *s = n->saved[k];
     if (s && bits16(s)) j.dt = s->dtype;
@@ -100,6 +105,8 @@ static int unary_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   }
   j.x = fx.p;
   j.y = fy.p;
+  if (n->i[0] == LOOM__U_GELU_TANH && j.x16 && j.dt == LOOM_BF16)
+    j.bwd16 = loom__unary_kernels()->gelu_tanh_bf16_bwd;
   run(&j, (size_t)loom_tensor_numel(g));
   done:
   loom__fbuf_free(&fx);
@@ -127,13 +134,15 @@ int loom__unary_op(loom__unary u, loom_tensor *x, double p, loom_tensor **out) {
   } else if (bits16(x)) { /* 16-bit in and out, staged a piece at a time */
     LOOM_TRY(loom_tensor_empty(x->dtype, x->ndim, x->shape, &y));
     job j = {loom__unary_kernels()->fwd[u], NULL, NULL, NULL, NULL, NULL, (float)p,
-             x->dtype, bits16(x), NULL, loom_tensor_data(y)};
+             x->dtype, bits16(x), NULL, loom_tensor_data(y), NULL, NULL};
+    if (u == LOOM__U_GELU_TANH && x->dtype == LOOM_BF16)
+      j.fwd16 = loom__unary_kernels()->gelu_tanh_bf16;
     if (!loom__dry()) run(&j, (size_t)loom_tensor_numel(x));
   } else {
     LOOM_TRY(loom__f32_in(x, &fx));
     LOOM_TRY(loom__f32_out(x->dtype, x->ndim, x->shape, &y, &fy));
     job j = {loom__unary_kernels()->fwd[u], NULL, fy.p, NULL, fx.p, NULL, (float)p, LOOM_F32,
-             NULL, NULL, NULL};
+             NULL, NULL, NULL, NULL, NULL};
     if (!loom__dry()) run(&j, (size_t)loom_tensor_numel(x));
     loom__f32_out_commit(y, &fy);
   }

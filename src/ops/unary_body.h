@@ -68,21 +68,50 @@ static void UK(b_gelu)(float *gx, const float *g, const float *x, const float *y
     gx[i] = g[i] * (cdf + v * k * expf(-0.5f * v * v));
   }
 }
-static void UK(f_gelu_tanh)(float *y, const float *x, size_t n, float p) {
+/* GELU (tanh form) of one element, and g times its derivative: the one definition the f32
+ * loops and the bf16-direct loops below share, so both give the same floats. */
+static inline float UK(gelu_tanh1)(float v) {
   const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-  for (size_t i = 0; i < n; i++) {
-    float v = x[i];
-    y[i] = 0.5f * v * (1.0f + UNARY_TANH(c * (v + 0.044715f * v * v * v)));
-  }
+  return 0.5f * v * (1.0f + UNARY_TANH(c * (v + 0.044715f * v * v * v)));
+}
+static inline float UK(gelu_tanh_d1)(float g, float v) {
+  const float c = 0.7978845608028654f;
+  float t = UNARY_TANH(c * (v + 0.044715f * v * v * v));
+  float du = c * (1.0f + 3.0f * 0.044715f * v * v);
+  return g * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+}
+static void UK(f_gelu_tanh)(float *y, const float *x, size_t n, float p) {
+  for (size_t i = 0; i < n; i++) y[i] = UK(gelu_tanh1)(x[i]);
 }
 static void UK(b_gelu_tanh)(float *gx, const float *g, const float *x, const float *y, size_t n,
                             double p) {
-  const float c = 0.7978845608028654f;
-  for (size_t i = 0; i < n; i++) {
-    float v = x[i], t = UNARY_TANH(c * (v + 0.044715f * v * v * v));
-    float du = c * (1.0f + 3.0f * 0.044715f * v * v);
-    gx[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-  }
+  for (size_t i = 0; i < n; i++) gx[i] = UK(gelu_tanh_d1)(g[i], x[i]);
+}
+
+/* bf16 <-> f32 of one element in straight-line code the vectorizer widens in registers: the
+ * same bits as the core's conversions (cvt_scalar.c's loom__ref_bf16_to_f32 / _f32_to_bf16:
+ * exact widening; nearest-even rounding, a NaN made quiet). */
+static inline float UK(bf16_f32)(uint16_t h) {
+  uint32_t b = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &b, sizeof f);
+  return f;
+}
+static inline uint16_t UK(f32_bf16)(float f) {
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16, q = (x >> 16) | 0x0040u;
+  return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
+/* GELU (tanh form) straight on bf16 x (forward: bf16 y; backward: f32 gx = g * gelu'(x)),
+ * widening and rounding in registers: the same values as widening x to f32, running
+ * f_gelu_tanh / b_gelu_tanh and rounding y, without the staging buffers. */
+static void UK(f_gelu_tanh_bf16)(uint16_t *y, const uint16_t *x, size_t n) {
+  for (size_t i = 0; i < n; i++) y[i] = UK(f32_bf16)(UK(gelu_tanh1)(UK(bf16_f32)(x[i])));
+}
+static void UK(b_gelu_tanh_bf16)(float *gx, const float *g, const uint16_t *x, size_t n) {
+  for (size_t i = 0; i < n; i++) gx[i] = UK(gelu_tanh_d1)(g[i], UK(bf16_f32)(x[i]));
 }
 static void UK(f_tanh)(float *y, const float *x, size_t n, float p) {
   for (size_t i = 0; i < n; i++) y[i] = UNARY_TANH(x[i]);
@@ -178,6 +207,8 @@ const loom__unary_kernels_t UK(loom__unary_kernels) = {
             UK(b_div_scalar)},
     .relu16 = UK(relu16),
     .relu16_bwd = UK(relu16_bwd),
+    .gelu_tanh_bf16 = UK(f_gelu_tanh_bf16),
+    .gelu_tanh_bf16_bwd = UK(b_gelu_tanh_bf16),
 };
 
 #undef UNARY_TANH

@@ -49,11 +49,19 @@ typedef void (*loom__relu16_fn)(uint16_t *y, const uint16_t *x, size_t n, uint16
 typedef void (*loom__relu16_bwd_fn)(float *gx, const float *g, const uint16_t *y, size_t n,
                                     uint16_t inf);
 
+/* GELU (tanh form) straight on contiguous bf16 x, widened and rounded in registers: y (bf16) =
+ * gelu(x); gx (f32) = g * gelu'(x). The same values as staging x through f32 and running the
+ * table's f32 kernels (tests/ops/test_unary_levels.c checks it bit for bit). */
+typedef void (*loom__gelu_bf16_fn)(uint16_t *y, const uint16_t *x, size_t n);
+typedef void (*loom__gelu_bf16_bwd_fn)(float *gx, const float *g, const uint16_t *x, size_t n);
+
 typedef struct loom__unary_kernels_t {
   loom__unary_fwd_fn fwd[LOOM__U_COUNT];
   loom__unary_bwd_fn bwd[LOOM__U_COUNT];
   loom__relu16_fn relu16;
   loom__relu16_bwd_fn relu16_bwd;
+  loom__gelu_bf16_fn gelu_tanh_bf16;
+  loom__gelu_bf16_bwd_fn gelu_tanh_bf16_bwd;
 } loom__unary_kernels_t;
 
 /* One table per level (unary_scalar.c, unary_avx2.c, unary_avx512.c: unary_body.h compiled

@@ -69,16 +69,42 @@ LT_TEST(unary_ops_agree_across_levels) {
   loom_tensor_free(x);
 }
 
+/* The all-bit-pattern tests' buffers of NPAT elements: x every 16-bit pattern, y / yr 16-bit
+ * results, xf / yf f32 ones, g a gradient, gx / gr f32 gradients. */
+enum { NPAT = 65536 };
+typedef struct pats {
+  uint16_t *x, *y, *yr;
+  float *xf, *yf, *g, *gx, *gr;
+} pats;
+
+static void pats_free(pats *p) {
+  free(p->x), free(p->y), free(p->yr), free(p->xf), free(p->yf), free(p->g), free(p->gx),
+      free(p->gr);
+}
+
+static bool pats_new(pats *p) {
+  p->x = malloc(NPAT * sizeof *p->x), p->y = malloc(NPAT * sizeof *p->y);
+  p->yr = malloc(NPAT * sizeof *p->yr), p->xf = malloc(NPAT * sizeof *p->xf);
+  p->yf = malloc(NPAT * sizeof *p->yf), p->g = malloc(NPAT * sizeof *p->g);
+  p->gx = malloc(NPAT * sizeof *p->gx), p->gr = malloc(NPAT * sizeof *p->gr);
+  if (!(p->x && p->y && p->yr && p->xf && p->yf && p->g && p->gx && p->gr)) {
+    pats_free(p);
+    return false;
+  }
+  for (int i = 0; i < NPAT; i++) p->x[i] = (uint16_t)i;
+  return true;
+}
+
 LT_TEST(unary_relu16_every_level_matches_the_f32_kernel_on_all_bit_patterns) {
   /* relu on f16/bf16 bits against the f32 kernel through exact conversions, for every one of
    * the 65536 values (NaNs, -0, subnormals, infinities), forward and backward */
-  enum { N = 65536 };
-  uint16_t *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y), *yr = malloc(N * sizeof *yr);
-  float *xf = malloc(N * sizeof *xf), *yf = malloc(N * sizeof *yf), *g = malloc(N * sizeof *g);
-  float *gx = malloc(N * sizeof *gx), *gr = malloc(N * sizeof *gr);
-  LT_TRUE(x && y && yr && xf && yf && g && gx && gr);
+  enum { N = NPAT };
+  pats p;
+  LT_TRUE(pats_new(&p));
+  uint16_t *x = p.x, *y = p.y, *yr = p.yr;
+  float *xf = p.xf, *yf = p.yf, *g = p.g, *gx = p.gx, *gr = p.gr;
   const loom__unary_kernels_t *ref = loom__unary_kernels_level(LOOM_CPU_SCALAR);
-  for (int i = 0; i < N; i++) x[i] = (uint16_t)i, g[i] = (float)(i % 7) - 3.0f;
+  for (int i = 0; i < N; i++) g[i] = (float)(i % 7) - 3.0f;
   for (int bf = 0; bf < 2; bf++) {
     loom_dtype dt = bf ? LOOM_BF16 : LOOM_F16;
     uint16_t inf = bf ? 0x7f80 : 0x7c00;
@@ -102,7 +128,43 @@ LT_TEST(unary_relu16_every_level_matches_the_f32_kernel_on_all_bit_patterns) {
       }
     }
   }
-  free(x), free(y), free(yr), free(xf), free(yf), free(g), free(gx), free(gr);
+  pats_free(&p);
+}
+
+LT_TEST(unary_gelu_tanh_bf16_direct_equals_staged_f32_on_all_bit_patterns) {
+  /* GELU (tanh) read and written as bf16 directly, on every level, against the same level's f32
+   * kernels on the widened values with the core's rounding, bit for bit, for all 65536 inputs
+   * (NaNs, -0, subnormals, infinities); whole and from an odd start (a ragged tail) */
+  enum { N = NPAT };
+  pats p;
+  LT_TRUE(pats_new(&p));
+  uint16_t *x = p.x, *y = p.y, *yr = p.yr;
+  float *xf = p.xf, *yf = p.yf, *g = p.g, *gx = p.gx, *gr = p.gr;
+  for (int i = 0; i < N; i++) g[i] = (float)(i % 11) / 3.0f - 1.5f;
+  LT_OK(loom_convert(x, LOOM_BF16, xf, LOOM_F32, N));
+  for (int lv = 0; lv < LOOM_CPU_LEVEL_COUNT; lv++) {
+    if (!loom_cpu_supports((loom_cpu_level)lv)) continue;
+    const loom__unary_kernels_t *k = loom__unary_kernels_level((loom_cpu_level)lv);
+    k->fwd[LOOM__U_GELU_TANH](yf, xf, N, 0);
+    LT_OK(loom_convert(yf, LOOM_F32, yr, LOOM_BF16, N));
+    k->bwd[LOOM__U_GELU_TANH](gr, g, xf, NULL, N, 0);
+    for (int off = 0; off < 2; off++) {
+      memset(y, 0, N * sizeof *y);
+      memset(gx, 0, N * sizeof *gx);
+      k->gelu_tanh_bf16(y + off, x + off, N - off);
+      k->gelu_tanh_bf16_bwd(gx + off, g + off, x + off, N - off);
+      int bad = 0;
+      for (int i = off; i < N && bad < 5; i++) {
+        if (y[i] != yr[i] || memcmp(&gx[i], &gr[i], sizeof gx[i]) != 0) {
+          bad++;
+          lt_fail_at(__FILE__, __LINE__,
+                     "gelu_tanh bf16 level %s at 0x%04x: y 0x%04x gx %g, staged 0x%04x %g",
+                     loom_cpu_level_name((loom_cpu_level)lv), i, y[i], gx[i], yr[i], gr[i]);
+        }
+      }
+    }
+  }
+  pats_free(&p);
 }
 
 /* Distance in units in the last place between two floats of the same sign (the ordered bit
