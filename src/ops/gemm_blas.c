@@ -18,7 +18,7 @@
  *     the AVX2 gemm:jit that was measured), OpenBLAS runs AVX2 kernels on this CPU (its core,
  *     openblas_get_corename, is one of loom__blas_core_has_avx2's: Debian's OpenBLAS 0.3.21
  *     falls back to its SSE3 "Prescott" kernels on a CPU it does not know, e.g. an Intel Xeon of
- *     family 6 model 167 or 207, 5x slower), and min(M, N, K) > 16.
+ *     family 6 model 207 (model 167 was seen both ways), 5x slower), and min(M, N, K) > 16.
  *   - LOOM_GEMM_F32=onednn in the environment (read once) never picks OpenBLAS, =openblas picks
  *     it whenever eligible; loom__gemm_blas_set_mode does the same from code (benchmarks).
  *
