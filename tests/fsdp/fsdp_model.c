@@ -161,3 +161,19 @@ int fm_full_state_flat(loom_fsdp *f, float *out) {
 void fm_rm_tree(const char *dir) {
   if (dir && *dir) lt_tree_walk(dir, NULL, true);
 }
+
+int fm_load_module(loom_fsdp *f, loom_module *src) {
+  size_t n = loom_module_param_count(src);
+  loom_named_tensor *st = calloc(n ? n : 1, sizeof *st);
+  if (!st) return LOOM_ENOMEM;
+  int rc = LOOM_OK;
+  for (size_t i = 0; i < n && !rc; i++) {
+    loom_param p;
+    rc = loom_module_param(src, i, &p);
+    st[i].name = p.name;
+    st[i].tensor = p.value;
+  }
+  if (!rc) rc = loom_fsdp_load_full_state(f, st, n);
+  free(st);
+  return rc;
+}

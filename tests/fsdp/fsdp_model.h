@@ -30,6 +30,9 @@ int fm_setup(loom_pg *pg, uint64_t seed, const loom_fsdp_cfg *cfg, loom_pool sta
 /* The same for a model the caller made (any model: the GPT tests use it too). */
 int fm_wrap(loom_pg *pg, loom_module *m, const loom_fsdp_cfg *cfg, loom_pool state_pool,
             loom_fsdp **f, loom_optim **opt);
+/* Every parameter of `src` (by its name) loaded into f as the full state
+ * (loom_fsdp_load_full_state, a collective). */
+int fm_load_module(loom_fsdp *f, loom_module *src);
 /* DDP (default config) over every parameter of m (a root module), named as m names them, and
  * fm_adam over m's f32 arena (DDP's buckets are views of its gradient arena). */
 int fm_ddp_wrap(loom_pg *pg, loom_module *m, loom_ddp **d, loom_optim **opt);

@@ -65,16 +65,7 @@ static int step(loom_module *m, loom_fsdp *f, loom_optim *opt, int s, int rank, 
 static int load_other(loom_fsdp *f) {
   loom_module *o = NULL;
   int rc = fm_create(777, &o);
-  size_t n = rc ? 0 : loom_module_param_count(o);
-  loom_named_tensor *st = calloc(n ? n : 1, sizeof *st);
-  for (size_t i = 0; i < n && !rc; i++) {
-    loom_param p;
-    rc = loom_module_param(o, i, &p);
-    st[i].name = p.name;
-    st[i].tensor = p.value;
-  }
-  if (!rc) rc = loom_fsdp_load_full_state(f, st, n);
-  free(st);
+  if (!rc) rc = fm_load_module(f, o);
   loom_module_free(o);
   return rc;
 }

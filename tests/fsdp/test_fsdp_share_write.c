@@ -76,16 +76,7 @@ static int reload_full(const wrun *r, loom_fsdp *f) {
   loom_fsdp_state_free(st, n);
   loom_module *o = NULL;
   if (!rc) rc = make_model(r->gpt, 777, &o);
-  n = rc ? 0 : loom_module_param_count(o);
-  st = calloc(n ? n : 1, sizeof *st);
-  for (size_t i = 0; i < n && !rc; i++) {
-    loom_param p;
-    rc = loom_module_param(o, i, &p);
-    st[i].name = p.name;
-    st[i].tensor = p.value;
-  }
-  if (!rc) rc = loom_fsdp_load_full_state(f, st, n);
-  free(st);
+  if (!rc) rc = fm_load_module(f, o);
   loom_module_free(o);
   return rc;
 }
