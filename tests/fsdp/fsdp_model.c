@@ -2,6 +2,7 @@
 #include "fsdp_model.h"
 #include "lt_tree.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,4 +177,13 @@ int fm_load_module(loom_fsdp *f, loom_module *src) {
   if (!rc) rc = loom_fsdp_load_full_state(f, st, n);
   free(st);
   return rc;
+}
+
+double fm_max_diff(const float *a, const float *b, size_t n) {
+  double w = 0;
+  for (size_t i = 0; i < n; i++) {
+    double e = fabs((double)a[i] - (double)b[i]);
+    if (!(e <= w)) w = e == e ? e : INFINITY; /* NaN counts as worst */
+  }
+  return w;
 }

@@ -30,6 +30,8 @@ int fm_setup(loom_pg *pg, uint64_t seed, const loom_fsdp_cfg *cfg, loom_pool sta
 /* The same for a model the caller made (any model: the GPT tests use it too). */
 int fm_wrap(loom_pg *pg, loom_module *m, const loom_fsdp_cfg *cfg, loom_pool state_pool,
             loom_fsdp **f, loom_optim **opt);
+/* The largest |a[i] - b[i]| over n elements (a NaN difference counts as the worst: infinity). */
+double fm_max_diff(const float *a, const float *b, size_t n);
 /* Every parameter of `src` (by its name) loaded into f as the full state
  * (loom_fsdp_load_full_state, a collective). */
 int fm_load_module(loom_fsdp *f, loom_module *src);

@@ -114,21 +114,12 @@ static size_t model_numel(void) {
   return (size_t)FM_IN * FM_H1 + FM_H1 + (size_t)FM_H1 * FM_H2 + FM_H2 + (size_t)FM_H2 * FM_OUT + FM_OUT;
 }
 
-static double max_diff(const float *a, const float *b, size_t n) {
-  double w = 0;
-  for (size_t i = 0; i < n; i++) {
-    double e = fabs((double)a[i] - (double)b[i]);
-    if (!(e <= w)) w = e; /* NaN counts as worst */
-  }
-  return w;
-}
-
 /* Run r; compare rank 0's final weights with the reference; returns the difference. */
 static double check_run(run *r, const float *ref, float tol) {
   size_t np = model_numel();
   r->params = calloc(np, sizeof(float));
   LT_OK(loom_threads_run(r->nranks, NULL, r->use_ddp ? ddp_rank : fsdp_rank, r));
-  double d = max_diff(r->params, ref, np);
+  double d = fm_max_diff(r->params, ref, np);
   if (!(d <= tol))
     lt_fail_at(__FILE__, __LINE__, "%d ranks: %g from the reference (tol %g)", r->nranks, d, tol);
   free(r->params);

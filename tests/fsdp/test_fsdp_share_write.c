@@ -138,15 +138,6 @@ static float *go(wrun *r, int n, bool share) {
   return r->params;
 }
 
-static double max_diff(const float *a, const float *b, size_t n) {
-  double w = 0;
-  for (size_t i = 0; i < n; i++) {
-    double e = fabs((double)a[i] - (double)b[i]);
-    if (!(e <= w)) w = e; /* NaN counts as worst */
-  }
-  return w;
-}
-
 LT_TEST(fsdp_shared_shards_optim_in_backward_bitwise_mlp_and_gpt_2_3_ranks) {
   for (int gpt = 0; gpt < 2; gpt++)
     for (int n = 2; n <= 3; n++) {
@@ -157,7 +148,7 @@ LT_TEST(fsdp_shared_shards_optim_in_backward_bitwise_mlp_and_gpt_2_3_ranks) {
         for (int share = 0; share < 2; share++) {
           wrun r = {.gpt = gpt, .oib = oib};
           float *p = go(&r, n, share);
-          double d = max_diff(p, ref, np);
+          double d = fm_max_diff(p, ref, np);
           if (!(d <= 1e-5))
             lt_fail_at(__FILE__, __LINE__, "%s, %d ranks, step in backward %d, shared %d: %g "
                        "from one process", gpt ? "GPT" : "MLP", n, oib, share, d);
