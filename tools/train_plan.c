@@ -218,11 +218,14 @@ void train_plan_print(FILE *f, const train_opts *o, const plan_result *r) {
     fprintf(f, ": %.1f ms at %g Gbit/s", r->link_s * 1e3, r->link_gbps);
   fputc('\n', f);
   if (r->exposed_modeled)
-    fprintf(f, "exposed communication per step: %.1f ms of the %.1f ms the link is busy (the "
-            "rest hidden behind %.1f ms of compute: the units' matrix products at %.3g GFLOP/s "
-            "per rank, %s; gathers prefetched, each reduce-scatter beside its unit's input "
-            "gradient)\n", r->exposed_s * 1e3, r->link_s * 1e3, r->compute_s * 1e3, r->gflops,
-            r->gflops_measured ? "measured here (--gflops to give yours)" : "--gflops");
+    fprintf(f, "exposed communication per step: %.1f ms of the %.1f ms the step's collectives "
+            "run (the rest hidden behind %.1f ms of compute: the units' matrix products at %.3g "
+            "GFLOP/s per rank, %s; a hop inside a host at %.3g Gbit/s, %s; gathers prefetched, "
+            "each reduce-scatter beside its unit's input gradient)\n", r->exposed_s * 1e3,
+            r->comm_s * 1e3, r->compute_s * 1e3, r->gflops,
+            r->gflops_measured ? "measured here (--gflops to give yours)" : "--gflops",
+            r->intra_gbps, r->intra_measured ? "a memcpy measured here (--intra-link to give "
+            "yours)" : "--intra-link");
 }
 
 static void json_phase(FILE *f, const char *name, const train_dry_phase *ph) {
@@ -256,8 +259,10 @@ void train_plan_print_json(FILE *f, const train_opts *o, const plan_result *r) {
             "\"link_bytes\": %.0f, \"link_seconds\": %.6f", r->hosts, r->ranks_per_host,
             r->link_gbps, r->link_bytes, r->link_s);
   if (r->exposed_modeled)
-    fprintf(f, ", \"exposed_seconds\": %.6f, \"compute_seconds\": %.6f, \"gflops\": %.6g, "
-            "\"gflops_measured\": %s", r->exposed_s, r->compute_s, r->gflops,
-            r->gflops_measured ? "true" : "false");
+    fprintf(f, ", \"exposed_seconds\": %.6f, \"comm_seconds\": %.6f, \"compute_seconds\": %.6f, "
+            "\"gflops\": %.6g, \"gflops_measured\": %s, \"intra_link_gbps\": %.6g, "
+            "\"intra_link_measured\": %s", r->exposed_s, r->comm_s, r->compute_s, r->gflops,
+            r->gflops_measured ? "true" : "false", r->intra_gbps,
+            r->intra_measured ? "true" : "false");
   fputs("}\n", f);
 }

@@ -36,13 +36,15 @@ typedef struct plan_result {
    * through each host's link, each way, and their time at GBPS (0: not asked) */
   int hosts, ranks_per_host;
   double link_gbps, link_bytes, link_s;
-  /* FSDP and HSDP with --link: the step replayed unit by unit (train_plan_comm.c): its
-   * collectives through the link in issue order, its matrix products at gflops GFLOP/s per
-   * rank (--gflops, or measured: gflops_measured), and the part of link_s the rank waits for
-   * (exposed_s) beside compute_s of compute; exposed_modeled false where no timeline is made
+  /* FSDP and HSDP with --link: the step replayed unit by unit (train_plan_comm.c): each
+   * collective as long as its ring's slowest hop (the link at link_gbps; a hop between two
+   * ranks of one host at intra_gbps, --intra-link or measured: intra_measured), its matrix
+   * products at gflops GFLOP/s per rank (--gflops, or measured: gflops_measured); comm_s the
+   * time the step's collectives run (inside hosts too), exposed_s the part of it the rank
+   * waits for, beside compute_s of compute; exposed_modeled false where no timeline is made
    * (DDP, no --link, units past TRAIN_PLAN_MAX_UNITS) */
-  bool exposed_modeled, gflops_measured;
-  double gflops, exposed_s, compute_s;
+  bool exposed_modeled, gflops_measured, intra_measured;
+  double gflops, intra_gbps, exposed_s, compute_s, comm_s;
   size_t nunits; /* the units in forward order (train_dry_result's) */
   struct train_dry_unit unit[TRAIN_PLAN_MAX_UNITS];
   /* The process (comparable to its resident set): loom's blocks at their peak, in use and in
@@ -55,12 +57,19 @@ typedef struct plan_result {
   char data_note[160];   /* why data_bytes is 0 (the data could not be read), or "" */
 } plan_result;
 
+/* The rates the timeline runs at: a rank's matrix products, GFLOP/s, and a hop between two
+ * ranks of one host, Gbit/s each way; each given (--gflops, --intra-link) or measured here
+ * (the flags say which). */
+typedef struct plan_rates {
+  double gflops, intra_gbps;
+  bool gflops_measured, intra_measured;
+} plan_rates;
+
 /* Fill r's link figures for hosts x ranks_per_host (their product the run's ranks) and a link
  * of gbps Gbit/s (0: bytes only), from r's step bytes and the options' strategy; with a link,
- * FSDP's and HSDP's exposed time with the compute at gflops GFLOP/s per rank (the caller's
- * --gflops, or train_plan_gemm_gflops'; measured says which). */
+ * FSDP's and HSDP's exposed time at `rates`. */
 void train_plan_links(const train_opts *o, int hosts, int ranks_per_host, double gbps,
-                      double gflops, bool measured, plan_result *r);
+                      const plan_rates *rates, plan_result *r);
 
 /* The matrix-multiply rate one rank of the run achieves here, GFLOP/s: a 256x1024 by 1024x1024
  * product in the run's forward dtype (--amp, else f32) on `threads` threads, timed by the wall
@@ -68,20 +77,29 @@ void train_plan_links(const train_opts *o, int hosts, int ranks_per_host, double
  * count. 0 if the product fails. */
 double train_plan_gemm_gflops(const train_opts *o, int threads);
 
-/* One step of FSDP replayed on two clocks, the rank's compute and its host's link: per unit
- * (forward order) the link seconds of one all-gather, of its gradient's reduce-scatter and
- * (HSDP) of its shard's all-reduce over the replicas (0: not through the link), its forward's
- * compute seconds (backward: that for the weights' gradient, then that again for the input's,
- * none for the first unit), and whether it stays gathered from forward to backward. The
- * schedule is loom's FSDP's (fsdp_hooks.c): a unit's gather issued at its start with the
+/* The rate of a hop between two ranks of one machine, Gbit/s: this process's memcpy of 32 MiB
+ * (one copy a hop, as MPI's shared memory with a single-copy transport such as Linux's CMA
+ * moves a large message), the median of 5 after one to warm up. 0 if it cannot allocate. */
+double train_plan_intra_gbps(void);
+
+/* One step of FSDP replayed on the rank's compute clock and its collectives' clocks: per unit
+ * (forward order) the seconds of one all-gather, of its gradient's reduce-scatter and (HSDP)
+ * of its shard's all-reduce over the replicas (0: none), whether the gather and reduce-scatter
+ * (group_link) and the replica all-reduce (replica_link) use the link between hosts, its
+ * forward's compute seconds (backward: that for the weights' gradient, then that again for the
+ * input's, none for the first unit), and whether it stays gathered from forward to backward.
+ * The schedule is loom's FSDP's (fsdp_hooks.c): a unit's gather issued at its start with the
  * next `prefetch` units' (forward: the following ones; backward: the preceding ones), waited
  * for before its compute; its reduce-scatter issued once its weights' gradient is made, the
- * replica all-reduce as that ends, both waited for before the next unit's backward
- * (limit_reduce_scatters) and at the end. The link runs its collectives one at a time, in
- * issue order. comm_s: the link's busy time; exposed_s: the time the compute waited. */
+ * replica all-reduce as that ends (on the replica group, so in series with it), both waited
+ * for before the next unit's backward (limit_reduce_scatters) and at the end. Each group runs
+ * its collectives one at a time, in issue order (the gathers and reduce-scatters on the
+ * group's, the replica all-reduces on the replica group's), and the link carries one
+ * collective at a time. comm_s: the collectives' total time; exposed_s: the time the compute
+ * waited. */
 typedef struct plan_unit_time {
   double gather_s, reduce_s, replica_s, forward_s;
-  bool kept;
+  bool kept, group_link, replica_link;
 } plan_unit_time;
 typedef struct plan_timeline {
   double comm_s, exposed_s, compute_s;

@@ -1,9 +1,13 @@
-/* train_plan_comm.c: `loom plan --hosts H --ranks-per-host R [--link GBPS] [--gflops G]`
- * (train_plan.h): the bytes one step sends through each host's link, each collective a ring
- * in rank order; their time at the link's rate; and, for FSDP and HSDP, the part of that time
- * the step's compute cannot hide (exposed), from the step replayed unit by unit on two clocks
- * (plan_step_timeline) with the compute timed from each unit's multiply-adds at a measured
- * matrix-multiply rate (train_plan_gemm_gflops). */
+/* train_plan_comm.c: `loom plan --hosts H --ranks-per-host R [--link GBPS] [--intra-link GBPS]
+ * [--gflops G]` (train_plan.h): the bytes one step sends through each host's link, each
+ * collective a ring in rank order; their time at the link's rate; and, for FSDP and HSDP, the
+ * part of the step's communication its compute cannot hide (exposed), from the step replayed
+ * unit by unit (plan_step_timeline): each collective as long as its ring's slowest hop (the
+ * link between hosts, or a hop between two ranks of one host at the intra-host rate), the
+ * group's collectives one at a time and HSDP's replica all-reduces on their own group, the
+ * compute timed from each unit's multiply-adds at a measured matrix-multiply rate
+ * (train_plan_gemm_gflops) and the intra-host rate measured as this machine's memcpy
+ * (train_plan_intra_gbps) unless given. */
 #include "progress.h"
 #include "train_plan.h"
 
@@ -33,22 +37,52 @@ static double ring_into_host0(int world, int per_host, int size, int stride, dou
   return total;
 }
 
+/* Whether the ring of rank 0's group (its `size` members 0, stride, 2 x stride, ... in rank
+ * order, the last back to the first) has a hop between two ranks of one host. */
+static bool ring_has_local_hop(int per_host, int size, int stride) {
+  if (size < 2) return false;
+  for (int k = 0; k < size; k++) {
+    int a = k * stride, b = ((k + 1) % size) * stride;
+    if (a / per_host == b / per_host) return true;
+  }
+  return false;
+}
+
+/* One collective of rank 0's group, seconds: its ring moves factor x (size-1)/size of `bytes`
+ * through every hop, and runs at its slowest hop's pace. Into host 0 through the link go the
+ * bytes of every group whose ring crosses it (all of them run at once); a hop inside a host
+ * goes at the intra-host rate, each pair of ranks at once. *link says whether it uses the
+ * link between hosts. */
+static double ring_seconds(int world, int per_host, int size, int stride, double factor,
+                           double bytes, double link_bps, double intra_bps, bool *link) {
+  double across = ring_into_host0(world, per_host, size, stride, factor, bytes) / link_bps;
+  double inside = 0;
+  if (size >= 2 && bytes > 0 && ring_has_local_hop(per_host, size, stride))
+    inside = factor * (double)(size - 1) / size * bytes / intra_bps;
+  *link = across > 0;
+  return across > inside ? across : inside;
+}
+
 /* ---- the step's timeline ------------------------------------------------------------------ */
 
 typedef struct clocks {
-  double t;    /* the rank's compute */
-  double link; /* when the link is free: its collectives run one at a time, in issue order */
+  double t;     /* the rank's compute */
+  double q[2];  /* when each group is free (0: the group's own, 1: HSDP's replica group): a
+                 * group runs its collectives one at a time, in issue order */
+  double link;  /* when the link between hosts is free: one collective on it at a time */
   double comm, exposed;
 } clocks;
 
-/* A collective of dur link seconds issued at `at` (no earlier than the compute clock): when
- * it completes. One that does not cross the link (dur 0) completes as issued. */
-static double issue_at(clocks *c, double at, double dur) {
+/* A collective of dur seconds on group queue q (holding the link if `link`) issued at `at` (no
+ * earlier than the compute clock): when it completes. One of 0 s completes as issued. */
+static double issue_at(clocks *c, int q, double at, double dur, bool link) {
   if (dur <= 0) return at;
-  double s = c->link > at ? c->link : at;
-  c->link = s + dur;
+  double s = c->q[q] > at ? c->q[q] : at;
+  if (link && c->link > s) s = c->link;
+  c->q[q] = s + dur;
+  if (link) c->link = s + dur;
   c->comm += dur;
-  return c->link;
+  return s + dur;
 }
 
 static void wait_until(clocks *c, double done) {
@@ -62,7 +96,7 @@ enum { RESHARDED, GATHERING, GATHERED };
 void plan_step_timeline(const plan_unit_time *u, size_t n, int prefetch, plan_timeline *out) {
   memset(out, 0, sizeof *out);
   if (!n) return;
-  clocks c = {0, 0, 0, 0};
+  clocks c = {0, {0, 0}, 0, 0, 0};
   int *st = calloc(n, sizeof *st);
   double *gdone = calloc(n, sizeof *gdone), *rdone = calloc(n, sizeof *rdone);
   bool *rpending = calloc(n, sizeof *rpending);
@@ -71,7 +105,7 @@ void plan_step_timeline(const plan_unit_time *u, size_t n, int prefetch, plan_ti
   for (size_t i = 0; i < n; i++) {
     for (size_t k = 0; k <= (size_t)prefetch && i + k < n; k++)
       if (st[i + k] == RESHARDED) {
-        gdone[i + k] = issue_at(&c, c.t, u[i + k].gather_s);
+        gdone[i + k] = issue_at(&c, 0, c.t, u[i + k].gather_s, u[i + k].group_link);
         st[i + k] = GATHERING;
       }
     wait_until(&c, gdone[i]);
@@ -85,7 +119,7 @@ void plan_step_timeline(const plan_unit_time *u, size_t n, int prefetch, plan_ti
   for (size_t i = n; i-- > 0;) {
     for (size_t k = 0; k <= (size_t)prefetch && k <= i; k++)
       if (st[i - k] == RESHARDED) {
-        gdone[i - k] = issue_at(&c, c.t, u[i - k].gather_s);
+        gdone[i - k] = issue_at(&c, 0, c.t, u[i - k].gather_s, u[i - k].group_link);
         st[i - k] = GATHERING;
       }
     wait_until(&c, gdone[i]);
@@ -96,8 +130,8 @@ void plan_step_timeline(const plan_unit_time *u, size_t n, int prefetch, plan_ti
         rpending[j] = false;
       }
     c.t += u[i].forward_s;
-    double rs = issue_at(&c, c.t, u[i].reduce_s);
-    rdone[i] = issue_at(&c, rs, u[i].replica_s);
+    double rs = issue_at(&c, 0, c.t, u[i].reduce_s, u[i].group_link);
+    rdone[i] = issue_at(&c, 1, rs, u[i].replica_s, u[i].replica_link);
     rpending[i] = true;
     double dx = i > 0 ? u[i].forward_s : 0;
     c.t += dx;
@@ -114,7 +148,19 @@ done:
   free(rpending);
 }
 
-/* ---- the compute's rate ------------------------------------------------------------------- */
+/* ---- the compute's and the host's rates --------------------------------------------------- */
+
+/* The median of t[1..5] (t[0], the warm-up, left out); sorts them. */
+static double median_after_first(double t[6]) {
+  double *s = t + 1;
+  for (int i = 1; i < 5; i++)
+    for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
+      double x = s[j];
+      s[j] = s[j - 1];
+      s[j - 1] = x;
+    }
+  return s[2];
+}
 
 double train_plan_gemm_gflops(const train_opts *o, int threads) {
   loom_dtype dt = LOOM_F32;
@@ -133,18 +179,33 @@ double train_plan_gemm_gflops(const train_opts *o, int threads) {
     t[rep] = progress_now() - t0;
     loom_tensor_free(c);
   }
-  if (!rc) { /* the median of the five after the first */
-    double *s = t + 1;
-    for (int i = 1; i < 5; i++)
-      for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
-        double x = s[j];
-        s[j] = s[j - 1];
-        s[j - 1] = x;
-      }
-    if (s[2] > 0) rate = 2.0 * (double)(m * k * nn) / s[2] / 1e9;
+  if (!rc) {
+    double med = median_after_first(t);
+    if (med > 0) rate = 2.0 * (double)(m * k * nn) / med / 1e9;
   }
   loom_tensor_free(a);
   loom_tensor_free(b);
+  return rate;
+}
+
+double train_plan_intra_gbps(void) {
+  const size_t len = (size_t)32 << 20;
+  char *src = malloc(len), *dst = malloc(len);
+  double t[6], rate = 0;
+  if (src && dst) {
+    memset(src, 1, len);
+    memset(dst, 0, len);
+    for (int rep = 0; rep < 6; rep++) {
+      double t0 = progress_now();
+      memcpy(dst, src, len);
+      t[rep] = progress_now() - t0;
+      src[rep] = dst[len - 1 - (size_t)rep]; /* the copies are used: none is left out */
+    }
+    double med = median_after_first(t);
+    if (med > 0) rate = (double)len * 8 / med / 1e9;
+  }
+  free(src);
+  free(dst);
   return rate;
 }
 
@@ -157,24 +218,29 @@ static double step_tokens(const train_opts *o) {
   return (double)o->batch * (strcmp(o->model, "gpt") == 0 ? (double)o->context : 1.0);
 }
 
-/* The exposed time of FSDP or HSDP: each unit's collectives through the link at its rate,
- * each unit's compute from its multiply-adds (2 FLOPs an element a token) at gflops. */
-static void exposed(const train_opts *o, int w, int per_host, double bps, plan_result *r) {
+/* The exposed time of FSDP or HSDP: each unit's collectives through its rings (ring_seconds:
+ * the link at bps, a hop inside a host at intra_bps), each unit's compute from its
+ * multiply-adds (2 FLOPs an element a token) at gflops. */
+static void exposed(const train_opts *o, int w, int per_host, double bps, double intra_bps,
+                    plan_result *r) {
   bool hybrid = strcmp(o->strategy, "hsdp") == 0;
   int n = hybrid ? (int)o->shard_size : w;
   double gsize = strcmp(o->amp, "off") != 0 ? 2 : 4; /* gathered in the forward dtype */
   double flop_s = r->gflops * 1e9, tokens = step_tokens(o);
   plan_unit_time *u = calloc(r->nunits ? r->nunits : 1, sizeof *u);
-  if (!u || !r->nunits || flop_s <= 0) {
+  if (!u || !r->nunits || flop_s <= 0 || intra_bps <= 0) {
     free(u);
     return;
   }
   for (size_t i = 0; i < r->nunits; i++) {
     const struct train_dry_unit *x = &r->unit[i];
-    u[i].gather_s = ring_into_host0(w, per_host, n, 1, 1, (double)x->padded * gsize) / bps;
-    u[i].reduce_s = ring_into_host0(w, per_host, n, 1, 1, (double)x->padded * 4) / bps;
+    u[i].gather_s = ring_seconds(w, per_host, n, 1, 1, (double)x->padded * gsize, bps,
+                                 intra_bps, &u[i].group_link);
+    u[i].reduce_s = ring_seconds(w, per_host, n, 1, 1, (double)x->padded * 4, bps, intra_bps,
+                                 &u[i].group_link);
     if (hybrid)
-      u[i].replica_s = ring_into_host0(w, per_host, w / n, n, 2, (double)x->shard * 4) / bps;
+      u[i].replica_s = ring_seconds(w, per_host, w / n, n, 2, (double)x->shard * 4, bps,
+                                    intra_bps, &u[i].replica_link);
     u[i].forward_s = 2.0 * tokens * (double)x->numel / flop_s;
     u[i].kept = x->kept;
   }
@@ -184,10 +250,11 @@ static void exposed(const train_opts *o, int w, int per_host, double bps, plan_r
   r->exposed_modeled = true;
   r->exposed_s = tl.exposed_s;
   r->compute_s = tl.compute_s;
+  r->comm_s = tl.comm_s;
 }
 
 void train_plan_links(const train_opts *o, int hosts, int ranks_per_host, double gbps,
-                      double gflops, bool measured, plan_result *r) {
+                      const plan_rates *rates, plan_result *r) {
   int w = hosts * ranks_per_host;
   double b = 0;
   r->hosts = hosts;
@@ -207,8 +274,11 @@ void train_plan_links(const train_opts *o, int hosts, int ranks_per_host, double
   r->link_bytes = b;
   r->link_s = gbps > 0 ? b / (gbps * 1e9 / 8) : 0;
   r->exposed_modeled = false;
-  r->gflops = gflops;
-  r->gflops_measured = measured;
+  r->gflops = rates->gflops;
+  r->gflops_measured = rates->gflops_measured;
+  r->intra_gbps = rates->intra_gbps;
+  r->intra_measured = rates->intra_measured;
   bool sharded = strcmp(o->strategy, "fsdp") == 0 || strcmp(o->strategy, "hsdp") == 0;
-  if (gbps > 0 && sharded) exposed(o, w, ranks_per_host, gbps * 1e9 / 8, r);
+  if (gbps > 0 && sharded)
+    exposed(o, w, ranks_per_host, gbps * 1e9 / 8, rates->intra_gbps * 1e9 / 8, r);
 }

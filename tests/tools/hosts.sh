@@ -32,9 +32,13 @@
 #                FSDP in loom's rings and HSDP (a shard group per host) on 2 hosts x 2 ranks,
 #                uncapped and with each host's link capped by `tc ... tbf` at $LINK (default
 #                1gbit) both ways, alternating, $REPS runs each (default 3), and a raw TCP
-#                transfer through the capped link; prints each run's samples/s and cross-host
-#                bytes, the medians, the time the cap adds and `loom plan`'s figures at the raw
-#                rate
+#                transfer through the capped link and one inside the first host (its ranks'
+#                loopback); prints each run's samples/s, cross-host bytes and exposed
+#                communication, the medians, the time the cap adds and `loom plan`'s figures
+#                at the raw rate, with the hops inside a host at the loopback's rate (what
+#                Open MPI's TCP transport has there) and at plan's own memcpy figure;
+#                BTL=self,vader,tcp runs the ranks of a host over shared memory instead;
+#                PER_HOST=1 runs 2 hosts x 1 rank (HSDP then --shard-size 1: replicas only)
 # MPIEXEC may be MPICH's hydra (mpiexec.mpich) for ddp, fsdp and hsdp, with a loom built against
 # MPICH; the other cases skip there.
 # Usage: hosts.sh LOOM MPIEXEC CASE
@@ -98,6 +102,10 @@ for h in "${hosts[@]}"; do
   i=$((i + 1))
 done
 
+# Open MPI's transports: TCP alone (between the ranks of a host too, over its loopback), or as
+# $BTL says for bench-hsdp (self,vader,tcp: shared memory inside a host, as on real machines)
+btl=self,tcp
+[ "$case" = bench-hsdp ] && btl=${BTL:-self,tcp}
 printf '#!/bin/sh\nhost=$1; shift\nexec ip netns exec "$host" sh -c "$*"\n' >"$dir/agent"
 chmod +x "$dir/agent"
 printf '%s slots=2\n' "${hosts[@]}" >"$dir/hostfile"
@@ -118,7 +126,7 @@ mpirun_hosts() {
   shift
   local launch=(--allow-run-as-root --oversubscribe -n "$n" --hostfile "$dir/hostfile" --mca
     plm_rsh_agent "$dir/agent" --mca plm_rsh_no_tree_spawn 1 --mca oob_tcp_if_include "$subnet"
-    --mca btl self,tcp --mca btl_tcp_if_include "$subnet")
+    --mca btl "$btl" --mca btl_tcp_if_include "$subnet")
   # MPICH: UCX over TCP alone, on eth0 (UCX's shared memory reaches across the network
   # namespaces of one machine: with it nothing crossed the link). MPICH 4.0.2 with UCX 1.13
   # hangs in MPI_Finalize after a run in many launches here (any program that communicated,
@@ -437,7 +445,10 @@ bench-hsdp)
   # first (the rate TCP achieves through tbf, which `loom plan --link` is then given).
   link=${LINK:-1gbit} reps=${REPS:-3} hidden=${HIDDEN:-1024,1024} limit_n=${LIMIT:-1024}
   batch=${BATCH:-8} variants=${VARIANTS:-fsdp-mpi fsdp hsdp}
-  steps=$((limit_n / (batch * 4)))
+  per_host=${PER_HOST:-2} # ranks per host: 2, or 1 (one process a core: none shares a core)
+  nr=$((2 * per_host)) map=
+  [ "$per_host" = 1 ] && map="--map-by node"
+  steps=$((limit_n / (batch * nr)))
   cap() { # on | off: both ends of each host's link (the root's end and the host's)
     local i
     for i in 1 2; do
@@ -452,8 +463,9 @@ bench-hsdp)
       fi
     done
   }
-  raw_rate() { # Mbit/s of one TCP stream, host 2 -> host 1, payload bytes over receive time
-    local port=$((20000 + tag % 20000)) srv
+  raw_rate() { # Mbit/s of one TCP stream from host $1 into host 1 (0: the first host's own
+    # loopback, as its ranks talk to each other), payload bytes over receive time
+    local port=$((20000 + tag % 20000)) srv from=${1:-1}
     timeout 120 ip netns exec "${hosts[0]}" python3 -c '
 import socket, sys, time
 s = socket.socket()
@@ -471,7 +483,7 @@ print("%.1f" % (n * 8 / (time.time() - t0) / 1e6))
 ' "198.18.$net.1" "$port" >"$dir/raw" &
     srv=$!
     sleep 0.5
-    timeout 120 ip netns exec "${hosts[1]}" python3 -c '
+    timeout 120 ip netns exec "${hosts[$from]}" python3 -c '
 import socket, sys
 c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
 buf = bytes(1 << 20)
@@ -485,25 +497,28 @@ c.close()
   median() { sort -n "$1" | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
   run="train --hidden $hidden --threads 1 --limit $limit_n --batch $batch --epochs 1 --quiet \
 --amp bf16 --backend mpi"
-  echo "link $link per host, each way; $run; $steps steps a run"
+  echo "link $link per host, each way; 2 hosts x $per_host rank(s), transports $btl; $run; $steps steps a run"
   for r in $(seq 1 "$reps"); do
     for c in off on; do
       cap $c
       if [ $c = on ]; then
-        raw=$(raw_rate)
+        raw=$(raw_rate 1)
         echo "raw TCP run $r: $raw Mbit/s"
         echo "$raw" >>"$dir/raw.all"
+        loop=$(raw_rate 0)
+        echo "loopback TCP inside host 1, run $r: $loop Mbit/s"
+        echo "$loop" >>"$dir/loop.all"
       fi
       for v in $variants; do
         case $v in
         fsdp-mpi) extra="-x LOOM_MPI_RINGS=0 $loom $run --strategy fsdp" ;;
         fsdp) extra="$loom $run --strategy fsdp" ;;
-        hsdp) extra="$loom $run --strategy hsdp --shard-size 2" ;;
+        hsdp) extra="$loom $run --strategy hsdp --shard-size $per_host" ;;
         esac
         tx0=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
         rm -f "$dir/metrics.jsonl"
         # shellcheck disable=SC2086
-        train_bounded "$v cap $c run $r" mpirun_hosts 4 $extra --metrics "$dir/metrics.jsonl"
+        train_bounded "$v cap $c run $r" mpirun_hosts $nr $map $extra --metrics "$dir/metrics.jsonl"
         tx1=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
         sps=$(grep -o '[0-9.]*k\? samples/s' "$dir/out" | awk '{ v = $1 + 0; if ($1 ~ /k$/) v *= 1000; print v }')
         mb=$(awk "BEGIN { printf \"%.2f\", ($tx1 - $tx0) / 1e6 / $steps }")
@@ -525,26 +540,43 @@ c.close()
   raw=$(median "$dir/raw.all")
   gbps=$(awk "BEGIN { print $raw / 1000 }")
   echo "raw TCP median: $raw Mbit/s (runs: $(tr '\n' ' ' <"$dir/raw.all"))"
+  loop=$(median "$dir/loop.all")
+  lgbps=$(awk "BEGIN { print $loop / 1000 }")
+  echo "loopback TCP median: $loop Mbit/s (runs: $(tr '\n' ' ' <"$dir/loop.all")); transports $btl"
   for v in $variants; do
     s=fsdp extra=
-    [ $v = hsdp ] && s=hsdp extra="--shard-size 2"
+    [ $v = hsdp ] && s=hsdp extra="--shard-size $per_host"
+    # the plan with the hops inside a host at the loopback's measured rate (Open MPI's TCP
+    # transport between a host's ranks), unless they run over shared memory ($BTL with vader):
+    # then at the plan's own figure (a memcpy); and the other for comparison
+    intra="--intra-link $lgbps" ointra=
+    case $btl in *vader* | *sm*) intra= ointra="--intra-link $lgbps" ;; esac
     # shellcheck disable=SC2086
     plan=$("$loom" plan --hidden "$hidden" --batch "$batch" --amp bf16 --strategy $s $extra \
-      --hosts 2 --ranks-per-host 2 --link "$gbps" --json)
+      --hosts 2 --ranks-per-host "$per_host" --link "$gbps" $intra --json)
     pmb=$(echo "$plan" | grep -o '"link_bytes": [0-9.]*' | awk '{ printf "%.2f", $2 / 1e6 }')
     pms=$(echo "$plan" | grep -o '"link_seconds": [0-9.]*' | awk '{ printf "%.1f", $2 * 1e3 }')
     pex=$(echo "$plan" | grep -o '"exposed_seconds": [0-9.]*' | awk '{ printf "%.1f", $2 * 1e3 }')
     pgf=$(echo "$plan" | grep -o '"gflops": [0-9.]*' | awk '{ printf "%.0f", $2 }')
+    pin=$(echo "$plan" | grep -o '"intra_link_gbps": [0-9.]*' | awk '{ printf "%.1f", $2 }')
+    # shellcheck disable=SC2086
+    other=$("$loom" plan --hidden "$hidden" --batch "$batch" --amp bf16 --strategy $s $extra \
+      --hosts 2 --ranks-per-host "$per_host" --link "$gbps" $ointra --json)
+    oex=$(echo "$other" | grep -o '"exposed_seconds": [0-9.]*' | awk '{ printf "%.1f", $2 * 1e3 }')
+    oin=$(echo "$other" | grep -o '"intra_link_gbps": [0-9.]*' | awk '{ printf "%.1f", $2 }')
     off=$(median "$dir/$v.off.sps") on=$(median "$dir/$v.on.sps")
     eoff=$(median "$dir/$v.off.exp") eon=$(median "$dir/$v.on.exp")
     # exposed communication: the plan's (the link's time the compute cannot hide, at the rate
     # the plan measured) against rank 0's measured wait, capped, and what the cap added to it
-    awk -v v=$v -v eoff="$eoff" -v eon="$eon" -v pex="$pex" -v pgf="$pgf" 'BEGIN {
+    awk -v v=$v -v eoff="$eoff" -v eon="$eon" -v pex="$pex" -v pgf="$pgf" -v pin="$pin" \
+      -v oex="$oex" -v oin="$oin" 'BEGIN {
       printf "%s exposed: measured uncapped %.1f ms/step, capped %.1f (the cap adds %.1f); " \
-        "plan %.1f (compute at %s GFLOP/s): capped/plan %.2fx, added/plan %.2fx\n", v, eoff, \
-        eon, eon - eoff, pex, pgf, eon / pex, (eon - eoff) / pex }'
+        "plan %.1f (compute at %s GFLOP/s, a hop inside a host at %s Gbit/s): capped/plan " \
+        "%.2fx, added/plan %.2fx; plan with a hop inside a host at %s Gbit/s: %.1f, " \
+        "capped/that %.2fx\n", v, eoff, eon, eon - eoff, pex, pgf, pin, eon / pex, \
+        (eon - eoff) / pex, oin, oex, eon / oex }'
     echo "  exposed runs uncapped: $(tr '\n' ' ' <"$dir/$v.off.exp")capped: $(tr '\n' ' ' <"$dir/$v.on.exp")"
-    awk -v v=$v -v off="$off" -v on="$on" -v b=$((batch * 4)) -v mb="$(median "$dir/$v.on.mb")" \
+    awk -v v=$v -v off="$off" -v on="$on" -v b=$((batch * nr)) -v mb="$(median "$dir/$v.on.mb")" \
       -v pmb="$pmb" -v pms="$pms" 'BEGIN {
       moff = 1000 * b / off; mon = 1000 * b / on; add = mon - moff
       printf "%s median: uncapped %.0f samples/s (%.1f ms/step), capped %.0f (%.1f ms/step): " \

@@ -454,7 +454,9 @@ LT_TEST(plan_hosts_link_bytes_and_time) {
    * none for DDP */
   LT_TRUE(json_number(h.out, "gflops") > 0);
   LT_TRUE(strstr(h.out, "\"gflops_measured\": true") != NULL);
-  LT_TRUE(json_number(h.out, "exposed_seconds") <= json_number(h.out, "link_seconds"));
+  LT_TRUE(json_number(h.out, "exposed_seconds") <= json_number(h.out, "comm_seconds"));
+  LT_TRUE(json_number(h.out, "intra_link_gbps") > 0);
+  LT_TRUE(strstr(h.out, "\"intra_link_measured\": true") != NULL);
   LT_TRUE(strstr(d.out, "exposed_seconds") == NULL);
   tt_run_free(&f), tt_run_free(&h), tt_run_free(&d);
   /* one host: nothing crosses; and the options that go together */
@@ -466,7 +468,10 @@ LT_TEST(plan_hosts_link_bytes_and_time) {
                               "--strategy fsdp --hosts 129 --ranks-per-host 8",
                               "--strategy fsdp --gflops 10", /* --gflops without --link */
                               "--strategy fsdp --hosts 2 --ranks-per-host 1 --gflops 10",
-                              "--strategy fsdp --hosts 2 --ranks-per-host 1 --link 1 --gflops 0"};
+                              "--strategy fsdp --hosts 2 --ranks-per-host 1 --link 1 --gflops 0",
+                              "--strategy fsdp --intra-link 10", /* --intra-link without --link */
+                              "--strategy fsdp --hosts 2 --ranks-per-host 2 --intra-link 10",
+                              "--strategy fsdp --hosts 2 --ranks-per-host 2 --link 1 --intra-link 0"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     tt_run b = tt_plan("--hidden 64 %s", bad[i]);
     LT_EQ(b.rc, 2);
@@ -481,7 +486,7 @@ LT_TEST(plan_hosts_link_bytes_and_time) {
  * for that reduce-scatter (39), computes to 43, its reduce-scatter [43,63] waited for at the
  * end: 20. The link busy 54, the compute 23, exposed 10 + 2 + 8 + 20 = 40, the step 63. */
 LT_TEST(plan_timeline_worked_example) {
-  plan_unit_time u[2] = {{10, 20, 0, 4, false}, {6, 8, 0, 5, true}};
+  plan_unit_time u[2] = {{10, 20, 0, 4, false, true, false}, {6, 8, 0, 5, true, true, false}};
   plan_timeline t;
   plan_step_timeline(u, 2, 1, &t);
   LT_NEAR(t.comm_s, 54, 1e-9);
@@ -494,14 +499,97 @@ LT_TEST(plan_timeline_worked_example) {
   LT_NEAR(t.exposed_s, 49, 1e-9);
   /* HSDP, a shard group per host: only the replica all-reduces cross. Unit 1's [14,17] is
    * hidden behind its input's gradient (to 19); unit 0's [23,35] is the last: 12 exposed */
-  plan_unit_time h[2] = {{0, 0, 12, 4, false}, {0, 0, 3, 5, true}};
+  plan_unit_time h[2] = {{0, 0, 12, 4, false, false, true}, {0, 0, 3, 5, true, false, true}};
   plan_step_timeline(h, 2, 1, &t);
   LT_NEAR(t.comm_s, 15, 1e-9);
   LT_NEAR(t.exposed_s, 12, 1e-9);
   /* a unit whose compute hides nothing (0 s) exposes every collective */
-  plan_unit_time z[2] = {{10, 20, 0, 0, false}, {6, 8, 0, 0, true}};
+  plan_unit_time z[2] = {{10, 20, 0, 0, false, true, false}, {6, 8, 0, 0, true, true, false}};
   plan_step_timeline(z, 2, 1, &t);
   LT_NEAR(t.exposed_s, t.comm_s, 1e-9);
+}
+
+/* HSDP with its collectives inside a host timed (--intra-link), in ms. A shard group per host:
+ * the gathers and reduce-scatters on the group's clock, off the link; each replica all-reduce
+ * on the replica group's, through the link, issued as its unit's reduce-scatter ends. Prefetch
+ * 1: forward G0 [0,2] and G1 [2,3], waits 2, compute to 11; backward G0 [11,13], unit 1's
+ * weight gradient to 16, its reduce-scatter [16,18] then its replica all-reduce [18,21], its
+ * input's gradient to 21 (nothing to wait for); unit 0 computes to 25, its reduce-scatter
+ * [25,29] and replica all-reduce [29,41] in series, waited for at the end: 16. Exposed 18,
+ * where the same step with the local collectives free (the previous test's HSDP) exposes only
+ * the last replica all-reduce (12). Collectives 2 + 1 + 2 + 2 + 3 + 4 + 12 = 26. */
+LT_TEST(plan_timeline_hsdp_local_in_series) {
+  plan_unit_time u[2] = {{.gather_s = 2, .reduce_s = 4, .replica_s = 12, .forward_s = 4,
+                          .replica_link = true},
+                         {.gather_s = 1, .reduce_s = 2, .replica_s = 3, .forward_s = 5,
+                          .kept = true, .replica_link = true}};
+  plan_timeline t;
+  plan_step_timeline(u, 2, 1, &t);
+  LT_NEAR(t.comm_s, 26, 1e-9);
+  LT_NEAR(t.compute_s, 23, 1e-9);
+  LT_NEAR(t.exposed_s, 18, 1e-9);
+  /* The replica group runs beside the group: no prefetch, forward G0 [0,2] waits 2, compute to
+   * 6, G1 [6,7] waits 1, compute to 12; backward unit 1 to 17, its reduce-scatter [17,18], its
+   * replica all-reduce [18,24], its input's gradient to 22; unit 0's gather, issued at 22,
+   * runs [22,24] beside that all-reduce (waits 2), unit 0 computes to 28, [28,29] and [29,35]
+   * waited for at the end: 7. Exposed 2 + 1 + 2 + 7 = 12. */
+  plan_unit_time v[2] = {{.gather_s = 2, .reduce_s = 1, .replica_s = 6, .forward_s = 4,
+                          .replica_link = true},
+                         {.gather_s = 1, .reduce_s = 1, .replica_s = 6, .forward_s = 5,
+                          .kept = true, .replica_link = true}};
+  plan_step_timeline(v, 2, 0, &t);
+  LT_NEAR(t.comm_s, 19, 1e-9);
+  LT_NEAR(t.compute_s, 23, 1e-9);
+  LT_NEAR(t.exposed_s, 12, 1e-9);
+  /* A shard group across hosts (its gathers through the link too): unit 0's gather waits for
+   * the link until unit 1's replica all-reduce leaves it (24), runs [24,26] (waits 4), unit 0
+   * computes to 30, then [30,31] and [31,37]: 7. Exposed 2 + 1 + 4 + 7 = 14. */
+  v[0].group_link = v[1].group_link = true;
+  plan_step_timeline(v, 2, 0, &t);
+  LT_NEAR(t.comm_s, 19, 1e-9);
+  LT_NEAR(t.exposed_s, 14, 1e-9);
+}
+
+/* --intra-link: a hop between two ranks of one host at that rate. HSDP with a shard group per
+ * host: the collectives' time is the link's (the replica all-reduces) plus the local rings'
+ * (2 ranks: half of each gathered and reduce-scattered buffer a hop) at the intra rate.
+ * FSDP's ring in rank order (0 -> 1 inside host 0, 1 -> 2 across, ...) goes at its slowest
+ * hop's pace: the link's time when the hosts' insides are faster, 3/4 of the bytes at the
+ * intra rate when they are slower. With compute far faster than both (--gflops 1e9), FSDP
+ * hides nothing. */
+LT_TEST(plan_hosts_intra_link) {
+  const char *m = "--hidden 256,128 --amp bf16 --batch 8 --hosts 2 --ranks-per-host 2 --link 2 "
+                  "--gflops 1e9 --json";
+  tt_run h = tt_plan("%s --strategy hsdp --shard-size 2 --intra-link 0.5", m);
+  LT_EQ(h.rc, 0);
+  double g = json_number(h.out, "step_gather_bytes"), rs = json_number(h.out, "step_reduce_scatter_bytes");
+  double local = 0.5 * (g + rs) / (0.5e9 / 8);
+  LT_TRUE(g > 0 && rs > 0);
+  LT_NEAR(json_number(h.out, "comm_seconds"), json_number(h.out, "link_seconds") + local, 1e-5);
+  LT_TRUE(json_number(h.out, "exposed_seconds") <= json_number(h.out, "comm_seconds") + 1e-6);
+  LT_TRUE(json_number(h.out, "exposed_seconds") > local);
+  LT_NEAR(json_number(h.out, "intra_link_gbps"), 0.5, 1e-9);
+  LT_TRUE(strstr(h.out, "\"intra_link_measured\": false") != NULL);
+  tt_run_free(&h);
+  /* FSDP: the hosts' insides faster than the link, then slower */
+  tt_run fast = tt_plan("%s --strategy fsdp --intra-link 100", m);
+  LT_EQ(fast.rc, 0);
+  double fl = json_number(fast.out, "link_seconds");
+  LT_NEAR(json_number(fast.out, "comm_seconds"), fl, 1e-5);
+  LT_NEAR(json_number(fast.out, "exposed_seconds"), fl, 1e-5);
+  tt_run_free(&fast);
+  tt_run slow = tt_plan("%s --strategy fsdp --intra-link 0.5", m);
+  LT_EQ(slow.rc, 0);
+  double ring = 0.75 * (json_number(slow.out, "step_gather_bytes") +
+                        json_number(slow.out, "step_reduce_scatter_bytes")) / (0.5e9 / 8);
+  LT_NEAR(json_number(slow.out, "comm_seconds"), ring, 1e-5);
+  LT_NEAR(json_number(slow.out, "exposed_seconds"), ring, 1e-5);
+  LT_NEAR(json_number(slow.out, "link_seconds"), fl, 1e-9); /* the link's figure stays */
+  tt_run_free(&slow);
+  tt_run text = tt_plan("--hidden 64 --strategy hsdp --shard-size 2 --hosts 2 --ranks-per-host 2 "
+                        "--link 1 --gflops 10 --intra-link 40");
+  LT_TRUE(text.rc == 0 && strstr(text.out, "a hop inside a host at 40 Gbit/s, --intra-link") != NULL);
+  tt_run_free(&text);
 }
 
 /* The plan's units are the run's: their gathers (each unit twice but the kept last one, in
