@@ -107,6 +107,11 @@ done
 btl=self,tcp
 [ "$case" = bench-hsdp ] && btl=${BTL:-self,tcp}
 printf '#!/bin/sh\nhost=$1; shift\nexec ip netns exec "$host" sh -c "$*"\n' >"$dir/agent"
+# Shared memory (vader) names its segments by the host's name, the same "hosts" share here:
+# each daemon then runs in a UTS namespace of its own, named as its host
+case $btl in *vader*)
+  printf '#!/bin/sh\nhost=$1; shift\nexec ip netns exec "$host" unshare --uts sh -c "hostname $host; $*"\n' >"$dir/agent" ;;
+esac
 chmod +x "$dir/agent"
 printf '%s slots=2\n' "${hosts[@]}" >"$dir/hostfile"
 printf '%s:2\n' "${hosts[@]}" >"$dir/hostfile.hydra"
@@ -552,7 +557,7 @@ c.close()
     intra="--intra-link $lgbps" ointra=
     case $btl in *vader* | *sm*) intra= ointra="--intra-link $lgbps" ;; esac
     # shellcheck disable=SC2086
-    plan=$("$loom" plan --hidden "$hidden" --batch "$batch" --amp bf16 --strategy $s $extra \
+    plan=$("$loom" plan --hidden "$hidden" --threads 1 --batch "$batch" --amp bf16 --strategy $s $extra \
       --hosts 2 --ranks-per-host "$per_host" --link "$gbps" $intra --json)
     pmb=$(echo "$plan" | grep -o '"link_bytes": [0-9.]*' | awk '{ printf "%.2f", $2 / 1e6 }')
     pms=$(echo "$plan" | grep -o '"link_seconds": [0-9.]*' | awk '{ printf "%.1f", $2 * 1e3 }')
@@ -560,7 +565,7 @@ c.close()
     pgf=$(echo "$plan" | grep -o '"gflops": [0-9.]*' | awk '{ printf "%.0f", $2 }')
     pin=$(echo "$plan" | grep -o '"intra_link_gbps": [0-9.]*' | awk '{ printf "%.1f", $2 }')
     # shellcheck disable=SC2086
-    other=$("$loom" plan --hidden "$hidden" --batch "$batch" --amp bf16 --strategy $s $extra \
+    other=$("$loom" plan --hidden "$hidden" --threads 1 --batch "$batch" --amp bf16 --strategy $s $extra \
       --hosts 2 --ranks-per-host "$per_host" --link "$gbps" $ointra --json)
     oex=$(echo "$other" | grep -o '"exposed_seconds": [0-9.]*' | awk '{ printf "%.1f", $2 * 1e3 }')
     oin=$(echo "$other" | grep -o '"intra_link_gbps": [0-9.]*' | awk '{ printf "%.1f", $2 }')
