@@ -16,7 +16,7 @@
  * block per thread (MC x nc, L2) and C is rounded once, after the last. An f32 C accumulates
  * the B blocks' sums in place. MC-row blocks run on the caller's OpenMP team
  * (loom__gemm_threads). Errors: loom__gemm_check's, and LOOM_ENOMEM for the packing buffers
- * (compute pool, freed before it returns). */
+ * (compute pool, freed before it returns; a dry run allocates them and computes nothing). */
 #ifndef LOOM_OPS_GEMM_PACKED_H
 #define LOOM_OPS_GEMM_PACKED_H
 
@@ -150,7 +150,6 @@ static void run_prod(prod *p, int nthr) {
 static int gemm_packed(const loom__gemm_args *g, const char *who) {
   int rc = loom__gemm_check(g, who);
   if (rc != LOOM_OK) return rc;
-  if (loom__dry()) return LOOM_OK;
   int nthr = loom__gemm_threads();
   if (nthr < 1) nthr = 1;
   prod p = {.g = g};
@@ -175,6 +174,7 @@ static int gemm_packed(const loom__gemm_args *g, const char *who) {
   LOOM__GEMM_ALLOC(p.bp, nb, who, "the packed B block");
   LOOM__GEMM_ALLOC(p.ap, na, who, "the packed A blocks");
   if (nacc) LOOM__GEMM_ALLOC(p.acc, nacc, who, "the partial sums");
+  if (loom__dry()) goto done; /* a dry run: the buffers counted, nothing computed */
   for (int64_t q = 0; q < g->batch; q++) {
     p.a = (opnd){.p = elem((void *)g->A, g->ab_dtype, q * g->stride_a), .dt = g->ab_dtype,
                  .rs = g->trans_a ? 1 : g->lda, .cs = g->trans_a ? g->lda : 1};
