@@ -20,24 +20,10 @@
 #include "ops/gemm.h"
 #include "ops/gemm_avx2.h"
 
-#include <math.h>
-
 enum { SIDES = 3, MAXR = 64 };
 
-typedef struct shape {
-  const char *what;
-  int64_t M, N, K;
-  bool ta, tb;
-} shape;
-
-static void *buf(size_t bytes) {
-  void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
-  if (!p) {
-    fprintf(stderr, "bench_gemm_avx2: out of memory\n");
-    exit(1);
-  }
-  return p;
-}
+typedef bench_gemm_shape shape;
+#define buf bench_buf
 
 /* The product of shape s on one side; the bias (f32) and a bf16 C for the forward (NT). */
 static double run(int side, const shape *s, const float *A, const float *B, const uint16_t *a,
@@ -95,17 +81,8 @@ int main(int argc, char **argv) {
   float *A = buf(big * 4), *B = buf(big * 4), *C = buf(big * 4), *C2 = buf(big * 4);
   float *wa = buf(big * 4), *wb = buf(big * 4), *bias = buf(1536 * 4);
   uint16_t *a = buf(big * 2), *b = buf(big * 2), *c = buf(big * 2);
-  uint64_t r = 0x9e3779b97f4a7c15ull;
-  for (size_t i = 0; i < big; i++) {
-    r = r * 6364136223846793005ull + 1442695040888963407ull;
-    A[i] = (float)((r >> 40) & 0xffff) / 32768.0f - 1.0f;
-    B[i] = (float)((r >> 20) & 0xffff) / 32768.0f - 1.0f;
-  }
+  bench_gemm_operands(A, B, a, b, big, LOOM_BF16); /* the same values on every side */
   for (int i = 0; i < 1536; i++) bias[i] = 0.01f * (float)(i % 7);
-  loom_convert(A, LOOM_F32, a, LOOM_BF16, big); /* the same values on every side */
-  loom_convert(B, LOOM_F32, b, LOOM_BF16, big);
-  loom_convert(a, LOOM_BF16, A, LOOM_F32, big);
-  loom_convert(b, LOOM_BF16, B, LOOM_F32, big);
   double sum[SIDES] = {0};
   printf("%-12s %-4s %5s %5s %5s | %9s %9s %9s | %s\n", "layer", "kind", "M", "N", "K",
          "f32 ms", "widened", "avx2", "avx2 GFLOP/s, widened/avx2, f32/avx2");
@@ -121,12 +98,7 @@ int main(int argc, char **argv) {
     h.A = a, h.B = b, h.C = C2, h.ab_dtype = LOOM_BF16, h.c_dtype = LOOM_F32;
     BENCH_CHECK(loom__gemm_f32_blas(&g));
     BENCH_CHECK(loom__gemm_avx2(&h));
-    double worst = 0;
-    for (size_t j = 0; j < nc; j++) {
-      /* against the size of a typical element (a sum of K products of std 1/3 each) */
-      double d = fabs((double)C[j] - C2[j]) / (fabs((double)C[j]) + sqrt((double)s->K) / 3);
-      if (d > worst) worst = d;
-    }
+    double worst = bench_gemm_rel_diff(C, C2, nc, s->K);
     if (worst > 1e-5) {
       fprintf(stderr, "bench_gemm_avx2: %s: avx2 differs from f32 by %.3g relative\n", s->what,
               worst);

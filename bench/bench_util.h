@@ -59,6 +59,52 @@ static inline double bench_median(double *v, int n) {
   return v[n / 2];
 }
 
+/* A GEMM benchmark's product: what it is (a layer's name), its sizes and transposes. */
+typedef struct bench_gemm_shape {
+  const char *what;
+  int64_t M, N, K;
+  bool ta, tb;
+} bench_gemm_shape;
+
+/* bytes (rounded up to 64) aligned to 64; stops the benchmark when memory runs out. */
+static inline void *bench_buf(size_t bytes) {
+  void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!p) {
+    fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
+    exit(1);
+  }
+  return p;
+}
+
+/* The worst difference between a product C and a reference R (n elements, sums over K) relative
+ * to the size of a typical element: |C - R| / (|R| + sqrt(K) / 3), a sum of K products of
+ * values of standard deviation 1/3 each (the GEMM benchmarks' check of one kernel against
+ * another on the same values, before timing them). */
+static inline double bench_gemm_rel_diff(const float *R, const float *C, size_t n, int64_t K) {
+  double worst = 0, typ = __builtin_sqrt((double)K) / 3;
+  for (size_t j = 0; j < n; j++) {
+    double d = __builtin_fabs((double)R[j] - C[j]) / (__builtin_fabs((double)R[j]) + typ);
+    if (d > worst) worst = d;
+  }
+  return worst;
+}
+
+/* n operand values uniform in [-1, 1) for A and B (a fixed sequence), rounded to dt in a and b
+ * and A, B set to their exact f32 values: the same values on every side of a GEMM benchmark. */
+static inline void bench_gemm_operands(float *A, float *B, uint16_t *a, uint16_t *b, size_t n,
+                                       loom_dtype dt) {
+  uint64_t r = 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i < n; i++) {
+    r = r * 6364136223846793005ull + 1442695040888963407ull;
+    A[i] = (float)((r >> 40) & 0xffff) / 32768.0f - 1.0f;
+    B[i] = (float)((r >> 20) & 0xffff) / 32768.0f - 1.0f;
+  }
+  loom_convert(A, LOOM_F32, a, dt, n);
+  loom_convert(B, LOOM_F32, b, dt, n);
+  loom_convert(a, dt, A, LOOM_F32, n);
+  loom_convert(b, dt, B, LOOM_F32, n);
+}
+
 #define BENCH_CHECK(call)                                                                          \
   do {                                                                                             \
     int rc_ = (call);                                                                              \

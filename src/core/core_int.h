@@ -59,10 +59,16 @@ bool loom__alloc_should_fail(loom_pool pool);
 /* Whether the CPU is Intel's (cpuid's vendor; dispatch.c, the one file that tests the CPU):
  * the bf16 kernel rule (ops/gemm_prim.c) depends on it. */
 bool loom__cpu_intel(void);
-/* Whether bf16 products may run on AMX tiles (fused attention, ops/attn_amx.c): the CPU has
- * AMX-TILE and AMX-BF16, the kernel granted the tile state to this process, and the active
- * level is avx512 (so LOOM_CPU=avx2 or scalar turns AMX off too). */
+/* Whether bf16 products may run on AMX tiles (loom's AMX GEMM, fused attention): the CPU has
+ * AMX-TILE and AMX-BF16, the kernel granted the tile state to this process, the active level
+ * is avx512 (so LOOM_CPU=avx2 or scalar turns AMX off too), and oneDNN's ISA cap, read once
+ * from the environment, leaves AMX on (loom__onednn_caps_amx). */
 bool loom__cpu_amx_bf16(void);
+/* Whether oneDNN's ISA cap rules AMX out, given the values of ONEDNN_MAX_CPU_ISA and
+ * DNNL_MAX_CPU_ISA (NULL: unset; the first wins, as in oneDNN): a value (any case) other than
+ * empty or "ALL" without "AMX" in it (AVX2, AVX512_CORE_BF16, ...). So the cap emulates a CPU
+ * without AMX for loom as for oneDNN (issue 27: an Intel CPU with AVX512-BF16 and no AMX). */
+bool loom__onednn_caps_amx(const char *onednn, const char *dnnl);
 
 /* Single exit on error: `int rc = LOOM_OK; ... LOOM_TRY(f()); ... done: cleanup; return rc;` */
 #define LOOM_TRY(call)                                                                        \

@@ -7,27 +7,20 @@
  * widening happens inside the packing that any fast GEMM does anyway, and a 16-bit C is
  * rounded in the micro-kernel's epilogue, so no widened copy exists.
  *
- * Design (BLIS / OpenBLAS Haswell): C is cut in NC-wide column blocks; for each, op(B)'s rows
- * kb at a time are packed (widened to f32) into slivers of NR = 16 columns, k-major; each
- * MC-row block of op(A) is packed, KC columns at a time, into slivers of MR = 6 rows, k-major;
- * the micro-kernel holds a 6 x 16 tile of C in 12 ymm registers and, per k, broadcasts 6 values
- * of A against 2 vectors of B (12 FMAs). Sums are f32 throughout; the tile's epilogue applies
- * alpha, adds the bias and beta * C (or the partial sum of the earlier KC blocks) and stores
- * in C's dtype (bf16: nearest even, NaN kept, as loom_convert). A 16-bit C whose K spans
- * several KC blocks keeps its partial sums in an f32 block per thread (MC x NC) and is rounded
- * once, after the last. MC-row blocks run on the caller's OpenMP team (loom__gemm_threads).
- * The result is the f32 product of the operands' values, as every loom__gemm path gives; only
- * the order of the sums differs. */
+ * Design (BLIS / OpenBLAS Haswell; the loops are gemm_packed.h's, shared with gemm_avx512.c):
+ * op(B) is packed (widened to f32) into slivers of NR = 16 columns, op(A) into slivers of MR = 6
+ * rows, both k-major; the micro-kernel holds a 6 x 16 tile of C in 12 ymm registers and, per
+ * k, broadcasts 6 values of A against 2 vectors of B (12 FMAs). Sums are f32 throughout; the
+ * tile's epilogue applies alpha, adds the bias and beta * C (or the partial sum of the earlier
+ * KC blocks) and stores in C's dtype (bf16: nearest even, NaN kept, as loom_convert). The
+ * result is the f32 product of the operands' values, as every loom__gemm path gives; only the
+ * order of the sums differs. */
 #include "ops/gemm_avx2.h"
 
 #include "core/kernels/bf16_avx2.h"
-#include "ops/gemm_int.h"
 
 #include <immintrin.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 enum {
   MR = 6,
@@ -35,6 +28,7 @@ enum {
   KC = 384,  /* k per packed A block at most: a B sliver (KC x 16 f32, 24 KiB) in L1 */
   MC = 96,   /* rows per packed A block (144 KiB at KC: L2) */
   NC = 1536, /* columns per B block at most */
+  KB32 = KC, /* an f32 C's B block: KC rows at least */
 };
 /* A packed B block at most: for a 16-bit C, 2.5 MiB (a forward linear's whole weight at
  * K = 384, so its activations are packed once); for an f32 C, 1 MiB (L2: the weight gradient's
@@ -42,6 +36,8 @@ enum {
  * slower, bench_gemm_avx2). */
 #define BBLOCK_C16 ((int64_t)640 * 1024)
 #define BBLOCK_F32 ((int64_t)256 * 1024)
+
+#include "ops/gemm_packed.h" /* the loops around the kernel (after the constants it reads) */
 
 /* ---- loading and storing 16-bit or f32 elements ---------------------------------------- */
 
@@ -100,13 +96,6 @@ static inline void tr8x8(__m256 r[8]) {
 }
 
 /* ---- packing ----------------------------------------------------------------------------- */
-
-/* An operand as the product sees it: element (r, c) of op(X) is X[r * rs + c * cs]. */
-typedef struct opnd {
-  const void *p;
-  loom_dtype dt;
-  int64_t rs, cs;
-} opnd;
 
 /* op(B)[k0, k0 + kb) x [j0, j0 + nc), slivers [s0, s1) of NR columns: sliver s holds, for
  * each k, the 16 values of columns j0 + 16 s .. (zeros past nc). */
@@ -191,7 +180,7 @@ static void pack_a(const opnd *a, int64_t i0, int64_t mc, int64_t k0, int64_t kc
 
 /* t[6][16] = sum over kc of a[k][0..5] (x) b[k][0..15]. The loops over the tile are unrolled
  * (constant bounds), so its 12 sums live in registers. */
-static inline void kernel6x16(int64_t kc, const float *a, const float *b, float *t) {
+static inline void micro_kernel(int64_t kc, const float *a, const float *b, float *t) {
   __m256 c[MR][2];
 #pragma GCC unroll 6
   for (int r = 0; r < MR; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
@@ -212,19 +201,6 @@ static inline void kernel6x16(int64_t kc, const float *a, const float *b, float 
     _mm256_store_ps(t + r * NR + 8, c[r][1]);
   }
 }
-
-/* Where a tile's values go: out = alpha t (+ prev) (+ bias), m x n of it. prev (NULL: none)
- * and out are row-major with their own row strides and dtypes. */
-typedef struct tile_io {
-  const void *prev;
-  loom_dtype prev_dt;
-  int64_t ldp;
-  void *out;
-  loom_dtype out_dt;
-  int64_t ldo;
-  const float *bias; /* at the tile's first column, or NULL */
-  float alpha;
-} tile_io;
 
 static void epilogue(const float *t, int64_t m, int64_t n, const tile_io *io) {
   __m256 al = _mm256_set1_ps(io->alpha);
@@ -254,134 +230,4 @@ static void epilogue(const float *t, int64_t m, int64_t n, const tile_io *io) {
   }
 }
 
-/* ---- the driver --------------------------------------------------------------------------- */
-
-/* One product (batch element): C block by C block as the file's header says. */
-typedef struct prod {
-  const loom__gemm_args *g;
-  opnd a, b;
-  void *C;
-  int64_t nc, kb;      /* B block: kb rows of op(B) x nc columns */
-  float *bp;           /* packed B block (kb * round16(nc) floats) */
-  float *ap, *acc;     /* per thread: packed A block (MC * KC + 8), partial sums (MC * nc) */
-  int64_t ap_n, acc_n; /* floats per thread of each */
-} prod;
-
-static void *elem(void *p, loom_dtype dt, int64_t i) {
-  return (char *)p + (size_t)i * loom_dtype_size(dt);
-}
-
-/* C's MC-row block at row i0, columns [j0, j0 + nc), B block rows [k0, k0 + kb) packed in bp.
- * first / last: whether k0 is 0 / k0 + kb is K. */
-static void row_block(const prod *p, int tid, int64_t i0, int64_t j0, int64_t nc, int64_t k0,
-                      bool first, bool last) {
-  const loom__gemm_args *g = p->g;
-  int64_t mc = g->M - i0 < MC ? g->M - i0 : MC, kb = p->kb < g->K - k0 ? p->kb : g->K - k0;
-  float *ap = p->ap + tid * p->ap_n, *acc = p->acc ? p->acc + tid * p->acc_n : NULL;
-  _Alignas(32) float t[MR * NR];
-  int64_t pieces = (kb + KC - 1) / KC, step = (kb + pieces - 1) / pieces;
-  for (int64_t kk = 0; kk < kb; kk += step) {
-    int64_t kc = kb - kk < step ? kb - kk : step;
-    pack_a(&p->a, i0, mc, k0 + kk, kc, ap, g->M);
-    /* the block's first and last pieces: C is read (beta, or an earlier B block's partial
-     * sums) before the first and written after the last; between them the partial sums stay
-     * in acc (L2) */
-    bool f = kk == 0, l = kk + kc == kb;
-    for (int64_t s = 0; s * NR < nc; s++) {
-      int64_t j = j0 + s * NR, n = nc - s * NR < NR ? nc - s * NR : NR;
-      const float *bs = p->bp + s * kb * NR + kk * NR;
-      for (int64_t q = 0; q * MR < mc; q++) {
-        int64_t i = i0 + q * MR, m = mc - q * MR < MR ? mc - q * MR : MR;
-        tile_io io = {.alpha = g->alpha};
-        void *cij = elem(p->C, g->c_dtype, i * g->ldc + j);
-        float *aij = acc ? acc + (i - i0) * nc + (j - j0) : NULL;
-        if (!f) {
-          io.prev = aij, io.prev_dt = LOOM_F32, io.ldp = nc;
-        } else if (!first) { /* an f32 C holding the earlier B blocks' sums */
-          io.prev = cij, io.prev_dt = LOOM_F32, io.ldp = g->ldc;
-        } else {
-          if (g->beta != 0.0f) io.prev = cij, io.prev_dt = g->c_dtype, io.ldp = g->ldc;
-          if (g->bias) io.bias = g->bias + j;
-        }
-        if (l) io.out = cij, io.out_dt = last ? g->c_dtype : LOOM_F32, io.ldo = g->ldc;
-        else io.out = aij, io.out_dt = LOOM_F32, io.ldo = nc;
-        if (io.prev) /* the tile's rows of prev into L1 while the kernel runs */
-          for (int64_t r = 0; r < m; r++) {
-            const char *pr = elem((void *)io.prev, io.prev_dt, r * io.ldp);
-            _mm_prefetch(pr, _MM_HINT_T0);
-            _mm_prefetch(pr + 63, _MM_HINT_T0);
-          }
-        kernel6x16(kc, ap + q * kc * MR, bs, t);
-        epilogue(t, m, n, &io);
-      }
-    }
-  }
-}
-
-static void run_prod(prod *p, int nthr) {
-  const loom__gemm_args *g = p->g;
-#pragma omp parallel num_threads(nthr) if (nthr > 1)
-  {
-    int tid = 0, nt = 1; /* the team may be smaller than asked */
-#ifdef _OPENMP
-    tid = omp_get_thread_num(), nt = omp_get_num_threads();
-#endif
-    for (int64_t j0 = 0; j0 < g->N; j0 += p->nc) {
-      int64_t nc = g->N - j0 < p->nc ? g->N - j0 : p->nc;
-      for (int64_t k0 = 0; k0 < g->K; k0 += p->kb) {
-        int64_t kb = g->K - k0 < p->kb ? g->K - k0 : p->kb, ns = (nc + NR - 1) / NR;
-        int64_t per = (ns + nt - 1) / nt, s0 = tid * per < ns ? tid * per : ns;
-        pack_b(&p->b, k0, kb, j0, nc, s0, s0 + per < ns ? s0 + per : ns, p->bp);
-#pragma omp barrier /* every sliver packed before any row block reads it */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t i0 = 0; i0 < g->M; i0 += MC)
-          row_block(p, tid, i0, j0, nc, k0, k0 == 0, k0 + kb == g->K);
-      }
-    }
-  }
-}
-
-int loom__gemm_avx2(const loom__gemm_args *g) {
-  static const char who[] = "loom__gemm_avx2";
-  int rc = loom__gemm_check(g, who);
-  if (rc != LOOM_OK) return rc;
-  if (loom__dry()) return LOOM_OK;
-  int nthr = loom__gemm_threads();
-  if (nthr < 1) nthr = 1;
-  prod p = {.g = g};
-  bool c32 = g->c_dtype == LOOM_F32;
-  /* B block: a 16-bit C takes all of K in one block (its partial sums stay in acc, L2);
-   * an f32 C accumulates in place, so its block is as wide as N allows */
-  p.nc = g->N < NC ? g->N : NC;
-  if (c32) {
-    int64_t kb = BBLOCK_F32 / ((p.nc + NR - 1) / NR * NR);
-    p.kb = kb < KC ? KC : kb;
-  } else {
-    int64_t nc = BBLOCK_C16 / g->K / NR * NR;
-    if (nc < NR) nc = NR;
-    if (nc < p.nc) p.nc = nc;
-    p.kb = g->K;
-  }
-  if (p.kb > g->K) p.kb = g->K;
-  int64_t ncr = (p.nc + NR - 1) / NR * NR;
-  p.ap_n = MC * KC + 8;
-  p.acc_n = p.kb > KC ? MC * p.nc : 0;
-  size_t nb = (size_t)(p.kb * ncr) * sizeof(float);
-  size_t na = (size_t)(nthr * p.ap_n) * sizeof(float), nacc = (size_t)(nthr * p.acc_n) * 4;
-  LOOM__GEMM_ALLOC(p.bp, nb, who, "the packed B block");
-  LOOM__GEMM_ALLOC(p.ap, na, who, "the packed A blocks");
-  if (nacc) LOOM__GEMM_ALLOC(p.acc, nacc, who, "the partial sums");
-  for (int64_t q = 0; q < g->batch; q++) {
-    p.a = (opnd){.p = elem((void *)g->A, g->ab_dtype, q * g->stride_a), .dt = g->ab_dtype,
-                 .rs = g->trans_a ? 1 : g->lda, .cs = g->trans_a ? g->lda : 1};
-    p.b = (opnd){.p = elem((void *)g->B, g->ab_dtype, q * g->stride_b), .dt = g->ab_dtype,
-                 .rs = g->trans_b ? 1 : g->ldb, .cs = g->trans_b ? g->ldb : 1};
-    p.C = elem(g->C, g->c_dtype, q * g->stride_c);
-    run_prod(&p, nthr);
-  }
-done:
-  loom__free(p.bp);
-  loom__free(p.ap);
-  loom__free(p.acc);
-  return rc;
-}
+int loom__gemm_avx2(const loom__gemm_args *g) { return gemm_packed(g, "loom__gemm_avx2"); }

@@ -10,6 +10,7 @@
  * without AVX512-FP16, so f16 operands are widened to packed f32 copies, multiplied in f32 and
  * (for an f16 C) rounded back. */
 #include "ops/gemm_avx2.h"
+#include "ops/gemm_avx512.h"
 #include "ops/gemm_int.h"
 
 #include <stdatomic.h>
@@ -215,11 +216,13 @@ done:
 
 /* Native bf16 (never where it is widened: LOOM_BF16_KERNELS=widen, oneDNN capped below AMX)
  * goes to loom's AMX GEMM where gemm_amx.c's rule picks it; widened 16-bit operands to loom's
- * AVX2 GEMM (widened as packed) where gemm_avx2_pick.c's rule picks it, else to f32 copies. */
+ * AVX2 or AVX-512 GEMM (widened as packed) where gemm_avx2_pick.c's rules pick one, else to f32
+ * copies. */
 static int gemm_checked(const loom__gemm_args *g) {
   if (loom__gemm_native(g->ab_dtype))
     return loom__gemm_prefer_amx(g) ? loom__gemm_bf16_amx(g) : gemm_native(g);
-  return loom__gemm_avx2_wanted(g) ? loom__gemm_avx2(g) : gemm_widened(g);
+  if (loom__gemm_avx2_wanted(g)) return loom__gemm_avx2(g);
+  return loom__gemm_avx512_wanted(g) ? loom__gemm_avx512(g) : gemm_widened(g);
 }
 
 int loom__gemm(const loom__gemm_args *g) {

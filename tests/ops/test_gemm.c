@@ -16,6 +16,7 @@
 #include "ops/gemm.h"
 #include "ops/gemm_int.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -127,6 +128,83 @@ void sweep_dims(gemm_fn kernel, const int64_t (*sizes)[3], int n, loom_dtype ab,
 
 void sweep_with(gemm_fn kernel, loom_dtype ab, loom_dtype cdt) {
   sweep_dims(kernel, dims, NDIMS, ab, cdt);
+}
+
+const loom_dtype gemm_dtype_pairs[GEMM_DTYPE_PAIRS][2] = {
+    {LOOM_BF16, LOOM_F32}, {LOOM_BF16, LOOM_BF16}, {LOOM_F16, LOOM_F32},
+    {LOOM_F16, LOOM_F16},  {LOOM_F32, LOOM_F32}};
+
+void check_packed_blocks(gemm_fn kernel) {
+  const shape shapes[] = {
+      {1, 200, 40, 600, false, true, 0, false, false, 1.0f, 0.0f, true},
+      {1, 101, 45, 777, true, false, 1, false, false, 1.0f, 1.0f, false},
+      {1, 13, 1600, 300, false, false, 0, false, false, 0.5f, 1.0f, false},
+      {1, 7, 500, 3000, true, true, 3, false, false, 1.0f, 0.0f, true},
+      {2, 98, 33, 520, false, false, 0, false, true, 1.0f, 1.0f, false},
+      {1, 256, 70, 257, true, true, 0, false, false, 1.0f, 1.0f, false},
+      {1, 61, 97, 1100, false, true, 2, false, false, 1.0f, 1.0f, true},
+  };
+  for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+    for (int p = 0; p < GEMM_DTYPE_PAIRS; p++)
+      LT_EQ(check_with(kernel, shapes[i], gemm_dtype_pairs[p][0], gemm_dtype_pairs[p][1]), 0);
+  int before = loom__gemm_threads(); /* row blocks split over two threads */
+  loom__gemm_set_threads(2);
+  shape s = {2, 300, 130, 400, false, true, 0, false, false, 1.0f, 1.0f, true};
+  LT_EQ(check_with(kernel, s, LOOM_BF16, LOOM_BF16), 0);
+  LT_EQ(check_with(kernel, s, LOOM_F16, LOOM_F32), 0);
+  loom__gemm_set_threads(before);
+}
+
+void check_c_rounding(gemm_fn kernel, int64_t M) {
+  enum { N = 45 };
+  float bias[N];
+  for (int j = 0; j < N; j++) bias[j] = ldexpf(1.0f + (float)j * 0x1p-12f, j % 9 - 4);
+  bias[0] = 1.0f + 0x1p-8f;     /* a bf16 tie: to even (down) */
+  bias[1] = 1.0f + 3 * 0x1p-8f; /* a bf16 tie: to even (up) */
+  bias[2] = 1.0f + 0x1p-11f;    /* an f16 tie */
+  bias[3] = NAN, bias[4] = -INFINITY, bias[5] = 0x1p-130f, bias[6] = -0x1p-20f;
+  bias[7] = 3.4e38f; /* near the top of f32's range (f16: overflows to inf) */
+  bias[40] = -NAN, bias[41] = 0x1p-140f, bias[42] = 1.0f + 0x1p-8f, bias[43] = 65520.0f;
+  for (int d = 0; d < 2; d++) {
+    loom_dtype dt = d ? LOOM_F16 : LOOM_BF16;
+    uint16_t *A = calloc((size_t)M, 2), B[N] = {0}, *C = malloc((size_t)(M * N) * 2), want[N];
+    loom__gemm_args g = {.batch = 1, .M = M, .N = N, .K = 1, .alpha = 1, .A = A, .lda = 1,
+                         .B = B, .ldb = N, .C = C, .ldc = N, .ab_dtype = dt, .c_dtype = dt,
+                         .bias = bias};
+    LT_OK(kernel(&g));
+    loom_convert(bias, LOOM_F32, want, dt, N);
+    for (int64_t i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) LT_EQ_HEX(C[i * N + j], want[j]);
+    free(A), free(C);
+  }
+}
+
+void check_kernel_errors(gemm_fn kernel, const char *who) {
+  uint16_t A[4] = {0}, B[4] = {0}, C[4] = {0};
+  loom__gemm_args g = {.batch = 1, .M = 2, .N = 2, .K = 2, .alpha = 1, .A = A, .lda = 2,
+                       .B = B, .ldb = 2, .C = C, .ldc = 2, .ab_dtype = LOOM_BF16,
+                       .c_dtype = LOOM_BF16};
+  LT_OK(kernel(&g));
+  LT_ERR(kernel(NULL), LOOM_EINVAL, who);
+  loom__gemm_args b = g;
+  b.A = NULL;
+  LT_ERR(kernel(&b), LOOM_EINVAL, "A is NULL");
+  b = g, b.B = NULL;
+  LT_ERR(kernel(&b), LOOM_EINVAL, "B is NULL");
+  b = g, b.lda = 1;
+  LT_ERR(kernel(&b), LOOM_ESHAPE, "leading dimension 1 of A");
+  b = g, b.ldc = 1;
+  LT_ERR(kernel(&b), LOOM_ESHAPE, "leading dimension 1 of C");
+  b = g, b.beta = 0.5f;
+  LT_ERR(kernel(&b), LOOM_EINVAL, "beta");
+  b = g, b.c_dtype = LOOM_I32;
+  LT_ERR(kernel(&b), LOOM_EDTYPE, who);
+  b = g, b.ab_dtype = LOOM_I64;
+  LT_ERR(kernel(&b), LOOM_EDTYPE, who);
+  b = g, b.c_dtype = LOOM_F16; /* C f16 with bf16 operands */
+  LT_ERR(kernel(&b), LOOM_EDTYPE, who);
+  b = g, b.ab_dtype = LOOM_F16, b.c_dtype = LOOM_BF16; /* C bf16 with f16 operands */
+  LT_ERR(kernel(&b), LOOM_EDTYPE, who);
 }
 
 static void sweep(loom_dtype ab, loom_dtype cdt) { sweep_with(loom__gemm, ab, cdt); }

@@ -1,13 +1,14 @@
 /* test_widened.c: bf16 and f16 GEMMs and convolutions on CPUs where oneDNN has no kernel for
  * them (bf16 without AVX-512, f16 everywhere): loom widens the operands to f32 (as copies, or
- * as loom's own AVX2 GEMM packs them) and must give bit for bit the f32 product of the same
- * values by the same f32 kernel, with a 16-bit output rounded once from it.
+ * as loom's own AVX2 or AVX-512 GEMM packs them) and must give bit for bit the f32 product of
+ * the same values by the same f32 kernel, with a 16-bit output rounded once from it.
  * Also: the one-time probe says "not native" whenever the CPU, LOOM_CPU or oneDNN's own cap
  * rules AVX-512 out, and f32 is always native. Where bf16 is native (an AVX-512 machine with no
  * cap) the bitwise checks do not apply and test_gemm / test_conv's tolerances cover it. */
 #include "lt.h"
 #include "ops/gemm.h"
 #include "ops/gemm_avx2.h"
+#include "ops/gemm_avx512.h"
 
 #include <stdlib.h>
 
@@ -84,9 +85,11 @@ static void gemm_case(loom_dtype dt, loom_dtype cdt, bool tb, float beta, int64_
   g.A = A, g.B = B, g.C = C;
   f.A = a, f.B = b, f.C = c, f.ab_dtype = LOOM_F32, f.c_dtype = LOOM_F32;
   LT_OK(loom__gemm(&g));
-  /* where loom's own AVX2 GEMM takes 16-bit operands (widened as it packs them), the f32
-   * product is that kernel's on the f32 copies: the same sums in the same order */
-  LT_OK(loom__gemm_avx2_wanted(&g) ? loom__gemm_avx2(&f) : loom__gemm(&f));
+  /* where loom's own AVX2 or AVX-512 GEMM takes 16-bit operands (widened as it packs them),
+   * the f32 product is that kernel's on the f32 copies: the same sums in the same order */
+  LT_OK(loom__gemm_avx2_wanted(&g)     ? loom__gemm_avx2(&f)
+        : loom__gemm_avx512_wanted(&g) ? loom__gemm_avx512(&f)
+                                       : loom__gemm(&f));
   char what[96];
   snprintf(what, sizeof what, "gemm %s->%s tb %d beta %g batch %lld", loom_dtype_name(dt),
            loom_dtype_name(cdt), tb, (double)beta, (long long)batch);

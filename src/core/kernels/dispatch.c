@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static loom__core_kernels tables[LOOM_CPU_LEVEL_COUNT];
 static bool supported[LOOM_CPU_LEVEL_COUNT];
@@ -117,14 +118,24 @@ bool loom__cpu_intel(void) {
   return __builtin_cpu_is("intel");
 }
 
+bool loom__onednn_caps_amx(const char *onednn, const char *dnnl) {
+  const char *e = onednn ? onednn : dnnl;
+  if (!e || !*e || !strcasecmp(e, "ALL")) return false;
+  for (const char *p = e; p[0] && p[1] && p[2]; p++)
+    if (!strncasecmp(p, "AMX", 3)) return false;
+  return true;
+}
+
 /* AVX512-BF16, AMX-TILE and AMX-BF16 from CPUID (leaf 7: EDX bits 24 and 22), and the kernel's
  * leave to use the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, feature 18,
- * process-wide; oneDNN asks the same): asked once, false where either is missing. The one
- * place that asks: loom's AMX GEMM (ops/gemm_amx.c) and fused attention (ops/attn_amx.c). */
+ * process-wide; oneDNN asks the same): asked once, false where either is missing or oneDNN's
+ * ISA cap rules AMX out (loom__onednn_caps_amx). The one place that asks: loom's AMX GEMM
+ * (ops/gemm_amx.c) and fused attention (ops/attn_amx.c). */
 static bool amx_ok;
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 static void amx_init(void) {
   unsigned a, b, c, d;
+  if (loom__onednn_caps_amx(getenv("ONEDNN_MAX_CPU_ISA"), getenv("DNNL_MAX_CPU_ISA"))) return;
   if (!loom_cpu_has_avx512bf16() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) ||
       !(d & (1u << 24)) || !(d & (1u << 22)))
     return;
