@@ -21,11 +21,13 @@
 #define SPIN_PAUSES 4 /* CPU pauses between two polls while spinning */
 /* With a caller blocked on the group, poll with sched_yield between polls until the wait has
  * lasted this long, then sleep. MPI's blocking calls poll to the end (Open MPI yields when
- * oversubscribed); sleeping there let a rank that waited out a peer's descheduling (a few ms at
- * load 12-16 on 2 cores) sleep past the peer's message: loops of 4-byte all-reduces took 14-17x
- * raw MPI_Allreduce's median where raw took 1.4x (BENCHMARKS.md). A yield gives the core to
- * whatever else is runnable (often the peer rank itself) and comes back with no timer. Past
- * this bound the peer is stalled, not descheduled: sleeping costs at most a sixteenth. */
+ * oversubscribed); sleeping there gave the core away whenever a peer was descheduled, and on a
+ * loaded machine both ranks then waited to be rescheduled for every later call: loops of 4-byte
+ * all-reduces at load 12-17 took a median of 4.2x raw MPI_Allreduce over 20 runs (Open MPI;
+ * MPICH 3.0x), against 1.54x (1.06x) yielding; pure spinning measured 1.56x (BENCHMARKS.md, "a
+ * blocked caller polls as MPI does"). A yield lets whatever else is runnable (often the peer
+ * rank) have the core and needs no timer to come back. Past this bound the peer is stalled,
+ * not descheduled: sleeping costs a sixteenth of the wait at most, and no core. */
 #define YIELD_S 0.1
 /* Sleep between polls: a fraction of the time waited so far (so the extra latency stays a
  * small share of the wait), between these bounds. */
