@@ -3,7 +3,7 @@
  * run, for the mpi backend beside a raw MPI_Allreduce loop over the same sizes (the program
  * launches itself under mpiexec with the same rank count for that part). Each figure is the
  * median of 5 timed loops (BENCH_TRIALS); buffers are touched first so page faults are not timed.
- * Usage: bench_allreduce [RANKS] [MAX_MB] [all|threads|mpi]   (or `loom bench allreduce ...`);
+ * Usage: bench_allreduce [RANKS] [MAX_MB] [all|threads|mpi|overlap] (`loom bench allreduce`);
  * BENCH_TRIALS=N in the environment times N loops per figure instead of 5; BENCH_ITERS=N caps
  * the calls per loop (default 20000). The MPI part prints, per size, loom's median and minimum
  * over the loops against raw's ("allreduce mpi/raw").
@@ -11,7 +11,16 @@
  * launch_mpi). Under Open MPI it uses shared memory without single-copy (the setting the tests
  * use); BENCH_MPI_CMA=1 in the environment leaves Open MPI's default single-copy (CMA) on.
  * Output: one line per backend and size:
- *   allreduce <backend> ranks=N bytes=B iters=I us=T busbw_GBs=G */
+ *   allreduce <backend> ranks=N bytes=B iters=I us=T busbw_GBs=G
+ * `bench_allreduce RANKS MAX_MB overlap` times the asynchronous path instead (the DDP bucket's
+ * and FSDP prefetch's): per size, each rank issues an async all-reduce, computes about 2 ms of
+ * its thread's CPU time, then waits, against the same compute with no collective, interleaved
+ * loop by loop. It prints rank 0's medians per step: the compute's wall time alone and beside
+ * the collective, the step's wall time, and the CPU time that every thread of the process but the
+ * caller's took during the compute (`other_cpu_us`: the progress thread's and MPI's; a progress
+ * thread that spun beside the compute would show there, whatever the machine's load):
+ *   overlap mpi bytes=B compute_alone_us=A compute_beside_us=C ratio=C/A step_us=S
+ *   other_cpu_us=O */
 #include <loom/dist.h>
 #include <loom/dist_mpi.h>
 #include <loom/status.h>
@@ -39,6 +48,7 @@ static int trials(void) {
 }
 #define TRIALS trials()
 #define CHILD_FLAG "--mpi-child"
+#define OVERLAP_FLAG "--mpi-overlap-child"
 #ifndef LOOM_MPIEXEC /* set by cmake/loom_mpiexec.cmake */
 #define LOOM_MPIEXEC "mpiexec"
 #define LOOM_MPIEXEC_NP "-n"
@@ -56,7 +66,7 @@ static int cmp(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Sizes in bytes: 4, then 4 KB x 4^k up to max_bytes. */
+/* Sizes in bytes: 4, then 4 KB x 4^k up to max_bytes (none past 4 when max_bytes is 0). */
 static int sizes(size_t max_bytes, size_t *out) {
   int n = 0;
   out[n++] = 4;
@@ -120,19 +130,35 @@ static int thr_rank(loom_pg *pg, void *p) {
 /* ---- mpi: raw MPI_Allreduce beside the mpi backend, size by size ---- */
 
 #ifdef LOOM_HAVE_MPI
-static int mpi_child(size_t max_bytes) {
-  int provided, rank, size;
+/* A launched rank's start: MPI with threads, the mpi backend's group over MPI_COMM_WORLD, a
+ * zeroed buffer of max_bytes; and its end. */
+static loom_pg *child_start(size_t max_bytes, int *rank, int *size, float **buf) {
+  int provided;
   MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, rank);
+  MPI_Comm_size(MPI_COMM_WORLD, size);
   loom_pg *pg = NULL;
-  int rc = loom_mpi_pg_create(NULL, NULL, &pg);
-  if (rc) {
-    fprintf(stderr, "bench_allreduce: %s\n", loom_last_error());
+  *buf = malloc(max_bytes);
+  if (loom_mpi_pg_create(NULL, NULL, &pg) || !*buf) {
+    fprintf(stderr, "bench_allreduce: %s\n", *buf ? loom_last_error() : "out of memory");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  float *buf = malloc(max_bytes);
-  memset(buf, 0, max_bytes);
+  memset(*buf, 0, max_bytes);
+  return pg;
+}
+
+static int child_end(int rc, int rank, float *buf, loom_pg *pg) {
+  if (rc) fprintf(stderr, "bench_allreduce: rank %d: %s\n", rank, loom_last_error());
+  free(buf);
+  loom_pg_free(pg);
+  MPI_Finalize();
+  return rc ? 1 : 0;
+}
+
+static int mpi_child(size_t max_bytes) {
+  int rank, size, rc = LOOM_OK;
+  float *buf;
+  loom_pg *pg = child_start(max_bytes, &rank, &size, &buf);
   size_t sz[32];
   int ns = sizes(max_bytes, sz);
   for (int s = 0; s < ns && !rc; s++) {
@@ -165,18 +191,85 @@ static int mpi_child(size_t max_bytes) {
       fflush(stdout);
     }
   }
-  if (rc) fprintf(stderr, "bench_allreduce: rank %d: %s\n", rank, loom_last_error());
-  free(buf);
-  loom_pg_free(pg);
-  MPI_Finalize();
-  return rc ? 1 : 0;
+  return child_end(rc, rank, buf, pg);
+}
+
+/* ---- mpi, asynchronous: an all-reduce in flight beside the rank's compute ---- */
+
+/* CPU-bound work on a cache-resident array (no memory traffic to share with the collective's
+ * copies): `passes` passes of a multiply-add. */
+static float work_buf[16384];
+static volatile float work_sink;
+static void compute(int passes) {
+  for (int p = 0; p < passes; p++)
+    for (int i = 0; i < 16384; i++) work_buf[i] = work_buf[i] * 0.999f + 0.001f;
+  work_sink = work_buf[passes & 16383];
+}
+
+static double cpu_now(clockid_t which) {
+  struct timespec t;
+  clock_gettime(which, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int overlap_child(size_t max_bytes) {
+  int rank, size, rc = LOOM_OK;
+  float *buf;
+  loom_pg *pg = child_start(max_bytes, &rank, &size, &buf);
+  /* passes for about 2 ms of the thread's CPU time, rank 0's calibration for every rank */
+  double t0 = cpu_now(CLOCK_THREAD_CPUTIME_ID);
+  compute(200);
+  int passes = (int)(200 * 2e-3 / (cpu_now(CLOCK_THREAD_CPUTIME_ID) - t0 + 1e-9));
+  passes = passes < 1 ? 1 : passes > 100000 ? 100000 : passes;
+  MPI_Bcast(&passes, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  static const size_t sz[] = {4, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
+  enum { ITERS = 20 };
+  for (size_t s = 0; s < sizeof sz / sizeof sz[0] && sz[s] <= max_bytes && !rc; s++) {
+    size_t count = sz[s] / 4;
+    double alone[MAX_TRIALS], beside[MAX_TRIALS], step[MAX_TRIALS], cpu[MAX_TRIALS];
+    rc = loom_pg_allreduce(pg, buf, buf, count, LOOM_F32, LOOM_SUM, NULL);
+    for (int k = 0; k < TRIALS && !rc; k++) { /* interleaved: compute alone, then beside */
+      MPI_Barrier(MPI_COMM_WORLD);
+      t0 = now();
+      for (int i = 0; i < ITERS; i++) compute(passes);
+      alone[k] = (now() - t0) / ITERS;
+      MPI_Barrier(MPI_COMM_WORLD);
+      double in = 0, other = 0;
+      t0 = now();
+      for (int i = 0; i < ITERS && !rc; i++) {
+        loom_work *w = NULL;
+        rc = loom_pg_allreduce(pg, buf, buf, count, LOOM_F32, LOOM_SUM, &w);
+        double tc = now(), p0 = cpu_now(CLOCK_PROCESS_CPUTIME_ID);
+        double c0 = cpu_now(CLOCK_THREAD_CPUTIME_ID);
+        compute(passes);
+        in += now() - tc;
+        other += (cpu_now(CLOCK_PROCESS_CPUTIME_ID) - p0) - (cpu_now(CLOCK_THREAD_CPUTIME_ID) - c0);
+        if (!rc) rc = loom_work_wait(&w);
+      }
+      step[k] = (now() - t0) / ITERS;
+      cpu[k] = other / ITERS;
+      beside[k] = in / ITERS;
+    }
+    qsort(alone, TRIALS, sizeof alone[0], cmp);
+    qsort(beside, TRIALS, sizeof beside[0], cmp);
+    qsort(step, TRIALS, sizeof step[0], cmp);
+    qsort(cpu, TRIALS, sizeof cpu[0], cmp);
+    if (rank == 0 && !rc) {
+      int m = TRIALS / 2;
+      printf("overlap mpi bytes=%-10zu compute_alone_us=%.0f compute_beside_us=%.0f ratio=%.3f "
+             "step_us=%.0f other_cpu_us=%.0f over %d loops of %d\n", sz[s], alone[m] * 1e6,
+             beside[m] * 1e6, beside[m] / alone[m], step[m] * 1e6, cpu[m] * 1e6, TRIALS, ITERS);
+      fflush(stdout);
+    }
+  }
+  return child_end(rc, rank, buf, pg);
 }
 
 /* Run this program again under mpiexec for the MPI part: the launcher CMake found for the MPI
  * this program was built with (cmake/loom_mpiexec.cmake: Open MPI's or MPICH's), with its
  * flags. Open MPI runs over shared memory, single-copy (CMA) off unless BENCH_MPI_CMA=1 and
  * unbound; MPICH's hydra binds nothing by default, and its UCX picks the transport (CMA here). */
-static int launch_mpi(int ranks, int max_mb) {
+static int launch_mpi(int ranks, int max_mb, const char *child_flag) {
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) return 1;
@@ -201,7 +294,7 @@ static int launch_mpi(int ranks, int max_mb) {
 #endif
   snprintf(cmd, sizeof cmd, "%s '%s' %s %d %s %s '%s' %s%d %d %s", env, LOOM_MPIEXEC,
            LOOM_MPIEXEC_NP, ranks, LOOM_MPIEXEC_FLAGS, extra, self, sub, ranks, max_mb,
-           CHILD_FLAG);
+           child_flag);
   fflush(stdout);
   return system(cmd) == 0 ? 0 : 1;
 }
@@ -210,21 +303,26 @@ static int launch_mpi(int ranks, int max_mb) {
 int bench_allreduce_main(int argc, char **argv) {
   static const bench_arg args[] = {
       {"RANKS", "ranks (default 2)", NULL, 1, 64},
-      {"MAX_MB", "the largest message in MiB (default 256)", NULL, 1, 4096},
-      {"BACKENDS", "which backends run (default all)", "all|threads|mpi", 0, 0}, {0}};
-  bool child = argc == 4 && strcmp(argv[3], CHILD_FLAG) == 0; /* launched by launch_mpi */
+      {"MAX_MB", "the largest message in MiB (default 256; 0: the 4-byte all-reduce only)",
+       NULL, 0, 4096},
+      {"BACKENDS", "which backends run (default all; overlap: the mpi backend's async path "
+       "beside compute)", "all|threads|mpi|overlap", 0, 0}, {0}};
+  bool child = argc == 4 && (strcmp(argv[3], CHILD_FLAG) == 0 ||
+                             strcmp(argv[3], OVERLAP_FLAG) == 0); /* launched by launch_mpi */
   int done = child ? -1 : bench_args(BENCH_PROG("allreduce"), "All-reduce latency and bus "
                                      "bandwidth by size, threads and MPI backends.", args,
                                      argc, argv);
   if (done >= 0) return done;
   int ranks = argc > 1 ? atoi(argv[1]) : 2;
   int max_mb = argc > 2 ? atoi(argv[2]) : 256;
-  size_t max_bytes = (size_t)max_mb << 20;
+  size_t max_bytes = max_mb > 0 ? (size_t)max_mb << 20 : 4; /* 0: 4 bytes only */
 #ifdef LOOM_HAVE_MPI
   if (argc > 3 && strcmp(argv[3], CHILD_FLAG) == 0) return mpi_child(max_bytes);
+  if (argc > 3 && strcmp(argv[3], OVERLAP_FLAG) == 0) return overlap_child(max_bytes);
 #endif
   const char *which = argc > 3 ? argv[3] : "all";
-  bool thr = strcmp(which, "mpi") != 0, mpi = strcmp(which, "threads") != 0;
+  bool overlap = strcmp(which, "overlap") == 0;
+  bool thr = strcmp(which, "mpi") != 0 && !overlap, mpi = strcmp(which, "threads") != 0;
   thr_arg a = {max_bytes};
   int rc = thr ? loom_threads_run(ranks, NULL, thr_rank, &a) : LOOM_OK;
   if (rc) {
@@ -232,7 +330,7 @@ int bench_allreduce_main(int argc, char **argv) {
     return 1;
   }
 #ifdef LOOM_HAVE_MPI
-  if (mpi && ranks > 1 && launch_mpi(ranks, max_mb)) {
+  if (mpi && ranks > 1 && launch_mpi(ranks, max_mb, overlap ? OVERLAP_FLAG : CHILD_FLAG)) {
     fprintf(stderr, "bench_allreduce: the MPI part failed\n");
     return 1;
   }

@@ -92,6 +92,10 @@ struct loom_pg {
   pthread_cond_t cv_done; /* waiters wait here for work->done */
   loom_work *head, *tail; /* queued, not started */
   bool running;           /* a collective is executing (issuing thread or progress thread) */
+  /* callers blocked on the group's collectives now: a blocking collective running inline or
+   * waiting for its turn, loom_work_wait (work.c). While > 0, waits that pause through
+   * loom__wait_pause (the mpi backend's) poll rather than sleep: nobody computes beside them. */
+  _Atomic int blocked;
   bool stop, thread_started;
   pthread_t thread;
   size_t outstanding; /* async handles not yet consumed */
@@ -190,9 +194,15 @@ int loom__wait_check(loom__wait *w);
 /* When a wait's stderr notice is due: after 5 s, or half the timeout when that is shorter, but
  * not before 1 s (INFINITY, no notice, when that is not before the timeout). */
 double loom__wait_notice_after(double timeout_s);
-/* Pause before the next poll: spin during the first 0.5 ms of the wait, then sleep a
- * sixteenth of the time waited so far (10 us to 1 ms), so a stalled peer does not cost a
- * core. */
+/* The wait policy: how a wait that has lasted `waited` seconds pauses before its next poll.
+ * SPIN (a few CPU pauses) during the first 0.5 ms; then, when `blocked` (a caller is blocked
+ * on the group: pg->blocked), YIELD (sched_yield) until 0.1 s, as MPI's own blocking calls
+ * poll on; otherwise, and after that, SLEEP *sleep_s seconds: a sixteenth of the time waited
+ * so far, 10 us to 1 ms, so a stalled peer, or a progress thread beside the caller's compute,
+ * does not cost a core. */
+typedef enum loom__pause { LOOM__PAUSE_SPIN, LOOM__PAUSE_YIELD, LOOM__PAUSE_SLEEP } loom__pause;
+loom__pause loom__wait_policy(double waited, bool blocked, double *sleep_s);
+/* Pause before the next poll, as loom__wait_policy says for this wait and its group now. */
 void loom__wait_pause(loom__wait *w);
 
 #endif

@@ -68,6 +68,7 @@ int loom__pg_init(loom_pg *pg, const loom__pg_ops *ops, void *impl, int rank, in
   atomic_init(&pg->timeout_s, cfg->timeout_s);
   atomic_init(&pg->err, LOOM_OK);
   atomic_init(&pg->aborted, false);
+  atomic_init(&pg->blocked, 0);
   if (pthread_mutex_init(&pg->mu, NULL)) goto fail0;
   if (pthread_cond_init(&pg->cv_work, NULL)) goto fail1;
   if (pthread_cond_init(&pg->cv_done, NULL)) goto fail2;

@@ -1,11 +1,14 @@
 /* wait.c: how every backend waits on its peers: the timeout (counted from the wait's start,
  * i.e. from the peers' last progress), a notice on stderr naming the rank waited for once a
- * wait has lasted a few seconds, and the pause between polls (spin briefly, since a peer's
- * data usually comes within microseconds, then sleep, so that a stalled peer does not cost a
- * core). */
+ * wait has lasted a few seconds, and the pause between polls (the wait policy): spin briefly,
+ * since a peer's data usually comes within microseconds; then, while a caller is blocked on
+ * the group (a blocking collective, loom_work_wait), poll on with sched_yield between polls as
+ * MPI's own blocking calls do; otherwise (the progress thread, while the caller computes), and
+ * once a wait has lasted long, sleep, so that a stalled peer does not cost a core. */
 #include "dist/dist_int.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -16,6 +19,16 @@
  * is late. */
 #define SPIN_S 500e-6
 #define SPIN_PAUSES 4 /* CPU pauses between two polls while spinning */
+/* With a caller blocked on the group, poll with sched_yield between polls until the wait has
+ * lasted this long, then sleep. MPI's blocking calls poll to the end (Open MPI yields when
+ * oversubscribed); sleeping there gave the core away whenever a peer was descheduled, and on a
+ * loaded machine both ranks then waited to be rescheduled for every later call: loops of 4-byte
+ * all-reduces at load 12-17 took a median of 4.2x raw MPI_Allreduce over 20 runs (Open MPI;
+ * MPICH 3.0x), against 1.54x (1.06x) yielding; pure spinning measured 1.56x (BENCHMARKS.md, "a
+ * blocked caller polls as MPI does"). A yield lets whatever else is runnable (often the peer
+ * rank) have the core and needs no timer to come back. Past this bound the peer is stalled,
+ * not descheduled: sleeping costs a sixteenth of the wait at most, and no core. */
+#define YIELD_S 0.1
 /* Sleep between polls: a fraction of the time waited so far (so the extra latency stays a
  * small share of the wait), between these bounds. */
 #define SLEEP_MIN_S 10e-6
@@ -63,15 +76,30 @@ int loom__wait_check(loom__wait *w) {
   return LOOM_OK;
 }
 
+loom__pause loom__wait_policy(double waited, bool blocked, double *sleep_s) {
+  *sleep_s = 0;
+  if (waited < SPIN_S) return LOOM__PAUSE_SPIN;
+  if (blocked && waited < YIELD_S) return LOOM__PAUSE_YIELD;
+  *sleep_s = fmin(SLEEP_MAX_S, fmax(SLEEP_MIN_S, waited * SLEEP_SHARE));
+  return LOOM__PAUSE_SLEEP;
+}
+
 void loom__wait_pause(loom__wait *w) {
-  double waited = loom__now() - w->t0;
-  if (waited < SPIN_S) {
+  double s, waited = loom__now() - w->t0;
+  bool blocked = atomic_load_explicit(&w->pg->blocked, memory_order_relaxed) > 0;
+  switch (loom__wait_policy(waited, blocked, &s)) {
+  case LOOM__PAUSE_SPIN:
     /* a few pauses only: 32 (about 0.35 us on the Xeon of BENCHMARKS.md) were as long as a
      * whole small all-reduce of raw MPI, and the message waited for was seen that much later */
     for (int i = 0; i < SPIN_PAUSES; i++) loom__cpu_relax();
     return;
+  case LOOM__PAUSE_YIELD:
+    sched_yield();
+    return;
+  case LOOM__PAUSE_SLEEP: {
+    struct timespec ts = {0, (long)(s * 1e9)};
+    nanosleep(&ts, NULL);
+    return;
   }
-  double s = fmin(SLEEP_MAX_S, fmax(SLEEP_MIN_S, waited * SLEEP_SHARE));
-  struct timespec ts = {0, (long)(s * 1e9)};
-  nanosleep(&ts, NULL);
+  }
 }

@@ -3,7 +3,9 @@
  * A blocking collective issued while nothing is queued or running runs on the issuing thread
  * (no hand-off, so a small all-reduce costs no thread wake-up). Anything else is queued and
  * the group's progress thread (started on first need) runs the queue in issue order, so async
- * collectives overlap the caller's compute and blocking ones keep their place in line. */
+ * collectives overlap the caller's compute and blocking ones keep their place in line. While a
+ * caller is blocked (a blocking collective, loom_work_wait) pg->blocked counts it, and the
+ * waits poll instead of sleeping (wait.c's policy): as MPI's blocking calls do. */
 #include "dist/dist_int.h"
 
 #include <stdio.h>
@@ -71,6 +73,7 @@ static void enqueue(loom_pg *pg, loom_work *w) {
 /* Wait for w->done: spin briefly (a wake-up through the kernel costs tens of µs), then sleep. */
 static void wait_done(loom_work *w) {
   loom_pg *pg = w->pg;
+  atomic_fetch_add(&pg->blocked, 1); /* the progress thread's waits for peers now poll */
   double t0 = loom__now();
   for (unsigned i = 0; !atomic_load_explicit(&w->done, memory_order_acquire); i++) {
     loom__cpu_relax();
@@ -80,6 +83,7 @@ static void wait_done(loom_work *w) {
   while (!atomic_load_explicit(&w->done, memory_order_acquire))
     pthread_cond_wait(&pg->cv_done, &pg->mu);
   pthread_mutex_unlock(&pg->mu);
+  atomic_fetch_sub(&pg->blocked, 1);
 }
 
 int loom__pg_issue(loom_pg *pg, const loom__coll *c, loom_work **out) {
@@ -95,7 +99,9 @@ int loom__pg_issue(loom_pg *pg, const loom__coll *c, loom_work **out) {
       now.seq = ++pg->seq;
       pg->running = true;
       pthread_mutex_unlock(&pg->mu);
+      atomic_fetch_add_explicit(&pg->blocked, 1, memory_order_relaxed); /* waits poll */
       rc = loom__pg_execute(pg, &now, true); /* checked above, a moment ago */
+      atomic_fetch_sub_explicit(&pg->blocked, 1, memory_order_relaxed);
       pthread_mutex_lock(&pg->mu);
       pg->running = false;
       if (pg->head) pthread_cond_signal(&pg->cv_work);

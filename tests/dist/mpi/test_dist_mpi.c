@@ -1,9 +1,10 @@
 /* test_dist_mpi.c: the mpi backend under mpiexec (-n 2 and -n 3): every collective x dtype x
  * op x in-place against the sequential reference (and reduce-scatters large enough to go in
- * pieces), async collectives in flight, mismatch, a peer's abort, a peer's timeout, a stalled
- * peer (named, waited for without spinning), bad arguments, and loom_pg_split. Each rank runs the same program; the exit status is non-zero on any rank that saw
- * a failed check. Failure paths run last, each on its own group, and end with the ranks back
- * in step so MPI_Finalize is clean. */
+ * pieces), async collectives in flight, an async wait for a late peer that costs no core,
+ * mismatch, a peer's abort, a peer's timeout, a stalled peer (named, waited for without
+ * spinning), bad arguments, and loom_pg_split. Each rank runs the same program; the exit
+ * status is non-zero on any rank that saw a failed check. Failure paths run last, each on its
+ * own group, and end with the ranks back in step so MPI_Finalize is clean. */
 #include "dist_test.h"
 #include "loom/dist_mpi.h"
 
@@ -168,6 +169,42 @@ static void test_stall(void) {
   (void)pg; /* broken: not freed */
 }
 
+/* The wait policy's other side: an async all-reduce whose peer comes late (rank 1 issues it
+ * 0.4 s after the others) waits on the progress thread beside the caller's work, and must not
+ * burn a core there: over 0.3 s in which the caller only sleeps (its "compute"), this process's
+ * CPU time stays well below the wall time. Then the caller waits, and the result is right. */
+static double cpu_now(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+static void test_async_idle(void) {
+  loom_pg *pg = make_pg(30);
+  float x = (float)(rank_ + 1);
+  if (rank_ == 1) {
+    struct timespec ts = {0, 400000000};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+    CHECK_RC(loom_pg_allreduce(pg, &x, &x, 1, LOOM_F32, LOOM_SUM, NULL), LOOM_OK);
+  } else {
+    loom_work *w = NULL;
+    CHECK_RC(loom_pg_allreduce(pg, &x, &x, 1, LOOM_F32, LOOM_SUM, &w), LOOM_OK);
+    double c0 = cpu_now(), t0 = dt_now();
+    struct timespec ts = {0, 300000000};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+    double cpu = cpu_now() - c0, secs = dt_now() - t0;
+    DT_CHECK(cpu < 0.25 * secs, "%.3f s of CPU in %.3f s beside an async wait: spinning?", cpu,
+             secs);
+    CHECK_RC(loom_work_wait(&w), LOOM_OK);
+  }
+  float want = (float)(size_ * (size_ + 1) / 2);
+  DT_CHECK(x == want, "rank %d: sum %g, wanted %g", rank_, (double)x, (double)want);
+  CHECK_RC(loom_pg_free(pg), LOOM_OK);
+}
+
 /* A rank that runs out of memory for a large f16 all-reduce's f32 scratch (the group's first
  * allocation, so loom_alloc_fail_nth(1) hits it) must fail before its peers can be inside a
  * blocking MPI_Allreduce (the single-copy path): they get the failure or a timeout, no hang. */
@@ -257,7 +294,8 @@ int main(int argc, char **argv) {
     const char *name;
     void (*fn)(void);
   } tests[] = {{"bad_args", test_bad_args},   {"collectives", test_collectives},
-               {"async", test_async},         {"mismatch", test_mismatch},
+               {"async", test_async},         {"async_idle", test_async_idle},
+               {"mismatch", test_mismatch},
                {"mismatch_small", test_mismatch_small},
                {"abort", test_abort},         {"timeout", test_timeout},
                {"stall", test_stall},         {"oom", test_oom},
