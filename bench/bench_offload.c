@@ -18,6 +18,8 @@
  *                 time, the resident memory's floor;
  *   disk p1 cache disk p1 with loom's allocator cache on (its default): no fresh pages to fault
  *                 in for each gathered unit, gradient and chunk buffer, more resident memory;
+ *   disk p1 nothp disk p1 with the allocator's large blocks in 4 KiB pages
+ *                 (LOOM_ALLOC_HUGEPAGES=0) instead of transparent huge pages;
  *   fsdp bf16, host p1 bf16, disk p1 bf16, disk p0 bf16   FSDP mixed precision with a bf16
  *                 forward (the gathers move bf16), with the tier's low-precision parameter copy
  *                 (the default: the gathers read it, the optimizer step writes it);
@@ -109,6 +111,7 @@ typedef struct config {
   bool buffered;  /* disk: LOOM_OFFLOAD_DIRECT=0 (page cache, no O_DIRECT) */
   bool lean;      /* FSDP's gathers not issued ahead (forward_prefetch = backward_prefetch = 0) */
   bool cache;     /* disk: loom's allocator cache left on (its default) */
+  bool no_huge;   /* LOOM_ALLOC_HUGEPAGES=0: the allocator's blocks in 4 KiB pages */
   bool bf16;      /* FSDP mixed precision, bf16 forward (loom_fsdp_mp_cfg_for(LOOM_BF16)) */
   bool no_copy;   /* bf16: no low-precision parameter copy in the tier (the gathers read and
                      cast the f32 shard) */
@@ -411,6 +414,7 @@ static result run(const config *c, const char *dir, int steps) {
     close(fds[0]);
     drop_page_cache(); /* between runs: nothing of the last configuration is cached */
     if (c->buffered) setenv("LOOM_OFFLOAD_DIRECT", "0", 1);
+    if (c->no_huge) setenv("LOOM_ALLOC_HUGEPAGES", "0", 1);
     /* the disk tier is about resident memory: no allocator cache (its blocks stay resident) */
     if (c->offload && c->tier == LOOM_FSDP_TIER_DISK && !c->cache) loom_mem_set_cache_limit(0);
     job j = {.c = c, .dir = dir, .steps = steps};
@@ -444,6 +448,7 @@ static const config configs[] = {
     {.name = "disk p0 buf", .offload = true, .tier = DISK, .prefetch = 0, .buffered = true},
     {.name = "disk p1 g0", .offload = true, .tier = DISK, .prefetch = 1, .lean = true},
     {.name = "disk p1 cache", .offload = true, .tier = DISK, .prefetch = 1, .cache = true},
+    {.name = "disk p1 nothp", .offload = true, .tier = DISK, .prefetch = 1, .no_huge = true},
     {.name = "fsdp bf16", .offload = false, .tier = HOST, .prefetch = 1, .bf16 = true},
     {.name = "host p1 bf16", .offload = true, .tier = HOST, .prefetch = 1, .bf16 = true},
     {.name = "host p1 bf16 nocopy", .offload = true, .tier = HOST, .prefetch = 1, .bf16 = true, .no_copy = true},
@@ -523,7 +528,7 @@ int main(int argc, char **argv) {
   if (steps < 1 || steps > MAXSTEPS || rounds < 1 || rounds > 16) {
     fprintf(stderr, "usage: bench_offload [dir] [steps 1..%d] [rounds 1..16] [configs: comma "
             "separated, of fsdp, host p1, host p0, disk p1, disk p0, disk p1 t1, disk p0 t1, "
-            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, fsdp bf16, host p1 bf16, host p1 bf16 "
+            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, disk p1 nothp, fsdp bf16, host p1 bf16, host p1 bf16 "
             "nocopy, disk p1 bf16, disk p0 bf16, disk p1 bf16 nocopy, disk p1 oib, disk p1 bf16 oib; "
             "default all]\n", MAXSTEPS);
     return 2;
