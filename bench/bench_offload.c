@@ -18,6 +18,8 @@
  *                 time, the resident memory's floor;
  *   disk p1 cache disk p1 with loom's allocator cache on (its default): no fresh pages to fault
  *                 in for each gathered unit, gradient and chunk buffer, more resident memory;
+ *   disk p1 nothp disk p1 with the allocator's large blocks in 4 KiB pages
+ *                 (LOOM_ALLOC_HUGEPAGES=0) instead of transparent huge pages;
  *   fsdp bf16, host p1 bf16, disk p1 bf16, disk p0 bf16   FSDP mixed precision with a bf16
  *                 forward (the gathers move bf16), with the tier's low-precision parameter copy
  *                 (the default: the gathers read it, the optimizer step writes it);
@@ -65,6 +67,10 @@
  * storage / the gets' bytes" is /proc/self/io's read_bytes per step over what the store's gets
  * asked for, both ranks (target <= 1.05).
  *
+ * Where the time goes ("cpu," lines): per configuration and round the median step's wall time
+ * beside the process's CPU time per step (both ranks; user and system from getrusage) and its
+ * minor page faults per step (fresh pages the kernel zeroes and maps).
+ *
  * Usage: bench_offload [dir] [steps] [rounds] [configs]: configs a comma-separated list of the
  * names above (fsdp always runs: the ratios' reference), default all. Under MPI, one rank per process (how a site runs
  * it, and where "the process's peak RSS" is one rank's): mpirun -n 2 bench_offload --mpi CONFIG
@@ -80,6 +86,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -90,6 +97,7 @@
 #define CHUNK_BYTES ((size_t)4 << 20)
 
 static double maxd(double a, double b) { return a > b ? a : b; }
+static double tv_s(struct timeval t) { return (double)t.tv_sec + (double)t.tv_usec * 1e-6; }
 
 static const int64_t sizes[] = {784, 4096, 4096, 4096, 4096, 10};
 #define NSIZES 6
@@ -103,6 +111,7 @@ typedef struct config {
   bool buffered;  /* disk: LOOM_OFFLOAD_DIRECT=0 (page cache, no O_DIRECT) */
   bool lean;      /* FSDP's gathers not issued ahead (forward_prefetch = backward_prefetch = 0) */
   bool cache;     /* disk: loom's allocator cache left on (its default) */
+  bool no_huge;   /* LOOM_ALLOC_HUGEPAGES=0: the allocator's blocks in 4 KiB pages */
   bool bf16;      /* FSDP mixed precision, bf16 forward (loom_fsdp_mp_cfg_for(LOOM_BF16)) */
   bool no_copy;   /* bf16: no low-precision parameter copy in the tier (the gathers read and
                      cast the f32 shard) */
@@ -120,6 +129,7 @@ typedef struct result {
   double disk_read;               /* bytes read from storage per step (whole process) */
   double shard_max;               /* largest unit shard, bytes */
   double rss_anon, rss_file, rss_shmem; /* after the timed steps: what the resident bytes are */
+  double user_s, sys_s, minflt;   /* process per step: user and system CPU, minor page faults */
   double params;
   int ok;
 } result;
@@ -244,6 +254,7 @@ static int rank_main(loom_pg *pg, void *arg) {
     ((int64_t *)loom_tensor_data(y))[i] = rand() % sizes[NSIZES - 1];
   result *r = &j->r;
   double step_t[MAXSTEPS], sync_t[MAXSTEPS] = {0}, cpu0 = 0, io0 = 0, io_sum = 0;
+  struct rusage ru0 = {0};
   loom_fsdp_stats before = {0}, after = {0};
   for (int s = 0; s < 1 + j->steps; s++) {
     bool timed = s > 0;
@@ -261,6 +272,7 @@ static int rank_main(loom_pg *pg, void *arg) {
         r->rss_build = proc_status_kb("VmHWM:");
         write_file("/proc/self/clear_refs", "5");
         cpu0 = bench_process_cpu_now();
+        getrusage(RUSAGE_SELF, &ru0);
       }
       if (c->offload && c->tier == LOOM_FSDP_TIER_DISK) {
         double d0 = bench_now(); /* the last step's writes still in flight land here */
@@ -292,6 +304,11 @@ static int rank_main(loom_pg *pg, void *arg) {
     r->step_s = bench_median(step_t, n);
     r->sync_s = bench_median(sync_t, n);
     r->cpu_s = (bench_process_cpu_now() - cpu0) / n;
+    struct rusage ru1;
+    getrusage(RUSAGE_SELF, &ru1);
+    r->user_s = (tv_s(ru1.ru_utime) - tv_s(ru0.ru_utime)) / n;
+    r->sys_s = (tv_s(ru1.ru_stime) - tv_s(ru0.ru_stime)) / n;
+    r->minflt = (double)(ru1.ru_minflt - ru0.ru_minflt) / n;
     r->rss_train = proc_status_kb("VmHWM:");
     r->rss_anon = proc_status_kb("RssAnon:");
     r->rss_file = proc_status_kb("RssFile:");
@@ -397,6 +414,7 @@ static result run(const config *c, const char *dir, int steps) {
     close(fds[0]);
     drop_page_cache(); /* between runs: nothing of the last configuration is cached */
     if (c->buffered) setenv("LOOM_OFFLOAD_DIRECT", "0", 1);
+    if (c->no_huge) setenv("LOOM_ALLOC_HUGEPAGES", "0", 1);
     /* the disk tier is about resident memory: no allocator cache (its blocks stay resident) */
     if (c->offload && c->tier == LOOM_FSDP_TIER_DISK && !c->cache) loom_mem_set_cache_limit(0);
     job j = {.c = c, .dir = dir, .steps = steps};
@@ -430,6 +448,7 @@ static const config configs[] = {
     {.name = "disk p0 buf", .offload = true, .tier = DISK, .prefetch = 0, .buffered = true},
     {.name = "disk p1 g0", .offload = true, .tier = DISK, .prefetch = 1, .lean = true},
     {.name = "disk p1 cache", .offload = true, .tier = DISK, .prefetch = 1, .cache = true},
+    {.name = "disk p1 nothp", .offload = true, .tier = DISK, .prefetch = 1, .no_huge = true},
     {.name = "fsdp bf16", .offload = false, .tier = HOST, .prefetch = 1, .bf16 = true},
     {.name = "host p1 bf16", .offload = true, .tier = HOST, .prefetch = 1, .bf16 = true},
     {.name = "host p1 bf16 nocopy", .offload = true, .tier = HOST, .prefetch = 1, .bf16 = true, .no_copy = true},
@@ -509,7 +528,7 @@ int main(int argc, char **argv) {
   if (steps < 1 || steps > MAXSTEPS || rounds < 1 || rounds > 16) {
     fprintf(stderr, "usage: bench_offload [dir] [steps 1..%d] [rounds 1..16] [configs: comma "
             "separated, of fsdp, host p1, host p0, disk p1, disk p0, disk p1 t1, disk p0 t1, "
-            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, fsdp bf16, host p1 bf16, host p1 bf16 "
+            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, disk p1 nothp, fsdp bf16, host p1 bf16, host p1 bf16 "
             "nocopy, disk p1 bf16, disk p0 bf16, disk p1 bf16 nocopy, disk p1 oib, disk p1 bf16 oib; "
             "default all]\n", MAXSTEPS);
     return 2;
@@ -574,6 +593,22 @@ int main(int argc, char **argv) {
            "<= 1.05)\n", cs[i]->name, 100 * bench_median(rss, rounds), bench_median(rd, rounds),
            MB(rs[rounds - 1][i].disk_read),
            MB(NR * (rs[rounds - 1][i].moved - rs[rounds - 1][i].to_tier)));
+  }
+  /* where the step's time goes: wall beside the process's CPU (both ranks), round by round */
+  for (int i = 0; i < nc; i++) {
+    double st[16], cp[16], us[16], sy[16], mf[16];
+    char list[256] = "";
+    for (int k = 0, o = 0; k < rounds; k++) {
+      const result *r = &rs[k][i];
+      st[k] = r->step_s, cp[k] = r->cpu_s, us[k] = r->user_s, sy[k] = r->sys_s, mf[k] = r->minflt;
+      if (o < (int)sizeof list)
+        o += snprintf(list + o, sizeof list - (size_t)o, "%s%.3f/%.3f", k ? " " : "", st[k],
+                      cp[k]);
+    }
+    printf("cpu, %s: step s / process CPU s per round %s -> medians %.3f / %.3f (user %.3f, "
+           "system %.3f); minor faults %.0fk per step\n", cs[i]->name, list,
+           bench_median(st, rounds), bench_median(cp, rounds), bench_median(us, rounds),
+           bench_median(sy, rounds), bench_median(mf, rounds) / 1e3);
   }
   double step_fsdp[16];
   for (int i = 1; i < nc; i++) {

@@ -322,7 +322,9 @@ int loom_fsdp_segments(const loom_fsdp *f, const loom_param_seg **segs, size_t *
  * a peer may still compute an input gradient from a unit it already reduced), never between a
  * forward and the next finish (loom_fsdp_full_state ends with a barrier, so a load may follow
  * it). Not with cfg.optim_in_backward, which steps each
- * unit before finish: its shards are the rank's own and a gather copies them. */
+ * unit before finish: its shards are the rank's own and a gather copies them. With offload
+ * (f32, no mixed precision) the ranks share the gathered buffers too, each reading its part
+ * out of its tier straight into its slice: one gathered unit per process, not per rank. */
 int loom_fsdp_gather_unit(loom_fsdp *f, size_t unit, loom_dtype dt);
 /* Free the gathered parameters (the parameters hold no data again). Not a collective. */
 int loom_fsdp_reshard_unit(loom_fsdp *f, size_t unit);

@@ -1,7 +1,9 @@
 /* alloc.c: the single allocation path of loom, with per-pool and per-account byte accounting,
  * failure injection and dry runs. A 64-byte header before each block records its size, pool,
  * account and whether it is a dry block, so loom__free needs only the pointer and the counters
- * stay exact whichever thread frees. The default allocator keeps large freed blocks for reuse
+ * stay exact whichever thread frees. A block the default allocator maps (large ones) has its
+ * data on a page boundary (the header at the end of the page before), so the offload disk
+ * tier's O_DIRECT transfers go straight to and from it. The default allocator keeps large freed blocks for reuse
  * (alloc_cache.c); the counters count blocks in use, not cached ones. In a dry run (alloc.h)
  * every block is zero-filled address space: small ones cleared, large ones fresh mappings
  * that reserve no memory (MAP_NORESERVE), never cached, so what is never written is never
@@ -16,6 +18,7 @@
 #include <sys/mman.h>
 
 #define HEADER 64u
+#define PAGE 4096u /* a mapped block's data starts on a page: O_DIRECT reads and writes it as is */
 #define BLOCK_MAGIC 0x6c6f6f6d626c6b31ull /* "loomblk1" */
 
 typedef struct block_header {
@@ -26,6 +29,8 @@ typedef struct block_header {
   int tag;     /* the allocating thread's tag (loom_mem_set_tag) */
   bool dry;    /* made in a dry run (dry_alloc): freed by dry_free whatever the mode then */
   unsigned dry_gen; /* a dry block counted as untouched zeros: loom__cache_dry_alloc's answer */
+  unsigned lead;    /* bytes of the raw block before the header (PAGE - HEADER for a mapped one,
+                     * so that its data starts on a page; else 0) */
 } block_header;
 _Static_assert(sizeof(block_header) <= HEADER, "the block header must fit in HEADER bytes");
 
@@ -262,12 +267,12 @@ static void *alloc_block(loom_pool pool, size_t size, bool untouched, bool *fres
   *fresh_zero = false;
   if ((unsigned)pool >= LOOM_POOL_COUNT) pool = LOOM_POOL_COMPUTE;
   if (loom__alloc_should_fail(pool)) return NULL;
-  if (size > SIZE_MAX - 2 * HEADER) {
+  if (size > SIZE_MAX - 2 * PAGE) {
     count_failure(pool);
     return NULL;
   }
   unsigned char *raw;
-  unsigned gen = 0;
+  unsigned gen = 0, lead = 0;
   bool dry = loom__dry();
   if (dry) {
     raw = dry_alloc(size + HEADER);
@@ -277,6 +282,10 @@ static void *alloc_block(loom_pool pool, size_t size, bool untouched, bool *fres
                                   hook.alloc == default_alloc, untouched);
   } else if (hook.alloc == default_alloc) {
     size_t bytes = loom__cache_round(size + HEADER);
+    if (loom__raw_mapped(bytes)) { /* its data on a page of its own (the header before it) */
+      lead = PAGE - HEADER;
+      bytes = loom__cache_round(size + HEADER + lead);
+    }
     raw = loom__cache_take(bytes);
     if (!raw) {
       raw = loom__raw_alloc(bytes, fresh_zero);
@@ -293,8 +302,10 @@ static void *alloc_block(loom_pool pool, size_t size, bool untouched, bool *fres
     count_failure(pool);
     return NULL;
   }
+  raw += lead;
   block_header *h = (block_header *)raw;
   h->magic = BLOCK_MAGIC;
+  h->lead = lead;
   h->size = size;
   h->pool = pool;
   h->account = my_account;
@@ -344,7 +355,8 @@ void loom__free(void *p) {
     return;
   }
   if (hook.free == default_free) {
-    size_t bytes = loom__cache_round(h->size + HEADER);
+    size_t bytes = loom__cache_round(h->size + HEADER + h->lead);
+    raw -= h->lead;
     if (!loom__cache_put(raw, bytes)) loom__raw_free(raw, bytes);
     return;
   }

@@ -74,16 +74,33 @@ static void init_limit(void) {
   }
 }
 
+/* Transparent huge pages for mapped blocks of at least HUGE_MIN bytes, unless
+ * LOOM_ALLOC_HUGEPAGES=0: a block faulted in 2 MiB at a time takes one page fault where 4 KiB
+ * pages take 512, each with its locking, memory-cgroup charge and LRU bookkeeping (most of the
+ * offload disk tier's system time with the allocator cache off: issue 29, BENCHMARKS.md). A
+ * kernel whose THP setting is "never" ignores the advice. */
+#define HUGE_MIN ((size_t)4 << 20)
+
+static bool huge_wanted(void) {
+  const char *e = getenv("LOOM_ALLOC_HUGEPAGES");
+  return !(e && !strcmp(e, "0"));
+}
+
 void *loom__raw_alloc(size_t bytes, bool *fresh_zero) {
   *fresh_zero = false;
   if (bytes >= MAP_MIN) {
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    if (bytes >= HUGE_MIN && huge_wanted()) (void)madvise(p, bytes, MADV_HUGEPAGE);
+#endif
     *fresh_zero = true;
     return p;
   }
   return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
 }
+
+bool loom__raw_mapped(size_t bytes) { return bytes >= MAP_MIN; }
 
 void loom__raw_free(void *raw, size_t bytes) {
   if (!raw) return;

@@ -18,6 +18,8 @@
 /* A raw block of `bytes` (a rounded size) from the system, 64-byte aligned; *fresh_zero says
  * it is newly mapped (all zero, untouched). NULL if out of memory. */
 void *loom__raw_alloc(size_t bytes, bool *fresh_zero);
+/* loom__raw_alloc maps a block of `bytes` (page-aligned) rather than taking it from malloc. */
+bool loom__raw_mapped(size_t bytes);
 /* Give a raw block of `bytes` back to the system. */
 void loom__raw_free(void *raw, size_t bytes);
 

@@ -35,8 +35,15 @@
  * of the two slots above (rank 0's configuration decides; a rank configured otherwise does not
  * share at all).
  *
- * Only f32 gathers without mixed precision or offload share (the cast and tier paths fill their
- * own part in place, per rank); the decision is the same on every rank, made from the
+ * Not with offload either: the shards live in the tier, not in a resident buffer. Those
+ * wrappers too share only the gathered buffers of the two slots: each rank reads its part
+ * straight out of its tier into its slice of the shared buffer (fsdp_gather.c: the all-gather's
+ * first step), and the threads all-gather then only synchronises, so a process holds one
+ * gathered unit (and one gathered ahead) for all its ranks instead of one per rank (issue 29:
+ * the disk tier's resident memory, and half the fresh pages of the gathers).
+ *
+ * Only f32 gathers without mixed precision share (the cast paths fill their own part in a
+ * buffer of the forward's dtype); the decision is the same on every rank, made from the
  * configuration every rank holds alike. LOOM_FSDP_SHARE_GATHERS=0 in the environment turns it
  * off (each rank gathers into its own buffer, as before: bench_fsdp compares the two). */
 #include "fsdp/fsdp_int.h"
@@ -62,7 +69,8 @@ struct loom__fsdp_share {
   size_t nunits;
   share_slot *slots; /* nunits x 2 */
   share_slot *resident; /* nunits: each unit's one buffer holding every rank's shard (gen 1) */
-  bool no_resident; /* rank 0's cfg.optim_in_backward: no resident buffers (see the top) */
+  bool no_resident; /* rank 0's cfg.optim_in_backward or offload: no resident buffers (see the
+                     * top) */
 };
 
 static void share_release(loom__fsdp_share *s) {
@@ -92,7 +100,8 @@ int loom__fsdp_share_init(loom_fsdp *f) {
    * must want it (the configuration may differ between ranks, which a later collective
    * reports) */
   if (f->world < 2 || !loom__pg_one_address_space(f->pg)) return LOOM_OK;
-  bool want = !f->mp && !f->cfg.offload.enabled && sharing_wanted();
+  bool want = !f->mp && sharing_wanted();
+  bool no_resident = f->cfg.optim_in_backward || f->cfg.offload.enabled;
   loom__fsdp_share *mine = NULL;
   if (f->rank == 0 && want) {
     /* on account 0, as the buffers: the last rank to let go frees it, whichever that is */
@@ -118,16 +127,15 @@ int loom__fsdp_share_init(loom_fsdp *f) {
       mine = NULL;
     }
     if (mine) {
-      mine->no_resident = f->cfg.optim_in_backward;
+      mine->no_resident = no_resident;
       atomic_init(&mine->refs, f->world);
       mine->world = f->world;
       mine->nunits = f->nunits;
     }
   }
   /* rank 0 sends its object (0: nobody shares), the others whether they want to share (1) and
-   * with resident buffers or not (2: the step in backward) */
-  int64_t send = f->rank == 0 ? (int64_t)(intptr_t)mine
-                              : !want ? 0 : f->cfg.optim_in_backward ? 2 : 1;
+   * with resident buffers or not (2: the step in backward, or offload) */
+  int64_t send = f->rank == 0 ? (int64_t)(intptr_t)mine : !want ? 0 : no_resident ? 2 : 1;
   int64_t *all = loom__calloc(LOOM_POOL_META, (size_t)f->world, sizeof *all);
   int rc = LOOM_OK;
   if (!all) {

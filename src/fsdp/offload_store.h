@@ -137,6 +137,14 @@ bool loom__ostore_direct(const loom__ostore *s);
  * filesystem without O_DIRECT gets: tmpfs here takes it). Process-wide; false by default. */
 void loom__ostore_refuse_direct_for_test(bool refuse);
 
+/* O_DIRECT moves a buffer that starts on an aligned address straight between the device and
+ * it (its whole 4096-byte blocks; the ragged tail, and all of an unaligned buffer, through a
+ * bounce block). loom__ostore_straight_bytes: the bytes moved straight so far, process-wide.
+ * Tests only: while loom__ostore_bounce_only_for_test(true), every transfer bounces (the path
+ * an unaligned buffer takes), to compare the two. */
+uint64_t loom__ostore_straight_bytes(void);
+void loom__ostore_bounce_only_for_test(bool on);
+
 /* The disk tier's file (borrowed, valid until free); NULL for the host tier. */
 const char *loom__ostore_path(const loom__ostore *s);
 

@@ -1,7 +1,8 @@
 /* test_crc32c.c: CRC-32C, the checksum of the offload store's disk tier. The scalar reference
  * against the published check values (the catalogue's "123456789", RFC 3720's 32-byte
  * vectors); the SSE4.2 kernel and every dispatch level against the reference at every
- * alignment and ragged length, and on a buffer of a few MiB; continuing a CRC over pieces
+ * alignment and ragged length, at the edges of its three-stream blocks, and on a buffer of a
+ * few MiB; continuing a CRC over pieces
  * gives the CRC of the whole; and a flipped bit anywhere changes it. */
 #include "lt.h"
 #include "core/kernels/kernels.h"
@@ -47,6 +48,15 @@ LT_TEST(crc32c_every_level_matches_the_reference) {
     for (size_t at = 0; at < 16; at++)
       for (size_t n = 0; n < 80; n++)
         LT_EQ_HEX(kernels[k](0, buf + at, n), loom__crc32c_scalar(0, buf + at, n));
+    /* the hardware kernel's three streams: around the short (3 x 256) and long (3 x 8192)
+     * blocks, and each kind of block followed by the other's and by the 8-byte tail */
+    static const size_t edges[] = {767, 768, 769, 775, 776, 777, 1535, 1536, 1544, 2311,
+                                   24575, 24576, 24577, 24583, 24576 + 768, 24576 + 775,
+                                   2 * 24576 + 2 * 768 + 7, 3 * 24576 - 1};
+    for (size_t e = 0; e < sizeof edges / sizeof *edges; e++)
+      for (size_t at = 0; at < 9; at++)
+        LT_EQ_HEX(kernels[k](0xA5A5A5A5u, buf + at, edges[e]),
+                  loom__crc32c_scalar(0xA5A5A5A5u, buf + at, edges[e]));
     LT_EQ_HEX(kernels[k](0x12345678u, buf + 3, big),
               loom__crc32c_scalar(0x12345678u, buf + 3, big));
   }
