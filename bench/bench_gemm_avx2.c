@@ -14,7 +14,8 @@
  * avx2 product is checked against the f32 one (the same values; only the order of the sums
  * differs). Run it as an AVX2-only CPU would: LOOM_CPU=avx2 ONEDNN_MAX_CPU_ISA=AVX2
  * OPENBLAS_CORETYPE=Haswell (it says which OpenBLAS core it got).
- * Usage: bench_gemm_avx2 [rounds (default 5)] */
+ * Usage: bench_gemm_avx2 [rounds (default 5)]; BENCH_KIND=NT, NN or TN times that kind of
+ * product only (the sum line is then over those). */
 #include "bench_util.h"
 
 #include "ops/gemm.h"
@@ -86,8 +87,10 @@ int main(int argc, char **argv) {
   double sum[SIDES] = {0};
   printf("%-12s %-4s %5s %5s %5s | %9s %9s %9s | %s\n", "layer", "kind", "M", "N", "K",
          "f32 ms", "widened", "avx2", "avx2 GFLOP/s, widened/avx2, f32/avx2");
+  const char *only = getenv("BENCH_KIND");
   for (int i = 0; i < ns; i++) {
     const shape *s = &shapes[i];
+    if (only && strcmp(only, s->tb ? "NT" : s->ta ? "TN" : "NN") != 0) continue;
     size_t nc = (size_t)(s->M * s->N);
     /* the check: avx2 against f32 (an f32 C for it: the sums, before any rounding) */
     loom__gemm_args g = {.trans_a = s->ta, .trans_b = s->tb, .batch = 1, .M = s->M, .N = s->N,

@@ -142,19 +142,21 @@ static void pack_a(const opnd *a, int64_t i0, int64_t mc, int64_t k0, int64_t kc
   if (a->rs == 1) {       /* columns contiguous (A stored [K, M]): a k's rows in one sweep */
     while (vec < full && i0 + vec * MR + 8 <= m_total) vec++;
     size_t es = loom_dtype_size(a->dt);
-    for (int64_t k = 0; k < kc && vec; k++) {
-      int64_t o = (k0 + k) * a->cs + i0;
-      if (k + 8 < kc) { /* rows lda apart, each on its own page: ahead of the prefetcher */
-        const char *ahead = (const char *)a->p + (size_t)(o + 8 * a->cs) * es;
-        for (int64_t x = 0; x < vec * MR * (int64_t)es; x += 64) _mm_prefetch(ahead + x, _MM_HINT_T0);
+    /* a sliver at a time, so that the stores go to one place in order (16 slivers written
+     * side by side, kc * 24 bytes apart, would share a few L1 sets); the first sliver's pass
+     * prefetches the whole of each row ahead. Each 8-wide store's last 2 floats land on the
+     * next k's place, or past the sliver on the next one's first k, written after it (or on
+     * dst's 8 floats of room). */
+    for (int64_t s = 0; s < vec; s++) {
+      float *d = dst + s * kc * MR;
+      const char *src = (const char *)a->p + (size_t)(k0 * a->cs + i0 + s * MR) * es;
+      size_t ld = (size_t)a->cs * es;
+      for (int64_t k = 0; k < kc; k++, src += ld) {
+        if (s == 0 && k + 8 < kc) /* rows lda apart, each on its own page */
+          for (int64_t x = 0; x < vec * MR * (int64_t)es; x += 64)
+            _mm_prefetch(src + 8 * ld + (size_t)x, _MM_HINT_T0);
+        _mm256_storeu_ps(d + k * MR, load8(src, a->dt, 0));
       }
-      if (k + 1 < kc) /* 8 wide: the 2 past the sliver's 6 are the next k's, written next */
-        for (int64_t s = 0; s < vec; s++)
-          _mm256_storeu_ps(dst + s * kc * MR + k * MR, load8(a->p, a->dt, o + s * MR));
-      else /* the last k: just 6 (the next sliver's first k is already written) */
-        for (int64_t s = 0; s < vec; s++)
-          _mm256_maskstore_ps(dst + s * kc * MR + k * MR, _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0),
-                              load8(a->p, a->dt, o + s * MR));
     }
   }
   for (int64_t s = vec; s * MR < mc; s++) {

@@ -180,3 +180,44 @@ LT_TEST(grad_cast) {
   gc_run("cast to bf16", op_cast_bf16, NULL, 1, x, &coarse);
   gc_run("cast f16 roundtrip", op_cast_roundtrip, NULL, 1, x, &fine);
 }
+
+/* cast's backward rounds the gradient through the cast's low dtype a piece at a time: bit for
+ * bit the two whole conversions (f32 -> low -> f32), over more than one piece with a ragged
+ * end, on ties, subnormals, the largest values, inf and NaN. */
+LT_TEST(grad_cast_rounds_through_low_dtype_bitwise) {
+  enum { N = 5003 };
+  static float x[N], g[N], want[N];
+  static uint16_t low[N];
+  const float special[] = {1.00390625f, 1.01171875f, -1.00390625f, 1e-40f, -3e-39f, 65504.0f,
+                           65520.0f, 3.4e38f, INFINITY, -INFINITY, NAN, 0.0f, -0.0f};
+  uint32_t r = 12345;
+  for (int i = 0; i < N; i++) {
+    r = r * 1664525u + 1013904223u;
+    g[i] = ldexpf((float)(r >> 8) / 16777216.0f - 0.5f, (int)(r % 40) - 20);
+    x[i] = (float)i;
+  }
+  for (size_t i = 0; i < sizeof special / sizeof *special; i++) g[2040 + i] = special[i];
+  const loom_dtype lows[] = {LOOM_BF16, LOOM_F16};
+  for (int d = 0; d < 2; d++) {
+    int64_t shape[1] = {N};
+    loom_tensor *xt = NULL, *gt = NULL, *y = NULL, *z = NULL;
+    LT_OK(loom_tensor_from_data(LOOM_F32, 1, shape, x, &xt));
+    LT_OK(loom_tensor_from_data(LOOM_F32, 1, shape, g, &gt));
+    LT_OK(loom_tensor_set_requires_grad(xt, true));
+    LT_OK(loom_cast(xt, lows[d], &y));
+    LT_OK(loom_cast(y, LOOM_F32, &z)); /* its backward hands g on unrounded */
+    LT_OK(loom_backward(z, gt, false));
+    LT_OK(loom_convert(g, LOOM_F32, low, lows[d], N));
+    LT_OK(loom_convert(low, lows[d], want, LOOM_F32, N));
+    const loom_tensor *gx = loom_tensor_grad(xt);
+    LT_TRUE(gx != NULL && loom_tensor_dtype(gx) == LOOM_F32);
+    const uint32_t *got = loom_tensor_data((loom_tensor *)gx), *exp = (const uint32_t *)want;
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += got[i] != exp[i];
+    LT_EQ(bad, 0);
+    loom_tensor_free(xt);
+    loom_tensor_free(gt);
+    loom_tensor_free(y);
+    loom_tensor_free(z);
+  }
+}
