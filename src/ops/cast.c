@@ -6,13 +6,16 @@
 #include "ops/ops_int.h"
 
 static int cast_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
-  /* Round through the output dtype first, as the gradient of a tensor of that dtype is. */
-  loom_tensor *r = NULL;
+  /* Round through the output dtype first, as the gradient of a tensor of that dtype is: in one
+   * pass (loom__round_via), in place when nobody else holds g. */
   if (n->out_dtype == LOOM_F32) return loom_tensor_clone(g, &gin[0]);
-  int rc = loom_tensor_cast(g, n->out_dtype, &r);
-  if (!rc) rc = loom_tensor_cast(r, LOOM_F32, &gin[0]);
-  loom_tensor_free(r);
-  return rc;
+  if (loom__grad_exclusive(g) && loom_tensor_is_contiguous(g)) gin[0] = loom_tensor_retain(g);
+  else {
+    int rc = loom__grad_new(n->in[0].ndim, n->in[0].shape, false, &gin[0]);
+    if (rc) return rc;
+  }
+  loom__round_via(n->out_dtype, loom__f(g), loom__f(gin[0]), loom_tensor_numel(g));
+  return LOOM_OK;
 }
 
 int loom_cast(loom_tensor *x, loom_dtype dt, loom_tensor **out) {
