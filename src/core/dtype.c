@@ -190,7 +190,13 @@ int loom_convert(const void *src, loom_dtype src_dt, void *dst, loom_dtype dst_d
   if (n && (!src || !dst)) return loom__fail(LOOM_EINVAL, "loom_convert: NULL buffer");
   if (loom__dry()) return LOOM_OK;
   if (src_dt == dst_dt) {
-    if (src != dst) memcpy(dst, src, n * loom_dtype_size(src_dt));
+    size_t es = loom_dtype_size(src_dt);
+    int64_t chunks = (int64_t)((n + CVT_CHUNK - 1) / CVT_CHUNK);
+#pragma omp parallel for if (src != dst && n >= CVT_PAR_MIN)
+    for (int64_t c = 0; c < chunks; c++) {
+      size_t at = (size_t)c * CVT_CHUNK, m = n - at < CVT_CHUNK ? n - at : CVT_CHUNK;
+      if (src != dst) memcpy((char *)dst + at * es, (const char *)src + at * es, m * es);
+    }
     return LOOM_OK;
   }
   if (src_dt == LOOM_F32 && dst_dt == LOOM_BF16) cvt_par(CV_F32_BF16, src, dst, n);
