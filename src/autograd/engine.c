@@ -62,7 +62,7 @@ void loom__accumulate_f32(loom_tensor *dst, const float *src, size_t n) {
     float *restrict d = loom_tensor_data(dst);
     const float *restrict s = src;
     int64_t chunks = (int64_t)((n + CHUNK - 1) / CHUNK);
-#pragma omp parallel for
+#pragma omp parallel for if (LOOM__OMP_TEAM)
     for (int64_t c = 0; c < chunks; c++) {
       size_t at = (size_t)c * CHUNK, m = n - at < CHUNK ? n - at : CHUNK;
       for (size_t j = at; j < at + m; j++) d[j] += s[j];

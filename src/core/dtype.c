@@ -156,7 +156,7 @@ static void cvt_one(cvt_kind k, const void *src, void *dst, size_t at, size_t n)
 
 static void cvt_par(cvt_kind k, const void *src, void *dst, size_t n) {
   int64_t chunks = (int64_t)((n + CVT_CHUNK - 1) / CVT_CHUNK);
-#pragma omp parallel for if (n >= CVT_PAR_MIN)
+#pragma omp parallel for if (LOOM__OMP_TEAM && n >= CVT_PAR_MIN)
   for (int64_t c = 0; c < chunks; c++) {
     size_t at = (size_t)c * CVT_CHUNK;
     cvt_one(k, src, dst, at, n - at < CVT_CHUNK ? n - at : CVT_CHUNK);
@@ -171,7 +171,7 @@ void loom__round_via(loom_dtype dt, const float *src, float *dst, size_t n) {
     return;
   }
   int64_t chunks = (int64_t)((n + CVT_CHUNK - 1) / CVT_CHUNK);
-#pragma omp parallel for if (n >= CVT_PAR_MIN)
+#pragma omp parallel for if (LOOM__OMP_TEAM && n >= CVT_PAR_MIN)
   for (int64_t c = 0; c < chunks; c++) {
     uint16_t h[PIECE];
     size_t end = (size_t)(c + 1) * CVT_CHUNK < n ? (size_t)(c + 1) * CVT_CHUNK : n;
@@ -192,7 +192,7 @@ int loom_convert(const void *src, loom_dtype src_dt, void *dst, loom_dtype dst_d
   if (src_dt == dst_dt) {
     size_t es = loom_dtype_size(src_dt);
     int64_t chunks = (int64_t)((n + CVT_CHUNK - 1) / CVT_CHUNK);
-#pragma omp parallel for if (src != dst && n >= CVT_PAR_MIN)
+#pragma omp parallel for if (LOOM__OMP_TEAM && src != dst && n >= CVT_PAR_MIN)
     for (int64_t c = 0; c < chunks; c++) {
       size_t at = (size_t)c * CVT_CHUNK, m = n - at < CVT_CHUNK ? n - at : CVT_CHUNK;
       if (src != dst) memcpy((char *)dst + at * es, (const char *)src + at * es, m * es);

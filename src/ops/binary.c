@@ -62,7 +62,7 @@ static void bin_apply(loom__run_fn fn, int no, const int64_t *so, float *out, co
   for (int i = 0; i < no; i++) n *= so[i];
   if (n >= PAR_MIN && same_shape(no, so, na, sa) && same_shape(no, so, nb, sb)) {
     int64_t chunks = (n + CHUNK - 1) / CHUNK;
-#pragma omp parallel for
+#pragma omp parallel for if (LOOM__OMP_TEAM)
     for (int64_t c = 0; c < chunks; c++) {
       int64_t at = c * CHUNK;
       fn(n - at < CHUNK ? n - at : CHUNK, out + at, a + at, b + at, 1, 1, 1, NULL);

@@ -168,7 +168,7 @@ static void update_on_team(const loom_optim *o, const loom__step_args *a, const 
     return;
   }
   int64_t chunks = (int64_t)((s->n + CHUNK - 1) / CHUNK);
-#pragma omp parallel for
+#pragma omp parallel for if (LOOM__OMP_TEAM)
   for (int64_t c = 0; c < chunks; c++) {
     size_t at = (size_t)c * CHUNK, m = s->n - at < CHUNK ? s->n - at : CHUNK;
     float *st[LOOM__MAX_STATE];
