@@ -10,7 +10,8 @@
  * layers ran in between. Times are the calling thread's CPU time (1 thread, pinned), medians
  * over CALLS calls each; ratio = oneDNN's time / AMX's (> 1: AMX faster); "auto" says what the
  * rule picks. The two results are compared first (within bf16 inputs' f32 summation).
- * Usage: bench_amx [CALLS] (default 21). Skips everything where loom has no AMX. */
+ * Usage: bench_amx [CALLS] [PREFIX] (default 21 calls; PREFIX: only the shapes whose name starts
+ * with it, e.g. "gpt"). Skips everything where loom has no AMX. */
 #define _GNU_SOURCE
 #include "bench_util.h"
 
@@ -42,6 +43,14 @@ static const shape shapes[] = {
     {"fwd3-NT", 256, 10, 1024, false, true},   {"dW3-TN", 10, 1024, 256, true, false},
     {"dX3-NN", 256, 1024, 10, false, false},   {"dW2-TN", 1024, 1024, 256, true, false},
     {"dX2-NN", 256, 1024, 1024, false, false}, {"dW1-TN", 1024, 784, 256, true, false},
+    /* the GPT step's (6 layers, 384 wide, context 256, batch 16: 4096 rows), as linear runs it */
+    {"gpt-qkv-NT", 4096, 1152, 384, false, true}, {"gpt-prj-NT", 4096, 384, 384, false, true},
+    {"gpt-fc-NT", 4096, 1536, 384, false, true},  {"gpt-mlp-NT", 4096, 384, 1536, false, true},
+    {"gpt-lm-NT", 4096, 256, 384, false, true},   {"gpt-dX-qkv", 4096, 384, 1152, false, false},
+    {"gpt-dX-prj", 4096, 384, 384, false, false}, {"gpt-dX-fc", 4096, 384, 1536, false, false},
+    {"gpt-dX-mlp", 4096, 1536, 384, false, false}, {"gpt-dW-qkv", 1152, 384, 4096, true, false},
+    {"gpt-dW-prj", 384, 384, 4096, true, false},  {"gpt-dW-fc", 1536, 384, 4096, true, false},
+    {"gpt-dW-mlp", 384, 1536, 4096, true, false},
 };
 #define NSHAPES (int)(sizeof shapes / sizeof *shapes)
 
@@ -74,6 +83,7 @@ int main(int argc, char **argv) {
   int failed = 0;
   for (int i = 0; i < NSHAPES; i++) {
     const shape *s = &shapes[i];
+    if (argc > 2 && strncmp(s->name, argv[2], strlen(argv[2]))) continue;
     int64_t ar = s->ta ? s->K : s->M, ac = s->ta ? s->M : s->K;
     int64_t br = s->tb ? s->N : s->K, bc = s->tb ? s->K : s->N;
     loom_tensor *a = bench_rand_tensor(2, (int64_t[]){ar, ac}, LOOM_BF16, 1.0f);
@@ -111,7 +121,7 @@ int main(int argc, char **argv) {
         }
       m[cold][0] = bench_median(t, calls), m[cold][1] = bench_median(t + calls, calls);
     }
-    printf("amx %-8s %5lldx%5lldx%5lld warm: amx %7.1f onednn %7.1f GFLOP/s ratio %.2f | cold: "
+    printf("amx %-10s %5lldx%5lldx%5lld warm: amx %7.1f onednn %7.1f GFLOP/s ratio %.2f | cold: "
            "amx %7.1f onednn %7.1f ratio %.2f | auto %s\n",
            s->name, (long long)s->M, (long long)s->N, (long long)s->K, flop / m[0][0] * 1e-9,
            flop / m[0][1] * 1e-9, m[0][1] / m[0][0], flop / m[1][0] * 1e-9,

@@ -57,7 +57,9 @@ float loom_f16_to_f32(uint16_t h);
 
 /* Convert n elements between any two dtypes (integers convert through double with C's
  * conversion rules; float to integer truncates toward zero and saturates). LOOM_EDTYPE for
- * a dtype that is not valid. src and dst must not overlap unless src == dst and sizes match. */
+ * a dtype that is not valid. src and dst must not overlap unless src == dst and sizes match.
+ * Long conversions between f32 and f16 / bf16 split over the calling thread's OpenMP team
+ * (loom_set_num_threads), with the same values as on one thread. */
 int loom_convert(const void *src, loom_dtype src_dt, void *dst, loom_dtype dst_dt, size_t n);
 
 #ifdef __cplusplus

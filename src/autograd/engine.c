@@ -57,6 +57,18 @@ int loom_backward_queue_callback(int (*fn)(void *ctx), void *ctx) {
 /* ---- helpers ------------------------------------------------------------------------- */
 
 void loom__accumulate_f32(loom_tensor *dst, const float *src, size_t n) {
+  enum { PAR_MIN = 1 << 17, CHUNK = 1 << 14 }; /* an f32 dst: chunks over the caller's team */
+  if (dst->dtype == LOOM_F32 && n >= PAR_MIN) {
+    float *restrict d = loom_tensor_data(dst);
+    const float *restrict s = src;
+    int64_t chunks = (int64_t)((n + CHUNK - 1) / CHUNK);
+#pragma omp parallel for if (LOOM__OMP_TEAM)
+    for (int64_t c = 0; c < chunks; c++) {
+      size_t at = (size_t)c * CHUNK, m = n - at < CHUNK ? n - at : CHUNK;
+      for (size_t j = at; j < at + m; j++) d[j] += s[j];
+    }
+    return;
+  }
   loom__f32_iter it;
   for (loom__f32_begin(&it, loom_tensor_data(dst), dst->dtype, n); loom__f32_next(&it);)
     for (size_t j = 0; j < it.k; j++) it.p[j] += src[it.off + j];

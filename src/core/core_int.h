@@ -104,6 +104,20 @@ uint64_t loom__fnv1a(uint64_t h, const void *p, size_t n);
  * the round trip is exact and the narrowing rounds to nearest even once). */
 void loom__widen(loom_dtype dt, const void *src, float *dst, size_t n);
 void loom__narrow(loom_dtype dt, const float *src, void *dst, size_t n);
+/* Whether loom's own OpenMP loops (conversions, elementwise ops, the optimizer step) may run a
+ * team: not under ThreadSanitizer, which cannot see libgomp's barriers (gemm_prim.c caps
+ * oneDNN to the calling thread there too). Use as `#pragma omp parallel for if (LOOM__OMP_TEAM
+ * && ...)`. */
+#ifdef __SANITIZE_THREAD__
+#define LOOM__OMP_TEAM 0
+#else
+#define LOOM__OMP_TEAM 1
+#endif
+
+/* dst = src rounded to dt (f16 / bf16: to nearest even, as loom__narrow) and widened back to
+ * f32, n elements, in one pass without a 16-bit copy (dt f32: a copy); src == dst allowed.
+ * Long runs go over the caller's OpenMP team, as loom_convert's. Nothing in a dry run. */
+void loom__round_via(loom_dtype dt, const float *src, float *dst, size_t n);
 
 /* x[0..n) of dtype dt (f32, f16 or bf16) seen as f32, a block at a time (dtype.c): the one
  * widen-apply-narrow loop. f32 is one block, x itself; f16 / bf16 come in blocks of at most

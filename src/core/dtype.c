@@ -1,6 +1,7 @@
 /* dtype.c: the dtype table (names, sizes), the public conversion entry points, which call the
- * dispatched kernels, the general any-to-any element conversion, and the private widen /
- * narrow helpers (one widen-apply-narrow loop for every layer). */
+ * dispatched kernels, the general any-to-any element conversion (long float ones over the
+ * caller's OpenMP team), and the private widen / narrow / round-via helpers (one
+ * widen-apply-narrow loop for every layer). */
 #include "core/kernels/kernels.h"
 
 #include <math.h>
@@ -136,6 +137,52 @@ void loom__store_f64(void *p, loom_dtype dt, size_t i, double v) {
   }
 }
 
+/* Long float conversions (a step's casts of activations and gradients) run in chunks over the
+ * calling thread's OpenMP team (the compute ops' thread count, loom_set_num_threads); each
+ * element's value is the same whatever the split. Chunks are whole 64-byte lines of either
+ * side, so each one's kernel sees the alignment the whole conversion would. */
+enum { CVT_PAR_MIN = 1 << 17, CVT_CHUNK = 1 << 15 };
+
+typedef enum { CV_F32_BF16, CV_BF16_F32, CV_F32_F16, CV_F16_F32 } cvt_kind;
+
+static void cvt_one(cvt_kind k, const void *src, void *dst, size_t at, size_t n) {
+  switch (k) {
+  case CV_F32_BF16: loom_cvt_f32_to_bf16((const float *)src + at, (uint16_t *)dst + at, n); break;
+  case CV_BF16_F32: loom_cvt_bf16_to_f32((const uint16_t *)src + at, (float *)dst + at, n); break;
+  case CV_F32_F16: loom_cvt_f32_to_f16((const float *)src + at, (uint16_t *)dst + at, n); break;
+  case CV_F16_F32: loom_cvt_f16_to_f32((const uint16_t *)src + at, (float *)dst + at, n); break;
+  }
+}
+
+static void cvt_par(cvt_kind k, const void *src, void *dst, size_t n) {
+  int64_t chunks = (int64_t)((n + CVT_CHUNK - 1) / CVT_CHUNK);
+#pragma omp parallel for if (LOOM__OMP_TEAM && n >= CVT_PAR_MIN)
+  for (int64_t c = 0; c < chunks; c++) {
+    size_t at = (size_t)c * CVT_CHUNK;
+    cvt_one(k, src, dst, at, n - at < CVT_CHUNK ? n - at : CVT_CHUNK);
+  }
+}
+
+void loom__round_via(loom_dtype dt, const float *src, float *dst, size_t n) {
+  enum { PIECE = 2048 };
+  if (loom__dry()) return;
+  if (dt == LOOM_F32) {
+    if (src != dst) memcpy(dst, src, n * sizeof *dst);
+    return;
+  }
+  int64_t chunks = (int64_t)((n + CVT_CHUNK - 1) / CVT_CHUNK);
+#pragma omp parallel for if (LOOM__OMP_TEAM && n >= CVT_PAR_MIN)
+  for (int64_t c = 0; c < chunks; c++) {
+    uint16_t h[PIECE];
+    size_t end = (size_t)(c + 1) * CVT_CHUNK < n ? (size_t)(c + 1) * CVT_CHUNK : n;
+    for (size_t i = (size_t)c * CVT_CHUNK; i < end; i += PIECE) {
+      size_t m = end - i < PIECE ? end - i : PIECE;
+      loom__narrow(dt, src + i, h, m);
+      loom__widen(dt, h, dst + i, m);
+    }
+  }
+}
+
 int loom_convert(const void *src, loom_dtype src_dt, void *dst, loom_dtype dst_dt, size_t n) {
   if (!loom_dtype_valid(src_dt) || !loom_dtype_valid(dst_dt))
     return loom__fail(LOOM_EDTYPE, "loom_convert: invalid dtype (%d -> %d)", (int)src_dt,
@@ -143,13 +190,19 @@ int loom_convert(const void *src, loom_dtype src_dt, void *dst, loom_dtype dst_d
   if (n && (!src || !dst)) return loom__fail(LOOM_EINVAL, "loom_convert: NULL buffer");
   if (loom__dry()) return LOOM_OK;
   if (src_dt == dst_dt) {
-    if (src != dst) memcpy(dst, src, n * loom_dtype_size(src_dt));
+    size_t es = loom_dtype_size(src_dt);
+    int64_t chunks = (int64_t)((n + CVT_CHUNK - 1) / CVT_CHUNK);
+#pragma omp parallel for if (LOOM__OMP_TEAM && src != dst && n >= CVT_PAR_MIN)
+    for (int64_t c = 0; c < chunks; c++) {
+      size_t at = (size_t)c * CVT_CHUNK, m = n - at < CVT_CHUNK ? n - at : CVT_CHUNK;
+      if (src != dst) memcpy((char *)dst + at * es, (const char *)src + at * es, m * es);
+    }
     return LOOM_OK;
   }
-  if (src_dt == LOOM_F32 && dst_dt == LOOM_BF16) loom_cvt_f32_to_bf16(src, dst, n);
-  else if (src_dt == LOOM_BF16 && dst_dt == LOOM_F32) loom_cvt_bf16_to_f32(src, dst, n);
-  else if (src_dt == LOOM_F32 && dst_dt == LOOM_F16) loom_cvt_f32_to_f16(src, dst, n);
-  else if (src_dt == LOOM_F16 && dst_dt == LOOM_F32) loom_cvt_f16_to_f32(src, dst, n);
+  if (src_dt == LOOM_F32 && dst_dt == LOOM_BF16) cvt_par(CV_F32_BF16, src, dst, n);
+  else if (src_dt == LOOM_BF16 && dst_dt == LOOM_F32) cvt_par(CV_BF16_F32, src, dst, n);
+  else if (src_dt == LOOM_F32 && dst_dt == LOOM_F16) cvt_par(CV_F32_F16, src, dst, n);
+  else if (src_dt == LOOM_F16 && dst_dt == LOOM_F32) cvt_par(CV_F16_F32, src, dst, n);
   else if (src_dt == LOOM_I64 && dst_dt == LOOM_I32)
     for (size_t i = 0; i < n; i++) ((int32_t *)dst)[i] = (int32_t)((const int64_t *)src)[i];
   else if (src_dt == LOOM_I32 && dst_dt == LOOM_I64)

@@ -1,6 +1,7 @@
 /* binary.c: add, sub, mul, div with NumPy broadcasting, forward and backward. Inputs are
  * staged as f32 and the output converted to the inputs' dtype; backward reduces the
- * gradient over broadcast dims back to each input's shape. */
+ * gradient over broadcast dims back to each input's shape. Long operands of one shape run
+ * over the caller's OpenMP team. */
 #include "ops/ops_int.h"
 
 typedef enum { B_ADD, B_SUB, B_MUL, B_DIV } bop;
@@ -43,9 +44,31 @@ BIN_RUN(run_div_grad_b, -x / (z * z)) /* used as g * (a / b^2) in two steps belo
 static loom__run_fn const fwd_runs[] = {run_add, run_sub, run_mul, run_div};
 static const loom_op_kind kinds[] = {LOOM_OPK_ADD, LOOM_OPK_SUB, LOOM_OPK_MUL, LOOM_OPK_DIV};
 
+/* Long operands of one shape (a residual connection's add): chunks over the caller's OpenMP
+ * team (elementwise: the split changes no value). */
+enum { PAR_MIN = 1 << 17, CHUNK = 1 << 14 };
+
+static bool same_shape(int na, const int64_t *sa, int nb, const int64_t *sb) {
+  if (na != nb) return false;
+  for (int i = 0; i < na; i++)
+    if (sa[i] != sb[i]) return false;
+  return true;
+}
+
 /* out (contiguous, shape no/so) = a (shape na/sa) op b (shape nb/sb), all f32 contiguous. */
 static void bin_apply(loom__run_fn fn, int no, const int64_t *so, float *out, const float *a,
                       int na, const int64_t *sa, const float *b, int nb, const int64_t *sb) {
+  int64_t n = 1;
+  for (int i = 0; i < no; i++) n *= so[i];
+  if (n >= PAR_MIN && same_shape(no, so, na, sa) && same_shape(no, so, nb, sb)) {
+    int64_t chunks = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for if (LOOM__OMP_TEAM)
+    for (int64_t c = 0; c < chunks; c++) {
+      int64_t at = c * CHUNK;
+      fn(n - at < CHUNK ? n - at : CHUNK, out + at, a + at, b + at, 1, 1, 1, NULL);
+    }
+    return;
+  }
   int64_t st_o[LOOM_MAX_DIMS], st_a[LOOM_MAX_DIMS], st_b[LOOM_MAX_DIMS];
   loom__bcast_strides(no, so, no, so, st_o);
   loom__bcast_strides(no, so, na, sa, st_a);
@@ -89,7 +112,10 @@ static int bin_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
       loom__iter3(no, so, tmp, sg, tmp, sg, loom__f(g), sg, run_mul, NULL);
       src = tmp;
     }
-    loom__reduce_to(src, no, so, loom__f(gin[w]), e->ndim, e->shape);
+    if (same_shape(no, so, e->ndim, e->shape)) /* nothing to reduce: a copy (on the team) */
+      LOOM_TRY(loom_convert(src, LOOM_F32, loom__f(gin[w]), LOOM_F32, cnt));
+    else
+      loom__reduce_to(src, no, so, loom__f(gin[w]), e->ndim, e->shape);
     if (op == B_SUB && w == 1) {
       float *d = loom__f(gin[w]);
       size_t m = loom_tensor_numel(gin[w]);

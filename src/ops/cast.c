@@ -5,31 +5,20 @@
  * may write its gradient straight into the leaf's f32 buffer, skipping the rounding. */
 #include "ops/ops_int.h"
 
-enum { PIECE = 2048 }; /* elements rounded through the low dtype at a time (4 KiB of it) */
-
 static int cast_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
-  /* Round through the output dtype first, as the gradient of a tensor of that dtype is. */
-  loom_tensor *r = NULL;
+  /* Round through the output dtype first, as the gradient of a tensor of that dtype is: in one
+   * pass (loom__round_via), in place when nobody else holds g. */
   if (n->out_dtype == LOOM_F32) return loom_tensor_clone(g, &gin[0]);
   if (g->dtype == LOOM_F32 && loom_tensor_is_contiguous(g)) {
-    /* one pass, a piece at a time through a low-precision buffer that stays in L1: the same
-     * values as the two casts below, without the whole rounded copy */
-    int rc = loom_tensor_empty(LOOM_F32, g->ndim, g->shape, &gin[0]);
-    const float *src = loom__f(g);
-    float *dst = rc ? NULL : loom__f(gin[0]);
-    size_t total = loom_tensor_numel(g);
-    uint16_t low[PIECE];
-    for (size_t i = 0; !rc && !loom__dry() && i < total; i += PIECE) {
-      size_t k = total - i < PIECE ? total - i : PIECE;
-      loom__narrow(n->out_dtype, src + i, low, k);
-      rc = loom_convert(low, n->out_dtype, dst + i, LOOM_F32, k);
+    if (loom__grad_exclusive(g)) gin[0] = loom_tensor_retain(g);
+    else {
+      int rc = loom__grad_new(n->in[0].ndim, n->in[0].shape, false, &gin[0]);
+      if (rc) return rc;
     }
-    if (rc) {
-      loom_tensor_free(gin[0]);
-      gin[0] = NULL;
-    }
-    return rc;
+    loom__round_via(n->out_dtype, loom__f(g), loom__f(gin[0]), loom_tensor_numel(g));
+    return LOOM_OK;
   }
+  loom_tensor *r = NULL; /* a gradient of another dtype or layout: the two casts */
   int rc = loom_tensor_cast(g, n->out_dtype, &r);
   if (!rc) rc = loom_tensor_cast(r, LOOM_F32, &gin[0]);
   loom_tensor_free(r);

@@ -17,8 +17,8 @@
  *     (tile_at). Reading A in place (tile loads with its row stride) measured 10-20% slower.
  *   - K is walked in blocks of KC, so A's 32 x KC block stays in L1 while the panel's strips
  *     pass; between K blocks a 32x32 block's sums wait in a per-thread f32 stripe. The last
- *     K block writes C: copied where C is f32 with alpha 1, no bias and M, N multiples of 16
- *     (beta 1 then starts the sums from C), else C = alpha * sum + bias + beta * C rounded to
+ *     K block writes C: its tiles stored into C in place where C is f32 with alpha 1, no bias
+ *     and M, N multiples of 16 (beta 1 then starts the sums from C), else C = alpha * sum + bias + beta * C rounded to
  *     C's dtype (bf16: to nearest even).
  *   - threads: the caller's GEMM thread count (loom__gemm_threads, OpenMP); A and each B panel
  *     are packed by all of them, the 32-row blocks of A split between them.
@@ -32,8 +32,11 @@
  *     LOOM_BF16_KERNELS=widen, nor with oneDNN capped below AMX by ONEDNN_MAX_CPU_ISA, which
  *     then emulates a CPU without AMX for loom too).
  *   - auto (the default): eligible, the calling thread's GEMM thread count is 1 (the kernel
- *     splits over threads, but was measured on one), M, N and K at least 256 and M N K at least
- *     2^27 (512^3). Packing costs M K + K N copies per call against M N K of product, so a
+ *     splits over threads, but was measured on one), M and K at least 256, N at least 512, M N K
+ *     at least 2^27 (512^3), and K at most 1024 where A is stored transposed. The GPT's products
+ *     (4096 rows of 384-1536 wide, bench_amx "gpt"): AMX / oneDNN 0.66-0.86 with N 256-384
+ *     (one or two B panels, A streamed past each), 0.53-0.97 for weight gradients over 4096
+ *     rows (A's transposed packing), 0.92-1.14 for N 1152-1536 with K 384. Packing costs M K + K N copies per call against M N K of product, so a
  *     small M or N loses: bench_amx (family 6 model 167, 1 thread, warm and cold operands)
  *     measured AMX / oneDNN 1.05-1.46 at 1024^3 (NN, NT, TN) and 4096x4096x1024, 1.04-1.35 on
  *     the MLP's 256x1024x1024 and 1024x(1024|784)x256, 0.96-0.97 on 256x1024x784, about 1 at
@@ -86,7 +89,8 @@ bool loom__gemm_prefer_amx(const loom__gemm_args *g) {
   if (!loom__gemm_amx_available()) return false;
   if (m == LOOM__GEMM_AMX_ALWAYS) return true;
   if (loom__gemm_threads() != 1) return false; /* measured on one thread only */
-  return g->M >= 256 && g->N >= 256 && g->K >= 256 && (double)g->M * g->N * g->K >= 0x1p27;
+  return g->M >= 256 && g->N >= 512 && g->K >= 256 && (double)g->M * g->N * g->K >= 0x1p27 &&
+         (!g->trans_a || g->K <= 1024);
 }
 
 /* ---- packing ------------------------------------------------------------------------- */
@@ -311,6 +315,12 @@ static void block(const plan *p, float *sums, int64_t mi, int nm, int64_t j, int
         if (nn > 1) _tile_dpbf16ps(3, 5, 7);
       }
     }
+  }
+  if (last && p->direct) { /* whole tiles of an f32 C: stored in place */
+#define STOREC(a, b, T) _tile_stored(T, CTILE(a, b), ldc)
+    EACH_TILE(STOREC);
+#undef STOREC
+    return;
   }
 #define STORE(a, b, T) _tile_stored(T, SUM(a, b), 64)
   EACH_TILE(STORE);

@@ -199,15 +199,27 @@ enum { SUMS_MAX = 4096 }; /* widest bias whose sums cast_col_sums keeps on the s
 
 /* gd = g rounded to dt (f16 / bf16) and dst (beta 0: =, 1: +=) = g's column sums, in one pass
  * over g: a piece of rows at a time is rounded and then summed while it is in cache (g is read
- * from memory once, not twice). The same values as loom_tensor_cast and col_sums. O <= SUMS_MAX. */
+ * from memory once, not twice), stripes of columns over the GEMM's thread team. The same values
+ * as loom_tensor_cast and col_sums. O <= SUMS_MAX. */
 static void cast_col_sums(const float *g, void *gd, loom_dtype dt, int64_t R, int64_t O,
                           float *dst, float beta) {
   float tmp[SUMS_MAX] = {0};
-  int64_t rows = 16384 / O > 0 ? 16384 / O : 1; /* a piece: about 64 KiB of g */
-  for (int64_t r0 = 0; r0 < R; r0 += rows) {
-    int64_t n = R - r0 < rows ? R - r0 : rows;
-    loom__narrow(dt, g + r0 * O, (uint16_t *)gd + r0 * O, (size_t)(n * O));
-    col_sums_add(g + r0 * O, n, O, O, tmp);
+  /* a stripe of columns per thread, whole 64-column blocks (each column's sum keeps its row
+   * order, so the split changes no value): long runs of each row, for the prefetchers */
+  int t = R * O >= (1 << 16) ? loom__gemm_threads() : 1;
+  int64_t stripe = ((O + 63) / 64 + t - 1) / t * 64, stripes = (O + stripe - 1) / stripe;
+#pragma omp parallel for num_threads(t) if (t > 1 && stripes > 1)
+  for (int64_t s = 0; s < stripes; s++) {
+    int64_t c0 = s * stripe, w = O - c0 < stripe ? O - c0 : stripe;
+    int64_t rows = 16384 / w; /* a piece: about 64 KiB of g */
+    for (int64_t r0 = 0; r0 < R; r0 += rows) {
+      int64_t n = R - r0 < rows ? R - r0 : rows;
+      if (w == O) loom__narrow(dt, g + r0 * O, (uint16_t *)gd + r0 * O, (size_t)(n * O));
+      else
+        for (int64_t r = r0; r < r0 + n; r++)
+          loom__narrow(dt, g + r * O + c0, (uint16_t *)gd + r * O + c0, (size_t)w);
+      col_sums_add(g + r0 * O + c0, n, w, O, tmp + c0);
+    }
   }
   for (int64_t k = 0; k < O; k++) dst[k] = beta == 0.0f ? tmp[k] : dst[k] + tmp[k];
 }

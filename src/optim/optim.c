@@ -159,6 +159,24 @@ void loom__step_update(const loom_optim *o, const loom__step_args *a, unsigned f
     loom__adam_update(o, &a->adam, flags, p, g, state, n);
 }
 
+/* A segment's update; a long one in chunks over the caller's OpenMP team (the compute ops'
+ * thread count, loom_set_num_threads): elementwise, so the split changes no value. */
+static void update_on_team(const loom_optim *o, const loom__step_args *a, const loom__seg *s) {
+  enum { PAR_MIN = 1 << 17, CHUNK = 1 << 15 };
+  if (s->n < PAR_MIN) {
+    loom__step_update(o, a, s->flags, s->param, s->grad, s->state, s->n);
+    return;
+  }
+  int64_t chunks = (int64_t)((s->n + CHUNK - 1) / CHUNK);
+#pragma omp parallel for if (LOOM__OMP_TEAM)
+  for (int64_t c = 0; c < chunks; c++) {
+    size_t at = (size_t)c * CHUNK, m = s->n - at < CHUNK ? s->n - at : CHUNK;
+    float *st[LOOM__MAX_STATE];
+    for (int k = 0; k < LOOM__MAX_STATE; k++) st[k] = s->state[k] ? s->state[k] + at : NULL;
+    loom__step_update(o, a, s->flags, s->param + at, s->grad + at, st, m);
+  }
+}
+
 static int step_scaled(loom_optim *o, float grad_scale, const char *who) {
   int rc = loom__optim_check(o, who);
   if (rc) return rc;
@@ -181,7 +199,7 @@ static int step_scaled(loom_optim *o, float grad_scale, const char *who) {
   loom__step_args_make(o, grad_scale, &a);
   for (size_t i = 0; i < o->nseg; i++) {
     loom__seg *s = &o->seg[i];
-    loom__step_update(o, &a, s->flags, s->param, s->grad, s->state, s->n);
+    update_on_team(o, &a, s);
   }
   return LOOM_OK;
 }

@@ -2,11 +2,15 @@
  * by hand (largest finite, smallest subnormal, exact halfway cases, zeros, infinities, NaN);
  * every dispatch level against the scalar reference on all 2^16 widening inputs and on random
  * and special narrowing inputs at every alignment and ragged length, and on arrays large
- * enough for the streaming path. (All 2^32 narrowing inputs: test_cvt_exhaustive_slow.c.) */
+ * enough for the streaming path; loom_convert and loom__round_via on 1 and 2 threads. (All 2^32
+ * narrowing inputs: test_cvt_exhaustive_slow.c.) */
 #include "lt.h"
 #include "core/kernels/kernels.h"
+#include "ops/gemm.h"
 
+#include <loom/loom.h>
 #include <stdlib.h>
+#include <string.h>
 
 static uint16_t f16(uint32_t bits) { return loom__ref_f32_to_f16(bits); }
 static uint16_t bf16(uint32_t bits) { return loom__ref_f32_to_bf16(bits); }
@@ -252,4 +256,64 @@ LT_TEST(cvt_public_entry_points_follow_the_active_level) {
   LT_OK(loom_convert(in, LOOM_F32, out, LOOM_F16, 40));
   LT_ERR(loom_convert(in, (loom_dtype)17, out, LOOM_F16, 4), LOOM_EDTYPE, "invalid dtype");
   (void)t;
+}
+
+/* loom_convert's long float conversions run in chunks over the caller's OpenMP team, and
+ * loom__round_via rounds through a 16-bit dtype in one pass (in place or not): on 1 and 2
+ * threads, past the parallel threshold and at unaligned offsets, every element must be the
+ * scalar kernels' (the chunks must neither overlap, drop a tail, nor write outside dst). */
+LT_TEST(cvt_convert_and_round_via_on_threads_match_scalar) {
+  enum { PAD = 64 };
+  const size_t n = (1u << 17) + (1u << 15) + 77; /* past CVT_PAR_MIN, a ragged last chunk */
+  uint32_t *src = malloc((n + PAD) * 4), *ref = malloc((n + PAD) * 4), *got = malloc((n + PAD) * 4);
+  LT_TRUE(src && ref && got);
+  if (!src || !ref || !got) goto done;
+  for (size_t i = 0; i < n + PAD; i++)
+    src[i] = (i % 5 == 0) ? (rnd() & 0x807fffff) : (i % 11 == 0) ? (0x7f800000 | rnd()) : rnd();
+  const loom__core_kernels *s = &loom__core_kernels_scalar;
+  loom_dtype lo[2] = {LOOM_BF16, LOOM_F16};
+  int before = loom__gemm_threads();
+  for (int threads = 1; threads <= 2; threads++) {
+    LT_OK(loom_set_num_threads(threads));
+    for (int c = 0; c < 4; c++)
+      for (size_t off = 0; off < 4; off += 3) {
+        loom_dtype dt = lo[c % 2];
+        bool narrow = c < 2;
+        size_t eo = narrow ? 2 : 4;
+        memset(ref, 0xab, (n + PAD) * 4);
+        memset(got, 0xab, (n + PAD) * 4);
+        void *r = (char *)ref + off * eo, *g = (char *)got + off * eo;
+        if (c == 0) s->cvt_f32_to_bf16((const float *)src, r, n);
+        if (c == 1) s->cvt_f32_to_f16((const float *)src, r, n);
+        if (c == 2) s->cvt_bf16_to_f32((const uint16_t *)src, r, n);
+        if (c == 3) s->cvt_f16_to_f32((const uint16_t *)src, r, n);
+        LT_OK(loom_convert(src, narrow ? LOOM_F32 : dt, g, narrow ? dt : LOOM_F32, n));
+        if (memcmp(ref, got, (n + PAD) * 4))
+          lt_fail_at(__FILE__, __LINE__, "loom_convert %d, %d threads, dst+%zu differs", c,
+                     threads, off);
+      }
+    for (int d = 0; d < 2; d++)
+      for (int in_place = 0; in_place < 2; in_place++) {
+        uint16_t *h = (uint16_t *)ref + 2 * (n + PAD) - n; /* (the second half of ref) */
+        if (d == 0) s->cvt_f32_to_bf16((const float *)src, h, n);
+        else s->cvt_f32_to_f16((const float *)src, h, n);
+        float *want = malloc(n * 4);
+        LT_TRUE(want != NULL);
+        if (!want) goto done;
+        if (d == 0) s->cvt_bf16_to_f32(h, want, n);
+        else s->cvt_f16_to_f32(h, want, n);
+        memset(got, 0xab, (n + PAD) * 4);
+        if (in_place) memcpy(got, src, n * 4);
+        loom__round_via(lo[d], in_place ? (const float *)got : (const float *)src, (float *)got, n);
+        if (memcmp(want, got, n * 4) || got[n] != 0xabababab)
+          lt_fail_at(__FILE__, __LINE__, "loom__round_via %s, %d threads, in place %d differs",
+                     loom_dtype_name(lo[d]), threads, in_place);
+        free(want);
+      }
+  }
+  loom__gemm_set_threads(before);
+done:
+  free(src);
+  free(ref);
+  free(got);
 }

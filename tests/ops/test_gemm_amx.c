@@ -122,6 +122,14 @@ LT_TEST(gemm_amx_choice) {
   LT_TRUE(!loom__gemm_prefer_amx(&h));
   h = g, h.M = 256, h.K = 784; /* the MLP's first layer: AMX */
   LT_EQ(loom__gemm_prefer_amx(&h), avail);
+  h = g, h.M = 4096, h.N = 384, h.K = 1536; /* the GPT's narrow products (N 384): oneDNN */
+  LT_TRUE(!loom__gemm_prefer_amx(&h));
+  h = g, h.M = 4096, h.N = 1536, h.K = 384, h.trans_b = true; /* its c_fc forward: AMX */
+  LT_EQ(loom__gemm_prefer_amx(&h), avail);
+  h = g, h.M = 384, h.N = 1536, h.K = 4096, h.trans_a = true; /* a weight gradient over 4096 rows */
+  LT_TRUE(!loom__gemm_prefer_amx(&h));
+  h.K = 1024; /* over 1024 rows: AMX */
+  LT_EQ(loom__gemm_prefer_amx(&h), avail);
   loom__gemm_set_threads(2);
   LT_TRUE(!loom__gemm_prefer_amx(&g));
   loom__gemm_amx_set_mode(LOOM__GEMM_AMX_ALWAYS);

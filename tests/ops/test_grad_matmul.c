@@ -2,6 +2,7 @@
  * batch, transposed views) and linear (with and without bias, batched), each in f16 and bf16
  * against f32 (tolerances in gradcheck.h). */
 #include "gradcheck.h"
+#include "ops/gemm.h"
 
 G1(op_matmul, loom_matmul(in[0], in[1], out))
 G1(op_linear, loom_linear(in[0], in[1], in[2], out))
@@ -38,19 +39,23 @@ LT_TEST(grad_conv2d) {
 /* linear's backward on bf16 / f16 with a bias: G rounded and its column sums taken in one pass
  * over G, a piece of rows at a time (matmul.c, cast_col_sums; rows here span many pieces).
  * The bias gradient must be the f32 column sums of G in row order, bit for bit, and x's and
- * w's gradients those of the same op without a bias gradient (the separate cast). */
+ * w's gradients those of the same op without a bias gradient (the separate cast); on 1 thread
+ * and on 2 (stripes of columns over the team). */
 LT_TEST(linear_low_precision_bias_grad_one_pass) {
   loom_dtype dts[2] = {LOOM_BF16, LOOM_F16};
   uint64_t st = 5;
-  for (int d = 0; d < 2; d++) {
-    int64_t R = 301, I = 24, O = 72, xs[2] = {R, I}, ws[2] = {O, I}, bs[1] = {O}, gs[2] = {R, O};
+  int threads = loom__gemm_threads();
+  /* d 2, 3: bf16, f16 on 2 threads, long enough for stripes of columns (128 + 72) */
+  for (int d = 0; d < 4; d++) {
+    loom_set_num_threads(d < 2 ? 1 : 2);
+    int64_t R = d < 2 ? 301 : 1001, I = 24, O = d < 2 ? 72 : 200, xs[2] = {R, I}, ws[2] = {O, I}, bs[1] = {O}, gs[2] = {R, O};
     loom_tensor *x = NULL, *w = NULL, *b = NULL, *g32 = gc_rand(2, gs, -1, 1, &st), *gx[2],
                 *gw[2];
     loom_tensor *x32 = gc_rand(2, xs, -1, 1, &st), *w32 = gc_rand(2, ws, -1, 1, &st),
                 *b32 = gc_rand(1, bs, -1, 1, &st);
-    LT_OK(loom_cast(x32, dts[d], &x));
-    LT_OK(loom_cast(w32, dts[d], &w));
-    LT_OK(loom_cast(b32, dts[d], &b));
+    LT_OK(loom_cast(x32, dts[d % 2], &x));
+    LT_OK(loom_cast(w32, dts[d % 2], &w));
+    LT_OK(loom_cast(b32, dts[d % 2], &b));
     const float *gv = loom_tensor_data(g32);
     for (int with_bias = 1; with_bias >= 0; with_bias--) {
       loom_tensor *y = NULL, *y32 = NULL, *l = NULL, *yg = NULL;
@@ -77,8 +82,8 @@ LT_TEST(linear_low_precision_bias_grad_one_pass) {
           for (int64_t r = 0; r < R; r++) want += gv[r * O + o];
           float want_dt = 0; /* the leaf's gradient is in dt: round the f32 sum the same way */
           uint16_t h = 0;
-          LT_OK(loom_convert(&want, LOOM_F32, &h, dts[d], 1));
-          LT_OK(loom_convert(&h, dts[d], &want_dt, LOOM_F32, 1));
+          LT_OK(loom_convert(&want, LOOM_F32, &h, dts[d % 2], 1));
+          LT_OK(loom_convert(&h, dts[d % 2], &want_dt, LOOM_F32, 1));
           bad += got[o] != want_dt;
         }
         LT_EQ(bad, 0);
@@ -103,4 +108,5 @@ LT_TEST(linear_low_precision_bias_grad_one_pass) {
     loom_tensor_free(b32);
     loom_tensor_free(g32);
   }
+  loom__gemm_set_threads(threads);
 }

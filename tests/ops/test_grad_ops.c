@@ -1,6 +1,7 @@
 /* test_grad_ops.c: finite-difference gradient checks of every op in f32, and each op in f16
  * and bf16 against the f32 op (tolerances in gradcheck.h), including broadcasting and views. */
 #include "gradcheck.h"
+#include "ops/gemm.h"
 
 G1(op_add, loom_add(in[0], in[1], out))
 G1(op_sub, loom_sub(in[0], in[1], out))
@@ -21,6 +22,42 @@ LT_TEST(grad_binary_broadcast) {
   CHECK("mul scalar", op_mul, 2, S(2, 3, 4), S(0));
   CHECK("mul both", op_mul, 2, S(2, 1, 5), S(2, 4, 1));
   CHECK("div bcast", op_div, 2, S(1, 5), SR(2, 0.5f, 2.0f, 3, 1));
+}
+
+/* Long operands of one shape run in chunks over the thread team (binary.c): on 2 threads,
+ * past the threshold with a ragged last chunk, every output and gradient element must be the
+ * one-element formula's, bit for bit. */
+LT_TEST(binary_long_same_shape_on_two_threads) {
+  int before = loom__gemm_threads();
+  loom_set_num_threads(2);
+  uint64_t st = 11;
+  int64_t shape[2] = {401, 353}; /* 141553 elements */
+  size_t n = 401 * 353;
+  int (*ops[4])(loom_tensor *, loom_tensor *, loom_tensor **) = {loom_add, loom_sub, loom_mul,
+                                                                   loom_div};
+  for (int op = 0; op < 4; op++) {
+    loom_tensor *a = gc_rand(2, shape, -1, 1, &st), *b = gc_rand(2, shape, 0.5f, 2, &st);
+    loom_tensor *y = NULL, *l = NULL;
+    LT_OK(loom_tensor_set_requires_grad(a, true));
+    LT_OK(loom_tensor_set_requires_grad(b, true));
+    LT_OK(ops[op](a, b, &y));
+    LT_OK(loom_sum(y, NULL, 0, false, &l));
+    LT_OK(loom_backward(l, NULL, false));
+    const float *av = loom_tensor_data(a), *bv = loom_tensor_data(b), *yv = loom_tensor_data(y);
+    const float *ga = loom_tensor_data(loom_tensor_grad(a)),
+                *gb = loom_tensor_data(loom_tensor_grad(b));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+      float x = av[i], z = bv[i], one = 1.0f;
+      float want = op == 0 ? x + z : op == 1 ? x - z : op == 2 ? x * z : x / z;
+      float wa = op == 2 ? one * z : op == 3 ? one / z : one;
+      float wb = op == 0 ? one : op == 1 ? -one : op == 2 ? one * x : (-x / (z * z)) * one;
+      bad += yv[i] != want || ga[i] != wa || gb[i] != wb;
+    }
+    LT_EQ(bad, 0);
+    loom_tensor_free(a), loom_tensor_free(b), loom_tensor_free(y), loom_tensor_free(l);
+  }
+  loom__gemm_set_threads(before);
 }
 
 G1(op_add_s, loom_add_scalar(in[0], 1.5, out))

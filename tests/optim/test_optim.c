@@ -4,6 +4,7 @@
  * validation messages, schedules, f32 master weights, and out-of-memory sweeps of the create
  * paths. Clipping is test_clip.c's. */
 #include "lt.h"
+#include "ops/gemm.h"
 #include "optim/optim_int.h"
 
 #include <stdlib.h>
@@ -117,6 +118,45 @@ LT_TEST(kernels_every_level_bitwise_equal_to_scalar) {
       }
   }
   if (!tested) lt_skip("no SIMD level on this CPU");
+}
+
+/* A long segment's whole step runs in chunks over the caller's OpenMP team (optim.c): SGD with
+ * momentum, Adam and AdamW on 2 threads, past the threshold with a ragged last chunk, equal
+ * the same steps on 1 thread bit for bit. */
+LT_TEST(long_segment_on_two_threads_equals_one) {
+  enum { N = (1 << 17) + (1 << 15) + 3 };
+  float *p1 = malloc(N * sizeof *p1), *p2 = malloc(N * sizeof *p2), *g = malloc(N * sizeof *g);
+  LT_TRUE(p1 && p2 && g);
+  int before = loom__gemm_threads();
+  for (int kind = 0; kind < 3 && p1 && p2 && g; kind++) {
+    fill(p1, N, 1);
+    memcpy(p2, p1, N * sizeof *p1);
+    loom_param_seg s1 = {.param = p1, .grad = g, .n = N}, s2 = {.param = p2, .grad = g, .n = N};
+    loom_sgd_cfg cs = loom_sgd_cfg_default();
+    cs.momentum = 0.9, cs.weight_decay = 1e-3;
+    loom_adam_cfg ca = kind == 2 ? loom_adamw_cfg_default() : loom_adam_cfg_default();
+    ca.weight_decay = 1e-2;
+    loom_optim *a = NULL, *b = NULL;
+    for (int k = 0; k < 2; k++) {
+      loom_param_seg *sk = k ? &s2 : &s1;
+      loom_optim **ok = k ? &b : &a;
+      if (kind == 0) LT_OK(loom_optim_create_sgd(sk, 1, &cs, ok));
+      if (kind == 1) LT_OK(loom_optim_create_adam(sk, 1, &ca, ok));
+      if (kind == 2) LT_OK(loom_optim_create_adamw(sk, 1, &ca, ok));
+    }
+    for (int t = 0; t < 3; t++) {
+      fill(g, N, 1);
+      loom_set_num_threads(1);
+      LT_OK(loom_optim_step(a));
+      loom_set_num_threads(2);
+      LT_OK(loom_optim_step(b));
+    }
+    LT_TRUE(memcmp(p1, p2, N * sizeof *p1) == 0);
+    loom_optim_free(a);
+    loom_optim_free(b);
+  }
+  loom__gemm_set_threads(before);
+  free(p1), free(p2), free(g);
 }
 
 /* Stepping two segments equals stepping their concatenation: a shard is a shorter buffer. */
