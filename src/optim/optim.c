@@ -4,6 +4,10 @@
  * chunked step and releasing state to the caller are step_chunk.c's. */
 #include "optim/optim_int.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -151,12 +155,44 @@ void loom__step_args_make(const loom_optim *o, float grad_scale, loom__step_args
     loom__adam_args_make(o, grad_scale, &a->adam);
 }
 
-void loom__step_update(const loom_optim *o, const loom__step_args *a, unsigned flags, float *p,
-                       const float *g, float *const *state, size_t n) {
+static void update_piece(const loom_optim *o, const loom__step_args *a, unsigned flags, float *p,
+                         const float *g, float *const *state, size_t n) {
   if (o->kind == LOOM__SGD)
     loom__sgd_update(o, &a->sgd, flags, p, g, state, n);
   else
     loom__adam_update(o, &a->adam, flags, p, g, state, n);
+}
+
+/* The threads a long update is split over: OpenMP's count for the calling thread (what
+ * loom_set_num_threads set), 1 without OpenMP and under ThreadSanitizer (libgomp is not
+ * instrumented: TSan cannot see its barriers). */
+static int update_threads(void) {
+#if defined(_OPENMP) && !defined(__SANITIZE_THREAD__)
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+/* Elementwise, so a long segment runs in pieces over the calling thread's OpenMP team, each
+ * value the same whatever the split (pieces are whole multiples of every kernel's width). */
+void loom__step_update(const loom_optim *o, const loom__step_args *a, unsigned flags, float *p,
+                       const float *g, float *const *state, size_t n) {
+  enum { PIECE = 1 << 16, PAR_MIN = 1 << 18 };
+  int t = n >= PAR_MIN ? update_threads() : 1;
+  if (t < 2) {
+    update_piece(o, a, flags, p, g, state, n);
+    return;
+  }
+  int64_t pieces = (int64_t)((n + PIECE - 1) / PIECE);
+#pragma omp parallel for num_threads(t)
+  for (int64_t c = 0; c < pieces; c++) {
+    size_t i = (size_t)c * PIECE, m = n - i < PIECE ? n - i : PIECE;
+    float *st[LOOM__MAX_STATE] = {NULL};
+    for (int k = 0; state && k < o->nstate && k < LOOM__MAX_STATE; k++)
+      st[k] = state[k] ? state[k] + i : NULL;
+    update_piece(o, a, flags, p + i, g + i, state ? st : NULL, m);
+  }
 }
 
 static int step_scaled(loom_optim *o, float grad_scale, const char *who) {

@@ -5,6 +5,8 @@
  * paths. Clipping is test_clip.c's. */
 #include "lt.h"
 #include "optim/optim_int.h"
+#include "loom/ops.h"
+#include "ops/gemm.h"
 
 #include <stdlib.h>
 
@@ -404,4 +406,40 @@ LT_TEST(create_paths_survive_oom) {
     }
     LT_TRUE(failures >= 3);
   }
+}
+
+/* A long segment's update runs in pieces over the calling thread's OpenMP team (optim.c):
+ * AdamW and SGD with momentum at 2 threads give the bits of 1 thread, over a ragged length. */
+LT_TEST(long_segment_update_split_over_threads_is_bitwise) {
+  enum { N = (1 << 18) + 4099 };
+  int keep_threads = loom__gemm_threads();
+  float *p[2], *g = malloc(N * sizeof *g);
+  LT_TRUE(g != NULL);
+  for (int kind = 0; kind < 2; kind++) {
+    for (int th = 0; th < 2; th++) {
+      p[th] = malloc(N * sizeof *p[th]);
+      LT_TRUE(p[th] != NULL);
+      for (size_t i = 0; i < N; i++) p[th][i] = (float)(i * 2654435761u % 2001) / 1000 - 1;
+      loom_param_seg seg = {.name = "w", .param = p[th], .grad = g, .n = N};
+      loom_optim *o = NULL;
+      if (kind == 0) {
+        loom_adam_cfg c = loom_adamw_cfg_default();
+        LT_OK(loom_optim_create_adamw(&seg, 1, &c, &o));
+      } else {
+        loom_sgd_cfg c = loom_sgd_cfg_default();
+        c.momentum = 0.9;
+        LT_OK(loom_optim_create_sgd(&seg, 1, &c, &o));
+      }
+      LT_OK(loom_set_num_threads(th + 1));
+      for (int t = 0; t < 3; t++) {
+        for (size_t i = 0; i < N; i++) g[i] = (float)((i + (size_t)t) * 40503u % 999) / 500 - 1;
+        LT_OK(loom_optim_step(o));
+      }
+      loom_optim_free(o);
+    }
+    LT_TRUE(memcmp(p[0], p[1], N * sizeof *p[0]) == 0);
+    free(p[0]), free(p[1]);
+  }
+  LT_OK(loom_set_num_threads(keep_threads));
+  free(g);
 }
