@@ -32,7 +32,8 @@
  * counted; with more threads the cpu figures mean nothing).
  *
  * Threads: loom_set_num_threads, torch and OpenBLAS with the same count (default 1).
- * Usage: bench_matmul [threads] [torch|gemm] (one part only). Prints one line per size and dtype:
+ * Usage: bench_matmul [threads] [torch|gemm|gpt] (one part only; gpt: part 2 on the GPT step's
+ * 15 products instead, bench/llmc_side_by_side.sh's model). Prints one line per size and dtype:
  *   matmul <dtype> <M>x<N>x<K> threads <t> runs <r> loom <ms> ms <GFLOP/s> GFLOP/s
  *   torch <GFLOP/s> GFLOP/s ratio <loom GFLOP/s / torch GFLOP/s> (torch threads <t> openblas <t>)
  *   (cpu: loom <GFLOP/s> torch <GFLOP/s> ratio <loom / torch, CPU time>)
@@ -238,7 +239,32 @@ static int calls_for(double flop) {
   return n < 15 ? 15 : n > 301 ? 301 : (int)n | 1;
 }
 
-static int gemm_choice(int threads) {
+/* The GPT step's products (6 layers, 384 wide, context 256, batch 16: 4096 rows; vocabulary
+ * 256), as linear runs them: forward NT with bias, weight gradient TN, input gradient NN. */
+static const shape gpt[] = {
+    {"attn-fwd-NT+b", 4096, 1152, 384, false, true, true},
+    {"attn-dW-TN", 1152, 384, 4096, true, false, false},
+    {"attn-dX-NN", 4096, 384, 1152, false, false, false},
+    {"aproj-fwd-NT+b", 4096, 384, 384, false, true, true},
+    {"aproj-dW-TN", 384, 384, 4096, true, false, false},
+    {"aproj-dX-NN", 4096, 384, 384, false, false, false},
+    {"fc-fwd-NT+b", 4096, 1536, 384, false, true, true},
+    {"fc-dW-TN", 1536, 384, 4096, true, false, false},
+    {"fc-dX-NN", 4096, 384, 1536, false, false, false},
+    {"mproj-fwd-NT+b", 4096, 384, 1536, false, true, true},
+    {"mproj-dW-TN", 384, 1536, 4096, true, false, false},
+    {"mproj-dX-NN", 4096, 1536, 384, false, false, false},
+    {"head-fwd-NT", 4096, 256, 384, false, true, false},
+    {"head-dW-TN", 256, 384, 4096, true, false, false},
+    {"head-dX-NN", 4096, 384, 256, false, false, false},
+    {"attn-dW-NN", 1152, 384, 4096, false, false, false},
+    {"aproj-dW-NN", 384, 384, 4096, false, false, false},
+    {"fc-dW-NN", 1536, 384, 4096, false, false, false},
+    {"mproj-dW-NN", 384, 1536, 4096, false, false, false},
+};
+
+/* part: "gemm" (the squares and the MLP step) or "gpt" (the GPT step's shapes). */
+static int gemm_choice(int threads, const char *which) {
   static const shape squares[] = {
       {"NN", 256, 256, 256, false, false, false},     {"NT", 256, 256, 256, false, true, false},
       {"TN", 256, 256, 256, true, false, false},      {"NN", 512, 512, 512, false, false, false},
@@ -267,9 +293,10 @@ static int gemm_choice(int threads) {
          "%s, %d thread(s)), alternating call by call, medians\n",
          threads, openblas_get_corename(), openblas_get_num_threads());
   int failed = 0;
-  for (int part = 0; part < 2; part++) {
-    const shape *list = part ? mlp : squares;
-    int n = part ? NMLP : NSQ;
+  bool only_gpt = !strcmp(which, "gpt");
+  for (int part = only_gpt ? 2 : 0; part < (only_gpt ? 3 : 2); part++) {
+    const shape *list = part == 2 ? gpt : part ? mlp : squares;
+    int n = part == 2 ? (int)(sizeof gpt / sizeof *gpt) : part ? NMLP : NSQ;
     for (int i = 0; i < n; i++) {
       const shape *s = &list[i];
       operands o;
@@ -298,6 +325,7 @@ static int gemm_choice(int threads) {
       operands_free(&o);
     }
   }
+  if (only_gpt) return failed;
   /* the step's 8 GEMMs back to back: oneDNN, OpenBLAS, and loom__gemm's own choice in turn */
   operands o[NMLP];
   for (int i = 0; i < NMLP; i++) operands_init(&o[i], &mlp[i]);
@@ -330,10 +358,10 @@ static int gemm_choice(int threads) {
 int main(int argc, char **argv) {
   int threads = bench_threads(argc, argv), failed = 0;
   const char *part = argc > 2 ? argv[2] : "all";
-  if (strcmp(part, "gemm")) failed |= against_torch(threads);
+  if (strcmp(part, "gemm") && strcmp(part, "gpt")) failed |= against_torch(threads);
   if (strcmp(part, "torch")) {
 #ifdef LOOM_BENCH_OPENBLAS
-    failed |= gemm_choice(threads);
+    failed |= gemm_choice(threads, part);
 #else
     printf("\n# GEMM choice: not built (OpenBLAS not found)\n");
 #endif

@@ -4,6 +4,8 @@
  * over the caller's OpenMP team. */
 #include "ops/ops_int.h"
 
+#include <string.h>
+
 typedef enum { B_ADD, B_SUB, B_MUL, B_DIV } bop;
 
 /* Innermost runs: y = a op b with strides (contiguous fast paths first, so they vectorize). */
@@ -96,6 +98,14 @@ static int bin_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
   for (int w = 0; w < 2; w++) {
     if (!loom__node_needs(n, w)) continue;
     const loom__edge *e = w ? eb : ea;
+    if ((op == B_ADD || (op == B_SUB && w == 0)) && e->ndim == no &&
+        !memcmp(e->shape, so, (size_t)no * sizeof *so)) {
+      /* g itself, shared by both inputs where both take it: the engine copies a gradient
+       * before it adds into it or adopts it unless it holds the only reference (a residual
+       * add's backward no longer copies g twice) */
+      gin[w] = loom_tensor_retain(g);
+      continue;
+    }
     LOOM_TRY(loom__grad_new(e->ndim, e->shape, false, &gin[w]));
     const float *src = loom__f(g);
     if (op == B_MUL) { /* g * other */

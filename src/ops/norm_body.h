@@ -80,15 +80,32 @@ static void NK(bwd_dx)(float *dx, const float *dy, const float *x, const float *
   }
 }
 
+/* dw, db (either may be NULL) += columns [i0, i0 + w) of the sums over R rows, w <= 64, the
+ * running sums kept in registers (a constant w: the 64-column case) and each column summed in
+ * row order from its value in dw / db, as a row-by-row read-modify-write of dw and db would. */
+static inline __attribute__((always_inline)) void NK(dwb_cols)(float *dw, float *db,
+                                                             const float *dy, const float *x,
+                                                             const float *stats, size_t R,
+                                                             size_t C, size_t i0, size_t w) {
+  float aw[64], ab[64];
+  for (size_t k = 0; k < w; k++) aw[k] = dw ? dw[i0 + k] : 0, ab[k] = db ? db[i0 + k] : 0;
+  for (size_t r = 0; r < R; r++) {
+    const float *xr = x + r * C + i0, *g = dy + r * C + i0;
+    float mean = stats[2 * r], rstd = stats[2 * r + 1];
+    for (size_t k = 0; k < w; k++) {
+      aw[k] += g[k] * ((xr[k] - mean) * rstd);
+      ab[k] += g[k];
+    }
+  }
+  for (size_t k = 0; dw && k < w; k++) dw[i0 + k] = aw[k];
+  for (size_t k = 0; db && k < w; k++) db[i0 + k] = ab[k];
+}
+
 static void NK(bwd_dwb)(float *dw, float *db, const float *dy, const float *x,
                         const float *stats, size_t R, size_t C, size_t c0, size_t c1) {
-  for (size_t r = 0; r < R; r++) {
-    const float *xr = x + r * C, *g = dy + r * C;
-    float mean = stats[2 * r], rstd = stats[2 * r + 1];
-    if (dw)
-      for (size_t i = c0; i < c1; i++) dw[i] += g[i] * ((xr[i] - mean) * rstd);
-    if (db)
-      for (size_t i = c0; i < c1; i++) db[i] += g[i];
+  for (size_t i0 = c0; i0 < c1; i0 += 64) {
+    if (c1 - i0 >= 64) NK(dwb_cols)(dw, db, dy, x, stats, R, C, i0, 64);
+    else NK(dwb_cols)(dw, db, dy, x, stats, R, C, i0, c1 - i0);
   }
 }
 

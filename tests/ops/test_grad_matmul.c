@@ -4,6 +4,8 @@
 #include "gradcheck.h"
 #include "ops/gemm.h"
 
+#include <math.h>
+
 G1(op_matmul, loom_matmul(in[0], in[1], out))
 G1(op_linear, loom_linear(in[0], in[1], in[2], out))
 G1(op_linear_nb, loom_linear(in[0], in[1], NULL, out))
@@ -109,4 +111,75 @@ LT_TEST(linear_low_precision_bias_grad_one_pass) {
     loom_tensor_free(g32);
   }
   loom__gemm_set_threads(threads);
+}
+
+/* Whether got is k times sum_j a[j * sa] b[j * sb] (j < n) within f32 rounding: 2e-5 of the
+ * sum of the terms' magnitudes, against double-precision sums. */
+static bool near_dot(float got, int k, const float *a, int64_t sa, const float *b, int64_t sb,
+                     int64_t n) {
+  double d = 0, m = 0;
+  for (int64_t j = 0; j < n; j++) {
+    d += (double)a[j * sa] * b[j * sb];
+    m += fabs((double)a[j * sa] * b[j * sb]);
+  }
+  return fabs(got - k * d) <= 2e-5 * k * m + 1e-30;
+}
+
+/* linear's f32 gradients where matmul.c takes its own ways: a weight far wider than tall (O 64,
+ * I 160, R 400: the weight gradient computed transposed, X^T G, and transposed into place) and
+ * bias column sums over the GEMM's threads in strips of 64 (O 200: ragged strips). At 1 and 2
+ * threads: gW and gX within f32 rounding (2e-5 of the sum of |terms|) of double-precision sums, gb bit for bit the f32
+ * column sums in row order, and a second backward into the same leaves (beta 1) doubles them. */
+LT_TEST(linear_f32_transposed_weight_grad_and_threaded_bias_sums) {
+  static const int64_t shapes[2][3] = {{400, 160, 64}, {400, 24, 200}}; /* R, I, O */
+  int keep_threads = loom__gemm_threads();
+  uint64_t st = 11;
+  for (int s = 0; s < 2; s++) {
+    int64_t R = shapes[s][0], I = shapes[s][1], O = shapes[s][2];
+    int64_t xs[2] = {R, I}, ws[2] = {O, I}, bs[1] = {O}, gs[2] = {R, O};
+    loom_tensor *x = gc_rand(2, xs, -1, 1, &st), *w = gc_rand(2, ws, -1, 1, &st),
+                *b = gc_rand(1, bs, -1, 1, &st), *g = gc_rand(2, gs, -1, 1, &st);
+    const float *xv = loom_tensor_data(x), *wv = loom_tensor_data(w), *gv = loom_tensor_data(g);
+    for (int th = 1; th <= 2; th++) {
+      LT_OK(loom_set_num_threads(th));
+      LT_OK(loom_tensor_set_requires_grad(x, true));
+      LT_OK(loom_tensor_set_requires_grad(w, true));
+      LT_OK(loom_tensor_set_requires_grad(b, true));
+      LT_OK(loom_tensor_set_grad(x, NULL));
+      LT_OK(loom_tensor_set_grad(w, NULL));
+      LT_OK(loom_tensor_set_grad(b, NULL));
+      for (int pass = 1; pass <= 2; pass++) { /* the second accumulates */
+        loom_tensor *y = NULL, *yg = NULL, *l = NULL;
+        LT_OK(loom_linear(x, w, b, &y));
+        LT_OK(loom_mul(y, g, &yg)); /* L = sum(y * g): dL/dy = g */
+        LT_OK(loom_sum(yg, NULL, 0, false, &l));
+        LT_OK(loom_backward(l, NULL, false));
+        const float *gw = loom_tensor_data(loom_tensor_grad(w)),
+                    *gx = loom_tensor_data(loom_tensor_grad(x)),
+                    *gb = loom_tensor_data(loom_tensor_grad(b));
+        int bad = 0;
+        for (int64_t o = 0; o < O; o++) {
+          float want = 0;
+          for (int64_t r = 0; r < R; r++) want += gv[r * O + o];
+          bad += gb[o] != (pass == 1 ? want : want + want);
+          for (int64_t i = 0; i < I; i++) /* gW[o][i] = sum_r G[r][o] X[r][i] */
+            bad += !near_dot(gw[o * I + i], pass, gv + o, O, xv + i, I, R);
+        }
+        for (int64_t r = 0; r < R; r++)
+          for (int64_t i = 0; i < I; i++) /* gX[r][i] = sum_o G[r][o] W[o][i] */
+            bad += !near_dot(gx[r * I + i], pass, gv + r * O, 1, wv + i, I, O);
+        if (bad)
+          lt_fail_at(__FILE__, __LINE__, "R %lld I %lld O %lld, %d threads, pass %d: %d values "
+                     "off", (long long)R, (long long)I, (long long)O, th, pass, bad);
+        loom_tensor_free(y);
+        loom_tensor_free(yg);
+        loom_tensor_free(l);
+      }
+    }
+    loom_tensor_free(x);
+    loom_tensor_free(w);
+    loom_tensor_free(b);
+    loom_tensor_free(g);
+  }
+  loom_set_num_threads(keep_threads);
 }

@@ -6,6 +6,8 @@
 #include "lt.h"
 #include "ops/gemm.h"
 #include "optim/optim_int.h"
+#include "loom/ops.h"
+#include "ops/gemm.h"
 
 #include <stdlib.h>
 
