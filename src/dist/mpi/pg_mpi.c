@@ -264,8 +264,9 @@ void loom__mpi_avg_div(void *buf, loom_dtype dt, size_t n, int size) {
  * out of the sender's buffer), or below 4 MB on one machine without it: MPI's own blocking
  * MPI_Allreduce, in place on buf. Measured, 2 ranks, CMA on: the ring (whole blocks, or
  * chunked) ran 13-35% behind MPI_Allreduce at 1-16 MB, this path 0.97-1.03x; CMA off, 1 MB:
- * the ring 1.05-1.26x, this path 0.86-1.42x, medians 1.15 and 1.00 (BENCHMARKS.md). It blocks inside MPI, but only after the header
- * exchange has shown every rank inside this same collective; see loom/dist_mpi.h. */
+ * the ring 1.05-1.26x, this path 0.86-1.42x, medians 1.15 and 1.00 (BENCHMARKS.md). It
+ * blocks inside MPI, but only after the header exchange has shown every rank inside this same
+ * collective; see loom/dist_mpi.h. */
 static int blocking_allreduce(mpi_pg *m, void *buf, size_t n, loom_dtype dt, loom_redop op) {
   int err = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(dt),
                           mpi_op(op == LOOM_AVG ? LOOM_SUM : op), m->comm);
