@@ -6,7 +6,7 @@
  * Usage: bench_allreduce [RANKS] [MAX_MB] [all|threads|mpi|overlap] (`loom bench allreduce`);
  * BENCH_TRIALS=N in the environment times N loops per figure instead of 5; BENCH_ITERS=N caps
  * the calls per loop (default 20000). The MPI part prints, per size, loom's median and minimum
- * over the loops against raw's ("allreduce mpi/raw").
+ * over the loops against raw's ("allreduce mpi/raw"); the two loops alternate which runs first.
  * The MPI part runs under the launcher of the MPI it was built with (Open MPI or MPICH; see
  * launch_mpi). Under Open MPI it uses shared memory without single-copy (the setting the tests
  * use); BENCH_MPI_CMA=1 in the environment leaves Open MPI's default single-copy (CMA) on.
@@ -166,18 +166,21 @@ static int mpi_child(size_t max_bytes) {
     double traw[MAX_TRIALS], tloom[MAX_TRIALS];
     MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     rc = loom_pg_allreduce(pg, buf, buf, (size_t)count, LOOM_F32, LOOM_SUM, NULL);
-    for (int k = 0; k < TRIALS && !rc; k++) { /* interleaved, so drift hits both alike */
-      MPI_Barrier(MPI_COMM_WORLD);
-      double t0 = now();
-      for (int i = 0; i < iters; i++)
-        MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-      traw[k] = (now() - t0) / iters;
-      MPI_Barrier(MPI_COMM_WORLD);
-      t0 = now();
-      for (int i = 0; i < iters && !rc; i++)
-        rc = loom_pg_allreduce(pg, buf, buf, (size_t)count, LOOM_F32, LOOM_SUM, NULL);
-      tloom[k] = (now() - t0) / iters;
-    }
+    /* interleaved, so drift hits both alike, and the order alternates loop by loop (raw first
+     * on even loops, loom first on odd ones), so neither side always runs second */
+    for (int k = 0; k < TRIALS && !rc; k++)
+      for (int side = 0; side < 2 && !rc; side++) {
+        bool raw = (side == 0) == (k % 2 == 0);
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = now();
+        if (raw)
+          for (int i = 0; i < iters; i++)
+            MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        else
+          for (int i = 0; i < iters && !rc; i++)
+            rc = loom_pg_allreduce(pg, buf, buf, (size_t)count, LOOM_F32, LOOM_SUM, NULL);
+        (raw ? traw : tloom)[k] = (now() - t0) / iters;
+      }
     /* every rank reports rank 0's median (the slowest rank sets the pace anyway) */
     qsort(traw, TRIALS, sizeof traw[0], cmp);
     qsort(tloom, TRIALS, sizeof tloom[0], cmp);

@@ -13,11 +13,13 @@
  * with MPI_Test so every wait has the group's timeout; loom never blocks inside MPI, so a
  * stalled or dead peer cannot hang a rank, with one exception below. All-reduces of 256 KB
  * and more take one of two paths, chosen at group creation by the transport:
- *  - Without a single-copy transport (Open MPI's shared memory through bounce buffers): a ring
+ *  - Without a single-copy transport (Open MPI's shared memory through bounce buffers), from
+ *    4 MB up or across machines: a ring
  *    reduce-scatter + all-gather of MPI_Isend/MPI_Irecv, each step's block cut into about 8
  *    chunks of 64-512 KB so that the reduction of one chunk overlaps the transfer of the next.
- *    It runs ahead of MPI_Allreduce from 1 MB up (Open MPI's MPI_Iallreduce, libnbc, ran
- *    1.5-2x behind its blocking MPI_Allreduce on large buffers).
+ *    It runs level with or ahead of MPI_Allreduce from 4 MB up (Open MPI's MPI_Iallreduce,
+ *    libnbc, ran 1.5-2x behind its blocking MPI_Allreduce on large buffers); below 4 MB on
+ *    one machine it ran 5-26% behind, so there the path below is taken as with single copy.
  *  - With a single-copy transport (Open MPI's default CMA; read at group creation through the
  *    MPI_T control variable btl_vader_single_copy_mechanism, else
  *    OMPI_MCA_btl_vader_single_copy_mechanism, assumed on when unknown and under MPICH, whose
@@ -30,7 +32,7 @@
  *    header exchange (below) has shown every rank inside the same collective, so a rank that
  *    stops calling collectives still gives LOOM_ETIMEDOUT; a peer process that dies inside the
  *    call is handled by the MPI launcher (Open MPI's mpirun and MPICH's hydra end the job), not
- *    by loom's timeout. LOOM_MPI_SINGLE_COPY=0 keeps every wait under the timeout.
+ *    by loom's timeout. LOOM_MPI_RINGS=1 keeps every wait under the timeout.
  * All-gathers and reduce-scatters of 256 KB and more (the whole buffer) in a group that spans
  * machines (some rank's MPI_COMM_TYPE_SHARED peers are not all of the group) are loom's own
  * rings too, of the same chunked steps in rank order, every wait under the timeout: Open MPI

@@ -3,7 +3,8 @@
  * ("none"); large all-reduces pick MPI_Allreduce or loom's ring by it (see pg_mpi.c). Under
  * MPICH (4.0, ch4:ucx) it is assumed on: UCX moves intra-node messages with CMA, and
  * MPI_Allreduce ran within 2-8% of raw at 1-64 MB there while the ring ran 10-28% behind at
- * 1 MB (BENCHMARKS.md, "mpi backend on MPICH 4.0"). */
+ * 1 MB (BENCHMARKS.md, "mpi backend on MPICH 4.0"). Without single copy, MPI_Allreduce still
+ * below 4 MB on one machine (loom__mpi_blocking_allreduce). */
 #include "dist/mpi/mpi_int.h"
 
 #include <mpi.h>
@@ -67,4 +68,8 @@ bool loom__mpi_single_copy(void) {
   if (r < 0) r = of_name(getenv("OMPI_MCA_btl_vader_single_copy_mechanism"));
 #endif
   return r != 0;
+}
+
+bool loom__mpi_blocking_allreduce(bool single_copy, bool across, size_t bytes) {
+  return single_copy || (!across && bytes < LOOM__MPI_NOCOPY_RING_MIN);
 }

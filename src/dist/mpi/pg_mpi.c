@@ -261,10 +261,12 @@ void loom__mpi_avg_div(void *buf, loom_dtype dt, size_t n, int size) {
 }
 
 /* Large all-reduce under a single-copy transport (Open MPI's CMA: the receiver copies straight
- * out of the sender's buffer): MPI's own blocking MPI_Allreduce, in place on buf. Measured, 2
- * ranks, CMA on: the ring (whole blocks, or chunked) ran 13-35% behind MPI_Allreduce at 1-16
- * MB, this path 0.97-1.03x (BENCHMARKS.md). It blocks inside MPI, but only after the header
- * exchange has shown every rank inside this same collective; see loom/dist_mpi.h. */
+ * out of the sender's buffer), or below 4 MB on one machine without it: MPI's own blocking
+ * MPI_Allreduce, in place on buf. Measured, 2 ranks, CMA on: the ring (whole blocks, or
+ * chunked) ran 13-35% behind MPI_Allreduce at 1-16 MB, this path 0.97-1.03x; CMA off, 1 MB:
+ * the ring 1.05-1.26x, this path 0.86-1.42x, medians 1.15 and 1.00 (BENCHMARKS.md). It
+ * blocks inside MPI, but only after the header exchange has shown every rank inside this same
+ * collective; see loom/dist_mpi.h. */
 static int blocking_allreduce(mpi_pg *m, void *buf, size_t n, loom_dtype dt, loom_redop op) {
   int err = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(dt),
                           mpi_op(op == LOOM_AVG ? LOOM_SUM : op), m->comm);
@@ -275,12 +277,14 @@ static int blocking_allreduce(mpi_pg *m, void *buf, size_t n, loom_dtype dt, loo
   return LOOM_OK;
 }
 
-/* The large-buffer algorithm: MPI's blocking call with a single-copy transport, else the ring
- * (in place on buf; AVG is the caller's). */
+/* The large-buffer algorithm: MPI's blocking call with a single-copy transport or, on one
+ * machine, below 4 MB; else the ring (loom__mpi_blocking_allreduce; in place on buf; AVG is
+ * the caller's). */
 static int large_allreduce(mpi_pg *m, void *buf, size_t n, loom_dtype dt, loom_redop op,
                            const loom__coll *c) {
-  return m->single_copy ? blocking_allreduce(m, buf, n, dt, op)
-                        : loom__mpi_ring_allreduce(m, buf, n, dt, op, c);
+  return loom__mpi_blocking_allreduce(m->single_copy, m->across, n * loom_dtype_size(dt))
+             ? blocking_allreduce(m, buf, n, dt, op)
+             : loom__mpi_ring_allreduce(m, buf, n, dt, op, c);
 }
 
 /* A small all-reduce on a group small enough for the point-to-point header exchange: every

@@ -6,6 +6,7 @@
  * status is non-zero on any rank that saw a failed check. Failure paths run last, each on its
  * own group, and end with the ranks back in step so MPI_Finalize is clean. */
 #include "dist_test.h"
+#include "dist/mpi/mpi_int.h"
 #include "loom/dist_mpi.h"
 
 #include <mpi.h>
@@ -34,6 +35,36 @@ static void test_collectives(void) {
   DT_CHECK(strcmp(loom_pg_backend(pg), "mpi") == 0, "backend");
   dt_all_cases(pg, NULL);
   dt_large_reduce_scatters(pg);
+  CHECK_RC(loom_pg_free(pg), LOOM_OK);
+}
+
+/* The large all-reduce's choice (loom__mpi_blocking_allreduce): MPI's own with single copy at
+ * any size, on one machine without it below 4 MB, the ring at and above 4 MB and across
+ * machines; then f32 sums either side of 4 MB (MPI's path below, in the plain runs the ring
+ * above) against the exact sum: element i of rank r holds r + i % 1000. */
+static void test_large_rule(void) {
+  size_t lim = LOOM__MPI_NOCOPY_RING_MIN;
+  DT_CHECK(loom__mpi_blocking_allreduce(true, false, lim * 4), "single copy: MPI's");
+  DT_CHECK(loom__mpi_blocking_allreduce(true, true, lim * 4), "single copy, across: MPI's");
+  DT_CHECK(loom__mpi_blocking_allreduce(false, false, (size_t)1 << 20), "1 MB local: MPI's");
+  DT_CHECK(loom__mpi_blocking_allreduce(false, false, lim - 4), "just below: MPI's");
+  DT_CHECK(!loom__mpi_blocking_allreduce(false, false, lim), "4 MB local: ring");
+  DT_CHECK(!loom__mpi_blocking_allreduce(false, false, lim * 16), "64 MB local: ring");
+  DT_CHECK(!loom__mpi_blocking_allreduce(false, true, (size_t)1 << 20), "across: ring");
+  loom_pg *pg = make_pg(60);
+  size_t ns[2] = {(size_t)1 << 18, lim / 4 + 3};
+  for (int k = 0; k < 2; k++) {
+    float *b = malloc(ns[k] * sizeof *b);
+    DT_CHECK(b != NULL, "out of memory");
+    if (!b) break;
+    for (size_t i = 0; i < ns[k]; i++) b[i] = (float)(rank_ + (int)(i % 1000));
+    CHECK_RC(loom_pg_allreduce(pg, b, b, ns[k], LOOM_F32, LOOM_SUM, NULL), LOOM_OK);
+    size_t bad = 0;
+    for (size_t i = 0; i < ns[k]; i++)
+      bad += b[i] != (float)(size_ * (size_ - 1) / 2 + size_ * (int)(i % 1000));
+    DT_CHECK(bad == 0, "%zu of %zu sums wrong", bad, ns[k]);
+    free(b);
+  }
   CHECK_RC(loom_pg_free(pg), LOOM_OK);
 }
 
@@ -294,6 +325,7 @@ int main(int argc, char **argv) {
     const char *name;
     void (*fn)(void);
   } tests[] = {{"bad_args", test_bad_args},   {"collectives", test_collectives},
+               {"large_rule", test_large_rule},
                {"async", test_async},         {"async_idle", test_async_idle},
                {"mismatch", test_mismatch},
                {"mismatch_small", test_mismatch_small},
