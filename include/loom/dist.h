@@ -28,7 +28,7 @@
  * Failure, never a hang. Every wait on peers has a timeout (loom_pg_cfg.timeout_s, default
  * 300 s or the environment's LOOM_TIMEOUT, counted from the last progress a peer made). A wait
  * spins only briefly (under a millisecond), then sleeps, so a stalled peer does not cost its
- * peers a core (the mpi backend's waits for a blocked caller yield between polls for 0.1 s
+ * peers a core (with LOOM_WAIT_YIELD=1 a blocked caller's waits yield between polls for 0.1 s
  * first, as MPI's blocking calls poll: loom/dist_mpi.h); a wait that lasts 5 s (or half the timeout, if shorter, but at least 1 s)
  * prints once on stderr which rank it waits for: "loom: rank 0 waiting for rank 1 in
  * all-reduce #42 for 5 s (timeout 300 s)" ("for its peers" when the backend cannot tell). A

@@ -54,12 +54,13 @@
  * peer that dies or stops calling gives LOOM_ETIMEDOUT, naming the rank when the wait is on
  * one peer's message (the point-to-point header exchange, a ring step); inside MPI's own
  * collectives MPI cannot say which rank is missing ("waiting for its peers"; of two ranks,
- * the other one). Waits poll with MPI_Test, spinning for 0.5 ms; then, while the caller is
- * blocked (a blocking collective, loom_work_wait), polling on with sched_yield between polls
- * until 0.1 s, as MPI's own blocking calls poll; otherwise (an async collective on the group's
- * progress thread while the caller computes), and past 0.1 s, sleeping between polls (a
- * sixteenth of the time waited, up to 1 ms), so neither a stalled peer nor an async wait costs
- * a core (see loom/dist.h for the stderr notice of a long wait).
+ * the other one). Waits poll with MPI_Test, spinning for 0.5 ms, then sleeping between polls
+ * (a sixteenth of the time waited, up to 1 ms), so neither a stalled peer nor an async wait
+ * costs a core. With LOOM_WAIT_YIELD=1, a caller blocked in a collective or loom_work_wait
+ * polls on with sched_yield until 0.1 s first, as MPI's own blocking calls poll: a small
+ * all-reduce's median stays near MPI's on loaded cores where every rank has a core of its own,
+ * but where ranks share cores the yielding ranks take their peers' (HSDP, 4 ranks on 2 cores:
+ * 0.6x the samples/s), so it is off by default (see loom/dist.h for the stderr notice of a long wait).
  * Only standard MPI-3 calls are used; tested with Open MPI 4.1 and MPICH 4.0 (README.md). MPI_T
  * is read under Open MPI only (MPICH 4.0's MPI_T_finalize frees control variables it still
  * uses).

@@ -1,15 +1,18 @@
 /* wait.c: how every backend waits on its peers: the timeout (counted from the wait's start,
  * i.e. from the peers' last progress), a notice on stderr naming the rank waited for once a
  * wait has lasted a few seconds, and the pause between polls (the wait policy): spin briefly,
- * since a peer's data usually comes within microseconds; then, while a caller is blocked on
- * the group (a blocking collective, loom_work_wait), poll on with sched_yield between polls as
- * MPI's own blocking calls do; otherwise (the progress thread, while the caller computes), and
- * once a wait has lasted long, sleep, so that a stalled peer does not cost a core. */
+ * since a peer's data usually comes within microseconds; then sleep, so that a stalled peer
+ * does not cost a core. With LOOM_WAIT_YIELD=1, a caller blocked on the group (a blocking
+ * collective, loom_work_wait) polls on with sched_yield first, as MPI's own blocking calls do:
+ * faster where every rank has a core of its own, but on shared cores the yielding ranks take
+ * the cores their peers need (HSDP across 4 ranks on 2 cores ran 0.6x as fast). */
 #include "dist/dist_int.h"
 
 #include <math.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 /* Spin this long before sleeping between polls. MPI moves a message only inside MPI calls on
@@ -84,9 +87,17 @@ loom__pause loom__wait_policy(double waited, bool blocked, double *sleep_s) {
   return LOOM__PAUSE_SLEEP;
 }
 
+/* LOOM_WAIT_YIELD=1: a blocked caller yields between polls (the policy's YIELD phase). Read at
+ * each pause past the spin (a pause is at least half a millisecond into a wait). */
+static bool yield_wanted(void) {
+  const char *e = getenv("LOOM_WAIT_YIELD");
+  return e && !strcmp(e, "1");
+}
+
 void loom__wait_pause(loom__wait *w) {
   double s, waited = loom__now() - w->t0;
-  bool blocked = atomic_load_explicit(&w->pg->blocked, memory_order_relaxed) > 0;
+  bool blocked = atomic_load_explicit(&w->pg->blocked, memory_order_relaxed) > 0 &&
+                 yield_wanted();
   switch (loom__wait_policy(waited, blocked, &s)) {
   case LOOM__PAUSE_SPIN:
     /* a few pauses only: 32 (about 0.35 us on the Xeon of BENCHMARKS.md) were as long as a
