@@ -215,7 +215,9 @@ static int validate(loom_safetensors *f, const char *who) {
       return fail(f, who, msg, name);
     }
     if (t[i].end - t[i].begin != nbytes) {
-      loom__shape_str(t[i].ndim < 16 ? t[i].ndim : 16, shapes + t[i].shape, sh, sizeof sh);
+      /* a file whose every tensor is a scalar has no shape array at all */
+      loom__shape_str(t[i].ndim < 16 ? t[i].ndim : 16, shapes ? shapes + t[i].shape : NULL, sh,
+                      sizeof sh);
       snprintf(msg, sizeof msg, "data_offsets [%llu, %llu] hold %llu bytes but %s %s needs %zu",
                (unsigned long long)t[i].begin, (unsigned long long)t[i].end,
                (unsigned long long)(t[i].end - t[i].begin), t[i].dt->name, sh, nbytes);

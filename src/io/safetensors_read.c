@@ -132,7 +132,8 @@ static void fill_info(const loom_safetensors *f, const loom__st_tensor *t,
   out->has_loom_dtype = t->dt->loom >= 0;
   out->dtype = t->dt->loom >= 0 ? (loom_dtype)t->dt->loom : LOOM_F32;
   out->ndim = t->ndim;
-  out->shape = (const int64_t *)f->shapes.p + t->shape;
+  /* a file whose every tensor is a scalar has no shape array: its shape stays NULL */
+  out->shape = f->shapes.p ? (const int64_t *)f->shapes.p + t->shape : NULL;
   out->numel = t->numel;
   out->nbytes = (size_t)(t->end - t->begin);
   out->data = f->buf + f->data_start + t->begin;

@@ -245,6 +245,8 @@ LT_TEST(safetensors_rejects_each_corruption) {
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4, "data_offsets [4, 0] are reversed"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,12]}}", 12,
        "data_offsets [0, 12] hold 12 bytes but F32 [2, 2] needs 16"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,8]}}", 8,
+       "data_offsets [0, 8] hold 8 bytes but F32 [] needs 4"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "a gap of 4 bytes"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
        "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "overlap tensor \"a\""},
