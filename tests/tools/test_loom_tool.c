@@ -163,3 +163,44 @@ LT_TEST(tool_bench_checks_its_arguments_first) {
   const char *extra[] = {"bench", "convert", "1000", "x", NULL};
   expect(extra, NULL, NULL, 2, "loom bench convert: unexpected argument 'x'");
 }
+
+/* A user's plausible mistakes get a message that names the problem (exit 2, before any
+ * training): a folder to resume that is missing, a file, or holds no checkpoint; a typo'd
+ * option; an option whose value was forgotten. */
+LT_TEST(tool_user_mistakes_are_named) {
+  char dir[] = "/tmp/loom-mistakes-XXXXXX", missing[64];
+  LT_TRUE(mkdtemp(dir) != NULL); /* an empty folder */
+  snprintf(missing, sizeof missing, "%s/none", dir);
+  const char *a1[] = {"train", "--resume", dir, NULL};
+  expect(a1, NULL, NULL, 2, "no checkpoint in this folder (neither checkpoint.safetensors nor "
+                            "fsdp/fsdp-index.safetensors");
+  const char *a2[] = {"train", "--resume", missing, NULL};
+  expect(a2, NULL, NULL, 2, "/none: No such file or directory (give the folder a run's --save wrote)");
+  const char *a3[] = {"train", "--resume", "/etc/passwd", NULL}; /* a file */
+  expect(a3, NULL, NULL, 2, "--resume /etc/passwd: not a folder");
+  const char *a4[] = {"train", "--epoch", "1", NULL};
+  expect(a4, NULL, NULL, 2, "loom train: unknown option --epoch: did you mean --epochs?");
+  const char *a5[] = {"plan", "--stratgy", "fsdp", NULL};
+  expect(a5, NULL, NULL, 2, "loom plan: unknown option --stratgy: did you mean --strategy?");
+  const char *a6[] = {"train", "--lr", "--epochs", "1", NULL};
+  expect(a6, NULL, NULL, 2, "--lr needs a value (X), but is followed by the option --epochs");
+  const char *a7[] = {"train", "--amp", "fp16", NULL};
+  expect(a7, NULL, NULL, 2, "--amp: expected one of off|bf16|f16, got 'fp16'");
+  const char *a8[] = {"generate", "--from", dir, NULL};
+  expect(a8, NULL, NULL, 1, dir);
+  rmdir(dir);
+}
+
+/* A run stopped inside an epoch (--max-steps) ends the epoch's line at the step it reached,
+ * not at the epoch's end. */
+LT_TEST(tool_max_steps_ends_the_line_at_its_step) {
+  const char *args[] = {"train", "--hidden", "8", "--limit", "512", "--batch", "64", "--epochs",
+                        "1", "--max-steps", "3", "--threads", "1", "--progress", "lines", NULL};
+  tool_run r = tool_loom(args, NULL, NULL);
+  LT_EQ(r.code, 0);
+  if (!strstr(r.out, "epoch 1/1 3/8 (")) fprintf(stderr, "stdout: %s\n", r.out);
+  LT_TRUE(strstr(r.out, "epoch 1/1 3/8 (") != NULL);
+  LT_TRUE(strstr(r.out, "8/8") == NULL);
+  LT_TRUE(strstr(r.out, "after 3 steps") != NULL);
+  tool_run_free(&r);
+}
