@@ -264,19 +264,34 @@ void cli_help_only(FILE *f, const char *cmd, const char *usage, const cli_option
     char left[64];
     const char *arg = o->kind == CLI_FLAG ? "" : (o->kind == CLI_CHOICE ? o->choices : o->arg);
     snprintf(left, sizeof left, "--%s%s%s", o->name, *arg ? " " : "", arg ? arg : "");
-    fprintf(f, "  %-26s %s", left, o->help);
+    char def[128] = "";
+    bool ranged = o->min < o->max;
     switch (o->kind) {
     case CLI_INT:
-    case CLI_POS_INT: fprintf(f, " (default %ld)", *(long *)o->value); break;
+    case CLI_POS_INT: {
+      long v = *(long *)o->value;
+      if (!(ranged && (v < o->min || v > o->max)) && !(o->kind == CLI_POS_INT && v <= 0))
+        snprintf(def, sizeof def, "%ld", v);
+      break;
+    }
     case CLI_DOUBLE:
     case CLI_POS_DOUBLE:
-    case CLI_F32: fprintf(f, " (default %g)", *(double *)o->value); break;
+    case CLI_F32: {
+      double v = *(double *)o->value;
+      if (!(ranged && (v < o->min || v > o->max))) snprintf(def, sizeof def, "%g", v);
+      break;
+    }
     case CLI_CHOICE:
     case CLI_STRING:
-      if (*(const char **)o->value) fprintf(f, " (default %s)", *(const char **)o->value);
+      if (*(const char **)o->value) snprintf(def, sizeof def, "%s", *(const char **)o->value);
       break;
     case CLI_FLAG: break;
     }
+    const char *at = strstr(o->help, "{default}");
+    if (at)
+      fprintf(f, "  %-26s %.*s%s%s", left, (int)(at - o->help), o->help, def, at + 9);
+    else
+      fprintf(f, "  %-26s %s%s%s%s", left, o->help, *def ? " (default " : "", def, *def ? ")" : "");
     fputc('\n', f);
   }
   fprintf(f, "  %-26s %s\n", "--help", "show this help");

@@ -164,3 +164,21 @@ LT_TEST(cli_seen_marks_given_options) {
   LT_EQ(parse(1, a2, NULL), 0);
   LT_TRUE(o.seen_save && !o.seen_lr);
 }
+
+/* An option whose default another option changes says both ("(default 256; gpt: 8)", the
+ * value from the table); a number outside the option's own range is no default and is not
+ * printed (--shard-size's 0: it takes 1 and up). */
+LT_TEST(cli_help_places_the_default_and_hides_an_unset_one) {
+  long batch = 256, shard = 0;
+  const cli_option t[] = {
+      {"batch", CLI_POS_INT, &batch, "N", "samples per step (default {default}; gpt: 8)", NULL, 1, 1000, NULL, CLI_RANKS_SAME},
+      {"shard-size", CLI_POS_INT, &shard, "N", "ranks per copy", NULL, 1, 64, NULL, CLI_RANKS_SAME},
+      {0}};
+  char buf[1024] = {0};
+  FILE *mem = fmemopen(buf, sizeof buf - 1, "w");
+  cli_help(mem, "loom train", "[OPTIONS]", t);
+  fclose(mem);
+  LT_TRUE(strstr(buf, "samples per step (default 256; gpt: 8)\n") != NULL);
+  LT_TRUE(strstr(buf, "(default 256; gpt: 8) (default") == NULL); /* once */
+  LT_TRUE(strstr(buf, "ranks per copy\n") != NULL);                 /* no "(default 0)" */
+}
