@@ -188,6 +188,14 @@ LT_TEST(tool_user_mistakes_are_named) {
   expect(a7, NULL, NULL, 2, "--amp: expected one of off|bf16|f16, got 'fp16'");
   const char *a8[] = {"generate", "--from", dir, NULL};
   expect(a8, NULL, NULL, 1, dir);
+  const char *a9[] = {"plot", "run.jsonl", NULL}; /* the message, not the whole usage */
+  tool_run r = tool_loom(a9, NULL, NULL);
+  LT_EQ(r.code, 2);
+  LT_TRUE(strstr(r.err, "loom plot: no output file: give -o OUT.svg (or -o - for standard output)") != NULL);
+  LT_TRUE(strstr(r.err, "usage:") == NULL);
+  tool_run_free(&r);
+  const char *a10[] = {"plot", "run.jsonl", "--out", "x.svg", NULL};
+  expect(a10, NULL, NULL, 2, "unknown option '--out' (it takes -o/--output, --label and --x");
   rmdir(dir);
 }
 
