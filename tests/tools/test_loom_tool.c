@@ -187,7 +187,11 @@ LT_TEST(tool_user_mistakes_are_named) {
   const char *a7[] = {"train", "--amp", "fp16", NULL};
   expect(a7, NULL, NULL, 2, "--amp: expected one of off|bf16|f16, got 'fp16'");
   const char *a8[] = {"generate", "--from", dir, NULL};
-  expect(a8, NULL, NULL, 1, dir);
+  expect(a8, NULL, NULL, 1, ": no model.safetensors in this folder (`loom train --model gpt --save DIR` writes one)");
+  const char *a11[] = {"eval", "--from", missing, NULL};
+  expect(a11, NULL, NULL, 1, "/none: no such file or folder (give the folder `loom train --save DIR` wrote)");
+  const char *a12[] = {"eval", "--from", dir, NULL};
+  expect(a12, NULL, NULL, 1, "no model.safetensors in this folder");
   const char *a9[] = {"plot", "run.jsonl", NULL}; /* the message, not the whole usage */
   tool_run r = tool_loom(a9, NULL, NULL);
   LT_EQ(r.code, 2);
