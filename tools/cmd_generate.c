@@ -33,8 +33,8 @@ static int load(const char *dir, train_model *m) {
   snprintf(path, sizeof path, "%s/model.safetensors", dir);
   loom_safetensors *f = NULL;
   if (access(path, F_OK) != 0)
-    return train_fail(LOOM_ENOTFOUND, "--from %s: no model.safetensors in this folder (`loom "
-                      "train --model gpt --save DIR` writes one)", dir);
+    return train_fail(LOOM_ENOTFOUND, "--from %s: no %s (`loom train --model gpt --save DIR` "
+                      "writes one)", dir, path);
   int rc = loom_safetensors_open(path, 0, &f);
   if (rc) return train_fail_loom(rc, "--from");
   loom_gpt_cfg cfg;

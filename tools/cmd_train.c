@@ -91,7 +91,8 @@ static int run_mpi(const train_opts *o, bool overwrite, const loom_pg_cfg *cfg) 
     loom_mpi_finalize();
     return finish(rc);
   }
-  int rank = loom_pg_rank(pg), code = rank == 0 ? train_save_check(o, overwrite) : 0;
+  int rank = loom_pg_rank(pg), code = rank == 0 ? train_resume_dir_check(o) : 0;
+  if (!code && rank == 0) code = train_save_check(o, overwrite);
   train_opts mo = *o;
   mo.ranks = loom_pg_size(pg); /* the ranks of the run (its checkpoints record them) */
   if (rank == 0) train_warn_oversubscribed(o); /* this process's threads on its machine */
@@ -258,7 +259,8 @@ static int run_parsed(train_opts *o, train_cmdline *c, double timeout, bool time
                                                   * rank without --resume is named as such */
   train_signal_install();
   if (strcmp(o->backend, "mpi") == 0) return run_mpi(o, c->overwrite, &cfg);
-  int code = train_save_check(o, c->overwrite);
+  int code = train_resume_dir_check(o); /* before --save, which may be the same folder */
+  if (!code) code = train_save_check(o, c->overwrite);
   if (!code) code = train_offload_dir_check(o);
   if (code) return code;
   train_warn_oversubscribed(o);

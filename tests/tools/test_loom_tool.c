@@ -164,20 +164,21 @@ LT_TEST(tool_bench_checks_its_arguments_first) {
   expect(extra, NULL, NULL, 2, "loom bench convert: unexpected argument 'x'");
 }
 
-/* A user's plausible mistakes get a message that names the problem (exit 2, before any
- * training): a folder to resume that is missing, a file, or holds no checkpoint; a typo'd
- * option; an option whose value was forgotten. */
+/* A user's plausible mistakes get a message that names the problem, before any training: a
+ * folder to resume that is missing, a file, or holds no checkpoint (exit 1, as a checkpoint
+ * that cannot be loaded); a typo'd option, an option whose value was forgotten (exit 2); a
+ * folder without the model to generate from or evaluate. */
 LT_TEST(tool_user_mistakes_are_named) {
   char dir[] = "/tmp/loom-mistakes-XXXXXX", missing[64];
   LT_TRUE(mkdtemp(dir) != NULL); /* an empty folder */
   snprintf(missing, sizeof missing, "%s/none", dir);
   const char *a1[] = {"train", "--resume", dir, NULL};
-  expect(a1, NULL, NULL, 2, "no checkpoint in this folder (neither checkpoint.safetensors nor "
-                            "fsdp/fsdp-index.safetensors");
+  expect(a1, NULL, NULL, 1, "no checkpoint in this folder (neither ");
+  expect(a1, NULL, NULL, 1, "/fsdp/fsdp-index.safetensors; a run writes them with --save DIR)");
   const char *a2[] = {"train", "--resume", missing, NULL};
-  expect(a2, NULL, NULL, 2, "/none: No such file or directory (give the folder a run's --save wrote)");
+  expect(a2, NULL, NULL, 1, "/none: No such file or directory, so no ");
   const char *a3[] = {"train", "--resume", "/etc/passwd", NULL}; /* a file */
-  expect(a3, NULL, NULL, 2, "--resume /etc/passwd: not a folder");
+  expect(a3, NULL, NULL, 1, "--resume /etc/passwd: not a folder");
   const char *a4[] = {"train", "--epoch", "1", NULL};
   expect(a4, NULL, NULL, 2, "loom train: unknown option --epoch: did you mean --epochs?");
   const char *a5[] = {"plan", "--stratgy", "fsdp", NULL};
@@ -187,11 +188,11 @@ LT_TEST(tool_user_mistakes_are_named) {
   const char *a7[] = {"train", "--amp", "fp16", NULL};
   expect(a7, NULL, NULL, 2, "--amp: expected one of off|bf16|f16, got 'fp16'");
   const char *a8[] = {"generate", "--from", dir, NULL};
-  expect(a8, NULL, NULL, 1, ": no model.safetensors in this folder (`loom train --model gpt --save DIR` writes one)");
+  expect(a8, NULL, NULL, 1, "/model.safetensors (`loom train --model gpt --save DIR` writes one)");
   const char *a11[] = {"eval", "--from", missing, NULL};
   expect(a11, NULL, NULL, 1, "/none: no such file or folder (give the folder `loom train --save DIR` wrote)");
   const char *a12[] = {"eval", "--from", dir, NULL};
-  expect(a12, NULL, NULL, 1, "no model.safetensors in this folder");
+  expect(a12, NULL, NULL, 1, "/model.safetensors (`loom train --save DIR` writes one)");
   const char *a9[] = {"plot", "run.jsonl", NULL}; /* the message, not the whole usage */
   tool_run r = tool_loom(a9, NULL, NULL);
   LT_EQ(r.code, 2);
