@@ -14,6 +14,39 @@ static const cli_option *find(const cli_option *opts, const char *name, size_t l
   return NULL;
 }
 
+/* Edits (insert, delete, substitute, swap two neighbours) between a and b[0..blen), capped at
+ * 3: the distance at which an unknown option is taken for a typo of a known one. */
+static int edits(const char *a, const char *b, size_t blen) {
+  size_t alen = strlen(a);
+  if (alen > 63 || blen > 63) return 3;
+  int d[64][64];
+  for (size_t i = 0; i <= alen; i++) d[i][0] = (int)i;
+  for (size_t j = 0; j <= blen; j++) d[0][j] = (int)j;
+  for (size_t i = 1; i <= alen; i++)
+    for (size_t j = 1; j <= blen; j++) {
+      int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+      if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+        best = d[i - 2][j - 2] + 1;
+      d[i][j] = best;
+    }
+  return d[alen][blen] < 3 ? d[alen][blen] : 3;
+}
+
+/* The known option an unknown name most likely meant: the nearest within 2 edits (1 for a
+ * name of 4 letters or fewer), or the only option the name begins. NULL if none is. */
+static const cli_option *nearest(const cli_option *opts, const char *name, size_t len) {
+  const cli_option *best = NULL, *prefixed = NULL;
+  int best_d = len <= 4 ? 2 : 3, nprefixed = 0;
+  for (const cli_option *o = opts; o->name; o++) {
+    int d = edits(o->name, name, len);
+    if (d < best_d) best = o, best_d = d;
+    if (len >= 3 && strncmp(o->name, name, len) == 0) prefixed = o, nprefixed++;
+  }
+  return best ? best : nprefixed == 1 ? prefixed : NULL;
+}
+
 static bool in_choices(const char *choices, const char *v) {
   size_t n = strlen(v);
   for (const char *p = choices; *p;) {
@@ -136,7 +169,12 @@ int cli_parse(const char *cmd, const cli_option *opts, int argc, char **argv,
     size_t len = eq ? (size_t)(eq - name) : strlen(name);
     const cli_option *o = find(opts, name, len);
     if (!o) {
-      fprintf(stderr, "%s: unknown option --%.*s (see %s --help)\n", cmd, (int)len, name, cmd);
+      const cli_option *near = nearest(opts, name, len);
+      if (near)
+        fprintf(stderr, "%s: unknown option --%.*s: did you mean --%s? (see %s --help)\n", cmd,
+                (int)len, name, near->name, cmd);
+      else
+        fprintf(stderr, "%s: unknown option --%.*s (see %s --help)\n", cmd, (int)len, name, cmd);
       return -1;
     }
     if (o->kind == CLI_FLAG) {
@@ -151,6 +189,14 @@ int cli_parse(const char *cmd, const cli_option *opts, int argc, char **argv,
     const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
     if (!v) {
       fprintf(stderr, "%s: --%s needs a value (%s)\n", cmd, o->name, o->arg ? o->arg : "VALUE");
+      return -1;
+    }
+    /* "--lr --epochs 1": the value was forgotten; a number or a choice never starts with "--"
+     * (a file name may: strings take it as written) */
+    if (!eq && o->kind != CLI_STRING && strncmp(v, "--", 2) == 0 && v[2] &&
+        find(opts, v + 2, strcspn(v + 2, "="))) {
+      fprintf(stderr, "%s: --%s needs a value (%s), but is followed by the option %s\n", cmd,
+              o->name, o->kind == CLI_CHOICE ? o->choices : o->arg ? o->arg : "VALUE", v);
       return -1;
     }
     if (set_value(cmd, o, v)) return -1;
@@ -218,19 +264,34 @@ void cli_help_only(FILE *f, const char *cmd, const char *usage, const cli_option
     char left[64];
     const char *arg = o->kind == CLI_FLAG ? "" : (o->kind == CLI_CHOICE ? o->choices : o->arg);
     snprintf(left, sizeof left, "--%s%s%s", o->name, *arg ? " " : "", arg ? arg : "");
-    fprintf(f, "  %-26s %s", left, o->help);
+    char def[128] = "";
+    bool ranged = o->min < o->max;
     switch (o->kind) {
     case CLI_INT:
-    case CLI_POS_INT: fprintf(f, " (default %ld)", *(long *)o->value); break;
+    case CLI_POS_INT: {
+      long v = *(long *)o->value;
+      if (!(ranged && (v < o->min || v > o->max)) && !(o->kind == CLI_POS_INT && v <= 0))
+        snprintf(def, sizeof def, "%ld", v);
+      break;
+    }
     case CLI_DOUBLE:
     case CLI_POS_DOUBLE:
-    case CLI_F32: fprintf(f, " (default %g)", *(double *)o->value); break;
+    case CLI_F32: {
+      double v = *(double *)o->value;
+      if (!(ranged && (v < o->min || v > o->max))) snprintf(def, sizeof def, "%g", v);
+      break;
+    }
     case CLI_CHOICE:
     case CLI_STRING:
-      if (*(const char **)o->value) fprintf(f, " (default %s)", *(const char **)o->value);
+      if (*(const char **)o->value) snprintf(def, sizeof def, "%s", *(const char **)o->value);
       break;
     case CLI_FLAG: break;
     }
+    const char *at = strstr(o->help, "{default}");
+    if (at)
+      fprintf(f, "  %-26s %.*s%s%s", left, (int)(at - o->help), o->help, def, at + 9);
+    else
+      fprintf(f, "  %-26s %s%s%s%s", left, o->help, *def ? " (default " : "", def, *def ? ")" : "");
     fputc('\n', f);
   }
   fprintf(f, "  %-26s %s\n", "--help", "show this help");

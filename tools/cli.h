@@ -58,7 +58,10 @@ void cli_number_text(double x, char *buf, size_t cap);
  * numbers in their shortest form that reads back the same), "" for an unset string. */
 void cli_value_text(const cli_option *o, char *buf, size_t cap);
 
-/* Print "usage" and the options table, with each option's default taken from its value. */
+/* Print "usage" and the options table, with each option's default taken from its value: after
+ * the help, or where the help says "{default}" ("(default {default}; gpt: 8)", for an option
+ * whose default another option changes). A number outside the option's own range (0 for
+ * --shard-size, which takes 1 and up) is no default and is not printed. */
 void cli_help(FILE *f, const char *cmd, const char *usage, const cli_option *opts);
 /* The same for the options named in only[] (NULL-terminated) alone: the others are accepted
  * but not listed (loom plan: the options of loom train that change nothing in a plan). */

@@ -11,6 +11,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 static const char usage[] = "--from DIR [--data DIR] [OPTIONS]\n\n"
@@ -43,6 +44,12 @@ static int evaluate(const eval_opts *e, train_opts *o) {
   loom_safetensors *f = NULL;
   float mean = 0, std = 1;
   int64_t step = -1, epoch = -1;
+  if (access(path, F_OK) != 0)
+    return strcmp(path, e->from) != 0
+               ? train_fail(LOOM_ENOTFOUND, "--from %s: no %s (`loom train --save DIR` writes "
+                            "one)", e->from, path)
+               : train_fail(LOOM_ENOTFOUND, "--from %s: no such file or folder (give the "
+                            "folder `loom train --save DIR` wrote)", e->from);
   int rc = loom_safetensors_open(path, 0, &f);
   if (rc) return train_fail_loom(rc, "--from");
   rc = train_model_meta_image(f, path, o, &mean, &std);

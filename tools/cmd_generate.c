@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char usage[] = "--from DIR [--prompt TEXT] [OPTIONS]\n\n"
     "Continue a text with a GPT trained by `loom train --model gpt --save DIR`: print the\n"
@@ -31,6 +32,9 @@ static int load(const char *dir, train_model *m) {
   char path[4200];
   snprintf(path, sizeof path, "%s/model.safetensors", dir);
   loom_safetensors *f = NULL;
+  if (access(path, F_OK) != 0)
+    return train_fail(LOOM_ENOTFOUND, "--from %s: no %s (`loom train --model gpt --save DIR` "
+                      "writes one)", dir, path);
   int rc = loom_safetensors_open(path, 0, &f);
   if (rc) return train_fail_loom(rc, "--from");
   loom_gpt_cfg cfg;

@@ -82,8 +82,8 @@ static int parse(int argc, char **argv, const char **out, const char **files, in
       }
       *by_samples = strcmp(v, "samples") == 0;
     } else if (a[0] == '-' && a[1]) {
-      fprintf(stderr, "loom plot: unknown option '%s'\n", a);
-      usage(stderr);
+      fprintf(stderr, "loom plot: unknown option '%s' (it takes -o/--output, --label and --x; "
+              "see loom plot --help)\n", a);
       return 2;
     } else if (*nfiles == MAX_RUNS) {
       fprintf(stderr, "loom plot: at most %d runs at once\n", MAX_RUNS);
@@ -93,8 +93,9 @@ static int parse(int argc, char **argv, const char **out, const char **files, in
     }
   }
   if (!*out || !*nfiles) {
-    fprintf(stderr, "loom plot: %s\n", !*nfiles ? "no run given" : "no output file (-o OUT.svg)");
-    usage(stderr);
+    fprintf(stderr, "loom plot: %s (see loom plot --help)\n",
+            !*nfiles ? "no run given: name the files loom train --metrics wrote, then -o OUT.svg"
+                     : "no output file: give -o OUT.svg (or -o - for standard output)");
     return 2;
   }
   if (*nlabels > *nfiles) {

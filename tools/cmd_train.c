@@ -91,7 +91,8 @@ static int run_mpi(const train_opts *o, bool overwrite, const loom_pg_cfg *cfg) 
     loom_mpi_finalize();
     return finish(rc);
   }
-  int rank = loom_pg_rank(pg), code = rank == 0 ? train_save_check(o, overwrite) : 0;
+  int rank = loom_pg_rank(pg), code = rank == 0 ? train_resume_dir_check(o) : 0;
+  if (!code && rank == 0) code = train_save_check(o, overwrite);
   train_opts mo = *o;
   mo.ranks = loom_pg_size(pg); /* the ranks of the run (its checkpoints record them) */
   if (rank == 0) train_warn_oversubscribed(o); /* this process's threads on its machine */
@@ -157,13 +158,13 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
       {"checkpoint-activations", CLI_FLAG, &o->checkpoint_activations, NULL, "GPT: keep only each block's input in forward and recompute the block in backward (less memory, more time; PyTorch's checkpoint_wrapper)", NULL, 0, 0, &c->seen_checkpoint_activations, CLI_RANKS_SAME},
       {"eval-every", CLI_INT, &o->eval_every, "N", "GPT: validation loss every N steps too; 0: at each epoch's end only", NULL, 0, steps_max, &c->seen_eval_every, CLI_RANKS_SAME},
       {"eval-windows", CLI_INT, &o->eval_windows, "N", "GPT: validation windows an evaluation takes, spread over the validation text; 0: all of them", NULL, 0, 1e9, &c->seen_eval_windows, CLI_RANKS_SAME},
-      {"epochs", CLI_POS_INT, &o->epochs, "N", "passes over the training set (gpt: 1; an epoch is as many tokens as the training text holds)", NULL, 1, 1e6, &c->seen_epochs, CLI_RANKS_SAME},
-      {"batch", CLI_POS_INT, &o->batch, "N", "samples per step (per rank; gpt: windows, default 8)", NULL, 1, batch_max, &c->seen_batch, CLI_RANKS_SAME},
+      {"epochs", CLI_POS_INT, &o->epochs, "N", "passes over the training set (the GPT's epoch: as many tokens as the training text holds) (default {default}; gpt: 1)", NULL, 1, 1e6, &c->seen_epochs, CLI_RANKS_SAME},
+      {"batch", CLI_POS_INT, &o->batch, "N", "samples per step, per rank (gpt: windows of --context tokens) (default {default}; gpt: 8)", NULL, 1, batch_max, &c->seen_batch, CLI_RANKS_SAME},
       {"optim", CLI_CHOICE, &o->optim, NULL, "optimizer (PyTorch's formulas)", "sgd|adam|adamw", 0, 0, NULL, CLI_RANKS_SAME},
       {"lr", CLI_F32, &o->lr, "X", "peak learning rate", NULL, 0, FLT_MAX, NULL, CLI_RANKS_SAME},
       {"schedule", CLI_CHOICE, &o->schedule, NULL, "learning-rate schedule over all the epochs' steps", "constant|warmup|cosine", 0, 0, NULL, CLI_RANKS_SAME},
-      {"warmup", CLI_INT, &o->warmup, "N", "linear warmup steps (warmup, cosine; gpt: 100 unless given, at most a tenth of the run)", NULL, 0, steps_max, &c->seen_warmup, CLI_RANKS_SAME},
-      {"min-lr", CLI_F32, &o->min_lr, "X", "cosine: the rate the decay ends at, at most --lr (gpt: --lr / 10 unless given)", NULL, 0, FLT_MAX, &c->seen_min_lr, CLI_RANKS_SAME},
+      {"warmup", CLI_INT, &o->warmup, "N", "linear warmup steps (--schedule warmup, cosine) (default {default}; gpt: 100, at most a tenth of the run)", NULL, 0, steps_max, &c->seen_warmup, CLI_RANKS_SAME},
+      {"min-lr", CLI_F32, &o->min_lr, "X", "cosine: the rate the decay ends at, at most --lr (default {default}; gpt: --lr / 10)", NULL, 0, FLT_MAX, &c->seen_min_lr, CLI_RANKS_SAME},
       {"weight-decay", CLI_F32, &o->weight_decay, "X", "weight decay (AdamW decoupled, SGD/Adam L2)", NULL, 0, FLT_MAX, NULL, CLI_RANKS_SAME},
       {"momentum", CLI_F32, &o->momentum, "X", "SGD momentum", NULL, 0, FLT_MAX, &c->seen_momentum, CLI_RANKS_SAME},
       {"amp", CLI_CHOICE, &o->amp, NULL, "autocast: matmul/conv in bf16 or f16, f32 master weights", "off|bf16|f16", 0, 0, NULL, CLI_RANKS_SAME},
@@ -180,7 +181,7 @@ size_t train_cli_table(train_opts *o, train_cmdline *c, double *timeout, bool *t
       {"overwrite", CLI_FLAG, &c->overwrite, NULL, "let --save replace a checkpoint already in DIR (not needed with --resume DIR)", NULL, 0, 0, NULL, CLI_RANKS_SAME},
       {"resume", CLI_STRING, &o->resume, "DIR", "continue from DIR/checkpoint.safetensors with the options it records, saving into DIR (unless --save); may change --epochs, --max-steps, --save, --metrics, --quiet, --threads, --timeout, the offload options, and the rank count keeping ranks x --batch", NULL, 0, 0, NULL, CLI_RANKS_PRESENCE},
       {"threads", CLI_INT, &o->threads, "N", "compute threads per rank (at most 4 per online CPU, 1024 in all); 0: OpenMP's default", NULL, 0, (double)LONG_MAX, NULL, CLI_RANKS_SAME},
-      {"eval-batch", CLI_POS_INT, &o->eval_batch, "N", "samples per evaluation batch (gpt: windows, default 32)", NULL, 1, batch_max, &c->seen_eval_batch, CLI_RANKS_SAME},
+      {"eval-batch", CLI_POS_INT, &o->eval_batch, "N", "samples per evaluation batch (gpt: windows) (default {default}; gpt: 32)", NULL, 1, batch_max, &c->seen_eval_batch, CLI_RANKS_SAME},
       {"quiet", CLI_FLAG, &o->quiet, NULL, "print only the summary line", NULL, 0, 0, NULL, CLI_RANKS_LOCAL},
       {"progress", CLI_CHOICE, &o->progress, NULL, "progress display: one line redrawn to the terminal's width where standard output is a terminal (not under mpirun, whose ranks' output is the launcher's), else plain lines (auto); always redrawn (bar); plain lines (lines)", "auto|bar|lines", 0, 0, NULL, CLI_RANKS_LOCAL},
       {"ranks", CLI_POS_INT, &o->ranks, "N", "data-parallel ranks (threads backend; each gets --batch samples of every step)", NULL, 1, TRAIN_MAX_RANKS, NULL, CLI_RANKS_SAME},
@@ -258,7 +259,8 @@ static int run_parsed(train_opts *o, train_cmdline *c, double timeout, bool time
                                                   * rank without --resume is named as such */
   train_signal_install();
   if (strcmp(o->backend, "mpi") == 0) return run_mpi(o, c->overwrite, &cfg);
-  int code = train_save_check(o, c->overwrite);
+  int code = train_resume_dir_check(o); /* before --save, which may be the same folder */
+  if (!code) code = train_save_check(o, c->overwrite);
   if (!code) code = train_offload_dir_check(o);
   if (code) return code;
   train_warn_oversubscribed(o);

@@ -109,7 +109,7 @@ void progress_update(progress *p, long done, const char *figures) {
   draw(p, done, figures, false);
 }
 
-void progress_end(progress *p, const char *figures) { draw(p, p->total, figures, true); }
+void progress_end(progress *p, long done, const char *figures) { draw(p, done, figures, true); }
 
 void progress_bytes(char *buf, size_t cap, size_t b) {
   if (b >= (size_t)1 << 30)

@@ -33,8 +33,9 @@ void progress_set_run(progress *p, long before, long total);
  * "loss 0.4312  24.1k samples/s". Redraws (terminal, at most 10 times a second) or prints a
  * line when interval_s has passed (plain). */
 void progress_update(progress *p, long done, const char *figures);
-/* End the phase with its final figures (always printed, a line of its own). */
-void progress_end(progress *p, const char *figures);
+/* End the phase after `done` of its steps (total, or fewer when the run stops inside it:
+ * --max-steps, a signal) with its final figures (always printed, a line of its own). */
+void progress_end(progress *p, long done, const char *figures);
 /* The columns of the terminal f is (TIOCGWINSZ), else $COLUMNS, else 80; at least 20. */
 int progress_columns(FILE *f);
 /* Whether this process is one a launcher started (mpirun / mpiexec: OMPI_COMM_WORLD_RANK,

@@ -99,6 +99,12 @@ void train_warn_oversubscribed(const train_opts *o);
  * (an existing checkpoint), after the message. */
 int train_save_check(const train_opts *o, bool overwrite);
 
+/* Before a run with --resume DIR (rank 0's, under MPI): DIR must be a folder that holds a
+ * checkpoint (checkpoint.safetensors, or FSDP's fsdp/fsdp-index.safetensors); whether it is
+ * sound is for its load to say. Returns the exit code: 0, or 1 after the message saying what
+ * DIR is instead (missing, a file, a folder without a checkpoint). */
+int train_resume_dir_check(const train_opts *o);
+
 /* Before a run with --offload-dir DIR (on every process: the folder may be a node's own): DIR
  * must be an existing folder this process can make and write a file in (a probe, written and
  * removed: the offload files are made there; /proc, say, is a folder that takes no files).

@@ -9,6 +9,9 @@
  * by the checkpoint's fingerprint (train_ckpt.c). */
 #include "train_opts.h"
 
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -185,4 +188,29 @@ int train_resume_record(const cli_option *table, int argc, char **argv, train_cm
   snprintf(c->cli_count, sizeof c->cli_count, "%d", n - 1);
   c->cli_kv[0] = (loom_safetensors_meta_kv){"cli", c->cli_count};
   return n;
+}
+
+int train_resume_dir_check(const train_opts *o) {
+  if (!o->resume) return 0;
+  const char *dir = o->resume;
+  static const char *const files[] = {"checkpoint.safetensors", "fsdp/fsdp-index.safetensors"};
+  struct stat st;
+  if (stat(dir, &st) != 0) {
+    fprintf(stderr, "loom train: --resume %s: %s, so no %s/%s to resume from (give the folder "
+            "a run's --save wrote)\n", dir, strerror(errno), dir, files[0]);
+    return 1;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    fprintf(stderr, "loom train: --resume %s: not a folder (give the folder a run's --save "
+            "wrote, not a file in it)\n", dir);
+    return 1;
+  }
+  for (int i = 0; i < 2; i++) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+    if (stat(path, &st) == 0) return 0;
+  }
+  fprintf(stderr, "loom train: --resume %s: no checkpoint in this folder (neither %s/%s nor "
+          "%s/%s; a run writes them with --save DIR)\n", dir, dir, files[0], dir, files[1]);
+  return 1;
 }

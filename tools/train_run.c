@@ -397,7 +397,7 @@ static int run_epoch(trainer *t) {
     snprintf(figures, sizeof figures, "%s  loss %.4f (mean %.4f)  %s %s/s", result, loss,
              n ? loss_sum / (double)n : 0.0, rate, t->unit); /* the result first: a narrow
                                                              * terminal cuts the end */
-    progress_end(&pr, figures);
+    progress_end(&pr, (long)(t->st.step - epoch * spe), figures);
   }
   t->evaluated = true;
   if (!rc && o->save)

@@ -77,6 +77,38 @@ LT_TEST(cli_bad_options_are_named) {
   LT_EQ(parse(2, a9, "--lr: expected a positive number"), -1);
 }
 
+/* A typo gets the option it most likely meant; a name near none gets no guess. */
+LT_TEST(cli_unknown_options_suggest_the_nearest) {
+  char *a1[] = {"--epoch", "1"}; /* a letter missing */
+  LT_EQ(parse(2, a1, "unknown option --epoch: did you mean --epochs?"), -1);
+  char *a2[] = {"--no-shufle"};
+  LT_EQ(parse(1, a2, "unknown option --no-shufle: did you mean --no-shuffle?"), -1);
+  char *a3[] = {"--aMp", "bf16"}; /* a wrong letter */
+  LT_EQ(parse(2, a3, "did you mean --amp?"), -1);
+  char *a4[] = {"--sede=3"}; /* two neighbours swapped */
+  LT_EQ(parse(1, a4, "unknown option --sede: did you mean --seed?"), -1);
+  char *a5[] = {"--no-sh"}; /* the start of one option alone */
+  LT_EQ(parse(1, a5, "did you mean --no-shuffle?"), -1);
+  char *a6[] = {"--ranks", "2"}; /* near none of the table */
+  LT_EQ(parse(2, a6, "unknown option --ranks (see loom train --help)"), -1);
+  char *a7[] = {"--x"};
+  LT_EQ(parse(1, a7, "unknown option --x (see"), -1);
+}
+
+/* "--lr --epochs 3": the value is missing, and the message says so rather than that
+ * "--epochs" is not a number; a string option takes a value that starts with "--". */
+LT_TEST(cli_a_forgotten_value_is_named) {
+  char *a1[] = {"--lr", "--epochs", "3"};
+  LT_EQ(parse(3, a1, "--lr needs a value (X), but is followed by the option --epochs"), -1);
+  char *a2[] = {"--amp", "--no-shuffle"};
+  LT_EQ(parse(2, a2, "--amp needs a value (off|bf16|f16), but is followed by the option --no-shuffle"), -1);
+  char *a3[] = {"--save", "--epochs"}; /* a folder may be called so */
+  LT_EQ(parse(2, a3, NULL), 0);
+  LT_STREQ(o.save, "--epochs");
+  char *a4[] = {"--lr", "--bogus"}; /* not an option either: the value's own message */
+  LT_EQ(parse(2, a4, "--lr: expected a positive number, got '--bogus'"), -1);
+}
+
 LT_TEST(cli_help_lists_options_with_defaults) {
   o = (opts){.epochs = 10, .lr = 1e-3, .amp = "off"};
   char buf[2048] = {0};
@@ -131,4 +163,22 @@ LT_TEST(cli_seen_marks_given_options) {
   char *a2[] = {"--save=/tmp/x"};
   LT_EQ(parse(1, a2, NULL), 0);
   LT_TRUE(o.seen_save && !o.seen_lr);
+}
+
+/* An option whose default another option changes says both ("(default 256; gpt: 8)", the
+ * value from the table); a number outside the option's own range is no default and is not
+ * printed (--shard-size's 0: it takes 1 and up). */
+LT_TEST(cli_help_places_the_default_and_hides_an_unset_one) {
+  long batch = 256, shard = 0;
+  const cli_option t[] = {
+      {"batch", CLI_POS_INT, &batch, "N", "samples per step (default {default}; gpt: 8)", NULL, 1, 1000, NULL, CLI_RANKS_SAME},
+      {"shard-size", CLI_POS_INT, &shard, "N", "ranks per copy", NULL, 1, 64, NULL, CLI_RANKS_SAME},
+      {0}};
+  char buf[1024] = {0};
+  FILE *mem = fmemopen(buf, sizeof buf - 1, "w");
+  cli_help(mem, "loom train", "[OPTIONS]", t);
+  fclose(mem);
+  LT_TRUE(strstr(buf, "samples per step (default 256; gpt: 8)\n") != NULL);
+  LT_TRUE(strstr(buf, "(default 256; gpt: 8) (default") == NULL); /* once */
+  LT_TRUE(strstr(buf, "ranks per copy\n") != NULL);                 /* no "(default 0)" */
 }

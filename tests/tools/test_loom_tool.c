@@ -163,3 +163,57 @@ LT_TEST(tool_bench_checks_its_arguments_first) {
   const char *extra[] = {"bench", "convert", "1000", "x", NULL};
   expect(extra, NULL, NULL, 2, "loom bench convert: unexpected argument 'x'");
 }
+
+/* A user's plausible mistakes get a message that names the problem, before any training: a
+ * folder to resume that is missing, a file, or holds no checkpoint (exit 1, as a checkpoint
+ * that cannot be loaded); a typo'd option, an option whose value was forgotten (exit 2); a
+ * folder without the model to generate from or evaluate. */
+LT_TEST(tool_user_mistakes_are_named) {
+  char dir[] = "/tmp/loom-mistakes-XXXXXX", missing[64];
+  LT_TRUE(mkdtemp(dir) != NULL); /* an empty folder */
+  snprintf(missing, sizeof missing, "%s/none", dir);
+  const char *a1[] = {"train", "--resume", dir, NULL};
+  expect(a1, NULL, NULL, 1, "no checkpoint in this folder (neither ");
+  expect(a1, NULL, NULL, 1, "/fsdp/fsdp-index.safetensors; a run writes them with --save DIR)");
+  const char *a2[] = {"train", "--resume", missing, NULL};
+  expect(a2, NULL, NULL, 1, "/none: No such file or directory, so no ");
+  const char *a3[] = {"train", "--resume", "/etc/passwd", NULL}; /* a file */
+  expect(a3, NULL, NULL, 1, "--resume /etc/passwd: not a folder");
+  const char *a4[] = {"train", "--epoch", "1", NULL};
+  expect(a4, NULL, NULL, 2, "loom train: unknown option --epoch: did you mean --epochs?");
+  const char *a5[] = {"plan", "--stratgy", "fsdp", NULL};
+  expect(a5, NULL, NULL, 2, "loom plan: unknown option --stratgy: did you mean --strategy?");
+  const char *a6[] = {"train", "--lr", "--epochs", "1", NULL};
+  expect(a6, NULL, NULL, 2, "--lr needs a value (X), but is followed by the option --epochs");
+  const char *a7[] = {"train", "--amp", "fp16", NULL};
+  expect(a7, NULL, NULL, 2, "--amp: expected one of off|bf16|f16, got 'fp16'");
+  const char *a8[] = {"generate", "--from", dir, NULL};
+  expect(a8, NULL, NULL, 1, "/model.safetensors (`loom train --model gpt --save DIR` writes one)");
+  const char *a11[] = {"eval", "--from", missing, NULL};
+  expect(a11, NULL, NULL, 1, "/none: no such file or folder (give the folder `loom train --save DIR` wrote)");
+  const char *a12[] = {"eval", "--from", dir, NULL};
+  expect(a12, NULL, NULL, 1, "/model.safetensors (`loom train --save DIR` writes one)");
+  const char *a9[] = {"plot", "run.jsonl", NULL}; /* the message, not the whole usage */
+  tool_run r = tool_loom(a9, NULL, NULL);
+  LT_EQ(r.code, 2);
+  LT_TRUE(strstr(r.err, "loom plot: no output file: give -o OUT.svg (or -o - for standard output)") != NULL);
+  LT_TRUE(strstr(r.err, "usage:") == NULL);
+  tool_run_free(&r);
+  const char *a10[] = {"plot", "run.jsonl", "--out", "x.svg", NULL};
+  expect(a10, NULL, NULL, 2, "unknown option '--out' (it takes -o/--output, --label and --x");
+  rmdir(dir);
+}
+
+/* A run stopped inside an epoch (--max-steps) ends the epoch's line at the step it reached,
+ * not at the epoch's end. */
+LT_TEST(tool_max_steps_ends_the_line_at_its_step) {
+  const char *args[] = {"train", "--hidden", "8", "--limit", "512", "--batch", "64", "--epochs",
+                        "1", "--max-steps", "3", "--threads", "1", "--progress", "lines", NULL};
+  tool_run r = tool_loom(args, NULL, NULL);
+  LT_EQ(r.code, 0);
+  if (!strstr(r.out, "epoch 1/1 3/8 (")) fprintf(stderr, "stdout: %s\n", r.out);
+  LT_TRUE(strstr(r.out, "epoch 1/1 3/8 (") != NULL);
+  LT_TRUE(strstr(r.out, "8/8") == NULL);
+  LT_TRUE(strstr(r.out, "after 3 steps") != NULL);
+  tool_run_free(&r);
+}
