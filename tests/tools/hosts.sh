@@ -37,6 +37,9 @@
 #                communication, the medians, the time the cap adds and `loom plan`'s figures
 #                at the raw rate, with the hops inside a host at the loopback's rate (what
 #                Open MPI's TCP transport has there) and at plan's own memcpy figure;
+#                VARIANTS picks among fsdp-mpi, fsdp, hsdp and hsdp-mpi (HSDP in Open
+#                MPI's collectives, LOOM_MPI_RINGS=0), and the exposed time's parts (waits
+#                for gathers, at the end of backward) are printed beside it;
 #                BTL=self,vader,tcp runs the ranks of a host over shared memory instead;
 #                PER_HOST=1 runs 2 hosts x 1 rank (HSDP then --shard-size 1: replicas only)
 # MPIEXEC may be MPICH's hydra (mpiexec.mpich) for ddp, fsdp and hsdp, with a loom built against
@@ -525,6 +528,7 @@ c.close()
         fsdp-mpi) extra="-x LOOM_MPI_RINGS=0 $loom $run --strategy fsdp" ;;
         fsdp) extra="$loom $run --strategy fsdp" ;;
         hsdp) extra="$loom $run --strategy hsdp --shard-size $per_host" ;;
+        hsdp-mpi) extra="-x LOOM_MPI_RINGS=0 $loom $run --strategy hsdp --shard-size $per_host" ;;
         esac
         tx0=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
         rm -f "$dir/metrics.jsonl"
@@ -559,7 +563,7 @@ c.close()
   echo "loopback TCP median: $loop Mbit/s (runs: $(tr '\n' ' ' <"$dir/loop.all")); transports $btl"
   for v in $variants; do
     s=fsdp extra=
-    [ $v = hsdp ] && s=hsdp extra="--shard-size $per_host"
+    case $v in hsdp*) s=hsdp extra="--shard-size $per_host" ;; esac
     # the plan with the hops inside a host at the loopback's measured rate (Open MPI's TCP
     # transport between a host's ranks), unless they run over shared memory ($BTL with vader):
     # then at the plan's own figure (a memcpy); and the other for comparison
