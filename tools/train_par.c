@@ -248,10 +248,12 @@ void train_par_json(const train_par *p, char *buf, size_t cap) {
     int m = snprintf(buf + n, cap - (size_t)n,
              "%s\"fsdp_units\": %zu, \"fsdp_shard_elements\": %zu, \"fsdp_gathers\": %llu, "
              "\"fsdp_reduce_scatters\": %llu, \"fsdp_gather_bytes\": %llu, "
-             "\"fsdp_reduce_bytes\": %llu, \"fsdp_comm_s\": %.6f, \"fsdp_exposed_s\": %.6f",
+             "\"fsdp_reduce_bytes\": %llu, \"fsdp_comm_s\": %.6f, \"fsdp_exposed_s\": %.6f, "
+             "\"fsdp_exposed_gather_s\": %.6f, \"fsdp_exposed_end_s\": %.6f",
              sep, f.units, f.shard_numel, (unsigned long long)f.gathers,
              (unsigned long long)f.reduce_scatters, (unsigned long long)f.gather_bytes,
-             (unsigned long long)f.reduce_bytes, f.comm_s, f.exposed_s);
+             (unsigned long long)f.reduce_bytes, f.comm_s, f.exposed_s, f.exposed_gather_s,
+             f.exposed_end_s);
     size_t used = (size_t)n + (size_t)(m > 0 ? m : 0);
     if (m > 0 && used < cap && p->replica) {
       int k = snprintf(buf + used, cap - used, ", \"hsdp_replica_reduces\": %llu, "

@@ -221,11 +221,12 @@ void train_plan_print(FILE *f, const train_opts *o, const plan_result *r) {
     fprintf(f, "exposed communication per step: %.1f ms of the %.1f ms the step's collectives "
             "run (the rest hidden behind %.1f ms of compute: the units' matrix products at %.3g "
             "GFLOP/s per rank, %s; a hop inside a host at %.3g Gbit/s, %s; gathers prefetched, "
-            "each reduce-scatter beside its unit's input gradient)\n", r->exposed_s * 1e3,
+            "each reduce-scatter beside its unit's input gradient%s)\n", r->exposed_s * 1e3,
             r->comm_s * 1e3, r->compute_s * 1e3, r->gflops,
             r->gflops_measured ? "measured here (--gflops to give yours)" : "--gflops",
             r->intra_gbps, r->intra_measured ? "a memcpy measured here (--intra-link to give "
-            "yours)" : "--intra-link");
+            "yours)" : "--intra-link",
+            r->replica_bytes ? ", each replica all-reduce beside the rest of backward" : "");
 }
 
 static void json_phase(FILE *f, const char *name, const train_dry_phase *ph) {

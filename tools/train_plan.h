@@ -90,16 +90,19 @@ double train_plan_intra_gbps(void);
  * input's, none for the first unit), and whether it stays gathered from forward to backward.
  * The schedule is loom's FSDP's (fsdp_hooks.c): a unit's gather issued at its start with the
  * next `prefetch` units' (forward: the following ones; backward: the preceding ones), waited
- * for before its compute; its reduce-scatter issued once its weights' gradient is made, the
- * replica all-reduce as that ends (on the replica group, so in series with it), both waited
- * for before the next unit's backward (limit_reduce_scatters) and at the end. Each group runs
+ * for before its compute; its reduce-scatter issued once its weights' gradient is made and
+ * waited for before the next unit's backward (limit_reduce_scatters); the replica all-reduce
+ * issued as that reduce-scatter ends (on the replica group, so in series with it) and waited
+ * for only at the end of backward, unless the unit's shard is reduced in place into its local
+ * gradient (`replica_holds_local`: gradients offloaded), when the next unit's backward waits
+ * for it too. Each group runs
  * its collectives one at a time, in issue order (the gathers and reduce-scatters on the
  * group's, the replica all-reduces on the replica group's), and the link carries one
  * collective at a time. comm_s: the collectives' total time; exposed_s: the time the compute
  * waited. */
 typedef struct plan_unit_time {
   double gather_s, reduce_s, replica_s, forward_s;
-  bool kept, group_link, replica_link;
+  bool kept, group_link, replica_link, replica_holds_local;
 } plan_unit_time;
 typedef struct plan_timeline {
   double comm_s, exposed_s, compute_s;

@@ -99,8 +99,9 @@ void plan_step_timeline(const plan_unit_time *u, size_t n, int prefetch, plan_ti
   clocks c = {0, {0, 0}, 0, 0, 0};
   int *st = calloc(n, sizeof *st);
   double *gdone = calloc(n, sizeof *gdone), *rdone = calloc(n, sizeof *rdone);
+  double *ldone = calloc(n, sizeof *ldone); /* when the unit's local gradient may go */
   bool *rpending = calloc(n, sizeof *rpending);
-  if (!st || !gdone || !rdone || !rpending) goto done;
+  if (!st || !gdone || !rdone || !ldone || !rpending) goto done;
   /* forward, unit by unit: its gather (unless prefetched), the next units', wait, compute */
   for (size_t i = 0; i < n; i++) {
     for (size_t k = 0; k <= (size_t)prefetch && i + k < n; k++)
@@ -114,8 +115,9 @@ void plan_step_timeline(const plan_unit_time *u, size_t n, int prefetch, plan_ti
     st[i] = u[i].kept ? GATHERED : RESHARDED;
   }
   /* backward, in reverse: gather (and prefetch the units before), wait for it and for the
-   * reduce-scatters still running, the weights' gradient, its reduce-scatter (and replica
-   * all-reduce), the input's gradient */
+   * reduce-scatters still running (not for HSDP's replica all-reduces after them, unless they
+   * hold the local gradient), the weights' gradient, its reduce-scatter (and replica
+   * all-reduce), the input's gradient; at the end, every replica all-reduce */
   for (size_t i = n; i-- > 0;) {
     for (size_t k = 0; k <= (size_t)prefetch && k <= i; k++)
       if (st[i - k] == RESHARDED) {
@@ -126,12 +128,13 @@ void plan_step_timeline(const plan_unit_time *u, size_t n, int prefetch, plan_ti
     st[i] = GATHERED;
     for (size_t j = 0; j < n; j++)
       if (rpending[j]) {
-        wait_until(&c, rdone[j]);
-        rpending[j] = false;
+        wait_until(&c, ldone[j]);
+        ldone[j] = 0;
       }
     c.t += u[i].forward_s;
     double rs = issue_at(&c, 0, c.t, u[i].reduce_s, u[i].group_link);
     rdone[i] = issue_at(&c, 1, rs, u[i].replica_s, u[i].replica_link);
+    ldone[i] = u[i].replica_holds_local ? rdone[i] : rs;
     rpending[i] = true;
     double dx = i > 0 ? u[i].forward_s : 0;
     c.t += dx;
@@ -145,6 +148,7 @@ done:
   free(st);
   free(gdone);
   free(rdone);
+  free(ldone);
   free(rpending);
 }
 
@@ -243,6 +247,7 @@ static void exposed(const train_opts *o, int w, int per_host, double bps, double
                                     intra_bps, &u[i].replica_link);
     u[i].forward_s = 2.0 * tokens * (double)x->numel / flop_s;
     u[i].kept = x->kept;
+    u[i].replica_holds_local = o->offload_grads; /* reduced in place (fsdp_offload.c) */
   }
   plan_timeline tl;
   plan_step_timeline(u, r->nunits, (int)o->gather_prefetch, &tl);

@@ -522,6 +522,12 @@ typedef struct loom_fsdp_stats {
   /* hybrid sharding (zero without cfg.replica_pg) */
   uint64_t replica_reduces; /* all-reduces of gradient shards over the replica group */
   uint64_t replica_bytes;   /* bytes this rank sent into them (its shards) */
+  /* where exposed_s was spent: waiting for an all-gather (forward or backward), and at the end
+   * of backward (loom_fsdp_finish) for the reduce-scatters and replica all-reduces still
+   * running; the rest is the waits before a unit's backward for the previous unit's
+   * reduce-scatter (limit_reduce_scatters) */
+  double exposed_gather_s;
+  double exposed_end_s;
 } loom_fsdp_stats;
 
 int loom_fsdp_stats_get(const loom_fsdp *f, loom_fsdp_stats *out);

@@ -28,6 +28,12 @@ int loom__pg_allreduce_prepared(loom_pg *pg, const void *send, void *recv, size_
                                 loom_dtype dt, loom_redop op, loom__coll_prepare_fn prepare,
                                 void *ctx, loom_work **out);
 
+/* Wait until w has completed and return its status (with its message), without consuming it:
+ * the handle stays for one loom_work_wait / loom_work_test to free. Several threads may wait
+ * so at once (a prepare step on another group's progress thread and the caller), while nobody
+ * consumes it. NULL: LOOM_OK. */
+int loom__work_wait_keep(loom_work *w);
+
 /* A blocking all-gather whose bytes move even in a dry run (loom_mem_set_dry_run), for
  * metadata the run's structure depends on (FSDP's shared buffers; also dist_int.h). */
 int loom__pg_allgather_always(loom_pg *pg, const void *send, void *recv, size_t count,

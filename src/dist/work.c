@@ -176,6 +176,19 @@ int loom_work_wait(loom_work **w) {
   return consume(w);
 }
 
+int loom__work_wait_keep(loom_work *w) {
+  if (!w) return LOOM_OK;
+  wait_done(w);
+  loom_pg *pg = w->pg;
+  char msg[sizeof w->msg];
+  pthread_mutex_lock(&pg->mu); /* done was set under it: status and msg are published */
+  int rc = w->status;
+  if (rc) memcpy(msg, w->msg, sizeof msg);
+  pthread_mutex_unlock(&pg->mu);
+  if (rc) return loom__fail(rc, "%s", msg);
+  return LOOM_OK;
+}
+
 int loom_work_test(loom_work **w, int *done) {
   if (!w || !done) return loom__fail(LOOM_EINVAL, "loom_work_test: w or done is NULL");
   if (!*w) {

@@ -125,6 +125,7 @@ int loom__fsdp_wait_gather(fsdp_unit *u) {
   int rc = loom_work_wait(&u->gather_work);
   double t1 = loom__now();
   f->stats.exposed_s += t1 - t0;
+  f->stats.exposed_gather_s += t1 - t0;
   f->stats.comm_s += t1 - u->gather_issued;
   f->off_wait_s += read_waited(u, t0, t1);
   if (rc) {

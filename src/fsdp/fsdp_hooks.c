@@ -13,7 +13,10 @@
  * counts the unit down; the last one reduce-scatters the buffer (averaged) into the rank's
  * gradient shard, asynchronously; once that completes the optimizer steps the unit there and
  * then with cfg.optim_in_backward (loom__fsdp_step_unit), or the shard leaves for the offload
- * tier. The end of backward (a queued callback) reduces what is left,
+ * tier. Hybrid sharding adds the shard's all-reduce over the replicas, issued at once on the
+ * replica group and started there as the reduce-scatter ends; the next unit's backward waits
+ * only for the reduce-scatter (its local gradient then goes), so the all-reduce crosses the
+ * link while backward goes on. The end of backward (a queued callback) reduces what is left,
  * waits, frees every local gradient and reshards every unit. With sync off the local gradients
  * stay and accumulate. */
 #include "fsdp/fsdp_int.h"
@@ -148,7 +151,7 @@ static int gradient_ready(fsdp_unit *u) {
 /* The unit's reduce-scatter has completed (status rc): gradient_ready, and the local gradient
  * goes. */
 static int reduced(fsdp_unit *u, int rc) {
-  if (u->rs_shard) { /* the replica all-reduce ended before its first step waited for it */
+  if (u->rs_shard) { /* the replica all-reduce's first step waited for it, keeping it */
     int rc2 = loom_work_wait(&u->rs_shard);
     if (!rc) rc = rc2;
   }
@@ -185,10 +188,35 @@ static int reap_done(loom_fsdp *f) {
   return rc;
 }
 
-/* Hybrid sharding: the replica all-reduce's first step, on the replica group's thread. */
+/* Hybrid sharding: the replica all-reduce's first step, on the replica group's thread: the
+ * shard group's reduce-scatter that fills its buffer (kept: release_local may wait for it too;
+ * reduced() frees it). */
 static int wait_shard(void *ctx) {
   fsdp_unit *u = ctx;
-  return loom_work_wait(&u->rs_shard);
+  return loom__work_wait_keep(u->rs_shard);
+}
+
+/* Hybrid sharding: the unit's local gradient is needed only until the shard group's
+ * reduce-scatter has read it, unless that reduced in place into it (the offload tier's
+ * target): then wait for that alone, free the local gradient, and leave the replica all-reduce
+ * running over the link while backward goes on. It is reaped once done (reap_done) or at the
+ * end of backward, before the optimizer step, as PyTorch's HYBRID_SHARD waits for it.
+ * local_only: whether the unit's chain may go on so (false: reap it whole). */
+static bool local_only(const fsdp_unit *u) {
+  if (!u->f->replica || !u->rs_shard) return false;
+  if (!u->full_grad) return true; /* released already */
+  const float *g = loom_tensor_data(u->full_grad);
+  return u->rs_recv < g || u->rs_recv >= g + u->padded;
+}
+
+static int release_local(fsdp_unit *u) {
+  loom_fsdp *f = u->f;
+  double t0 = loom__now();
+  int rc = loom__work_wait_keep(u->rs_shard);
+  f->stats.exposed_s += loom__now() - t0;
+  if (rc) return loom__fsdp_reap(u); /* the chain fails with it: reap the whole */
+  drop_local_grad(u);
+  return LOOM_OK;
 }
 
 /* The unit's gradients are complete: reduce-scatter them (or keep them, with sync off). */
@@ -271,9 +299,14 @@ static int pre_backward(loom_tensor *grad, void *ctx) {
   }
   if (!rc) rc = loom__fsdp_wait_gather(u);
   /* one local gradient at a time: the previous unit's reduce-scatter (which ran while that
-   * unit computed its input's gradient) must be done before this unit's buffer exists */
-  for (size_t i = 0; i < f->nunits && !rc && f->cfg.limit_reduce_scatters; i++)
-    if (f->units[i].rs_work) rc = loom__fsdp_reap(&f->units[i]);
+   * unit computed its input's gradient) must be done before this unit's buffer exists; under
+   * hybrid sharding its replica all-reduce goes on (release_local) */
+  for (size_t i = 0; i < f->nunits && !rc && f->cfg.limit_reduce_scatters; i++) {
+    fsdp_unit *o = &f->units[i];
+    if (!o->rs_work) continue;
+    if (!local_only(o)) rc = loom__fsdp_reap(o);
+    else if (o->full_grad) rc = release_local(o);
+  }
   if (!rc) rc = loom__fsdp_grad_settle(f); /* gradient shards that left: their buffers go */
   if (!rc && !u->full_grad) rc = make_local_grad(u);
   return rc;
@@ -300,10 +333,12 @@ int loom_fsdp_finish(loom_fsdp *f) {
       }
     }
   }
+  double exposed0 = f->stats.exposed_s;
   for (size_t i = f->nunits; i-- > 0;) {
     int rc2 = loom__fsdp_reap(&f->units[i]);
     if (!rc) rc = rc2;
   }
+  f->stats.exposed_end_s += f->stats.exposed_s - exposed0;
   int rc_settle = loom__fsdp_grad_settle(f);
   if (!rc) rc = rc_settle;
   int rc_close = loom__fsdp_step_close(f, rc == LOOM_OK);

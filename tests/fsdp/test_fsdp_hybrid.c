@@ -120,6 +120,12 @@ LT_TEST(hsdp_4_ranks_shard_2_matches_fsdp_and_ddp_at_4_ranks) {
     LT_EQ(h.stats[k].replica_reduces, 3 * STEPS);
     LT_EQ(h.stats[k].replica_bytes * 2, h.stats[k].reduce_bytes); /* a shard: 1/2 the unit */
     LT_EQ(f.stats[k].replica_reduces, 0);
+    /* the exposed time's parts: gathers, the end of backward, and the rest in between */
+    for (int w = 0; w < 2; w++) {
+      const loom_fsdp_stats *s = w ? &h.stats[k] : &f.stats[k];
+      LT_TRUE(s->exposed_gather_s >= 0 && s->exposed_end_s >= 0);
+      LT_TRUE(s->exposed_gather_s + s->exposed_end_s <= s->exposed_s + 1e-9);
+    }
   }
   /* 6 ranks as 2 x 3 (3 divides no unit: padding) and 3 x 2; 4 ranks as 4 x 1 (replicas only) */
   hrun f6 = make(6, 0), a = make(6, 3), b = make(6, 2), one = make(4, 1);

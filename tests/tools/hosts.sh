@@ -37,6 +37,9 @@
 #                communication, the medians, the time the cap adds and `loom plan`'s figures
 #                at the raw rate, with the hops inside a host at the loopback's rate (what
 #                Open MPI's TCP transport has there) and at plan's own memcpy figure;
+#                VARIANTS picks among fsdp-mpi, fsdp, hsdp and hsdp-mpi (HSDP in Open
+#                MPI's collectives, LOOM_MPI_RINGS=0), and the exposed time's parts (waits
+#                for gathers, at the end of backward) are printed beside it;
 #                BTL=self,vader,tcp runs the ranks of a host over shared memory instead;
 #                PER_HOST=1 runs 2 hosts x 1 rank (HSDP then --shard-size 1: replicas only)
 # MPIEXEC may be MPICH's hydra (mpiexec.mpich) for ddp, fsdp and hsdp, with a loom built against
@@ -499,6 +502,12 @@ c.close()
     wait "$srv" || fail "the raw transfer's receiver"
     cat "$dir/raw"
   }
+  # the median step's increase of a --metrics counter (seconds), in ms, from the second step
+  step_median() {
+    grep -o "\"$1\": [0-9.]*" "$dir/metrics.jsonl" |
+      awk 'NR > 1 { print 1000 * ($2 - last) } { last = $2 }' | sort -n |
+      awk '{ v[NR] = $1 } END { if (!NR) print "nan"; else printf "%.1f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+  }
   median() { sort -n "$1" | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
   run="train --hidden $hidden --threads 1 --limit $limit_n --batch $batch --epochs 1 --quiet \
 --amp bf16 --backend mpi"
@@ -519,6 +528,7 @@ c.close()
         fsdp-mpi) extra="-x LOOM_MPI_RINGS=0 $loom $run --strategy fsdp" ;;
         fsdp) extra="$loom $run --strategy fsdp" ;;
         hsdp) extra="$loom $run --strategy hsdp --shard-size $per_host" ;;
+        hsdp-mpi) extra="-x LOOM_MPI_RINGS=0 $loom $run --strategy hsdp --shard-size $per_host" ;;
         esac
         tx0=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
         rm -f "$dir/metrics.jsonl"
@@ -531,14 +541,17 @@ c.close()
         # reduce-scatter or (HSDP) a replica all-reduce (fsdp_exposed_s of --metrics, summed
         # over the run): the median step's, from the second step on (the first includes the
         # start-up; the median leaves out the steps another process's burst of load held up)
-        exp=$(grep -o '"fsdp_exposed_s": [0-9.]*' "$dir/metrics.jsonl" |
-          awk 'NR > 1 { print 1000 * ($2 - last) } { last = $2 }' | sort -n |
-          awk '{ v[NR] = $1 } END { if (!NR) print "nan"; else printf "%.1f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
-        printf '%s cap %s run %s: %s samples/s, %s MB a step into host 1, exposed %s ms a step\n' \
-          "$v" $c "$r" "$sps" "$mb" "$exp"
+        exp=$(step_median fsdp_exposed_s)
+        # where it waited: for all-gathers, and at the end of backward (the reduce-scatters and
+        # replica all-reduces still running); the rest before a unit's backward
+        egat=$(step_median fsdp_exposed_gather_s) eend=$(step_median fsdp_exposed_end_s)
+        printf '%s cap %s run %s: %s samples/s, %s MB a step into host 1, exposed %s ms a step (gathers %s, end of backward %s)\n' \
+          "$v" $c "$r" "$sps" "$mb" "$exp" "$egat" "$eend"
         echo "$sps" >>"$dir/$v.$c.sps"
         echo "$mb" >>"$dir/$v.$c.mb"
         echo "$exp" >>"$dir/$v.$c.exp"
+        echo "$egat" >>"$dir/$v.$c.egat"
+        echo "$eend" >>"$dir/$v.$c.eend"
       done
     done
   done
@@ -550,7 +563,7 @@ c.close()
   echo "loopback TCP median: $loop Mbit/s (runs: $(tr '\n' ' ' <"$dir/loop.all")); transports $btl"
   for v in $variants; do
     s=fsdp extra=
-    [ $v = hsdp ] && s=hsdp extra="--shard-size $per_host"
+    case $v in hsdp*) s=hsdp extra="--shard-size $per_host" ;; esac
     # the plan with the hops inside a host at the loopback's measured rate (Open MPI's TCP
     # transport between a host's ranks), unless they run over shared memory ($BTL with vader):
     # then at the plan's own figure (a memcpy); and the other for comparison
@@ -581,6 +594,7 @@ c.close()
         "capped/that %.2fx\n", v, eoff, eon, eon - eoff, pex, pgf, pin, eon / pex, \
         (eon - eoff) / pex, oin, oex, eon / oex }'
     echo "  exposed runs uncapped: $(tr '\n' ' ' <"$dir/$v.off.exp")capped: $(tr '\n' ' ' <"$dir/$v.on.exp")"
+    echo "  of it waiting for gathers, median uncapped $(median "$dir/$v.off.egat"), capped $(median "$dir/$v.on.egat"); at the end of backward, uncapped $(median "$dir/$v.off.eend"), capped $(median "$dir/$v.on.eend")"
     awk -v v=$v -v off="$off" -v on="$on" -v b=$((batch * nr)) -v mb="$(median "$dir/$v.on.mb")" \
       -v pmb="$pmb" -v pms="$pms" 'BEGIN {
       moff = 1000 * b / off; mon = 1000 * b / on; add = mon - moff

@@ -486,7 +486,7 @@ LT_TEST(plan_hosts_link_bytes_and_time) {
  * for that reduce-scatter (39), computes to 43, its reduce-scatter [43,63] waited for at the
  * end: 20. The link busy 54, the compute 23, exposed 10 + 2 + 8 + 20 = 40, the step 63. */
 LT_TEST(plan_timeline_worked_example) {
-  plan_unit_time u[2] = {{10, 20, 0, 4, false, true, false}, {6, 8, 0, 5, true, true, false}};
+  plan_unit_time u[2] = {{10, 20, 0, 4, false, true, false, false}, {6, 8, 0, 5, true, true, false, false}};
   plan_timeline t;
   plan_step_timeline(u, 2, 1, &t);
   LT_NEAR(t.comm_s, 54, 1e-9);
@@ -499,12 +499,12 @@ LT_TEST(plan_timeline_worked_example) {
   LT_NEAR(t.exposed_s, 49, 1e-9);
   /* HSDP, a shard group per host: only the replica all-reduces cross. Unit 1's [14,17] is
    * hidden behind its input's gradient (to 19); unit 0's [23,35] is the last: 12 exposed */
-  plan_unit_time h[2] = {{0, 0, 12, 4, false, false, true}, {0, 0, 3, 5, true, false, true}};
+  plan_unit_time h[2] = {{0, 0, 12, 4, false, false, true, false}, {0, 0, 3, 5, true, false, true, false}};
   plan_step_timeline(h, 2, 1, &t);
   LT_NEAR(t.comm_s, 15, 1e-9);
   LT_NEAR(t.exposed_s, 12, 1e-9);
   /* a unit whose compute hides nothing (0 s) exposes every collective */
-  plan_unit_time z[2] = {{10, 20, 0, 0, false, true, false}, {6, 8, 0, 0, true, true, false}};
+  plan_unit_time z[2] = {{10, 20, 0, 0, false, true, false, false}, {6, 8, 0, 0, true, true, false, false}};
   plan_step_timeline(z, 2, 1, &t);
   LT_NEAR(t.exposed_s, t.comm_s, 1e-9);
 }
@@ -548,6 +548,29 @@ LT_TEST(plan_timeline_hsdp_local_in_series) {
   plan_step_timeline(v, 2, 0, &t);
   LT_NEAR(t.comm_s, 19, 1e-9);
   LT_NEAR(t.exposed_s, 14, 1e-9);
+}
+
+/* HSDP's replica all-reduce is waited for at the end of backward, not before the next unit's:
+ * the next unit waits only for the reduce-scatter that reads its local gradient (fsdp_hooks.c,
+ * release_local). Prefetch 1; forward G0 [0,2] and G1 [2,3], waits 2, compute to 11; backward
+ * G0 [11,13], unit 1's weight gradient to 16, its reduce-scatter [16,18] and replica
+ * all-reduce [18,28], its input's gradient to 21; unit 0 waits for the reduce-scatter (18:
+ * nothing), computes to 25, its reduce-scatter [25,29], its replica all-reduce after unit 1's
+ * on the replica group [29,41], waited for at the end: 16. Exposed 2 + 16 = 18. With the
+ * shard reduced in place into the local gradient (offloaded gradients) unit 0 waits for unit
+ * 1's replica all-reduce too (to 28: 7), computes to 32, [32,36] and [36,48]: 16 at the end.
+ * Exposed 2 + 7 + 16 = 25. Collectives 2 + 1 + 2 (gathers) + 2 + 4 + 10 + 12 = 33. */
+LT_TEST(plan_timeline_hsdp_replica_overlaps_backward) {
+  plan_unit_time u[2] = {{2, 4, 12, 4, false, false, true, false},
+                         {1, 2, 10, 5, true, false, true, false}};
+  for (int held = 0; held < 2; held++) {
+    u[0].replica_holds_local = u[1].replica_holds_local = held;
+    plan_timeline t;
+    plan_step_timeline(u, 2, 1, &t);
+    LT_NEAR(t.comm_s, 33, 1e-9);
+    LT_NEAR(t.compute_s, 23, 1e-9);
+    LT_NEAR(t.exposed_s, held ? 25 : 18, 1e-9);
+  }
 }
 
 /* --intra-link: a hop between two ranks of one host at that rate. HSDP with a shard group per
