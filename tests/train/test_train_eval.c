@@ -85,26 +85,11 @@ LT_TEST(train_eval_refuses_what_is_not_a_classifier) {
   /* a safetensors file without the record: named, with what writes one */
   char path[512];
   snprintf(path, sizeof path, "%s/bare.safetensors", d);
-  int64_t shape[1] = {4};
-  loom_tensor *t = NULL;
-  LT_EQ(loom_tensor_zeros(LOOM_F32, 1, shape, &t), LOOM_OK);
-  loom_safetensors_entry e = {.name = "w", .tensor = t};
-  LT_EQ(loom_safetensors_write(path, &e, 1, NULL, 0), LOOM_OK);
-  loom_tensor_free(t);
+  LT_EQ(tt_write_model_file(path, "w", NULL, 0), 0);
   r = tt_eval("--from %s", path);
   LT_TRUE(tt_ended(&r, 1, "not an image classifier's model file", "a bare file"));
   tt_run_free(&r);
   tt_cleanup();
-}
-
-/* A model file with one small tensor "layers.0.weight" and the metadata kv[0..n). */
-static void write_model(const char *path, const loom_safetensors_meta_kv *kv, size_t n) {
-  int64_t shape[1] = {4};
-  loom_tensor *t = NULL;
-  LT_EQ(loom_tensor_zeros(LOOM_F32, 1, shape, &t), LOOM_OK);
-  loom_safetensors_entry e = {.name = "layers.0.weight", .tensor = t};
-  LT_EQ(loom_safetensors_write(path, &e, 1, kv, n), LOOM_OK);
-  loom_tensor_free(t);
 }
 
 /* A few hundred bytes whose metadata claims an MLP of 2.1e9 parameters: refused at once, naming
@@ -113,11 +98,9 @@ LT_TEST(train_eval_refuses_metadata_larger_than_its_tensors) {
   const char *d = tt_tempdir();
   char path[512], want[160];
   snprintf(path, sizeof path, "%s/model.safetensors", d);
-  const loom_safetensors_meta_kv kv[] = {{"model", "mlp"},
-                                         {"mlp.sizes", "784,32768,32768,32768,10"},
-                                         {"input.mean", "0.2860"}, {"input.std", "0.3530"},
-                                         {"amp", "off"}};
-  write_model(path, kv, 5);
+  const char *const kv[] = {"model", "mlp", "mlp.sizes", "784,32768,32768,32768,10",
+                            "input.mean", "0.2860", "input.std", "0.3530", "amp", "off"};
+  LT_EQ(tt_write_model_file(path, "layers.0.weight", kv, 5), 0);
   unsigned long long numel = 784ull * 32768 + 32768 + 2 * (32768ull * 32768 + 32768) +
                              32768ull * 10 + 10;
   snprintf(want, sizeof want, "its metadata describes a model of %llu parameters, but its "
@@ -125,10 +108,9 @@ LT_TEST(train_eval_refuses_metadata_larger_than_its_tensors) {
   tt_run r = tt_eval("--from %s", d);
   LT_TRUE(tt_ended(&r, 1, want, "an MLP larger than the file"));
   tt_run_free(&r);
-  const loom_safetensors_meta_kv cnn[] = {{"model", "cnn"}, {"cnn.channels", "4096,4096"},
-                                          {"cnn.fc", "4096"}, {"input.mean", "0.2860"},
-                                          {"input.std", "0.3530"}};
-  write_model(path, cnn, 5);
+  const char *const cnn[] = {"model", "cnn", "cnn.channels", "4096,4096", "cnn.fc", "4096",
+                             "input.mean", "0.2860", "input.std", "0.3530"};
+  LT_EQ(tt_write_model_file(path, "0.weight", cnn, 5), 0);
   r = tt_eval("--from %s", d);
   LT_TRUE(tt_ended(&r, 1, "its metadata describes a model of", "a CNN larger than the file"));
   tt_run_free(&r);
