@@ -58,6 +58,7 @@ int loom_backward_queue_callback(int (*fn)(void *ctx), void *ctx) {
 
 void loom__accumulate_f32(loom_tensor *dst, const float *src, size_t n) {
   enum { PAR_MIN = 1 << 17, CHUNK = 1 << 14 }; /* an f32 dst: chunks over the caller's team */
+  if (loom__dry()) return; /* a dry run's blocks are never written (loom/alloc.h) */
   if (dst->dtype == LOOM_F32 && n >= PAR_MIN) {
     float *restrict d = loom_tensor_data(dst);
     const float *restrict s = src;
