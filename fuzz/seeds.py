@@ -78,3 +78,13 @@ write("fuzz_plot", "extremes.jsonl", metrics([("1e16", 1, 0.1, "1e308", "false",
                                               (3, "-1e300", -1, -5, "false", 1, 1),
                                               (4, 1, 1, "1e-300", "false", 1, 1)]))
 write("fuzz_plot", "flat.jsonl", b'{"step": 7, "loss": 1}\n{"step": 7, "loss": 1, "scale": 2}\n')
+
+# loom_text (`loom train --model gpt --text FILE`): byte 0 is the context - 1, byte 1 the rows
+# (mod 8) - 1 and the seed, the rest the text (fuzz/fuzz_text.c)
+prose = (b"It was the best of times, it was the worst of times, it was the age of wisdom, it was "
+         b"the age of foolishness, it was the epoch of belief, it was the epoch of incredulity.\n")
+write("fuzz_text", "prose_ctx8", bytes([7, 3]) + prose)
+write("fuzz_text", "short_ctx1", bytes([0, 0]) + b"ab" * 12)
+write("fuzz_text", "binary_ctx16", bytes([15, 5]) + bytes(range(256)))
+write("fuzz_text", "long_ctx256", bytes([255, 7]) + prose * 16)
+write("fuzz_text", "too_short", bytes([63, 1]) + prose[:40])

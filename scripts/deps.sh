@@ -9,6 +9,8 @@ need=(build-essential cmake pkg-config zlib1g-dev libdnnl-dev libopenblas-dev
 # text of `loom train --model gpt`, as dataset-fashion-mnist is the default data of the MLP.
 # Fuzzing (make fuzz, make check-fuzz): Debian's clang and its libFuzzer runtime.
 [ "${LOOM_WITH_FUZZ:-0}" = 1 ] && need+=(clang libclang-rt-14-dev)
+# MPICH beside Open MPI (make check-mpich): its compiler wrapper, library and hydra launcher.
+[ "${LOOM_WITH_MPICH:-0}" = 1 ] && need+=(mpich libmpich-dev)
 # Optional: PyTorch is the side-by-side baseline of the benchmarks and of the GPT's parity test
 # (tests/train/gpt_torch_parity.sh, skipped without it), never a dependency of loom. Not by
 # default (221 packages, 788 MB, about 2 minutes here); CI asks for it (.ci/run).

@@ -13,12 +13,13 @@ set -u
 build=$(cd "$1" && pwd) seconds=$2 work=${3:-$build/fuzz-work}
 # Inputs per harness in the fixed run: about 10-20 s each under ASan on a 2-core VM.
 declare -A fixed_runs=([fuzz_safetensors]=1500000 [fuzz_loader]=1500000 [fuzz_checkpoint]=800000
-                       [fuzz_idx]=800000 [fuzz_idx_gz]=300000 [fuzz_plot]=250000)
+                       [fuzz_idx]=800000 [fuzz_idx_gz]=300000 [fuzz_plot]=250000
+                       [fuzz_text]=600000)
 mkdir -p "$work" && work=$(cd "$work" && pwd)
 src=$(cd "$(dirname "$0")/.." && pwd)
 status=0
 printf "%-18s %12s %10s %8s  %s\n" harness executions exec/s seconds result
-for h in fuzz_safetensors fuzz_loader fuzz_checkpoint fuzz_idx fuzz_idx_gz fuzz_plot; do
+for h in fuzz_safetensors fuzz_loader fuzz_checkpoint fuzz_idx fuzz_idx_gz fuzz_plot fuzz_text; do
   bin=$build/fuzz/$h
   [ -x "$bin" ] || { echo "fuzz.sh: $bin is not built (make fuzz builds it)"; exit 2; }
   if [ "$seconds" = fixed ]; then

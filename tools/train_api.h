@@ -169,6 +169,8 @@ typedef struct train_model {
   loom_param *params;           /* nparams entries, PyTorch names */
 } train_model;
 
+/* The parameters (values) of the model the options name, without building it. */
+uint64_t train_model_numel(const train_opts *o);
 /* Build the model the options name (PyTorch's default init from --seed). */
 int train_model_create(const train_opts *o, train_model *m);
 void train_model_free(train_model *m);
@@ -209,13 +211,15 @@ typedef struct train_model_meta {
 void train_model_meta_make(const train_model *m, const train_opts *o, train_model_meta *out);
 /* An image classifier's options from a model file's metadata (train_model_meta_make's keys):
  * o->model, hidden/nhidden or channels/fc, and *amp; *mean and *std the normalisation.
- * LOOM_EFORMAT naming the file and the key when one is missing or malformed, LOOM_EINVAL when
- * the file is a GPT's or records no model (written before the record). */
+ * LOOM_EFORMAT naming the file and the key when one is missing or malformed, or when the
+ * file's tensors hold fewer values than that model has parameters; LOOM_EINVAL when the file
+ * is a GPT's or records no model (written before the record). */
 int train_model_meta_image(const loom_safetensors *f, const char *path, train_opts *o,
                            float *mean, float *std);
 /* A GPT's configuration from a model file's metadata (train_model_meta_make's keys):
- * LOOM_EFORMAT naming the file and the key when one is missing or is not a size, LOOM_EINVAL
- * when the file is not a GPT's (no "model" = "gpt"). */
+ * LOOM_EFORMAT naming the file and the key when one is missing or is not a size, or when the
+ * file's tensors hold fewer values than that GPT has parameters; LOOM_EINVAL when the file is
+ * not a GPT's (no "model" = "gpt"). */
 int train_model_meta_gpt(const loom_safetensors *f, const char *path, loom_gpt_cfg *cfg);
 /* A short description ("mlp 784-1024-1024-10", "cnn 1-32-64/3136-128-10",
  * "gpt 4 layers, 4 heads, 128 wide, context 128, vocab 256"). */

@@ -5,7 +5,8 @@
  * module for module, so its parameters are "0.weight", "3.weight", "7.weight", "9.weight" (and
  * biases) and one forward of the root runs it (FSDP's hooks on the root see it). Also loading
  * (--init: into the model, or into FSDP's shards, each rank reading its slice) and saving
- * parameters. */
+ * parameters; a model file's metadata read back (loom eval, loom generate), the model it
+ * describes refused when the file's tensors hold fewer values than its parameters. */
 #include "train_api.h"
 
 #include <math.h>
@@ -48,6 +49,25 @@ static int mlp_sizes(const train_opts *o, int64_t sizes[TRAIN_MAX_HIDDEN + 2]) {
   for (int i = 0; i < o->nhidden; i++) sizes[n++] = o->hidden[i];
   sizes[n++] = CLASSES;
   return n;
+}
+
+uint64_t train_model_numel(const train_opts *o) {
+  if (strcmp(o->model, "gpt") == 0) {
+    loom_gpt_cfg c = {.vocab = LOOM_TEXT_VOCAB, .context = o->context, .layers = o->layers,
+                      .heads = o->heads, .dim = o->dim};
+    return loom_gpt_numel(&c);
+  }
+  if (strcmp(o->model, "cnn") == 0) { /* make_cnn's four layers, each with its bias */
+    uint64_t c1 = (uint64_t)o->channels[0], c2 = (uint64_t)o->channels[1], fc = (uint64_t)o->fc;
+    return c1 * 9 + c1 + c2 * c1 * 9 + c2 + c2 * (SIDE / 4) * (SIDE / 4) * fc + fc +
+           fc * CLASSES + CLASSES;
+  }
+  int64_t sizes[TRAIN_MAX_HIDDEN + 2];
+  int n = mlp_sizes(o, sizes);
+  uint64_t numel = 0;
+  for (int i = 0; i + 1 < n; i++)
+    numel += (uint64_t)sizes[i] * (uint64_t)sizes[i + 1] + (uint64_t)sizes[i + 1];
+  return numel;
 }
 
 int train_model_create(const train_opts *o, train_model *m) {
@@ -180,6 +200,21 @@ static int meta_sizes(const loom_safetensors *f, const char *path, const char *k
                     s ? "not a list of at most 10 positive sizes" : "missing");
 }
 
+/* LOOM_EFORMAT unless the file's tensors hold at least the `numel` values of the model its
+ * metadata describes: a few hundred bytes whose metadata claims billions of parameters are
+ * refused here, before a model of that size is made (and initialised) to load them into. */
+static int file_holds(const loom_safetensors *f, const char *path, uint64_t numel) {
+  uint64_t held = 0;
+  for (size_t i = 0; i < loom_safetensors_count(f); i++) {
+    loom_safetensors_info info;
+    if (loom_safetensors_info_at(f, i, &info) == LOOM_OK) held += info.numel;
+  }
+  if (held >= numel) return LOOM_OK;
+  return train_fail(LOOM_EFORMAT, "%s: its metadata describes a model of %llu parameters, but "
+                    "its tensors hold %llu values (a damaged file, or not the model's)", path,
+                    (unsigned long long)numel, (unsigned long long)held);
+}
+
 int train_model_meta_image(const loom_safetensors *f, const char *path, train_opts *o,
                            float *mean, float *std) {
   const char *model = loom_safetensors_meta(f, "model");
@@ -209,7 +244,7 @@ int train_model_meta_image(const loom_safetensors *f, const char *path, train_op
   if (!(*std > 0)) return train_fail(LOOM_EFORMAT, "%s: \"input.std\" must be positive", path);
   const char *amp = loom_safetensors_meta(f, "amp");
   o->amp = amp && strcmp(amp, "bf16") == 0 ? "bf16" : amp && strcmp(amp, "f16") == 0 ? "f16" : "off";
-  return LOOM_OK;
+  return file_holds(f, path, train_model_numel(o));
 }
 
 int train_model_meta_gpt(const loom_safetensors *f, const char *path, loom_gpt_cfg *cfg) {
@@ -229,7 +264,7 @@ int train_model_meta_gpt(const loom_safetensors *f, const char *path, loom_gpt_c
   int rc = loom_gpt_cfg_validate(cfg);
   if (rc) return train_fail(LOOM_EFORMAT, "%s: the metadata's GPT sizes: %s", path,
                             loom_last_error());
-  return LOOM_OK;
+  return file_holds(f, path, loom_gpt_numel(cfg));
 }
 
 /* LOOM_EINVAL naming the tensor and its first value whose magnitude is above the largest

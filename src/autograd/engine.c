@@ -1,8 +1,9 @@
 /* engine.c: the backward engine. Finds the graph below the loss (iteratively), counts each
  * node's and leaf's incoming edges, then runs nodes from a max-heap keyed by recording order,
- * so the order is deterministic; accumulates into leaf gradients and fires their hooks when
- * complete; runs queued callbacks at the end. */
-#include "autograd/autograd_int.h"
+ * so the order is deterministic; hands gradients to the leaves (engine_leaf.c accumulates them
+ * and fires their hooks when complete) or to the captured inputs; runs queued callbacks at the
+ * end. */
+#include "autograd/engine_int.h"
 
 #include <limits.h>
 #include <math.h>
@@ -10,36 +11,15 @@
 
 /* ---- per-thread backward state -------------------------------------------------------- */
 
-typedef struct callback {
-  int (*fn)(void *);
-  void *ctx;
-} callback;
-
-typedef struct bwd_state {
-  callback *cbs;
-  int n, cap;
-  /* capture mode (loom_autograd_grad): gradients of cap_in[k] go to cap_out[k] (f32), leaves
-   * keep their gradients and their hooks do not run */
-  loom_tensor *const *cap_in;
-  loom_tensor **cap_out;
-  int cap_n;
-  /* a reentrant backward (loom__backward_reentrant: a checkpoint's recomputed graph) run from
-   * a node of the backward `parent`: leaves accumulate and fire hooks as in a plain backward,
-   * only cap_in are captured; callbacks go to the outermost backward */
-  bool reentrant;
-  struct bwd_state *parent;
-  uint64_t epoch;
-  loom__node *transfer; /* its leaf edges pass to this backward's graph (loom__backward_reentrant) */
-} bwd_state;
-
-static _Thread_local bwd_state *current;
+_Thread_local bwd_state *loom__bwd_cur;
 static _Atomic uint64_t next_epoch = 1;
 
 int loom_backward_queue_callback(int (*fn)(void *ctx), void *ctx) {
   static const char *who = "loom_backward_queue_callback";
-  if (!current) return loom__fail(LOOM_EMISUSE, "%s: no backward is running on this thread", who);
+  if (!loom__bwd_cur)
+    return loom__fail(LOOM_EMISUSE, "%s: no backward is running on this thread", who);
   if (!fn) return loom__fail(LOOM_EINVAL, "%s: fn is NULL", who);
-  bwd_state *s = current;
+  bwd_state *s = loom__bwd_cur;
   while (s->parent) s = s->parent; /* a reentrant backward's callbacks run at the very end */
   if (s->n == s->cap) {
     int cap = s->cap ? 2 * s->cap : 4;
@@ -55,24 +35,6 @@ int loom_backward_queue_callback(int (*fn)(void *ctx), void *ctx) {
 }
 
 /* ---- helpers ------------------------------------------------------------------------- */
-
-void loom__accumulate_f32(loom_tensor *dst, const float *src, size_t n) {
-  enum { PAR_MIN = 1 << 17, CHUNK = 1 << 14 }; /* an f32 dst: chunks over the caller's team */
-  if (dst->dtype == LOOM_F32 && n >= PAR_MIN) {
-    float *restrict d = loom_tensor_data(dst);
-    const float *restrict s = src;
-    int64_t chunks = (int64_t)((n + CHUNK - 1) / CHUNK);
-#pragma omp parallel for if (LOOM__OMP_TEAM)
-    for (int64_t c = 0; c < chunks; c++) {
-      size_t at = (size_t)c * CHUNK, m = n - at < CHUNK ? n - at : CHUNK;
-      for (size_t j = at; j < at + m; j++) d[j] += s[j];
-    }
-    return;
-  }
-  loom__f32_iter it;
-  for (loom__f32_begin(&it, loom_tensor_data(dst), dst->dtype, n); loom__f32_next(&it);)
-    for (size_t j = 0; j < it.k; j++) it.p[j] += src[it.off + j];
-}
 
 /* Add gradient g (f32, contiguous, retained by the caller's reference which this takes) into
  * a pending node gradient. */
@@ -99,56 +61,6 @@ static int pend_add(loom__node *n, loom_tensor *g) {
   return LOOM_OK;
 }
 
-bool loom__grad_exclusive(const loom_tensor *g) {
-  return atomic_load(&g->refcount) == 1 && atomic_load(&g->storage->refcount) == 1 &&
-         g->storage->owned && g->offset == 0 && !g->autograd;
-}
-
-/* Add g (f32, or NULL: nothing) into leaf's gradient. The first contribution becomes the
- * gradient (adopted, or converted to the leaf's dtype); with none, a zeroed one is made. */
-static int leaf_add(loom_tensor *leaf, loom_tensor *g) {
-  loom__meta *m = leaf->autograd;
-  if (m->grad && m->grad_lazy_zero) { /* logically zero: the first contribution is copied */
-    m->grad_lazy_zero = false;
-    if (!g) {
-      loom__grad_settle_zero(m);
-      return LOOM_OK;
-    }
-    loom__bound_forget(m);
-    int rc = loom_tensor_copy(m->grad, g); /* converts to the leaf's dtype */
-    if (rc) m->grad_lazy_zero = true;     /* untouched on failure: still logically zero */
-    else m->lazy_consumed = true;
-    return rc;
-  }
-  if (m->grad) {
-    if (g) {
-      loom__accumulate_f32(m->grad, loom_tensor_data(g), loom_tensor_numel(g));
-      loom__bound_forget(m);
-    }
-    return LOOM_OK;
-  }
-  if (!g) {
-    loom__bound_zero(m);
-    return loom_tensor_zeros(leaf->dtype, leaf->ndim, leaf->shape, &m->grad);
-  }
-  loom__bound_forget(m);
-  if (leaf->dtype == LOOM_F32 && loom__grad_exclusive(g)) {
-    m->grad = loom_tensor_retain(g);
-    return LOOM_OK;
-  }
-  return loom_tensor_cast(g, leaf->dtype, &m->grad);
-}
-
-static int leaf_done(loom_tensor *leaf) {
-  loom__meta *m = leaf->autograd;
-  int rc = leaf_add(leaf, NULL);
-  if (!rc) { /* complete and published to its hooks: a later failure keeps it */
-    m->lazy_consumed = false;
-    m->sink_fresh = false;
-  }
-  return rc ? rc : loom__hooks_run(&m->hooks, m->grad);
-}
-
 /* Capture mode: add g (f32, the input's shape) into the captured gradient of input k. */
 static int capture_add(bwd_state *s, int k, const loom_tensor *g) {
   if (!s->cap_out[k]) /* the first contribution as it is (a pending node gradient's rule: so
@@ -156,12 +68,6 @@ static int capture_add(bwd_state *s, int k, const loom_tensor *g) {
     return loom_tensor_clone((loom_tensor *)g, &s->cap_out[k]);
   loom__accumulate_f32(s->cap_out[k], loom_tensor_data(g), loom_tensor_numel(g));
   return LOOM_OK;
-}
-
-static int capture_index(const bwd_state *s, const loom_tensor *t) {
-  for (int k = 0; k < s->cap_n; k++)
-    if (s->cap_in[k] == t) return k;
-  return -1;
 }
 
 /* Capture mode: node n is about to run with gradient g; capture it for inputs it produced. */
@@ -187,98 +93,6 @@ static int check_grad(const loom__node *n, int i, const loom_tensor *g) {
                       loom__shape_str(e->ndim, e->shape, b, sizeof b));
   }
   return LOOM_OK;
-}
-
-/* ---- sinks: backward writing straight into a leaf's gradient --------------------------- */
-
-/* The leaf in whose f32 gradient input i of n's gradient ends unchanged, or NULL: the edge is
- * the leaf, or leads to it through pass-through nodes without hooks. The leaf is f32, or has an
- * f32 gradient bound to it already (an FSDP parameter gathered in bf16/f16: its gradient stays
- * f32, loom__tensor_set_grad_f32); a low-precision leaf without one gets a gradient of its own
- * dtype the usual way. */
-static loom_tensor *sink_leaf(const loom__node *n, int i) {
-  const loom__edge *e = &n->in[i];
-  while (e->node) {
-    const loom__node *c = e->node;
-    if (!c->passthrough || c->hooks.n || c->n_in < 1) return NULL;
-    e = &c->in[0];
-  }
-  if (!e->leaf) return NULL;
-  if (e->leaf->dtype == LOOM_F32) return e->leaf;
-  const loom__meta *m = e->leaf->autograd;
-  return m && m->grad && m->grad->dtype == LOOM_F32 ? e->leaf : NULL;
-}
-
-/* True if this backward captures gradients instead of accumulating into leaves (the
- * loom_autograd_grad mode; a reentrant backward captures only its inputs). */
-static bool capturing(const bwd_state *s) { return s->cap_n && !s->reentrant; }
-
-bool loom__grad_sink(loom__node *n, int i, loom__sink *s) {
-  *s = (loom__sink){NULL, 0.0f, false, NULL, LOOM_GRAD_BOUND_UNKNOWN, 0.0};
-  if (!current || capturing(current) || i < 0 || i >= n->n_in) return false;
-  loom_tensor *leaf = sink_leaf(n, i);
-  if (!leaf || (current->cap_n && capture_index(current, leaf) >= 0)) return false;
-  loom__meta *m = leaf->autograd;
-  if (!m->grad) {
-    if (loom_tensor_empty(LOOM_F32, leaf->ndim, leaf->shape, &m->grad)) return false;
-    m->sink_fresh = true;
-  } else if (m->grad->dtype != LOOM_F32 || !loom_tensor_is_contiguous(m->grad)) {
-    return false;
-  } else if (m->grad_lazy_zero) { /* logically zero: overwrite */
-    m->grad_lazy_zero = false;
-    m->lazy_consumed = true;
-  } else {
-    s->beta = 1.0f;
-  }
-  s->p = loom_tensor_data(m->grad);
-  s->leaf = leaf;
-  s->bound_wanted = m->bound_track > 0;
-  s->prev_kind = s->beta == 0.0f ? LOOM_GRAD_BOUND_FINITE : m->bound_kind;
-  s->prev = s->beta == 0.0f ? 0.0 : m->bound;
-  loom__bound_forget(m);
-  return true;
-}
-
-int loom__sink_finish(loom__node *n, int i, const loom__sink *s) {
-  if (!current || capturing(current) || !s->p || i < 0 || i >= n->n_in) return LOOM_OK;
-  loom__edge *e = &n->in[i];
-  if (e->node || e->leaf != s->leaf || e->bwd_finished) return LOOM_OK;
-  e->bwd_finished = true;
-  loom__meta *m = e->leaf->autograd;
-  return --m->bwd_pending == 0 ? leaf_done(e->leaf) : LOOM_OK;
-}
-
-/* Largest bound that still certifies finite elements, with room for the rounding of the sums
- * that produced them (a few ulps at most). */
-#define BOUND_MAX (3.0e38 / 2)
-
-void loom__sink_bound(const loom__sink *s, double added) {
-  loom__meta *m = s->leaf ? s->leaf->autograd : NULL;
-  if (!m) return;
-  if (added == INFINITY || s->prev_kind == LOOM_GRAD_BOUND_NONFINITE) {
-    /* the write put a non-finite value in, or one was there: inf + x, inf - inf, NaN + x */
-    m->bound_kind = LOOM_GRAD_BOUND_NONFINITE;
-    m->bound = INFINITY;
-  } else if (s->prev_kind == LOOM_GRAD_BOUND_FINITE && added >= 0 && s->prev + added <= BOUND_MAX) {
-    m->bound_kind = LOOM_GRAD_BOUND_FINITE;
-    m->bound = s->prev + added;
-  } /* else unknown, as the sink left it */
-}
-
-/* After n's backward: buffers sinks allocated for it are now written (or, if it failed and
- * the leaf was not completed, dropped, so the leaves are as they were). Lazy-zero buffers
- * are settled for the whole backward by run_backward. */
-static void sinks_settle(const loom__node *n, bool failed) {
-  for (int i = 0; i < n->n_in; i++) {
-    loom_tensor *leaf = sink_leaf(n, i);
-    loom__meta *m = leaf ? leaf->autograd : NULL;
-    if (!m || !m->sink_fresh) continue;
-    m->sink_fresh = false;
-    if (failed) {
-      loom_tensor_free(m->grad);
-      m->grad = NULL;
-    }
-  }
 }
 
 /* ---- the max-heap of ready nodes, by seq ---------------------------------------------- */
@@ -404,7 +218,7 @@ static int run_node(loom__node *n, heap *h, bool retain) {
   /* No gradient reached n (its consumers wrote into sinks, or gave none): backward is linear
    * in the gradient, so its inputs get none either, unless a hook, a capture or a custom
    * function must see it. */
-  bool skip = !gout && !n->hooks.n && !capturing(current) &&
+  bool skip = !gout && !n->hooks.n && !bwd_capturing(loom__bwd_cur) &&
               (n->kind != LOOM_OPK_CUSTOM || n->recompute);
   if (!gout && !skip) rc = loom_tensor_zeros(LOOM_F32, n->out_ndim, n->out_shape, &gout);
   if (rc) return rc;
@@ -415,9 +229,9 @@ static int run_node(loom__node *n, heap *h, bool retain) {
   for (int i = 0; i < n->n_in; i++) n->in[i].bwd_finished = false;
   if (!skip) {
     LOOM_TRY(loom__hooks_run(&n->hooks, gout));
-    if (current->cap_n) LOOM_TRY(capture_node(current, n, gout));
+    if (loom__bwd_cur->cap_n) LOOM_TRY(capture_node(loom__bwd_cur, n, gout));
     rc = n->backward(n, gout, gin);
-    sinks_settle(n, rc != LOOM_OK);
+    loom__sinks_settle(n, rc != LOOM_OK);
     if (rc) goto done;
   }
   for (int i = 0; i < n->n_in; i++) {
@@ -435,19 +249,20 @@ static int run_node(loom__node *n, heap *h, bool retain) {
     if (e->node) {
       if (g) LOOM_TRY(pend_add(e->node, g));
       if (--e->node->bwd_deps == 0) heap_push(h, e->node);
-    } else if (current->cap_n && (!current->reentrant || capture_index(current, e->leaf) >= 0)) {
-      int k = capture_index(current, e->leaf);
-      rc = g && k >= 0 ? capture_add(current, k, g) : LOOM_OK;
+    } else if (loom__bwd_cur->cap_n &&
+               (!loom__bwd_cur->reentrant || bwd_capture_index(loom__bwd_cur, e->leaf) >= 0)) {
+      int k = bwd_capture_index(loom__bwd_cur, e->leaf);
+      rc = g && k >= 0 ? capture_add(loom__bwd_cur, k, g) : LOOM_OK;
       loom_tensor_free(g);
       if (rc) goto done;
     } else if (e->bwd_finished) { /* the op completed it already (loom__sink_finish) */
       loom_tensor_free(g);
     } else {
       loom__meta *m = e->leaf->autograd;
-      rc = g ? leaf_add(e->leaf, g) : LOOM_OK;
+      rc = g ? loom__leaf_add(e->leaf, g) : LOOM_OK;
       loom_tensor_free(g);
       if (rc) goto done;
-      if (--m->bwd_pending == 0) LOOM_TRY(leaf_done(e->leaf));
+      if (--m->bwd_pending == 0) LOOM_TRY(loom__leaf_done(e->leaf));
     }
   }
   if (!retain) loom__node_spend(n);
@@ -495,7 +310,7 @@ static int run_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain
                         bwd_state *st) {
   int rc = check_loss(loss, grad_output, st->reentrant);
   if (rc) return rc;
-  if (current && !st->reentrant)
+  if (loom__bwd_cur && !st->reentrant)
     return loom__fail(LOOM_EMISUSE,
                       "loom_backward: a backward is already running on this thread (called "
                       "from a hook?)");
@@ -509,14 +324,14 @@ static int run_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain
     rc = loom_tensor_fill(g, 1.0);
   if (rc) return rc;
 
-  st->parent = current;
-  current = st;
+  st->parent = loom__bwd_cur;
+  loom__bwd_cur = st;
   loom__grad_mode_push();
   if (!m->grad_fn) { /* the loss is itself a leaf */
-    int k = st->cap_n ? capture_index(st, loss) : -1;
+    int k = st->cap_n ? bwd_capture_index(st, loss) : -1;
     if (!st->reentrant) m->bwd_pending = 0;
-    if (capturing(st) || k >= 0) rc = k >= 0 ? capture_add(st, k, g) : LOOM_OK;
-    else if (!(rc = leaf_add(loss, g))) rc = leaf_done(loss);
+    if (bwd_capturing(st) || k >= 0) rc = k >= 0 ? capture_add(st, k, g) : LOOM_OK;
+    else if (!(rc = loom__leaf_add(loss, g))) rc = loom__leaf_done(loss);
     goto finish;
   }
   uint64_t epoch = atomic_fetch_add_explicit(&next_epoch, 1, memory_order_relaxed);
@@ -526,7 +341,7 @@ static int run_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain
     for (int i = 0; i < st->transfer->n_in; i++) {
       loom__edge *e = &st->transfer->in[i];
       loom__meta *lm = e->leaf ? e->leaf->autograd : NULL;
-      if (!lm || lm->bwd_seen != epoch || capture_index(st, e->leaf) >= 0) continue;
+      if (!lm || lm->bwd_seen != epoch || bwd_capture_index(st, e->leaf) >= 0) continue;
       lm->bwd_pending--; /* this graph's own edges keep it above zero */
       e->bwd_finished = true;
     }
@@ -554,7 +369,7 @@ done:
     }
   }
   loom__grad_mode_pop();
-  current = st->parent;
+  loom__bwd_cur = st->parent;
   loom__free(st->cbs);
   st->cbs = NULL;
   loom__free(h.v);
@@ -565,7 +380,7 @@ done:
 int loom__backward_reentrant(loom__node *from, loom_tensor *output, loom_tensor *grad_output,
                              loom_tensor *const *inputs, int n, loom_tensor **grads) {
   for (int k = 0; k < n; k++) grads[k] = NULL;
-  if (current && capturing(current))
+  if (loom__bwd_cur && bwd_capturing(loom__bwd_cur))
     return loom__fail(LOOM_EMISUSE, "backward of %s: a checkpoint cannot run under "
                       "loom_autograd_grad (its recomputation accumulates into parameters' "
                       "gradients; PyTorch's reentrant checkpoint has the same rule): use "
@@ -580,7 +395,7 @@ int loom__backward_reentrant(loom__node *from, loom_tensor *output, loom_tensor 
   return rc;
 }
 
-bool loom__backward_capturing(void) { return current && capturing(current); }
+bool loom__backward_capturing(void) { return loom__bwd_cur && bwd_capturing(loom__bwd_cur); }
 
 int loom_backward(loom_tensor *loss, loom_tensor *grad_output, bool retain_graph) {
   bwd_state st = {0};

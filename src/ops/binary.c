@@ -60,6 +60,7 @@ static bool same_shape(int na, const int64_t *sa, int nb, const int64_t *sb) {
 /* out (contiguous, shape no/so) = a (shape na/sa) op b (shape nb/sb), all f32 contiguous. */
 static void bin_apply(loom__run_fn fn, int no, const int64_t *so, float *out, const float *a,
                       int na, const int64_t *sa, const float *b, int nb, const int64_t *sb) {
+  if (loom__dry()) return; /* as loom__iter3: a dry run computes nothing */
   int64_t n = 1;
   for (int i = 0; i < no; i++) n *= so[i];
   if (n >= PAR_MIN && same_shape(no, so, na, sa) && same_shape(no, so, nb, sb)) {

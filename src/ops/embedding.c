@@ -17,7 +17,7 @@ static int embedding_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) 
   float *gw = loom__f(gin[0]);
   const float *gp = loom__f(g);
   size_t m = loom_tensor_numel(idx);
-  for (size_t i = 0; i < m; i++) {
+  for (size_t i = 0; i < m && !loom__dry(); i++) {
     float *row = gw + index_at(idx, i) * D;
     for (int64_t k = 0; k < D; k++) row[k] += gp[(int64_t)i * D + k];
   }
@@ -62,7 +62,7 @@ int loom_embedding(loom_tensor *weight, loom_tensor *idx, loom_tensor **out) {
   LOOM_TRY(loom_tensor_empty(weight->dtype, idx->ndim + 1, shape, &y));
   char *yp = loom_tensor_data(y);
   const char *wp = loom_tensor_data(cw);
-  for (size_t i = 0; i < m; i++)
+  for (size_t i = 0; i < m && !loom__dry(); i++)
     memcpy(yp + i * (size_t)D * es, wp + (size_t)index_at(ci, i) * (size_t)D * es, (size_t)D * es);
   LOOM_TRY(loom__op_record(&c, y, embedding_backward, &nd));
   if (nd) LOOM_TRY(loom__node_save(nd, 0, ci));

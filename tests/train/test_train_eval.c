@@ -1,8 +1,11 @@
 /* test_train_eval.c: a model file stands alone. DIR/model.safetensors records the architecture
  * and the input normalisation as metadata, and `loom eval --from DIR` prints the test accuracy
  * the run printed (MLP under bf16 autocast, CNN in f32), with per-class figures that add up to
- * it; a model file of another kind, or none, is refused naming it. */
+ * it; a model file of another kind, or none, is refused naming it, and so is one whose
+ * metadata describes a larger model than its tensors hold (before a model of that size is made);
+ * train_model_numel is the built model's parameter count. */
 #include "lt.h"
+#include "train_opts.h"
 #include "train_test.h"
 
 #include <loom/loom.h>
@@ -82,14 +85,60 @@ LT_TEST(train_eval_refuses_what_is_not_a_classifier) {
   /* a safetensors file without the record: named, with what writes one */
   char path[512];
   snprintf(path, sizeof path, "%s/bare.safetensors", d);
-  int64_t shape[1] = {4};
-  loom_tensor *t = NULL;
-  LT_EQ(loom_tensor_zeros(LOOM_F32, 1, shape, &t), LOOM_OK);
-  loom_safetensors_entry e = {.name = "w", .tensor = t};
-  LT_EQ(loom_safetensors_write(path, &e, 1, NULL, 0), LOOM_OK);
-  loom_tensor_free(t);
+  LT_EQ(tt_write_model_file(path, "w", NULL, 0), 0);
   r = tt_eval("--from %s", path);
   LT_TRUE(tt_ended(&r, 1, "not an image classifier's model file", "a bare file"));
   tt_run_free(&r);
   tt_cleanup();
+}
+
+/* A few hundred bytes whose metadata claims an MLP of 2.1e9 parameters: refused at once, naming
+ * both counts (before, eval made and initialised the 8.6 GB model, then found no tensor). */
+LT_TEST(train_eval_refuses_metadata_larger_than_its_tensors) {
+  const char *d = tt_tempdir();
+  char path[512], want[160];
+  snprintf(path, sizeof path, "%s/model.safetensors", d);
+  const char *const kv[] = {"model", "mlp", "mlp.sizes", "784,32768,32768,32768,10",
+                            "input.mean", "0.2860", "input.std", "0.3530", "amp", "off"};
+  LT_EQ(tt_write_model_file(path, "layers.0.weight", kv, 5), 0);
+  unsigned long long numel = 784ull * 32768 + 32768 + 2 * (32768ull * 32768 + 32768) +
+                             32768ull * 10 + 10;
+  snprintf(want, sizeof want, "its metadata describes a model of %llu parameters, but its "
+           "tensors hold 4 values", numel);
+  tt_run r = tt_eval("--from %s", d);
+  LT_TRUE(tt_ended(&r, 1, want, "an MLP larger than the file"));
+  tt_run_free(&r);
+  const char *const cnn[] = {"model", "cnn", "cnn.channels", "4096,4096", "cnn.fc", "4096",
+                             "input.mean", "0.2860", "input.std", "0.3530"};
+  LT_EQ(tt_write_model_file(path, "0.weight", cnn, 5), 0);
+  r = tt_eval("--from %s", d);
+  LT_TRUE(tt_ended(&r, 1, "its metadata describes a model of", "a CNN larger than the file"));
+  tt_run_free(&r);
+  tt_cleanup();
+}
+
+static uint64_t built_numel(const train_opts *o) {
+  train_model m;
+  LT_EQ(train_model_create(o, &m), LOOM_OK);
+  uint64_t n = 0;
+  for (size_t i = 0; i < m.nparams; i++) n += (uint64_t)loom_tensor_numel(m.params[i].value);
+  train_model_free(&m);
+  return n;
+}
+
+LT_TEST(train_model_numel_is_the_built_models) {
+  train_opts o;
+  train_cmdline c;
+  train_cli_defaults(&o, &c);
+  o.model = "mlp";
+  o.nhidden = 2, o.hidden[0] = 32, o.hidden[1] = 16;
+  LT_EQ(train_model_numel(&o), built_numel(&o));
+  o.nhidden = 0;
+  LT_EQ(train_model_numel(&o), built_numel(&o));
+  o.model = "cnn";
+  o.channels[0] = 4, o.channels[1] = 8, o.fc = 16;
+  LT_EQ(train_model_numel(&o), built_numel(&o));
+  o.model = "gpt";
+  o.layers = 2, o.heads = 2, o.dim = 32, o.context = 16;
+  LT_EQ(train_model_numel(&o), built_numel(&o));
 }

@@ -327,5 +327,17 @@ LT_TEST(generate_bad_input) {
   r = tt_generate("--from %s", d);
   LT_TRUE(tt_ended(&r, 1, "model.safetensors", "truncated checkpoint"));
   tt_run_free(&r);
+  /* metadata of a GPT of 2.0e9 parameters over one small tensor: refused before the model is
+   * made (before, generate made and initialised 8 GB of it, then found no tensor) */
+  const char *const kv[] = {"model", "gpt", "gpt.vocab", "256", "gpt.context", "1024",
+                            "gpt.layers", "40", "gpt.heads", "16", "gpt.dim", "2048"};
+  LT_EQ(tt_write_model_file(p, "transformer.wte.weight", kv, 6), 0);
+  loom_gpt_cfg cfg = {.vocab = 256, .context = 1024, .layers = 40, .heads = 16, .dim = 2048};
+  char want[160];
+  snprintf(want, sizeof want, "its metadata describes a model of %zu parameters, but its "
+           "tensors hold 4 values", loom_gpt_numel(&cfg));
+  r = tt_generate("--from %s", d);
+  LT_TRUE(tt_ended(&r, 1, want, "metadata of a GPT larger than the file"));
+  tt_run_free(&r);
   tt_cleanup();
 }

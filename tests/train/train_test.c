@@ -117,6 +117,19 @@ int tt_write_file(const char *path, const void *data, size_t n) {
   return fclose(f) != 0 || w != n ? -1 : 0;
 }
 
+int tt_write_model_file(const char *path, const char *name, const char *const *kv, size_t n) {
+  loom_safetensors_meta_kv meta[16];
+  if (n > 16) return -1;
+  for (size_t i = 0; i < n; i++) meta[i] = (loom_safetensors_meta_kv){kv[2 * i], kv[2 * i + 1]};
+  int64_t shape[1] = {4};
+  loom_tensor *t = NULL;
+  int rc = loom_tensor_zeros(LOOM_F32, 1, shape, &t);
+  loom_safetensors_entry e = {.name = name, .tensor = t};
+  if (!rc) rc = loom_safetensors_write(path, &e, 1, meta, n);
+  loom_tensor_free(t);
+  return rc ? -1 : 0;
+}
+
 int tt_copy_file(const char *from, const char *to) {
   size_t n = 0;
   char *bytes = tt_read_file(from, &n);

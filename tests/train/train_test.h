@@ -32,6 +32,9 @@ char *tt_read_file(const char *path, size_t *size);
 int tt_same_file(const char *a, const char *b);
 /* Write bytes to a file; 0 on success. */
 int tt_write_file(const char *path, const void *data, size_t n);
+/* A model file at path holding one f32 tensor `name` of 4 zeros and the metadata of kv, n
+ * key-value pairs as 2n strings (at most 16 pairs); 0 on success. */
+int tt_write_model_file(const char *path, const char *name, const char *const *kv, size_t n);
 /* Copy file `from` over `to`; 0 on success. */
 int tt_copy_file(const char *from, const char *to);
 /* The largest difference between two model files' f32 tensors of the same names (INFINITY if
