@@ -7,7 +7,7 @@
  * dp = dO . v, ds = p (dp - Di) with Di = dO . O, then dq += ds k, dk += ds^T q, dv += p^T dO
  * (ds scaled by 1/sqrt(D)). Scores come from k transposed ([D, T] per slice, the scale folded
  * in), so that every product is an accum kernel (accum4: four output rows a pass). All in f32; f16 / bf16 inputs are staged to
- * f32 and the output rounded once. The inner loops are the per-level kernels of attn_int.h.
+ * f32 (loom_sdpa_qkv's a batch element at a time, per thread) and the output rounded once. The inner loops are the per-level kernels of attn_int.h.
  * (batch, head) slices (and, in forward, bands of query rows) run on the caller's OpenMP team
  * (loom_set_num_threads). The same kernels serve loom_sdpa_qkv, which reads q, k and v in
  * place from one [B, T, 3C] tensor (GPT-2's c_attn output) and writes [B, T, C], so that a
