@@ -159,15 +159,22 @@ static size_t step_peak(loom_tensor *qkv) {
 
 LT_TEST(sdpa_qkv_dry_run_allocates_as_a_real_run) {
   int64_t sh[3] = {2, 100, 3 * 64};
-  loom_tensor *qkv = gc_rand(3, sh, -1, 1, &seed);
-  LT_OK(loom_tensor_set_requires_grad(qkv, true));
-  size_t real = step_peak(qkv);
-  loom_mem_set_dry_run(true);
-  size_t dry = step_peak(qkv);
-  loom_mem_set_dry_run(false);
-  LT_TRUE(real > 0);
-  LT_EQ(dry, real);
-  loom_tensor_free(qkv);
+  loom_tensor *x = gc_rand(3, sh, -1, 1, &seed);
+  loom__attn_set_amx(false); /* bf16: the per-thread staging areas */
+  for (int dt = 0; dt < 2; dt++) {
+    loom_tensor *qkv = NULL;
+    LT_OK(loom_cast(x, dt ? LOOM_BF16 : LOOM_F32, &qkv));
+    LT_OK(loom_tensor_set_requires_grad(qkv, true));
+    size_t real = step_peak(qkv);
+    loom_mem_set_dry_run(true);
+    size_t dry = step_peak(qkv);
+    loom_mem_set_dry_run(false);
+    LT_TRUE(real > 0);
+    LT_EQ(dry, real);
+    loom_tensor_free(qkv);
+  }
+  loom__attn_set_amx(true);
+  loom_tensor_free(x);
 }
 
 LT_TEST(sdpa_qkv_bad_inputs) {
