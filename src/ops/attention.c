@@ -7,7 +7,7 @@
  * dp = dO . v, ds = p (dp - Di) with Di = dO . O, then dq += ds k, dk += ds^T q, dv += p^T dO
  * (ds scaled by 1/sqrt(D)). Scores come from k transposed ([D, T] per slice, the scale folded
  * in), so that every product is an accum kernel (accum4: four output rows a pass). All in f32; f16 / bf16 inputs are staged to
- * f32 and the output rounded once. The inner loops are the per-level kernels of attn_int.h.
+ * f32 (loom_sdpa_qkv's a batch element at a time, per thread) and the output rounded once. The inner loops are the per-level kernels of attn_int.h.
  * (batch, head) slices (and, in forward, bands of query rows) run on the caller's OpenMP team
  * (loom_set_num_threads). The same kernels serve loom_sdpa_qkv, which reads q, k and v in
  * place from one [B, T, 3C] tensor (GPT-2's c_attn output) and writes [B, T, C], so that a
@@ -17,6 +17,9 @@
 #include "ops/ops_int.h"
 
 #include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* Keys per block: a block of scores (and of dp in backward) is this many floats. */
 enum {
@@ -425,6 +428,76 @@ done:
 
 /* ---- packed: q, k, v side by side in one [B, T, 3C] tensor ------------------------------ */
 
+/* 16-bit qkv without AMX: one batch element at a time, its [T, 3C] rows (and in backward the
+ * output's [T, C]) widened into a per-thread f32 area, with a head's k (and v) transposed
+ * beside them, so that nothing is staged whole (a GPT's qkv is 19 MB as f32: written once and
+ * read back from memory, where a batch element's 1.2 MB stays near the core). The kernels and
+ * their order are the f32 path's: the same bits as staging the whole tensor. */
+static int64_t stage_floats(const attn_dims *a) {
+  return a->T * (a->ldi + a->ldo) + 2 * a->D * a->ldt;
+}
+
+/* The per-thread areas: [threads, stage_floats] f32 (a tensor, so that a dry run counts it). */
+static int stage_new(const attn_dims *a, loom_tensor **out) {
+  int64_t shape[2] = {loom__gemm_threads(), stage_floats(a)};
+  return loom_tensor_empty(LOOM_F32, 2, shape, out);
+}
+
+#ifdef _OPENMP
+static int thread_num(void) { return omp_get_thread_num(); }
+#else
+static int thread_num(void) { return 0; }
+#endif
+
+/* y (dt, [B, T, C]) and lse from qkv (dt). */
+static void staged_fwd(const attn_dims *a, const void *qkv, loom_dtype dt, void *y, float *lse,
+                       loom_tensor *work) {
+  const loom__attn_kernels *kk = loom__attn_k();
+  int64_t B = a->BH / a->H, T = a->T, C = a->ldo, per = work->shape[1];
+  int nthr = (int)work->shape[0];
+  size_t es = loom_dtype_size(dt);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1 && B > 1)
+  for (int64_t b = 0; b < B; b++) {
+    float *x = loom__f(work) + thread_num() * per, *o = x + T * a->ldi, *kt = o + T * C;
+    loom_convert((const char *)qkv + (size_t)(b * T * a->ldi) * es, dt, x, LOOM_F32,
+                 (size_t)(T * a->ldi));
+    for (int64_t h = 0; h < a->H; h++) {
+      kk->transpose(kt, (size_t)a->ldt, x + C + h * a->D, (size_t)a->ldi, (size_t)T,
+                    (size_t)a->D, a->scale);
+      fwd_rows(kk, a, x + h * a->D, kt, x + 2 * C + h * a->D, o + h * a->D,
+               lse + (b * a->H + h) * T, 0, T);
+    }
+    loom_convert(o, LOOM_F32, (char *)y + (size_t)(b * T * C) * es, dt, (size_t)(T * C));
+  }
+}
+
+/* d (f32 [B, T, 3C], zeroed) from qkv and the output y (dt), lse and the output's gradient go
+ * (f32). */
+static void staged_bwd(const attn_dims *a, const void *qkv, const void *y, loom_dtype dt,
+                       const float *lse, const float *go, float *d, loom_tensor *work) {
+  const loom__attn_kernels *kk = loom__attn_k();
+  int64_t B = a->BH / a->H, T = a->T, C = a->ldo, per = work->shape[1], tsz = a->D * a->ldt;
+  int nthr = (int)work->shape[0];
+  size_t es = loom_dtype_size(dt);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1 && B > 1)
+  for (int64_t b = 0; b < B; b++) {
+    float *x = loom__f(work) + thread_num() * per, *o = x + T * a->ldi, *kt = o + T * C;
+    loom_convert((const char *)qkv + (size_t)(b * T * a->ldi) * es, dt, x, LOOM_F32,
+                 (size_t)(T * a->ldi));
+    loom_convert((const char *)y + (size_t)(b * T * C) * es, dt, o, LOOM_F32, (size_t)(T * C));
+    for (int64_t h = 0; h < a->H; h++) {
+      int64_t i = h * a->D, di = b * T * a->ldi + i;
+      kk->transpose(kt, (size_t)a->ldt, x + C + i, (size_t)a->ldi, (size_t)T, (size_t)a->D,
+                    a->scale);
+      kk->transpose(kt + tsz, (size_t)a->ldt, x + 2 * C + i, (size_t)a->ldi, (size_t)T,
+                    (size_t)a->D, 1.0f);
+      bwd_slice(kk, a, x + i, x + C + i, kt, kt + tsz, o + i, lse + (b * a->H + h) * T,
+                go + b * T * C + i, d + di, d + di + C, d + di + 2 * C);
+    }
+  }
+}
+
+
 /* The dims of loom_sdpa_qkv over qkv [B, T, 3C] with H heads. */
 static attn_dims packed_dims(const int64_t *shape, int64_t H, bool causal) {
   int64_t C = shape[2] / 3, D = C / H, T = shape[1];
@@ -450,6 +523,15 @@ static int sdpa_qkv_backward(loom__node *n, loom_tensor *g, loom_tensor **gin) {
       amx_bwd(&a, x, x + C, x + 2 * C, h16(n->saved[1]), loom__f(g), loom__f(n->saved[2]), d,
               d + C, d + 2 * C, t[0]);
     }
+    goto give;
+  }
+  if (qkv->dtype != LOOM_F32 && n->saved[1]->dtype == qkv->dtype &&
+      loom_tensor_is_contiguous(qkv) && loom_tensor_is_contiguous(n->saved[1])) {
+    LOOM_TRY(loom__grad_new(3, qkv->shape, true, &gr));
+    LOOM_TRY(stage_new(&a, &t[0]));
+    if (!loom__dry())
+      staged_bwd(&a, loom_tensor_data(qkv), loom_tensor_data(n->saved[1]), qkv->dtype,
+                 loom__f(n->saved[2]), loom__f(g), loom__f(gr), t[0]);
     goto give;
   }
   LOOM_TRY(loom__f32_in(qkv, &fx));
@@ -502,6 +584,13 @@ int loom_sdpa_qkv(loom_tensor *qkv, int64_t heads, bool is_causal, loom_tensor *
       const uint16_t *x = h16(qkv);
       amx_fwd(&a, x, x + C, x + 2 * C, loom_tensor_data(kt), fy.p, loom__f(lse));
     }
+    goto out;
+  }
+  if (qkv->dtype != LOOM_F32 && loom_tensor_is_contiguous(qkv)) { /* a batch element a time */
+    LOOM_TRY(loom_tensor_empty(qkv->dtype, 3, yshape, &y));
+    LOOM_TRY(stage_new(&a, &kt));
+    if (!loom__dry())
+      staged_fwd(&a, loom_tensor_data(qkv), qkv->dtype, loom_tensor_data(y), loom__f(lse), kt);
     goto out;
   }
   LOOM_TRY(loom__f32_in(qkv, &fx));

@@ -141,7 +141,7 @@ static void pack_a(const opnd *a, int64_t i0, int64_t mc, int64_t k0, int64_t kc
   int64_t vec = 0;        /* of them, those the A^T way below packs */
   if (a->rs == 1) {       /* columns contiguous (A stored [K, M]): a k's rows in one sweep */
     while (vec < full && i0 + vec * MR + 8 <= m_total) vec++;
-    size_t es = loom_dtype_size(a->dt);
+    size_t es = esize(a->dt);
     /* a sliver at a time, so that the stores go to one place in order (16 slivers written
      * side by side, kc * 24 bytes apart, would share a few L1 sets); the first sliver's pass
      * prefetches the whole of each row ahead. Each 8-wide store's last 2 floats land on the
@@ -226,7 +226,7 @@ static void epilogue(const float *t, int64_t m, int64_t n, const tile_io *io) {
       if (io->bias) v += io->bias[c];
       row[c] = v;
     }
-    size_t es = loom_dtype_size(io->out_dt);
+    size_t es = esize(io->out_dt);
     loom_convert(row, LOOM_F32, (char *)io->out + (size_t)(r * io->ldo) * es, io->out_dt,
                  (size_t)n);
   }

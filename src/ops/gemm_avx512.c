@@ -149,7 +149,7 @@ static void pack_a(const opnd *a, int64_t i0, int64_t mc, int64_t k0, int64_t kc
   const __mmask16 m12 = lanes(MR);
   int64_t ns = (mc + MR - 1) / MR;
   if (a->rs == 1) { /* columns contiguous (A stored [K, M]): a k's rows in one sweep */
-    size_t es = loom_dtype_size(a->dt);
+    size_t es = esize(a->dt);
     for (int64_t k = 0; k < kc; k++) {
       int64_t o = (k0 + k) * a->cs + i0;
       if (k + 8 < kc) { /* rows lda apart, each on its own page: ahead of the prefetcher */

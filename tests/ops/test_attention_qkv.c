@@ -4,8 +4,11 @@
  * unfused reference in test_attention.c) and the heads merged back. Bit for bit in f32 (the
  * same kernels in the same order), forward and the gradient of qkv, at every CPU level, causal
  * and not, for shapes below, at and past a key block; bf16 inputs; finite differences on a
- * small case; the dry run's peak equal to the real run's; bad inputs. */
+ * small case; 16-bit qkv (staged a batch element at a time) bit for bit the split path at every
+ * level; the dry run's peak equal to the real run's; bad inputs. */
 #include "gradcheck.h"
+#include "ops/attn_int.h"
+#include "ops/gemm.h"
 #include "ops/ops_int.h"
 
 #include <stdlib.h>
@@ -112,8 +115,30 @@ LT_TEST(sdpa_qkv_equals_the_split_heads_bit_for_bit) {
         against_split(LOOM_F32, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], causal);
   }
   LT_OK(loom_set_cpu_level(top));
-  against_split(LOOM_BF16, 2, 70, 3, 16, true);
-  against_split(LOOM_F16, 1, 33, 2, 8, true);
+}
+
+/* 16-bit qkv (without AMX) is widened a batch element at a time into per-thread areas, where
+ * the split path stages each of q, k and v whole: the same kernels in the same order, so the
+ * same bits, at every CPU level, for several batch elements and ragged shapes (and on more
+ * threads than batch elements, and fewer). */
+LT_TEST(sdpa_qkv_16bit_staged_per_batch_equals_the_split_heads_bit_for_bit) {
+  static const int64_t shapes[][4] = {{1, 1, 1, 1}, {2, 70, 3, 16}, {3, 33, 2, 8},
+                                      {5, 65, 6, 64}, {1, 130, 3, 5}};
+  loom_cpu_level top = loom_cpu_level_active();
+  loom__attn_set_amx(false);
+  for (int lv = 0; lv <= (int)top; lv++) {
+    LT_OK(loom_set_cpu_level((loom_cpu_level)lv));
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+      for (int dt = 0; dt < 2; dt++)
+        against_split(dt ? LOOM_F16 : LOOM_BF16, shapes[s][0], shapes[s][1], shapes[s][2],
+                      shapes[s][3], s % 2 == 0);
+  }
+  LT_OK(loom_set_cpu_level(top));
+  int nt = loom__gemm_threads();
+  LT_OK(loom_set_num_threads(4));
+  against_split(LOOM_BF16, 3, 40, 2, 16, true);
+  LT_OK(loom_set_num_threads(nt));
+  loom__attn_set_amx(true);
 }
 
 /* What a dry run allocates (`loom plan`) is what a real one does. */
@@ -134,15 +159,22 @@ static size_t step_peak(loom_tensor *qkv) {
 
 LT_TEST(sdpa_qkv_dry_run_allocates_as_a_real_run) {
   int64_t sh[3] = {2, 100, 3 * 64};
-  loom_tensor *qkv = gc_rand(3, sh, -1, 1, &seed);
-  LT_OK(loom_tensor_set_requires_grad(qkv, true));
-  size_t real = step_peak(qkv);
-  loom_mem_set_dry_run(true);
-  size_t dry = step_peak(qkv);
-  loom_mem_set_dry_run(false);
-  LT_TRUE(real > 0);
-  LT_EQ(dry, real);
-  loom_tensor_free(qkv);
+  loom_tensor *x = gc_rand(3, sh, -1, 1, &seed);
+  loom__attn_set_amx(false); /* bf16: the per-thread staging areas */
+  for (int dt = 0; dt < 2; dt++) {
+    loom_tensor *qkv = NULL;
+    LT_OK(loom_cast(x, dt ? LOOM_BF16 : LOOM_F32, &qkv));
+    LT_OK(loom_tensor_set_requires_grad(qkv, true));
+    size_t real = step_peak(qkv);
+    loom_mem_set_dry_run(true);
+    size_t dry = step_peak(qkv);
+    loom_mem_set_dry_run(false);
+    LT_TRUE(real > 0);
+    LT_EQ(dry, real);
+    loom_tensor_free(qkv);
+  }
+  loom__attn_set_amx(true);
+  loom_tensor_free(x);
 }
 
 LT_TEST(sdpa_qkv_bad_inputs) {
