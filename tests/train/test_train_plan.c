@@ -185,7 +185,10 @@ static void check_plan(const char *given) {
 #ifdef LOOM_SANITIZED
   within(opts, "process (sanitizer: its shadow memory is resident, not held)", process, rss, 0);
 #else
-  within(opts, "process", process, rss, 0.15);
+  /* With ranks as threads the process holds every rank's blocks and caches, and whether the
+   * ranks' peaks coincide depends on how the scheduler interleaves them: on a loaded 2-core
+   * machine the DDP GPT measured -15% and +18.7% in two runs, 4% quiet. One rank: 15%. */
+  within(opts, "process", process, rss, ranks > 1 ? 0.25 : 0.15);
 #endif
 }
 
