@@ -18,6 +18,10 @@
  *                 time, the resident memory's floor;
  *   disk p1 cache disk p1 with loom's allocator cache on (its default): no fresh pages to fault
  *                 in for each gathered unit, gradient and chunk buffer, more resident memory;
+ *   disk p1 gsync, disk p1 bf16 gsync   disk p1 and disk p1 bf16 with each unit's gradient
+ *                 written whole before the next unit's backward starts, its local gradient kept
+ *                 whole until then (LOOM_FSDP_GRAD_OVERLAP=0: the behaviour before that write
+ *                 overlapped the next unit's compute): the A/B of that change in one run;
  *   disk p1 nothp disk p1 with the allocator's large blocks in 4 KiB pages
  *                 (LOOM_ALLOC_HUGEPAGES=0) instead of transparent huge pages;
  *   fsdp bf16, host p1 bf16, disk p1 bf16, disk p0 bf16   FSDP mixed precision with a bf16
@@ -116,6 +120,8 @@ typedef struct config {
   bool no_copy;   /* bf16: no low-precision parameter copy in the tier (the gathers read and
                      cast the f32 shard) */
   bool oib;       /* the optimizer step inside backward (cfg.optim_in_backward) */
+  bool gsync;     /* LOOM_FSDP_GRAD_OVERLAP=0: each unit's gradient written before the next
+                     unit's backward starts, its local gradient whole until then (as before) */
 } config;
 
 typedef struct result {
@@ -123,6 +129,7 @@ typedef struct result {
   double host[NR], file[NR];      /* host and file pools between steps, bytes */
   double step_s, cpu_s;           /* rank 0, median step; process CPU per step */
   double sync_s;                  /* disk tier: median fdatasync + drop before a step (untimed) */
+  double fb_s, opt_s;             /* rank 0, medians: forward + backward + finish; optimizer step */
   double wait_s, transfer_s, moved; /* rank 0 per step: exposed wait, transfer time, bytes */
   double to_tier;                   /* rank 0 per step: of those bytes, written to the tier */
   double rss_build, rss_train;    /* bytes: VmHWM before and after the reset */
@@ -253,7 +260,7 @@ static int rank_main(loom_pg *pg, void *arg) {
   for (int64_t i = 0; i < BATCH; i++)
     ((int64_t *)loom_tensor_data(y))[i] = rand() % sizes[NSIZES - 1];
   result *r = &j->r;
-  double step_t[MAXSTEPS], sync_t[MAXSTEPS] = {0}, cpu0 = 0, io0 = 0, io_sum = 0;
+  double step_t[MAXSTEPS], fb_t[MAXSTEPS], opt_t[MAXSTEPS], sync_t[MAXSTEPS] = {0}, cpu0 = 0, io0 = 0, io_sum = 0;
   struct rusage ru0 = {0};
   loom_fsdp_stats before = {0}, after = {0};
   for (int s = 0; s < 1 + j->steps; s++) {
@@ -290,11 +297,12 @@ static int rank_main(loom_pg *pg, void *arg) {
     BENCH_CHECK(loom_fsdp_finish(f));
     loom_tensor_free(logits);
     loom_tensor_free(loss);
+    double tb = bench_now();
     BENCH_CHECK(loom_fsdp_optim_step(f, opt, 1.0f));
     double t1 = bench_now();
     sync_ranks(j, pg);
     if (measures_process && timed) io_sum += io_read_bytes() - io0;
-    if (timed) step_t[s - 1] = t1 - t0;
+    if (timed) step_t[s - 1] = t1 - t0, fb_t[s - 1] = tb - t0, opt_t[s - 1] = t1 - tb;
   }
   loom_pool_stats ps;
   BENCH_CHECK(loom_mem_account_stats(acct, LOOM_POOL_COMPUTE, &ps));
@@ -303,6 +311,8 @@ static int rank_main(loom_pg *pg, void *arg) {
     int n = j->steps;
     r->step_s = bench_median(step_t, n);
     r->sync_s = bench_median(sync_t, n);
+    r->fb_s = bench_median(fb_t, n);
+    r->opt_s = bench_median(opt_t, n);
     r->cpu_s = (bench_process_cpu_now() - cpu0) / n;
     struct rusage ru1;
     getrusage(RUSAGE_SELF, &ru1);
@@ -415,6 +425,7 @@ static result run(const config *c, const char *dir, int steps) {
     drop_page_cache(); /* between runs: nothing of the last configuration is cached */
     if (c->buffered) setenv("LOOM_OFFLOAD_DIRECT", "0", 1);
     if (c->no_huge) setenv("LOOM_ALLOC_HUGEPAGES", "0", 1);
+    if (c->gsync) setenv("LOOM_FSDP_GRAD_OVERLAP", "0", 1);
     /* the disk tier is about resident memory: no allocator cache (its blocks stay resident) */
     if (c->offload && c->tier == LOOM_FSDP_TIER_DISK && !c->cache) loom_mem_set_cache_limit(0);
     job j = {.c = c, .dir = dir, .steps = steps};
@@ -449,6 +460,8 @@ static const config configs[] = {
     {.name = "disk p1 g0", .offload = true, .tier = DISK, .prefetch = 1, .lean = true},
     {.name = "disk p1 cache", .offload = true, .tier = DISK, .prefetch = 1, .cache = true},
     {.name = "disk p1 nothp", .offload = true, .tier = DISK, .prefetch = 1, .no_huge = true},
+    {.name = "disk p1 gsync", .offload = true, .tier = DISK, .prefetch = 1, .gsync = true},
+    {.name = "disk p1 bf16 gsync", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .gsync = true},
     {.name = "fsdp bf16", .offload = false, .tier = HOST, .prefetch = 1, .bf16 = true},
     {.name = "host p1 bf16", .offload = true, .tier = HOST, .prefetch = 1, .bf16 = true},
     {.name = "host p1 bf16 nocopy", .offload = true, .tier = HOST, .prefetch = 1, .bf16 = true, .no_copy = true},
@@ -528,7 +541,7 @@ int main(int argc, char **argv) {
   if (steps < 1 || steps > MAXSTEPS || rounds < 1 || rounds > 16) {
     fprintf(stderr, "usage: bench_offload [dir] [steps 1..%d] [rounds 1..16] [configs: comma "
             "separated, of fsdp, host p1, host p0, disk p1, disk p0, disk p1 t1, disk p0 t1, "
-            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, disk p1 nothp, fsdp bf16, host p1 bf16, host p1 bf16 "
+            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, disk p1 nothp, disk p1 gsync, disk p1 bf16 gsync, fsdp bf16, host p1 bf16, host p1 bf16 "
             "nocopy, disk p1 bf16, disk p0 bf16, disk p1 bf16 nocopy, disk p1 oib, disk p1 bf16 oib; "
             "default all]\n", MAXSTEPS);
     return 2;
@@ -609,6 +622,10 @@ int main(int argc, char **argv) {
            "system %.3f); minor faults %.0fk per step\n", cs[i]->name, list,
            bench_median(st, rounds), bench_median(cp, rounds), bench_median(us, rounds),
            bench_median(sy, rounds), bench_median(mf, rounds) / 1e3);
+    double fb[16], os[16];
+    for (int k = 0; k < rounds; k++) fb[k] = rs[k][i].fb_s, os[k] = rs[k][i].opt_s;
+    printf("phases, %s: forward + backward + finish %.3f s, optimizer step %.3f s (rank 0, "
+           "medians)\n", cs[i]->name, bench_median(fb, rounds), bench_median(os, rounds));
   }
   double step_fsdp[16];
   for (int i = 1; i < nc; i++) {
@@ -655,7 +672,8 @@ int main(int argc, char **argv) {
     for (int o = 1; o < nc; o++) {
       if (!cs[o]->offload || cs[o]->prefetch || cs[o]->tier != cs[i]->tier ||
           cs[o]->io_threads != cs[i]->io_threads || cs[o]->buffered != cs[i]->buffered ||
-          cs[o]->bf16 != cs[i]->bf16 || cs[o]->no_copy != cs[i]->no_copy || cs[o]->oib != cs[i]->oib)
+          cs[o]->bf16 != cs[i]->bf16 || cs[o]->no_copy != cs[i]->no_copy ||
+          cs[o]->oib != cs[i]->oib || cs[o]->gsync != cs[i]->gsync)
         continue;
       double q[16];
       for (int k = 0; k < rounds; k++) q[k] = rs[k][i].step_s / rs[k][o].step_s;
@@ -685,10 +703,34 @@ int main(int argc, char **argv) {
              bench_median(sq, rounds));
     }
   }
+  /* gradients written while the next unit computes against before it starts (gsync), same
+   * everything else, round by round: step, step / floor, RSS, CPU */
+  for (int i = 1; i < nc; i++) {
+    if (!is_disk(cs[i]) || cs[i]->gsync) continue;
+    for (int o = 1; o < nc; o++) {
+      if (!cs[o]->gsync || cs[o]->bf16 != cs[i]->bf16 || cs[o]->prefetch != cs[i]->prefetch ||
+          cs[o]->no_huge != cs[i]->no_huge || cs[o]->oib != cs[i]->oib ||
+          cs[o]->no_copy != cs[i]->no_copy || cs[o]->io_threads != cs[i]->io_threads)
+        continue;
+      double sq[16], fa[16], fb[16], ra[16], rb[16], ca[16], cb[16];
+      for (int k = 0; k < rounds; k++) {
+        sq[k] = rs[k][i].step_s / rs[k][o].step_s;
+        fa[k] = rs[k][i].step_s / floor_s[k][i], fb[k] = rs[k][o].step_s / floor_s[k][o];
+        ra[k] = rs[k][i].rss_train / (16.0 * rs[k][i].params);
+        rb[k] = rs[k][o].rss_train / (16.0 * rs[k][o].params);
+        ca[k] = rs[k][i].cpu_s, cb[k] = rs[k][o].cpu_s;
+      }
+      printf("overlapped / synchronous gradient writes, %s / %s: step %.2f; step / floor %.2f "
+             "against %.2f; RSS %.0f%% against %.0f%%; process CPU %.3f against %.3f s "
+             "(medians)\n", cs[i]->name, cs[o]->name, bench_median(sq, rounds),
+             bench_median(fa, rounds), bench_median(fb, rounds), 100 * bench_median(ra, rounds),
+             100 * bench_median(rb, rounds), bench_median(ca, rounds), bench_median(cb, rounds));
+    }
+  }
   /* the low-precision parameter copy against none, same tier and prefetch, round by round:
    * the bytes, the floor and the step */
   for (int i = 1; i < nc; i++) {
-    if (!cs[i]->offload || !cs[i]->bf16 || cs[i]->no_copy || cs[i]->oib) continue;
+    if (!cs[i]->offload || !cs[i]->bf16 || cs[i]->no_copy || cs[i]->oib || cs[i]->gsync) continue;
     for (int o = 1; o < nc; o++) {
       if (!cs[o]->no_copy || cs[o]->tier != cs[i]->tier || cs[o]->prefetch != cs[i]->prefetch ||
           cs[o]->oib != cs[i]->oib)

@@ -274,7 +274,9 @@ static int pre_backward(loom_tensor *grad, void *ctx) {
    * unit computed its input's gradient) must be done before this unit's buffer exists */
   for (size_t i = 0; i < f->nunits && !rc && f->cfg.limit_reduce_scatters; i++)
     if (f->units[i].rs_work) rc = loom__fsdp_reap(&f->units[i]);
-  if (!rc) rc = loom__fsdp_grad_settle(f); /* gradient shards that left: their buffers go */
+  /* gradient shards that left: their buffers go; the last one's write goes on while this unit
+   * computes (its pages are given back chunk by chunk as they reach the tier) */
+  if (!rc) rc = loom__fsdp_grad_settle_older(f);
   if (!rc && !u->full_grad) rc = make_local_grad(u);
   return rc;
 }

@@ -8,6 +8,7 @@
 #include "fsdp/offload_store.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_PREFETCH_STEPS 10
@@ -361,9 +362,21 @@ int loom__fsdp_grad_done(fsdp_unit *u) {
   }
   if (!src) return LOOM_OK;
   int rc = LOOM_OK;
-  for (size_t c = 0; c < u->off.nchunks && !rc; c++)
-    rc = loom__ostore_submit_put(f->store, loom__fsdp_slot(u, OFF_GRAD, 0, c), src + c * f->chunk,
-                                 loom__fsdp_chunk_len(u, c) * sizeof(float), &k->jobs[c]);
+  if (u->off.grad_src && f->grad_overlap) { /* the peers' slices are reduced: dead bytes */
+    float *g = loom_tensor_data(u->off.grad_src);
+    loom__mem_release(g, (size_t)f->rank * u->shard * sizeof(float));
+    loom__mem_release(g + (size_t)(f->rank + 1) * u->shard,
+                      (u->padded - (size_t)(f->rank + 1) * u->shard) * sizeof(float));
+  }
+  for (size_t c = 0; c < u->off.nchunks && !rc; c++) {
+    float *at = (float *)src + c * f->chunk;
+    size_t bytes = loom__fsdp_chunk_len(u, c) * sizeof(float);
+    size_t slot = loom__fsdp_slot(u, OFF_GRAD, 0, c);
+    /* each chunk's pages go as soon as it is on the tier (settle reads it back on failure) */
+    rc = f->grad_overlap ? loom__ostore_submit_put_release(f->store, slot, at, bytes, &k->jobs[c])
+                         : loom__ostore_submit_put(f->store, slot, at, bytes, &k->jobs[c]);
+  }
+  f->grad_leaving = u->index;
   k->leaving = true;
   k->offloaded = true; /* its bytes are on their way: nobody reads the buffer any more */
   if (rc) {
@@ -376,27 +389,69 @@ int loom__fsdp_grad_done(fsdp_unit *u) {
   return rc;
 }
 
+/* The gradient's bytes back in the compute pool after some of its puts failed: a chunk whose
+ * put succeeded (ok[c]; its source pages may be released) is read back from the tier, the
+ * others copied from src (never released). dst may be src. */
+static int grad_recover(fsdp_unit *u, const uint64_t *ok, const float *src, float *dst) {
+  loom_fsdp *f = u->f;
+  int rc = LOOM_OK;
+  for (size_t c = 0; c < u->off.nchunks && !loom__dry(); c++) {
+    size_t n = loom__fsdp_chunk_len(u, c);
+    int rc2 = LOOM_EIO;
+    if (ok[c]) rc2 = loom__ostore_get(f->store, loom__fsdp_slot(u, OFF_GRAD, 0, c),
+                                      dst + c * f->chunk, n * sizeof(float));
+    if (rc2 && ok[c] && !rc) rc = rc2; /* on the tier, and unreadable: lost */
+    if (!ok[c] && dst != src) memcpy(dst + c * f->chunk, src + c * f->chunk, n * sizeof(float));
+  }
+  return rc;
+}
+
 int loom__fsdp_grad_settle_unit(fsdp_unit *u) {
   off_kind *k = &u->off.k[OFF_GRAD];
   if (!k->leaving) return LOOM_OK;
-  int rc = wait_jobs(u, OFF_GRAD);
-  if (rc) { /* the tier lost it: the compute pool's copy is the one left */
+  if (u->f->grad_leaving == u->index) u->f->grad_leaving = SIZE_MAX;
+  int rc = LOOM_OK;
+  for (size_t c = 0; c < u->off.nchunks; c++) { /* k->jobs[c] becomes: did the put succeed */
+    double w = 0;
+    int rc2 = loom__ostore_wait(u->f->store, k->jobs[c], &w);
+    u->f->off_wait_s += w;
+    k->jobs[c] = rc2 == LOOM_OK;
+    if (!rc) rc = rc2;
+  }
+  k->arriving = k->leaving = false;
+  if (rc) { /* the tier lost (some of) it: the compute pool's copy is the one left */
     k->offloaded = false;
+    loom__fsdp_err e;
+    loom__fsdp_err_save(&e, rc);
+    int rc3 = LOOM_OK;
     if (u->off.grad_src) { /* out of the local gradient into a shard of its own */
-      loom__fsdp_err e;
-      loom__fsdp_err_save(&e, rc);
-      if ((u->grad_shard = alloc_shard(u, "gradient")) && !loom__dry())
-        memcpy(u->grad_shard,
-               (const float *)loom_tensor_data(u->off.grad_src) + (size_t)u->f->rank * u->shard,
-               u->shard * sizeof(float));
-      rc = loom__fsdp_err_restore(&e);
+      if ((u->grad_shard = alloc_shard(u, "gradient")))
+        rc3 = grad_recover(u, k->jobs,
+                           (const float *)loom_tensor_data(u->off.grad_src) +
+                               (size_t)u->f->rank * u->shard,
+                           u->grad_shard);
+    } else if (u->grad_shard) {
+      rc3 = grad_recover(u, k->jobs, u->grad_shard, u->grad_shard);
     }
+    for (size_t c = 0; c < u->off.nchunks; c++) k->jobs[c] = 0;
+    rc = loom__fsdp_err_restore(&e);
+    (void)rc3; /* the put's failure is the one reported */
   } else {
     k->stored = true;
     free_buffer(u, OFF_GRAD);
   }
   loom_tensor_free(u->off.grad_src);
   u->off.grad_src = NULL;
+  return rc;
+}
+
+int loom__fsdp_grad_settle_older(loom_fsdp *f) {
+  int rc = LOOM_OK;
+  for (size_t i = 0; f->store && i < f->nunits; i++) {
+    if (f->grad_overlap && i == f->grad_leaving) continue;
+    int rc2 = loom__fsdp_grad_settle_unit(&f->units[i]);
+    if (!rc) rc = rc2;
+  }
   return rc;
 }
 
@@ -484,6 +539,9 @@ int loom__fsdp_offload_init(loom_fsdp *f) {
   const loom_fsdp_offload_cfg *c = &f->cfg.offload;
   if (!c->enabled) return LOOM_OK;
   f->chunk = c->chunk_bytes / sizeof(float);
+  const char *ov = getenv("LOOM_FSDP_GRAD_OVERLAP");
+  f->grad_overlap = !(ov && !strcmp(ov, "0"));
+  f->grad_leaving = SIZE_MAX;
   if (c->dir && !(f->offload_dir = loom__strdup(LOOM_POOL_META, c->dir)))
     return loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory");
   f->cfg.offload.dir = f->offload_dir;

@@ -357,6 +357,7 @@ static void *worker_main(void *arg) {
     int rc = j->kind == JOB_PUT ? put_impl(s, j->slot, j->buf, j->bytes, who, false)
                                 : get_impl(s, j->slot, j->buf, j->bytes, who, false);
     if (rc) snprintf(j->msg, sizeof j->msg, "%s", loom_last_error());
+    else if (j->release) loom__mem_release(j->buf, j->bytes);
 
     pthread_mutex_lock(&s->mu);
     j->status = rc;
@@ -373,7 +374,7 @@ static void *worker_main(void *arg) {
 }
 
 static int submit(loom__ostore *s, int kind, size_t slot, void *buf, size_t bytes,
-                  loom__ojob *job) {
+                  loom__ojob *job, bool release) {
   const char *who = kind == JOB_PUT ? "loom__ostore_submit_put" : "loom__ostore_submit_get";
   if (job) *job = 0;
   if (!s || !job) return loom__fail(LOOM_EINVAL, "%s: %s is NULL", who, s ? "job" : "store");
@@ -415,7 +416,7 @@ static int submit(loom__ostore *s, int kind, size_t slot, void *buf, size_t byte
   o->bytes = bytes;
   o->pending++;
   *j = (ojob){.id = ++s->last_id, .kind = kind, .state = JOB_QUEUED, .slot = slot,
-              .bytes = bytes, .buf = buf, .prev = s->live_tail};
+              .bytes = bytes, .buf = buf, .prev = s->live_tail, .release = release};
   if (s->live_tail) s->live_tail->next = j;
   else s->live_head = j;
   s->live_tail = j;
@@ -432,12 +433,17 @@ done:
 
 int loom__ostore_submit_get(loom__ostore *s, size_t slot, void *dst, size_t bytes,
                             loom__ojob *job) {
-  return submit(s, JOB_GET, slot, dst, bytes, job);
+  return submit(s, JOB_GET, slot, dst, bytes, job, false);
 }
 
 int loom__ostore_submit_put(loom__ostore *s, size_t slot, const void *src, size_t bytes,
                             loom__ojob *job) {
-  return submit(s, JOB_PUT, slot, (void *)src, bytes, job); /* never written through */
+  return submit(s, JOB_PUT, slot, (void *)src, bytes, job, false); /* never written through */
+}
+
+int loom__ostore_submit_put_release(loom__ostore *s, size_t slot, void *src, size_t bytes,
+                                    loom__ojob *job) {
+  return submit(s, JOB_PUT, slot, src, bytes, job, true);
 }
 
 int loom__ostore_wait(loom__ostore *s, loom__ojob job, double *waited) {

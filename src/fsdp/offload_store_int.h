@@ -40,6 +40,7 @@ typedef struct ojob {
   struct ojob *qnext;       /* queue of jobs not yet started */
   loom__ojob id;
   int kind, state, status;
+  bool release; /* a put: src's pages go back to the system once it succeeded */
   size_t slot, bytes;
   void *buf; /* dst of a get, src of a put (on loan) */
   char msg[512];
