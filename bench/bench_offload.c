@@ -18,10 +18,11 @@
  *                 time, the resident memory's floor;
  *   disk p1 cache disk p1 with loom's allocator cache on (its default): no fresh pages to fault
  *                 in for each gathered unit, gradient and chunk buffer, more resident memory;
- *   disk p1 gsync, disk p1 bf16 gsync   disk p1 and disk p1 bf16 with each unit's gradient
- *                 written whole before the next unit's backward starts, its local gradient kept
- *                 whole until then (LOOM_FSDP_GRAD_OVERLAP=0: the behaviour before that write
- *                 overlapped the next unit's compute): the A/B of that change in one run;
+ *   disk p1 gfifo, disk p1 bf16 gfifo   disk p1 and disk p1 bf16 with each unit's gradient
+ *                 puts queued behind the gathers' reads issued before them
+ *                 (LOOM_FSDP_GRAD_FIRST=0, the behaviour before they went first): the A/B;
+ *   disk p1 gover disk p1 with each unit's gradient written while the next unit's backward
+ *                 computes (LOOM_FSDP_GRAD_OVERLAP=1) instead of before it starts;
  *   disk p1 nothp disk p1 with the allocator's large blocks in 4 KiB pages
  *                 (LOOM_ALLOC_HUGEPAGES=0) instead of transparent huge pages;
  *   fsdp bf16, host p1 bf16, disk p1 bf16, disk p0 bf16   FSDP mixed precision with a bf16
@@ -90,7 +91,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -120,8 +124,10 @@ typedef struct config {
   bool no_copy;   /* bf16: no low-precision parameter copy in the tier (the gathers read and
                      cast the f32 shard) */
   bool oib;       /* the optimizer step inside backward (cfg.optim_in_backward) */
-  bool gsync;     /* LOOM_FSDP_GRAD_OVERLAP=0: each unit's gradient written before the next
-                     unit's backward starts, its local gradient whole until then (as before) */
+  bool gover;     /* LOOM_FSDP_GRAD_OVERLAP=1: each unit's gradient written while the next
+                     unit's backward computes (the default: before it starts) */
+  bool gfifo;     /* LOOM_FSDP_GRAD_FIRST=0: the gradient puts queued behind the gathers' reads
+                     (as before; the default puts them first) */
 } config;
 
 typedef struct result {
@@ -130,6 +136,9 @@ typedef struct result {
   double step_s, cpu_s;           /* rank 0, median step; process CPU per step */
   double sync_s;                  /* disk tier: median fdatasync + drop before a step (untimed) */
   double fb_s, opt_s;             /* rank 0, medians: forward + backward + finish; optimizer step */
+  double fb_busy, opt_busy;       /* disk tier: the device's busy fraction in those phases */
+  double rss_sampled;             /* largest RSS sample over the timed steps, and its phase */
+  int rss_phase;
   double wait_s, transfer_s, moved; /* rank 0 per step: exposed wait, transfer time, bytes */
   double to_tier;                   /* rank 0 per step: of those bytes, written to the tier */
   double rss_build, rss_train;    /* bytes: VmHWM before and after the reset */
@@ -176,6 +185,52 @@ static double io_read_bytes(void) {
     if (!strncmp(line, "read_bytes:", 11)) v = atof(line + 11);
   if (p) fclose(p);
   return v;
+}
+
+/* Milliseconds the block device holding `dir` has been busy (/proc/diskstats' io_ticks of
+ * its major:minor, a partition's own figure); -1 if not found. */
+static double disk_busy_ms(const char *dir) {
+  struct stat st;
+  if (!dir || stat(dir, &st)) return -1;
+  unsigned maj = major(st.st_dev), mnr = minor(st.st_dev);
+  FILE *p = fopen("/proc/diskstats", "r");
+  char line[512];
+  double v = -1;
+  while (p && fgets(line, sizeof line, p)) {
+    unsigned a, b;
+    char name[64];
+    double f[10];
+    if (sscanf(line, "%u %u %63s %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf", &a, &b, name, &f[0],
+               &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8], &f[9]) == 13 &&
+        a == maj && b == mnr)
+      v = f[9];
+  }
+  if (p) fclose(p);
+  return v;
+}
+
+/* The process's resident bytes, sampled every millisecond by a thread of rank 0's during the
+ * timed steps: the largest sample and the phase it fell in (1 forward + backward + finish, 2
+ * the optimizer step), so a peak can be placed. */
+static _Atomic int rss_phase;
+static _Atomic bool rss_stop;
+static double rss_max_bytes;
+static int rss_max_phase;
+static void *rss_sampler(void *arg) {
+  (void)arg;
+  long pg = sysconf(_SC_PAGESIZE);
+  while (!atomic_load(&rss_stop)) {
+    FILE *p = fopen("/proc/self/statm", "r");
+    long size = 0, res = 0;
+    if (p && fscanf(p, "%ld %ld", &size, &res) == 2 && (double)res * (double)pg > rss_max_bytes &&
+        atomic_load(&rss_phase)) {
+      rss_max_bytes = (double)res * (double)pg;
+      rss_max_phase = atomic_load(&rss_phase);
+    }
+    if (p) fclose(p);
+    usleep(1000);
+  }
+  return NULL;
 }
 
 static void write_file(const char *path, const char *s) {
@@ -260,6 +315,9 @@ static int rank_main(loom_pg *pg, void *arg) {
   for (int64_t i = 0; i < BATCH; i++)
     ((int64_t *)loom_tensor_data(y))[i] = rand() % sizes[NSIZES - 1];
   result *r = &j->r;
+  double fb_busy[MAXSTEPS] = {0}, opt_busy[MAXSTEPS] = {0};
+  pthread_t sampler;
+  bool sampling = measures_process && pthread_create(&sampler, NULL, rss_sampler, NULL) == 0;
   double step_t[MAXSTEPS], fb_t[MAXSTEPS], opt_t[MAXSTEPS], sync_t[MAXSTEPS] = {0}, cpu0 = 0, io0 = 0, io_sum = 0;
   struct rusage ru0 = {0};
   loom_fsdp_stats before = {0}, after = {0};
@@ -289,7 +347,8 @@ static int rank_main(loom_pg *pg, void *arg) {
       io0 = io_read_bytes();
     }
     sync_ranks(j, pg);
-    double t0 = bench_now();
+    double t0 = bench_now(), k0 = measures_process ? disk_busy_ms(j->dir) : -1;
+    if (measures_process && timed) atomic_store(&rss_phase, 1);
     loom_tensor *logits = NULL, *loss = NULL;
     BENCH_CHECK(loom_module_forward(m, x, &logits));
     BENCH_CHECK(loom_cross_entropy(logits, y, LOOM_REDUCTION_MEAN, -100, &loss));
@@ -297,12 +356,22 @@ static int rank_main(loom_pg *pg, void *arg) {
     BENCH_CHECK(loom_fsdp_finish(f));
     loom_tensor_free(logits);
     loom_tensor_free(loss);
-    double tb = bench_now();
+    double tb = bench_now(), kb = measures_process ? disk_busy_ms(j->dir) : -1;
+    if (measures_process && timed) atomic_store(&rss_phase, 2);
     BENCH_CHECK(loom_fsdp_optim_step(f, opt, 1.0f));
-    double t1 = bench_now();
+    double t1 = bench_now(), k1 = measures_process ? disk_busy_ms(j->dir) : -1;
+    if (measures_process) atomic_store(&rss_phase, 0);
+    if (timed && k0 >= 0 && kb >= 0 && k1 >= 0) {
+      fb_busy[s - 1] = (kb - k0) / 1e3 / (tb - t0);
+      opt_busy[s - 1] = (k1 - kb) / 1e3 / (t1 - tb);
+    }
     sync_ranks(j, pg);
     if (measures_process && timed) io_sum += io_read_bytes() - io0;
     if (timed) step_t[s - 1] = t1 - t0, fb_t[s - 1] = tb - t0, opt_t[s - 1] = t1 - tb;
+  }
+  if (sampling) {
+    atomic_store(&rss_stop, true);
+    pthread_join(sampler, NULL);
   }
   loom_pool_stats ps;
   BENCH_CHECK(loom_mem_account_stats(acct, LOOM_POOL_COMPUTE, &ps));
@@ -313,6 +382,10 @@ static int rank_main(loom_pg *pg, void *arg) {
     r->sync_s = bench_median(sync_t, n);
     r->fb_s = bench_median(fb_t, n);
     r->opt_s = bench_median(opt_t, n);
+    r->fb_busy = bench_median(fb_busy, n);
+    r->opt_busy = bench_median(opt_busy, n);
+    r->rss_sampled = rss_max_bytes;
+    r->rss_phase = rss_max_phase;
     r->cpu_s = (bench_process_cpu_now() - cpu0) / n;
     struct rusage ru1;
     getrusage(RUSAGE_SELF, &ru1);
@@ -425,7 +498,8 @@ static result run(const config *c, const char *dir, int steps) {
     drop_page_cache(); /* between runs: nothing of the last configuration is cached */
     if (c->buffered) setenv("LOOM_OFFLOAD_DIRECT", "0", 1);
     if (c->no_huge) setenv("LOOM_ALLOC_HUGEPAGES", "0", 1);
-    if (c->gsync) setenv("LOOM_FSDP_GRAD_OVERLAP", "0", 1);
+    if (c->gover) setenv("LOOM_FSDP_GRAD_OVERLAP", "1", 1);
+    if (c->gfifo) setenv("LOOM_FSDP_GRAD_FIRST", "0", 1);
     /* the disk tier is about resident memory: no allocator cache (its blocks stay resident) */
     if (c->offload && c->tier == LOOM_FSDP_TIER_DISK && !c->cache) loom_mem_set_cache_limit(0);
     job j = {.c = c, .dir = dir, .steps = steps};
@@ -460,8 +534,9 @@ static const config configs[] = {
     {.name = "disk p1 g0", .offload = true, .tier = DISK, .prefetch = 1, .lean = true},
     {.name = "disk p1 cache", .offload = true, .tier = DISK, .prefetch = 1, .cache = true},
     {.name = "disk p1 nothp", .offload = true, .tier = DISK, .prefetch = 1, .no_huge = true},
-    {.name = "disk p1 gsync", .offload = true, .tier = DISK, .prefetch = 1, .gsync = true},
-    {.name = "disk p1 bf16 gsync", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .gsync = true},
+    {.name = "disk p1 gover", .offload = true, .tier = DISK, .prefetch = 1, .gover = true},
+    {.name = "disk p1 gfifo", .offload = true, .tier = DISK, .prefetch = 1, .gfifo = true},
+    {.name = "disk p1 bf16 gfifo", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .gfifo = true},
     {.name = "fsdp bf16", .offload = false, .tier = HOST, .prefetch = 1, .bf16 = true},
     {.name = "host p1 bf16", .offload = true, .tier = HOST, .prefetch = 1, .bf16 = true},
     {.name = "host p1 bf16 nocopy", .offload = true, .tier = HOST, .prefetch = 1, .bf16 = true, .no_copy = true},
@@ -541,7 +616,7 @@ int main(int argc, char **argv) {
   if (steps < 1 || steps > MAXSTEPS || rounds < 1 || rounds > 16) {
     fprintf(stderr, "usage: bench_offload [dir] [steps 1..%d] [rounds 1..16] [configs: comma "
             "separated, of fsdp, host p1, host p0, disk p1, disk p0, disk p1 t1, disk p0 t1, "
-            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, disk p1 nothp, disk p1 gsync, disk p1 bf16 gsync, fsdp bf16, host p1 bf16, host p1 bf16 "
+            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, disk p1 nothp, disk p1 gover, disk p1 gfifo, disk p1 bf16 gfifo, fsdp bf16, host p1 bf16, host p1 bf16 "
             "nocopy, disk p1 bf16, disk p0 bf16, disk p1 bf16 nocopy, disk p1 oib, disk p1 bf16 oib; "
             "default all]\n", MAXSTEPS);
     return 2;
@@ -622,10 +697,21 @@ int main(int argc, char **argv) {
            "system %.3f); minor faults %.0fk per step\n", cs[i]->name, list,
            bench_median(st, rounds), bench_median(cp, rounds), bench_median(us, rounds),
            bench_median(sy, rounds), bench_median(mf, rounds) / 1e3);
-    double fb[16], os[16];
-    for (int k = 0; k < rounds; k++) fb[k] = rs[k][i].fb_s, os[k] = rs[k][i].opt_s;
+    double fb[16], os[16], fbb[16], obb[16], rsp[16];
+    char ph[64] = "";
+    for (int k = 0, o = 0; k < rounds; k++) {
+      const result *r = &rs[k][i];
+      fb[k] = r->fb_s, os[k] = r->opt_s, fbb[k] = r->fb_busy, obb[k] = r->opt_busy;
+      rsp[k] = r->rss_sampled;
+      if (o < (int)sizeof ph)
+        o += snprintf(ph + o, sizeof ph - (size_t)o, "%s%s", k ? " " : "",
+                      r->rss_phase == 1 ? "fb" : r->rss_phase == 2 ? "opt" : "-");
+    }
     printf("phases, %s: forward + backward + finish %.3f s, optimizer step %.3f s (rank 0, "
-           "medians)\n", cs[i]->name, bench_median(fb, rounds), bench_median(os, rounds));
+           "medians); disk busy %.0f%% and %.0f%% of them; RSS sampled every 1 ms: largest "
+           "%.0f MB, in the phase per round %s\n", cs[i]->name, bench_median(fb, rounds),
+           bench_median(os, rounds), 100 * bench_median(fbb, rounds), 100 * bench_median(obb, rounds),
+           MB(bench_median(rsp, rounds)), ph);
   }
   double step_fsdp[16];
   for (int i = 1; i < nc; i++) {
@@ -673,7 +759,8 @@ int main(int argc, char **argv) {
       if (!cs[o]->offload || cs[o]->prefetch || cs[o]->tier != cs[i]->tier ||
           cs[o]->io_threads != cs[i]->io_threads || cs[o]->buffered != cs[i]->buffered ||
           cs[o]->bf16 != cs[i]->bf16 || cs[o]->no_copy != cs[i]->no_copy ||
-          cs[o]->oib != cs[i]->oib || cs[o]->gsync != cs[i]->gsync)
+          cs[o]->oib != cs[i]->oib || cs[o]->gfifo != cs[i]->gfifo ||
+          cs[o]->gover != cs[i]->gover)
         continue;
       double q[16];
       for (int k = 0; k < rounds; k++) q[k] = rs[k][i].step_s / rs[k][o].step_s;
@@ -703,34 +790,40 @@ int main(int argc, char **argv) {
              bench_median(sq, rounds));
     }
   }
-  /* gradients written while the next unit computes against before it starts (gsync), same
-   * everything else, round by round: step, step / floor, RSS, CPU */
-  for (int i = 1; i < nc; i++) {
-    if (!is_disk(cs[i]) || cs[i]->gsync) continue;
-    for (int o = 1; o < nc; o++) {
-      if (!cs[o]->gsync || cs[o]->bf16 != cs[i]->bf16 || cs[o]->prefetch != cs[i]->prefetch ||
-          cs[o]->no_huge != cs[i]->no_huge || cs[o]->oib != cs[i]->oib ||
-          cs[o]->no_copy != cs[i]->no_copy || cs[o]->io_threads != cs[i]->io_threads)
+  /* the gradient-write variants (gfifo, gover) against the default, same everything else,
+   * round by round: step, step / floor, RSS, CPU */
+  for (int o = 1; o < nc; o++) {
+    if (!is_disk(cs[o]) || !(cs[o]->gfifo || cs[o]->gover)) continue;
+    for (int i = 1; i < nc; i++) {
+      if (!is_disk(cs[i]) || cs[i]->gfifo || cs[i]->gover || cs[o]->bf16 != cs[i]->bf16 ||
+          cs[o]->prefetch != cs[i]->prefetch || cs[o]->no_huge != cs[i]->no_huge ||
+          cs[o]->oib != cs[i]->oib || cs[o]->no_copy != cs[i]->no_copy ||
+          cs[o]->io_threads != cs[i]->io_threads || cs[o]->lean != cs[i]->lean ||
+          cs[o]->cache != cs[i]->cache || cs[o]->buffered != cs[i]->buffered)
         continue;
-      double sq[16], fa[16], fb[16], ra[16], rb[16], ca[16], cb[16];
+      double sq[16], fa[16], fb[16], ra[16], rb[16], ca[16], cb[16], pa[16], pb[16];
       for (int k = 0; k < rounds; k++) {
         sq[k] = rs[k][i].step_s / rs[k][o].step_s;
         fa[k] = rs[k][i].step_s / floor_s[k][i], fb[k] = rs[k][o].step_s / floor_s[k][o];
         ra[k] = rs[k][i].rss_train / (16.0 * rs[k][i].params);
         rb[k] = rs[k][o].rss_train / (16.0 * rs[k][o].params);
         ca[k] = rs[k][i].cpu_s, cb[k] = rs[k][o].cpu_s;
+        pa[k] = rs[k][i].fb_s, pb[k] = rs[k][o].fb_s;
       }
-      printf("overlapped / synchronous gradient writes, %s / %s: step %.2f; step / floor %.2f "
-             "against %.2f; RSS %.0f%% against %.0f%%; process CPU %.3f against %.3f s "
-             "(medians)\n", cs[i]->name, cs[o]->name, bench_median(sq, rounds),
-             bench_median(fa, rounds), bench_median(fb, rounds), 100 * bench_median(ra, rounds),
+      printf("gradient writes, %s / %s: step %.2f; forward + backward %.3f against %.3f s; step / "
+             "floor %.2f against %.2f; RSS %.0f%% against %.0f%%; process CPU %.3f against %.3f "
+             "s (medians)\n", cs[i]->name, cs[o]->name, bench_median(sq, rounds),
+             bench_median(pa, rounds), bench_median(pb, rounds), bench_median(fa, rounds),
+             bench_median(fb, rounds), 100 * bench_median(ra, rounds),
              100 * bench_median(rb, rounds), bench_median(ca, rounds), bench_median(cb, rounds));
     }
   }
   /* the low-precision parameter copy against none, same tier and prefetch, round by round:
    * the bytes, the floor and the step */
   for (int i = 1; i < nc; i++) {
-    if (!cs[i]->offload || !cs[i]->bf16 || cs[i]->no_copy || cs[i]->oib || cs[i]->gsync) continue;
+    if (!cs[i]->offload || !cs[i]->bf16 || cs[i]->no_copy || cs[i]->oib || cs[i]->gfifo ||
+        cs[i]->gover)
+      continue;
     for (int o = 1; o < nc; o++) {
       if (!cs[o]->no_copy || cs[o]->tier != cs[i]->tier || cs[o]->prefetch != cs[i]->prefetch ||
           cs[o]->oib != cs[i]->oib)

@@ -128,8 +128,11 @@ struct loom_fsdp {
   char *offload_dir;          /* cfg.offload.dir copied */
   size_t chunk;               /* elements per chunk */
   double off_wait_s;          /* exposed transfer wait */
-  bool grad_overlap;          /* a unit's gradient leaves while the next unit's backward runs
-                                 (LOOM_FSDP_GRAD_OVERLAP=0: written before it starts) */
+  bool grad_overlap;          /* LOOM_FSDP_GRAD_OVERLAP=1: a unit's gradient leaves while the
+                                 next unit's backward runs (faster, one slice more resident);
+                                 default: written before that backward starts */
+  bool grad_first;            /* a backward's gradient puts go ahead of queued gathers' reads
+                                 (LOOM_FSDP_GRAD_FIRST=0: in submission order) */
   size_t grad_leaving;        /* the unit whose gradient left last in backward, or SIZE_MAX */
   loom_optim *state_opt;      /* the optimizer whose state was last sent for (a prefetch) */
   bool sync;
@@ -237,8 +240,9 @@ int loom__fsdp_param_ahead(fsdp_unit *u);
 int loom__fsdp_grad_target(fsdp_unit *u, float **recv);
 /* The reduce-scatter has completed: the gradient leaves for the tier. With the in-place
  * reduce-scatter the offloader takes the local gradient u->full_grad (its views already
- * unbound from the parameters) and frees it once its slice is out; with f->grad_overlap the
- * pages of the peers' slices go at once and each chunk's once it is on the tier. */
+ * unbound from the parameters) and frees it once its slice is out; its puts go ahead of
+ * queued reads (f->grad_first); with f->grad_overlap the pages of the peers' slices go at once
+ * and each chunk's once it is on the tier. */
 int loom__fsdp_grad_done(fsdp_unit *u);
 /* wait for gradient shards on their way out and free them (one unit, or all) */
 int loom__fsdp_grad_settle_unit(fsdp_unit *u);

@@ -372,9 +372,11 @@ int loom__fsdp_grad_done(fsdp_unit *u) {
     float *at = (float *)src + c * f->chunk;
     size_t bytes = loom__fsdp_chunk_len(u, c) * sizeof(float);
     size_t slot = loom__fsdp_slot(u, OFF_GRAD, 0, c);
-    /* each chunk's pages go as soon as it is on the tier (settle reads it back on failure) */
-    rc = f->grad_overlap ? loom__ostore_submit_put_release(f->store, slot, at, bytes, &k->jobs[c])
-                         : loom__ostore_submit_put(f->store, slot, at, bytes, &k->jobs[c]);
+    /* ahead of the gathers' reads queued for later units (the backward waits for this write
+     * before the next unit's local gradient exists); with the overlap each chunk's pages go as
+     * soon as it is on the tier (settle reads it back on failure) */
+    unsigned flags = (f->grad_overlap ? LOOM__OJOB_RELEASE : 0) | (f->grad_first ? LOOM__OJOB_FIRST : 0);
+    rc = loom__ostore_submit_put_ex(f->store, slot, at, bytes, flags, &k->jobs[c]);
   }
   f->grad_leaving = u->index;
   k->leaving = true;
@@ -539,8 +541,9 @@ int loom__fsdp_offload_init(loom_fsdp *f) {
   const loom_fsdp_offload_cfg *c = &f->cfg.offload;
   if (!c->enabled) return LOOM_OK;
   f->chunk = c->chunk_bytes / sizeof(float);
-  const char *ov = getenv("LOOM_FSDP_GRAD_OVERLAP");
-  f->grad_overlap = !(ov && !strcmp(ov, "0"));
+  const char *ov = getenv("LOOM_FSDP_GRAD_OVERLAP"), *gf = getenv("LOOM_FSDP_GRAD_FIRST");
+  f->grad_overlap = ov && !strcmp(ov, "1");
+  f->grad_first = !(gf && !strcmp(gf, "0"));
   f->grad_leaving = SIZE_MAX;
   if (c->dir && !(f->offload_dir = loom__strdup(LOOM_POOL_META, c->dir)))
     return loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory");

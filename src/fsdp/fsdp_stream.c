@@ -21,10 +21,9 @@
 #include "fsdp/fsdp_int.h"
 #include "fsdp/offload_store.h"
 
-#include <stdlib.h>
 #include <string.h>
 
-#define RING 8 /* the most sets a pass uses */
+#define RING 3
 
 typedef struct ring_set {
   float *buf[OFF_KINDS];
@@ -42,7 +41,6 @@ typedef struct stream {
   float *grad;      /* one unit's gradient where it was reduced (optimizer in backward), or
                        NULL: the gradient shard */
   size_t nsets;
-  size_t ahead;      /* items read ahead of the one worked on */
   ring_set set[RING];
   size_t *unit_of, *chunk_of; /* items: (unit, chunk) in order */
   size_t nitems;
@@ -154,10 +152,7 @@ static int stream_units(loom_fsdp *f, loom_optim *opt, size_t u0, size_t u1, flo
   stream s = {.f = f, .opt = opt, .read = read, .write = write, .u0 = u0, .u1 = u1, .grad = grad};
   const loom_fsdp_offload_cfg *c = &f->cfg.offload;
   if (!f->store) return loom__fail(LOOM_EMISUSE, "fsdp: a streamed pass without offload");
-  s.nsets = c->prefetch_gradients && c->prefetch_steps > 0 ? 3 : 1;
-  { const char *e = getenv("LOOM_RING_X");
-    if (e && s.nsets > 1) s.nsets = (size_t)atoi(e); }
-  s.ahead = s.nsets > 1 ? s.nsets - 2 : 0;
+  s.nsets = c->prefetch_gradients && c->prefetch_steps > 0 ? RING : 1;
   int rc = LOOM_OK;
   /* gathers still reading their part out of the tier, and kinds still arriving from a
    * prefetch: let them land first (the pass may rewrite those bytes) */
@@ -205,9 +200,9 @@ static int stream_units(loom_fsdp *f, loom_optim *opt, size_t u0, size_t u1, flo
     if (!(s.set[i].low = loom__malloc(LOOM_POOL_COMPUTE, low_bytes)))
       rc = loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory for a %zu-byte chunk buffer",
                       low_bytes);
-  for (size_t i = 0; i < s.nitems && i < (s.ahead ? s.ahead : 1) && !rc; i++) rc = issue_reads(&s, i);
+  if (!rc && s.nitems) rc = issue_reads(&s, 0);
   for (size_t i = 0; i < s.nitems && !rc; i++) {
-    if (s.ahead && i + s.ahead < s.nitems) rc = issue_reads(&s, i + s.ahead);
+    if (s.nsets > 1 && i + 1 < s.nitems) rc = issue_reads(&s, i + 1);
     if (!rc) rc = work_on(&s, i, fn, ctx);
     if (!rc && s.nsets == 1 && i + 1 < s.nitems) rc = issue_reads(&s, i + 1);
   }

@@ -772,7 +772,7 @@ LT_TEST(ostore_disk_removes_files_left_by_dead_processes_only) {
   rmdir(dir);
 }
 
-/* submit_put_release: once the put has succeeded, the source's whole pages read as zero and
+/* submit_put_ex with LOOM__OJOB_RELEASE: once the put has succeeded, the source's whole pages read as zero and
  * the slot holds the bytes; a put that fails (the file may not grow: RLIMIT_FSIZE) leaves the
  * source as it was. Both tiers (the host tier's put copies, then releases the same way). */
 static void put_release(loom__otier tier, const char *dir) {
@@ -785,7 +785,7 @@ static void put_release(loom__otier tier, const char *dir) {
   fill_random(src, bytes);
   memcpy(want, src, bytes);
   loom__ojob job = 0;
-  LT_OK(loom__ostore_submit_put_release(s, 4, src, bytes, &job));
+  LT_OK(loom__ostore_submit_put_ex(s, 4, src, bytes, LOOM__OJOB_RELEASE, &job));
   LT_OK(loom__ostore_wait(s, job, NULL));
   LT_OK(loom__ostore_get(s, 4, got, bytes));
   LT_TRUE(memcmp(got, want, bytes) == 0);
@@ -809,7 +809,7 @@ static void put_release(loom__otier tier, const char *dir) {
     void (*old_sig)(int) = signal(SIGXFSZ, SIG_IGN);
     int set = setrlimit(RLIMIT_FSIZE, &lim);
     int rc = LOOM_OK;
-    if (set == 0 && (rc = loom__ostore_submit_put_release(s, 9, src, bytes, &job)) == LOOM_OK)
+    if (set == 0 && (rc = loom__ostore_submit_put_ex(s, 9, src, bytes, LOOM__OJOB_RELEASE, &job)) == LOOM_OK)
       rc = loom__ostore_wait(s, job, NULL);
     setrlimit(RLIMIT_FSIZE, &old);
     signal(SIGXFSZ, old_sig);
