@@ -128,8 +128,10 @@ struct loom_fsdp {
   char *offload_dir;          /* cfg.offload.dir copied */
   size_t chunk;               /* elements per chunk */
   double off_wait_s;          /* exposed transfer wait */
-  bool grad_overlap;          /* a unit's gradient leaves while the next unit's backward runs
-                                 (LOOM_FSDP_GRAD_OVERLAP=0: written before it starts) */
+  bool grad_overlap;          /* LOOM_FSDP_GRAD_OVERLAP=1: a unit's gradient leaves while the
+                                 next unit's backward runs (faster; about one slice more
+                                 resident at the backward's peak); default: written before
+                                 that backward starts */
   bool grad_first;            /* a backward's gradient puts go ahead of queued gathers' reads
                                  (LOOM_FSDP_GRAD_FIRST=0: in submission order) */
   size_t grad_leaving;        /* the unit whose gradient left last in backward, or SIZE_MAX */

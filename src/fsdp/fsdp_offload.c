@@ -542,7 +542,7 @@ int loom__fsdp_offload_init(loom_fsdp *f) {
   if (!c->enabled) return LOOM_OK;
   f->chunk = c->chunk_bytes / sizeof(float);
   const char *ov = getenv("LOOM_FSDP_GRAD_OVERLAP"), *gf = getenv("LOOM_FSDP_GRAD_FIRST");
-  f->grad_overlap = !(ov && !strcmp(ov, "0"));
+  f->grad_overlap = ov && !strcmp(ov, "1");
   f->grad_first = !(gf && !strcmp(gf, "0"));
   f->grad_leaving = SIZE_MAX;
   if (c->dir && !(f->offload_dir = loom__strdup(LOOM_POOL_META, c->dir)))

@@ -833,3 +833,41 @@ LT_TEST(ostore_put_release_gives_pages_back_only_after_success_disk) {
   put_release(LOOM__OTIER_DISK, dir);
   fm_rm_tree(dir);
 }
+
+/* LOOM__OJOB_FIRST: a put submitted behind queued jobs of other slots runs before them (one
+ * worker: the host tier's). Ten 16 MiB puts are queued behind a running one, then a FIRST put
+ * of another slot: once it is done, puts queued before it are still waiting (in submission
+ * order they would all have run first); a FIRST put of a slot with a job queued keeps its
+ * place behind that job (its bytes are the last put's). */
+LT_TEST(ostore_first_put_passes_queued_jobs_of_other_slots) {
+  loom__ostore *s = NULL;
+  LT_OK(loom__ostore_create(LOOM__OTIER_HOST, NULL, 0, &s));
+  enum { N = 10 };
+  size_t big = (size_t)16 << 20;
+  unsigned char *buf = malloc(big), *small = malloc(4096), *small2 = malloc(4096),
+                *got = malloc(4096);
+  LT_TRUE(buf && small && small2 && got);
+  memset(buf, 7, big);
+  memset(small, 1, 4096);
+  memset(small2, 2, 4096);
+  loom__ojob jobs[N + 1], first = 0, same = 0, late = 0;
+  for (int i = 0; i <= N; i++) LT_OK(loom__ostore_submit_put(s, (size_t)i, buf, big, &jobs[i]));
+  LT_OK(loom__ostore_submit_put_ex(s, 50, small, 4096, LOOM__OJOB_FIRST, &first));
+  LT_OK(loom__ostore_wait(s, first, NULL));
+  LT_TRUE(loom__ostore_queued(s) >= 1);
+  /* slot 60 has a put queued: a FIRST put of it stays behind it */
+  LT_OK(loom__ostore_submit_put_ex(s, 60, small, 4096, 0, &same));
+  LT_OK(loom__ostore_submit_put_ex(s, 60, small2, 4096, LOOM__OJOB_FIRST, &late));
+  for (int i = 0; i <= N; i++) LT_OK(loom__ostore_wait(s, jobs[i], NULL));
+  LT_OK(loom__ostore_wait(s, same, NULL));
+  LT_OK(loom__ostore_wait(s, late, NULL));
+  LT_OK(loom__ostore_get(s, 60, got, 4096));
+  LT_TRUE(memcmp(got, small2, 4096) == 0);
+  LT_OK(loom__ostore_get(s, 50, got, 4096));
+  LT_TRUE(memcmp(got, small, 4096) == 0);
+  loom__ostore_free(s);
+  free(buf);
+  free(small);
+  free(small2);
+  free(got);
+}
