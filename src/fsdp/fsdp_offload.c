@@ -3,59 +3,15 @@
  * the host or disk tier and the worker thread), and moving each unit's parameter shard, gradient
  * shard and optimizer state between the compute pool and that store, chunk by chunk, with the
  * is-offloaded state per unit and kind. The hooks (fsdp_gather.c, fsdp_hooks.c) call the
- * loom__fsdp_param_* / _grad_* entry points; the optimizer step streams (fsdp_stream.c). */
+ * loom__fsdp_param_* / _grad_* entry points; the optimizer step streams (fsdp_stream.c). The
+ * configuration's default and rules are fsdp_offload_cfg.c's, reading the bytes where they are
+ * (checkpoints) fsdp_offload_read.c's. */
 #include "fsdp/fsdp_int.h"
 #include "fsdp/offload_store.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define MAX_PREFETCH_STEPS 10
-
-loom_fsdp_offload_cfg loom_fsdp_offload_cfg_default(void) {
-  return (loom_fsdp_offload_cfg){.enabled = true,
-                                 .offload_optimizer_states = true,
-                                 .offload_gradients = true,
-                                 .offload_parameters = true,
-                                 .prefetch_parameters = true,
-                                 .prefetch_gradients = true,
-                                 .prefetch_steps = 1,
-                                 .tier = LOOM_FSDP_TIER_HOST,
-                                 .dir = NULL,
-                                 .chunk_bytes = (size_t)4 << 20,
-                                 .io_threads = 0,
-                                 .low_precision_params = true};
-}
-
-int loom_fsdp_offload_cfg_validate(const loom_fsdp_offload_cfg *cfg) {
-  if (!cfg) return loom__fail(LOOM_EINVAL, "fsdp offload cfg: NULL");
-  if (!cfg->enabled) return LOOM_OK;
-  if (cfg->prefetch_steps < 0 || cfg->prefetch_steps > MAX_PREFETCH_STEPS)
-    return loom__fail(LOOM_EINVAL, "fsdp offload cfg: prefetch_steps %d must be between 0 and %d",
-                      cfg->prefetch_steps, MAX_PREFETCH_STEPS);
-  if ((unsigned)cfg->tier > LOOM_FSDP_TIER_DISK)
-    return loom__fail(LOOM_EINVAL, "fsdp offload cfg: tier %d is not host (0) or disk (1)",
-                      (int)cfg->tier);
-  if (cfg->tier == LOOM_FSDP_TIER_DISK && (!cfg->dir || !*cfg->dir))
-    return loom__fail(LOOM_EINVAL, "fsdp offload cfg: the disk tier needs a folder (dir)");
-  if (cfg->chunk_bytes < 64 || cfg->chunk_bytes % 64 || cfg->chunk_bytes > ((size_t)1 << 30))
-    return loom__fail(LOOM_EINVAL, "fsdp offload cfg: chunk_bytes %zu must be a multiple of 64 "
-                      "within 64..1 GiB", cfg->chunk_bytes);
-  if (cfg->io_threads < 0 || cfg->io_threads > LOOM__OSTORE_MAX_WORKERS)
-    return loom__fail(LOOM_EINVAL, "fsdp offload cfg: io_threads %d must be between 0 and %d "
-                      "(0: the tier's default)", cfg->io_threads, LOOM__OSTORE_MAX_WORKERS);
-  return LOOM_OK;
-}
-
-void loom__fsdp_err_save(loom__fsdp_err *e, int rc) {
-  e->rc = rc;
-  snprintf(e->msg, sizeof e->msg, "%s", rc ? loom_last_error() : "");
-}
-
-int loom__fsdp_err_restore(const loom__fsdp_err *e) {
-  return e->rc ? loom__fail(e->rc, "%s", e->msg) : LOOM_OK;
-}
 
 /* ---- the unit's bytes of one kind ------------------------------------------------------- */
 
@@ -626,46 +582,6 @@ int loom__fsdp_offload_all(loom_fsdp *f, loom_optim *opt, bool changed) {
     if (!rc && opt && loom__fsdp_offloading(f, OFF_STATE)) rc = loom__fsdp_state_out(u, opt);
   }
   return rc;
-}
-
-/* ---- reading the bytes where they are (checkpoints) ------------------------------------ */
-
-int loom__fsdp_settle_all(loom_fsdp *f) {
-  int rc = f->store ? loom__fsdp_grad_settle(f) : LOOM_OK;
-  for (size_t i = 0; f->store && i < f->nunits; i++)
-    for (int k = 0; k < OFF_KINDS; k++) {
-      int rc2 = loom__fsdp_arrive(&f->units[i], k);
-      if (!rc) rc = rc2;
-    }
-  return rc;
-}
-
-float *loom__fsdp_resident(fsdp_unit *u, int kind, loom_optim *opt) {
-  if (kind == OFF_PARAM) return u->off.k[OFF_PARAM].offloaded && u->f->store ? NULL : u->param_shard;
-  if (kind == OFF_GRAD) return u->off.k[OFF_GRAD].offloaded && u->f->store ? NULL : u->grad_shard;
-  return opt ? loom__fsdp_state_buf(opt, u->index, kind - OFF_STATE) : NULL;
-}
-
-int loom__fsdp_read_bytes(void *ctx, size_t offset, void *dst, size_t bytes) {
-  loom__fsdp_reader *r = ctx;
-  fsdp_unit *u = r->u;
-  loom_fsdp *f = u->f;
-  size_t at = offset / sizeof(float), n = bytes / sizeof(float);
-  float *out = dst;
-  while (n) {
-    size_t c = at / f->chunk, in = at - c * f->chunk, len = loom__fsdp_chunk_len(u, c);
-    size_t take = len - in < n ? len - in : n;
-    if (r->shared->unit != u->index || r->shared->kind != r->kind || r->shared->chunk != c) {
-      int rc = loom__ostore_get(f->store, loom__fsdp_slot(u, r->kind, u->off.k[r->kind].gen, c),
-                                r->shared->buf, len * sizeof(float));
-      r->shared->unit = SIZE_MAX; /* nothing cached unless the get succeeded */
-      if (rc) return rc;
-      r->shared->unit = u->index, r->shared->kind = r->kind, r->shared->chunk = c;
-    }
-    if (!loom__dry()) memcpy(out, r->shared->buf + in, take * sizeof(float));
-    out += take, at += take, n -= take;
-  }
-  return LOOM_OK;
 }
 
 /* ---- the public calls ------------------------------------------------------------------- */
