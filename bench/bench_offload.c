@@ -18,6 +18,12 @@
  *                 time, the resident memory's floor;
  *   disk p1 cache disk p1 with loom's allocator cache on (its default): no fresh pages to fault
  *                 in for each gathered unit, gradient and chunk buffer, more resident memory;
+ *   disk p1 gfifo, disk p1 bf16 gfifo   disk p1 and disk p1 bf16 as before the backward's
+ *                 gradient puts went ahead of the gathers' queued reads
+ *                 (LOOM_FSDP_GRAD_FIRST=0): the A/B of that change;
+ *   disk p1 gover, disk p1 bf16 gover   each unit's gradient written while the next unit's
+ *                 backward computes (LOOM_FSDP_GRAD_OVERLAP=1; the default writes it before
+ *                 that backward starts): faster, about one shard more resident in f32;
  *   disk p1 nothp disk p1 with the allocator's large blocks in 4 KiB pages
  *                 (LOOM_ALLOC_HUGEPAGES=0) instead of transparent huge pages;
  *   fsdp bf16, host p1 bf16, disk p1 bf16, disk p0 bf16   FSDP mixed precision with a bf16
@@ -86,7 +92,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -116,6 +125,10 @@ typedef struct config {
   bool no_copy;   /* bf16: no low-precision parameter copy in the tier (the gathers read and
                      cast the f32 shard) */
   bool oib;       /* the optimizer step inside backward (cfg.optim_in_backward) */
+  bool gover;     /* LOOM_FSDP_GRAD_OVERLAP=1: each unit's gradient written while the next
+                     unit's backward computes (the default: before it starts) */
+  bool gfifo;     /* LOOM_FSDP_GRAD_FIRST=0: the gradient puts queued behind the gathers'
+                     reads (the behaviour before they went first) */
 } config;
 
 typedef struct result {
@@ -123,6 +136,10 @@ typedef struct result {
   double host[NR], file[NR];      /* host and file pools between steps, bytes */
   double step_s, cpu_s;           /* rank 0, median step; process CPU per step */
   double sync_s;                  /* disk tier: median fdatasync + drop before a step (untimed) */
+  double fb_s, opt_s;             /* rank 0, medians: forward + backward + finish; optimizer step */
+  double fb_busy, opt_busy;       /* disk tier: the device's busy fraction in those phases */
+  double rss_sampled;             /* largest RSS sample over the timed steps, and its phase */
+  int rss_phase;
   double wait_s, transfer_s, moved; /* rank 0 per step: exposed wait, transfer time, bytes */
   double to_tier;                   /* rank 0 per step: of those bytes, written to the tier */
   double rss_build, rss_train;    /* bytes: VmHWM before and after the reset */
@@ -169,6 +186,52 @@ static double io_read_bytes(void) {
     if (!strncmp(line, "read_bytes:", 11)) v = atof(line + 11);
   if (p) fclose(p);
   return v;
+}
+
+/* Milliseconds the block device holding `dir` has been busy (/proc/diskstats' io_ticks of
+ * its major:minor, a partition's own figure); -1 if not found. */
+static double disk_busy_ms(const char *dir) {
+  struct stat st;
+  if (!dir || stat(dir, &st)) return -1;
+  unsigned maj = major(st.st_dev), mnr = minor(st.st_dev);
+  FILE *p = fopen("/proc/diskstats", "r");
+  char line[512];
+  double v = -1;
+  while (p && fgets(line, sizeof line, p)) {
+    unsigned a, b;
+    char name[64];
+    double f[10];
+    if (sscanf(line, "%u %u %63s %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf", &a, &b, name, &f[0],
+               &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8], &f[9]) == 13 &&
+        a == maj && b == mnr)
+      v = f[9];
+  }
+  if (p) fclose(p);
+  return v;
+}
+
+/* The process's resident bytes, sampled every millisecond by a thread of rank 0's during the
+ * timed steps: the largest sample and the phase it fell in (1 forward + backward + finish, 2
+ * the optimizer step), so a peak can be placed. */
+static _Atomic int rss_phase;
+static _Atomic bool rss_stop;
+static double rss_max_bytes;
+static int rss_max_phase;
+static void *rss_sampler(void *arg) {
+  (void)arg;
+  long pg = sysconf(_SC_PAGESIZE);
+  while (!atomic_load(&rss_stop)) {
+    FILE *p = fopen("/proc/self/statm", "r");
+    long size = 0, res = 0;
+    if (p && fscanf(p, "%ld %ld", &size, &res) == 2 && (double)res * (double)pg > rss_max_bytes &&
+        atomic_load(&rss_phase)) {
+      rss_max_bytes = (double)res * (double)pg;
+      rss_max_phase = atomic_load(&rss_phase);
+    }
+    if (p) fclose(p);
+    usleep(1000);
+  }
+  return NULL;
 }
 
 static void write_file(const char *path, const char *s) {
@@ -253,7 +316,10 @@ static int rank_main(loom_pg *pg, void *arg) {
   for (int64_t i = 0; i < BATCH; i++)
     ((int64_t *)loom_tensor_data(y))[i] = rand() % sizes[NSIZES - 1];
   result *r = &j->r;
-  double step_t[MAXSTEPS], sync_t[MAXSTEPS] = {0}, cpu0 = 0, io0 = 0, io_sum = 0;
+  double fb_busy[MAXSTEPS] = {0}, opt_busy[MAXSTEPS] = {0};
+  pthread_t sampler;
+  bool sampling = measures_process && pthread_create(&sampler, NULL, rss_sampler, NULL) == 0;
+  double step_t[MAXSTEPS], fb_t[MAXSTEPS], opt_t[MAXSTEPS], sync_t[MAXSTEPS] = {0}, cpu0 = 0, io0 = 0, io_sum = 0;
   struct rusage ru0 = {0};
   loom_fsdp_stats before = {0}, after = {0};
   for (int s = 0; s < 1 + j->steps; s++) {
@@ -282,7 +348,8 @@ static int rank_main(loom_pg *pg, void *arg) {
       io0 = io_read_bytes();
     }
     sync_ranks(j, pg);
-    double t0 = bench_now();
+    double t0 = bench_now(), k0 = measures_process ? disk_busy_ms(j->dir) : -1;
+    if (measures_process && timed) atomic_store(&rss_phase, 1);
     loom_tensor *logits = NULL, *loss = NULL;
     BENCH_CHECK(loom_module_forward(m, x, &logits));
     BENCH_CHECK(loom_cross_entropy(logits, y, LOOM_REDUCTION_MEAN, -100, &loss));
@@ -290,11 +357,22 @@ static int rank_main(loom_pg *pg, void *arg) {
     BENCH_CHECK(loom_fsdp_finish(f));
     loom_tensor_free(logits);
     loom_tensor_free(loss);
+    double tb = bench_now(), kb = measures_process ? disk_busy_ms(j->dir) : -1;
+    if (measures_process && timed) atomic_store(&rss_phase, 2);
     BENCH_CHECK(loom_fsdp_optim_step(f, opt, 1.0f));
-    double t1 = bench_now();
+    double t1 = bench_now(), k1 = measures_process ? disk_busy_ms(j->dir) : -1;
+    if (measures_process) atomic_store(&rss_phase, 0);
+    if (timed && k0 >= 0 && kb >= 0 && k1 >= 0) {
+      fb_busy[s - 1] = (kb - k0) / 1e3 / (tb - t0);
+      opt_busy[s - 1] = (k1 - kb) / 1e3 / (t1 - tb);
+    }
     sync_ranks(j, pg);
     if (measures_process && timed) io_sum += io_read_bytes() - io0;
-    if (timed) step_t[s - 1] = t1 - t0;
+    if (timed) step_t[s - 1] = t1 - t0, fb_t[s - 1] = tb - t0, opt_t[s - 1] = t1 - tb;
+  }
+  if (sampling) {
+    atomic_store(&rss_stop, true);
+    pthread_join(sampler, NULL);
   }
   loom_pool_stats ps;
   BENCH_CHECK(loom_mem_account_stats(acct, LOOM_POOL_COMPUTE, &ps));
@@ -303,6 +381,12 @@ static int rank_main(loom_pg *pg, void *arg) {
     int n = j->steps;
     r->step_s = bench_median(step_t, n);
     r->sync_s = bench_median(sync_t, n);
+    r->fb_s = bench_median(fb_t, n);
+    r->opt_s = bench_median(opt_t, n);
+    r->fb_busy = bench_median(fb_busy, n);
+    r->opt_busy = bench_median(opt_busy, n);
+    r->rss_sampled = rss_max_bytes;
+    r->rss_phase = rss_max_phase;
     r->cpu_s = (bench_process_cpu_now() - cpu0) / n;
     struct rusage ru1;
     getrusage(RUSAGE_SELF, &ru1);
@@ -415,6 +499,8 @@ static result run(const config *c, const char *dir, int steps) {
     drop_page_cache(); /* between runs: nothing of the last configuration is cached */
     if (c->buffered) setenv("LOOM_OFFLOAD_DIRECT", "0", 1);
     if (c->no_huge) setenv("LOOM_ALLOC_HUGEPAGES", "0", 1);
+    if (c->gover) setenv("LOOM_FSDP_GRAD_OVERLAP", "1", 1);
+    if (c->gfifo) setenv("LOOM_FSDP_GRAD_FIRST", "0", 1);
     /* the disk tier is about resident memory: no allocator cache (its blocks stay resident) */
     if (c->offload && c->tier == LOOM_FSDP_TIER_DISK && !c->cache) loom_mem_set_cache_limit(0);
     job j = {.c = c, .dir = dir, .steps = steps};
@@ -449,6 +535,10 @@ static const config configs[] = {
     {.name = "disk p1 g0", .offload = true, .tier = DISK, .prefetch = 1, .lean = true},
     {.name = "disk p1 cache", .offload = true, .tier = DISK, .prefetch = 1, .cache = true},
     {.name = "disk p1 nothp", .offload = true, .tier = DISK, .prefetch = 1, .no_huge = true},
+    {.name = "disk p1 gover", .offload = true, .tier = DISK, .prefetch = 1, .gover = true},
+    {.name = "disk p1 bf16 gover", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .gover = true},
+    {.name = "disk p1 gfifo", .offload = true, .tier = DISK, .prefetch = 1, .gfifo = true},
+    {.name = "disk p1 bf16 gfifo", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .gfifo = true},
     {.name = "fsdp bf16", .offload = false, .tier = HOST, .prefetch = 1, .bf16 = true},
     {.name = "host p1 bf16", .offload = true, .tier = HOST, .prefetch = 1, .bf16 = true},
     {.name = "host p1 bf16 nocopy", .offload = true, .tier = HOST, .prefetch = 1, .bf16 = true, .no_copy = true},
@@ -484,6 +574,9 @@ static int main_mpi(int argc, char **argv) {
     return 2;
   }
   if (c->offload && c->tier == LOOM_FSDP_TIER_DISK && !c->cache) loom_mem_set_cache_limit(0);
+  if (c->no_huge) setenv("LOOM_ALLOC_HUGEPAGES", "0", 1);
+  if (c->gover) setenv("LOOM_FSDP_GRAD_OVERLAP", "1", 1);
+  if (c->gfifo) setenv("LOOM_FSDP_GRAD_FIRST", "0", 1);
   drop_page_cache();
   loom_pg *pg = NULL;
   BENCH_CHECK(loom_mpi_pg_create(NULL, NULL, &pg));
@@ -493,10 +586,12 @@ static int main_mpi(int argc, char **argv) {
   double state_all = 16.0 * r->params;
   printf("mpi %-8s rank %d of %d: peak RSS %.0f MB = %.0f%% of the training state %.0f MB "
          "(build %.0f MB; now anon %.0f, file %.0f, shmem %.0f MB); compute peak %.0f MB; step %.3f "
-         "s; wait %.3f of %.3f s transfer%s\n",
+         "s (forward + backward %.3f, optimizer %.3f; disk busy %.0f%%, %.0f%%); wait %.3f of "
+         "%.3f s transfer%s\n",
          c->name, loom_pg_rank(pg), loom_pg_size(pg), MB(r->rss_train),
          100 * r->rss_train / (state_all > 0 ? state_all : 1), MB(state_all), MB(r->rss_build),
-         MB(r->rss_anon), MB(r->rss_file), MB(r->rss_shmem), MB(r->peak[0]), r->step_s, r->wait_s, r->transfer_s, rc ? " FAILED" : "");
+         MB(r->rss_anon), MB(r->rss_file), MB(r->rss_shmem), MB(r->peak[0]), r->step_s, r->fb_s, r->opt_s, 100 * r->fb_busy,
+         100 * r->opt_busy, r->wait_s, r->transfer_s, rc ? " FAILED" : "");
   loom_pg_free(pg);
   loom_mpi_finalize();
   return rc ? 1 : 0;
@@ -528,7 +623,7 @@ int main(int argc, char **argv) {
   if (steps < 1 || steps > MAXSTEPS || rounds < 1 || rounds > 16) {
     fprintf(stderr, "usage: bench_offload [dir] [steps 1..%d] [rounds 1..16] [configs: comma "
             "separated, of fsdp, host p1, host p0, disk p1, disk p0, disk p1 t1, disk p0 t1, "
-            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, disk p1 nothp, fsdp bf16, host p1 bf16, host p1 bf16 "
+            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, disk p1 nothp, disk p1 gover, disk p1 bf16 gover, disk p1 gfifo, disk p1 bf16 gfifo, fsdp bf16, host p1 bf16, host p1 bf16 "
             "nocopy, disk p1 bf16, disk p0 bf16, disk p1 bf16 nocopy, disk p1 oib, disk p1 bf16 oib; "
             "default all]\n", MAXSTEPS);
     return 2;
@@ -574,11 +669,16 @@ int main(int argc, char **argv) {
     /* a shard comes back ahead of its gather only to be cast (bf16 with no copy) */
     double prefetched = disk && cs[i]->prefetch && cs[i]->no_copy ? base->shard_max : 0;
     double ring = disk ? 12.0 * (double)CHUNK_BYTES : 0;
-    double in_flight = transient + prefetched + ring, p = worst(rs[rounds - 1][i].peak);
+    /* gover: a unit's local gradient (NR shards) lives on while its slice is written during
+     * the next unit's backward (its pages given back as they land: counted in the pool, not
+     * resident) */
+    double leaving = disk && cs[i]->gover ? NR * base->shard_max : 0;
+    double in_flight = transient + prefetched + ring + leaving, p = worst(rs[rounds - 1][i].peak);
     printf("compute peak, %s: %.0f MB; in flight (transient %.0f + prefetched shard %.0f + chunk "
-           "ring %.0f) %.0f MB: peak / that %.2f (target <= 1.10); peak / fsdp %.2f (target <= "
-           "0.40)\n", cs[i]->name, MB(p), MB(transient), MB(prefetched), MB(ring), MB(in_flight),
-           p / in_flight, p / worst(base->peak));
+           "ring %.0f + local gradient leaving %.0f) %.0f MB: peak / that %.2f (target <= 1.10); "
+           "peak / fsdp %.2f (target <= 0.40)\n", cs[i]->name, MB(p), MB(transient),
+           MB(prefetched), MB(ring), MB(leaving), MB(in_flight), p / in_flight,
+           p / worst(base->peak));
   }
   for (int i = 1; i < nc; i++) {
     if (!is_disk(cs[i])) continue;
@@ -609,6 +709,21 @@ int main(int argc, char **argv) {
            "system %.3f); minor faults %.0fk per step\n", cs[i]->name, list,
            bench_median(st, rounds), bench_median(cp, rounds), bench_median(us, rounds),
            bench_median(sy, rounds), bench_median(mf, rounds) / 1e3);
+    double fb[16], os[16], fbb[16], obb[16], rsp[16];
+    char ph[64] = "";
+    for (int k = 0, o = 0; k < rounds; k++) {
+      const result *r = &rs[k][i];
+      fb[k] = r->fb_s, os[k] = r->opt_s, fbb[k] = r->fb_busy, obb[k] = r->opt_busy;
+      rsp[k] = r->rss_sampled;
+      if (o < (int)sizeof ph)
+        o += snprintf(ph + o, sizeof ph - (size_t)o, "%s%s", k ? " " : "",
+                      r->rss_phase == 1 ? "fb" : r->rss_phase == 2 ? "opt" : "-");
+    }
+    printf("phases, %s: forward + backward + finish %.3f s, optimizer step %.3f s (rank 0, "
+           "medians); disk busy %.0f%% and %.0f%% of them; RSS sampled every 1 ms: largest "
+           "%.0f MB, in the phase per round %s\n", cs[i]->name, bench_median(fb, rounds),
+           bench_median(os, rounds), 100 * bench_median(fbb, rounds), 100 * bench_median(obb, rounds),
+           MB(bench_median(rsp, rounds)), ph);
   }
   double step_fsdp[16];
   for (int i = 1; i < nc; i++) {
@@ -655,7 +770,9 @@ int main(int argc, char **argv) {
     for (int o = 1; o < nc; o++) {
       if (!cs[o]->offload || cs[o]->prefetch || cs[o]->tier != cs[i]->tier ||
           cs[o]->io_threads != cs[i]->io_threads || cs[o]->buffered != cs[i]->buffered ||
-          cs[o]->bf16 != cs[i]->bf16 || cs[o]->no_copy != cs[i]->no_copy || cs[o]->oib != cs[i]->oib)
+          cs[o]->bf16 != cs[i]->bf16 || cs[o]->no_copy != cs[i]->no_copy ||
+          cs[o]->oib != cs[i]->oib || cs[o]->gfifo != cs[i]->gfifo ||
+          cs[o]->gover != cs[i]->gover)
         continue;
       double q[16];
       for (int k = 0; k < rounds; k++) q[k] = rs[k][i].step_s / rs[k][o].step_s;
@@ -685,10 +802,40 @@ int main(int argc, char **argv) {
              bench_median(sq, rounds));
     }
   }
+  /* the gradient-write variants (gfifo, gover) against the default, same everything else,
+   * round by round: step, step / floor, RSS, CPU */
+  for (int o = 1; o < nc; o++) {
+    if (!is_disk(cs[o]) || !(cs[o]->gfifo || cs[o]->gover)) continue;
+    for (int i = 1; i < nc; i++) {
+      if (!is_disk(cs[i]) || cs[i]->gfifo || cs[i]->gover || cs[o]->bf16 != cs[i]->bf16 ||
+          cs[o]->prefetch != cs[i]->prefetch || cs[o]->no_huge != cs[i]->no_huge ||
+          cs[o]->oib != cs[i]->oib || cs[o]->no_copy != cs[i]->no_copy ||
+          cs[o]->io_threads != cs[i]->io_threads || cs[o]->lean != cs[i]->lean ||
+          cs[o]->cache != cs[i]->cache || cs[o]->buffered != cs[i]->buffered)
+        continue;
+      double sq[16], fa[16], fb[16], ra[16], rb[16], ca[16], cb[16], pa[16], pb[16];
+      for (int k = 0; k < rounds; k++) {
+        sq[k] = rs[k][i].step_s / rs[k][o].step_s;
+        fa[k] = rs[k][i].step_s / floor_s[k][i], fb[k] = rs[k][o].step_s / floor_s[k][o];
+        ra[k] = rs[k][i].rss_train / (16.0 * rs[k][i].params);
+        rb[k] = rs[k][o].rss_train / (16.0 * rs[k][o].params);
+        ca[k] = rs[k][i].cpu_s, cb[k] = rs[k][o].cpu_s;
+        pa[k] = rs[k][i].fb_s, pb[k] = rs[k][o].fb_s;
+      }
+      printf("gradient writes, %s / %s: step %.2f; forward + backward %.3f against %.3f s; step / "
+             "floor %.2f against %.2f; RSS %.0f%% against %.0f%%; process CPU %.3f against %.3f "
+             "s (medians)\n", cs[i]->name, cs[o]->name, bench_median(sq, rounds),
+             bench_median(pa, rounds), bench_median(pb, rounds), bench_median(fa, rounds),
+             bench_median(fb, rounds), 100 * bench_median(ra, rounds),
+             100 * bench_median(rb, rounds), bench_median(ca, rounds), bench_median(cb, rounds));
+    }
+  }
   /* the low-precision parameter copy against none, same tier and prefetch, round by round:
    * the bytes, the floor and the step */
   for (int i = 1; i < nc; i++) {
-    if (!cs[i]->offload || !cs[i]->bf16 || cs[i]->no_copy || cs[i]->oib) continue;
+    if (!cs[i]->offload || !cs[i]->bf16 || cs[i]->no_copy || cs[i]->oib || cs[i]->gfifo ||
+        cs[i]->gover)
+      continue;
     for (int o = 1; o < nc; o++) {
       if (!cs[o]->no_copy || cs[o]->tier != cs[i]->tier || cs[o]->prefetch != cs[i]->prefetch ||
           cs[o]->oib != cs[i]->oib)

@@ -160,7 +160,12 @@ typedef struct loom_fsdp_offload_cfg {
   bool enabled;                  /* Enabled; default true */
   bool offload_optimizer_states; /* OffloadOptimizerStates; default true */
   bool offload_gradients;        /* OffloadGradients: each gradient shard leaves once it is
-                                    reduce-scattered; default true */
+                                    reduce-scattered, its write queued ahead of the gathers'
+                                    reads for later units (LOOM_FSDP_GRAD_FIRST=0: in order);
+                                    written before the next unit's backward starts, or with
+                                    LOOM_FSDP_GRAD_OVERLAP=1 while it computes (faster; the
+                                    local gradient's pages given back as its chunks land, yet
+                                    about one shard more resident); default true */
   bool offload_parameters;       /* OffloadParameters: each parameter shard leaves once its
                                     gather is done; default true */
   bool prefetch_parameters;      /* PrefetchParameters: read each gather's part out of the

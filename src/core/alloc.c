@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define HEADER 64u
 #define PAGE 4096u /* a mapped block's data starts on a page: O_DIRECT reads and writes it as is */
@@ -336,6 +337,19 @@ void *loom__calloc(loom_pool pool, size_t count, size_t elem) {
 
 void *loom__calloc_untouched(loom_pool pool, size_t count, size_t elem) {
   return zeroed(pool, count, elem, true);
+}
+
+void loom__mem_release(void *p, size_t bytes) {
+#ifdef MADV_DONTNEED
+  long pg = sysconf(_SC_PAGESIZE);
+  if (!p || pg <= 0 || loom__dry()) return;
+  uintptr_t lo = ((uintptr_t)p + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+  uintptr_t hi = ((uintptr_t)p + bytes) & ~((uintptr_t)pg - 1);
+  if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+#else
+  (void)p;
+  (void)bytes;
+#endif
 }
 
 void loom__free(void *p) {

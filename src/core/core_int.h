@@ -27,6 +27,12 @@ void *loom__calloc(loom_pool pool, size_t count, size_t elem);
  * pages) until loom_mem_dry_mark_written (alloc.h), for loom_mem_dry_footprint_peak. */
 void *loom__calloc_untouched(loom_pool pool, size_t count, size_t elem);
 void loom__free(void *p);
+/* Give the whole pages inside [p, p + bytes) of a live block back to the system (madvise
+ * MADV_DONTNEED): bytes whose value is no longer needed while their block lives on (the offload
+ * tier's gradient once it is on disk). They read as zero afterwards; the block's size, pool
+ * and accounting are unchanged. A no-op in a dry run, for ranges under a page, or where the
+ * system has no such call. */
+void loom__mem_release(void *p, size_t bytes);
 char *loom__strdup(loom_pool pool, const char *s);
 
 /* Whether a dry run is on (loom_mem_set_dry_run): kernels, copies, initialisers, collectives'

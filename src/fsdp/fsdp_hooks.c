@@ -307,7 +307,9 @@ static int pre_backward(loom_tensor *grad, void *ctx) {
     if (!local_only(o)) rc = loom__fsdp_reap(o);
     else if (o->full_grad) rc = release_local(o);
   }
-  if (!rc) rc = loom__fsdp_grad_settle(f); /* gradient shards that left: their buffers go */
+  /* gradient shards that left: their buffers go; the last one's write goes on while this unit
+   * computes (its pages are given back chunk by chunk as they reach the tier) */
+  if (!rc) rc = loom__fsdp_grad_settle_older(f);
   if (!rc && !u->full_grad) rc = make_local_grad(u);
   return rc;
 }

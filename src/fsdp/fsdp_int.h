@@ -128,6 +128,13 @@ struct loom_fsdp {
   char *offload_dir;          /* cfg.offload.dir copied */
   size_t chunk;               /* elements per chunk */
   double off_wait_s;          /* exposed transfer wait */
+  bool grad_overlap;          /* LOOM_FSDP_GRAD_OVERLAP=1: a unit's gradient leaves while the
+                                 next unit's backward runs (faster; about one slice more
+                                 resident at the backward's peak); default: written before
+                                 that backward starts */
+  bool grad_first;            /* a backward's gradient puts go ahead of queued gathers' reads
+                                 (LOOM_FSDP_GRAD_FIRST=0: in submission order) */
+  size_t grad_leaving;        /* the unit whose gradient left last in backward, or SIZE_MAX */
   loom_optim *state_opt;      /* the optimizer whose state was last sent for (a prefetch) */
   bool sync;
   bool in_step;
@@ -234,11 +241,17 @@ int loom__fsdp_param_ahead(fsdp_unit *u);
 int loom__fsdp_grad_target(fsdp_unit *u, float **recv);
 /* The reduce-scatter has completed: the gradient leaves for the tier. With the in-place
  * reduce-scatter the offloader takes the local gradient u->full_grad (its views already
- * unbound from the parameters) and frees it once its slice is out. */
+ * unbound from the parameters) and frees it once its slice is out; its puts go ahead of
+ * queued reads (f->grad_first); with f->grad_overlap the pages of the peers' slices go at once
+ * and each chunk's once it is on the tier. */
 int loom__fsdp_grad_done(fsdp_unit *u);
 /* wait for gradient shards on their way out and free them (one unit, or all) */
 int loom__fsdp_grad_settle_unit(fsdp_unit *u);
 int loom__fsdp_grad_settle(loom_fsdp *f);
+/* loom__fsdp_grad_settle but for the unit whose gradient left last (f->grad_leaving): a
+ * backward lets that write go on while the next unit computes (each chunk's pages given back
+ * as it lands, the peers' slices of the local gradient at once) */
+int loom__fsdp_grad_settle_older(loom_fsdp *f);
 /* every unit's parameter shard and optimizer state (opt may be NULL) back in the compute pool
  * (checkpoints), and every offloaded kind out again (`changed`: the parameters and state in
  * the compute pool were written, the tier's copies are stale) */

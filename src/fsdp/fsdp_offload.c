@@ -3,58 +3,15 @@
  * the host or disk tier and the worker thread), and moving each unit's parameter shard, gradient
  * shard and optimizer state between the compute pool and that store, chunk by chunk, with the
  * is-offloaded state per unit and kind. The hooks (fsdp_gather.c, fsdp_hooks.c) call the
- * loom__fsdp_param_* / _grad_* entry points; the optimizer step streams (fsdp_stream.c). */
+ * loom__fsdp_param_* / _grad_* entry points; the optimizer step streams (fsdp_stream.c). The
+ * configuration's default and rules are fsdp_offload_cfg.c's, reading the bytes where they are
+ * (checkpoints) fsdp_offload_read.c's. */
 #include "fsdp/fsdp_int.h"
 #include "fsdp/offload_store.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-
-#define MAX_PREFETCH_STEPS 10
-
-loom_fsdp_offload_cfg loom_fsdp_offload_cfg_default(void) {
-  return (loom_fsdp_offload_cfg){.enabled = true,
-                                 .offload_optimizer_states = true,
-                                 .offload_gradients = true,
-                                 .offload_parameters = true,
-                                 .prefetch_parameters = true,
-                                 .prefetch_gradients = true,
-                                 .prefetch_steps = 1,
-                                 .tier = LOOM_FSDP_TIER_HOST,
-                                 .dir = NULL,
-                                 .chunk_bytes = (size_t)4 << 20,
-                                 .io_threads = 0,
-                                 .low_precision_params = true};
-}
-
-int loom_fsdp_offload_cfg_validate(const loom_fsdp_offload_cfg *cfg) {
-  if (!cfg) return loom__fail(LOOM_EINVAL, "fsdp offload cfg: NULL");
-  if (!cfg->enabled) return LOOM_OK;
-  if (cfg->prefetch_steps < 0 || cfg->prefetch_steps > MAX_PREFETCH_STEPS)
-    return loom__fail(LOOM_EINVAL, "fsdp offload cfg: prefetch_steps %d must be between 0 and %d",
-                      cfg->prefetch_steps, MAX_PREFETCH_STEPS);
-  if ((unsigned)cfg->tier > LOOM_FSDP_TIER_DISK)
-    return loom__fail(LOOM_EINVAL, "fsdp offload cfg: tier %d is not host (0) or disk (1)",
-                      (int)cfg->tier);
-  if (cfg->tier == LOOM_FSDP_TIER_DISK && (!cfg->dir || !*cfg->dir))
-    return loom__fail(LOOM_EINVAL, "fsdp offload cfg: the disk tier needs a folder (dir)");
-  if (cfg->chunk_bytes < 64 || cfg->chunk_bytes % 64 || cfg->chunk_bytes > ((size_t)1 << 30))
-    return loom__fail(LOOM_EINVAL, "fsdp offload cfg: chunk_bytes %zu must be a multiple of 64 "
-                      "within 64..1 GiB", cfg->chunk_bytes);
-  if (cfg->io_threads < 0 || cfg->io_threads > LOOM__OSTORE_MAX_WORKERS)
-    return loom__fail(LOOM_EINVAL, "fsdp offload cfg: io_threads %d must be between 0 and %d "
-                      "(0: the tier's default)", cfg->io_threads, LOOM__OSTORE_MAX_WORKERS);
-  return LOOM_OK;
-}
-
-void loom__fsdp_err_save(loom__fsdp_err *e, int rc) {
-  e->rc = rc;
-  snprintf(e->msg, sizeof e->msg, "%s", rc ? loom_last_error() : "");
-}
-
-int loom__fsdp_err_restore(const loom__fsdp_err *e) {
-  return e->rc ? loom__fail(e->rc, "%s", e->msg) : LOOM_OK;
-}
 
 /* ---- the unit's bytes of one kind ------------------------------------------------------- */
 
@@ -361,9 +318,23 @@ int loom__fsdp_grad_done(fsdp_unit *u) {
   }
   if (!src) return LOOM_OK;
   int rc = LOOM_OK;
-  for (size_t c = 0; c < u->off.nchunks && !rc; c++)
-    rc = loom__ostore_submit_put(f->store, loom__fsdp_slot(u, OFF_GRAD, 0, c), src + c * f->chunk,
-                                 loom__fsdp_chunk_len(u, c) * sizeof(float), &k->jobs[c]);
+  if (u->off.grad_src && f->grad_overlap) { /* the peers' slices are reduced: dead bytes */
+    float *g = loom_tensor_data(u->off.grad_src);
+    loom__mem_release(g, (size_t)f->rank * u->shard * sizeof(float));
+    loom__mem_release(g + (size_t)(f->rank + 1) * u->shard,
+                      (u->padded - (size_t)(f->rank + 1) * u->shard) * sizeof(float));
+  }
+  for (size_t c = 0; c < u->off.nchunks && !rc; c++) {
+    float *at = (float *)src + c * f->chunk;
+    size_t bytes = loom__fsdp_chunk_len(u, c) * sizeof(float);
+    size_t slot = loom__fsdp_slot(u, OFF_GRAD, 0, c);
+    /* ahead of the gathers' reads queued for later units (the backward waits for this write
+     * before the next unit's local gradient exists); with the overlap each chunk's pages go as
+     * soon as it is on the tier (settle reads it back on failure) */
+    unsigned flags = (f->grad_overlap ? LOOM__OJOB_RELEASE : 0) | (f->grad_first ? LOOM__OJOB_FIRST : 0);
+    rc = loom__ostore_submit_put_ex(f->store, slot, at, bytes, flags, &k->jobs[c]);
+  }
+  f->grad_leaving = u->index;
   k->leaving = true;
   k->offloaded = true; /* its bytes are on their way: nobody reads the buffer any more */
   if (rc) {
@@ -376,27 +347,69 @@ int loom__fsdp_grad_done(fsdp_unit *u) {
   return rc;
 }
 
+/* The gradient's bytes back in the compute pool after some of its puts failed: a chunk whose
+ * put succeeded (ok[c]; its source pages may be released) is read back from the tier, the
+ * others copied from src (never released). dst may be src. */
+static int grad_recover(fsdp_unit *u, const uint64_t *ok, const float *src, float *dst) {
+  loom_fsdp *f = u->f;
+  int rc = LOOM_OK;
+  for (size_t c = 0; c < u->off.nchunks && !loom__dry(); c++) {
+    size_t n = loom__fsdp_chunk_len(u, c);
+    int rc2 = LOOM_EIO;
+    if (ok[c]) rc2 = loom__ostore_get(f->store, loom__fsdp_slot(u, OFF_GRAD, 0, c),
+                                      dst + c * f->chunk, n * sizeof(float));
+    if (rc2 && ok[c] && !rc) rc = rc2; /* on the tier, and unreadable: lost */
+    if (!ok[c] && dst != src) memcpy(dst + c * f->chunk, src + c * f->chunk, n * sizeof(float));
+  }
+  return rc;
+}
+
 int loom__fsdp_grad_settle_unit(fsdp_unit *u) {
   off_kind *k = &u->off.k[OFF_GRAD];
   if (!k->leaving) return LOOM_OK;
-  int rc = wait_jobs(u, OFF_GRAD);
-  if (rc) { /* the tier lost it: the compute pool's copy is the one left */
+  if (u->f->grad_leaving == u->index) u->f->grad_leaving = SIZE_MAX;
+  int rc = LOOM_OK;
+  for (size_t c = 0; c < u->off.nchunks; c++) { /* k->jobs[c] becomes: did the put succeed */
+    double w = 0;
+    int rc2 = loom__ostore_wait(u->f->store, k->jobs[c], &w);
+    u->f->off_wait_s += w;
+    k->jobs[c] = rc2 == LOOM_OK;
+    if (!rc) rc = rc2;
+  }
+  k->arriving = k->leaving = false;
+  if (rc) { /* the tier lost (some of) it: the compute pool's copy is the one left */
     k->offloaded = false;
+    loom__fsdp_err e;
+    loom__fsdp_err_save(&e, rc);
+    int rc3 = LOOM_OK;
     if (u->off.grad_src) { /* out of the local gradient into a shard of its own */
-      loom__fsdp_err e;
-      loom__fsdp_err_save(&e, rc);
-      if ((u->grad_shard = alloc_shard(u, "gradient")) && !loom__dry())
-        memcpy(u->grad_shard,
-               (const float *)loom_tensor_data(u->off.grad_src) + (size_t)u->f->rank * u->shard,
-               u->shard * sizeof(float));
-      rc = loom__fsdp_err_restore(&e);
+      if ((u->grad_shard = alloc_shard(u, "gradient")))
+        rc3 = grad_recover(u, k->jobs,
+                           (const float *)loom_tensor_data(u->off.grad_src) +
+                               (size_t)u->f->rank * u->shard,
+                           u->grad_shard);
+    } else if (u->grad_shard) {
+      rc3 = grad_recover(u, k->jobs, u->grad_shard, u->grad_shard);
     }
+    for (size_t c = 0; c < u->off.nchunks; c++) k->jobs[c] = 0;
+    rc = loom__fsdp_err_restore(&e);
+    (void)rc3; /* the put's failure is the one reported */
   } else {
     k->stored = true;
     free_buffer(u, OFF_GRAD);
   }
   loom_tensor_free(u->off.grad_src);
   u->off.grad_src = NULL;
+  return rc;
+}
+
+int loom__fsdp_grad_settle_older(loom_fsdp *f) {
+  int rc = LOOM_OK;
+  for (size_t i = 0; f->store && i < f->nunits; i++) {
+    if (f->grad_overlap && i == f->grad_leaving) continue;
+    int rc2 = loom__fsdp_grad_settle_unit(&f->units[i]);
+    if (!rc) rc = rc2;
+  }
   return rc;
 }
 
@@ -484,6 +497,10 @@ int loom__fsdp_offload_init(loom_fsdp *f) {
   const loom_fsdp_offload_cfg *c = &f->cfg.offload;
   if (!c->enabled) return LOOM_OK;
   f->chunk = c->chunk_bytes / sizeof(float);
+  const char *ov = getenv("LOOM_FSDP_GRAD_OVERLAP"), *gf = getenv("LOOM_FSDP_GRAD_FIRST");
+  f->grad_overlap = ov && !strcmp(ov, "1");
+  f->grad_first = !(gf && !strcmp(gf, "0"));
+  f->grad_leaving = SIZE_MAX;
   if (c->dir && !(f->offload_dir = loom__strdup(LOOM_POOL_META, c->dir)))
     return loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory");
   f->cfg.offload.dir = f->offload_dir;
@@ -565,46 +582,6 @@ int loom__fsdp_offload_all(loom_fsdp *f, loom_optim *opt, bool changed) {
     if (!rc && opt && loom__fsdp_offloading(f, OFF_STATE)) rc = loom__fsdp_state_out(u, opt);
   }
   return rc;
-}
-
-/* ---- reading the bytes where they are (checkpoints) ------------------------------------ */
-
-int loom__fsdp_settle_all(loom_fsdp *f) {
-  int rc = f->store ? loom__fsdp_grad_settle(f) : LOOM_OK;
-  for (size_t i = 0; f->store && i < f->nunits; i++)
-    for (int k = 0; k < OFF_KINDS; k++) {
-      int rc2 = loom__fsdp_arrive(&f->units[i], k);
-      if (!rc) rc = rc2;
-    }
-  return rc;
-}
-
-float *loom__fsdp_resident(fsdp_unit *u, int kind, loom_optim *opt) {
-  if (kind == OFF_PARAM) return u->off.k[OFF_PARAM].offloaded && u->f->store ? NULL : u->param_shard;
-  if (kind == OFF_GRAD) return u->off.k[OFF_GRAD].offloaded && u->f->store ? NULL : u->grad_shard;
-  return opt ? loom__fsdp_state_buf(opt, u->index, kind - OFF_STATE) : NULL;
-}
-
-int loom__fsdp_read_bytes(void *ctx, size_t offset, void *dst, size_t bytes) {
-  loom__fsdp_reader *r = ctx;
-  fsdp_unit *u = r->u;
-  loom_fsdp *f = u->f;
-  size_t at = offset / sizeof(float), n = bytes / sizeof(float);
-  float *out = dst;
-  while (n) {
-    size_t c = at / f->chunk, in = at - c * f->chunk, len = loom__fsdp_chunk_len(u, c);
-    size_t take = len - in < n ? len - in : n;
-    if (r->shared->unit != u->index || r->shared->kind != r->kind || r->shared->chunk != c) {
-      int rc = loom__ostore_get(f->store, loom__fsdp_slot(u, r->kind, u->off.k[r->kind].gen, c),
-                                r->shared->buf, len * sizeof(float));
-      r->shared->unit = SIZE_MAX; /* nothing cached unless the get succeeded */
-      if (rc) return rc;
-      r->shared->unit = u->index, r->shared->kind = r->kind, r->shared->chunk = c;
-    }
-    if (!loom__dry()) memcpy(out, r->shared->buf + in, take * sizeof(float));
-    out += take, at += take, n -= take;
-  }
-  return LOOM_OK;
 }
 
 /* ---- the public calls ------------------------------------------------------------------- */

@@ -357,6 +357,7 @@ static void *worker_main(void *arg) {
     int rc = j->kind == JOB_PUT ? put_impl(s, j->slot, j->buf, j->bytes, who, false)
                                 : get_impl(s, j->slot, j->buf, j->bytes, who, false);
     if (rc) snprintf(j->msg, sizeof j->msg, "%s", loom_last_error());
+    else if (j->release) loom__mem_release(j->buf, j->bytes);
 
     pthread_mutex_lock(&s->mu);
     j->status = rc;
@@ -373,7 +374,7 @@ static void *worker_main(void *arg) {
 }
 
 static int submit(loom__ostore *s, int kind, size_t slot, void *buf, size_t bytes,
-                  loom__ojob *job) {
+                  loom__ojob *job, unsigned flags) {
   const char *who = kind == JOB_PUT ? "loom__ostore_submit_put" : "loom__ostore_submit_get";
   if (job) *job = 0;
   if (!s || !job) return loom__fail(LOOM_EINVAL, "%s: %s is NULL", who, s ? "job" : "store");
@@ -413,15 +414,27 @@ static int submit(loom__ostore *s, int kind, size_t slot, void *buf, size_t byte
   }
   o->declared = true; /* a put's size holds from now on, for the jobs and calls after it */
   o->bytes = bytes;
+  bool first = (flags & LOOM__OJOB_FIRST) && o->pending == 0; /* its slot's order holds */
   o->pending++;
   *j = (ojob){.id = ++s->last_id, .kind = kind, .state = JOB_QUEUED, .slot = slot,
-              .bytes = bytes, .buf = buf, .prev = s->live_tail};
+              .bytes = bytes, .buf = buf, .prev = s->live_tail,
+              .release = (flags & LOOM__OJOB_RELEASE) != 0, .first = first};
   if (s->live_tail) s->live_tail->next = j;
   else s->live_head = j;
   s->live_tail = j;
-  if (s->q_tail) s->q_tail->qnext = j;
-  else s->q_head = j;
-  s->q_tail = j;
+  ojob *after = NULL; /* a FIRST job: after the last FIRST one queued (NULL: at the head) */
+  for (ojob *q = s->q_head; first && q && q->first; q = q->qnext) after = q;
+  if (!first || (after ? after == s->q_tail : !s->q_head)) { /* at the end */
+    if (s->q_tail) s->q_tail->qnext = j;
+    else s->q_head = j;
+    s->q_tail = j;
+  } else if (after) {
+    j->qnext = after->qnext;
+    after->qnext = j;
+  } else {
+    j->qnext = s->q_head;
+    s->q_head = j;
+  }
   s->st.jobs++;
   *job = j->id;
   pthread_cond_signal(&s->cv_work);
@@ -432,12 +445,17 @@ done:
 
 int loom__ostore_submit_get(loom__ostore *s, size_t slot, void *dst, size_t bytes,
                             loom__ojob *job) {
-  return submit(s, JOB_GET, slot, dst, bytes, job);
+  return submit(s, JOB_GET, slot, dst, bytes, job, 0);
 }
 
 int loom__ostore_submit_put(loom__ostore *s, size_t slot, const void *src, size_t bytes,
                             loom__ojob *job) {
-  return submit(s, JOB_PUT, slot, (void *)src, bytes, job); /* never written through */
+  return submit(s, JOB_PUT, slot, (void *)src, bytes, job, 0); /* never written through */
+}
+
+int loom__ostore_submit_put_ex(loom__ostore *s, size_t slot, void *src, size_t bytes,
+                               unsigned flags, loom__ojob *job) {
+  return submit(s, JOB_PUT, slot, src, bytes, job, flags);
 }
 
 int loom__ostore_wait(loom__ostore *s, loom__ojob job, double *waited) {

@@ -166,6 +166,17 @@ int loom__ostore_submit_get(loom__ostore *s, size_t slot, void *dst, size_t byte
                             loom__ojob *job);
 int loom__ostore_submit_put(loom__ostore *s, size_t slot, const void *src, size_t bytes,
                             loom__ojob *job);
+/* loom__ostore_submit_put with flags:
+ * LOOM__OJOB_RELEASE: src's whole pages go back to the system (loom__mem_release) as soon as
+ *   the put has succeeded, on the worker: src's bytes are dead once on the tier (they read as
+ *   zero afterwards); a failed put leaves them as they were. src must be memory whose value
+ *   nobody needs after the put (loom__malloc's).
+ * LOOM__OJOB_FIRST: the job goes ahead of every queued job that is not FIRST (after the FIRST
+ *   ones, in submission order), unless a job of its slot is queued or running (then at the
+ *   end, as any job): a write someone waits for soon passes reads queued ahead for later. */
+enum { LOOM__OJOB_RELEASE = 1, LOOM__OJOB_FIRST = 2 };
+int loom__ostore_submit_put_ex(loom__ostore *s, size_t slot, void *src, size_t bytes,
+                               unsigned flags, loom__ojob *job);
 
 /* Block until `job` is done and forget it; return its status, with its message (from the
  * worker) as this thread's loom_last_error(). *waited (may be NULL) gets the seconds this call

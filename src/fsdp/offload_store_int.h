@@ -40,6 +40,8 @@ typedef struct ojob {
   struct ojob *qnext;       /* queue of jobs not yet started */
   loom__ojob id;
   int kind, state, status;
+  bool release; /* a put: src's pages go back to the system once it succeeded */
+  bool first;   /* queued ahead of the jobs that are not (LOOM__OJOB_FIRST) */
   size_t slot, bytes;
   void *buf; /* dst of a get, src of a put (on loan) */
   char msg[512];

@@ -771,3 +771,103 @@ LT_TEST(ostore_disk_removes_files_left_by_dead_processes_only) {
   for (int i = 1; i < 4; i++) unlink(files[i]);
   rmdir(dir);
 }
+
+/* submit_put_ex with LOOM__OJOB_RELEASE: once the put has succeeded, the source's whole pages read as zero and
+ * the slot holds the bytes; a put that fails (the file may not grow: RLIMIT_FSIZE) leaves the
+ * source as it was. Both tiers (the host tier's put copies, then releases the same way). */
+static void put_release(loom__otier tier, const char *dir) {
+  loom__ostore *s = NULL;
+  LT_OK(loom__ostore_create(tier, dir, 0, &s));
+  size_t bytes = ((size_t)3 << 20) + 4096 + 12; /* whole pages inside, ragged edges */
+  unsigned char *src = loom__malloc(LOOM_POOL_COMPUTE, bytes), *want = malloc(bytes),
+                *got = malloc(bytes);
+  LT_TRUE(src && want && got);
+  fill_random(src, bytes);
+  memcpy(want, src, bytes);
+  loom__ojob job = 0;
+  LT_OK(loom__ostore_submit_put_ex(s, 4, src, bytes, LOOM__OJOB_RELEASE, &job));
+  LT_OK(loom__ostore_wait(s, job, NULL));
+  LT_OK(loom__ostore_get(s, 4, got, bytes));
+  LT_TRUE(memcmp(got, want, bytes) == 0);
+  long pg = sysconf(_SC_PAGESIZE);
+  uintptr_t lo = ((uintptr_t)src + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+  uintptr_t hi = ((uintptr_t)src + bytes) & ~((uintptr_t)pg - 1);
+  LT_TRUE(hi > lo);
+  size_t nonzero = 0;
+  for (uintptr_t p = lo; p < hi; p++) nonzero += *(unsigned char *)p != 0;
+  LT_EQ(nonzero, 0);
+  /* the bytes outside the whole pages are kept */
+  LT_TRUE(memcmp(src, want, lo - (uintptr_t)src) == 0);
+  LT_TRUE(memcmp((unsigned char *)hi, want + (hi - (uintptr_t)src), (uintptr_t)src + bytes - hi) == 0);
+  if (tier == LOOM__OTIER_DISK) { /* a failed put: the source stays */
+    fill_random(src, bytes);
+    memcpy(want, src, bytes);
+    struct rlimit old, lim;
+    LT_TRUE(getrlimit(RLIMIT_FSIZE, &old) == 0);
+    lim = old;
+    lim.rlim_cur = 64 * 1024;
+    void (*old_sig)(int) = signal(SIGXFSZ, SIG_IGN);
+    int set = setrlimit(RLIMIT_FSIZE, &lim);
+    int rc = LOOM_OK;
+    if (set == 0 && (rc = loom__ostore_submit_put_ex(s, 9, src, bytes, LOOM__OJOB_RELEASE, &job)) == LOOM_OK)
+      rc = loom__ostore_wait(s, job, NULL);
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, old_sig);
+    LT_EQ(set, 0);
+    LT_EQ(rc, LOOM_EIO);
+    LT_TRUE(memcmp(src, want, bytes) == 0);
+  }
+  loom__free(src);
+  free(want);
+  free(got);
+  loom__ostore_free(s);
+}
+
+LT_TEST(ostore_put_release_gives_pages_back_only_after_success_host) {
+  put_release(LOOM__OTIER_HOST, NULL);
+}
+
+LT_TEST(ostore_put_release_gives_pages_back_only_after_success_disk) {
+  char dir[256];
+  tmp_dir(dir, sizeof dir);
+  put_release(LOOM__OTIER_DISK, dir);
+  fm_rm_tree(dir);
+}
+
+/* LOOM__OJOB_FIRST: a put submitted behind queued jobs of other slots runs before them (one
+ * worker: the host tier's). Ten 16 MiB puts are queued behind a running one, then a FIRST put
+ * of another slot: once it is done, puts queued before it are still waiting (in submission
+ * order they would all have run first); a FIRST put of a slot with a job queued keeps its
+ * place behind that job (its bytes are the last put's). */
+LT_TEST(ostore_first_put_passes_queued_jobs_of_other_slots) {
+  loom__ostore *s = NULL;
+  LT_OK(loom__ostore_create(LOOM__OTIER_HOST, NULL, 0, &s));
+  enum { N = 10 };
+  size_t big = (size_t)16 << 20;
+  unsigned char *buf = malloc(big), *small = malloc(4096), *small2 = malloc(4096),
+                *got = malloc(4096);
+  LT_TRUE(buf && small && small2 && got);
+  memset(buf, 7, big);
+  memset(small, 1, 4096);
+  memset(small2, 2, 4096);
+  loom__ojob jobs[N + 1], first = 0, same = 0, late = 0;
+  for (int i = 0; i <= N; i++) LT_OK(loom__ostore_submit_put(s, (size_t)i, buf, big, &jobs[i]));
+  LT_OK(loom__ostore_submit_put_ex(s, 50, small, 4096, LOOM__OJOB_FIRST, &first));
+  LT_OK(loom__ostore_wait(s, first, NULL));
+  LT_TRUE(loom__ostore_queued(s) >= 1);
+  /* slot 60 has a put queued: a FIRST put of it stays behind it */
+  LT_OK(loom__ostore_submit_put_ex(s, 60, small, 4096, 0, &same));
+  LT_OK(loom__ostore_submit_put_ex(s, 60, small2, 4096, LOOM__OJOB_FIRST, &late));
+  for (int i = 0; i <= N; i++) LT_OK(loom__ostore_wait(s, jobs[i], NULL));
+  LT_OK(loom__ostore_wait(s, same, NULL));
+  LT_OK(loom__ostore_wait(s, late, NULL));
+  LT_OK(loom__ostore_get(s, 60, got, 4096));
+  LT_TRUE(memcmp(got, small2, 4096) == 0);
+  LT_OK(loom__ostore_get(s, 50, got, 4096));
+  LT_TRUE(memcmp(got, small, 4096) == 0);
+  loom__ostore_free(s);
+  free(buf);
+  free(small);
+  free(small2);
+  free(got);
+}
