@@ -8,19 +8,23 @@
 typedef struct dry_ranks {
   const train_opts *o;
   train_dry_result r[TRAIN_PLAN_MAX_RANKS];
-  char message[512]; /* the lowest failing rank's */
-  int failed;        /* that rank + 1, 0 if none */
+  char message[TRAIN_PLAN_MAX_RANKS][384]; /* each failing rank's, written by that rank only */
 } dry_ranks;
 
 static int dry_rank(loom_pg *pg, void *arg) {
   dry_ranks *d = arg;
   int rank = loom_pg_rank(pg);
   int rc = train_run_dry(d->o, pg, &d->r[rank]);
-  if (rc && (!d->failed || rank < d->failed - 1)) { /* ranks fail in any order */
-    d->failed = rank + 1;
-    snprintf(d->message, sizeof d->message, "rank %d: %s", rank, train_last_error());
-  }
+  if (rc) snprintf(d->message[rank], sizeof d->message[rank], "%s", train_last_error());
   return rc;
+}
+
+/* The message of a failed dry run: the lowest failing rank's (the ranks fail in any order; the
+ * lowest one, as `loom train` on threads reports, so the same plan fails the same way). */
+static int dry_fail(const dry_ranks *d, int n, int rc) {
+  for (int k = 0; k < n; k++)
+    if (d->message[k][0]) return train_fail(rc, "rank %d: %s", k, d->message[k]);
+  return train_fail(rc, "%s", loom_last_error());
 }
 
 /* The phase of the rank with the highest peak. */
@@ -110,10 +114,7 @@ int train_plan(const train_opts *o, plan_result *r) {
     loom_pg_cfg cfg = loom_pg_cfg_default();
     n = (int)o->ranks;
     rc = loom_threads_run(n, &cfg, dry_rank, d);
-    if (rc) {
-      if (d->failed) train_fail(rc, "%s", d->message);
-      else train_fail(rc, "%s", loom_last_error());
-    }
+    if (rc) dry_fail(d, n, rc);
   }
   r->loom_bytes = loom_mem_dry_footprint_peak();
   loom_mem_set_dry_run(false);
