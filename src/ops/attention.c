@@ -449,18 +449,28 @@ static int thread_num(void) { return omp_get_thread_num(); }
 static int thread_num(void) { return 0; }
 #endif
 
+/* Batch element b's area in the calling thread's part of work: x (its qkv widened to f32,
+ * [T, ldi]), then o ([T, C]) and kt (one head's transposed k, and v's in backward). */
+static float *stage_batch(const attn_dims *a, const void *qkv, loom_dtype dt, loom_tensor *work,
+                          int64_t b, float **o, float **kt) {
+  int64_t T = a->T, C = a->ldo;
+  float *x = loom__f(work) + thread_num() * work->shape[1];
+  *o = x + T * a->ldi, *kt = *o + T * C;
+  loom_convert((const char *)qkv + (size_t)(b * T * a->ldi) * loom_dtype_size(dt), dt, x,
+               LOOM_F32, (size_t)(T * a->ldi));
+  return x;
+}
+
 /* y (dt, [B, T, C]) and lse from qkv (dt). */
 static void staged_fwd(const attn_dims *a, const void *qkv, loom_dtype dt, void *y, float *lse,
                        loom_tensor *work) {
   const loom__attn_kernels *kk = loom__attn_k();
-  int64_t B = a->BH / a->H, T = a->T, C = a->ldo, per = work->shape[1];
+  int64_t B = a->BH / a->H, T = a->T, C = a->ldo;
   int nthr = (int)work->shape[0];
   size_t es = loom_dtype_size(dt);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1 && B > 1)
   for (int64_t b = 0; b < B; b++) {
-    float *x = loom__f(work) + thread_num() * per, *o = x + T * a->ldi, *kt = o + T * C;
-    loom_convert((const char *)qkv + (size_t)(b * T * a->ldi) * es, dt, x, LOOM_F32,
-                 (size_t)(T * a->ldi));
+    float *o, *kt, *x = stage_batch(a, qkv, dt, work, b, &o, &kt);
     for (int64_t h = 0; h < a->H; h++) {
       kk->transpose(kt, (size_t)a->ldt, x + C + h * a->D, (size_t)a->ldi, (size_t)T,
                     (size_t)a->D, a->scale);
@@ -476,14 +486,12 @@ static void staged_fwd(const attn_dims *a, const void *qkv, loom_dtype dt, void 
 static void staged_bwd(const attn_dims *a, const void *qkv, const void *y, loom_dtype dt,
                        const float *lse, const float *go, float *d, loom_tensor *work) {
   const loom__attn_kernels *kk = loom__attn_k();
-  int64_t B = a->BH / a->H, T = a->T, C = a->ldo, per = work->shape[1], tsz = a->D * a->ldt;
+  int64_t B = a->BH / a->H, T = a->T, C = a->ldo, tsz = a->D * a->ldt;
   int nthr = (int)work->shape[0];
   size_t es = loom_dtype_size(dt);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1 && B > 1)
   for (int64_t b = 0; b < B; b++) {
-    float *x = loom__f(work) + thread_num() * per, *o = x + T * a->ldi, *kt = o + T * C;
-    loom_convert((const char *)qkv + (size_t)(b * T * a->ldi) * es, dt, x, LOOM_F32,
-                 (size_t)(T * a->ldi));
+    float *o, *kt, *x = stage_batch(a, qkv, dt, work, b, &o, &kt);
     loom_convert((const char *)y + (size_t)(b * T * C) * es, dt, o, LOOM_F32, (size_t)(T * C));
     for (int64_t h = 0; h < a->H; h++) {
       int64_t i = h * a->D, di = b * T * a->ldi + i;
