@@ -1,6 +1,6 @@
 /* attn_amx.c: fused attention's products on AMX tiles (TDPBF16PS: bf16 pairs, f32 sums), for
  * bf16 q, k and v where loom__cpu_amx_bf16() says the CPU, the kernel and the level allow it
- * and the head width is a multiple of 32 (attn_int.h, "AMX"). The recurrence is attention.c's:
+ * and the head width is a multiple of 32 (attn_int.h, "AMX"). The recurrence is attn_fused.c's:
  * forward walks 16 query rows at a time over blocks of 64 keys with the online softmax in f32
  * (running max and sum, the output rescaled when the max grows); backward (FlashAttention-2)
  * recomputes p from the logsumexp, tile by tile (32 query rows by 32 keys). What changes is

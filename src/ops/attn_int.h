@@ -1,4 +1,4 @@
-/* attn_int.h: the inner loops of fused attention (attention.c), one table per CPU level
+/* attn_int.h: the inner loops of fused attention (attn_fused.c), one table per CPU level
  * (attn_scalar.c, the reference, never vectorized; attn_avx2.c; attn_avx512.c), picked as
  * core_int.h's kernel-table pattern says; tests compare every level with scalar. Rows are D
  * floats, row j of a block at x + j * ld. A block of scores is an accum over k transposed. */
