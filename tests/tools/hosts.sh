@@ -42,6 +42,10 @@
 #                for gathers, at the end of backward) are printed beside it;
 #                BTL=self,vader,tcp runs the ranks of a host over shared memory instead;
 #                PER_HOST=1 runs 2 hosts x 1 rank (HSDP then --shard-size 1: replicas only)
+#   bench-allreduce  not a test: bench_allreduce's MPI part (loom's all-reduce against raw
+#                MPI_Allreduce, 4 B to $AR_MB MB, default 4) across the 2 hosts, $AR_RANKS ranks
+#                (default 2, one a host: HSDP's replica group), with the links uncapped and
+#                capped at $LINK ($AR_CAPS: "off on"); $AR_MPI adds mpirun options (-x ...)
 # MPIEXEC may be MPICH's hydra (mpiexec.mpich) for ddp, fsdp and hsdp, with a loom built against
 # MPICH; the other cases skip there.
 # Usage: hosts.sh LOOM MPIEXEC CASE
@@ -604,6 +608,24 @@ c.close()
         "rate: measured/plan bytes %.2fx, time %.2fx\n", v, off, moff, on, mon, add, mb, pmb, \
         pms, mb / pmb, add / pms }'
     echo "  runs uncapped: $(tr '\n' ' ' <"$dir/$v.off.sps")capped: $(tr '\n' ' ' <"$dir/$v.on.sps")"
+  done
+  ;;
+bench-allreduce)
+  # loom's all-reduce against raw MPI_Allreduce across the hosts (see the top of this file)
+  link=${LINK:-1gbit} nr=${AR_RANKS:-2} map=
+  [ "$nr" = 2 ] && map="--map-by node"
+  for c in ${AR_CAPS:-off on}; do
+    for i in 1 2; do
+      if [ $c = on ]; then
+        tc qdisc replace dev "lmv$tag$i" root tbf rate "$link" burst 256kb latency 100ms
+        ip netns exec "${hosts[$((i - 1))]}" tc qdisc replace dev eth0 root tbf rate "$link" burst 256kb latency 100ms
+      fi
+    done
+    echo "link cap $c ($link)"
+    # shellcheck disable=SC2086
+    train_bounded "all-reduce cap $c" mpirun_hosts $nr $map -x BENCH_TRIALS -x BENCH_ITERS ${AR_MPI:-} \
+      "$loom" bench allreduce "$nr" "${AR_MB:-4}" --mpi-child
+    cat "$dir/out"
   done
   ;;
 *)
