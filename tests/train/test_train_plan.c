@@ -39,6 +39,16 @@ static double json_number(const char *s, const char *key) {
 }
 
 /* The number after the first `"key": ` in s, -1 if absent. */
+/* Each of bad[0..n) after `base` is refused: exit 2, a message naming `needle`. */
+static void refused_each(const char *base, const char *const *bad, size_t n, const char *needle) {
+  for (size_t i = 0; i < n; i++) {
+    tt_run b = tt_plan("%s %s", base, bad[i]);
+    LT_EQ(b.rc, 2);
+    LT_TRUE(strstr(b.err, needle) != NULL);
+    tt_run_free(&b);
+  }
+}
+
 static double json_first(const char *s, const char *key) {
   char pat[96];
   snprintf(pat, sizeof pat, "\"%s\": ", key);
@@ -310,12 +320,7 @@ LT_TEST(plan_table_and_bad_options) {
   const char *bad[] = {"--fit-memory 0",    "--fit-memory lots", "--fit-memory 8XB",
                        "--fit width",       "--fit-memory inf",  "--fit-memory nan",
                        "--fit-memory 1e300TiB", "--fit hidden"};
-  for (int i = 0; i < 8; i++) {
-    tt_run b = tt_plan("%s", bad[i]);
-    LT_EQ(b.rc, 2);
-    LT_TRUE(strstr(b.err, "loom plan: --fit") != NULL);
-    tt_run_free(&b);
-  }
+  refused_each("", bad, 8, "loom plan: --fit");
   tt_run o = tt_plan("--hidden 0");
   LT_EQ(o.rc, 2);
   LT_TRUE(strstr(o.err, "loom plan: --hidden") != NULL);
@@ -658,17 +663,12 @@ LT_TEST(plan_hosts_link_latency) {
           strstr(text.out, "250 us an exchange across the link, --link-latency-us") != NULL);
   tt_run_free(&text);
   /* refused: negative, not a number, too large, and without --link */
-  static const char *bad[] = {"--link 1 --link-latency-us -1", "--link 1 --link-latency-us x",
-                              "--link 1 --link-latency-us 1e8", "--link-latency-us 10"};
-  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-    tt_run b = tt_plan("--hidden 64 --strategy fsdp --hosts 2 --ranks-per-host 2 %s", bad[i]);
-    LT_EQ(b.rc, 2);
-    LT_TRUE(strstr(b.err, "--link-latency-us") != NULL);
-    tt_run_free(&b);
-  }
-  tt_run alone = tt_plan("--hidden 64 --strategy fsdp --link-latency-us 10");
-  LT_EQ(alone.rc, 2);
-  tt_run_free(&alone);
+  static const char *bad[] = {"--hosts 2 --ranks-per-host 2 --link 1 --link-latency-us -1",
+                              "--hosts 2 --ranks-per-host 2 --link 1 --link-latency-us x",
+                              "--hosts 2 --ranks-per-host 2 --link 1 --link-latency-us 1e8",
+                              "--hosts 2 --ranks-per-host 2 --link-latency-us 10",
+                              "--link-latency-us 10"};
+  refused_each("--hidden 64 --strategy fsdp", bad, sizeof bad / sizeof *bad, "--link-latency-us");
 }
 
 /* The plan's units are the run's: their gathers (each unit twice but the kept last one, in
