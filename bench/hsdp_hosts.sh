@@ -4,7 +4,7 @@
 # a shard group per host for HSDP, runs alternating, medians printed. Needs root. The
 # namespace recipe is tests/tools/hosts.sh's (its bench-hsdp case).
 # Usage: bench/hsdp_hosts.sh [BUILD_DIR]   (env: LINK=1gbit REPS=3 HIDDEN=1024,1024 LIMIT=1024 BATCH=8
-#        VARIANTS="fsdp-mpi fsdp hsdp" (also hsdp-mpi)
+#        VARIANTS="fsdp-mpi fsdp hsdp" (also hsdp-mpi, hsdp-rings)
 #        RAW_MB=128)
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)

@@ -59,7 +59,7 @@ static const char *const plan_changing[] = {
     "data", "limit", "eval-batch", "ranks", "backend", "strategy", "wrap", "unit-min",
     "reshard-after-forward", "gather-prefetch", "offload", "offload-tier", "offload-dir",
     "optim-in-backward", "prefetch", "json", "fit-memory", "fit", "hosts", "ranks-per-host", "link",
-    "intra-link", "gflops", NULL};
+    "intra-link", "link-latency-us", "gflops", NULL};
 
 /* Point the run-only options of table at given[] (set by cli_parse when one is given). */
 static void watch_run_only(cli_option *table, bool *given) {
@@ -141,10 +141,10 @@ int cmd_plan(int argc, char **argv) {
   bool timeout_seen = false, json = false, fit_seen = false;
   const char *fit_memory = NULL, *fit = "batch";
   long hosts = 0, per_host = 0;
-  double link = 0, gflops = 0, intra = 0;
+  double link = 0, gflops = 0, intra = 0, latency = 0;
   bool hosts_seen = false, per_host_seen = false, link_seen = false, gflops_seen = false,
-       intra_seen = false;
-  cli_option table[TRAIN_CLI_MAX + 9];
+       intra_seen = false, latency_seen = false;
+  cli_option table[TRAIN_CLI_MAX + 10];
   size_t n = train_cli_table(&o, &c, &timeout, &timeout_seen, table, TRAIN_CLI_MAX);
   table[n++] = (cli_option){"json", CLI_FLAG, &json, NULL, "print the plan as one JSON object", NULL, 0, 0, NULL, CLI_RANKS_SAME};
   table[n++] = (cli_option){"fit-memory", CLI_STRING, &fit_memory, "SIZE", "find the largest --fit value whose peak per rank fits in SIZE (8GiB, 512MiB, 1e9)", NULL, 0, 0, NULL, CLI_RANKS_SAME};
@@ -154,6 +154,7 @@ int cmd_plan(int argc, char **argv) {
   table[n++] = (cli_option){"link", CLI_POS_DOUBLE, &link, "GBPS", "each machine's link in Gbit/s (each way; the rate it achieves: TCP filled 93-95% of a capped link): the plan adds the step's communication time through it", NULL, 1e-6, 1e6, &link_seen, CLI_RANKS_SAME};
   table[n++] = (cli_option){"gflops", CLI_POS_DOUBLE, &gflops, "G", "with --link: the matrix-multiply rate one rank achieves, GFLOP/s, for the compute that hides FSDP's and HSDP's communication; not given: measured here at start (a 256x1024x1024 product in the run's dtype on a rank's threads)", NULL, 1e-6, 1e9, &gflops_seen, CLI_RANKS_SAME};
   table[n++] = (cli_option){"intra-link", CLI_POS_DOUBLE, &intra, "GBPS", "with --link: the rate of a hop between two ranks of one machine, Gbit/s each way, for the collectives inside a machine (HSDP's shard group; FSDP's ring hops between a machine's ranks); not given: measured here at start as a memcpy (MPI's shared memory with a single-copy transport)", NULL, 1e-6, 1e9, &intra_seen, CLI_RANKS_SAME};
+  table[n++] = (cli_option){"link-latency-us", CLI_DOUBLE, &latency, "US", "with --link: the time each exchange of a collective across the link waits besides its bytes, microseconds (measure it as a small all-reduce across two hosts: bench/hsdp_hosts.sh does); each collective across the link pays it for its header exchange and for each ring step (an alpha-beta model); default 0: the bytes alone", NULL, 0, 1e7, &latency_seen, CLI_RANKS_SAME};
   table[n] = (cli_option){0};
   bool given[NRUN_ONLY] = {false};
   watch_run_only(table, given);
@@ -165,9 +166,11 @@ int cmd_plan(int argc, char **argv) {
   /* under mpirun each rank is a process with the same pools as a thread rank: --ranks N says
    * how many processes the run will have */
   if (rc == 0 && strcmp(o.backend, "mpi") == 0) o.backend = "threads";
-  if (rc == 0 && (gflops_seen || intra_seen) && !hosts_seen && !per_host_seen && !link_seen) {
+  if (rc == 0 && (gflops_seen || intra_seen || latency_seen) && !hosts_seen && !per_host_seen &&
+      !link_seen) {
     fprintf(stderr, "loom plan: --%s: it times the step beside --link's (with --hosts H "
-            "--ranks-per-host R --link GBPS)\n", gflops_seen ? "gflops" : "intra-link");
+            "--ranks-per-host R --link GBPS)\n",
+            gflops_seen ? "gflops" : intra_seen ? "intra-link" : "link-latency-us");
     return 2;
   }
   if (rc == 0 && (hosts_seen || per_host_seen || link_seen)) {
@@ -177,6 +180,8 @@ int cmd_plan(int argc, char **argv) {
     else if (gflops_seen && !link_seen) bad = "--gflops: it times the compute beside --link's";
     else if (intra_seen && !link_seen)
       bad = "--intra-link: it times the collectives inside a machine beside --link's";
+    else if (latency_seen && !link_seen)
+      bad = "--link-latency-us: it times the collectives across the link beside --link's bytes";
     else if (hosts * per_host > TRAIN_PLAN_MAX_RANKS)
       bad = "--hosts x --ranks-per-host: more than 1024 ranks (the dry run's thread ranks)";
     else if (o.ranks != 1 && o.ranks != hosts * per_host)
@@ -205,7 +210,7 @@ int cmd_plan(int argc, char **argv) {
       /* the rates, measured only where a timeline needs them: a rank's threads are --threads,
        * or this machine's CPUs shared by the ranks of a host */
       bool sharded = strcmp(o.strategy, "fsdp") == 0 || strcmp(o.strategy, "hsdp") == 0;
-      plan_rates rates = {gflops, intra, !gflops_seen, !intra_seen};
+      plan_rates rates = {gflops, intra, !gflops_seen, !intra_seen, latency};
       if (link_seen && sharded && !gflops_seen) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
         long th = o.threads > 0 ? o.threads : cpus > per_host ? cpus / per_host : 1;

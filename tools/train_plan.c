@@ -218,16 +218,21 @@ void train_plan_print(FILE *f, const train_opts *o, const plan_result *r) {
   if (r->link_gbps > 0)
     fprintf(f, ": %.1f ms at %g Gbit/s", r->link_s * 1e3, r->link_gbps);
   fputc('\n', f);
+  char lat[96] = "the link's bytes alone (--link-latency-us to add its latency)";
+  if (r->link_latency_us > 0)
+    snprintf(lat, sizeof lat, "%g us an exchange across the link, --link-latency-us",
+             r->link_latency_us);
   if (r->exposed_modeled)
     fprintf(f, "exposed communication per step: %.1f ms of the %.1f ms the step's collectives "
             "run (the rest hidden behind %.1f ms of compute: the units' matrix products at %.3g "
             "GFLOP/s per rank, %s; a hop inside a host at %.3g Gbit/s, %s; gathers prefetched, "
-            "each reduce-scatter beside its unit's input gradient%s)\n", r->exposed_s * 1e3,
+            "each reduce-scatter beside its unit's input gradient%s; %s)\n", r->exposed_s * 1e3,
             r->comm_s * 1e3, r->compute_s * 1e3, r->gflops,
             r->gflops_measured ? "measured here (--gflops to give yours)" : "--gflops",
             r->intra_gbps, r->intra_measured ? "a memcpy measured here (--intra-link to give "
             "yours)" : "--intra-link",
-            r->replica_bytes ? ", each replica all-reduce beside the rest of backward" : "");
+            r->replica_bytes ? ", each replica all-reduce beside the rest of backward" : "",
+            lat);
 }
 
 static void json_phase(FILE *f, const char *name, const train_dry_phase *ph) {
@@ -263,8 +268,8 @@ void train_plan_print_json(FILE *f, const train_opts *o, const plan_result *r) {
   if (r->exposed_modeled)
     fprintf(f, ", \"exposed_seconds\": %.6f, \"comm_seconds\": %.6f, \"compute_seconds\": %.6f, "
             "\"gflops\": %.6g, \"gflops_measured\": %s, \"intra_link_gbps\": %.6g, "
-            "\"intra_link_measured\": %s", r->exposed_s, r->comm_s, r->compute_s, r->gflops,
-            r->gflops_measured ? "true" : "false", r->intra_gbps,
-            r->intra_measured ? "true" : "false");
+            "\"intra_link_measured\": %s, \"link_latency_us\": %.6g", r->exposed_s, r->comm_s,
+            r->compute_s, r->gflops, r->gflops_measured ? "true" : "false", r->intra_gbps,
+            r->intra_measured ? "true" : "false", r->link_latency_us);
   fputs("}\n", f);
 }

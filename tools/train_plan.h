@@ -45,6 +45,9 @@ typedef struct plan_result {
    * (DDP, no --link, units past TRAIN_PLAN_MAX_UNITS) */
   bool exposed_modeled, gflops_measured, intra_measured;
   double gflops, intra_gbps, exposed_s, compute_s, comm_s;
+  /* --link-latency-us: each exchange of a collective across the link waits this long besides
+   * its bytes (an alpha-beta model: the header exchange, then each ring step; 0: none) */
+  double link_latency_us;
   size_t nunits; /* the units in forward order (train_dry_result's) */
   struct train_dry_unit unit[TRAIN_PLAN_MAX_UNITS];
   /* The process (comparable to its resident set): loom's blocks at their peak, in use and in
@@ -59,10 +62,11 @@ typedef struct plan_result {
 
 /* The rates the timeline runs at: a rank's matrix products, GFLOP/s, and a hop between two
  * ranks of one host, Gbit/s each way; each given (--gflops, --intra-link) or measured here
- * (the flags say which). */
+ * (the flags say which); and the link's latency, microseconds an exchange (given, or 0). */
 typedef struct plan_rates {
   double gflops, intra_gbps;
   bool gflops_measured, intra_measured;
+  double link_latency_us; /* --link-latency-us (0: not modelled) */
 } plan_rates;
 
 /* Fill r's link figures for hosts x ranks_per_host (their product the run's ranks) and a link

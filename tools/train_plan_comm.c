@@ -14,6 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The link between hosts and a hop inside one: bytes a second each way, and the link's
+ * latency, seconds an exchange (--link-latency-us). */
+typedef struct plan_link {
+  double bps, intra_bps, latency_s;
+} plan_link;
+
 /* Bytes a kind of collective sends into host 0 through its link per step (the same out of it,
  * and for every host, by symmetry). Its groups are `size` consecutive ranks (stride 1) or the
  * ranks s, s + stride, ... (size = world / stride); each runs as a ring in rank order, which
@@ -51,15 +57,19 @@ static bool ring_has_local_hop(int per_host, int size, int stride) {
 /* One collective of rank 0's group, seconds: its ring moves factor x (size-1)/size of `bytes`
  * through every hop, and runs at its slowest hop's pace. Into host 0 through the link go the
  * bytes of every group whose ring crosses it (all of them run at once); a hop inside a host
- * goes at the intra-host rate, each pair of ranks at once. *link says whether it uses the
- * link between hosts. */
+ * goes at the intra-host rate, each pair of ranks at once. A ring that crosses the link also
+ * waits link_latency_s for each of its exchanges in turn: the header exchange every collective
+ * of the mpi backend begins with, then its factor x (size-1) ring steps, each of which starts
+ * only once the previous one's data has come (pg_mpi.c, ring_mpi.c). *link says whether it
+ * uses the link between hosts. */
 static double ring_seconds(int world, int per_host, int size, int stride, double factor,
-                           double bytes, double link_bps, double intra_bps, bool *link) {
-  double across = ring_into_host0(world, per_host, size, stride, factor, bytes) / link_bps;
+                           double bytes, const plan_link *l, bool *link) {
+  double across = ring_into_host0(world, per_host, size, stride, factor, bytes) / l->bps;
   double inside = 0;
   if (size >= 2 && bytes > 0 && ring_has_local_hop(per_host, size, stride))
-    inside = factor * (double)(size - 1) / size * bytes / intra_bps;
+    inside = factor * (double)(size - 1) / size * bytes / l->intra_bps;
   *link = across > 0;
+  if (across > 0) across += l->latency_s * (1 + factor * (double)(size - 1));
   return across > inside ? across : inside;
 }
 
@@ -225,26 +235,26 @@ static double step_tokens(const train_opts *o) {
 /* The exposed time of FSDP or HSDP: each unit's collectives through its rings (ring_seconds:
  * the link at bps, a hop inside a host at intra_bps), each unit's compute from its
  * multiply-adds (2 FLOPs an element a token) at gflops. */
-static void exposed(const train_opts *o, int w, int per_host, double bps, double intra_bps,
+static void exposed(const train_opts *o, int w, int per_host, const plan_link *l,
                     plan_result *r) {
   bool hybrid = strcmp(o->strategy, "hsdp") == 0;
   int n = hybrid ? (int)o->shard_size : w;
   double gsize = strcmp(o->amp, "off") != 0 ? 2 : 4; /* gathered in the forward dtype */
   double flop_s = r->gflops * 1e9, tokens = step_tokens(o);
   plan_unit_time *u = calloc(r->nunits ? r->nunits : 1, sizeof *u);
-  if (!u || !r->nunits || flop_s <= 0 || intra_bps <= 0) {
+  if (!u || !r->nunits || flop_s <= 0 || l->intra_bps <= 0) {
     free(u);
     return;
   }
   for (size_t i = 0; i < r->nunits; i++) {
     const struct train_dry_unit *x = &r->unit[i];
-    u[i].gather_s = ring_seconds(w, per_host, n, 1, 1, (double)x->padded * gsize, bps,
-                                 intra_bps, &u[i].group_link);
-    u[i].reduce_s = ring_seconds(w, per_host, n, 1, 1, (double)x->padded * 4, bps, intra_bps,
+    u[i].gather_s = ring_seconds(w, per_host, n, 1, 1, (double)x->padded * gsize, l,
+                                 &u[i].group_link);
+    u[i].reduce_s = ring_seconds(w, per_host, n, 1, 1, (double)x->padded * 4, l,
                                  &u[i].group_link);
     if (hybrid)
-      u[i].replica_s = ring_seconds(w, per_host, w / n, n, 2, (double)x->shard * 4, bps,
-                                    intra_bps, &u[i].replica_link);
+      u[i].replica_s = ring_seconds(w, per_host, w / n, n, 2, (double)x->shard * 4, l,
+                                    &u[i].replica_link);
     u[i].forward_s = 2.0 * tokens * (double)x->numel / flop_s;
     u[i].kept = x->kept;
     u[i].replica_holds_local = o->offload_grads; /* reduced in place (fsdp_offload.c) */
@@ -283,7 +293,8 @@ void train_plan_links(const train_opts *o, int hosts, int ranks_per_host, double
   r->gflops_measured = rates->gflops_measured;
   r->intra_gbps = rates->intra_gbps;
   r->intra_measured = rates->intra_measured;
+  r->link_latency_us = rates->link_latency_us;
   bool sharded = strcmp(o->strategy, "fsdp") == 0 || strcmp(o->strategy, "hsdp") == 0;
-  if (gbps > 0 && sharded)
-    exposed(o, w, ranks_per_host, gbps * 1e9 / 8, rates->intra_gbps * 1e9 / 8, r);
+  plan_link l = {gbps * 1e9 / 8, rates->intra_gbps * 1e9 / 8, rates->link_latency_us * 1e-6};
+  if (gbps > 0 && sharded) exposed(o, w, ranks_per_host, &l, r);
 }

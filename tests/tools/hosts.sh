@@ -37,11 +37,16 @@
 #                communication, the medians, the time the cap adds and `loom plan`'s figures
 #                at the raw rate, with the hops inside a host at the loopback's rate (what
 #                Open MPI's TCP transport has there) and at plan's own memcpy figure;
-#                VARIANTS picks among fsdp-mpi, fsdp, hsdp and hsdp-mpi (HSDP in Open
-#                MPI's collectives, LOOM_MPI_RINGS=0), and the exposed time's parts (waits
+#                VARIANTS picks among fsdp-mpi, fsdp, hsdp, hsdp-mpi (HSDP in Open
+#                MPI's collectives, LOOM_MPI_RINGS=0) and hsdp-rings (loom's rings inside
+#                a host too, LOOM_MPI_RINGS=1), and the exposed time's parts (waits
 #                for gathers, at the end of backward) are printed beside it;
 #                BTL=self,vader,tcp runs the ranks of a host over shared memory instead;
 #                PER_HOST=1 runs 2 hosts x 1 rank (HSDP then --shard-size 1: replicas only)
+#   bench-allreduce  not a test: bench_allreduce's MPI part (loom's all-reduce against raw
+#                MPI_Allreduce, 4 B to $AR_MB MB, default 4) across the 2 hosts, $AR_RANKS ranks
+#                (default 2, one a host: HSDP's replica group), with the links uncapped and
+#                capped at $LINK ($AR_CAPS: "off on"); $AR_MPI adds mpirun options (-x ...)
 # MPIEXEC may be MPICH's hydra (mpiexec.mpich) for ddp, fsdp and hsdp, with a loom built against
 # MPICH; the other cases skip there.
 # Usage: hosts.sh LOOM MPIEXEC CASE
@@ -503,6 +508,13 @@ c.close()
     wait "$srv" || fail "the raw transfer's receiver"
     cat "$dir/raw"
   }
+  link_latency() { # us: loom's 4-byte all-reduce between one rank on each host (the header
+    # exchange carrying the data: one message each way, what a ring step waits besides its
+    # bytes), the median of 11 loops of bench_allreduce's MPI part
+    train_bounded "the link's latency" mpirun_hosts 2 --map-by node -x BENCH_TRIALS=11 \
+      -x BENCH_ITERS=50 "$loom" bench allreduce 2 0 --mpi-child
+    awk '$1 == "allreduce" && $2 == "mpi" && $4 == "bytes=4" { sub("us=", "", $6); print $6 }' "$dir/out"
+  }
   # the median step's increase of a --metrics counter (seconds), in ms, from the second step
   step_median() {
     grep -o "\"$1\": [0-9.]*" "$dir/metrics.jsonl" |
@@ -523,6 +535,9 @@ c.close()
         loop=$(raw_rate 0)
         echo "loopback TCP inside host 1, run $r: $loop Mbit/s"
         echo "$loop" >>"$dir/loop.all"
+        lat=$(link_latency)
+        echo "a 4-byte all-reduce across the link (one exchange), run $r: $lat us"
+        echo "$lat" >>"$dir/lat.all"
       fi
       for v in $variants; do
         case $v in
@@ -530,6 +545,7 @@ c.close()
         fsdp) extra="$loom $run --strategy fsdp" ;;
         hsdp) extra="$loom $run --strategy hsdp --shard-size $per_host" ;;
         hsdp-mpi) extra="-x LOOM_MPI_RINGS=0 $loom $run --strategy hsdp --shard-size $per_host" ;;
+        hsdp-rings) extra="-x LOOM_MPI_RINGS=1 $loom $run --strategy hsdp --shard-size $per_host" ;;
         esac
         tx0=$(cat "/sys/class/net/lmv${tag}1/statistics/tx_bytes")
         rm -f "$dir/metrics.jsonl"
@@ -562,6 +578,8 @@ c.close()
   loop=$(median "$dir/loop.all")
   lgbps=$(awk "BEGIN { print $loop / 1000 }")
   echo "loopback TCP median: $loop Mbit/s (runs: $(tr '\n' ' ' <"$dir/loop.all")); transports $btl"
+  lat=$(median "$dir/lat.all")
+  echo "link latency median: $lat us an exchange (runs: $(tr '\n' ' ' <"$dir/lat.all")); the plans below take it (--link-latency-us)"
   for v in $variants; do
     s=fsdp extra=
     case $v in hsdp*) s=hsdp extra="--shard-size $per_host" ;; esac
@@ -572,7 +590,7 @@ c.close()
     case $btl in *vader* | *sm*) intra= ointra="--intra-link $lgbps" ;; esac
     # shellcheck disable=SC2086
     plan=$("$loom" plan --hidden "$hidden" --threads 1 --batch "$batch" --amp bf16 --strategy $s $extra \
-      --hosts 2 --ranks-per-host "$per_host" --link "$gbps" $intra --json)
+      --hosts 2 --ranks-per-host "$per_host" --link "$gbps" --link-latency-us "$lat" $intra --json)
     pmb=$(echo "$plan" | grep -o '"link_bytes": [0-9.]*' | awk '{ printf "%.2f", $2 / 1e6 }')
     pms=$(echo "$plan" | grep -o '"link_seconds": [0-9.]*' | awk '{ printf "%.1f", $2 * 1e3 }')
     pex=$(echo "$plan" | grep -o '"exposed_seconds": [0-9.]*' | awk '{ printf "%.1f", $2 * 1e3 }')
@@ -580,7 +598,7 @@ c.close()
     pin=$(echo "$plan" | grep -o '"intra_link_gbps": [0-9.]*' | awk '{ printf "%.1f", $2 }')
     # shellcheck disable=SC2086
     other=$("$loom" plan --hidden "$hidden" --threads 1 --batch "$batch" --amp bf16 --strategy $s $extra \
-      --hosts 2 --ranks-per-host "$per_host" --link "$gbps" $ointra --json)
+      --hosts 2 --ranks-per-host "$per_host" --link "$gbps" --link-latency-us "$lat" $ointra --json)
     oex=$(echo "$other" | grep -o '"exposed_seconds": [0-9.]*' | awk '{ printf "%.1f", $2 * 1e3 }')
     oin=$(echo "$other" | grep -o '"intra_link_gbps": [0-9.]*' | awk '{ printf "%.1f", $2 }')
     off=$(median "$dir/$v.off.sps") on=$(median "$dir/$v.on.sps")
@@ -604,6 +622,24 @@ c.close()
         "rate: measured/plan bytes %.2fx, time %.2fx\n", v, off, moff, on, mon, add, mb, pmb, \
         pms, mb / pmb, add / pms }'
     echo "  runs uncapped: $(tr '\n' ' ' <"$dir/$v.off.sps")capped: $(tr '\n' ' ' <"$dir/$v.on.sps")"
+  done
+  ;;
+bench-allreduce)
+  # loom's all-reduce against raw MPI_Allreduce across the hosts (see the top of this file)
+  link=${LINK:-1gbit} nr=${AR_RANKS:-2} map=
+  [ "$nr" = 2 ] && map="--map-by node"
+  for c in ${AR_CAPS:-off on}; do
+    for i in 1 2; do
+      if [ $c = on ]; then
+        tc qdisc replace dev "lmv$tag$i" root tbf rate "$link" burst 256kb latency 100ms
+        ip netns exec "${hosts[$((i - 1))]}" tc qdisc replace dev eth0 root tbf rate "$link" burst 256kb latency 100ms
+      fi
+    done
+    echo "link cap $c ($link)"
+    # shellcheck disable=SC2086
+    train_bounded "all-reduce cap $c" mpirun_hosts $nr $map -x BENCH_TRIALS -x BENCH_ITERS ${AR_MPI:-} \
+      "$loom" bench allreduce "$nr" "${AR_MB:-4}" --mpi-child
+    cat "$dir/out"
   done
   ;;
 *)

@@ -39,6 +39,16 @@ static double json_number(const char *s, const char *key) {
 }
 
 /* The number after the first `"key": ` in s, -1 if absent. */
+/* Each of bad[0..n) after `base` is refused: exit 2, a message naming `needle`. */
+static void refused_each(const char *base, const char *const *bad, size_t n, const char *needle) {
+  for (size_t i = 0; i < n; i++) {
+    tt_run b = tt_plan("%s %s", base, bad[i]);
+    LT_EQ(b.rc, 2);
+    LT_TRUE(strstr(b.err, needle) != NULL);
+    tt_run_free(&b);
+  }
+}
+
 static double json_first(const char *s, const char *key) {
   char pat[96];
   snprintf(pat, sizeof pat, "\"%s\": ", key);
@@ -310,12 +320,7 @@ LT_TEST(plan_table_and_bad_options) {
   const char *bad[] = {"--fit-memory 0",    "--fit-memory lots", "--fit-memory 8XB",
                        "--fit width",       "--fit-memory inf",  "--fit-memory nan",
                        "--fit-memory 1e300TiB", "--fit hidden"};
-  for (int i = 0; i < 8; i++) {
-    tt_run b = tt_plan("%s", bad[i]);
-    LT_EQ(b.rc, 2);
-    LT_TRUE(strstr(b.err, "loom plan: --fit") != NULL);
-    tt_run_free(&b);
-  }
+  refused_each("", bad, 8, "loom plan: --fit");
   tt_run o = tt_plan("--hidden 0");
   LT_EQ(o.rc, 2);
   LT_TRUE(strstr(o.err, "loom plan: --hidden") != NULL);
@@ -624,6 +629,46 @@ LT_TEST(plan_hosts_intra_link) {
                         "--link 1 --gflops 10 --intra-link 40");
   LT_TRUE(text.rc == 0 && strstr(text.out, "a hop inside a host at 40 Gbit/s, --intra-link") != NULL);
   tt_run_free(&text);
+}
+
+/* --link-latency-us L: each collective whose ring crosses the link waits L for each exchange
+ * in turn besides its bytes: its header exchange, then its ring steps (an alpha-beta model).
+ * At 2 hosts x 2 ranks, worked by hand: HSDP with a shard group per host has 3 units, each
+ * with one replica all-reduce across the link (2 ranks: 1 + 2 x 1 exchanges), so 9 L; its
+ * gathers and reduce-scatters stay inside the hosts and pay nothing. FSDP's ring of 4 crosses
+ * the link in every collective (1 + 3 exchanges): 5 gathers (3 forward, 2 again in backward:
+ * the last unit is kept) and 3 reduce-scatters, 32 L. With compute and the hosts' insides far
+ * faster than the link, all of it is exposed; the link's busy time (its bytes) stays. */
+LT_TEST(plan_hosts_link_latency) {
+  const char *m = "--hidden 256,128 --amp bf16 --batch 8 --hosts 2 --ranks-per-host 2 --link 2 "
+                  "--gflops 1e9 --intra-link 1e6 --json";
+  static const char *s[2] = {"hsdp --shard-size 2", "fsdp"};
+  static const double exchanges[2] = {9, 32};
+  for (int k = 0; k < 2; k++) {
+    tt_run a = tt_plan("%s --strategy %s", m, s[k]);
+    tt_run b = tt_plan("%s --strategy %s --link-latency-us 1000", m, s[k]);
+    LT_TRUE(a.rc == 0 && b.rc == 0);
+    LT_NEAR(json_number(a.out, "link_latency_us"), 0, 0);
+    LT_NEAR(json_number(b.out, "link_latency_us"), 1000, 0);
+    LT_NEAR(json_number(b.out, "comm_seconds") - json_number(a.out, "comm_seconds"),
+            exchanges[k] * 1e-3, 1e-7);
+    LT_NEAR(json_number(b.out, "exposed_seconds") - json_number(a.out, "exposed_seconds"),
+            exchanges[k] * 1e-3, 1e-5);
+    LT_NEAR(json_number(b.out, "link_seconds"), json_number(a.out, "link_seconds"), 0);
+    tt_run_free(&a), tt_run_free(&b);
+  }
+  tt_run text = tt_plan("--hidden 64 --strategy hsdp --shard-size 2 --hosts 2 --ranks-per-host 2 "
+                        "--link 1 --gflops 10 --link-latency-us 250");
+  LT_TRUE(text.rc == 0 &&
+          strstr(text.out, "250 us an exchange across the link, --link-latency-us") != NULL);
+  tt_run_free(&text);
+  /* refused: negative, not a number, too large, and without --link */
+  static const char *bad[] = {"--hosts 2 --ranks-per-host 2 --link 1 --link-latency-us -1",
+                              "--hosts 2 --ranks-per-host 2 --link 1 --link-latency-us x",
+                              "--hosts 2 --ranks-per-host 2 --link 1 --link-latency-us 1e8",
+                              "--hosts 2 --ranks-per-host 2 --link-latency-us 10",
+                              "--link-latency-us 10"};
+  refused_each("--hidden 64 --strategy fsdp", bad, sizeof bad / sizeof *bad, "--link-latency-us");
 }
 
 /* The plan's units are the run's: their gathers (each unit twice but the kept last one, in
