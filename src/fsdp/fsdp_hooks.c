@@ -92,6 +92,8 @@ static int begin_step(loom_fsdp *f) {
   if (f->cfg.optim_in_backward && f->sync && !f->step_opt)
     return loom__fail(LOOM_EMISUSE, "fsdp: optim_in_backward is on and no optimizer was given "
                       "(loom_fsdp_set_optim): backward has nothing to step with");
+  int rc = loom__fsdp_step_join(f); /* the last optimizer step's pass: it reads the gradients */
+  if (rc) return rc;
   f->oib_stepped = false;
   f->in_step = true;
   f->step_status = LOOM_OK;
