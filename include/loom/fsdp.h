@@ -466,9 +466,9 @@ void loom_fsdp_prefetch_clear(loom_fsdp *f);
  * fills) changes nothing: the pass writes the tier's other slot set only, so the weights and
  * state stay as they were before the step, and the optimizer's step count is set back; its
  * error, naming the problem, is returned once, by the first call that waits (a forward then
- * fails at the first unit the pass did not step, or at the backward). opt must stay alive until
- * then (only to set its step count back); its state buffers are the tier's, not opt's, during
- * the pass. */
+ * fails at the first unit the pass did not step, or at the backward). opt may be freed right
+ * after the call (the pass has its own copy of the step's scalars; the wrapper holds opt until
+ * the pass is waited for, only to set its step count back if it fails). */
 int loom_fsdp_optim_step(loom_fsdp *f, loom_optim *opt, float grad_scale);
 
 /* Wait until the pass of the last loom_fsdp_optim_step has ended (LOOM_OK at once when none is

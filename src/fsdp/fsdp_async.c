@@ -14,8 +14,9 @@
  *
  * A failed pass changes nothing: it wrote only the other slot set, so the join switches every
  * unit back (the weights and state are the ones before the step), marks the low-precision copy
- * stale (it has one slot set) and sets the optimizer's step count back; a gather that had read
- * a stepped unit belongs to a forward that fails with the same error. */
+ * stale (it has one slot set) and sets the optimizer's step count back (the optimizer is held
+ * until then: its user may free it right after the call); a gather that had read a stepped
+ * unit belongs to a forward that fails with the same error. */
 #include "fsdp/fsdp_int.h"
 #include "fsdp/offload_store.h"
 
@@ -33,7 +34,8 @@ struct loom__fsdp_astep {
   bool ended;           /* the pass is over (every unit stepped, or it failed) */
   loom__fsdp_err err;   /* its failure, with its message (rc 0: none) */
   loom__fsdp_detached d;
-  loom_optim *opt;      /* only to set its step count back if the pass fails */
+  loom_optim *opt;      /* held (loom__optim_hold) only to set its step count back if the pass
+                           fails: its user may free it meanwhile */
   int64_t step_before;
   int account;          /* the rank's memory account: the pass's chunk ring is the rank's */
 };
@@ -103,6 +105,7 @@ int loom__fsdp_step_launch(loom_fsdp *f, loom_optim *opt, float grad_scale) {
     return rc ? rc : rc2;
   }
   loom__fsdp_pass_switch(f, opt);
+  loom__optim_hold(opt);
   f->astep = a;
   a->threaded = pthread_create(&a->thread, NULL, pass_main, a) == 0;
   if (a->threaded) return LOOM_OK;
@@ -139,6 +142,7 @@ int loom__fsdp_step_join(loom_fsdp *f) {
     loom__fsdp_pass_unswitch(f, a->d.per);
     (void)loom_optim_set_step_count(a->opt, a->step_before);
   }
+  loom__optim_let_go(a->opt);
   astep_free(a);
   return loom__fsdp_err_restore(&e);
 }

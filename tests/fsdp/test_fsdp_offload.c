@@ -140,19 +140,6 @@ static void orun_go(orun *r) {
   LT_OK(loom_threads_run(r->nranks, NULL, orun_rank, r));
 }
 
-static bool same_file(const char *a, const char *b) {
-  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-  bool same = fa && fb;
-  while (same) {
-    int ca = fgetc(fa), cb = fgetc(fb);
-    if (ca != cb) same = false;
-    if (ca == EOF || cb == EOF) break;
-  }
-  if (fa) fclose(fa);
-  if (fb) fclose(fb);
-  return same;
-}
-
 /* The offloaded run against the plain one: weights, losses and every rank's checkpoint file. */
 static void expect_identical(const orun *base, const orun *o, const char *what) {
   if (memcmp(base->params, o->params, model_numel() * sizeof(float)) != 0)
@@ -163,7 +150,7 @@ static void expect_identical(const orun *base, const orun *o, const char *what) 
     char pa[700], pb[700];
     snprintf(pa, sizeof pa, "%s/gen-1/rank-%d-of-%d.safetensors", base->ckpt, r, base->nranks);
     snprintf(pb, sizeof pb, "%s/gen-1/rank-%d-of-%d.safetensors", o->ckpt, r, o->nranks);
-    if (!same_file(pa, pb))
+    if (!fm_same_file(pa, pb))
       lt_fail_at(__FILE__, __LINE__, "%s: rank %d's checkpoint (shards, optimizer state) differs",
                  what, r);
   }
@@ -649,11 +636,11 @@ LT_TEST(fsdp_offload_resume_from_sharded_checkpoint_bit_identical) {
           char pa[700], pb[700];
           snprintf(pa, sizeof pa, "%s/gen-1/rank-%d-of-%d.safetensors", base.end, r, n);
           snprintf(pb, sizeof pb, "%s/gen-1/rank-%d-of-%d.safetensors", o.end, r, n);
-          if (!same_file(pa, pb))
+          if (!fm_same_file(pa, pb))
             lt_fail_at(__FILE__, __LINE__, "%s: rank %d's final checkpoint differs", name, r);
           snprintf(pa, sizeof pa, "%s/gen-1/rank-%d-of-%d.safetensors", o.before, r, n);
           snprintf(pb, sizeof pb, "%s/gen-1/rank-%d-of-%d.safetensors", o.after, r, n);
-          if (!same_file(pa, pb))
+          if (!fm_same_file(pa, pb))
             lt_fail_at(__FILE__, __LINE__, "%s: a refused load changed rank %d's state", name, r);
           /* nothing comes back into the compute pool but the disk tier's chunk ring (3 sets
            * of 3 kinds of 64-byte chunks, and with f16 the low-precision parameter copy's
