@@ -34,6 +34,7 @@ struct loom__fsdp_astep {
   bool ended;           /* the pass is over (every unit stepped, or it failed) */
   loom__fsdp_err err;   /* its failure, with its message (rc 0: none) */
   loom__fsdp_detached d;
+  uint8_t *flipped;     /* per unit: the kinds whose slot set the call switched */
   loom_optim *opt;      /* held (loom__optim_hold) only to set its step count back if the pass
                            fails: its user may free it meanwhile */
   int64_t step_before;
@@ -67,6 +68,7 @@ static void *pass_main(void *arg) {
 
 static void astep_free(loom__fsdp_astep *a) {
   loom__optim_snap_free(a->d.snap);
+  loom__free(a->flipped);
   pthread_cond_destroy(&a->cv);
   pthread_mutex_destroy(&a->mu);
   loom__free(a);
@@ -89,6 +91,10 @@ int loom__fsdp_step_launch(loom_fsdp *f, loom_optim *opt, float grad_scale) {
   }
   a->f = f;
   a->opt = opt;
+  if (!(a->flipped = loom__calloc(LOOM_POOL_META, f->nunits ? f->nunits : 1, 1))) {
+    astep_free(a);
+    return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);
+  }
   a->account = loom_mem_account();
   a->step_before = loom_optim_step_count(opt);
   a->d = (loom__fsdp_detached){.per = loom_optim_state_per_segment(opt), .published = published,
@@ -104,7 +110,7 @@ int loom__fsdp_step_launch(loom_fsdp *f, loom_optim *opt, float grad_scale) {
     astep_free(a);
     return rc ? rc : rc2;
   }
-  loom__fsdp_pass_switch(f, opt);
+  loom__fsdp_pass_switch(f, opt, a->flipped);
   loom__optim_hold(opt);
   f->astep = a;
   a->threaded = pthread_create(&a->thread, NULL, pass_main, a) == 0;
@@ -130,6 +136,15 @@ int loom__fsdp_step_ready(fsdp_unit *u, bool exposed) {
                            "unit '%s'", loom__fsdp_unit_shown(u->name));
 }
 
+bool loom__fsdp_step_done(const fsdp_unit *u) {
+  loom__fsdp_astep *a = u->f->astep;
+  if (!a) return true;
+  pthread_mutex_lock(&a->mu);
+  bool done = a->ended || a->done > u->index;
+  pthread_mutex_unlock(&a->mu);
+  return done;
+}
+
 int loom__fsdp_step_join(loom_fsdp *f) {
   loom__fsdp_astep *a = f ? f->astep : NULL;
   if (!a) return LOOM_OK;
@@ -139,7 +154,7 @@ int loom__fsdp_step_join(loom_fsdp *f) {
   loom__fsdp_err e = a->err;
   f->astep = NULL;
   if (e.rc) { /* nothing of the step stays: the slot sets as they were, the step not counted */
-    loom__fsdp_pass_unswitch(f, a->d.per);
+    loom__fsdp_pass_unswitch(f, a->flipped);
     (void)loom_optim_set_step_count(a->opt, a->step_before);
   }
   loom__optim_let_go(a->opt);

@@ -50,11 +50,14 @@ static int fwd_pre(loom_module *m, void *ctx) {
   for (int k = 1; k <= f->cfg.forward_prefetch && !rc; k++) {
     size_t j = u->index + (size_t)k;
     if (j >= f->nunits) break;
+    /* not while the last optimizer step's pass still steps it (fsdp_async.c): this unit
+     * computes meanwhile, and the gather is issued when its unit comes */
+    if (!loom__fsdp_step_done(&f->units[j])) break;
     if (f->units[j].state == UNIT_RESHARDED) rc = loom__fsdp_issue_gather(&f->units[j], f->fwd_dtype);
   }
   for (int k = 1; k <= f->cfg.offload.prefetch_steps && f->store && !rc; k++) {
     size_t j = u->index + (size_t)f->cfg.forward_prefetch + (size_t)k;
-    if (j >= f->nunits) break;
+    if (j >= f->nunits || !loom__fsdp_step_done(&f->units[j])) break;
     rc = loom__fsdp_param_ahead(&f->units[j]);
   }
   if (!rc) rc = loom__fsdp_wait_gather(u);

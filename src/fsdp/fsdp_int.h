@@ -318,7 +318,8 @@ int loom__fsdp_step_close(loom_fsdp *f, bool ok);
  * loom__fsdp_pass_settle: the transfers in flight that the pass reads or rewrites, landed (on
  * the rank's thread, before the step begins). loom__fsdp_pass_switch: every unit's written
  * kinds switch to the slot set the pass writes (and the low-precision copy counts as current)
- * at once, on the rank's thread; loom__fsdp_pass_unswitch(f, per) undoes it (a failed pass).
+ * at once, on the rank's thread, each unit's switched kinds recorded in flipped[unit] (a mask
+ * of 1 << OFF_*); loom__fsdp_pass_unswitch undoes exactly that (a failed pass).
  * loom__fsdp_pass_run: the pass itself, on any thread, with the step's scalars in d->snap: it
  * reads the old slot sets, writes the new ones, touches no flag of the wrapper, and calls
  * d->published(d->ctx, n) as units [0, n) have their new bytes on the tier; its transfer waits
@@ -331,8 +332,8 @@ typedef struct loom__fsdp_detached {
   void *ctx;
 } loom__fsdp_detached;
 int loom__fsdp_pass_settle(loom_fsdp *f, loom_optim *opt);
-void loom__fsdp_pass_switch(loom_fsdp *f, loom_optim *opt);
-void loom__fsdp_pass_unswitch(loom_fsdp *f, size_t per);
+void loom__fsdp_pass_switch(loom_fsdp *f, loom_optim *opt, uint8_t *flipped);
+void loom__fsdp_pass_unswitch(loom_fsdp *f, const uint8_t *flipped);
 int loom__fsdp_pass_run(loom_fsdp *f, loom__fsdp_detached *d);
 
 /* fsdp_async.c: the offloaded optimizer step behind the next forward.
@@ -343,6 +344,9 @@ int loom__fsdp_pass_run(loom_fsdp *f, loom__fsdp_detached *d);
  * loom__fsdp_step_ready: wait until unit u is stepped (LOOM_OK at once with no pass pending),
  * on any thread, changing nothing; the pass's failure if it failed before reaching u (its
  * message); `exposed`: the time counts as the rank's exposed transfer wait.
+ * loom__fsdp_step_done: whether step_ready would return at once (no pass pending, the unit
+ * stepped, or the pass over): the forward's prefetches are issued only then, so the rank
+ * computes the unit it has while the pass steps the next one.
  * loom__fsdp_step_join: wait for the whole pass (rank's thread): LOOM_OK with none pending, its
  * failure once (the slot sets switched back, the optimizer's step count set back), then none.
  * Every entry point that touches parameters, gradients or state other than a gather calls it.
@@ -351,6 +355,7 @@ int loom__fsdp_pass_run(loom_fsdp *f, loom__fsdp_detached *d);
 bool loom__fsdp_async_wanted(const loom_fsdp *f, size_t per);
 int loom__fsdp_step_launch(loom_fsdp *f, loom_optim *opt, float grad_scale);
 int loom__fsdp_step_ready(fsdp_unit *u, bool exposed);
+bool loom__fsdp_step_done(const fsdp_unit *u);
 int loom__fsdp_step_join(loom_fsdp *f);
 int loom__fsdp_step_failed(loom_fsdp *f, int rc);
 

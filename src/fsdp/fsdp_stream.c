@@ -254,17 +254,18 @@ static int stream_units(loom_fsdp *f, loom_optim *opt, size_t u0, size_t u1, flo
       rc = loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory for a %zu-byte chunk buffer",
                       low_bytes);
   if (!rc && s.nitems) rc = issue_reads(&s, 0);
+  if (!rc && s.nitems) publish(&s, s.unit_of[0]); /* units without a chunk before the first */
   for (size_t i = 0; i < s.nitems && !rc; i++) {
-    if (s.chunk_of[i] == 0) publish(&s, s.unit_of[i]); /* the units before it (empty ones too) */
     if (s.nsets > 1 && i + 1 < s.nitems) rc = issue_reads(&s, i + 1);
+    if (!rc && detached && i > 0 && s.unit_of[i] != s.unit_of[i - 1]) {
+      /* the last unit's chunks are all worked on: once their writes are on the tier (the
+       * sets hold no later ones), its gather may read them; the next two chunks' reads are
+       * in flight meanwhile */
+      for (size_t k = 0; k < s.nsets && !rc; k++) rc = wait_set(&s, &s.set[k], false, true);
+      if (!rc) publish(&s, s.unit_of[i]); /* and the units without a chunk before this one */
+    }
     if (!rc) rc = work_on(&s, i, fn, ctx);
     if (!rc && s.nsets == 1 && i + 1 < s.nitems) rc = issue_reads(&s, i + 1);
-    if (!rc && detached && (i + 1 == s.nitems || s.unit_of[i + 1] != s.unit_of[i])) {
-      /* the unit's last chunk: once its writes are on the tier, its gather may read them
-       * (the next chunk's reads are in flight meanwhile) */
-      for (size_t k = 0; k < s.nsets && !rc; k++) rc = wait_set(&s, &s.set[k], false, true);
-      if (!rc) publish(&s, s.unit_of[i] + 1);
-    }
   }
   for (size_t i = 0; i < s.nsets && !rc; i++) rc = wait_set(&s, &s.set[i], true, true);
   loom__fsdp_err e;
@@ -336,22 +337,28 @@ int loom__fsdp_pass_settle(loom_fsdp *f, loom_optim *opt) {
   return settle_for_pass(f, 0, f->nunits, read, write);
 }
 
-void loom__fsdp_pass_switch(loom_fsdp *f, loom_optim *opt) {
+void loom__fsdp_pass_switch(loom_fsdp *f, loom_optim *opt, uint8_t *flipped) {
   stream s = {.f = f, .opt = opt, .per = loom_optim_state_per_segment(opt)};
   step_masks(s.per, &s.read, &s.write);
   s.low = loom__fsdp_low_on(f);
+  for (size_t i = 0; i < f->nunits; i++) {
+    fsdp_unit *u = &f->units[i];
+    flipped[i] = 0;
+    for (int k = 0; k < OFF_KINDS; k++) {
+      bool mine = (s.write & (1u << k)) && (k < OFF_STATE || (size_t)(k - OFF_STATE) < s.per);
+      if (mine && shadowed(f, k) && kind_offloaded(&s, u, k) && u->off.nchunks)
+        flipped[i] |= (uint8_t)(1u << k);
+    }
+  }
   switch_sets(&s, 0, f->nunits);
 }
 
-void loom__fsdp_pass_unswitch(loom_fsdp *f, size_t per) {
-  unsigned read, write;
-  step_masks(per, &read, &write);
+void loom__fsdp_pass_unswitch(loom_fsdp *f, const uint8_t *flipped) {
   for (size_t i = 0; i < f->nunits; i++) {
     fsdp_unit *u = &f->units[i];
     u->off.low_ok = false; /* one slot set, partly rewritten */
     for (int k = 0; k < OFF_KINDS; k++)
-      if ((write & (1u << k)) && shadowed(f, k) && u->off.k[k].offloaded && u->off.nchunks)
-        u->off.k[k].gen ^= 1u;
+      if (flipped[i] & (1u << k)) u->off.k[k].gen ^= 1u;
   }
 }
 
