@@ -43,7 +43,7 @@ struct loom__fsdp_astep {
 
 bool loom__fsdp_async_wanted(const loom_fsdp *f, size_t per) {
   return f->async_step && f->store && loom__ostore_tier(f->store) == LOOM__OTIER_DISK &&
-         !loom__dry() && (per == 0 || loom__fsdp_offloading(f, OFF_STATE));
+         (per == 0 || loom__fsdp_offloading(f, OFF_STATE));
 }
 
 static void published(void *ctx, size_t units) {
@@ -66,7 +66,15 @@ static void *pass_main(void *arg) {
   return NULL;
 }
 
+/* A dry run's pass: its ring goes now (the forward reached the last unit, or the pass is
+ * waited for), as a real pass's goes when it has stepped the last unit. */
+static void ring_go(loom__fsdp_astep *a) {
+  for (size_t i = 0; i < a->d.nring; i++) loom__free(a->d.ring[i]);
+  a->d.nring = 0;
+}
+
 static void astep_free(loom__fsdp_astep *a) {
+  ring_go(a);
   loom__optim_snap_free(a->d.snap);
   loom__free(a->flipped);
   pthread_cond_destroy(&a->cv);
@@ -113,6 +121,11 @@ int loom__fsdp_step_launch(loom_fsdp *f, loom_optim *opt, float grad_scale) {
   loom__fsdp_pass_switch(f, opt, a->flipped);
   loom__optim_hold(opt);
   f->astep = a;
+  if (loom__dry()) { /* loom plan: the pass within the call (no bytes move), its ring kept */
+    a->d.keep_ring = true;
+    pass_main(a);
+    return a->err.rc ? loom__fsdp_step_join(f) : LOOM_OK;
+  }
   a->threaded = pthread_create(&a->thread, NULL, pass_main, a) == 0;
   if (a->threaded) return LOOM_OK;
   pass_main(a); /* no thread to be had: the pass runs here, as the synchronous step does */
@@ -123,6 +136,7 @@ int loom__fsdp_step_ready(fsdp_unit *u, bool exposed) {
   loom_fsdp *f = u->f;
   loom__fsdp_astep *a = f->astep;
   if (!a) return LOOM_OK;
+  if (!a->threaded && u->index + 1 == f->nunits) ring_go(a); /* a dry run's (see ring_go) */
   double t0 = loom__now();
   pthread_mutex_lock(&a->mu);
   while (!a->ended && a->done <= u->index) pthread_cond_wait(&a->cv, &a->mu);

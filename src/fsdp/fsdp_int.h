@@ -330,6 +330,12 @@ typedef struct loom__fsdp_detached {
   double wait_s;
   void (*published)(void *ctx, size_t units);
   void *ctx;
+  /* a dry run (loom plan): the pass runs within the call, its chunk ring handed over here
+   * instead of freed (ring[0..nring)), so the plan's peak holds it beside the forward as a
+   * real run's does; fsdp_async.c frees it when the forward reaches the last unit */
+  bool keep_ring;
+  void *ring[4 * OFF_KINDS];
+  size_t nring;
 } loom__fsdp_detached;
 int loom__fsdp_pass_settle(loom_fsdp *f, loom_optim *opt);
 void loom__fsdp_pass_switch(loom_fsdp *f, loom_optim *opt, uint8_t *flipped);

@@ -151,12 +151,19 @@ static int work_on(stream *s, size_t i, loom__fsdp_chunk_fn fn, void *ctx) {
   return rc;
 }
 
+/* Free a chunk buffer, or hand it to a dry run's detached pass (loom__fsdp_detached.ring). */
+static void ring_free(stream *s, void *p) {
+  loom__fsdp_detached *d = s->detached;
+  if (p && d && d->keep_ring && d->nring < sizeof d->ring / sizeof d->ring[0]) d->ring[d->nring++] = p;
+  else loom__free(p);
+}
+
 static void stream_free(stream *s) {
   if (!s->detached) loom__ostore_clear(s->f->store); /* a detached pass's jobs are all its own */
   for (size_t i = 0; i < s->nsets; i++) {
     (void)wait_set(s, &s->set[i], true, true);
-    for (int k = 0; k < OFF_KINDS; k++) loom__free(s->set[i].buf[k]);
-    loom__free(s->set[i].low);
+    for (int k = 0; k < OFF_KINDS; k++) ring_free(s, s->set[i].buf[k]);
+    ring_free(s, s->set[i].low);
   }
   loom__free(s->unit_of);
   loom__free(s->chunk_of);
