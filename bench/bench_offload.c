@@ -24,9 +24,10 @@
  *   disk p1 gover, disk p1 bf16 gover   each unit's gradient written while the next unit's
  *                 backward computes (LOOM_FSDP_GRAD_OVERLAP=1; the default writes it before
  *                 that backward starts): faster, about one shard more resident in f32;
- *   disk p1 sync, disk p1 bf16 sync, disk p0 sync   the optimizer step's pass within
- *                 loom_fsdp_optim_step (cfg.offload.async_step false) instead of on a thread of
- *                 its own behind the next forward (the default): the A/B of that change;
+ *   disk p1 async, disk p1 bf16 async, disk p0 async   the optimizer step's pass on a thread
+ *                 of its own behind the next forward (cfg.offload.async_step true);
+ *   disk p1 sync, disk p1 bf16 sync, disk p0 sync   the pass within loom_fsdp_optim_step
+ *                 (async_step false, the default): the A/B of that change;
  *   disk p1 nothp disk p1 with the allocator's large blocks in 4 KiB pages
  *                 (LOOM_ALLOC_HUGEPAGES=0) instead of transparent huge pages;
  *   fsdp bf16, host p1 bf16, disk p1 bf16, disk p0 bf16   FSDP mixed precision with a bf16
@@ -68,7 +69,7 @@
  * tier's step works on the tier's buffers). Targets (the offload issue):
  * compute peak <= 1.1 x that, and <= 0.4 x the no-offload peak; disk RSS <= 35% of the training
  * state; step host p1 <= 1.2 x fsdp, disk p1 <= 2 x; exposed wait <= 30% of the transfer time.
- * Speed: `rounds` rounds of every configuration (default 3), rank 0's median step time per run
+ * Speed: `rounds` rounds of every configuration (default 3), rank 0's mean step time per run
  * (a step: from its forward's start to the next step's; the last one's to the end of its
  * optimizer step's pass, loom_fsdp_optim_wait: the pass behind the call is in the step it
  * belongs to, and the warm-up step's pass ends before the timed steps start),
@@ -137,6 +138,7 @@ typedef struct config {
   bool gfifo;     /* LOOM_FSDP_GRAD_FIRST=0: the gradient puts queued behind the gathers'
                      reads (the behaviour before they went first) */
   bool sync;      /* cfg.offload.async_step false: the optimizer's pass within the call */
+  bool async;     /* cfg.offload.async_step true: the pass behind the call */
 } config;
 
 typedef struct result {
@@ -306,7 +308,7 @@ static int rank_main(loom_pg *pg, void *arg) {
     fc.offload.chunk_bytes = CHUNK_BYTES;
     fc.offload.io_threads = c->io_threads;
     fc.offload.low_precision_params = !c->no_copy;
-    fc.offload.async_step = !c->sync;
+    if (c->sync || c->async) fc.offload.async_step = c->async; /* else the default */
     ac.state_pool = LOOM_POOL_HOST;
   }
   j->r.params = (double)loom_module_numel(m);
@@ -406,7 +408,11 @@ static int rank_main(loom_pg *pg, void *arg) {
   r->peak[j->mpi ? 0 : rank] = (double)ps.peak_bytes;
   if (measures_process) {
     int n = j->steps;
-    r->step_s = bench_median(step_t, n);
+    /* the mean: the timed steps run from a settled start (no pass behind) to a settled end
+     * (the last pass waited for), so their total over n is the steady step; with the pass
+     * behind the call one step's period is not (the first has no pass to wait for, the last
+     * waits for its own whole) */
+    r->step_s = mean;
     r->sync_s = bench_median(sync_t, n);
     r->fb_s = bench_median(fb_t, n);
     r->opt_s = bench_median(opt_t, n);
@@ -574,6 +580,9 @@ static const config configs[] = {
     {.name = "disk p1 bf16", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true},
     {.name = "disk p0 bf16", .offload = true, .tier = DISK, .prefetch = 0, .bf16 = true},
     {.name = "disk p1 bf16 nocopy", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .no_copy = true},
+    {.name = "disk p1 async", .offload = true, .tier = DISK, .prefetch = 1, .async = true},
+    {.name = "disk p0 async", .offload = true, .tier = DISK, .prefetch = 0, .async = true},
+    {.name = "disk p1 bf16 async", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .async = true},
     {.name = "disk p1 sync", .offload = true, .tier = DISK, .prefetch = 1, .sync = true},
     {.name = "disk p0 sync", .offload = true, .tier = DISK, .prefetch = 0, .sync = true},
     {.name = "disk p1 bf16 sync", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .sync = true},
@@ -655,7 +664,7 @@ int main(int argc, char **argv) {
   if (steps < 1 || steps > MAXSTEPS || rounds < 1 || rounds > 16) {
     fprintf(stderr, "usage: bench_offload [dir] [steps 1..%d] [rounds 1..16] [configs: comma "
             "separated, of fsdp, host p1, host p0, disk p1, disk p0, disk p1 t1, disk p0 t1, "
-            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, disk p1 nothp, disk p1 gover, disk p1 bf16 gover, disk p1 gfifo, disk p1 bf16 gfifo, disk p1 sync, disk p0 sync, disk p1 bf16 sync, fsdp bf16, host p1 bf16, host p1 bf16 "
+            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, disk p1 nothp, disk p1 gover, disk p1 bf16 gover, disk p1 gfifo, disk p1 bf16 gfifo, disk p1 async, disk p0 async, disk p1 bf16 async, disk p1 sync, disk p0 sync, disk p1 bf16 sync, fsdp bf16, host p1 bf16, host p1 bf16 "
             "nocopy, disk p1 bf16, disk p0 bf16, disk p1 bf16 nocopy, disk p1 oib, disk p1 bf16 oib; "
             "default all]\n", MAXSTEPS);
     return 2;
@@ -753,7 +762,7 @@ int main(int argc, char **argv) {
                       r->rss_phase == 1 ? "fb" : r->rss_phase == 2 ? "opt" : "-");
     }
     printf("phases, %s: forward + backward + finish %.3f s, optimizer step %.3f s, then to the "
-           "next step %.3f s (rank 0, medians; mean step %.3f s); disk busy %.0f%% and %.0f%% of "
+           "next step %.3f s (rank 0, medians; step, the mean, %.3f s); disk busy %.0f%% and %.0f%% of "
            "the first two; RSS sampled every 1 ms: largest %.0f MB, in the phase per round %s\n",
            cs[i]->name, bench_median(fb, rounds), bench_median(os, rounds),
            bench_median(tl, rounds), bench_median(mn, rounds), 100 * bench_median(fbb, rounds),
@@ -806,7 +815,8 @@ int main(int argc, char **argv) {
           cs[o]->io_threads != cs[i]->io_threads || cs[o]->buffered != cs[i]->buffered ||
           cs[o]->bf16 != cs[i]->bf16 || cs[o]->no_copy != cs[i]->no_copy ||
           cs[o]->oib != cs[i]->oib || cs[o]->gfifo != cs[i]->gfifo ||
-          cs[o]->gover != cs[i]->gover || cs[o]->sync != cs[i]->sync)
+          cs[o]->gover != cs[i]->gover || cs[o]->sync != cs[i]->sync ||
+          cs[o]->async != cs[i]->async)
         continue;
       double q[16];
       for (int k = 0; k < rounds; k++) q[k] = rs[k][i].step_s / rs[k][o].step_s;
@@ -869,7 +879,7 @@ int main(int argc, char **argv) {
   for (int o = 1; o < nc; o++) {
     if (!is_disk(cs[o]) || !cs[o]->sync) continue;
     for (int i = 1; i < nc; i++) {
-      if (!is_disk(cs[i]) || cs[i]->sync || cs[o]->bf16 != cs[i]->bf16 ||
+      if (!is_disk(cs[i]) || !cs[i]->async || cs[o]->bf16 != cs[i]->bf16 ||
           cs[o]->prefetch != cs[i]->prefetch || cs[o]->no_copy != cs[i]->no_copy ||
           cs[o]->gfifo != cs[i]->gfifo || cs[o]->gover != cs[i]->gover ||
           cs[o]->oib != cs[i]->oib || cs[o]->io_threads != cs[i]->io_threads ||

@@ -200,7 +200,9 @@ typedef struct loom_fsdp_offload_cfg {
                                     within the call. LOOM_FSDP_ASYNC_STEP=0 or 1 in the
                                     environment overrides it. Ignored on the host tier (its
                                     pass works on the tier's buffers in place) and with the
-                                    optimizer's state not offloaded. Default true */
+                                    optimizer's state not offloaded. Default false: under
+                                    the loads measured so far it was not faster (BENCHMARKS.md,
+                                    "The disk tier's optimizer step behind the next forward") */
 } loom_fsdp_offload_cfg;
 
 /* The specification's defaults (above). */
@@ -453,7 +455,7 @@ void loom_fsdp_prefetch_clear(loom_fsdp *f);
  * through the compute pool in chunks; bit-identical to the step without offload. Fails before
  * any parameter changes if a chunk cannot be read; opt must be over this wrapper's segments.
  *
- * On the disk tier (cfg.offload.async_step, the default, with the optimizer's state offloaded)
+ * On the disk tier with cfg.offload.async_step (the optimizer's state offloaded)
  * the call checks and decides the step (grad_scale, the learning rate and the step count are
  * fixed here: the optimizer may be given the next step's learning rate at once) and returns;
  * the chunked pass runs on a thread of its own, unit by unit in the forward's order, behind

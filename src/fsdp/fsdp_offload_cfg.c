@@ -21,7 +21,7 @@ loom_fsdp_offload_cfg loom_fsdp_offload_cfg_default(void) {
                                  .chunk_bytes = (size_t)4 << 20,
                                  .io_threads = 0,
                                  .low_precision_params = true,
-                                 .async_step = true};
+                                 .async_step = false};
 }
 
 int loom_fsdp_offload_cfg_validate(const loom_fsdp_offload_cfg *cfg) {

@@ -784,7 +784,7 @@ LT_TEST(fsdp_offload_disk_faults_name_the_path_and_change_nothing) {
   LT_OK(loom_threads_run(1, NULL, missing_dir_rank, NULL));
 
   /* a byte flipped behind loom's back: the step reads it, says so, and changes nothing; with
-   * the pass behind the call (the default), the first call that waits for it says so, the
+   * the pass behind the call (async_step), the first call that waits for it says so, the
    * next forward or loom_fsdp_optim_wait, once; and with it within the call */
   for (int v = 0; v < 3; v++) {
     fault_ctx c = {.dir = tmp_dir("flip"), .mode = 0, .sync = v == 2, .forward = v == 1};
