@@ -24,6 +24,10 @@
  *   disk p1 gover, disk p1 bf16 gover   each unit's gradient written while the next unit's
  *                 backward computes (LOOM_FSDP_GRAD_OVERLAP=1; the default writes it before
  *                 that backward starts): faster, about one shard more resident in f32;
+ *   disk p1 async, disk p1 bf16 async, disk p0 async   the optimizer step's pass on a thread
+ *                 of its own behind the next forward (cfg.offload.async_step true);
+ *   disk p1 sync, disk p1 bf16 sync, disk p0 sync   the pass within loom_fsdp_optim_step
+ *                 (async_step false, the default): the A/B of that change;
  *   disk p1 nothp disk p1 with the allocator's large blocks in 4 KiB pages
  *                 (LOOM_ALLOC_HUGEPAGES=0) instead of transparent huge pages;
  *   fsdp bf16, host p1 bf16, disk p1 bf16, disk p0 bf16   FSDP mixed precision with a bf16
@@ -37,7 +41,8 @@
  *   disk p1, p0   the same on the disk tier, in a folder of the first argument (default
  *                 /var/tmp). The whole page cache is dropped before each run (sync;
  *                 drop_caches 1 when writable), and the tier file's pages before every step
- *                 (fdatasync, POSIX_FADV_DONTNEED), so the disk is really read ("disk rd MB" is
+ *                 (fdatasync, POSIX_FADV_DONTNEED; with O_DIRECT, which caches nothing, before the
+ *                 first timed step only), so the disk is really read ("disk rd MB" is
  *                 /proc/self/io's read_bytes per step: what came from storage, not from the
  *                 cache) while the libraries' pages stay cached, as in any run. That
  *                 fdatasync is outside the timed step: it also lands the last step's writes
@@ -64,7 +69,10 @@
  * tier's step works on the tier's buffers). Targets (the offload issue):
  * compute peak <= 1.1 x that, and <= 0.4 x the no-offload peak; disk RSS <= 35% of the training
  * state; step host p1 <= 1.2 x fsdp, disk p1 <= 2 x; exposed wait <= 30% of the transfer time.
- * Speed: `rounds` rounds of every configuration (default 3), rank 0's median step time per run,
+ * Speed: `rounds` rounds of every configuration (default 3), rank 0's mean step time per run
+ * (a step: from its forward's start to the next step's; the last one's to the end of its
+ * optimizer step's pass, loom_fsdp_optim_wait: the pass behind the call is in the step it
+ * belongs to, and the warm-up step's pass ends before the timed steps start),
  * the ratio to the round's fsdp run, median over rounds. The step's floor on the disk tier is
  * measured right after each disk run, in the same round (the same load on the machine): that
  * run's traffic per step (bytes read and written per rank) replayed with plain pread/pwrite and
@@ -129,6 +137,8 @@ typedef struct config {
                      unit's backward computes (the default: before it starts) */
   bool gfifo;     /* LOOM_FSDP_GRAD_FIRST=0: the gradient puts queued behind the gathers'
                      reads (the behaviour before they went first) */
+  bool sync;      /* cfg.offload.async_step false: the optimizer's pass within the call */
+  bool async;     /* cfg.offload.async_step true: the pass behind the call */
 } config;
 
 typedef struct result {
@@ -137,6 +147,8 @@ typedef struct result {
   double step_s, cpu_s;           /* rank 0, median step; process CPU per step */
   double sync_s;                  /* disk tier: median fdatasync + drop before a step (untimed) */
   double fb_s, opt_s;             /* rank 0, medians: forward + backward + finish; optimizer step */
+  double tail_s, mean_s;          /* rank 0: median time from the optimizer step's return to the
+                                     next step's start; mean step (all timed steps) */
   double fb_busy, opt_busy;       /* disk tier: the device's busy fraction in those phases */
   double rss_sampled;             /* largest RSS sample over the timed steps, and its phase */
   int rss_phase;
@@ -296,6 +308,7 @@ static int rank_main(loom_pg *pg, void *arg) {
     fc.offload.chunk_bytes = CHUNK_BYTES;
     fc.offload.io_threads = c->io_threads;
     fc.offload.low_precision_params = !c->no_copy;
+    if (c->sync || c->async) fc.offload.async_step = c->async; /* else the default */
     ac.state_pool = LOOM_POOL_HOST;
   }
   j->r.params = (double)loom_module_numel(m);
@@ -320,11 +333,13 @@ static int rank_main(loom_pg *pg, void *arg) {
   pthread_t sampler;
   bool sampling = measures_process && pthread_create(&sampler, NULL, rss_sampler, NULL) == 0;
   double step_t[MAXSTEPS], fb_t[MAXSTEPS], opt_t[MAXSTEPS], sync_t[MAXSTEPS] = {0}, cpu0 = 0, io0 = 0, io_sum = 0;
+  double start_t[MAXSTEPS], tail_t[MAXSTEPS], t_end = 0;
   struct rusage ru0 = {0};
   loom_fsdp_stats before = {0}, after = {0};
   for (int s = 0; s < 1 + j->steps; s++) {
     bool timed = s > 0;
     if (s == 1) {
+      BENCH_CHECK(loom_fsdp_optim_wait(f)); /* the warm-up step's pass, untimed */
       int slot = j->mpi ? 0 : rank;
       r->state[slot] = pool_now(acct, LOOM_POOL_COMPUTE);
       r->host[slot] = pool_now(acct, LOOM_POOL_HOST);
@@ -340,12 +355,16 @@ static int rank_main(loom_pg *pg, void *arg) {
         cpu0 = bench_process_cpu_now();
         getrusage(RUSAGE_SELF, &ru0);
       }
-      if (c->offload && c->tier == LOOM_FSDP_TIER_DISK) {
-        double d0 = bench_now(); /* the last step's writes still in flight land here */
+      /* through the page cache, before every step: the last step's writes still in flight
+       * land here. With O_DIRECT (the default) the file has no cached pages: once, before the
+       * first (an fdatasync between steps would only flush the device's cache while the last
+       * step's pass still writes behind the call, which no training loop does) */
+      if (c->offload && c->tier == LOOM_FSDP_TIER_DISK && (c->buffered || s == 1)) {
+        double d0 = bench_now();
         drop_tier_cache(j->dir);
         sync_t[s - 1] = bench_now() - d0;
       }
-      io0 = io_read_bytes();
+      if (s == 1) io0 = io_read_bytes(); /* to the end of the last step's pass */
     }
     sync_ranks(j, pg);
     double t0 = bench_now(), k0 = measures_process ? disk_busy_ms(j->dir) : -1;
@@ -361,14 +380,24 @@ static int rank_main(loom_pg *pg, void *arg) {
     if (measures_process && timed) atomic_store(&rss_phase, 2);
     BENCH_CHECK(loom_fsdp_optim_step(f, opt, 1.0f));
     double t1 = bench_now(), k1 = measures_process ? disk_busy_ms(j->dir) : -1;
+    if (s == j->steps) { /* the last step ends with its pass (the others' run into the next) */
+      BENCH_CHECK(loom_fsdp_optim_wait(f));
+      t_end = bench_now();
+    }
     if (measures_process) atomic_store(&rss_phase, 0);
     if (timed && k0 >= 0 && kb >= 0 && k1 >= 0) {
       fb_busy[s - 1] = (kb - k0) / 1e3 / (tb - t0);
       opt_busy[s - 1] = (k1 - kb) / 1e3 / (t1 - tb);
     }
     sync_ranks(j, pg);
-    if (measures_process && timed) io_sum += io_read_bytes() - io0;
-    if (timed) step_t[s - 1] = t1 - t0, fb_t[s - 1] = tb - t0, opt_t[s - 1] = t1 - tb;
+    if (measures_process && s == j->steps) io_sum = io_read_bytes() - io0;
+    if (timed) start_t[s - 1] = t0, fb_t[s - 1] = tb - t0, opt_t[s - 1] = t1 - tb;
+  }
+  double mean = 0;
+  for (int k = 0; k < j->steps; k++) { /* a step runs to the next one's start */
+    step_t[k] = (k + 1 < j->steps ? start_t[k + 1] : t_end) - start_t[k];
+    tail_t[k] = step_t[k] - fb_t[k] - opt_t[k];
+    mean += step_t[k] / j->steps;
   }
   if (sampling) {
     atomic_store(&rss_stop, true);
@@ -379,10 +408,16 @@ static int rank_main(loom_pg *pg, void *arg) {
   r->peak[j->mpi ? 0 : rank] = (double)ps.peak_bytes;
   if (measures_process) {
     int n = j->steps;
-    r->step_s = bench_median(step_t, n);
+    /* the mean: the timed steps run from a settled start (no pass behind) to a settled end
+     * (the last pass waited for), so their total over n is the steady step; with the pass
+     * behind the call one step's period is not (the first has no pass to wait for, the last
+     * waits for its own whole) */
+    r->step_s = mean;
     r->sync_s = bench_median(sync_t, n);
     r->fb_s = bench_median(fb_t, n);
     r->opt_s = bench_median(opt_t, n);
+    r->tail_s = bench_median(tail_t, n);
+    r->mean_s = mean;
     r->fb_busy = bench_median(fb_busy, n);
     r->opt_busy = bench_median(opt_busy, n);
     r->rss_sampled = rss_max_bytes;
@@ -545,6 +580,12 @@ static const config configs[] = {
     {.name = "disk p1 bf16", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true},
     {.name = "disk p0 bf16", .offload = true, .tier = DISK, .prefetch = 0, .bf16 = true},
     {.name = "disk p1 bf16 nocopy", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .no_copy = true},
+    {.name = "disk p1 async", .offload = true, .tier = DISK, .prefetch = 1, .async = true},
+    {.name = "disk p0 async", .offload = true, .tier = DISK, .prefetch = 0, .async = true},
+    {.name = "disk p1 bf16 async", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .async = true},
+    {.name = "disk p1 sync", .offload = true, .tier = DISK, .prefetch = 1, .sync = true},
+    {.name = "disk p0 sync", .offload = true, .tier = DISK, .prefetch = 0, .sync = true},
+    {.name = "disk p1 bf16 sync", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .sync = true},
     {.name = "disk p1 oib", .offload = true, .tier = DISK, .prefetch = 1, .oib = true},
     {.name = "disk p1 bf16 oib", .offload = true, .tier = DISK, .prefetch = 1, .bf16 = true, .oib = true}};
 enum { NC = sizeof configs / sizeof configs[0] };
@@ -623,7 +664,7 @@ int main(int argc, char **argv) {
   if (steps < 1 || steps > MAXSTEPS || rounds < 1 || rounds > 16) {
     fprintf(stderr, "usage: bench_offload [dir] [steps 1..%d] [rounds 1..16] [configs: comma "
             "separated, of fsdp, host p1, host p0, disk p1, disk p0, disk p1 t1, disk p0 t1, "
-            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, disk p1 nothp, disk p1 gover, disk p1 bf16 gover, disk p1 gfifo, disk p1 bf16 gfifo, fsdp bf16, host p1 bf16, host p1 bf16 "
+            "disk p1 buf, disk p0 buf, disk p1 g0, disk p1 cache, disk p1 nothp, disk p1 gover, disk p1 bf16 gover, disk p1 gfifo, disk p1 bf16 gfifo, disk p1 async, disk p0 async, disk p1 bf16 async, disk p1 sync, disk p0 sync, disk p1 bf16 sync, fsdp bf16, host p1 bf16, host p1 bf16 "
             "nocopy, disk p1 bf16, disk p0 bf16, disk p1 bf16 nocopy, disk p1 oib, disk p1 bf16 oib; "
             "default all]\n", MAXSTEPS);
     return 2;
@@ -709,21 +750,23 @@ int main(int argc, char **argv) {
            "system %.3f); minor faults %.0fk per step\n", cs[i]->name, list,
            bench_median(st, rounds), bench_median(cp, rounds), bench_median(us, rounds),
            bench_median(sy, rounds), bench_median(mf, rounds) / 1e3);
-    double fb[16], os[16], fbb[16], obb[16], rsp[16];
+    double fb[16], os[16], fbb[16], obb[16], rsp[16], tl[16], mn[16];
     char ph[64] = "";
     for (int k = 0, o = 0; k < rounds; k++) {
       const result *r = &rs[k][i];
       fb[k] = r->fb_s, os[k] = r->opt_s, fbb[k] = r->fb_busy, obb[k] = r->opt_busy;
+      tl[k] = r->tail_s, mn[k] = r->mean_s;
       rsp[k] = r->rss_sampled;
       if (o < (int)sizeof ph)
         o += snprintf(ph + o, sizeof ph - (size_t)o, "%s%s", k ? " " : "",
                       r->rss_phase == 1 ? "fb" : r->rss_phase == 2 ? "opt" : "-");
     }
-    printf("phases, %s: forward + backward + finish %.3f s, optimizer step %.3f s (rank 0, "
-           "medians); disk busy %.0f%% and %.0f%% of them; RSS sampled every 1 ms: largest "
-           "%.0f MB, in the phase per round %s\n", cs[i]->name, bench_median(fb, rounds),
-           bench_median(os, rounds), 100 * bench_median(fbb, rounds), 100 * bench_median(obb, rounds),
-           MB(bench_median(rsp, rounds)), ph);
+    printf("phases, %s: forward + backward + finish %.3f s, optimizer step %.3f s, then to the "
+           "next step %.3f s (rank 0, medians; step, the mean, %.3f s); disk busy %.0f%% and %.0f%% of "
+           "the first two; RSS sampled every 1 ms: largest %.0f MB, in the phase per round %s\n",
+           cs[i]->name, bench_median(fb, rounds), bench_median(os, rounds),
+           bench_median(tl, rounds), bench_median(mn, rounds), 100 * bench_median(fbb, rounds),
+           100 * bench_median(obb, rounds), MB(bench_median(rsp, rounds)), ph);
   }
   double step_fsdp[16];
   for (int i = 1; i < nc; i++) {
@@ -772,7 +815,8 @@ int main(int argc, char **argv) {
           cs[o]->io_threads != cs[i]->io_threads || cs[o]->buffered != cs[i]->buffered ||
           cs[o]->bf16 != cs[i]->bf16 || cs[o]->no_copy != cs[i]->no_copy ||
           cs[o]->oib != cs[i]->oib || cs[o]->gfifo != cs[i]->gfifo ||
-          cs[o]->gover != cs[i]->gover)
+          cs[o]->gover != cs[i]->gover || cs[o]->sync != cs[i]->sync ||
+          cs[o]->async != cs[i]->async)
         continue;
       double q[16];
       for (int k = 0; k < rounds; k++) q[k] = rs[k][i].step_s / rs[k][o].step_s;
@@ -828,6 +872,31 @@ int main(int argc, char **argv) {
              bench_median(pa, rounds), bench_median(pb, rounds), bench_median(fa, rounds),
              bench_median(fb, rounds), 100 * bench_median(ra, rounds),
              100 * bench_median(rb, rounds), bench_median(ca, rounds), bench_median(cb, rounds));
+    }
+  }
+  /* the optimizer's pass behind the next forward against within the call, same everything
+   * else, round by round: step, step / floor, the phases, RSS */
+  for (int o = 1; o < nc; o++) {
+    if (!is_disk(cs[o]) || !cs[o]->sync) continue;
+    for (int i = 1; i < nc; i++) {
+      if (!is_disk(cs[i]) || !cs[i]->async || cs[o]->bf16 != cs[i]->bf16 ||
+          cs[o]->prefetch != cs[i]->prefetch || cs[o]->no_copy != cs[i]->no_copy ||
+          cs[o]->gfifo != cs[i]->gfifo || cs[o]->gover != cs[i]->gover ||
+          cs[o]->oib != cs[i]->oib || cs[o]->io_threads != cs[i]->io_threads ||
+          cs[o]->lean != cs[i]->lean || cs[o]->cache != cs[i]->cache ||
+          cs[o]->buffered != cs[i]->buffered || cs[o]->no_huge != cs[i]->no_huge)
+        continue;
+      double sq[16], fa[16], fb[16], ra[16], rb[16];
+      for (int k = 0; k < rounds; k++) {
+        sq[k] = rs[k][i].step_s / rs[k][o].step_s;
+        fa[k] = rs[k][i].step_s / floor_s[k][i], fb[k] = rs[k][o].step_s / floor_s[k][o];
+        ra[k] = rs[k][i].rss_train / (16.0 * rs[k][i].params);
+        rb[k] = rs[k][o].rss_train / (16.0 * rs[k][o].params);
+      }
+      printf("step behind / within the call, %s / %s: step %.2f; step / floor %.2f against "
+             "%.2f; RSS %.0f%% against %.0f%% (medians)\n", cs[i]->name, cs[o]->name,
+             bench_median(sq, rounds), bench_median(fa, rounds), bench_median(fb, rounds),
+             100 * bench_median(ra, rounds), 100 * bench_median(rb, rounds));
     }
   }
   /* the low-precision parameter copy against none, same tier and prefetch, round by round:

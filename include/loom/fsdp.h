@@ -193,6 +193,16 @@ typedef struct loom_fsdp_offload_cfg {
                                     the same bits: a gather casts to that dtype anyway). Costs
                                     half the parameter shard's bytes more in the tier. Ignored
                                     without mixed precision. Default true */
+  bool async_step;               /* the disk tier: loom_fsdp_optim_step decides the step and
+                                    returns, its chunked pass runs on a thread of its own
+                                    behind the next forward, unit by unit in the forward's
+                                    order (see loom_fsdp_optim_step); false: the pass runs
+                                    within the call. LOOM_FSDP_ASYNC_STEP=0 or 1 in the
+                                    environment overrides it. Ignored on the host tier (its
+                                    pass works on the tier's buffers in place) and with the
+                                    optimizer's state not offloaded. Default false: under
+                                    the loads measured so far it was not faster (BENCHMARKS.md,
+                                    "The disk tier's optimizer step behind the next forward") */
 } loom_fsdp_offload_cfg;
 
 /* The specification's defaults (above). */
@@ -392,7 +402,8 @@ int loom_fsdp_check_overflow(loom_fsdp *f, bool *overflow);
  *   - gradient shards leave (asynchronously) as each reduce-scatter completes;
  *   - the optimizer's state never needs to be whole in the compute pool: the optimizer step
  *     (loom_fsdp_optim_step) streams every unit's parameters, gradients and state through a
- *     few chunk buffers, reading chunk k+1 and writing chunk k-1 while chunk k steps.
+ *     few chunk buffers, reading chunk k+1 and writing chunk k-1 while chunk k steps; on the
+ *     disk tier it does so on a thread of its own behind the next forward (async_step).
  * Offload moves bytes and nothing else: every result is bit-identical to the same run without
  * it. A run with offload steps through loom_fsdp_optim_step (the optimizer made from
  * loom_fsdp_segments, whose offloaded buffers are marked LOOM_SEG_STREAMED: loom_optim_step
@@ -442,8 +453,31 @@ void loom_fsdp_prefetch_clear(loom_fsdp *f);
  * loaded (1: plain; see loom_optim_step_scaled). Without offload it is
  * loom_optim_step_scaled(opt, grad_scale). With it, parameters, gradients and state stream
  * through the compute pool in chunks; bit-identical to the step without offload. Fails before
- * any parameter changes if a chunk cannot be read; opt must be over this wrapper's segments. */
+ * any parameter changes if a chunk cannot be read; opt must be over this wrapper's segments.
+ *
+ * On the disk tier with cfg.offload.async_step (the optimizer's state offloaded)
+ * the call checks and decides the step (grad_scale, the learning rate and the step count are
+ * fixed here: the optimizer may be given the next step's learning rate at once) and returns;
+ * the chunked pass runs on a thread of its own, unit by unit in the forward's order, behind
+ * the next forward: that forward's gather of a unit waits only until the unit is stepped, so
+ * the step's disk traffic overlaps the forward's compute. Every other call of this wrapper
+ * that touches parameters, gradients or optimizer state (the next backward, clipping, the
+ * overflow check, checkpoints and the full state, the offload and prefetch calls, another
+ * loom_fsdp_optim_step, loom_fsdp_free) first waits for the whole pass, and so does
+ * loom_fsdp_optim_wait. A pass that fails (a file changed behind loom's back, a disk that
+ * fills) changes nothing: the pass writes the tier's other slot set only, so the weights and
+ * state stay as they were before the step, and the optimizer's step count is set back; its
+ * error, naming the problem, is returned once, by the first call that waits (a forward then
+ * fails at the first unit the pass did not step, or at the backward). opt may be freed right
+ * after the call (the pass has its own copy of the step's scalars; the wrapper holds opt until
+ * the pass is waited for, only to set its step count back if it fails). */
 int loom_fsdp_optim_step(loom_fsdp *f, loom_optim *opt, float grad_scale);
+
+/* Wait until the pass of the last loom_fsdp_optim_step has ended (LOOM_OK at once when none is
+ * running: no offload, the host tier, async_step off): its failure if it failed, with its
+ * message. The wrapper's other calls wait by themselves; this is for code that reads the
+ * optimizer or the tier directly, or times a step. */
+int loom_fsdp_optim_wait(loom_fsdp *f);
 
 /* The optimizer that steps each unit inside backward (cfg.optim_in_backward), borrowed: it must
  * outlive its use or be replaced (NULL: none). Any wrapper takes one (it is used only with

@@ -103,7 +103,9 @@ int loom_optim_create_adam(const loom_param_seg *segs, size_t nseg, const loom_a
                            loom_optim **out);
 int loom_optim_create_adamw(const loom_param_seg *segs, size_t nseg, const loom_adam_cfg *cfg,
                             loom_optim **out);
-/* NULL ok. */
+/* NULL ok. The optimizer is unusable from here on; a step of it still running inside loom
+ * (an offloaded FSDP step behind the next forward, loom/fsdp.h) keeps its memory until that
+ * step is waited for. */
 void loom_optim_free(loom_optim *o);
 
 /* One update of every segment from its gradient; the step count goes up by one first (so the

@@ -269,6 +269,7 @@ int loom_fsdp_create(loom_pg *pg, loom_module *module, const loom_fsdp_cfg *cfg,
 
 void loom_fsdp_free(loom_fsdp *f) {
   if (!f) return;
+  (void)loom__fsdp_step_join(f); /* the optimizer's pass ends before what it uses goes */
   if (f->root && f->root->sharded_by == f) f->root->sharded_by = NULL;
   for (size_t u = 0; f->units && u < f->nunits; u++) {
     fsdp_unit *un = &f->units[u];

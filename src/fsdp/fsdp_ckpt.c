@@ -263,6 +263,8 @@ int loom_fsdp_save_sharded(loom_fsdp *f, const char *dir, const loom_optim *opt,
   static const char *who = "loom_fsdp_save_sharded";
   if (!f || !dir || (!meta && nmeta)) return loom__fail(LOOM_EINVAL, "%s: NULL argument", who);
   if (f->in_step) return loom__fail(LOOM_EMISUSE, "%s: a backward is running", who);
+  int rc_step = loom__fsdp_step_join(f); /* the last optimizer step, whole, or its failure */
+  if (rc_step) return rc_step;
   for (size_t i = 0; i < nmeta; i++)
     if (!meta[i].key || strncmp(meta[i].key, "fsdp.", 5) == 0)
       return loom__fail(LOOM_EINVAL, "%s: metadata key %zu is NULL or reserved ('fsdp.')", who, i);

@@ -266,6 +266,8 @@ int loom_fsdp_load_sharded(loom_fsdp *f, const char *dir, loom_optim *opt) {
   static const char *who = "loom_fsdp_load_sharded";
   if (!f || !dir) return loom__fail(LOOM_EINVAL, "%s: fsdp or dir is NULL", who);
   if (f->in_step) return loom__fail(LOOM_EMISUSE, "%s: a backward is running", who);
+  int rc_step = loom__fsdp_step_join(f); /* the last optimizer step, whole, or its failure */
+  if (rc_step) return rc_step;
   if (opt && loom__fsdp_offloading(f, OFF_STATE)) { /* its state streams unit by unit */
     int rc = loom__fsdp_check_optim(f, opt, who);
     if (rc) return rc;

@@ -53,25 +53,30 @@ static int read_own_part(void *ctx) {
  * all-gather's first step (read_own_part). */
 static int fill_own_part(fsdp_unit *u, loom_dtype dt, void **own) {
   loom_fsdp *f = u->f;
+  const loom_fsdp_offload_cfg *c = &f->cfg.offload;
   *own = own_part(u, dt);
   u->reads_tier = false;
+  /* the last optimizer step's pass may still be writing the unit (fsdp_async.c): the gather
+   * reads its new bytes, and a pass that failed fails it here, before any collective */
+  int rc = loom__fsdp_step_ready(u, true);
+  if (rc) return rc;
+  bool deferred = loom__fsdp_param_readable(u, dt) && c->prefetch_parameters && c->prefetch_steps > 0;
   if (dt == LOOM_F32 && !loom__fsdp_offloading(f, OFF_PARAM)) {
     *own = NULL;
     return loom__fsdp_param_need(u);
   }
   u->read_begin = u->read_end = 0;
+  if (deferred) {
+    u->reads_tier = true;
+    return LOOM_OK;
+  }
   if (loom__fsdp_param_readable(u, dt)) {
-    const loom_fsdp_offload_cfg *c = &f->cfg.offload;
-    if (c->prefetch_parameters && c->prefetch_steps > 0) {
-      u->reads_tier = true;
-      return LOOM_OK;
-    }
     double t0 = loom__now(); /* no prefetch: read now, by the rank, all of it exposed */
-    int rc = loom__fsdp_param_into(u, *own, dt);
+    rc = loom__fsdp_param_into(u, *own, dt);
     f->off_wait_s += loom__now() - t0;
     return rc;
   }
-  int rc = loom__fsdp_param_need(u);
+  rc = loom__fsdp_param_need(u);
   if (rc) return rc;
   if (loom__dry()) { /* nothing to copy */
   } else if (dt == LOOM_F32) memcpy(*own, u->param_shard, u->shard * sizeof(float));
@@ -93,7 +98,7 @@ int loom__fsdp_issue_gather(fsdp_unit *u, loom_dtype dt) {
   void *own = NULL;
   if ((rc = fill_own_part(u, dt, &own))) {
     drop_buffers(u);
-    return rc;
+    return loom__fsdp_step_failed(f, rc);
   }
   u->gathered_dtype = dt;
   u->gather_issued = loom__now();
@@ -130,7 +135,7 @@ int loom__fsdp_wait_gather(fsdp_unit *u) {
   f->off_wait_s += read_waited(u, t0, t1);
   if (rc) {
     drop_buffers(u);
-    return rc;
+    return loom__fsdp_step_failed(f, rc);
   }
   u->state = UNIT_GATHERED;
   if ((rc = loom__fsdp_param_done(u))) return rc;

@@ -50,11 +50,14 @@ static int fwd_pre(loom_module *m, void *ctx) {
   for (int k = 1; k <= f->cfg.forward_prefetch && !rc; k++) {
     size_t j = u->index + (size_t)k;
     if (j >= f->nunits) break;
+    /* not while the last optimizer step's pass still steps it (fsdp_async.c): this unit
+     * computes meanwhile, and the gather is issued when its unit comes */
+    if (!loom__fsdp_step_done(&f->units[j])) break;
     if (f->units[j].state == UNIT_RESHARDED) rc = loom__fsdp_issue_gather(&f->units[j], f->fwd_dtype);
   }
   for (int k = 1; k <= f->cfg.offload.prefetch_steps && f->store && !rc; k++) {
     size_t j = u->index + (size_t)f->cfg.forward_prefetch + (size_t)k;
-    if (j >= f->nunits) break;
+    if (j >= f->nunits || !loom__fsdp_step_done(&f->units[j])) break;
     rc = loom__fsdp_param_ahead(&f->units[j]);
   }
   if (!rc) rc = loom__fsdp_wait_gather(u);
@@ -92,6 +95,8 @@ static int begin_step(loom_fsdp *f) {
   if (f->cfg.optim_in_backward && f->sync && !f->step_opt)
     return loom__fail(LOOM_EMISUSE, "fsdp: optim_in_backward is on and no optimizer was given "
                       "(loom_fsdp_set_optim): backward has nothing to step with");
+  int rc = loom__fsdp_step_join(f); /* the last optimizer step's pass: it reads the gradients */
+  if (rc) return rc;
   f->oib_stepped = false;
   f->in_step = true;
   f->step_status = LOOM_OK;

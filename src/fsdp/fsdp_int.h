@@ -19,6 +19,7 @@ typedef enum unit_state { UNIT_RESHARDED = 0, UNIT_GATHERING = 1, UNIT_GATHERED 
 
 typedef struct fsdp_unit fsdp_unit;
 typedef struct loom__fsdp_share loom__fsdp_share;
+typedef struct loom__fsdp_astep loom__fsdp_astep;
 
 /* Offload: the kinds of a unit's bytes that move (the optimizer state has one kind per state
  * buffer: Adam's exp_avg and exp_avg_sq, SGD's momentum). */
@@ -136,6 +137,9 @@ struct loom_fsdp {
                                  (LOOM_FSDP_GRAD_FIRST=0: in submission order) */
   size_t grad_leaving;        /* the unit whose gradient left last in backward, or SIZE_MAX */
   loom_optim *state_opt;      /* the optimizer whose state was last sent for (a prefetch) */
+  bool async_step;            /* cfg.offload.async_step (LOOM_FSDP_ASYNC_STEP=0/1 overrides) */
+  loom__fsdp_astep *astep;    /* the optimizer's pass running behind the next forward
+                                 (fsdp_async.c), or NULL */
   bool sync;
   bool in_step;
   int step_status;
@@ -294,13 +298,13 @@ float *loom__fsdp_state_buf(loom_optim *opt, size_t unit, int k);
  * forward dtype). loom__fsdp_low_slot: chunk c's slot. loom__fsdp_low_put: write chunk c of
  * the copy from n f32 values (cast): in place on the host tier; on the disk tier cast into
  * `scratch` (n elements of the forward dtype, on loan until *job is waited for) and submitted
- * as a put (*job; 0 when it was written synchronously). loom__fsdp_low_drop: every unit's
+ * as a put with the store's `flags` (*job; 0 when it was written synchronously). loom__fsdp_low_drop: every unit's
  * copy is stale (the f32 shards were rewritten). */
 bool loom__fsdp_low_on(const loom_fsdp *f);
 bool loom__fsdp_low_readable(const fsdp_unit *u, loom_dtype dt);
 size_t loom__fsdp_low_slot(const fsdp_unit *u, size_t c);
 int loom__fsdp_low_put(fsdp_unit *u, size_t c, const float *src, size_t n, void *scratch,
-                       uint64_t *job);
+                       unsigned flags, uint64_t *job);
 void loom__fsdp_low_drop(loom_fsdp *f);
 
 /* fsdp_stream.c: the optimizer step of one unit inside backward (cfg.optim_in_backward), its
@@ -309,6 +313,57 @@ void loom__fsdp_low_drop(loom_fsdp *f);
  * backward's steps (`ok`: every unit stepped, loom_fsdp_optim_step has nothing to do). */
 int loom__fsdp_step_unit(fsdp_unit *u, float *grad);
 int loom__fsdp_step_close(loom_fsdp *f, bool ok);
+
+/* fsdp_stream.c: the optimizer's pass detached from the rank's thread, for fsdp_async.c.
+ * loom__fsdp_pass_settle: the transfers in flight that the pass reads or rewrites, landed (on
+ * the rank's thread, before the step begins). loom__fsdp_pass_switch: every unit's written
+ * kinds switch to the slot set the pass writes (and the low-precision copy counts as current)
+ * at once, on the rank's thread, each unit's switched kinds recorded in flipped[unit] (a mask
+ * of 1 << OFF_*); loom__fsdp_pass_unswitch undoes exactly that (a failed pass).
+ * loom__fsdp_pass_run: the pass itself, on any thread, with the step's scalars in d->snap: it
+ * reads the old slot sets, writes the new ones, touches no flag of the wrapper, and calls
+ * d->published(d->ctx, n) as units [0, n) have their new bytes on the tier; its transfer waits
+ * add up in d->wait_s. */
+typedef struct loom__fsdp_detached {
+  loom__optim_snap *snap;
+  size_t per;          /* the optimizer's state buffers per segment */
+  double wait_s;
+  void (*published)(void *ctx, size_t units);
+  void *ctx;
+  /* a dry run (loom plan): the pass runs within the call, its chunk ring handed over here
+   * instead of freed (ring[0..nring)), so the plan's peak holds it beside the forward as a
+   * real run's does; fsdp_async.c frees it when the forward reaches the last unit */
+  bool keep_ring;
+  void *ring[4 * OFF_KINDS];
+  size_t nring;
+} loom__fsdp_detached;
+int loom__fsdp_pass_settle(loom_fsdp *f, loom_optim *opt);
+void loom__fsdp_pass_switch(loom_fsdp *f, loom_optim *opt, uint8_t *flipped);
+void loom__fsdp_pass_unswitch(loom_fsdp *f, const uint8_t *flipped);
+int loom__fsdp_pass_run(loom_fsdp *f, loom__fsdp_detached *d);
+
+/* fsdp_async.c: the offloaded optimizer step behind the next forward.
+ * loom__fsdp_async_wanted: loom_fsdp_optim_step runs its pass so (cfg.offload.async_step, the
+ * disk tier, the optimizer's state offloaded or none, not a dry run).
+ * loom__fsdp_step_launch: decide the step now (settle, loom_optim_step_begin, the scalars
+ * copied, the slot sets switched) and start the pass on its thread; its errors are the call's.
+ * loom__fsdp_step_ready: wait until unit u is stepped (LOOM_OK at once with no pass pending),
+ * on any thread, changing nothing; the pass's failure if it failed before reaching u (its
+ * message); `exposed`: the time counts as the rank's exposed transfer wait.
+ * loom__fsdp_step_done: whether step_ready would return at once (no pass pending, the unit
+ * stepped, or the pass over): the forward's prefetches are issued only then, so the rank
+ * computes the unit it has while the pass steps the next one.
+ * loom__fsdp_step_join: wait for the whole pass (rank's thread): LOOM_OK with none pending, its
+ * failure once (the slot sets switched back, the optimizer's step count set back), then none.
+ * Every entry point that touches parameters, gradients or state other than a gather calls it.
+ * loom__fsdp_step_failed: after a call failed with rc (a gather that read a unit the pass
+ * failed to step), join so the pass's failure is reported once: its status, else rc. */
+bool loom__fsdp_async_wanted(const loom_fsdp *f, size_t per);
+int loom__fsdp_step_launch(loom_fsdp *f, loom_optim *opt, float grad_scale);
+int loom__fsdp_step_ready(fsdp_unit *u, bool exposed);
+bool loom__fsdp_step_done(const fsdp_unit *u);
+int loom__fsdp_step_join(loom_fsdp *f);
+int loom__fsdp_step_failed(loom_fsdp *f, int rc);
 
 /* fsdp_stream.c: a pass over every unit's shards chunk by chunk. `read` and `write` are masks
  * of (1 << OFF_*); kinds in the compute pool are used in place, offloaded ones stream through

@@ -7,7 +7,9 @@
  * loom__fsdp_param_into): half the bytes, cast once per step, the same bits (the cast is the
  * one the gather would make of the same f32 values). The copy has one slot set: a pass that
  * rewrites it marks every unit's copy stale first and current only once every chunk has
- * succeeded, so a failed pass leaves the gathers on the f32 shard. Anything else that rewrites
+ * succeeded, so a failed pass leaves the gathers on the f32 shard (the optimizer's pass behind
+ * the next forward, fsdp_async.c, marks it current at once, a gather of a unit reading it only
+ * once the unit is stepped, and stale again if the pass fails). Anything else that rewrites
  * the f32 shard (loom__fsdp_offload_all with `changed`) drops the copy the same way. */
 #include "fsdp/fsdp_int.h"
 #include "fsdp/offload_store.h"
@@ -26,7 +28,7 @@ size_t loom__fsdp_low_slot(const fsdp_unit *u, size_t c) {
 }
 
 int loom__fsdp_low_put(fsdp_unit *u, size_t c, const float *src, size_t n, void *scratch,
-                       uint64_t *job) {
+                       unsigned flags, uint64_t *job) {
   loom_fsdp *f = u->f;
   loom_dtype dt = f->fwd_dtype;
   size_t bytes = n * loom_dtype_size(dt), slot = loom__fsdp_low_slot(u, c);
@@ -35,7 +37,7 @@ int loom__fsdp_low_put(fsdp_unit *u, size_t c, const float *src, size_t n, void 
   if (host) return loom_convert(src, LOOM_F32, host, dt, n); /* where it lives: no copy */
   if (scratch) {
     int rc = loom_convert(src, LOOM_F32, scratch, dt, n);
-    return rc ? rc : loom__ostore_submit_put(f->store, slot, scratch, bytes, job);
+    return rc ? rc : loom__ostore_submit_put_ex(f->store, slot, scratch, bytes, flags, job);
   }
   /* the host tier's first put of the slot: through a buffer of its own, once */
   void *tmp = loom__malloc(LOOM_POOL_COMPUTE, bytes ? bytes : 1);

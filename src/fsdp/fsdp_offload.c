@@ -203,8 +203,10 @@ int loom__fsdp_param_prefetch(fsdp_unit *u) {
   if (!f->store || !k->offloaded || k->arriving || !f->cfg.offload.prefetch_parameters ||
       f->cfg.offload.prefetch_steps == 0)
     return LOOM_OK;
+  int rc = loom__fsdp_step_ready(u, true); /* the last step's new bytes, once written */
+  if (rc) return loom__fsdp_step_failed(f, rc);
   if (!(u->param_shard = alloc_shard(u, "parameter"))) return LOOM_ENOMEM;
-  int rc = submit_gets(u, OFF_PARAM, u->param_shard);
+  rc = submit_gets(u, OFF_PARAM, u->param_shard);
   return rc ? abandon(u, OFF_PARAM, rc) : LOOM_OK;
 }
 
@@ -500,6 +502,8 @@ int loom__fsdp_offload_init(loom_fsdp *f) {
   const char *ov = getenv("LOOM_FSDP_GRAD_OVERLAP"), *gf = getenv("LOOM_FSDP_GRAD_FIRST");
   f->grad_overlap = ov && !strcmp(ov, "1");
   f->grad_first = !(gf && !strcmp(gf, "0"));
+  const char *as = getenv("LOOM_FSDP_ASYNC_STEP");
+  f->async_step = as && (!strcmp(as, "0") || !strcmp(as, "1")) ? !strcmp(as, "1") : c->async_step;
   f->grad_leaving = SIZE_MAX;
   if (c->dir && !(f->offload_dir = loom__strdup(LOOM_POOL_META, c->dir)))
     return loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory");
@@ -550,7 +554,8 @@ void loom__fsdp_offload_free(loom_fsdp *f) {
 }
 
 int loom__fsdp_onload_all(loom_fsdp *f, loom_optim *opt) {
-  int rc = f->store ? loom__fsdp_settle_tier_reads(f) : LOOM_OK;
+  int rc = loom__fsdp_step_join(f);
+  if (!rc && f->store) rc = loom__fsdp_settle_tier_reads(f);
   if (!rc && f->store) rc = loom__fsdp_grad_settle(f);
   for (size_t i = 0; f->store && i < f->nunits && !rc; i++) {
     fsdp_unit *u = &f->units[i];
@@ -561,7 +566,8 @@ int loom__fsdp_onload_all(loom_fsdp *f, loom_optim *opt) {
 }
 
 int loom__fsdp_offload_all(loom_fsdp *f, loom_optim *opt, bool changed) {
-  int rc = f->store ? loom__fsdp_settle_tier_reads(f) : LOOM_OK;
+  int rc = loom__fsdp_step_join(f);
+  if (!rc && f->store) rc = loom__fsdp_settle_tier_reads(f);
   if (changed && f->store) loom__fsdp_low_drop(f); /* the f32 shards are new */
   for (size_t i = 0; f->store && i < f->nunits && !rc; i++) {
     fsdp_unit *u = &f->units[i];
@@ -586,14 +592,14 @@ int loom__fsdp_offload_all(loom_fsdp *f, loom_optim *opt, bool changed) {
 
 /* ---- the public calls ------------------------------------------------------------------- */
 
-static int unit_call(const loom_fsdp *f, size_t unit, const char *who) {
+static int unit_call(loom_fsdp *f, size_t unit, const char *who) {
   if (!f) return loom__fail(LOOM_EINVAL, "%s: fsdp is NULL", who);
   if (unit >= f->nunits)
     return loom__fail(LOOM_EINVAL, "%s: unit %zu out of range (%zu unit%s)", who, unit, f->nunits,
                       loom__fsdp_plural(f->nunits));
   if (f->in_step)
     return loom__fail(LOOM_EMISUSE, "%s: a backward is running (its hooks move the shards)", who);
-  return LOOM_OK;
+  return loom__fsdp_step_join(f); /* the last optimizer step's pass may be moving them */
 }
 
 int loom_fsdp_offload_parameter(loom_fsdp *f, size_t unit) {
@@ -679,7 +685,7 @@ int loom_fsdp_schedule_prefetch(loom_fsdp *f, const size_t *units, size_t n, boo
 
 int loom_fsdp_prefetch_wait(loom_fsdp *f) {
   if (!f) return loom__fail(LOOM_EINVAL, "loom_fsdp_prefetch_wait: fsdp is NULL");
-  int rc = LOOM_OK;
+  int rc = loom__fsdp_step_join(f);
   for (size_t i = 0; f->store && i < f->nunits; i++) {
     fsdp_unit *u = &f->units[i];
     for (int k = 0; k < OFF_KINDS; k++) {

@@ -20,7 +20,8 @@ loom_fsdp_offload_cfg loom_fsdp_offload_cfg_default(void) {
                                  .dir = NULL,
                                  .chunk_bytes = (size_t)4 << 20,
                                  .io_threads = 0,
-                                 .low_precision_params = true};
+                                 .low_precision_params = true,
+                                 .async_step = false};
 }
 
 int loom_fsdp_offload_cfg_validate(const loom_fsdp_offload_cfg *cfg) {

@@ -19,9 +19,10 @@ int loom_fsdp_full_state(loom_fsdp *f, loom_named_tensor **out, size_t *n) {
     return loom__fail(LOOM_EINVAL, "loom_fsdp_full_state: fsdp, out and n must not be NULL");
   if (f->in_step)
     return loom__fail(LOOM_EMISUSE, "loom_fsdp_full_state: a backward is running");
+  int rc = loom__fsdp_step_join(f); /* the last optimizer step, whole */
+  if (rc) return rc;
   if (f->replica_rank != 0) return LOOM_OK; /* hybrid sharding: replica 0 gathers alone */
   loom_named_tensor *st = NULL;
-  int rc = LOOM_OK;
   if (f->rank == 0) {
     st = loom__calloc(LOOM_POOL_META, f->nparams ? f->nparams : 1, sizeof *st);
     if (!st) rc = loom__fail(LOOM_ENOMEM, "loom_fsdp_full_state: out of memory");
@@ -63,6 +64,8 @@ int loom_fsdp_load_full_state(loom_fsdp *f, const loom_named_tensor *state, size
   if (n != f->nparams)
     return loom__fail(LOOM_EINVAL, "%s: %zu tensors given, the model has %zu parameters", who,
                       n, f->nparams);
+  int rc0 = loom__fsdp_step_join(f); /* the last optimizer step's pass writes the shards */
+  if (rc0) return rc0;
   /* check everything first: nothing changes unless all of it fits */
   const loom_named_tensor **by_param = loom__calloc(LOOM_POOL_META, n ? n : 1, sizeof *by_param);
   if (!by_param) return loom__fail(LOOM_ENOMEM, "%s: out of memory", who);

@@ -35,6 +35,14 @@ typedef struct ring_set {
 typedef struct stream {
   loom_fsdp *f;
   loom_optim *opt;
+  size_t per;       /* the optimizer's state buffers per segment (0 without one) */
+  /* the optimizer's pass on a thread of its own (fsdp_async.c): every kind's place was fixed
+   * and the disk tier's slot sets switched before it started (it reads the old set, writes the
+   * new one), it settles nothing of the wrapper's, its jobs survive other threads' clears, its
+   * waits are its own (not exposed), and it publishes each unit once stepped */
+  loom__fsdp_detached *detached;
+  double *wait_s;   /* where waits for transfers count */
+  unsigned job_flags;
   unsigned read, write;
   bool low;         /* the pass rewrites the parameters: their low-precision copy too */
   size_t u0, u1;    /* the units passed over: [u0, u1) */
@@ -49,27 +57,37 @@ typedef struct stream {
 static bool kind_offloaded(const stream *s, const fsdp_unit *u, int kind) {
   if (!s->f->store) return false;
   if (kind >= OFF_STATE)
-    return s->opt && loom_optim_state_released(s->opt, u->index);
+    return s->detached || (s->opt && loom_optim_state_released(s->opt, u->index));
   return u->off.k[kind].offloaded;
+}
+
+/* The disk tier keeps two slot sets of parameters and state: a pass writes the other one. */
+static bool shadowed(const loom_fsdp *f, int kind) {
+  return loom__ostore_tier(f->store) == LOOM__OTIER_DISK && kind != OFF_GRAD;
+}
+
+/* The slot set the pass reads a kind from, and the one it writes (a detached pass runs after
+ * the switch: it reads the set that was current, writes the one that is now). */
+static unsigned read_gen(const stream *s, const fsdp_unit *u, int kind) {
+  return u->off.k[kind].gen ^ (s->detached && shadowed(s->f, kind) ? 1u : 0u);
+}
+
+static unsigned write_gen(const stream *s, const fsdp_unit *u, int kind) {
+  return u->off.k[kind].gen ^ (!s->detached && shadowed(s->f, kind) ? 1u : 0u);
 }
 
 /* The host tier's bytes of a stored kind, worked on where they are (no copy); NULL otherwise. */
 static float *in_host(const stream *s, const fsdp_unit *u, int kind, size_t c) {
   if (!u->off.k[kind].stored) return NULL;
-  return loom__ostore_host_buffer(s->f->store, loom__fsdp_slot(u, kind, u->off.k[kind].gen, c),
+  return loom__ostore_host_buffer(s->f->store, loom__fsdp_slot(u, kind, read_gen(s, u, kind), c),
                                   loom__fsdp_chunk_len(u, c) * sizeof(float));
-}
-
-static unsigned write_gen(const stream *s, const fsdp_unit *u, int kind) {
-  bool shadow = loom__ostore_tier(s->f->store) == LOOM__OTIER_DISK && kind != OFF_GRAD;
-  return u->off.k[kind].gen ^ (shadow ? 1u : 0u);
 }
 
 static int wait_one(stream *s, uint64_t *job, int rc) {
   double w = 0;
   int rc2 = loom__ostore_wait(s->f->store, *job, &w);
   *job = 0;
-  s->f->off_wait_s += w;
+  *s->wait_s += w;
   return rc ? rc : rc2;
 }
 
@@ -101,8 +119,8 @@ static int issue_reads(stream *s, size_t i) {
       if (!loom__dry()) memset(r->buf[k], 0, n * sizeof(float));
       continue;
     }
-    rc = loom__ostore_submit_get(s->f->store, loom__fsdp_slot(u, k, u->off.k[k].gen, c), r->buf[k],
-                                 n * sizeof(float), &r->get[k]);
+    rc = loom__ostore_submit_get_ex(s->f->store, loom__fsdp_slot(u, k, read_gen(s, u, k), c),
+                                    r->buf[k], n * sizeof(float), s->job_flags, &r->get[k]);
   }
   return rc;
 }
@@ -116,56 +134,98 @@ static int work_on(stream *s, size_t i, loom__fsdp_chunk_fn fn, void *ctx) {
   float *k_ptr[OFF_KINDS] = {0};
   for (int k = 0; k < OFF_KINDS; k++) {
     if (!((s->read | s->write) & (1u << k))) continue;
-    if (k >= OFF_STATE && (!s->opt || (size_t)(k - OFF_STATE) >= loom_optim_state_per_segment(s->opt)))
-      continue;
+    if (k >= OFF_STATE && (size_t)(k - OFF_STATE) >= s->per) continue;
     float *host = kind_offloaded(s, u, k) ? in_host(s, u, k, c) : NULL;
     k_ptr[k] = host ? host : kind_offloaded(s, u, k) ? r->buf[k] : resident(s, u, k) + at;
   }
   if ((rc = fn(ctx, u, at, n, k_ptr))) return rc;
   if (s->low && k_ptr[OFF_PARAM]) /* after the f32 values are final: cast once, out */
-    rc = loom__fsdp_low_put(u, c, k_ptr[OFF_PARAM], n, r->low, &r->low_put);
+    rc = loom__fsdp_low_put(u, c, k_ptr[OFF_PARAM], n, r->low, s->job_flags, &r->low_put);
   for (int k = 0; k < OFF_KINDS && !rc; k++) {
     if (!(s->write & (1u << k)) || !k_ptr[k] || !kind_offloaded(s, u, k) || k_ptr[k] != r->buf[k])
       continue;
-    rc = loom__ostore_submit_put(s->f->store, loom__fsdp_slot(u, k, write_gen(s, u, k), c), r->buf[k],
-                                 n * sizeof(float), &r->put[k]);
+    rc = loom__ostore_submit_put_ex(s->f->store, loom__fsdp_slot(u, k, write_gen(s, u, k), c),
+                                    r->buf[k], n * sizeof(float), s->job_flags, &r->put[k]);
   }
   if (!rc && s->nsets == 1) rc = wait_set(s, r, false, true);
   return rc;
 }
 
+/* Free a chunk buffer, or hand it to a dry run's detached pass (loom__fsdp_detached.ring). */
+static void ring_free(stream *s, void *p) {
+  loom__fsdp_detached *d = s->detached;
+  if (p && d && d->keep_ring && d->nring < sizeof d->ring / sizeof d->ring[0]) d->ring[d->nring++] = p;
+  else loom__free(p);
+}
+
 static void stream_free(stream *s) {
-  loom__ostore_clear(s->f->store);
+  if (!s->detached) loom__ostore_clear(s->f->store); /* a detached pass's jobs are all its own */
   for (size_t i = 0; i < s->nsets; i++) {
     (void)wait_set(s, &s->set[i], true, true);
-    for (int k = 0; k < OFF_KINDS; k++) loom__free(s->set[i].buf[k]);
-    loom__free(s->set[i].low);
+    for (int k = 0; k < OFF_KINDS; k++) ring_free(s, s->set[i].buf[k]);
+    ring_free(s, s->set[i].low);
   }
   loom__free(s->unit_of);
   loom__free(s->chunk_of);
 }
 
-/* The pass over units [u0, u1) (every unit, or the one a backward steps: its gather is done,
- * and the other units' gathers read nothing of its slots). */
-static int stream_units(loom_fsdp *f, loom_optim *opt, size_t u0, size_t u1, float *grad,
-                        unsigned read, unsigned write, loom__fsdp_chunk_fn fn, void *ctx) {
-  stream s = {.f = f, .opt = opt, .read = read, .write = write, .u0 = u0, .u1 = u1, .grad = grad};
-  const loom_fsdp_offload_cfg *c = &f->cfg.offload;
-  if (!f->store) return loom__fail(LOOM_EMISUSE, "fsdp: a streamed pass without offload");
-  s.nsets = c->prefetch_gradients && c->prefetch_steps > 0 ? RING : 1;
+/* Every chunk of units [u0, u1) went through: the tier's copies written now are the current
+ * ones (the disk tier's other slot set). A detached pass's caller does it before the pass
+ * starts (loom__fsdp_pass_switch), and undoes it if the pass fails (loom__fsdp_pass_unswitch). */
+static void switch_sets(const stream *s, size_t u0, size_t u1) {
+  for (size_t i = u0; i < u1; i++) {
+    fsdp_unit *u = &s->f->units[i];
+    if (s->low) u->off.low_ok = true;
+    for (int k = 0; k < OFF_KINDS; k++) {
+      if (!(s->write & (1u << k))) continue;
+      if (k >= OFF_STATE && (size_t)(k - OFF_STATE) >= s->per) continue;
+      if (kind_offloaded(s, u, k)) {
+        if (u->off.nchunks) {
+          u->off.k[k].gen = (uint8_t)write_gen(s, u, k);
+          u->off.k[k].stored = true;
+        }
+      } else {
+        u->off.k[k].stored = false;
+      }
+    }
+  }
+}
+
+/* Gathers still reading their part out of the tier, kinds still arriving from a prefetch, and
+ * gradients on their way out: let them land first (a pass over units [u0, u1) may rewrite or
+ * read those bytes). */
+static int settle_for_pass(loom_fsdp *f, size_t u0, size_t u1, unsigned read, unsigned write) {
   int rc = LOOM_OK;
-  /* gathers still reading their part out of the tier, and kinds still arriving from a
-   * prefetch: let them land first (the pass may rewrite those bytes) */
   if (u0 == 0 && u1 == f->nunits) rc = loom__fsdp_settle_tier_reads(f);
   for (size_t i = u0; i < u1 && !rc; i++)
     for (int k = 0; k < OFF_KINDS && !rc; k++)
       if ((read | write) & (1u << k)) rc = loom__fsdp_arrive(&f->units[i], k);
-  if (!rc) rc = loom__fsdp_grad_settle(f);
+  return rc ? rc : loom__fsdp_grad_settle(f);
+}
+
+/* Units [0, n) are stepped (a detached pass): the next forward may read them. */
+static void publish(stream *s, size_t n) {
+  if (s->detached) s->detached->published(s->detached->ctx, n);
+}
+
+/* The pass over units [u0, u1) (every unit, or the one a backward steps: its gather is done,
+ * and the other units' gathers read nothing of its slots). */
+static int stream_units(loom_fsdp *f, loom_optim *opt, size_t u0, size_t u1, float *grad,
+                        unsigned read, unsigned write, loom__fsdp_chunk_fn fn, void *ctx,
+                        loom__fsdp_detached *detached) {
+  stream s = {.f = f, .opt = opt, .read = read, .write = write, .u0 = u0, .u1 = u1, .grad = grad,
+              .per = detached ? detached->per : loom_optim_state_per_segment(opt),
+              .detached = detached, .wait_s = detached ? &detached->wait_s : &f->off_wait_s,
+              .job_flags = detached ? LOOM__OJOB_KEEP : 0};
+  const loom_fsdp_offload_cfg *c = &f->cfg.offload;
+  if (!f->store) return loom__fail(LOOM_EMISUSE, "fsdp: a streamed pass without offload");
+  s.nsets = c->prefetch_gradients && c->prefetch_steps > 0 ? RING : 1;
+  int rc = detached ? LOOM_OK : settle_for_pass(f, u0, u1, read, write);
   if (rc) return rc;
   s.low = (write & (1u << OFF_PARAM)) && loom__fsdp_low_on(f);
   for (size_t i = u0; i < u1; i++) { /* a copy is current again once every chunk went through */
     fsdp_unit *u = &f->units[i];
-    if (s.low) u->off.low_ok = false;
+    if (s.low && !detached) u->off.low_ok = false;
     s.nitems += u->off.nchunks;
   }
   s.unit_of = loom__calloc(LOOM_POOL_META, s.nitems ? s.nitems : 1, sizeof(size_t));
@@ -201,8 +261,16 @@ static int stream_units(loom_fsdp *f, loom_optim *opt, size_t u0, size_t u1, flo
       rc = loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory for a %zu-byte chunk buffer",
                       low_bytes);
   if (!rc && s.nitems) rc = issue_reads(&s, 0);
+  if (!rc && s.nitems) publish(&s, s.unit_of[0]); /* units without a chunk before the first */
   for (size_t i = 0; i < s.nitems && !rc; i++) {
     if (s.nsets > 1 && i + 1 < s.nitems) rc = issue_reads(&s, i + 1);
+    if (!rc && detached && i > 0 && s.unit_of[i] != s.unit_of[i - 1]) {
+      /* the last unit's chunks are all worked on: once their writes are on the tier (the
+       * sets hold no later ones), its gather may read them; the next two chunks' reads are
+       * in flight meanwhile */
+      for (size_t k = 0; k < s.nsets && !rc; k++) rc = wait_set(&s, &s.set[k], false, true);
+      if (!rc) publish(&s, s.unit_of[i]); /* and the units without a chunk before this one */
+    }
     if (!rc) rc = work_on(&s, i, fn, ctx);
     if (!rc && s.nsets == 1 && i + 1 < s.nitems) rc = issue_reads(&s, i + 1);
   }
@@ -211,36 +279,22 @@ static int stream_units(loom_fsdp *f, loom_optim *opt, size_t u0, size_t u1, flo
   loom__fsdp_err_save(&e, rc);
   stream_free(&s); /* waits for the dropped jobs: their messages are not the failure */
   if (rc) return loom__fsdp_err_restore(&e);
-  /* every chunk went through: the tier's copies written now are the current ones */
-  for (size_t i = u0; i < u1; i++) {
-    fsdp_unit *u = &f->units[i];
-    if (s.low) u->off.low_ok = true;
-    for (int k = 0; k < OFF_KINDS; k++) {
-      if (!(write & (1u << k))) continue;
-      if (k >= OFF_STATE && (!opt || (size_t)(k - OFF_STATE) >= loom_optim_state_per_segment(opt)))
-        continue;
-      if (kind_offloaded(&s, u, k)) {
-        if (u->off.nchunks) {
-          u->off.k[k].gen = (uint8_t)write_gen(&s, u, k);
-          u->off.k[k].stored = true;
-        }
-      } else {
-        u->off.k[k].stored = false;
-      }
-    }
-  }
+  if (detached) publish(&s, u1);
+  else switch_sets(&s, u0, u1);
   return LOOM_OK;
 }
 
 int loom__fsdp_stream(loom_fsdp *f, loom_optim *opt, unsigned read, unsigned write,
                       loom__fsdp_chunk_fn fn, void *ctx) {
-  return stream_units(f, opt, 0, f->nunits, NULL, read, write, fn, ctx);
+  int rc = loom__fsdp_step_join(f); /* the last step's pass first: it may be writing them */
+  return rc ? rc : stream_units(f, opt, 0, f->nunits, NULL, read, write, fn, ctx, NULL);
 }
 
 int loom__fsdp_each(loom_fsdp *f, unsigned read, unsigned write, loom__fsdp_chunk_fn fn,
                     void *ctx) {
   if (f->store) return loom__fsdp_stream(f, NULL, read, write, fn, ctx);
-  int rc = LOOM_OK;
+  int rc = loom__fsdp_step_join(f);
+  if (rc) return rc;
   for (size_t i = 0; i < f->nunits && !rc; i++) {
     fsdp_unit *u = &f->units[i];
     float *k[OFF_KINDS] = {u->param_shard, u->grad_shard, NULL, NULL};
@@ -282,6 +336,52 @@ static void step_masks(size_t per, unsigned *read, unsigned *write) {
   *write = (1u << OFF_PARAM) | state;
 }
 
+/* ---- the optimizer's pass detached (fsdp_async.c runs it behind the next forward) -------- */
+
+int loom__fsdp_pass_settle(loom_fsdp *f, loom_optim *opt) {
+  unsigned read, write;
+  step_masks(loom_optim_state_per_segment(opt), &read, &write);
+  return settle_for_pass(f, 0, f->nunits, read, write);
+}
+
+void loom__fsdp_pass_switch(loom_fsdp *f, loom_optim *opt, uint8_t *flipped) {
+  stream s = {.f = f, .opt = opt, .per = loom_optim_state_per_segment(opt)};
+  step_masks(s.per, &s.read, &s.write);
+  s.low = loom__fsdp_low_on(f);
+  for (size_t i = 0; i < f->nunits; i++) {
+    fsdp_unit *u = &f->units[i];
+    flipped[i] = 0;
+    for (int k = 0; k < OFF_KINDS; k++) {
+      bool mine = (s.write & (1u << k)) && (k < OFF_STATE || (size_t)(k - OFF_STATE) < s.per);
+      if (mine && shadowed(f, k) && kind_offloaded(&s, u, k) && u->off.nchunks)
+        flipped[i] |= (uint8_t)(1u << k);
+    }
+  }
+  switch_sets(&s, 0, f->nunits);
+}
+
+void loom__fsdp_pass_unswitch(loom_fsdp *f, const uint8_t *flipped) {
+  for (size_t i = 0; i < f->nunits; i++) {
+    fsdp_unit *u = &f->units[i];
+    u->off.low_ok = false; /* one slot set, partly rewritten */
+    for (int k = 0; k < OFF_KINDS; k++)
+      if (flipped[i] & (1u << k)) u->off.k[k].gen ^= 1u;
+  }
+}
+
+static int detached_chunk(void *ctx, fsdp_unit *u, size_t at, size_t n, float *k[OFF_KINDS]) {
+  loom__fsdp_detached *d = ctx;
+  float *state[OFF_KINDS - OFF_STATE] = {k[OFF_STATE], k[OFF_STATE + 1]};
+  return loom__optim_snap_chunk(d->snap, u->index, at, n, k[OFF_PARAM], k[OFF_GRAD],
+                                d->per ? state : NULL);
+}
+
+int loom__fsdp_pass_run(loom_fsdp *f, loom__fsdp_detached *d) {
+  unsigned read, write;
+  step_masks(d->per, &read, &write);
+  return stream_units(f, NULL, 0, f->nunits, NULL, read, write, detached_chunk, d, d);
+}
+
 /* Each unit's step is a chunked step of its own (the state moves to and from the tier between
  * them, which an open step forbids), every one with the step count of the backward's first:
  * the same scalars (learning rate, bias corrections), so the same bits as one step over all. */
@@ -309,7 +409,7 @@ int loom__fsdp_step_unit(fsdp_unit *u, float *grad) {
   }
   unsigned read, write;
   step_masks(c.per, &read, &write);
-  rc = stream_units(f, opt, u->index, u->index + 1, grad, read, write, step_chunk, &c);
+  rc = stream_units(f, opt, u->index, u->index + 1, grad, read, write, step_chunk, &c, NULL);
   int rc2 = loom_optim_step_end(opt, true);
   if (!rc) rc = rc2;
   if (!rc && loom__fsdp_offloading(f, OFF_PARAM)) rc = loom__fsdp_param_out(u);
@@ -346,7 +446,8 @@ bool loom_fsdp_optim_in_backward(const loom_fsdp *f) { return f && f->cfg.optim_
 int loom_fsdp_optim_step(loom_fsdp *f, loom_optim *opt, float grad_scale) {
   static const char *who = "loom_fsdp_optim_step";
   if (!f) return loom__fail(LOOM_EINVAL, "%s: fsdp is NULL", who);
-  int rc = loom__fsdp_check_optim(f, opt, who);
+  int rc = loom__fsdp_step_join(f); /* the last step's pass, if it still runs: its failure */
+  if (!rc) rc = loom__fsdp_check_optim(f, opt, who);
   if (rc) return rc;
   if (f->in_step)
     return loom__fail(LOOM_EMISUSE, "%s: backward has not finished (call loom_fsdp_finish)", who);
@@ -367,6 +468,9 @@ int loom_fsdp_optim_step(loom_fsdp *f, loom_optim *opt, float grad_scale) {
     if (loom__fsdp_offloading(f, OFF_STATE)) rc = loom__fsdp_state_out(&f->units[i], opt);
   if (rc) return rc;
   step_ctx c = {opt, loom_optim_state_per_segment(opt)};
+  /* the disk tier: the pass runs on a thread of its own behind the next forward (fsdp_async.c);
+   * its units are back in the tier as it ends, and the forward's gathers read them there */
+  if (loom__fsdp_async_wanted(f, c.per)) return loom__fsdp_step_launch(f, opt, grad_scale);
   unsigned read, write;
   step_masks(c.per, &read, &write);
   if ((rc = loom_optim_step_begin(opt, grad_scale))) return rc;

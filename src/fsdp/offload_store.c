@@ -17,6 +17,8 @@
 #include <string.h>
 #include <unistd.h>
 
+static void clear_queue(loom__ostore *s, bool all);
+
 static const char *tier_name(loom__otier t) { return t == LOOM__OTIER_DISK ? "disk" : "host"; }
 
 /* ---- the slot table (under mu) -------------------------------------------------------- */
@@ -213,7 +215,7 @@ int loom__ostore_create(loom__otier tier, const char *dir, int rank, loom__ostor
 
 void loom__ostore_free(loom__ostore *s) {
   if (!s) return;
-  loom__ostore_clear(s); /* what has not started never will */
+  clear_queue(s, true); /* what has not started never will */
   pthread_mutex_lock(&s->mu);
   s->stop = true;
   pthread_cond_broadcast(&s->cv_work);
@@ -418,7 +420,8 @@ static int submit(loom__ostore *s, int kind, size_t slot, void *buf, size_t byte
   o->pending++;
   *j = (ojob){.id = ++s->last_id, .kind = kind, .state = JOB_QUEUED, .slot = slot,
               .bytes = bytes, .buf = buf, .prev = s->live_tail,
-              .release = (flags & LOOM__OJOB_RELEASE) != 0, .first = first};
+              .release = (flags & LOOM__OJOB_RELEASE) != 0, .first = first,
+              .keep = (flags & LOOM__OJOB_KEEP) != 0};
   if (s->live_tail) s->live_tail->next = j;
   else s->live_head = j;
   s->live_tail = j;
@@ -446,6 +449,11 @@ done:
 int loom__ostore_submit_get(loom__ostore *s, size_t slot, void *dst, size_t bytes,
                             loom__ojob *job) {
   return submit(s, JOB_GET, slot, dst, bytes, job, 0);
+}
+
+int loom__ostore_submit_get_ex(loom__ostore *s, size_t slot, void *dst, size_t bytes,
+                               unsigned flags, loom__ojob *job) {
+  return submit(s, JOB_GET, slot, dst, bytes, job, flags & LOOM__OJOB_KEEP);
 }
 
 int loom__ostore_submit_put(loom__ostore *s, size_t slot, const void *src, size_t bytes,
@@ -497,10 +505,19 @@ size_t loom__ostore_queued(const loom__ostore *s) {
   return n;
 }
 
-void loom__ostore_clear(loom__ostore *s) {
-  if (!s) return;
+/* Drop the queued jobs (all of them, or all but the LOOM__OJOB_KEEP ones). */
+static void clear_queue(loom__ostore *s, bool all) {
   pthread_mutex_lock(&s->mu);
-  for (ojob *j = s->q_head; j; j = j->qnext) {
+  ojob *kept = NULL, *kept_tail = NULL;
+  for (ojob *j = s->q_head, *next; j; j = next) {
+    next = j->qnext;
+    j->qnext = NULL;
+    if (j->keep && !all) { /* stays queued, in order */
+      if (kept_tail) kept_tail->qnext = j;
+      else kept = j;
+      kept_tail = j;
+      continue;
+    }
     j->state = JOB_DONE;
     j->status = LOOM_EABORTED;
     snprintf(j->msg, sizeof j->msg, "loom__ostore_clear: job %llu (%s of slot %zu) was dropped "
@@ -511,7 +528,12 @@ void loom__ostore_clear(loom__ostore *s) {
     slot_settle(o);
     s->st.jobs_cleared++;
   }
-  s->q_head = s->q_tail = NULL;
+  s->q_head = kept;
+  s->q_tail = kept_tail;
   pthread_cond_broadcast(&s->cv_done);
   pthread_mutex_unlock(&s->mu);
+}
+
+void loom__ostore_clear(loom__ostore *s) {
+  if (s) clear_queue(s, false);
 }

@@ -49,8 +49,10 @@
  *  - A job's failure inside the worker is returned by loom__ostore_wait for that job, with the
  *    worker's message, on the waiting thread.
  *
- * Threads. A store is used by one thread at a time (the rank's thread: put, get, has, bytes,
- * stats, submit, wait, clear, free), while its workers run the queued jobs. A worker takes the
+ * Threads. Every call but free locks the store: the rank's thread, the group's progress thread
+ * (a gather's read) and FSDP's optimizer-step thread may submit and wait at once, each waiting
+ * for its own jobs (free: the rank's thread, once the others are done), while the workers run
+ * the queued jobs. A worker takes the
  * first queued job whose slot no other worker is moving: the jobs of one slot run one at a
  * time in submission order, jobs of different slots may run at once on different workers (in
  * submission order with one worker, the host tier's default; see loom__ostore_set_workers).
@@ -173,9 +175,15 @@ int loom__ostore_submit_put(loom__ostore *s, size_t slot, const void *src, size_
  *   nobody needs after the put (loom__malloc's).
  * LOOM__OJOB_FIRST: the job goes ahead of every queued job that is not FIRST (after the FIRST
  *   ones, in submission order), unless a job of its slot is queued or running (then at the
- *   end, as any job): a write someone waits for soon passes reads queued ahead for later. */
-enum { LOOM__OJOB_RELEASE = 1, LOOM__OJOB_FIRST = 2 };
+ *   end, as any job): a write someone waits for soon passes reads queued ahead for later.
+ * LOOM__OJOB_KEEP: loom__ostore_clear leaves the job queued (only loom__ostore_free drops it):
+ *   the jobs of a pass running on a thread of its own (FSDP's optimizer step behind the next
+ *   forward), which another thread's clear must not fail. */
+enum { LOOM__OJOB_RELEASE = 1, LOOM__OJOB_FIRST = 2, LOOM__OJOB_KEEP = 4 };
 int loom__ostore_submit_put_ex(loom__ostore *s, size_t slot, void *src, size_t bytes,
+                               unsigned flags, loom__ojob *job);
+/* loom__ostore_submit_get with flags (LOOM__OJOB_KEEP; the others are for puts). */
+int loom__ostore_submit_get_ex(loom__ostore *s, size_t slot, void *dst, size_t bytes,
                                unsigned flags, loom__ojob *job);
 
 /* Block until `job` is done and forget it; return its status, with its message (from the
@@ -185,7 +193,8 @@ int loom__ostore_submit_put_ex(loom__ostore *s, size_t slot, void *src, size_t b
  * for): LOOM_OK at once. Jobs may be waited for in any order. */
 int loom__ostore_wait(loom__ostore *s, loom__ojob job, double *waited);
 
-/* Drop every queued job that has not started: their waits return LOOM_EABORTED and their
+/* Drop every queued job that has not started (but those submitted with LOOM__OJOB_KEEP):
+ * their waits return LOOM_EABORTED and their
  * buffers are no longer used (still on loan until waited for, by the letter of the rule, but
  * never touched again). A running job completes normally. */
 void loom__ostore_clear(loom__ostore *s);

@@ -42,6 +42,7 @@ typedef struct ojob {
   int kind, state, status;
   bool release; /* a put: src's pages go back to the system once it succeeded */
   bool first;   /* queued ahead of the jobs that are not (LOOM__OJOB_FIRST) */
+  bool keep;    /* left queued by loom__ostore_clear (LOOM__OJOB_KEEP) */
   size_t slot, bytes;
   void *buf; /* dst of a get, src of a put (on loan) */
   char msg[512];

@@ -16,8 +16,7 @@ int loom__optim_check(const loom_optim *o, const char *who) {
   return LOOM_OK;
 }
 
-void loom_optim_free(loom_optim *o) {
-  if (!o) return;
+static void optim_release(loom_optim *o) {
   for (size_t i = 0; i < o->nseg; i++) loom__free(o->seg[i].name);
   if (o->state_name)
     for (size_t i = 0; i < o->nseg * (size_t)o->nstate; i++) loom__free(o->state_name[i]);
@@ -26,6 +25,21 @@ void loom_optim_free(loom_optim *o) {
   loom__free(o->seg);
   o->magic = 0;
   loom__free(o);
+}
+
+void loom_optim_free(loom_optim *o) {
+  if (!o) return;
+  if (o->holds > 0) { /* still needed by its holder: freed when it lets go */
+    o->free_asked = true;
+    return;
+  }
+  optim_release(o);
+}
+
+void loom__optim_hold(loom_optim *o) { o->holds++; }
+
+void loom__optim_let_go(loom_optim *o) {
+  if (--o->holds == 0 && o->free_asked) optim_release(o);
 }
 
 /* Checks the segments: buffers present, lengths summing without overflow, names unique. */

@@ -111,6 +111,8 @@ struct loom_optim {
   const char *state_kind[LOOM__MAX_STATE];
   char **state_name;                 /* nseg * nstate names "<seg>.<kind>" */
   bool chunk_open;                   /* between loom_optim_step_begin and _end */
+  int holds;                         /* loom__optim_hold's not yet let go */
+  bool free_asked;                   /* loom_optim_free came while held: freed at the last let go */
   loom__step_args chunk_args;        /* the open chunked step's scalars */
 };
 
@@ -145,6 +147,26 @@ void loom__adam_update(const loom_optim *o, const loom__adam_args *a, unsigned f
 void loom__step_args_make(const loom_optim *o, float grad_scale, loom__step_args *a);
 void loom__step_update(const loom_optim *o, const loom__step_args *a, unsigned flags, float *p,
                        const float *g, float *const *state, size_t n);
+/* Hold the optimizer alive past a loom_optim_free by its user (on the same thread), for a
+ * caller that must still touch it later (FSDP's optimizer pass behind the next forward sets
+ * its step count back if the pass fails): loom_optim_free while held only marks it, and the
+ * last loom__optim_let_go frees it. */
+void loom__optim_hold(loom_optim *o);
+void loom__optim_let_go(loom_optim *o);
+
+/* A chunked step detached from its optimizer (step_chunk.c): the open step's scalars and what
+ * the update reads of the optimizer (its kind and configuration, each segment's flags and
+ * length), copied, so the step can go on over caller-held buffers (every segment's state
+ * released) on another thread while the optimizer itself is used, changed (a learning rate set
+ * for the next step) or freed. loom__optim_snap_take needs an open chunked step
+ * (LOOM_EMISUSE otherwise; LOOM_ENOMEM); loom__optim_snap_chunk is loom_optim_step_chunk's
+ * update with its checks (state must be given); loom__optim_snap_free(NULL) is a no-op. */
+typedef struct loom__optim_snap loom__optim_snap;
+int loom__optim_snap_take(const loom_optim *o, loom__optim_snap **out);
+int loom__optim_snap_chunk(const loom__optim_snap *s, size_t seg, size_t offset, size_t n,
+                           float *param, const float *grad, float *const *state);
+void loom__optim_snap_free(loom__optim_snap *s);
+
 /* LOOM_EINVAL unless grad_scale is finite and >= 0 (the check of loom_optim_step_scaled). */
 int loom__check_grad_scale(float grad_scale, const char *who);
 

@@ -159,6 +159,19 @@ int fm_full_state_flat(loom_fsdp *f, float *out) {
   return rc;
 }
 
+bool fm_same_file(const char *a, const char *b) {
+  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+  bool same = fa && fb;
+  while (same) {
+    int ca = fgetc(fa), cb = fgetc(fb);
+    if (ca != cb) same = false;
+    if (ca == EOF || cb == EOF) break;
+  }
+  if (fa) fclose(fa);
+  if (fb) fclose(fb);
+  return same;
+}
+
 void fm_rm_tree(const char *dir) {
   if (dir && *dir) lt_tree_walk(dir, NULL, true);
 }

@@ -52,6 +52,8 @@ void fm_flatten_state(const loom_named_tensor *st, size_t n, float *out);
 /* The full state of f (a collective) flattened into out on rank 0 (fm_flatten_state). */
 int fm_full_state_flat(loom_fsdp *f, float *out);
 
+/* Whether two files hold the same bytes (false if either cannot be read). */
+bool fm_same_file(const char *a, const char *b);
 /* Remove a folder and what it holds (files and sub-folders); NULL or "" does nothing. */
 void fm_rm_tree(const char *dir);
 

@@ -698,6 +698,7 @@ static int sweep_rank(loom_pg *pg, void *arg) {
   } else if (j->which == 2) {
     rc = loom_fsdp_check_overflow(f, &ov);
     if (!rc && !ov) rc = loom_fsdp_optim_step(f, opt, 1.0f);
+    if (!rc) rc = loom_fsdp_optim_wait(f); /* the disk tier's pass runs behind the call */
   } else if (j->which == 3) {
     rc = loom_fsdp_save_sharded(f, j->dir, opt, NULL, 0);
   } else if (j->which == 4) {

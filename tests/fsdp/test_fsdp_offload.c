@@ -140,19 +140,6 @@ static void orun_go(orun *r) {
   LT_OK(loom_threads_run(r->nranks, NULL, orun_rank, r));
 }
 
-static bool same_file(const char *a, const char *b) {
-  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-  bool same = fa && fb;
-  while (same) {
-    int ca = fgetc(fa), cb = fgetc(fb);
-    if (ca != cb) same = false;
-    if (ca == EOF || cb == EOF) break;
-  }
-  if (fa) fclose(fa);
-  if (fb) fclose(fb);
-  return same;
-}
-
 /* The offloaded run against the plain one: weights, losses and every rank's checkpoint file. */
 static void expect_identical(const orun *base, const orun *o, const char *what) {
   if (memcmp(base->params, o->params, model_numel() * sizeof(float)) != 0)
@@ -163,7 +150,7 @@ static void expect_identical(const orun *base, const orun *o, const char *what) 
     char pa[700], pb[700];
     snprintf(pa, sizeof pa, "%s/gen-1/rank-%d-of-%d.safetensors", base->ckpt, r, base->nranks);
     snprintf(pb, sizeof pb, "%s/gen-1/rank-%d-of-%d.safetensors", o->ckpt, r, o->nranks);
-    if (!same_file(pa, pb))
+    if (!fm_same_file(pa, pb))
       lt_fail_at(__FILE__, __LINE__, "%s: rank %d's checkpoint (shards, optimizer state) differs",
                  what, r);
   }
@@ -649,11 +636,11 @@ LT_TEST(fsdp_offload_resume_from_sharded_checkpoint_bit_identical) {
           char pa[700], pb[700];
           snprintf(pa, sizeof pa, "%s/gen-1/rank-%d-of-%d.safetensors", base.end, r, n);
           snprintf(pb, sizeof pb, "%s/gen-1/rank-%d-of-%d.safetensors", o.end, r, n);
-          if (!same_file(pa, pb))
+          if (!fm_same_file(pa, pb))
             lt_fail_at(__FILE__, __LINE__, "%s: rank %d's final checkpoint differs", name, r);
           snprintf(pa, sizeof pa, "%s/gen-1/rank-%d-of-%d.safetensors", o.before, r, n);
           snprintf(pb, sizeof pb, "%s/gen-1/rank-%d-of-%d.safetensors", o.after, r, n);
-          if (!same_file(pa, pb))
+          if (!fm_same_file(pa, pb))
             lt_fail_at(__FILE__, __LINE__, "%s: a refused load changed rank %d's state", name, r);
           /* nothing comes back into the compute pool but the disk tier's chunk ring (3 sets
            * of 3 kinds of 64-byte chunks, and with f16 the low-precision parameter copy's
@@ -686,7 +673,10 @@ LT_TEST(fsdp_offload_resume_from_sharded_checkpoint_bit_identical) {
 typedef struct fault_ctx {
   const char *dir;
   int mode;      /* 0: flip a byte of the tier file after step 1; 1: the disk fills in step 1 */
-  int step_rc;
+  bool sync;     /* cfg.offload.async_step off: the step's pass runs within the call */
+  bool forward;  /* the step's pass runs behind: the next forward is the first call that waits
+                    (else loom_fsdp_optim_wait) */
+  int step_rc;   /* the failure: the step's, or that of the first call that waited for it */
   char msg[512];
   float before[2048], after[2048];
   int64_t steps_before, steps_after;
@@ -705,6 +695,7 @@ static int fault_rank(loom_pg *pg, void *arg) {
    * the last chunk's parameter and state puts race for the file's end, and the flip below then
    * lands in the current parameters one run in three: the later gathers fail too) */
   cfg.offload.io_threads = 1;
+  cfg.offload.async_step = !c->sync;
   LT_OK(fm_create(1, &m));
   LT_OK(loom_fsdp_create(pg, m, &cfg, &f));
   const loom_param_seg *segs;
@@ -739,7 +730,11 @@ static int fault_rank(loom_pg *pg, void *arg) {
     c->step_rc = loom_fsdp_optim_step(f, opt, 1.0f);
     if (s < steps - 1) LT_OK(c->step_rc);
   }
+  if (c->step_rc == LOOM_OK) /* the pass runs behind the call: the first call that waits */
+    c->step_rc = c->forward ? fm_backward(m, 7 * B, B, LOOM_AUTOCAST_OFF, 1.0f, NULL)
+                            : loom_fsdp_optim_wait(f);
   snprintf(c->msg, sizeof c->msg, "%s", loom_last_error());
+  LT_OK(loom_fsdp_optim_wait(f)); /* reported once */
   setrlimit(RLIMIT_FSIZE, &old);
   if (c->mode == 0) { /* a checkpoint reads the offloaded bytes where they are: the flip too */
     char ck[600];
@@ -773,29 +768,36 @@ static int missing_dir_rank(loom_pg *pg, void *arg) {
   return LOOM_OK;
 }
 
+/* Run the fault; it fails with rc, its message says `word`, and nothing changed: the weights,
+ * the step count, no file left. */
+static void expect_failed_whole(fault_ctx *c, int rc, const char *word) {
+  LT_OK(loom_threads_run(1, NULL, fault_rank, c));
+  LT_EQ(c->step_rc, rc);
+  LT_TRUE(strstr(c->msg, word) != NULL);
+  LT_EQ(c->steps_after, c->steps_before);
+  LT_TRUE(memcmp(c->before, c->after, model_numel() * sizeof(float)) == 0);
+  LT_EQ(files_in(c->dir), 0);
+}
+
 LT_TEST(fsdp_offload_disk_faults_name_the_path_and_change_nothing) {
   /* a folder that does not exist */
   LT_OK(loom_threads_run(1, NULL, missing_dir_rank, NULL));
 
-  /* a byte flipped behind loom's back: the step reads it, says so, and changes nothing */
-  fault_ctx c = {.dir = tmp_dir("flip"), .mode = 0};
-  LT_OK(loom_threads_run(1, NULL, fault_rank, &c));
-  LT_EQ(c.step_rc, LOOM_EFORMAT);
-  LT_TRUE(strstr(c.msg, "changed") != NULL);
-  LT_EQ(c.steps_after, c.steps_before);
-  LT_TRUE(memcmp(c.before, c.after, model_numel() * sizeof(float)) == 0);
-  LT_EQ(files_in(c.dir), 0);
-  LT_EQ(c.save_rc, LOOM_EFORMAT); /* never written into a checkpoint either */
-  LT_TRUE(!c.index_written);
+  /* a byte flipped behind loom's back: the step reads it, says so, and changes nothing; with
+   * the pass behind the call (async_step), the first call that waits for it says so, the
+   * next forward or loom_fsdp_optim_wait, once; and with it within the call */
+  for (int v = 0; v < 3; v++) {
+    fault_ctx c = {.dir = tmp_dir("flip"), .mode = 0, .sync = v == 2, .forward = v == 1};
+    expect_failed_whole(&c, LOOM_EFORMAT, "changed");
+    LT_EQ(c.save_rc, LOOM_EFORMAT); /* never written into a checkpoint either */
+    LT_TRUE(!c.index_written);
+  }
 
   /* the disk fills during the step */
-  fault_ctx d = {.dir = tmp_dir("full"), .mode = 1};
-  LT_OK(loom_threads_run(1, NULL, fault_rank, &d));
-  LT_EQ(d.step_rc, LOOM_EIO);
-  LT_TRUE(strstr(d.msg, "full") != NULL);
-  LT_EQ(d.steps_after, d.steps_before);
-  LT_TRUE(memcmp(d.before, d.after, model_numel() * sizeof(float)) == 0);
-  LT_EQ(files_in(d.dir), 0);
+  for (int v = 0; v < 2; v++) {
+    fault_ctx d = {.dir = tmp_dir("full"), .mode = 1, .sync = v == 1};
+    expect_failed_whole(&d, LOOM_EIO, "full");
+  }
 }
 
 /* ---- misuse ------------------------------------------------------------------------------ */

@@ -87,6 +87,7 @@ static int lrun_rank(loom_pg *pg, void *arg) {
     rc = r->oib ? step_api(m, f, st, s, rank, r, &r->loss[rank][s])
                 : step(m, f, opt, s, rank, r, &r->loss[rank][s]);
   }
+  if (!rc) rc = loom_fsdp_optim_wait(f); /* the last step's pass ran behind it: its bytes too */
   if (!rc) rc = loom_fsdp_stats_get(f, &r->stats[rank]);
   for (size_t u = 0; u < loom_fsdp_unit_count(f) && !rc; u++) {
     loom_fsdp_unit_info ui;
