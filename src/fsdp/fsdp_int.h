@@ -283,6 +283,10 @@ int loom__fsdp_settle_all(loom_fsdp *f);
 size_t loom__fsdp_chunk_len(const fsdp_unit *u, size_t c);
 /* wait for a kind's gets in flight: in the compute pool, or offloaded still (the failure) */
 int loom__fsdp_arrive(fsdp_unit *u, int kind);
+/* a shard-sized buffer in the compute pool (NULL and the failure named after `what`), and
+ * freeing a kind's buffer (the optimizer's state released, for a state kind) */
+float *loom__fsdp_alloc_shard(fsdp_unit *u, const char *what);
+void loom__fsdp_free_buffer(fsdp_unit *u, int kind);
 /* parameter shard / optimizer state to the tier and out of the compute pool (a put unless the
  * tier's copy is current) */
 int loom__fsdp_param_out(fsdp_unit *u);

@@ -3,7 +3,8 @@
  * the host or disk tier and the worker thread), and moving each unit's parameter shard, gradient
  * shard and optimizer state between the compute pool and that store, chunk by chunk, with the
  * is-offloaded state per unit and kind. The hooks (fsdp_gather.c, fsdp_hooks.c) call the
- * loom__fsdp_param_* / _grad_* entry points; the optimizer step streams (fsdp_stream.c). The
+ * loom__fsdp_param_* / _grad_* entry points (the gradients' are fsdp_offload_grad.c's); the
+ * optimizer step streams (fsdp_stream.c). The
  * configuration's default and rules are fsdp_offload_cfg.c's, reading the bytes where they are
  * (checkpoints) fsdp_offload_read.c's. */
 #include "fsdp/fsdp_int.h"
@@ -138,7 +139,7 @@ static int wait_jobs(fsdp_unit *u, int kind) {
   return rc;
 }
 
-static void free_buffer(fsdp_unit *u, int kind) {
+void loom__fsdp_free_buffer(fsdp_unit *u, int kind) {
   if (kind == OFF_PARAM) {
     loom__free(u->param_shard);
     u->param_shard = NULL;
@@ -164,7 +165,7 @@ int loom__fsdp_arrive(fsdp_unit *u, int kind) {
         (void)wait_jobs(u, s);
         u->off.k[s].offloaded = true;
       }
-    free_buffer(u, kind);
+    loom__fsdp_free_buffer(u, kind);
     k->offloaded = true;
     return loom__fsdp_err_restore(&e);
   }
@@ -183,11 +184,11 @@ static int abandon(fsdp_unit *u, int kind, int rc) {
     for (int s = OFF_STATE; s < OFF_KINDS; s++) (void)wait_jobs(u, s);
   else
     (void)wait_jobs(u, kind);
-  free_buffer(u, kind);
+  loom__fsdp_free_buffer(u, kind);
   return loom__fsdp_err_restore(&e);
 }
 
-static float *alloc_shard(fsdp_unit *u, const char *what) {
+float *loom__fsdp_alloc_shard(fsdp_unit *u, const char *what) {
   float *p = loom__malloc(LOOM_POOL_COMPUTE, (u->shard ? u->shard : 1) * sizeof(float));
   if (!p)
     loom__fail(LOOM_ENOMEM, "fsdp offload: out of memory bringing back the %s shard of unit '%s' "
@@ -205,7 +206,7 @@ int loom__fsdp_param_prefetch(fsdp_unit *u) {
     return LOOM_OK;
   int rc = loom__fsdp_step_ready(u, true); /* the last step's new bytes, once written */
   if (rc) return loom__fsdp_step_failed(f, rc);
-  if (!(u->param_shard = alloc_shard(u, "parameter"))) return LOOM_ENOMEM;
+  if (!(u->param_shard = loom__fsdp_alloc_shard(u, "parameter"))) return LOOM_ENOMEM;
   rc = submit_gets(u, OFF_PARAM, u->param_shard);
   return rc ? abandon(u, OFF_PARAM, rc) : LOOM_OK;
 }
@@ -228,10 +229,10 @@ int loom__fsdp_param_need(fsdp_unit *u) {
   off_kind *k = &u->off.k[OFF_PARAM];
   if (!f->store || !k->offloaded) return LOOM_OK;
   if (!k->arriving) {
-    if (!(u->param_shard = alloc_shard(u, "parameter"))) return LOOM_ENOMEM;
+    if (!(u->param_shard = loom__fsdp_alloc_shard(u, "parameter"))) return LOOM_ENOMEM;
     int rc = get_all(u, OFF_PARAM, u->param_shard);
     if (rc) {
-      free_buffer(u, OFF_PARAM);
+      loom__fsdp_free_buffer(u, OFF_PARAM);
       return rc;
     }
     k->offloaded = false;
@@ -283,145 +284,6 @@ int loom__fsdp_param_out(fsdp_unit *u) {
 
 int loom__fsdp_param_done(fsdp_unit *u) {
   return loom__fsdp_offloading(u->f, OFF_PARAM) ? loom__fsdp_param_out(u) : LOOM_OK;
-}
-
-/* ---- gradients -------------------------------------------------------------------------- */
-
-int loom__fsdp_grad_target(fsdp_unit *u, float **recv) {
-  loom_fsdp *f = u->f;
-  off_kind *k = &u->off.k[OFF_GRAD];
-  *recv = u->grad_shard;
-  if (!loom__fsdp_offloading(f, OFF_GRAD)) return LOOM_OK;
-  int rc = LOOM_OK;
-  if (k->leaving || k->arriving) rc = loom__fsdp_grad_settle_unit(u);
-  k->arriving = k->leaving = false;
-  k->offloaded = false;
-  k->stored = false;
-  if (rc) return rc;
-  if (u->full_grad) { /* in place: this rank's slice of the local gradient */
-    free_buffer(u, OFF_GRAD);
-    *recv = (float *)loom_tensor_data(u->full_grad) + (size_t)f->rank * u->shard;
-    return LOOM_OK;
-  }
-  if (!u->grad_shard && !(u->grad_shard = alloc_shard(u, "gradient"))) return LOOM_ENOMEM;
-  *recv = u->grad_shard;
-  return LOOM_OK;
-}
-
-int loom__fsdp_grad_done(fsdp_unit *u) {
-  loom_fsdp *f = u->f;
-  off_kind *k = &u->off.k[OFF_GRAD];
-  if (!loom__fsdp_offloading(f, OFF_GRAD) || k->offloaded) return LOOM_OK;
-  const float *src = u->grad_shard;
-  if (u->full_grad) { /* reduced in place: the offloader keeps the local gradient until out */
-    u->off.grad_src = u->full_grad;
-    u->full_grad = NULL;
-    src = (const float *)loom_tensor_data(u->off.grad_src) + (size_t)f->rank * u->shard;
-  }
-  if (!src) return LOOM_OK;
-  int rc = LOOM_OK;
-  if (u->off.grad_src && f->grad_overlap) { /* the peers' slices are reduced: dead bytes */
-    float *g = loom_tensor_data(u->off.grad_src);
-    loom__mem_release(g, (size_t)f->rank * u->shard * sizeof(float));
-    loom__mem_release(g + (size_t)(f->rank + 1) * u->shard,
-                      (u->padded - (size_t)(f->rank + 1) * u->shard) * sizeof(float));
-  }
-  for (size_t c = 0; c < u->off.nchunks && !rc; c++) {
-    float *at = (float *)src + c * f->chunk;
-    size_t bytes = loom__fsdp_chunk_len(u, c) * sizeof(float);
-    size_t slot = loom__fsdp_slot(u, OFF_GRAD, 0, c);
-    /* ahead of the gathers' reads queued for later units (the backward waits for this write
-     * before the next unit's local gradient exists); with the overlap each chunk's pages go as
-     * soon as it is on the tier (settle reads it back on failure) */
-    unsigned flags = (f->grad_overlap ? LOOM__OJOB_RELEASE : 0) | (f->grad_first ? LOOM__OJOB_FIRST : 0);
-    rc = loom__ostore_submit_put_ex(f->store, slot, at, bytes, flags, &k->jobs[c]);
-  }
-  f->grad_leaving = u->index;
-  k->leaving = true;
-  k->offloaded = true; /* its bytes are on their way: nobody reads the buffer any more */
-  if (rc) {
-    loom__fsdp_err e;
-    loom__fsdp_err_save(&e, rc);
-    loom__ostore_clear(f->store);
-    (void)loom__fsdp_grad_settle_unit(u); /* keeps the bytes in a gradient shard */
-    return loom__fsdp_err_restore(&e);
-  }
-  return rc;
-}
-
-/* The gradient's bytes back in the compute pool after some of its puts failed: a chunk whose
- * put succeeded (ok[c]; its source pages may be released) is read back from the tier, the
- * others copied from src (never released). dst may be src. */
-static int grad_recover(fsdp_unit *u, const uint64_t *ok, const float *src, float *dst) {
-  loom_fsdp *f = u->f;
-  int rc = LOOM_OK;
-  for (size_t c = 0; c < u->off.nchunks && !loom__dry(); c++) {
-    size_t n = loom__fsdp_chunk_len(u, c);
-    int rc2 = LOOM_EIO;
-    if (ok[c]) rc2 = loom__ostore_get(f->store, loom__fsdp_slot(u, OFF_GRAD, 0, c),
-                                      dst + c * f->chunk, n * sizeof(float));
-    if (rc2 && ok[c] && !rc) rc = rc2; /* on the tier, and unreadable: lost */
-    if (!ok[c] && dst != src) memcpy(dst + c * f->chunk, src + c * f->chunk, n * sizeof(float));
-  }
-  return rc;
-}
-
-int loom__fsdp_grad_settle_unit(fsdp_unit *u) {
-  off_kind *k = &u->off.k[OFF_GRAD];
-  if (!k->leaving) return LOOM_OK;
-  if (u->f->grad_leaving == u->index) u->f->grad_leaving = SIZE_MAX;
-  int rc = LOOM_OK;
-  for (size_t c = 0; c < u->off.nchunks; c++) { /* k->jobs[c] becomes: did the put succeed */
-    double w = 0;
-    int rc2 = loom__ostore_wait(u->f->store, k->jobs[c], &w);
-    u->f->off_wait_s += w;
-    k->jobs[c] = rc2 == LOOM_OK;
-    if (!rc) rc = rc2;
-  }
-  k->arriving = k->leaving = false;
-  if (rc) { /* the tier lost (some of) it: the compute pool's copy is the one left */
-    k->offloaded = false;
-    loom__fsdp_err e;
-    loom__fsdp_err_save(&e, rc);
-    int rc3 = LOOM_OK;
-    if (u->off.grad_src) { /* out of the local gradient into a shard of its own */
-      if ((u->grad_shard = alloc_shard(u, "gradient")))
-        rc3 = grad_recover(u, k->jobs,
-                           (const float *)loom_tensor_data(u->off.grad_src) +
-                               (size_t)u->f->rank * u->shard,
-                           u->grad_shard);
-    } else if (u->grad_shard) {
-      rc3 = grad_recover(u, k->jobs, u->grad_shard, u->grad_shard);
-    }
-    for (size_t c = 0; c < u->off.nchunks; c++) k->jobs[c] = 0;
-    rc = loom__fsdp_err_restore(&e);
-    (void)rc3; /* the put's failure is the one reported */
-  } else {
-    k->stored = true;
-    free_buffer(u, OFF_GRAD);
-  }
-  loom_tensor_free(u->off.grad_src);
-  u->off.grad_src = NULL;
-  return rc;
-}
-
-int loom__fsdp_grad_settle_older(loom_fsdp *f) {
-  int rc = LOOM_OK;
-  for (size_t i = 0; f->store && i < f->nunits; i++) {
-    if (f->grad_overlap && i == f->grad_leaving) continue;
-    int rc2 = loom__fsdp_grad_settle_unit(&f->units[i]);
-    if (!rc) rc = rc2;
-  }
-  return rc;
-}
-
-int loom__fsdp_grad_settle(loom_fsdp *f) {
-  int rc = LOOM_OK;
-  for (size_t i = 0; f->store && i < f->nunits; i++) {
-    int rc2 = loom__fsdp_grad_settle_unit(&f->units[i]);
-    if (!rc) rc = rc2;
-  }
-  return rc;
 }
 
 /* ---- optimizer state -------------------------------------------------------------------- */
@@ -640,7 +502,7 @@ int loom_fsdp_prefetch_gradient(loom_fsdp *f, size_t unit) {
   if (!f->cfg.offload.prefetch_gradients || f->cfg.offload.prefetch_steps == 0) return LOOM_OK;
   if ((rc = loom__fsdp_grad_settle(f))) return rc;
   if (!k->offloaded || k->arriving || !k->stored) return LOOM_OK; /* here, coming, or none yet */
-  if (!(u->grad_shard = alloc_shard(u, "gradient"))) return LOOM_ENOMEM;
+  if (!(u->grad_shard = loom__fsdp_alloc_shard(u, "gradient"))) return LOOM_ENOMEM;
   rc = submit_gets(u, OFF_GRAD, u->grad_shard);
   return rc ? abandon(u, OFF_GRAD, rc) : LOOM_OK;
 }
