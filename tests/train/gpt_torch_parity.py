@@ -122,8 +122,26 @@ def read_safetensors(torch, path):
             for name, (shape, raw) in read_safetensors_raw(path).items()}
 
 
-def build_model(torch, W, layers, heads, f32_attention=False):
+def bf16_gemm_accumulates_in_bf16(torch):
+    """Whether torch's own bf16 matmul loses the f32 accumulation on this CPU. 1.13 runs bf16
+    products on oneDNN only where the CPU has AVX-512 (BW, VL, DQ); elsewhere (an AVX2-only
+    Zen 3, say) its fallback GEMM sums a non-transposed product in bf16: measured 8.6e-2
+    relative error at 64x512x256, against 2.7e-3 (one bf16 rounding of the output) for the
+    transposed layouts and for oneDNN."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(64, 512, generator=g).bfloat16()
+    b = torch.randn(512, 256, generator=g).bfloat16()
+    ref = a.float() @ b.float()
+    return float(((a @ b).float() - ref).abs().max() / ref.abs().max()) > 1e-2
+
+
+def build_model(torch, W, layers, heads, f32_attention=False, f32_accumulate=False):
     """The GPT-2 of loom/gpt.h over the parameters W (leaf tensors, requires_grad).
+    f32_accumulate (where bf16_gemm_accumulates_in_bf16): under autocast each product (linear,
+    matmul) takes its operands rounded to bf16 as autocast casts them, sums in f32 and rounds
+    its output to bf16 once, as oneDNN's bf16 GEMM does and as autocast's bf16 matmul means;
+    the gradients are rounded at the same casts, so the backward's products are the same
+    roundings too. Everything else stays torch's own autocast.
     f32_attention (a measurement, not the baseline): under autocast, the attention between
     c_attn and c_proj computed in f32 from the bf16 q, k, v and rounded once to bf16, as loom's
     fused op does on a CPU without AMX (with AMX its products take bf16 operands, p and the
@@ -136,8 +154,26 @@ def build_model(torch, W, layers, heads, f32_attention=False):
     def ln(x, p):
         return F.layer_norm(x, (C,), W[p + ".weight"], W[p + ".bias"], eps=1e-5)
 
+    def bf16_f32(t):  # autocast's cast to bf16, then exact in f32
+        return t.bfloat16().float()
+
+    def f32_acc():
+        return f32_accumulate and torch.is_autocast_cpu_enabled()
+
+    def linear(x, w, b=None):
+        if not f32_acc():
+            return F.linear(x, w, b)
+        with torch.autocast("cpu", enabled=False):
+            return F.linear(bf16_f32(x), bf16_f32(w), None if b is None else bf16_f32(b)).bfloat16()
+
+    def matmul(x, y):
+        if not f32_acc():
+            return torch.matmul(x, y)
+        with torch.autocast("cpu", enabled=False):
+            return torch.matmul(bf16_f32(x), bf16_f32(y)).bfloat16()
+
     def lin(x, p):
-        return F.linear(x, W[p + ".weight"], W[p + ".bias"])
+        return linear(x, W[p + ".weight"], W[p + ".bias"])
 
     def attn(x, p):
         B, T, _ = x.shape
@@ -154,11 +190,11 @@ def build_model(torch, W, layers, heads, f32_attention=False):
 
     def core(q, k, v):
         T = q.shape[2]
-        att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(D))
+        att = matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(D))
         mask = torch.ones(T, T, dtype=torch.bool).tril()
         att = att.masked_fill(~mask, float("-inf"))
         att = F.softmax(att, dim=-1)
-        return torch.matmul(att, v)
+        return matmul(att, v)
 
     def mlp(x, p):
         return lin(F.gelu(lin(x, p + ".c_fc"), approximate="tanh"), p + ".c_proj")
@@ -169,7 +205,7 @@ def build_model(torch, W, layers, heads, f32_attention=False):
         for i in range(layers):
             x = x + attn(ln(x, f"h.{i}.ln_1"), f"h.{i}.attn")
             x = x + mlp(ln(x, f"h.{i}.ln_2"), f"h.{i}.mlp")
-        logits = F.linear(ln(x, "ln_f"), W["wte.weight"])  # lm_head tied to wte, no bias
+        logits = linear(ln(x, "ln_f"), W["wte.weight"])  # lm_head tied to wte, no bias
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
     return forward
@@ -261,7 +297,11 @@ def main():
     W = read_safetensors(torch, os.path.join(init, "model.safetensors"))
     for t in W.values():
         t.requires_grad_(True)
-    forward = build_model(torch, W, a.layers, a.heads, a.f32_attention)
+    f32_acc = a.amp == "bf16" and bf16_gemm_accumulates_in_bf16(torch)
+    if f32_acc:
+        print("note: torch's bf16 matmul sums in bf16 on this CPU (no oneDNN bf16 in 1.13 "
+              "without AVX-512): its autocast products computed with f32 accumulation", flush=True)
+    forward = build_model(torch, W, a.layers, a.heads, a.f32_attention, f32_acc)
     params = list(W.values())
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=a.weight_decay)
