@@ -568,10 +568,28 @@ static double disk_replay(const char *dir, const result *r, bool direct) {
 }
 
 /* The floor: the faster of the two replays (each a way loom's store can move the bytes), the
- * page cache's first; both kept (*cached, *direct_s) for the report. */
+ * page cache's first; both kept (*cached, *direct_s) for the report. In a child process of its
+ * own: the replays' buffers and threads leave nothing in this process, whose later children
+ * (the configurations' runs, which measure their RSS) would inherit it. */
 static double disk_floor(const char *dir, const result *r, double *cached_s, double *direct_s) {
-  *cached_s = disk_replay(dir, r, false);
-  *direct_s = disk_replay(dir, r, true);
+  double t[2] = {-1, -1};
+  *cached_s = *direct_s = -1;
+  int fds[2];
+  if (pipe(fds)) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    t[0] = disk_replay(dir, r, false);
+    t[1] = disk_replay(dir, r, true);
+    ssize_t w = write(fds[1], t, sizeof t);
+    _exit(w == (ssize_t)sizeof t ? 0 : 1);
+  }
+  close(fds[1]);
+  ssize_t got = pid > 0 ? read(fds[0], t, sizeof t) : -1;
+  close(fds[0]);
+  if (pid > 0) waitpid(pid, NULL, 0);
+  if (got != (ssize_t)sizeof t) return -1;
+  *cached_s = t[0], *direct_s = t[1];
   if (*direct_s < 0) return *cached_s;
   if (*cached_s < 0) return *direct_s;
   return *direct_s < *cached_s ? *direct_s : *cached_s;
