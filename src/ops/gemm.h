@@ -92,6 +92,9 @@ void loom__gemm_blas_set_mode(loom__gemm_blas_mode m);
  * (LOOM_GEMM_BF16=onednn|amx overrides the size rule; loom__gemm_amx_set_mode from code).
  * All may be called from any thread. */
 int loom__gemm_bf16_amx(const loom__gemm_args *g);
+/* The kernel itself (gemm_amx.c, built for AVX-512 and AMX), for loom__gemm_bf16_amx alone,
+ * once g is checked and loom__gemm_amx_available has said yes (gemm_amx_choice.c). */
+int loom__gemm_bf16_amx_run(const loom__gemm_args *g);
 bool loom__gemm_amx_available(void);
 bool loom__gemm_prefer_amx(const loom__gemm_args *g);
 typedef enum loom__gemm_amx_mode {

@@ -23,7 +23,8 @@
  *   - threads: the caller's GEMM thread count (loom__gemm_threads, OpenMP); A and each B panel
  *     are packed by all of them, the 32-row blocks of A split between them.
  *
- * The choice (loom__gemm_prefer_amx), per call, cheap after a one-time probe:
+ * The choice (loom__gemm_prefer_amx, in gemm_amx_choice.c, which is built for every CPU while
+ * this file is built for AVX-512 and AMX), per call, cheap after a one-time probe:
  *   - eligible: bf16 A and B; the active CPU level is avx512 (LOOM_CPU=avx2 or scalar route
  *     away); the CPU has AMX-TILE, AMX-BF16 and AVX512-BF16 (loom__cpu_amx_bf16) and the kernel
  *     granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once in
@@ -49,7 +50,6 @@
 #include "ops/gemm_int.h"
 
 #include <immintrin.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 
 #ifdef _OPENMP
@@ -59,39 +59,6 @@
 /* KC: the K block, so that A's 32 x KC block (16 KiB) stays in L1 while a panel's strips pass;
  * NC, PANEL: a B panel's most columns and about its bytes (all of K; in L2). */
 enum { KC = 256, NC = 256, PANEL = 512 * 1024, TILE_ELEMS = 512 /* bf16 of a 1 KiB tile */ };
-
-/* ---- the choice ---------------------------------------------------------------------- */
-
-/* The CPU, the kernel's tile-state permission and the level: loom__cpu_amx_bf16 (dispatch.c),
- * the one place that asks. */
-bool loom__gemm_amx_available(void) { return loom__cpu_amx_bf16(); }
-
-static _Atomic int mode_set = -1; /* loom__gemm_amx_mode; -1: from the environment (read once) */
-
-void loom__gemm_amx_set_mode(loom__gemm_amx_mode m) { atomic_store(&mode_set, (int)m); }
-
-static loom__gemm_amx_mode mode(void) {
-  int m = atomic_load(&mode_set);
-  if (m < 0) {
-    const char *e = getenv("LOOM_GEMM_BF16");
-    int unset = -1;
-    m = e && !strcmp(e, "onednn") ? LOOM__GEMM_AMX_NEVER
-        : e && !strcmp(e, "amx") ? LOOM__GEMM_AMX_ALWAYS
-                                  : LOOM__GEMM_AMX_AUTO;
-    if (!atomic_compare_exchange_strong(&mode_set, &unset, m)) m = unset;
-  }
-  return (loom__gemm_amx_mode)m;
-}
-
-bool loom__gemm_prefer_amx(const loom__gemm_args *g) {
-  loom__gemm_amx_mode m = mode();
-  if (m == LOOM__GEMM_AMX_NEVER || g->ab_dtype != LOOM_BF16) return false;
-  if (!loom__gemm_amx_available()) return false;
-  if (m == LOOM__GEMM_AMX_ALWAYS) return true;
-  if (loom__gemm_threads() != 1) return false; /* measured on one thread only */
-  return g->M >= 256 && g->N >= 512 && g->K >= 256 && (double)g->M * g->N * g->K >= 0x1p27 &&
-         (!g->trans_a || g->K <= 1024);
-}
 
 /* ---- packing ------------------------------------------------------------------------- */
 
@@ -395,17 +362,9 @@ static void product(plan *p, int nthr) {
   }
 }
 
-int loom__gemm_bf16_amx(const loom__gemm_args *g) {
+int loom__gemm_bf16_amx_run(const loom__gemm_args *g) {
   static const char who[] = "loom__gemm_bf16_amx";
-  int rc = loom__gemm_check(g, who);
-  if (rc != LOOM_OK) return rc;
-  if (g->ab_dtype != LOOM_BF16 || (g->c_dtype != LOOM_F32 && g->c_dtype != LOOM_BF16))
-    return loom__fail(LOOM_EDTYPE, "%s: takes bf16 A and B and an f32 or bf16 C, got %s x %s -> %s",
-                      who, loom_dtype_name(g->ab_dtype), loom_dtype_name(g->ab_dtype),
-                      loom_dtype_name(g->c_dtype));
-  if (!loom__gemm_amx_available())
-    return loom__fail(LOOM_ENOSYS, "%s: this CPU (or its active level, or the kernel) runs no AMX",
-                      who);
+  int rc = LOOM_OK;
   plan p = {.g = g, .mt = (g->M + 15) / 16, .kt = (g->K + 31) / 32, .nt = (g->N + 15) / 16};
   p.direct = g->c_dtype == LOOM_F32 && g->alpha == 1.0f && !g->bias && g->M % 16 == 0 &&
              g->N % 16 == 0;
