@@ -150,9 +150,13 @@ static void axes(FILE *f, const frame *fr, const char *title) {
   }
 }
 
+/* A point the panel can show: finite, positive on a log scale, and projected within a panel's
+ * height of its own (a point the frame does not hold, as an average's rounding or a value the
+ * frame left out could make, would otherwise land millions of pixels away: a gap instead). */
 static bool drawable(const frame *fr, double x, double y) {
-  return isfinite(y) && isfinite(x) && (!fr->log_y || y > 0) && isfinite(px(fr, x)) &&
-         isfinite(py(fr, y));
+  if (!isfinite(y) || !isfinite(x) || (fr->log_y && !(y > 0))) return false;
+  double X = px(fr, x), Y = py(fr, y);
+  return X >= -W && X <= 2 * W && Y >= fr->top - PANEL_H && Y <= fr->top + 2 * PANEL_H;
 }
 
 /* One line through the drawable points of (x, v): a new polyline after each gap, or, with
@@ -184,8 +188,12 @@ static void smoothed(FILE *f, const frame *fr, const plot_run *run, const double
   double *ema = malloc((run->n ? run->n : 1) * sizeof(double)), a = 2.0 / (run->n / 50.0 + 2);
   if (!ema) return;
   double m = NAN;
+  /* over the values the frame drew (on a log scale the positive ones): an average taking in a
+   * zero or a negative one could fall to 1e-300, far below the panel */
   for (size_t i = 0; i < run->n; i++)
-    ema[i] = isfinite(v[i]) ? (m = isfinite(m) ? m + a * (v[i] - m) : v[i]) : NAN;
+    ema[i] = isfinite(v[i]) && (!fr->log_y || v[i] > 0)
+                 ? (m = isfinite(m) ? m + a * (v[i] - m) : v[i])
+                 : NAN;
   line(f, fr, run, x, ema, style, 2.2, 1.0, false);
   free(ema);
 }
