@@ -78,8 +78,8 @@
  * run's traffic per step (bytes read and written per rank) replayed with no compute, one
  * replay per rank at once, twice: O_DIRECT with loom's 4 requests in flight per rank, and
  * through the page cache one request at a time; the floor is the faster of the two (on the
- * Zen 3 VM the page cache's was slower, on some rounds faster: a floor that one way of moving
- * the bytes beat would flatter the step); "step / floor" is per round, median over the
+ * Zen 3 VM the page cache's, 1.4-2.1 s against 2.1-3.6: a floor that another way of moving the
+ * bytes beat would flatter the step); "step / floor" is per round, median over the
  * rounds (target <= 1.2), and prefetch on / off per round (target <= 1). "Bytes read from
  * storage / the gets' bytes" is /proc/self/io's read_bytes per step over what the store's gets
  * asked for, both ranks (target <= 1.05).
@@ -547,7 +547,7 @@ out:
 /* Seconds for NR ranks' step traffic at once (each rank's replay on its own), the page cache
  * dropped first, moved one way (direct or not); -1 if the folder cannot be used. */
 static double disk_replay(const char *dir, const result *r, bool direct) {
-  static probe ps[NR];
+  static probe ps[NR]; /* static: its atomics need no initialiser; one replay at a time */
   pthread_t th[NR];
   double worst_s = 0;
   drop_page_cache();
