@@ -163,9 +163,11 @@ typedef struct loom_fsdp_offload_cfg {
                                     reduce-scattered, its write queued ahead of the gathers'
                                     reads for later units (LOOM_FSDP_GRAD_FIRST=0: in order);
                                     written before the next unit's backward starts, or with
-                                    LOOM_FSDP_GRAD_OVERLAP=1 while it computes (faster; the
-                                    local gradient's pages given back as its chunks land, yet
-                                    about one shard more resident); default true */
+                                    LOOM_FSDP_GRAD_OVERLAP=1 while it computes (faster, about
+                                    one shard more resident). With the allocator cache off
+                                    (LOOM_ALLOC_CACHE_MB=0) or that overlap, the local
+                                    gradient's pages are given back as it leaves: the peers'
+                                    slices at once, its own as its chunks land; default true */
   bool offload_parameters;       /* OffloadParameters: each parameter shard leaves once its
                                     gather is done; default true */
   bool prefetch_parameters;      /* PrefetchParameters: read each gather's part out of the

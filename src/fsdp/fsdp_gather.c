@@ -23,9 +23,7 @@ static void unbind_params(fsdp_unit *u) {
 }
 
 static void drop_buffers(fsdp_unit *u) {
-  loom__fsdp_share_release(u);
-  loom_tensor_free(u->gathered);
-  u->gathered = NULL;
+  loom__fsdp_share_release(u); /* frees u->gathered, shared or not */
   u->state = UNIT_RESHARDED;
 }
 

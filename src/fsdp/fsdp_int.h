@@ -80,6 +80,8 @@ struct fsdp_unit {
   double read_begin, read_end; /* when it did (written by the thread that ran it) */
   uint64_t share_gen;    /* shared gathers of this unit issued (fsdp_share.c) */
   size_t share_counted;  /* bytes of `gathered` (a shared buffer) this rank's account counts */
+  struct loom__fsdp_share_slot *share_slot; /* the slot of that buffer, while the share's
+                                               limit counts this rank as holding it */
   loom_tensor *resident; /* shared f32 gathers: the unit's one buffer whose slice param_shard is,
                           * gathered without a copy (fsdp_share.c); NULL otherwise */
   /* backward */
@@ -180,8 +182,9 @@ bool loom__fsdp_shares(const fsdp_unit *u, loom_dtype dt);
 /* The shared buffer of the unit's next gather (padded elements of dt), a reference of this
  * rank's: rank 0 makes it, the others wait for it. */
 int loom__fsdp_share_buffer(fsdp_unit *u, loom_dtype dt, loom_tensor **out);
-/* Before `gathered` is freed: this rank's account stops counting its share (nothing if the
- * buffer is not shared). */
+/* Free u->gathered (NULL after): this rank's account stops counting its share of a shared
+ * buffer, and once the reference is gone, the share's limit counts the rank as no longer
+ * holding it (so rank 0 never makes the next buffer before this one is freed). */
 void loom__fsdp_share_release(fsdp_unit *u);
 /* With f->share, at create (collective): the unit's resident buffer (padded f32, zeroed), rank 0
  * making it; sets u->resident and points u->param_shard at this rank's slice of it (nothing
@@ -246,8 +249,8 @@ int loom__fsdp_grad_target(fsdp_unit *u, float **recv);
 /* The reduce-scatter has completed: the gradient leaves for the tier. With the in-place
  * reduce-scatter the offloader takes the local gradient u->full_grad (its views already
  * unbound from the parameters) and frees it once its slice is out; its puts go ahead of
- * queued reads (f->grad_first); with f->grad_overlap the pages of the peers' slices go at once
- * and each chunk's once it is on the tier. */
+ * queued reads (f->grad_first); with the allocator cache off (or f->grad_overlap) the pages of
+ * the peers' slices go at once and each chunk's once it is on the tier. */
 int loom__fsdp_grad_done(fsdp_unit *u);
 /* wait for gradient shards on their way out and free them (one unit, or all) */
 int loom__fsdp_grad_settle_unit(fsdp_unit *u);

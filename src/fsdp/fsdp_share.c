@@ -42,6 +42,22 @@
  * gathered unit (and one gathered ahead) for all its ranks instead of one per rank (issue 29:
  * the disk tier's resident memory, and half the fresh pages of the gathers).
  *
+ * The limit (PyTorch's limit_all_gathers, for a process's shared buffers): rank 0 makes each
+ * buffer, and a rank running ahead of the others would make the next unit's buffer while a
+ * slower rank still holds the unit before, three or four gathered units in the process instead
+ * of the running one and the one prefetched (tests/fsdp/test_fsdp_offload_resident.c: three
+ * with a slower rank computing on 32 times the rows, four with wider units and more rows).
+ * So rank 0 makes no new buffer while one it has let go of is still held by another rank
+ * ("stale"): it waits, with the group's health checks (a failed wait fails the group), until
+ * that rank lets go at its own reshard; a rank lets go once its reference is freed, so the old
+ * block is gone before the new one is made. It does not wait while another rank waits for it
+ * to publish a buffer (that rank may be the one holding the stale one: with the optimizer step
+ * behind the forward, a rank whose pass was further along prefetches a unit rank 0 gathers only
+ * when it comes), and never longer than a second: the limit saves memory, it must not stop a
+ * run. The disk tier's process RSS: 303-312 MB without the wait, 297 MB with it, three runs
+ * each (issue 29: 35% of the training state). LOOM_FSDP_SHARE_LIMIT=0 in the environment
+ * turns it off (the A/B).
+ *
  * Only f32 gathers without mixed precision share (the cast paths fill their own part in a
  * buffer of the forward's dtype); the decision is the same on every rank, made from the
  * configuration every rank holds alike. LOOM_FSDP_SHARE_GATHERS=0 in the environment turns it
@@ -55,10 +71,12 @@
 #include <string.h>
 #include <time.h>
 
-typedef struct share_slot {
+typedef struct loom__fsdp_share_slot {
   loom_tensor *_Atomic t;   /* the buffer of the gather numbered gen */
   _Atomic uint64_t gen;     /* 1-based gather count of the unit; 0: never published */
   _Atomic int untaken;      /* references not taken yet by the other ranks */
+  int holders;              /* under mu: ranks that have not let go of it yet (limit on) */
+  bool stale;               /* under mu: rank 0 let go of it, another rank has not */
 } share_slot;
 
 struct loom__fsdp_share {
@@ -71,6 +89,9 @@ struct loom__fsdp_share {
   share_slot *resident; /* nunits: each unit's one buffer holding every rank's shard (gen 1) */
   bool no_resident; /* rank 0's cfg.optim_in_backward or offload: no resident buffers (see the
                      * top) */
+  bool limit;       /* rank 0 waits for stale buffers before it makes another (see the top) */
+  int stale;        /* under mu: buffers rank 0 let go of that another rank still holds */
+  int waiting;      /* under mu: ranks waiting for rank 0 to publish a buffer */
 };
 
 static void share_release(loom__fsdp_share *s) {
@@ -89,6 +110,11 @@ static void share_release(loom__fsdp_share *s) {
 
 static bool sharing_wanted(void) {
   const char *e = getenv("LOOM_FSDP_SHARE_GATHERS");
+  return !(e && !strcmp(e, "0"));
+}
+
+static bool limit_wanted(void) {
+  const char *e = getenv("LOOM_FSDP_SHARE_LIMIT");
   return !(e && !strcmp(e, "0"));
 }
 
@@ -128,6 +154,7 @@ int loom__fsdp_share_init(loom_fsdp *f) {
     }
     if (mine) {
       mine->no_resident = no_resident;
+      mine->limit = limit_wanted();
       atomic_init(&mine->refs, f->world);
       mine->world = f->world;
       mine->nunits = f->nunits;
@@ -165,38 +192,60 @@ static ptrdiff_t share_bytes(const fsdp_unit *u, loom_dtype dt) {
   return (ptrdiff_t)(u->shard * loom_dtype_size(dt));
 }
 
+/* This rank lets go of the shared buffer in slot s (the limit's count, under mu): rank 0's
+ * leaves it stale while another rank holds it, the last one's makes it no longer stale. */
+static void let_go(loom_fsdp *f, share_slot *s) {
+  loom__fsdp_share *sh = f->share;
+  pthread_mutex_lock(&sh->mu);
+  int left = --s->holders;
+  if (f->rank == 0 && left > 0) {
+    s->stale = true;
+    sh->stale++;
+  } else if (left == 0 && s->stale) {
+    s->stale = false;
+    sh->stale--;
+    pthread_cond_broadcast(&sh->cv);
+  }
+  pthread_mutex_unlock(&sh->mu);
+}
+
 void loom__fsdp_share_release(fsdp_unit *u) {
-  if (!u->share_counted) return;
-  loom__mem_account_only(LOOM_POOL_COMPUTE, loom_mem_account(), -(ptrdiff_t)u->share_counted);
+  if (u->share_counted)
+    loom__mem_account_only(LOOM_POOL_COMPUTE, loom_mem_account(), -(ptrdiff_t)u->share_counted);
   u->share_counted = 0;
+  loom_tensor_free(u->gathered); /* the last rank's frees the block, before rank 0 may go on */
+  u->gathered = NULL;
+  if (u->share_slot) let_go(u->f, u->share_slot);
+  u->share_slot = NULL;
 }
 
 bool loom__fsdp_shares(const fsdp_unit *u, loom_dtype dt) {
   return u->f->share && dt == LOOM_F32;
 }
 
-/* Sleep until the leader publishes gather gen of the unit, waking every 20 ms to check the
- * group's health and timeout (a failed leader fails the group: loom__pg_fail_group). */
-static int wait_published(fsdp_unit *u, share_slot *s, uint64_t gen) {
+/* With sh->mu held: whether the calling rank may go on (1), must wait (0), or fails (an error
+ * status, its message set). */
+typedef int (*share_ready_fn)(fsdp_unit *u, share_slot *s, uint64_t gen);
+
+/* Sleep until ready() says go on, waking every 20 ms to check the group's health and timeout
+ * (a failed rank fails the group: loom__pg_fail_group); `what` names the wait. After
+ * give_up_s seconds (if > 0) it goes on anyway. */
+static int wait_ready(fsdp_unit *u, share_slot *s, uint64_t gen, share_ready_fn ready,
+                      double give_up_s, const char *what) {
   loom_fsdp *f = u->f;
   loom__fsdp_share *sh = f->share;
   double t0 = loom__now(), timeout = loom_pg_timeout(f->pg);
   int rc = LOOM_OK;
   pthread_mutex_lock(&sh->mu);
   for (;;) {
-    uint64_t g = atomic_load_explicit(&s->gen, memory_order_acquire);
-    if (g == gen) break;
-    if (g > gen) {
-      rc = loom__fail(LOOM_EMISUSE, "fsdp: rank %d is behind rank 0 in gathers of unit '%s' "
-                      "(its gather %llu, rank 0's %llu): do the ranks run the same steps?",
-                      f->rank, loom__fsdp_unit_shown(u->name), (unsigned long long)gen,
-                      (unsigned long long)g);
-      break;
-    }
+    int go = ready(u, s, gen);
+    if (go < 0) rc = go;
+    if (go != 0) break;
     if ((rc = loom_pg_async_error(f->pg))) break;
+    if (give_up_s > 0 && loom__now() - t0 > give_up_s) break;
     if (loom__now() - t0 > timeout) {
-      rc = loom__fail(LOOM_ETIMEDOUT, "fsdp: rank %d waited %.0f s for rank 0 to gather unit "
-                      "'%s'", f->rank, timeout, loom__fsdp_unit_shown(u->name));
+      rc = loom__fail(LOOM_ETIMEDOUT, "fsdp: rank %d waited %.0f s for %s (unit '%s')", f->rank,
+                      timeout, what, loom__fsdp_unit_shown(u->name));
       break;
     }
     struct timespec until;
@@ -211,6 +260,42 @@ static int wait_published(fsdp_unit *u, share_slot *s, uint64_t gen) {
   pthread_mutex_unlock(&sh->mu);
   return rc;
 }
+
+static int published(fsdp_unit *u, share_slot *s, uint64_t gen) {
+  uint64_t g = atomic_load_explicit(&s->gen, memory_order_acquire);
+  if (g == gen) return 1;
+  if (g < gen) return 0;
+  return loom__fail(LOOM_EMISUSE, "fsdp: rank %d is behind rank 0 in gathers of unit '%s' "
+                    "(its gather %llu, rank 0's %llu): do the ranks run the same steps?",
+                    u->f->rank, loom__fsdp_unit_shown(u->name), (unsigned long long)gen,
+                    (unsigned long long)g);
+}
+
+/* Sleep until the leader publishes gather gen of the unit; counted in sh->waiting meanwhile
+ * (rank 0 does not wait for a stale buffer while a rank waits for it: that rank may be the
+ * one holding the buffer, as when its prefetch goes ahead of rank 0's, whose optimizer step
+ * behind the forward had not yet reached the unit). */
+static int wait_published(fsdp_unit *u, share_slot *s, uint64_t gen) {
+  loom__fsdp_share *sh = u->f->share;
+  pthread_mutex_lock(&sh->mu);
+  sh->waiting++;
+  pthread_cond_broadcast(&sh->cv);
+  pthread_mutex_unlock(&sh->mu);
+  int rc = wait_ready(u, s, gen, published, 0, "rank 0 to gather it");
+  pthread_mutex_lock(&sh->mu);
+  sh->waiting--;
+  pthread_mutex_unlock(&sh->mu);
+  return rc;
+}
+
+static int nothing_stale(fsdp_unit *u, share_slot *s, uint64_t gen) {
+  (void)s, (void)gen;
+  return u->f->share->stale == 0 || u->f->share->waiting > 0;
+}
+
+/* The most rank 0 waits for a stale buffer: the limit saves memory and must never stop a run
+ * (a program that holds a unit across its own barrier, say). */
+#define STALE_WAIT_MAX_S 1.0
 
 /* Rank 0's new buffer of `len` elements of dt on account 0 (no rank's), zeroed if asked; a
  * failure fails the group, since the others wait for it. */
@@ -235,6 +320,8 @@ static void publish(loom__fsdp_share *sh, share_slot *s, loom_tensor *t, uint64_
   atomic_store_explicit(&s->t, t, memory_order_relaxed);
   atomic_store_explicit(&s->untaken, sh->world - 1, memory_order_relaxed);
   pthread_mutex_lock(&sh->mu);
+  s->holders = sh->world; /* the slot's last buffer is let go by all (nothing was stale) */
+  s->stale = false;
   atomic_store_explicit(&s->gen, gen, memory_order_release);
   pthread_cond_broadcast(&sh->cv);
   pthread_mutex_unlock(&sh->mu);
@@ -285,8 +372,20 @@ int loom__fsdp_share_buffer(fsdp_unit *u, loom_dtype dt, loom_tensor **out) {
   uint64_t gen = ++u->share_gen;
   share_slot *s = &sh->slots[2 * u->index + (gen & 1)];
   loom_tensor *t = NULL;
-  int rc = f->rank == 0 ? leader_alloc(f, dt, (int64_t)u->padded, false, &t) : take(u, s, gen, &t);
+  int rc = LOOM_OK;
+  if (f->rank == 0 && sh->limit) { /* no third gathered unit while a slower rank holds one */
+    rc = wait_ready(u, s, gen, nothing_stale, STALE_WAIT_MAX_S,
+                    "the other ranks to let go of a gathered unit");
+    if (rc) { /* the others wait for this buffer: let them go */
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", loom_last_error());
+      loom__pg_fail_group(f->pg, rc, msg);
+      return loom__fail(rc, "%s", msg);
+    }
+  }
+  rc = f->rank == 0 ? leader_alloc(f, dt, (int64_t)u->padded, false, &t) : take(u, s, gen, &t);
   if (rc) return rc;
+  if (sh->limit) u->share_slot = s;
   if (f->rank == 0) {
     /* the slot's previous buffer (gather gen - 2) was taken by every rank (see the top) */
     loom_tensor *old = atomic_load_explicit(&s->t, memory_order_relaxed);
