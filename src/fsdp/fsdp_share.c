@@ -160,20 +160,21 @@ int loom__fsdp_share_init(loom_fsdp *f) {
       mine->nunits = f->nunits;
     }
   }
-  /* rank 0 sends its object (0: nobody shares), the others whether they want to share (1) and
-   * with resident buffers or not (2: the step in backward, or offload) */
-  int64_t send = f->rank == 0 ? (int64_t)(intptr_t)mine : !want ? 0 : no_resident ? 2 : 1;
-  int64_t *all = loom__calloc(LOOM_POOL_META, (size_t)f->world, sizeof *all);
+  /* each rank sends its object (rank 0; 0 for the others, or nobody shares) and whether it
+   * wants to share (0: no; 1: yes; 2: yes, with no resident buffers: the step in backward, or
+   * offload). Nobody reads rank 0's object before agreeing: rank 0 frees it when they do not
+   * agree (a rank that read its mode there raced with that free). */
+  int64_t send[2] = {f->rank == 0 ? (int64_t)(intptr_t)mine : 0, !want ? 0 : no_resident ? 2 : 1};
+  int64_t *all = loom__calloc(LOOM_POOL_META, 2 * (size_t)f->world, sizeof *all);
   int rc = LOOM_OK;
   if (!all) {
     rc = loom__fail(LOOM_ENOMEM, "fsdp: out of memory sharing gathers");
     loom__pg_fail_group(f->pg, rc, loom_last_error()); /* the others must not wait for us */
   }
   /* bytes that move in a dry run too: `loom plan` shares as the run will */
-  if (!rc) rc = loom__pg_allgather_always(f->pg, &send, all, 1, LOOM_I64);
-  bool every = !rc && all[0] != 0;
-  int64_t same = every && ((loom__fsdp_share *)(intptr_t)all[0])->no_resident ? 2 : 1;
-  for (int r = 1; r < f->world && every; r++) every = all[r] == same;
+  if (!rc) rc = loom__pg_allgather_always(f->pg, send, all, 2, LOOM_I64);
+  bool every = !rc && all[0] != 0 && all[1] != 0;
+  for (int r = 1; r < f->world && every; r++) every = all[2 * r + 1] == all[1];
   if (every) f->share = (loom__fsdp_share *)(intptr_t)all[0];
   loom__free(all);
   if (!f->share && mine) {
