@@ -23,7 +23,7 @@ static void unbind_params(fsdp_unit *u) {
 }
 
 static void drop_buffers(fsdp_unit *u) {
-  loom__fsdp_share_release(u); /* frees u->gathered, shared or not */
+  loom__fsdp_free_gathered(u);
   u->state = UNIT_RESHARDED;
 }
 

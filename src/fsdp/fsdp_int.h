@@ -185,7 +185,7 @@ int loom__fsdp_share_buffer(fsdp_unit *u, loom_dtype dt, loom_tensor **out);
 /* Free u->gathered (NULL after): this rank's account stops counting its share of a shared
  * buffer, and once the reference is gone, the share's limit counts the rank as no longer
  * holding it (so rank 0 never makes the next buffer before this one is freed). */
-void loom__fsdp_share_release(fsdp_unit *u);
+void loom__fsdp_free_gathered(fsdp_unit *u);
 /* With f->share, at create (collective): the unit's resident buffer (padded f32, zeroed), rank 0
  * making it; sets u->resident and points u->param_shard at this rank's slice of it (nothing
  * without sharing: u->resident stays NULL). At free: this rank's reference. */

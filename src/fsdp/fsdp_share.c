@@ -210,7 +210,7 @@ static void let_go(loom_fsdp *f, share_slot *s) {
   pthread_mutex_unlock(&sh->mu);
 }
 
-void loom__fsdp_share_release(fsdp_unit *u) {
+void loom__fsdp_free_gathered(fsdp_unit *u) {
   if (u->share_counted)
     loom__mem_account_only(LOOM_POOL_COMPUTE, loom_mem_account(), -(ptrdiff_t)u->share_counted);
   u->share_counted = 0;

@@ -201,5 +201,8 @@ LT_TEST(fsdp_shared_gathers_limited_same_bits_and_no_stall) {
   /* each wait for a stale buffer ends when the slower rank lets go, or when that rank waits
    * for rank 0 (never a second's give-up here: 2 steps of 4 units) */
   if (limited_s > 10.0)
-    lt_fail_at(__FILE__, __LINE__, "the limited run took %.1f s: rank 0 stalled", limited_s);
+    lt_fail_at(__FILE__, __LINE__, "the limited run took %.1f s: rank 0 stalled (it held %.1f "
+               "gathered units at most, %.1f without the limit)", limited_s,
+               (double)limited.peak_bytes / (double)limited.unit_bytes,
+               (double)unlimited.peak_bytes / (double)limited.unit_bytes);
 }
