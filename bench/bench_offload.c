@@ -80,7 +80,10 @@
  * through the page cache one request at a time; the floor is the faster of the two (on the
  * Zen 3 VM the page cache's, 1.4-2.1 s against 2.1-3.6: a floor that another way of moving the
  * bytes beat would flatter the step); "step / floor" is per round, median over the
- * rounds (target <= 1.2), and prefetch on / off per round (target <= 1). "Bytes read from
+ * rounds (target <= 1.2), and prefetch on / off per round (target <= 1). On a disk whose rate
+ * was set (bench/steady_disk.sh, which sets LOOM_BENCH_DEVICE_MBPS: a RAM-backed disk
+ * throttled to that many MB/s each way), the floor that rate gives is reported beside: the
+ * larger of both ranks' reads and writes over it, which no replay can beat. "Bytes read from
  * storage / the gets' bytes" is /proc/self/io's read_bytes per step over what the store's gets
  * asked for, both ranks (target <= 1.05).
  *
@@ -117,6 +120,14 @@
 #define CHUNK_BYTES ((size_t)4 << 20)
 
 static double maxd(double a, double b) { return a > b ? a : b; }
+
+/* The disk's rate in bytes per second each way when it was set (LOOM_BENCH_DEVICE_MBPS, as
+ * bench/steady_disk.sh sets it), else 0. */
+static double device_rate(void) {
+  const char *v = getenv("LOOM_BENCH_DEVICE_MBPS");
+  double mbps = v ? atof(v) : 0;
+  return mbps > 0 ? mbps * 1e6 : 0;
+}
 static double tv_s(struct timeval t) { return (double)t.tv_sec + (double)t.tv_usec * 1e-6; }
 
 static const int64_t sizes[] = {784, 4096, 4096, 4096, 4096, 10};
@@ -883,6 +894,25 @@ int main(int argc, char **argv) {
            bench_median(fd, rounds), bench_median(fc, rounds), bench_median(fl, rounds),
            bench_median(fl, rounds) / bench_median(step_fsdp, rounds), list,
            bench_median(fr, rounds), bench_median(fw, rounds), bench_median(fm, rounds));
+    /* on a device whose rate was set (bench/steady_disk.sh: a throttled RAM-backed disk), the
+     * floor its rate gives, round by round: no replay can beat it */
+    double rate = device_rate();
+    if (rate <= 0) continue;
+    double replays = bench_median(fl, rounds);
+    list[0] = 0;
+    for (int k = 0, o = 0; k < rounds; k++) {
+      const result *q = &rs[k][i];
+      fl[k] = maxd(NR * (q->moved - q->to_tier), NR * q->to_tier) / rate;
+      fr[k] = q->step_s / fl[k];
+      if (o < (int)sizeof list)
+        o += snprintf(list + o, sizeof list - (size_t)o, "%s%.2f", k ? " " : "", fr[k]);
+    }
+    printf("floor at the device's set rate, %s: %.0f MB/s each way (LOOM_BENCH_DEVICE_MBPS), "
+           "the larger of both ranks' reads and writes over it: %.3f s; the replays' floor / "
+           "that %.2f; step / that per round %s -> median %.2f (target <= 1.20)\n", cs[i]->name,
+           MB(rate), bench_median(fl, rounds),
+           replays / bench_median(fl, rounds),
+           list, bench_median(fr, rounds));
   }
   /* prefetch on against off, same tier and I/O threads, round by round */
   for (int i = 1; i < nc; i++) {
