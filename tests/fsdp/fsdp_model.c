@@ -21,8 +21,9 @@ int fm_create(uint64_t seed, loom_module **out) {
   return loom_nn_mlp_create(sizes, 4, LOOM_ACT_RELU, LOOM_F32, seed, out);
 }
 
-int fm_batch(int64_t row0, int64_t rows, loom_tensor **x, loom_tensor **y) {
-  int64_t xs[2] = {rows, FM_IN};
+int fm_batch_of(int64_t row0, int64_t rows, int width, int classes, loom_tensor **x,
+                loom_tensor **y) {
+  int64_t xs[2] = {rows, width};
   int rc = loom_tensor_empty(LOOM_F32, 2, xs, x);
   if (!rc) rc = loom_tensor_empty(LOOM_I64, 1, &rows, y);
   if (rc) return rc;
@@ -30,17 +31,22 @@ int fm_batch(int64_t row0, int64_t rows, loom_tensor **x, loom_tensor **y) {
   int64_t *yd = loom_tensor_data(*y);
   for (int64_t r = 0; r < rows; r++) {
     uint64_t row = (uint64_t)(row0 + r);
-    for (int k = 0; k < FM_IN; k++) xd[r * FM_IN + k] = 2.0f * hash_unit(7777u + row * 131u + (uint64_t)k);
-    yd[r] = (int64_t)((hash_unit(4242u + row * 17u) + 1.0f) * 0.5f * FM_OUT) % FM_OUT;
+    for (int k = 0; k < width; k++)
+      xd[r * width + k] = 2.0f * hash_unit(7777u + row * 131u + (uint64_t)k);
+    yd[r] = (int64_t)((hash_unit(4242u + row * 17u) + 1.0f) * 0.5f * (float)classes) % classes;
   }
   return LOOM_OK;
 }
 
-int fm_backward(loom_module *m, int64_t row0, int64_t rows, loom_autocast_mode amp, float scale,
-                double *loss_value) {
+int fm_batch(int64_t row0, int64_t rows, loom_tensor **x, loom_tensor **y) {
+  return fm_batch_of(row0, rows, FM_IN, FM_OUT, x, y);
+}
+
+int fm_backward_of(loom_module *m, int64_t row0, int64_t rows, int width, int classes,
+                   loom_autocast_mode amp, float scale, double *loss_value) {
   loom_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL, *scaled = NULL;
   loom_autocast_token tok = {0};
-  int rc = fm_batch(row0, rows, &x, &y);
+  int rc = fm_batch_of(row0, rows, width, classes, &x, &y);
   if (!rc) rc = loom_autocast_enter(amp, NULL, &tok);
   if (!rc) {
     rc = loom_module_forward(m, x, &logits);
@@ -57,6 +63,11 @@ int fm_backward(loom_module *m, int64_t row0, int64_t rows, loom_autocast_mode a
   loom_tensor_free(loss);
   loom_tensor_free(scaled);
   return rc;
+}
+
+int fm_backward(loom_module *m, int64_t row0, int64_t rows, loom_autocast_mode amp, float scale,
+                double *loss_value) {
+  return fm_backward_of(m, row0, rows, FM_IN, FM_OUT, amp, scale, loss_value);
 }
 
 loom_adam_cfg fm_adam(void) {

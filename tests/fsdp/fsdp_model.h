@@ -15,10 +15,17 @@ enum { FM_IN = 12, FM_H1 = 40, FM_H2 = 24, FM_OUT = 5 };
 int fm_create(uint64_t seed, loom_module **out);
 /* Rows [row0, row0 + rows) of the data set. */
 int fm_batch(int64_t row0, int64_t rows, loom_tensor **x, loom_tensor **y);
+/* The same data for another model: `width` inputs a row, labels 0..classes-1 (fm_batch is
+ * fm_batch_of with FM_IN, FM_OUT). */
+int fm_batch_of(int64_t row0, int64_t rows, int width, int classes, loom_tensor **x,
+                loom_tensor **y);
 /* Forward under autocast `amp`, cross-entropy (mean), backward of loss x scale. *loss_value
  * (may be NULL) gets the unscaled loss. */
 int fm_backward(loom_module *m, int64_t row0, int64_t rows, loom_autocast_mode amp, float scale,
                 double *loss_value);
+/* fm_backward on fm_batch_of(width, classes) data. */
+int fm_backward_of(loom_module *m, int64_t row0, int64_t rows, int width, int classes,
+                   loom_autocast_mode amp, float scale, double *loss_value);
 /* AdamW used by every test (eps 1e-4: a gradient near zero whose sign two summation orders
  * could disagree on moves a weight by lr x g / (|g| + eps), not by lr). */
 loom_adam_cfg fm_adam(void);

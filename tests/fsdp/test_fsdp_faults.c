@@ -23,7 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 enum { MAXW = 4, MSG = 600 };
@@ -31,12 +30,6 @@ enum { MAXW = 4, MSG = 600 };
 static size_t model_numel(void) {
   return (size_t)FM_IN * FM_H1 + FM_H1 + (size_t)FM_H1 * FM_H2 + FM_H2 + (size_t)FM_H2 * FM_OUT +
          FM_OUT;
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static float from_bits(uint32_t u) {
@@ -530,10 +523,10 @@ LT_TEST(fsdp_ranks_wrapping_different_models_fail_named_on_every_rank) {
   static const char *const needle[] = {"layers.0.weight", "number of units", "unit 0"};
   for (int kind = 0; kind < 3; kind++) {
     differ_job j = {.kind = kind};
-    double t0 = now_s();
+    double t0 = lt_now_s();
     int rc = loom_threads_run(2, &pc, differ_rank, &j);
     LT_EQ(rc, want[kind]);
-    LT_TRUE(now_s() - t0 < 10);
+    LT_TRUE(lt_now_s() - t0 < 10);
     for (int r = 0; r < 2; r++)
       if (j.rc[r] != want[kind] || !strstr(j.msg[r], needle[kind]))
         lt_fail_at(__FILE__, __LINE__, "kind %d, rank %d: %s \"%s\", expected %s with \"%s\"",
@@ -546,10 +539,10 @@ LT_TEST(fsdp_ranks_wrapping_different_models_fail_named_on_every_rank) {
    * (bf16 here, f32 there): a dtype mismatch naming the all-gather on both ranks, never a hang
    * or a gather of the wrong bytes */
   differ_job j = {.kind = 3};
-  double t0 = now_s();
+  double t0 = lt_now_s();
   int rc = loom_threads_run(2, &pc, differ_rank, &j);
   LT_EQ(rc, LOOM_EDTYPE);
-  LT_TRUE(now_s() - t0 < 10);
+  LT_TRUE(lt_now_s() - t0 < 10);
   for (int r = 0; r < 2; r++)
     if (j.rc[r] != LOOM_EDTYPE || !strstr(j.msg[r], "all-gather"))
       lt_fail_at(__FILE__, __LINE__, "rank %d: %s \"%s\"", r, loom_status_name(j.rc[r]), j.msg[r]);
@@ -584,11 +577,11 @@ static int dead_rank(loom_pg *pg, void *arg) {
     rc = LOOM_EIO; /* "died" */
     goto out;
   }
-  double t0 = now_s();
+  double t0 = lt_now_s();
   loom_clear_error();
   rc = fm_backward(m, 0, 6, LOOM_AUTOCAST_OFF, 1.0f, NULL);
   if (!rc) rc = loom_fsdp_finish(f);
-  j->took = now_s() - t0;
+  j->took = lt_now_s() - t0;
   j->rc0 = rc;
   snprintf(j->msg0, MSG, "%s", loom_last_error());
   /* everything else that talks to the group fails too, at once */
@@ -609,9 +602,9 @@ LT_TEST(fsdp_dead_rank_fails_its_peer_fast_naming_it) {
     size_t c0 = pool_bytes(LOOM_POOL_COMPUTE), h0 = pool_bytes(LOOM_POOL_HOST);
     size_t m0 = pool_bytes(LOOM_POOL_META);
     dead_job j = {.after_forward = after};
-    double t0 = now_s();
+    double t0 = lt_now_s();
     int rc = loom_threads_run(2, &pc, dead_rank, &j);
-    double took = now_s() - t0;
+    double took = lt_now_s() - t0;
     LT_EQ(rc, LOOM_EIO); /* the root cause: rank 1's own status */
     LT_TRUE(strstr(loom_last_error(), "rank 1") != NULL);
     if (j.rc0 != LOOM_EREMOTE && j.rc0 != LOOM_ETIMEDOUT)

@@ -25,7 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 /* the middle unit's weight: 61,440 elements, below the initialiser's parallel threshold (an
@@ -41,42 +40,12 @@ typedef struct prun {
   float *weights; /* rank 0's full state after the last step */
 } prun;
 
-/* Rows [row0, row0 + rows) of a seeded data set of `width` inputs in [-1, 1) and labels
- * 0..classes-1. */
-static int batch(int64_t row0, int64_t rows, int width, int classes, loom_tensor **x,
-                 loom_tensor **y) {
-  int64_t xs[2] = {rows, width};
-  int rc = loom_tensor_empty(LOOM_F32, 2, xs, x);
-  if (!rc) rc = loom_tensor_empty(LOOM_I64, 1, &rows, y);
-  if (rc) return rc;
-  float *xd = loom_tensor_data(*x);
-  int64_t *yd = loom_tensor_data(*y);
-  for (int64_t r = 0; r < rows; r++) {
-    uint64_t h = 0x9e3779b97f4a7c15ull * (uint64_t)(row0 + r + 1);
-    for (int k = 0; k < width; k++) {
-      h ^= h >> 29, h *= 0xbf58476d1ce4e5b9ull, h ^= h >> 32;
-      xd[r * width + k] = (float)(h >> 40) / (float)(1u << 23) - 1.0f;
-    }
-    yd[r] = (int64_t)(h % (uint64_t)classes);
-  }
-  return LOOM_OK;
-}
-
-/* One training step on batch(row0, rows, width, classes); *loss_value gets the loss. */
+/* One training step on fm_batch_of(row0, rows, width, classes); *loss_value gets the loss. */
 static int step(loom_module *m, loom_fsdp *f, loom_optim *opt, int64_t row0, int64_t rows,
                 int width, int classes, double *loss_value) {
-  loom_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL;
-  int rc = batch(row0, rows, width, classes, &x, &y);
-  if (!rc) rc = loom_module_forward(m, x, &logits);
-  if (!rc) rc = loom_cross_entropy(logits, y, LOOM_REDUCTION_MEAN, -100, &loss);
-  if (!rc) rc = loom_tensor_item(loss, loss_value);
-  if (!rc) rc = loom_backward(loss, NULL, false);
+  int rc = fm_backward_of(m, row0, rows, width, classes, LOOM_AUTOCAST_OFF, 1.0f, loss_value);
   if (!rc) rc = loom_fsdp_finish(f);
   if (!rc) rc = loom_fsdp_optim_step(f, opt, 1.0f);
-  loom_tensor_free(x);
-  loom_tensor_free(y);
-  loom_tensor_free(logits);
-  loom_tensor_free(loss);
   return rc;
 }
 
@@ -182,17 +151,11 @@ static int lrun_rank(loom_pg *pg, void *arg) {
   return rc;
 }
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 LT_TEST(fsdp_shared_gathers_limited_same_bits_and_no_stall) {
   lrun limited = {0}, unlimited = {0};
-  double t0 = now_s();
+  double t0 = lt_now_s();
   LT_OK(loom_threads_run(NR, NULL, lrun_rank, &limited));
-  double limited_s = now_s() - t0;
+  double limited_s = lt_now_s() - t0;
   setenv("LOOM_FSDP_SHARE_LIMIT", "0", 1);
   LT_OK(loom_threads_run(NR, NULL, lrun_rank, &unlimited));
   unsetenv("LOOM_FSDP_SHARE_LIMIT");

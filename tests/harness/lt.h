@@ -29,6 +29,8 @@ void lt_stop_if_failed(void);
 void lt_skip(const char *why);
 /* Number of failed checks in the running test so far. */
 int lt_failures(void);
+/* Seconds on the monotonic clock (for a test's own bound on how long something took). */
+double lt_now_s(void);
 
 #define LT_TEST(name)                                                                         \
   static void lt_test_##name(void);                                                           \

@@ -53,6 +53,12 @@ static int by_name(const void *a, const void *b) {
   return strcmp(((const typeof(tests[0]) *)a)->name, ((const typeof(tests[0]) *)b)->name);
 }
 
+double lt_now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 int main(int argc, char **argv) {
   const char *filter = argc > 1 ? argv[1] : "";
   qsort(tests, (size_t)ntests, sizeof tests[0], by_name);
@@ -61,10 +67,9 @@ int main(int argc, char **argv) {
     if (!strstr(tests[i].name, filter)) continue;
     atomic_store(&cur_failures, 0);
     cur_skipped = 0;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = lt_now_s();
     runner = pthread_self();
-    bool stopped = false;
+    volatile bool stopped = false; /* set after the longjmp back to setjmp */
     if (setjmp(stop_point) == 0) {
       running = true;
       tests[i].fn();
@@ -72,8 +77,7 @@ int main(int argc, char **argv) {
       stopped = true;
     }
     running = false;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    double ms = (lt_now_s() - t0) * 1e3;
     if (cur_failures) {
       failed++;
       printf("FAIL %s (%d checks failed%s)\n", tests[i].name, atomic_load(&cur_failures),

@@ -1,6 +1,7 @@
 /* tool_run.c: tool_loom (tool_run.h): posix_spawn of the binary with its output in temporary
  * files, so nothing here runs between fork and exec; every wait for the child is bounded. */
 #include "tool_run.h"
+#include "lt.h"
 
 #include <fcntl.h>
 #include <stdbool.h>
@@ -10,16 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static char *slurp(FILE *f) {
   long n = f ? ftell(f) : 0;
@@ -88,10 +82,10 @@ tool_run tool_loom_signal(const char *const *args, const char *const *env,
   fflush(NULL);
   bool killed = false;
   if (posix_spawn(&pid, LOOM_BIN, &fa, NULL, argv, envp) == 0) {
-    double start = now_s(), limit = TOOL_RUN_LIMIT_S;
+    double start = lt_now_s(), limit = TOOL_RUN_LIMIT_S;
     if (when_exists && signal_when(pid, when_exists, sig))
-      limit = now_s() - start + TOOL_RUN_AFTER_SIGNAL_S;
-    if (wait_bounded(pid, limit - (now_s() - start), &status, &killed) == pid)
+      limit = lt_now_s() - start + TOOL_RUN_AFTER_SIGNAL_S;
+    if (wait_bounded(pid, limit - (lt_now_s() - start), &status, &killed) == pid)
       r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
   posix_spawn_file_actions_destroy(&fa);
